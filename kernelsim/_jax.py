@@ -1,0 +1,353 @@
+"""The only module of kernelsim that touches JAX internals (``jax._src``) and pallas_call params.
+
+It turns a captured ``pallas_call`` into ``kernelsim.model`` dataclasses, evaluates index maps
+over the whole grid, counts kernel FLOPs and records the DMAs TPU interpret mode performs.
+Verified on jax 0.10.2 (see tests/kernelsim/test_jax_adapter.py); a JAX upgrade changes this file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src import core as jax_core
+from jax._src.pallas import core as pallas_core
+from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpret
+from jax._src.state.discharge import discharge_state
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from kernelsim.errors import TraceError
+from kernelsim.model import BlockDim, KernelCall, MemorySpace, Operand
+
+_MEMORY_SPACES: dict[str, MemorySpace] = {
+    "default": "vmem", "vmem": "vmem", "vmem_shared": "vmem", "cmem": "vmem",
+    "smem": "smem", "semaphore_mem": "semaphore", "hbm": "hbm", "any": "any",
+}
+
+# ---------------------------------------------------------------------------------------------
+# Capturing every pallas_call a function reaches
+
+
+@dataclass
+class Captured:
+    """One pallas_call as it arrived at the primitive: concrete operands and the eqn params."""
+
+    args: tuple[Any, ...]
+    params: dict[str, Any]
+
+
+_capture_lock = threading.Lock()
+# pallas_call's own impl jits the primitive for the current backend; captured calls run through it.
+_ORIGINAL_IMPL = pl.pallas_call_p.impl
+
+
+@contextlib.contextmanager
+def capturing(handler: Callable[[tuple, dict], Any]) -> Iterator[None]:
+    """Route every eager ``pallas_call`` to ``handler(args, params)`` while the block runs.
+
+    Runs the block under ``jax.disable_jit()`` so calls inside ``jit``, ``scan``, ``cond`` and
+    ``custom_vjp`` arrive one by one with concrete operands (``vmap`` arrives as the batched
+    call with one more grid axis).
+    """
+    with _capture_lock:
+        pl.pallas_call_p.def_impl(lambda *args, **params: handler(args, params))
+        try:
+            with jax.disable_jit():
+                yield
+        finally:
+            pl.pallas_call_p.def_impl(_ORIGINAL_IMPL)
+
+
+def zeros_for(params: dict[str, Any]) -> list[jax.Array]:
+    """Stand-in outputs for a call that is analysed, not executed."""
+    return [jnp.zeros(a.shape, a.dtype) for a in params["out_avals"]]
+
+
+def execute(args: tuple, params: dict[str, Any], interpret: Any) -> list[jax.Array]:
+    """Run the captured call, with ``interpret`` replacing its interpret setting when not None."""
+    if interpret is not None:
+        params = {**params, "interpret": interpret}
+    return _ORIGINAL_IMPL(*args, **params)
+
+
+def in_row_major_order(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` with every grid axis "arbitrary".
+
+    TPU interpret mode visits the coordinates of "parallel" axes in a random permutation (to
+    expose order-dependent kernels); a single TensorCore runs them in row-major order, which is
+    the order kernelsim models. Marking them arbitrary makes the interpreter use that order.
+    """
+    cp = params.get("compiler_params")
+    if getattr(cp, "dimension_semantics", None) is None:
+        return params
+    return {**params, "compiler_params": dataclasses.replace(cp, dimension_semantics=None)}
+
+
+def uses_manual_dma(params: dict[str, Any]) -> bool:
+    """The kernel keeps operands in HBM/ANY or has semaphores: it needs the TPU interpreter."""
+    gm = params["grid_mapping"]
+    spaces = [_memory_space(bm.transformed_block_aval) for bm in gm.block_mappings]
+    spaces += [_memory_space(a) for a in gm.scratch_avals]
+    return any(s in ("any", "hbm", "semaphore") for s in spaces)
+
+
+def requested_interpret(params: dict[str, Any]) -> Any:
+    """What the kernel author passed as ``interpret=`` (False when compiling)."""
+    return params["interpret"]
+
+
+# ---------------------------------------------------------------------------------------------
+# From params to the model
+
+
+def _memory_space(aval: Any) -> MemorySpace:
+    space = getattr(aval, "memory_space", None)
+    if space is None:
+        return "semaphore" if "sem" in type(aval).__name__.lower() else "vmem"
+    value = getattr(space, "value", str(space))
+    if value not in _MEMORY_SPACES:
+        raise TraceError(f"unsupported memory space {space!r}")
+    return _MEMORY_SPACES[value]
+
+
+def _block_dims(call_name: str, origin: str, block_shape: tuple) -> tuple[BlockDim, ...]:
+    dims = []
+    for b in block_shape:
+        if isinstance(b, pallas_core.Blocked):
+            dims.append(BlockDim("blocked", int(b.block_size)))
+        elif isinstance(b, pallas_core.Squeezed):
+            dims.append(BlockDim("squeezed", 1))
+        elif isinstance(b, pallas_core.Element):
+            dims.append(BlockDim("element", int(b.block_size), tuple(map(int, b.padding))))
+        else:
+            raise TraceError(
+                f"pallas_call {call_name!r}, operand {origin}: block dimension kind "
+                f"{type(b).__name__} is not supported by kernelsim (supported: Blocked, "
+                "Element, Squeezed/None)."
+            )
+    return tuple(dims)
+
+
+def _dimension_semantics(params: dict[str, Any], ndim: int) -> tuple[str, ...]:
+    semantics = getattr(params.get("compiler_params"), "dimension_semantics", None)
+    if semantics is None:
+        return ("arbitrary",) * ndim
+    return tuple(getattr(s, "value", str(s)).lower() for s in semantics)
+
+
+def _call_name(params: dict[str, Any]) -> str:
+    if params.get("name"):
+        return str(params["name"])
+    info = params["jaxpr"].debug_info
+    src = getattr(info, "func_src_info", None) or "kernel"
+    return src.split(" at ")[0]
+
+
+def _evaluate(bm: Any, grid_points: np.ndarray, prefetch: list[np.ndarray]) -> np.ndarray:
+    """The index map of ``bm`` at every grid point: int64 [steps, ndim]."""
+    ndim = len(bm.block_shape)
+    nsteps = grid_points.shape[0]
+    outvars = bm.index_map_jaxpr.jaxpr.outvars[:ndim]
+    if all(isinstance(v, jax_core.Literal) for v in outvars):  # constant map: no compile
+        row = np.array([int(v.val) for v in outvars], dtype=np.int64)
+        return np.broadcast_to(row, (nsteps, ndim)).copy()
+    # SMEM prefetch refs become plain array arguments once the map's state is discharged.
+    fun = jax_core.jaxpr_as_fun(discharge_state(bm.index_map_jaxpr))
+    ngrid = grid_points.shape[1]
+
+    def at(*xs):
+        return fun(*xs)[:ndim]
+
+    in_axes = (0,) * ngrid + (None,) * len(prefetch)
+    cols = [jnp.asarray(grid_points[:, i], jnp.int32) for i in range(ngrid)]
+    with jax.disable_jit(False):  # capture runs eagerly; the map itself is compiled once
+        out = jax.jit(jax.vmap(at, in_axes=in_axes))(*cols, *prefetch)
+    return np.stack([np.asarray(o, dtype=np.int64).reshape(nsteps) for o in out], axis=1)
+
+
+def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
+    """The model of one captured call (index maps evaluated over the whole grid)."""
+    gm = params["grid_mapping"]
+    name = _call_name(params)
+    if gm.num_dynamic_grid_bounds or not all(isinstance(g, int) for g in gm.grid):
+        raise TraceError(
+            f"pallas_call {name!r} has a dynamic grid {gm.grid}: kernelsim needs static grid "
+            "sizes. Pass Python ints as the grid (not traced values)."
+        )
+    grid = tuple(int(g) for g in gm.grid)
+    arg_names = params["jaxpr"].debug_info.arg_names
+    nprefetch, nin, nout = gm.num_index_operands, gm.num_inputs, gm.num_outputs
+    nscratch = len(gm.scratch_avals)
+    total = nprefetch + nin + nout + nscratch
+    names = list(arg_names) if arg_names and len(arg_names) == total else (
+        [f"prefetch{i}" for i in range(nprefetch)] + [f"in{i}" for i in range(nin)]
+        + [f"out{i}" for i in range(nout)] + [f"scratch{i}" for i in range(nscratch)])
+    operand_args = args[len(args) - nprefetch - nin:]
+    prefetch_vals = [np.asarray(a) for a in operand_args[:nprefetch]]
+    call = KernelCall(name, grid, _dimension_semantics(params, len(grid)), [])
+    call.flops_per_step, call.matmul_dtypes = count_flops(params["jaxpr"])
+    ce = params.get("cost_estimate")
+    if ce is not None:
+        call.cost_estimate_flops = int(ce.flops)
+        call.cost_estimate_bytes = int(ce.bytes_accessed)
+    for i, val in enumerate(prefetch_vals):
+        call.operands.append(Operand(names[i], "scalar_prefetch", tuple(val.shape),
+                                     str(val.dtype), val.dtype.itemsize, "smem", value=val))
+    points = call.grid_indices()
+    for k, bm in enumerate(gm.block_mappings):
+        role = "input" if k < nin else "output"
+        aval = bm.array_aval
+        dims = _block_dims(name, bm.origin, bm.block_shape)
+        space = _memory_space(bm.transformed_block_aval)
+        buffers = bm.pipeline_mode.buffer_count if bm.pipeline_mode is not None else 2
+        call.operands.append(Operand(
+            names[nprefetch + k], role, tuple(aval.shape), str(aval.dtype),
+            np.dtype(aval.dtype).itemsize, space, dims, int(buffers),
+            _evaluate(bm, points, prefetch_vals)))
+    for j, aval in enumerate(gm.scratch_avals):
+        space = _memory_space(aval)
+        inner = getattr(aval, "inner_aval", aval)
+        shape = tuple(getattr(inner, "shape", ()))
+        dtype = getattr(inner, "dtype", None)
+        itemsize = np.dtype(dtype).itemsize if space != "semaphore" and dtype is not None else 0
+        call.operands.append(Operand(names[nprefetch + nin + nout + j], "scratch", shape,
+                                     str(dtype) if itemsize else "semaphore", itemsize, space))
+    return call
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs from the kernel jaxpr
+
+_DATA_MOVEMENT = frozenset({
+    "get", "swap", "program_id", "num_programs", "broadcast_in_dim", "reshape", "squeeze",
+    "expand_dims", "transpose", "convert_element_type", "iota", "slice", "dynamic_slice",
+    "dynamic_update_slice", "concatenate", "pad", "copy", "copy_p", "select_n", "rev",
+    "bitcast_convert_type", "dma_start", "dma_wait", "semaphore_signal", "semaphore_wait",
+    "semaphore_read", "gather", "scatter", "device_id", "load", "store", "masked_load",
+    "masked_swap", "multiple_of", "pjit_dce", "optimization_barrier", "stop_gradient",
+})
+
+
+def _sub_jaxprs(eqn: Any) -> list[tuple[Any, int]]:
+    """(jaxpr, repetitions) pairs nested in ``eqn``'s params."""
+    p = eqn.params
+    name = eqn.primitive.name
+    if name == "scan":
+        return [(_open(p["jaxpr"]), int(p["length"]))]
+    if name == "cond":
+        return [(_open(b), 1) for b in p["branches"]]
+    if name == "while":
+        return [(_open(p["body_jaxpr"]), 1)]
+    found = []
+    for v in p.values():
+        for item in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(item, (jax_core.Jaxpr, jax_core.ClosedJaxpr)):
+                found.append((_open(item), 1))
+    return found
+
+
+def _open(j: Any) -> Any:
+    return j.jaxpr if isinstance(j, jax_core.ClosedJaxpr) else j
+
+
+def count_flops(jaxpr: Any) -> tuple[int, tuple[str, ...]]:
+    """FLOPs of one kernel invocation and the input dtypes of its matmuls.
+
+    dot_general: 2 x output elements x contracted size; other arithmetic: one FLOP per output
+    element (reductions: per input element); data movement is free. ``cond`` counts its most
+    expensive branch, ``scan`` its body times its length, ``while`` one iteration.
+    """
+    flops = 0
+    dtypes: list[str] = []
+    for eqn in _open(jaxpr).eqns:
+        name = eqn.primitive.name
+        subs = _sub_jaxprs(eqn)
+        if name == "cond":
+            counted = [count_flops(j) for j, _ in subs]
+            flops += max((c[0] for c in counted), default=0)
+            dtypes += [d for c in counted for d in c[1]]
+            continue
+        if subs:
+            for j, reps in subs:
+                f, d = count_flops(j)
+                flops += f * reps
+                dtypes += d
+            continue
+        if name == "dot_general":
+            (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval
+            k = int(np.prod([lhs.shape[a] for a in lhs_contract], dtype=np.int64))
+            out = eqn.outvars[0].aval
+            flops += 2 * int(np.prod(out.shape, dtype=np.int64)) * k
+            dtypes.append(str(lhs.dtype))
+        elif name in _DATA_MOVEMENT:
+            continue
+        elif name.startswith("reduce_") or name in ("argmax", "argmin", "cumsum", "cumprod",
+                                                    "cummax", "cumlogsumexp"):
+            flops += int(np.prod(getattr(eqn.invars[0].aval, "shape", ()), dtype=np.int64))
+        else:
+            for v in eqn.outvars:
+                shape = getattr(v.aval, "shape", None)
+                if shape is not None and hasattr(v.aval, "dtype"):
+                    flops += int(np.prod(shape, dtype=np.int64))
+    return flops, tuple(dtypes)
+
+
+# ---------------------------------------------------------------------------------------------
+# The DMAs TPU interpret mode performs
+
+
+@dataclass(frozen=True)
+class InterpretCopy:
+    """One pipeline copy the TPU interpreter made: ``kind`` is "fetch" or "writeback"."""
+
+    call: int
+    operand: str
+    kind: str
+    block_index: tuple[int, ...]
+    grid_index: tuple[int, ...]
+    bytes: int
+
+
+@contextlib.contextmanager
+def recording_interpret_copies(sink: list[InterpretCopy], call_index: Callable[[], int]):
+    """Record every pipeline copy of TPU interpret mode into ``sink`` while the block runs.
+
+    The interpreter's ``get``/``store`` callbacks carry ``input_name``/``output_name`` only for
+    the pipeline's own HBM<->VMEM copies, so kernel-body accesses are not counted.
+    """
+    orig_get, orig_store = tpu_interpret.get, tpu_interpret.store
+
+    @functools.wraps(orig_get)
+    def get(*args, input_name=None, **kw):
+        token, val = orig_get(*args, input_name=input_name, **kw)
+        if input_name is not None:
+            sink.append(InterpretCopy(call_index(), input_name, "fetch",
+                                      tuple(int(x) for x in args[6]),
+                                      tuple(int(x) for x in args[7]), np.asarray(val).nbytes))
+        return token, val
+
+    @functools.wraps(orig_store)
+    def store(*args, output_name=None, **kw):
+        out = orig_store(*args, output_name=output_name, **kw)
+        if output_name is not None:
+            sink.append(InterpretCopy(call_index(), output_name, "writeback",
+                                      tuple(int(x) for x in args[7]),
+                                      tuple(int(x) for x in args[8]), np.asarray(args[6]).nbytes))
+        return out
+
+    tpu_interpret.get, tpu_interpret.store = get, store
+    try:
+        yield
+    finally:
+        tpu_interpret.get, tpu_interpret.store = orig_get, orig_store
+        pltpu.reset_tpu_interpret_mode_state()

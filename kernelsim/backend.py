@@ -1,0 +1,52 @@
+"""Decide, per kernel, whether a pallas_call compiles for the present backend or runs interpreted.
+
+Pallas compiles for TPU (Mosaic) and GPU; on a CPU-only machine every kernel runs in interpret
+mode. Two interpreters exist (https://docs.jax.dev/en/latest/pallas/tpu/details.html and the
+``interpret`` argument of ``pl.pallas_call``):
+
+* ``interpret=True`` -- a jitted loop over the grid; no memory spaces, no DMA model. Fast.
+* ``interpret=pltpu.InterpretParams()`` -- the TPU interpreter: simulates HBM, VMEM, SMEM,
+  semaphores and the pipeline's DMAs (skipping unchanged input blocks). Needed on the CPU for
+  kernels that use TPU-only features (manual async copies, semaphores, SMEM refs), and slower.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+from jax.experimental.pallas import tpu as pltpu
+
+
+@dataclass(frozen=True)
+class Execution:
+    """How one kernel will run: the value for ``pallas_call(interpret=...)`` and a label."""
+
+    interpret: Any
+    label: str
+
+    def __str__(self) -> str:
+        return self.label
+
+
+def platform() -> str:
+    """The default JAX backend: ``"cpu"``, ``"gpu"`` or ``"tpu"``."""
+    return jax.default_backend()
+
+
+def choose(tpu_features: bool = False, gpu_ok: bool = True) -> Execution:
+    """Pick how a kernel runs here.
+
+    tpu_features: the kernel uses TPU-only features (VMEM/SMEM scratch, scalar prefetch, manual
+        DMAs and semaphores, ``pltpu.CompilerParams``); on a GPU it must be interpreted.
+    gpu_ok: the kernel's block shapes and ops are supported by the GPU lowering.
+    """
+    backend = platform()
+    if backend == "tpu":
+        return Execution(False, "compiled for TPU (Mosaic)")
+    if backend == "gpu" and gpu_ok and not tpu_features:
+        return Execution(False, "compiled for GPU")
+    if tpu_features:
+        return Execution(pltpu.InterpretParams(), f"TPU interpret mode on {backend.upper()}")
+    return Execution(True, f"interpret mode on {backend.upper()}")

@@ -1,0 +1,75 @@
+"""Chip table for the roofline estimate. Every number carries its source.
+
+Peaks are dense (no sparsity). TPU VMEM/SMEM are per TensorCore, as ``tpu_info.py`` in jax 0.10.2
+encodes them. GPU "on-chip" is the shared memory one thread block may use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@dataclass(frozen=True)
+class Chip:
+    """One accelerator.
+
+    peak_flops_bf16 / peak_flops_f32: FLOP/s of the matrix units for 16-bit / 32-bit inputs.
+    hbm_bytes_per_second: HBM bandwidth, bytes/s.
+    vmem_bytes / smem_bytes: on-chip capacity in bytes (GPU: shared memory per block; smem 0).
+    per_step_seconds: fixed cost of one grid step of a sequential TPU pipeline, seconds.
+    sources: where each number comes from.
+    """
+
+    name: str
+    kind: str  # "tpu" or "gpu"
+    peak_flops_bf16: float
+    peak_flops_f32: float
+    hbm_bytes_per_second: float
+    vmem_bytes: int
+    smem_bytes: int
+    per_step_seconds: float
+    sources: tuple[str, ...]
+
+    @property
+    def ridge_flops_per_byte(self) -> float:
+        """Arithmetic intensity (FLOP/byte) above which a bf16 kernel is compute-bound."""
+        return self.peak_flops_bf16 / self.hbm_bytes_per_second
+
+
+_GCLOUD = "Google Cloud TPU system architecture pages (docs.cloud.google.com/tpu/docs/{})"
+_TPU_INFO = "jax 0.10.2 jax/_src/pallas/mosaic/tpu_info.py (VMEM/SMEM per TensorCore)"
+_STEP = ("per-step cost 0.27 us: derived from the JAX TPU matmul guide's v5e 128-block table "
+         "(0.35 us/step measured vs 0.08 us roofline); assumed for other TPUs")
+_F32_TPU = ("f32 peak: the JAX TPU matmul guide quotes one figure for bf16/f32 on v5e; f32 at "
+            "HIGHEST precision is multi-pass bf16, so this is an upper bound")
+_GPU_STEP = "GPU programs run concurrently: no per-step serial cost is modelled"
+
+CHIPS: dict[str, Chip] = {
+    "tpu-v4": Chip("tpu-v4", "tpu", 275e12, 275e12, 1200e9, 16 * MiB, 1 * MiB, 0.27e-6,
+                   (_GCLOUD.format("v4"), _TPU_INFO, _STEP, _F32_TPU)),
+    "tpu-v5e": Chip("tpu-v5e", "tpu", 197e12, 197e12, 819e9, 128 * MiB, 1 * MiB, 0.27e-6,
+                    (_GCLOUD.format("v5e"), _TPU_INFO, _STEP, _F32_TPU)),
+    "tpu-v5p": Chip("tpu-v5p", "tpu", 459e12, 459e12, 2765e9, 64 * MiB, 1 * MiB, 0.27e-6,
+                    (_GCLOUD.format("v5p"), _TPU_INFO, _STEP, _F32_TPU)),
+    "tpu-v6e": Chip("tpu-v6e", "tpu", 918e12, 918e12, 1638e9, 128 * MiB, 1 * MiB, 0.27e-6,
+                    (_GCLOUD.format("v6e"), _TPU_INFO, _STEP, _F32_TPU)),
+    "a100": Chip("a100", "gpu", 312e12, 19.5e12, 2039e9, 164 * KiB, 0, 0.0,
+                 ("NVIDIA A100 datasheet (SXM 80GB): 312 TF bf16, 19.5 TF FP32, 2039 GB/s",
+                  "NVIDIA Ampere tuning guide: up to 164 KB shared memory per SM", _GPU_STEP)),
+    "h100": Chip("h100", "gpu", 989e12, 67e12, 3.35e12, 227 * KiB, 0, 0.0,
+                 ("NVIDIA H100 SXM datasheet: 989 TF bf16 dense, 67 TF FP32, 3.35 TB/s",
+                  "Mosaic GPU core.py: 227 KiB shared memory per block", _GPU_STEP)),
+    "h200": Chip("h200", "gpu", 989e12, 67e12, 4.8e12, 227 * KiB, 0, 0.0,
+                 ("NVIDIA H200 SXM datasheet: same die as H100, 4.8 TB/s HBM3e",
+                  "Mosaic GPU core.py: 227 KiB shared memory per block", _GPU_STEP)),
+}
+
+
+def get_chip(name: str) -> Chip:
+    """The chip called ``name``; raises KeyError listing the known names."""
+    try:
+        return CHIPS[name]
+    except KeyError:
+        raise KeyError(f"unknown chip {name!r}; known: {', '.join(CHIPS)}") from None

@@ -1,0 +1,125 @@
+"""Stage 3 of kernelsim: bytes, on-chip footprint and a roofline time estimate for one call.
+
+Estimated time (seconds) = max(FLOPs / peak, HBM bytes / bandwidth) + steps x per-step cost
+(https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html discusses the per-step overhead).
+FLOPs are counted from the kernel jaxpr (dot_general 2*M*N*K, other arithmetic one per element)
+times the number of grid steps, unless the call carries its own ``pl.CostEstimate``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kernelsim.chips import Chip
+from kernelsim.model import KernelCall, Operand
+from kernelsim.schedule import FETCH, KEEP, SKIP, WRITEBACK, CallSchedule
+
+
+@dataclass(frozen=True)
+class OperandCost:
+    """Totals for one operand over the whole call (bytes are HBM bytes)."""
+
+    operand: Operand
+    fetches: int
+    skips: int
+    writebacks: int
+    keeps: int
+    hbm_read_bytes: int
+    hbm_write_bytes: int
+    onchip_bytes: int
+    buffers: int
+
+    # The operand's own facts, so a view reads one object per operand.
+    name = property(lambda self: self.operand.name)
+    role = property(lambda self: self.operand.role)
+    shape = property(lambda self: self.operand.shape)
+    dtype = property(lambda self: self.operand.dtype)
+    block_shape = property(lambda self: self.operand.block_shape)
+    memory_space = property(lambda self: self.operand.memory_space)
+
+
+@dataclass(frozen=True)
+class CallCost:
+    """Totals for one call.
+
+    onchip_peak_bytes: VMEM + SMEM held at once (the pipeline allocates every buffer for the
+        whole call, so the peak is the sum).
+    compute_seconds / memory_seconds: the two roofline terms; estimated_seconds adds the per-step
+        cost to their maximum.
+    """
+
+    operands: list[OperandCost]
+    hbm_read_bytes: int
+    hbm_write_bytes: int
+    vmem_bytes: int
+    smem_bytes: int
+    flops: int
+    flops_source: str
+    compute_seconds: float
+    memory_seconds: float
+    overhead_seconds: float
+
+    @property
+    def onchip_peak_bytes(self) -> int:
+        return self.vmem_bytes + self.smem_bytes
+
+    @property
+    def hbm_bytes(self) -> int:
+        return self.hbm_read_bytes + self.hbm_write_bytes
+
+    @property
+    def estimated_seconds(self) -> float:
+        return max(self.compute_seconds, self.memory_seconds) + self.overhead_seconds
+
+    @property
+    def arithmetic_intensity(self) -> float:
+        """FLOPs per HBM byte (0 when nothing moves)."""
+        return self.flops / self.hbm_bytes if self.hbm_bytes else 0.0
+
+
+def _buffers(op: Operand, model: str) -> int:
+    """On-chip buffers the pipeline allocates for ``op``."""
+    if not op.pipelined and op.role in ("input", "output"):
+        return 0
+    if op.role in ("scratch", "scalar_prefetch"):
+        return 1
+    if model == "gpu" or op.buffer_count == 1 or op.covers_whole_array:
+        return 1
+    return op.buffer_count
+
+
+def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
+    """Totals of ``schedule`` and its roofline estimate on ``chip``."""
+    call: KernelCall = schedule.call
+    by_name = {s.operand.name: s for s in schedule.operands}
+    costs = []
+    for op in call.operands:
+        buffers = _buffers(op, schedule.model)
+        onchip = buffers * (op.block_buffer_bytes if op.pipelined else op.nbytes)
+        if op.memory_space in ("hbm", "any", "semaphore"):
+            onchip = 0
+        sched = by_name.get(op.name)
+        if op.role == "scalar_prefetch":
+            costs.append(OperandCost(op, 1, 0, 0, 0, op.nbytes, 0, onchip, buffers))
+        elif sched is None:
+            costs.append(OperandCost(op, 0, 0, 0, 0, 0, 0, onchip, buffers))
+        else:
+            moved = int(sched.moved_bytes.sum())
+            is_in = op.role == "input"
+            costs.append(OperandCost(
+                op, sched.count(FETCH), sched.count(SKIP), sched.count(WRITEBACK),
+                sched.count(KEEP), moved if is_in else 0, 0 if is_in else moved, onchip, buffers))
+    read = sum(c.hbm_read_bytes for c in costs)
+    write = sum(c.hbm_write_bytes for c in costs)
+    vmem = sum(c.onchip_bytes for c in costs if c.operand.memory_space == "vmem")
+    smem = sum(c.onchip_bytes for c in costs if c.operand.memory_space == "smem")
+    if call.cost_estimate_flops is not None:
+        flops, source = int(call.cost_estimate_flops), "pl.CostEstimate"
+    else:
+        flops, source = call.flops_per_step * call.steps, "kernel jaxpr"
+    narrow = call.matmul_dtypes and all(d in ("bfloat16", "float16") or "float8" in d
+                                        for d in call.matmul_dtypes)
+    peak = chip.peak_flops_bf16 if narrow else chip.peak_flops_f32
+    overhead = call.steps * chip.per_step_seconds if schedule.model == "tpu" else 0.0
+    return CallCost(costs, read, write, vmem, smem, flops, source, flops / peak,
+                    (read + write) / chip.hbm_bytes_per_second, overhead)

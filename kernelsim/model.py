@@ -1,0 +1,129 @@
+"""Stage 1 of kernelsim: a pallas_call as plain data (grid, operands, evaluated index maps).
+
+Everything here is independent of JAX's internals; ``kernelsim._jax`` fills these dataclasses
+from a captured ``pallas_call`` and the stages after it (schedule, cost, views) read only them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+Role = Literal["scalar_prefetch", "input", "output", "scratch"]
+MemorySpace = Literal["vmem", "smem", "hbm", "any", "semaphore"]
+BlockKind = Literal["blocked", "element", "squeezed"]
+
+
+@dataclass(frozen=True)
+class BlockDim:
+    """One dimension of a block.
+
+    kind: ``blocked`` (the index map returns a block index; the block starts at index * size),
+        ``element`` (the index map returns an element offset into the padded array) or
+        ``squeezed`` (size 1, dropped from the kernel's ref; the index map returns an element index).
+    size: block extent in elements (1 for ``squeezed``).
+    padding: (low, high) elements of padding for ``element`` dims.
+    """
+
+    kind: BlockKind
+    size: int
+    padding: tuple[int, int] = (0, 0)
+
+    def start(self, index: np.ndarray) -> np.ndarray:
+        """Element offset of the block's first element in the unpadded array (may be negative)."""
+        if self.kind == "blocked":
+            return index * self.size
+        return index - self.padding[0]
+
+    def block_count(self, extent: int) -> int:
+        """How many distinct block indices fit in an array dimension of ``extent`` elements."""
+        if self.kind == "blocked":
+            return -(-extent // self.size)
+        if self.kind == "squeezed":
+            return extent
+        return extent + self.padding[0] + self.padding[1] - self.size + 1
+
+
+@dataclass
+class Operand:
+    """One operand of a pallas_call, in pallas_call order.
+
+    block_indices: int64 array [steps, ndim], the index map's output at every grid step in
+        execution order; ``None`` for scratch, scalar prefetch and operands without a window.
+    value: the concrete array for scalar-prefetch operands (what the index maps read from SMEM).
+    """
+
+    name: str
+    role: Role
+    shape: tuple[int, ...]
+    dtype: str
+    itemsize: int
+    memory_space: MemorySpace
+    block_dims: tuple[BlockDim, ...] | None = None
+    buffer_count: int = 2
+    block_indices: np.ndarray | None = None
+    value: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the whole array in HBM (or of the scratch buffer on chip)."""
+        return int(np.prod(self.shape, dtype=np.int64)) * self.itemsize
+
+    @property
+    def block_shape(self) -> tuple[int | None, ...] | None:
+        """The BlockSpec's shape as the user wrote it: ``None`` marks a squeezed dimension."""
+        if self.block_dims is None:
+            return None
+        return tuple(None if d.kind == "squeezed" else d.size for d in self.block_dims)
+
+    @property
+    def block_buffer_bytes(self) -> int:
+        """Bytes of one on-chip buffer holding a full block."""
+        if self.block_dims is None:
+            return self.nbytes
+        return int(np.prod([d.size for d in self.block_dims], dtype=np.int64)) * self.itemsize
+
+    @property
+    def covers_whole_array(self) -> bool:
+        """The block is the whole array, so one buffer suffices (Mosaic single-buffers it)."""
+        if self.block_dims is None:
+            return True
+        return all(d.size == s for d, s in zip(self.block_dims, self.shape, strict=True))
+
+    @property
+    def pipelined(self) -> bool:
+        """Input/output with a window in VMEM or SMEM: the pipeline copies its blocks."""
+        return self.role in ("input", "output") and self.memory_space in ("vmem", "smem")
+
+
+@dataclass
+class KernelCall:
+    """One captured pallas_call.
+
+    grid: the grid's extents; steps run in row-major order (last axis fastest).
+    flops_per_step: FLOPs one kernel invocation performs, counted from the kernel jaxpr.
+    cost_estimate_flops / cost_estimate_bytes: the call's own ``pl.CostEstimate``, if given.
+    """
+
+    name: str
+    grid: tuple[int, ...]
+    dimension_semantics: tuple[str, ...]
+    operands: list[Operand]
+    flops_per_step: int = 0
+    matmul_dtypes: tuple[str, ...] = ()
+    cost_estimate_flops: int | None = None
+    cost_estimate_bytes: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def steps(self) -> int:
+        """Number of grid steps (kernel invocations)."""
+        return int(np.prod(self.grid, dtype=np.int64))
+
+    def grid_indices(self) -> np.ndarray:
+        """int64 array [steps, len(grid)]: the grid point of every step, row-major."""
+        if not self.grid:
+            return np.zeros((1, 0), dtype=np.int64)
+        return np.indices(self.grid, dtype=np.int64).reshape(len(self.grid), -1).T

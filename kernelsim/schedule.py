@@ -1,0 +1,155 @@
+"""Stage 2 of kernelsim: per-step copy events of one pallas_call under a pipeline model.
+
+``tpu`` (docs.jax.dev/en/latest/pallas/tpu/details.html, "Pipelining"; the same predicates as
+the TPU interpreter, jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py): the grid runs
+sequentially in row-major order; an input block is copied HBM->on-chip at the first step and
+whenever its start indices differ from the previous step's, otherwise the step *skips* the copy;
+an output block is written back when its start indices differ from the next step's, and at the
+last step; otherwise it is *kept* on chip. Operands in ``pl.ANY``/HBM get no automatic copies.
+
+``gpu`` (one program per grid point, as the Triton lowering emits): every step loads every
+input block and stores every output block; nothing is reused between programs.
+
+Edge blocks of non-divisible shapes count only their in-bounds bytes: the padded part of the
+buffer is never read from, or written to, HBM on a real chip. (TPU interpret mode copies the
+padded full block; counts agree with it, bytes of ragged edge blocks do not.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+from kernelsim.errors import TraceError
+from kernelsim.model import KernelCall, Operand
+
+Model = Literal["tpu", "gpu"]
+Action = Literal["fetch", "skip", "writeback", "keep"]
+ACTIONS: tuple[Action, ...] = ("fetch", "skip", "writeback", "keep")
+FETCH, SKIP, WRITEBACK, KEEP = range(4)
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """What happens to one operand's block at one grid step.
+
+    bytes: HBM bytes moved by this event (0 for ``skip`` and ``keep``).
+    """
+
+    step: int
+    grid_index: tuple[int, ...]
+    operand: str
+    block_index: tuple[int, ...]
+    action: Action
+    bytes: int
+
+
+@dataclass
+class OperandSchedule:
+    """Per-step arrays for one windowed operand (each of length ``steps``).
+
+    actions: int8 codes indexing ``ACTIONS``.
+    block_bytes: in-bounds bytes of the block at each step (what a copy would move).
+    """
+
+    operand: Operand
+    actions: np.ndarray
+    block_bytes: np.ndarray
+
+    @property
+    def moved_bytes(self) -> np.ndarray:
+        """HBM bytes moved at each step."""
+        moving = (self.actions == FETCH) | (self.actions == WRITEBACK)
+        return np.where(moving, self.block_bytes, 0)
+
+    def count(self, action: int) -> int:
+        return int(np.count_nonzero(self.actions == action))
+
+
+@dataclass
+class CallSchedule:
+    """The schedule of one call: the windowed operands' per-step arrays, in pallas_call order."""
+
+    call: KernelCall
+    model: Model
+    operands: list[OperandSchedule]
+
+    def events(self) -> list[StepEvent]:
+        """Every event, ordered by step, then operand (pallas_call order)."""
+        grid_index = [tuple(int(v) for v in row) for row in self.call.grid_indices()]
+        per_operand = [
+            (s, [tuple(int(v) for v in row) for row in s.operand.block_indices],
+             s.moved_bytes.tolist())
+            for s in self.operands
+        ]
+        events = []
+        for step in range(self.call.steps):
+            for sched, blocks, moved in per_operand:
+                events.append(StepEvent(step, grid_index[step], sched.operand.name,
+                                        blocks[step], ACTIONS[sched.actions[step]], moved[step]))
+        return events
+
+
+def _block_bytes(call: KernelCall, op: Operand) -> np.ndarray:
+    """In-bounds bytes of ``op``'s block at every step; raises TraceError when a block leaves."""
+    idx = op.block_indices
+    extent_bytes = np.full(idx.shape[0], op.itemsize, dtype=np.int64)
+    for axis, (dim, extent) in enumerate(zip(op.block_dims, op.shape, strict=True)):
+        col = idx[:, axis]
+        count = dim.block_count(extent)
+        bad = np.flatnonzero((col < 0) | (col >= count))
+        if bad.size:
+            step = int(bad[0])
+            grid_point = tuple(int(v) for v in call.grid_indices()[step])
+            block = tuple(int(v) for v in idx[step])
+            raise TraceError(
+                f"pallas_call {call.name!r}: the index map of operand {op.name!r} "
+                f"(shape {op.shape}, block {op.block_shape}) returns block index {block} at "
+                f"grid step {step} (grid index {grid_point}); dimension {axis} has {count} "
+                f"{'blocks' if dim.kind == 'blocked' else 'valid positions'} (0..{count - 1}). "
+                "Fix the index map or the grid so every block stays inside the array."
+            )
+        start = dim.start(col)
+        inside = np.minimum(start + dim.size, extent) - np.maximum(start, 0)
+        extent_bytes *= np.clip(inside, 0, None)
+    return extent_bytes
+
+
+def _changed(starts: np.ndarray, shift: int) -> np.ndarray:
+    """Per step, whether the start indices differ from the step ``shift`` away (-1 prev, +1 next).
+
+    The step with no neighbour (the first for -1, the last for +1) counts as changed.
+    """
+    changed = np.ones(starts.shape[0], dtype=bool)
+    if starts.shape[0] > 1:
+        diff = np.any(starts[1:] != starts[:-1], axis=1)
+        if shift < 0:
+            changed[1:] = diff
+        else:
+            changed[:-1] = diff
+    return changed
+
+
+def build(call: KernelCall, model: Model) -> CallSchedule:
+    """Per-step events of every windowed input and output of ``call`` under ``model``."""
+    if model not in ("tpu", "gpu"):
+        raise TraceError(f"unknown model {model!r}: choose 'tpu' or 'gpu'")
+    scheds = []
+    for op in call.operands:
+        if op.role not in ("input", "output") or op.block_indices is None:
+            continue
+        block_bytes = _block_bytes(call, op)
+        if not op.pipelined:  # pl.ANY / HBM: the kernel copies by hand, if at all.
+            continue
+        starts = np.stack([d.start(op.block_indices[:, a]) for a, d in enumerate(op.block_dims)],
+                          axis=1) if op.block_dims else np.zeros((call.steps, 0), np.int64)
+        if op.role == "input":
+            moves = _changed(starts, -1) if model == "tpu" else np.ones(call.steps, bool)
+            actions = np.where(moves, FETCH, SKIP)
+        else:
+            moves = _changed(starts, +1) if model == "tpu" else np.ones(call.steps, bool)
+            actions = np.where(moves, WRITEBACK, KEEP)
+        scheds.append(OperandSchedule(op, actions.astype(np.int8), block_bytes))
+    return CallSchedule(call, model, scheds)

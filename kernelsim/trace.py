@@ -1,0 +1,172 @@
+"""kernelsim's entry points: ``trace`` and ``run`` build a ``Trace`` (model -> schedule -> cost).
+
+``trace`` runs the user's function op by op with every pallas_call replaced by zeros of its
+output shape: index maps are evaluated, kernel bodies never run. Scalar-prefetch values that
+depend on an *earlier pallas_call's output* are therefore zeros there; use ``run`` for those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kernelsim import _jax, backend
+from kernelsim.chips import Chip, get_chip
+from kernelsim.cost import CallCost, OperandCost, compute
+from kernelsim.errors import TraceError
+from kernelsim.lint import lint
+from kernelsim.model import KernelCall
+from kernelsim.schedule import CallSchedule, Model, StepEvent, build
+
+DEFAULT_CHIP = {"tpu": "tpu-v5e", "gpu": "h100"}
+
+
+@dataclass
+class CallTrace:
+    """Everything kernelsim knows about one pallas_call: model, schedule, cost and warnings."""
+
+    call: KernelCall
+    schedule: CallSchedule
+    cost: CallCost
+    warnings: list[str]
+
+    name = property(lambda self: self.call.name)
+    grid = property(lambda self: self.call.grid)
+    steps = property(lambda self: self.call.steps)
+    dimension_semantics = property(lambda self: self.call.dimension_semantics)
+    operands = property(lambda self: self.cost.operands)
+    hbm_read_bytes = property(lambda self: self.cost.hbm_read_bytes)
+    hbm_write_bytes = property(lambda self: self.cost.hbm_write_bytes)
+    onchip_peak_bytes = property(lambda self: self.cost.onchip_peak_bytes)
+    flops = property(lambda self: self.cost.flops)
+    estimated_seconds = property(lambda self: self.cost.estimated_seconds)
+
+    def operand(self, name: str) -> OperandCost:
+        """The operand called ``name`` (the kernel's parameter name, e.g. ``"x_ref"``)."""
+        for op in self.operands:
+            if op.name == name:
+                return op
+        raise KeyError(f"call {self.name!r} has no operand {name!r}; it has "
+                       f"{[o.name for o in self.operands]}")
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.cost
+        return {
+            "name": self.name, "grid": list(self.grid), "steps": self.steps,
+            "dimension_semantics": list(self.dimension_semantics),
+            "operands": [{
+                "name": o.name, "role": o.role, "shape": list(o.shape), "dtype": o.dtype,
+                "block_shape": None if o.block_shape is None else list(o.block_shape),
+                "memory_space": o.memory_space, "buffers": o.buffers,
+                "fetches": o.fetches, "skips": o.skips, "writebacks": o.writebacks,
+                "keeps": o.keeps, "hbm_read_bytes": o.hbm_read_bytes,
+                "hbm_write_bytes": o.hbm_write_bytes, "onchip_bytes": o.onchip_bytes,
+            } for o in self.operands],
+            "hbm_read_bytes": c.hbm_read_bytes, "hbm_write_bytes": c.hbm_write_bytes,
+            "onchip_peak_bytes": c.onchip_peak_bytes, "vmem_bytes": c.vmem_bytes,
+            "smem_bytes": c.smem_bytes, "flops": c.flops, "flops_source": c.flops_source,
+            "compute_seconds": c.compute_seconds, "memory_seconds": c.memory_seconds,
+            "overhead_seconds": c.overhead_seconds, "estimated_seconds": c.estimated_seconds,
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass
+class Trace:
+    """The pallas_calls one function reached, in program order, under one model and chip."""
+
+    model: Model
+    chip: Chip
+    calls: list[CallTrace]
+
+    def steps(self, call: int = 0) -> list[StepEvent]:
+        """Per-step events of call number ``call``: step, grid index, operand, block, action."""
+        return self.calls[call].schedule.events()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-serialisable counts, bytes and estimates of every call."""
+        return {"model": self.model, "chip": self.chip.name,
+                "calls": [c.to_dict() for c in self.calls]}
+
+    def summary(self, steps: int = 0) -> str:
+        """A text table per call; with ``steps`` > 0 also its first and last ``steps`` steps."""
+        from kernelsim.report import summary
+
+        return summary(self, steps)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _analyse(calls: list[KernelCall], model: Model, chip: Chip, strict: bool) -> Trace:
+    traced = []
+    for call in calls:
+        schedule = build(call, model)
+        cost = compute(schedule, chip)
+        warnings = call.notes + lint(call, schedule, cost, chip)
+        if strict and warnings:
+            raise TraceError(f"pallas_call {call.name!r}: " + " | ".join(warnings))
+        traced.append(CallTrace(call, schedule, cost, warnings))
+    return Trace(model, chip, traced)
+
+
+def _resolve(model: str, chip: str | None) -> tuple[Model, Chip]:
+    if model not in ("tpu", "gpu"):
+        raise TraceError(f"unknown model {model!r}: choose 'tpu' or 'gpu'")
+    try:
+        return model, get_chip(chip or DEFAULT_CHIP[model])  # type: ignore[return-value]
+    except KeyError as e:
+        raise TraceError(str(e.args[0])) from None
+
+
+def _collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any]):
+    captured: list[KernelCall] = []
+
+    def handler(call_args: tuple, params: dict) -> Any:
+        captured.append(_jax.to_model(call_args, params))
+        return execute(call_args, params)
+
+    with _jax.capturing(handler):
+        out = fn(*args)
+    if not captured:
+        raise TraceError(
+            f"{getattr(fn, '__name__', fn)!r} reached no pallas_call: kernelsim analyses "
+            "functions that call jax.experimental.pallas.pallas_call (directly or inside "
+            "jit, vmap, scan, cond or custom_vjp).")
+    return out, captured
+
+
+def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
+          strict: bool = False) -> Trace:
+    """Analyse every pallas_call ``fn(*args)`` reaches, without running any kernel body.
+
+    model: ``"tpu"`` (sequential grid, unchanged input blocks skipped) or ``"gpu"`` (one
+        program per grid point, nothing reused). chip: a name in ``kernelsim.chips.CHIPS``.
+    strict: raise ``TraceError`` instead of collecting warnings.
+    """
+    model_, chip_ = _resolve(model, chip)
+    _, calls = _collect(fn, args, lambda a, p: _jax.zeros_for(p))
+    return _analyse(calls, model_, chip_, strict)
+
+
+def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
+        strict: bool = False, interpret: Any = "auto") -> tuple[Any, Trace]:
+    """Execute ``fn(*args)`` and analyse its pallas_calls; returns ``(outputs, trace)``.
+
+    interpret: ``"auto"`` compiles on a TPU/GPU backend and interprets on the CPU (the TPU
+        interpreter for kernels with manual DMAs or semaphores); ``None`` keeps each call's
+        own setting; any other value replaces it (True, ``pltpu.InterpretParams()``, False).
+    """
+    model_, chip_ = _resolve(model, chip)
+
+    def execute(call_args: tuple, params: dict) -> Any:
+        setting = interpret
+        if interpret == "auto":
+            own = _jax.requested_interpret(params)
+            setting = own if own else backend.choose(
+                tpu_features=_jax.uses_manual_dma(params)).interpret
+        return _jax.execute(call_args, params, setting)
+
+    out, calls = _collect(fn, args, execute)
+    return out, _analyse(calls, model_, chip_, strict)
