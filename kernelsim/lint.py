@@ -79,9 +79,10 @@ def lint(call: KernelCall, schedule: CallSchedule, cost: CallCost, chip: Chip) -
         if tpu and op.memory_space == "vmem" and (msg := _tiling(op)):
             warnings.append(msg)
         if op.role == "output" and (steps := _revisits(op)):
+            block = tuple(int(v) for v in op.block_indices[steps[0]])
             warnings.append(
-                f"output {op.name!r} revisits block {tuple(int(v) for v in op.block_indices[steps[0]])}"
-                f" non-consecutively (first again at step {steps[0]}, {len(steps)} revisit(s)): "
+                f"output {op.name!r} revisits block {block} non-consecutively (first again at "
+                f"step {steps[0]}, {len(steps)} revisit(s)): "
                 "TPU writes a block back when its index changes, so the revisit overwrites it "
                 "with a partial result. Make the reduction axis the innermost grid axis.")
     return warnings

@@ -22,7 +22,7 @@ class BlockDim:
 
     kind: ``blocked`` (the index map returns a block index; the block starts at index * size),
         ``element`` (the index map returns an element offset into the padded array) or
-        ``squeezed`` (size 1, dropped from the kernel's ref; the index map returns an element index).
+        ``squeezed`` (size 1, dropped from the kernel's ref; the map returns an element index).
     size: block extent in elements (1 for ``squeezed``).
     padding: (low, high) elements of padding for ``element`` dims.
     """

@@ -31,8 +31,9 @@ def table(rows: list[list[str]]) -> str:
 def call_summary(t: Trace, index: int, steps: int = 0) -> str:
     c: CallTrace = t.calls[index]
     cost = c.cost
+    semantics = ", ".join(c.dimension_semantics) or "-"
     head = (f"call {index}: {c.name!r}  grid {_shape(c.grid)} = {c.steps:,} steps  "
-            f"semantics {', '.join(c.dimension_semantics) or '-'}  model {t.model} on {t.chip.name}")
+            f"semantics {semantics}  model {t.model} on {t.chip.name}")
     rows = [["operand", "role", "shape", "dtype", "block", "space", "bufs", "fetches", "skips",
              "writebacks", "HBM read B", "HBM write B", "on-chip B"]]
     for o in c.operands:

@@ -1,0 +1,5 @@
+import sys
+
+from kernelsim.cli import main
+
+sys.exit(main())

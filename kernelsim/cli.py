@@ -1,0 +1,84 @@
+"""`kernelsim`: trace a pallas_call from the shell.
+
+TARGET is ``FILE.py:FUNC``; FUNC takes no arguments and returns ``(fn, args)``, where ``fn`` is
+the function that calls ``pl.pallas_call`` and ``args`` a tuple of concrete arrays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from kernelsim.chips import CHIPS
+from kernelsim.errors import TraceError
+
+
+def load_target(spec: str) -> tuple[Any, tuple]:
+    """Import FILE.py and call FUNC(); returns its ``(fn, args)``. Raises TraceError."""
+    path_text, sep, func_name = spec.rpartition(":")
+    if not sep or not path_text or not func_name:
+        raise TraceError(f"target {spec!r} is not FILE.py:FUNC")
+    path = Path(path_text)
+    if not path.is_file():
+        raise TraceError(f"target file {path} does not exist")
+    module_spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        module_spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise TraceError(f"{path} has no function {func_name!r}")
+    result = func()
+    if not (isinstance(result, tuple) and len(result) == 2 and callable(result[0])):
+        raise TraceError(f"{spec} must return (fn, args); it returned {type(result).__name__}")
+    fn, args = result
+    return fn, tuple(args)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kernelsim", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("trace", help="per-call traffic summary (index maps only, no kernel run)")
+    t.add_argument("target", metavar="FILE.py:FUNC")
+    t.add_argument("--model", choices=("tpu", "gpu"), default="tpu")
+    t.add_argument("--chip", choices=sorted(CHIPS), default=None)
+    t.add_argument("--steps", type=int, default=3, help="first and last N steps to list")
+    t.add_argument("--json", action="store_true", help="print Trace.to_dict() as JSON")
+    t.add_argument("--strict", action="store_true", help="exit 2 on any warning")
+    v = sub.add_parser("verify", help="compare the model with TPU interpret mode's DMAs")
+    v.add_argument("target", metavar="FILE.py:FUNC")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        fn, fn_args = load_target(args.target)
+        if args.command == "trace":
+            from kernelsim.trace import trace
+
+            t = trace(fn, *fn_args, model=args.model, chip=args.chip, strict=args.strict)
+            print(json.dumps(t.to_dict(), indent=2) if args.json else t.summary(args.steps))
+            return 0
+        if args.command == "verify":
+            from kernelsim.verify import verify
+
+            result = verify(fn, *fn_args)
+            print(result.report())
+            return 0 if result.ok else 1
+    except TraceError as e:
+        print(f"kernelsim: error: {e}", file=sys.stderr)
+        return 2
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
