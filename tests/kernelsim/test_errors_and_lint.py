@@ -1,0 +1,125 @@
+"""Every TraceError and every lint warning kernelsim promises, each produced by a kernel."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import kernelsim
+from kernelsim import TraceError
+from kernelsim import examples as ex
+
+
+def _copy_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+def _copy(x, block, in_map, grid, out_map=None, out_block=None, semantics=None):
+    params = pltpu.CompilerParams(dimension_semantics=semantics) if semantics else None
+    return pl.pallas_call(
+        _copy_kernel, grid=grid, in_specs=[pl.BlockSpec(block, in_map)],
+        out_specs=pl.BlockSpec(out_block or block, out_map or in_map),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), compiler_params=params)(x)
+
+
+X = jnp.zeros((64, 256), jnp.float32)
+
+
+def test_no_pallas_call():
+    with pytest.raises(TraceError, match="reached no pallas_call"):
+        kernelsim.trace(lambda x: x + 1, X)
+
+
+def test_index_map_leaving_the_array_names_call_operand_step_and_block_count():
+    fn = functools.partial(_copy, block=(8, 128), in_map=lambda i: (i + 1, 0), grid=(8,),
+                           out_map=lambda i: (i, 0))
+    with pytest.raises(TraceError) as err:
+        kernelsim.trace(fn, X)
+    msg = str(err.value)
+    for part in ("'_copy_kernel'", "'x_ref'", "block index (8, 0)", "grid step 7",
+                 "has 8 blocks", "(0..7)"):
+        assert part in msg, (part, msg)
+
+
+def test_negative_block_index_is_rejected():
+    fn = functools.partial(_copy, block=(8, 128), in_map=lambda i: (0, i - 1), grid=(2,),
+                           out_map=lambda i: (0, i))
+    with pytest.raises(TraceError, match=r"block index \(0, -1\) at grid step 0"):
+        kernelsim.trace(fn, X)
+
+
+def test_dynamic_grid():
+    def fn(x, n):
+        return _copy(x, (8, 128), lambda i: (i, 0), grid=(n,))
+    with pytest.raises(TraceError, match="dynamic grid"):
+        kernelsim.trace(fn, X, jnp.int32(8))
+
+
+def test_unsupported_block_dim_kind_is_named():
+    def fn(x):
+        return pl.pallas_call(
+            _copy_kernel, grid=(8,),
+            in_specs=[pl.BlockSpec((pl.BoundedSlice(8), 256), lambda i: (pl.ds(i * 8, 8), 0))],
+            out_specs=pl.BlockSpec((8, 256), lambda i: (i, 0)),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+    with pytest.raises(TraceError, match="BoundedSlice is not supported"):
+        kernelsim.trace(fn, X)
+
+
+def test_unknown_model_and_chip():
+    with pytest.raises(TraceError, match="unknown model"):
+        kernelsim.trace(ex.add, X, X, model="cpu")
+    with pytest.raises(TraceError, match="unknown chip 'tpu-v9'"):
+        kernelsim.trace(ex.add, X, X, chip="tpu-v9")
+
+
+def _warnings(fn, *args, **kw):
+    return kernelsim.trace(fn, *args, **kw).calls[0].warnings
+
+
+def test_lint_footprint_above_capacity():
+    big = jnp.zeros((4096, 4096), jnp.float32)
+    fn = functools.partial(_copy, block=(2048, 2048), in_map=lambda i, j: (i, j), grid=(2, 2))
+    # 2 operands x 2 buffers x 16 MiB = 64 MiB: fits v5e's 128 MiB VMEM, not v4's 16 MiB
+    assert not any("footprint" in w for w in _warnings(fn, big, chip="tpu-v5e"))
+    (w,) = [w for w in _warnings(fn, big, chip="tpu-v4") if "footprint" in w]
+    assert "67,108,864 B exceeds tpu-v4's VMEM of 16,777,216 B" in w
+    with pytest.raises(TraceError, match="footprint"):
+        kernelsim.trace(fn, big, chip="tpu-v4", strict=True)
+
+
+def test_lint_tiling_rule():
+    fn = functools.partial(_copy, block=(4, 64), in_map=lambda i, j: (i, j), grid=(16, 4))
+    warnings = [w for w in _warnings(fn, X) if "(8, 128)" in w]
+    assert len(warnings) == 2  # input and output
+    assert "last dim 64 is neither a multiple of 128 nor the array's 256" in warnings[0]
+    assert "second-to-last dim 4" in warnings[0]
+    full = functools.partial(_copy, block=(64, 256), in_map=lambda i: (0, 0), grid=(1,))
+    assert not any("(8, 128)" in w for w in _warnings(full, X))
+    assert not any("(8, 128)" in w for w in _warnings(fn, X, model="gpu"))
+
+
+def test_lint_parallel_after_arbitrary():
+    fn = functools.partial(_copy, block=(8, 128), in_map=lambda i, j: (i, j), grid=(8, 2),
+                           semantics=("arbitrary", "parallel"))
+    (w,) = [w for w in _warnings(fn, X) if "prefix" in w]
+    assert "grid axis 1 is 'parallel' but comes after 'arbitrary' axis 0" in w
+
+
+def test_lint_non_consecutive_output_revisit():
+    # k outermost: output block (i, 0) comes back once per k step -> TPU writes partial sums.
+    def fn(x, y):
+        return pl.pallas_call(
+            ex.matmul_kernel, grid=(2, 2, 2),
+            in_specs=[pl.BlockSpec((128, 128), lambda kk, i, j: (i, kk)),
+                      pl.BlockSpec((128, 128), lambda kk, i, j: (kk, j))],
+            out_specs=pl.BlockSpec((128, 128), lambda kk, i, j: (i, j)),
+            scratch_shapes=[pltpu.VMEM((128, 128), jnp.float32)],
+            out_shape=jax.ShapeDtypeStruct((256, 256), jnp.float32))(x, y)
+    z = jnp.zeros((256, 256))
+    (w,) = [w for w in _warnings(fn, z, z) if "revisit" in w]
+    assert "output 'o_ref' revisits block (0, 0) non-consecutively (first again at step 4" in w
+    assert not any("revisit" in w for w in _warnings(ex.matmul, z, z))

@@ -1,0 +1,191 @@
+"""Traffic, footprint, cost and capture through JAX transformations."""
+
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import kernelsim
+from kernelsim import examples as ex
+
+
+def _zeros(*shape, dtype=jnp.float32):
+    return jnp.zeros(shape, dtype)
+
+
+@pytest.mark.parametrize("m,k,n,bm,bk,bn", [
+    (1024, 1024, 1024, 128, 128, 128),
+    (512, 1024, 256, 256, 256, 128),
+    (256, 512, 512, 128, 256, 256),
+])
+def test_matmul_traffic_matches_the_analytic_formula(m, k, n, bm, bk, bn):
+    e = 4
+    t = kernelsim.trace(functools.partial(ex.matmul, bm=bm, bk=bk, bn=bn),
+                        _zeros(m, k), _zeros(k, n))
+    c = t.calls[0]
+    assert c.operand("x_ref").hbm_read_bytes == m * k * e * (n // bn)
+    assert c.operand("y_ref").hbm_read_bytes == k * n * e * (m // bm)
+    assert c.hbm_write_bytes == m * n * e
+    assert c.hbm_read_bytes + c.hbm_write_bytes == (
+        m * k * e * (n // bn) + k * n * e * (m // bm) + m * n * e)
+
+
+def test_matmul_with_one_k_block_reads_a_once():
+    m, k, n = 512, 128, 1024
+    t = kernelsim.trace(functools.partial(ex.matmul, bm=128, bk=128, bn=128),
+                        _zeros(m, k), _zeros(k, n))
+    x = t.calls[0].operand("x_ref")
+    assert x.hbm_read_bytes == m * k * 4  # the formula would say m*k*4*(n/bn) = 8x more
+    assert (x.fetches, x.skips) == (m // 128, (m // 128) * (n // 128 - 1))
+
+
+def test_matmul_flops_and_footprint():
+    t = kernelsim.trace(ex.matmul, _zeros(256, 256), _zeros(256, 256))
+    c = t.calls[0]
+    dot_flops = 2 * 256 ** 3
+    # plus one add per accumulator element per step and a few scalar ops
+    assert dot_flops <= c.flops <= dot_flops + c.steps * (128 * 128 + 16)
+    # x, y, o double-buffered (128x128 f32 = 64 KiB each) plus the f32 accumulator
+    assert c.cost.vmem_bytes == 3 * 2 * 65536 + 65536
+    assert c.onchip_peak_bytes == c.cost.vmem_bytes
+
+
+def test_gpu_model_reuses_nothing():
+    t = kernelsim.trace(ex.matmul, _zeros(256, 256), _zeros(256, 256), model="gpu")
+    c = t.calls[0]
+    assert t.chip.name == "h100"
+    assert c.operand("x_ref").fetches == c.steps == 8
+    assert c.operand("o_ref").writebacks == 8
+    assert c.operand("x_ref").buffers == 1
+    assert c.cost.overhead_seconds == 0.0
+
+
+def test_estimate_is_roofline_plus_step_overhead():
+    t = kernelsim.trace(ex.matmul, _zeros(1024, 1024, dtype=jnp.bfloat16),
+                        _zeros(1024, 1024, dtype=jnp.bfloat16), chip="tpu-v5e")
+    c = t.calls[0]
+    chip = kernelsim.chips.CHIPS["tpu-v5e"]
+    assert c.cost.compute_seconds == pytest.approx(c.flops / chip.peak_flops_bf16)
+    bytes_ = c.hbm_read_bytes + c.hbm_write_bytes
+    assert c.cost.memory_seconds == pytest.approx(bytes_ / chip.hbm_bytes_per_second)
+    assert c.estimated_seconds == pytest.approx(
+        max(c.cost.compute_seconds, c.cost.memory_seconds) + 512 * 0.27e-6)
+
+
+def test_cost_estimate_overrides_counted_flops():
+    def fn(x):
+        return pl.pallas_call(ex.add_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              cost_estimate=pl.CostEstimate(flops=12345, transcendentals=0,
+                                                            bytes_accessed=0))(x, x)
+    c = kernelsim.trace(fn, _zeros(8, 128)).calls[0]
+    assert (c.flops, c.cost.flops_source) == (12345, "pl.CostEstimate")
+
+
+def test_single_buffered_and_whole_array_blocks_use_one_buffer():
+    def kernel(x_ref, w_ref, o_ref):
+        o_ref[...] = x_ref[...] + w_ref[pl.ds(pl.program_id(0) * 8, 8), :]
+
+    def fn(x, w):
+        return pl.pallas_call(
+            kernel, grid=(4,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0), pipeline_mode=pl.Buffered(1)),
+                      pl.BlockSpec((32, 128), lambda i: (0, 0))],
+            out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+            out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32))(x, w)
+    c = kernelsim.trace(fn, _zeros(32, 128), _zeros(32, 128)).calls[0]
+    assert [o.buffers for o in c.operands] == [1, 1, 2]
+    assert c.cost.vmem_bytes == 8 * 128 * 4 + 32 * 128 * 4 + 2 * 8 * 128 * 4
+    w = c.operand("w_ref")
+    assert (w.fetches, w.skips) == (1, 3)
+
+
+def test_scalar_prefetch_counts_once_into_smem():
+    target = ex.block_sparse_target()
+    c = kernelsim.trace(*target[:1], *target[1]).calls[0]
+    prefetch = [o for o in c.operands if o.role == "scalar_prefetch"]
+    assert [o.name for o in prefetch] == ["counts_ref", "rows_ref", "cols_ref"]
+    assert all(o.fetches == 1 and o.memory_space == "smem" for o in prefetch)
+    windowed = sum(o.hbm_read_bytes for o in c.operands if o.role == "input")
+    assert c.hbm_read_bytes == windowed + (8 + 24 + 24) * 4
+    assert c.cost.smem_bytes == (8 + 24 + 24) * 4
+
+
+def test_any_operands_move_nothing_and_say_so():
+    def kernel(x_hbm, o_ref, buf, sem):
+        copy = pltpu.make_async_copy(x_hbm, buf, sem)
+        copy.start()
+        copy.wait()
+        o_ref[...] = buf[...]
+
+    def fn(x):
+        return pl.pallas_call(
+            kernel, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            scratch_shapes=[pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA(())])(x)
+    x = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128)
+    out, t = kernelsim.run(fn, x)
+    np.testing.assert_array_equal(out, x)  # ran in the TPU interpreter (manual DMA)
+    c = t.calls[0]
+    xin = c.operand("x_hbm")
+    assert (xin.memory_space, xin.fetches, xin.hbm_read_bytes, xin.onchip_bytes) == (
+        "any", 0, 0, 0)
+    assert c.operand("sem").memory_space == "semaphore"
+    assert any("stays in ANY" in w for w in c.warnings)
+
+
+def test_capture_through_jit_scan_cond_custom_vjp_and_vmap():
+    add = functools.partial(ex.add, block=(8, 128))
+
+    @jax.custom_vjp
+    def with_vjp(x, y):
+        return add(x, y)
+
+    with_vjp.defvjp(lambda x, y: (add(x, y), None), lambda _, g: (g, g))
+
+    def fn(x, y):
+        a = jax.jit(add)(x, y)
+        a, _ = jax.lax.scan(lambda c, _: (add(c, y), None), a, None, length=3)
+        a = jax.lax.cond(a.sum() > -1.0, lambda: add(a, y), lambda: a)
+        b = jax.vmap(add)(jnp.stack([x, x]), jnp.stack([y, y]))
+        return with_vjp(a, y) + b[0]
+
+    x = jnp.ones((16, 256))
+    out, t = kernelsim.run(fn, x, x)
+    assert len(t.calls) == 7
+    assert [c.grid for c in t.calls] == [(2, 2)] * 5 + [(2, 2, 2), (2, 2)]
+    np.testing.assert_allclose(out, 7.0 + 2.0)  # 1+1, +3 in scan, +1 cond, +1 vjp; + b
+    assert kernelsim.trace(fn, x, x).to_dict()["calls"][5]["grid"] == [2, 2, 2]
+
+
+def test_to_dict_has_the_documented_shape_and_is_json():
+    d = kernelsim.trace(*ex.block_sparse_target()[:1], *ex.block_sparse_target()[1]).to_dict()
+    json.dumps(d)
+    assert set(d) >= {"model", "chip", "calls"}
+    call = d["calls"][0]
+    assert set(call) >= {"name", "grid", "steps", "dimension_semantics", "operands",
+                         "hbm_read_bytes", "hbm_write_bytes", "onchip_peak_bytes", "flops",
+                         "estimated_seconds", "warnings"}
+    assert [o["role"] for o in call["operands"]] == ["scalar_prefetch"] * 3 + ["input"] * 2 + [
+        "output"]
+    for o in call["operands"]:
+        assert set(o) >= {"name", "role", "shape", "dtype", "block_shape", "memory_space",
+                          "fetches", "skips", "writebacks", "hbm_read_bytes", "hbm_write_bytes"}
+    assert call["dimension_semantics"] == ["parallel", "arbitrary"]
+
+
+def test_squeezed_dims_report_none_in_block_shape():
+    t = kernelsim.trace(jax.vmap(functools.partial(ex.add, block=(8, 128))),
+                        _zeros(2, 8, 128), _zeros(2, 8, 128))
+    assert t.to_dict()["calls"][0]["operands"][0]["block_shape"] == [None, 8, 128]
+
+
+def test_run_outputs_match_reference_for_matmul():
+    x = jax.random.normal(jax.random.key(0), (256, 256))
+    out, t = kernelsim.run(ex.matmul, x, x)
+    np.testing.assert_allclose(out, x @ x, rtol=1e-4, atol=1e-3)
+    assert t.calls[0].steps == 8
