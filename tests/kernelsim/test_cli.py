@@ -61,7 +61,8 @@ def test_out_of_bounds_index_map_exits_2_naming_the_operand(tmp_path):
         "from jax.experimental import pallas as pl\n"
         "def k(x_ref, o_ref):\n    o_ref[...] = x_ref[...]\n"
         "def fn(x):\n"
-        "    return pl.pallas_call(k, grid=(4,), in_specs=[pl.BlockSpec((8, 128), lambda i: (2 * i, 0))],\n"
+        "    return pl.pallas_call(k, grid=(4,),\n"
+        "        in_specs=[pl.BlockSpec((8, 128), lambda i: (2 * i, 0))],\n"
         "        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),\n"
         "        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)\n"
         "def target():\n    return fn, (jnp.zeros((32, 128)),)\n")
