@@ -169,8 +169,9 @@ def _evaluate(bm: Any, grid_points: np.ndarray, prefetch: list[np.ndarray]) -> n
 
     in_axes = (0,) * ngrid + (None,) * len(prefetch)
     cols = [jnp.asarray(grid_points[:, i], jnp.int32) for i in range(ngrid)]
-    with jax.disable_jit(False):  # capture runs eagerly; the map itself is compiled once
-        out = jax.jit(jax.vmap(at, in_axes=in_axes))(*cols, *prefetch)
+    # Eager vmap: each primitive runs once over the whole grid, and JAX caches its executable
+    # by shape, so repeated traces cost no compilation (jit would recompile every fresh map).
+    out = jax.vmap(at, in_axes=in_axes)(*cols, *prefetch)
     return np.stack([np.asarray(o, dtype=np.int64).reshape(nsteps) for o in out], axis=1)
 
 
