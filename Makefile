@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: start test venv lint site browser clean
+.PHONY: start test venv lint site system-packages clean
 
 # Reinstall only when the dependency list changes: a no-op run costs a stat.
 $(STAMP): pyproject.toml
@@ -16,12 +16,15 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The site tests drive Debian's chromium through playwright; playwright's own
-# browser download cannot work offline, so the system package is installed.
-browser:
-	@if [ ! -x $(CHROMIUM) ]; then \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q chromium; \
-	  else echo "chromium is missing: run 'sudo apt-get update && sudo apt-get install -y chromium'" >&2; exit 1; fi; \
+# System packages: Debian's chromium for the browser tests (playwright's own browser
+# download cannot work offline) and bubblewrap, the grader's sandbox for submissions.
+system-packages:
+	@missing=""; \
+	[ -x $(CHROMIUM) ] || missing="$$missing chromium"; \
+	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $$missing; \
+	  else echo "missing system packages:$$missing; run: sudo apt-get update && sudo apt-get install -y$$missing" >&2; exit 1; fi; \
 	fi
 
 lint: $(STAMP)
@@ -30,10 +33,10 @@ lint: $(STAMP)
 site: $(STAMP)
 	$(PY) -m grader.cli build-site
 
-test: $(STAMP) browser lint
+test: $(STAMP) system-packages lint
 	$(PY) -m pytest
 
-start: $(STAMP)
+start: $(STAMP) system-packages
 	$(PY) -m grader.cli serve
 
 clean:

@@ -1,1 +1,1 @@
-"""The `pallas-course` command: site build and serving, and (with the exercises) nbgrader wrappers."""
+"""The `pallas-course` command: site build and serving, and the nbgrader wrappers."""

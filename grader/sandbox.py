@@ -1,0 +1,287 @@
+"""Run untrusted code (a student's submission) in a separate process under hard limits.
+
+Limits: CPU seconds, wall seconds, address space, processes, size of any one file, total bytes
+written under the work folder, and bytes of captured output.
+
+Isolation ("jail", when running as root with bubblewrap installed): the child gets its own
+mount, pid, network, ipc and uts namespaces and sees only a read-only whitelist of folders (the
+system, the Python installation, the virtual environment, the packages it needs) plus its work
+folder; reference outputs, hidden inputs, instructor notebooks, the gradebook, other
+submissions and the repository's history are simply not there. It then drops to an
+unprivileged uid of its own (one per concurrent slot, via ``setpriv``), so it cannot signal the
+grader, the process limit binds, and whatever it leaves behind is found by uid and killed.
+Without root or bubblewrap the run falls back to limits only ("rlimits"), and says so.
+
+The outcome is data, never an exception: a batch goes on whatever one submission does.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Status = Literal["ok", "failed", "timeout", "memory", "disk", "crashed"]
+Isolation = Literal["jail", "rlimits"]
+
+SANDBOX_UID_BASE = 61000  # uid SANDBOX_UID_BASE + slot runs slot's submission when root
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits for one sandboxed run (bytes, seconds, counts)."""
+
+    cpu_seconds: int = 300
+    wall_seconds: float = 600.0
+    memory_bytes: int = 4 << 30
+    processes: int = 64
+    file_bytes: int = 64 << 20
+    disk_bytes: int = 256 << 20
+    output_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a sandboxed run did.
+
+    status: ``ok`` (exit 0), ``failed`` (non-zero exit), ``timeout`` (wall or CPU limit),
+        ``memory`` (address-space limit), ``disk`` (file-size or disk limit) or ``crashed``
+        (killed by a signal).
+    reason: one sentence for the feedback: what happened and which limit.
+    """
+
+    status: Status
+    returncode: int | None
+    stdout: bytes
+    stderr: bytes
+    wall_seconds: float
+    reason: str
+    isolation: Isolation
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def isolation() -> Isolation:
+    """``jail`` when this process can build namespaces and switch uid, else ``rlimits``."""
+    if is_root() and shutil.which("bwrap") and shutil.which("setpriv"):
+        return "jail"
+    return "rlimits"
+
+
+def sandbox_uid(slot: int) -> int | None:
+    """The uid a jailed run in ``slot`` uses; None without a jail."""
+    return SANDBOX_UID_BASE + slot if isolation() == "jail" else None
+
+
+def default_readable() -> list[Path]:
+    """What a Python child needs to see: the interpreter's installation and the venv."""
+    return [Path(sys.base_prefix).resolve(), Path(sys.prefix)]
+
+
+def _jail_argv(argv: Sequence[str], workdir: Path, readable: Sequence[Path], uid: int,
+               limits: Limits) -> list[str]:
+    """bwrap + setpriv in front of ``argv``: namespaces, a whitelisted filesystem, a new uid."""
+    cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
+           "--unshare-ipc", "--unshare-uts", "--dev", "/dev", "--proc", "/proc",
+           "--size", str(limits.disk_bytes), "--tmpfs", "/tmp"]
+    for system in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc"):
+        if os.path.exists(system):
+            cmd += ["--ro-bind", system, system]
+    made: set[Path] = set()
+    for path in [*readable, workdir]:
+        # Parents that bwrap would create copy the host's modes (/root is 0700): make them
+        # traversable so the unprivileged uid reaches what is bound below them.
+        for parent in reversed(path.parents[:-1]):
+            if parent not in made and str(parent) not in ("/tmp",):
+                cmd += ["--perms", "0755", "--dir", str(parent)]
+                made.add(parent)
+    for path in readable:
+        cmd += ["--ro-bind", str(path), str(path)]
+    cmd += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir), "--",
+            "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+            "--inh-caps=-all", "--bounding-set=-all", "--"]
+    return cmd + list(argv)
+
+
+def _preexec(limits: Limits, nproc: bool) -> None:
+    """Runs in the child between fork and exec: a new session and the resource limits."""
+    os.setsid()
+    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
+    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if nproc:
+        # Counts the processes of the real uid; it binds once setpriv switches to the slot's
+        # uid (root is exempt), and per-slot uids keep concurrent runs apart.
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+
+
+def _pids_of_uid(uid: int) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for line in (entry / "status").read_text().splitlines():
+                if line.startswith("Uid:"):
+                    if int(line.split()[1]) == uid:
+                        pids.append(int(entry.name))
+                    break
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def kill_all(pgid: int, uid: int | None) -> None:
+    """SIGKILL the run's process group and, with a sandbox uid, every process of that uid."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    if uid is not None:
+        _kill_uid(uid)
+
+
+def _kill_uid(uid: int) -> None:
+    for _ in range(20):  # a fork bomb may spawn while we kill: repeat until none is left
+        pids = _pids_of_uid(uid)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+
+
+def _disk_usage(root: Path) -> int:
+    """Bytes in files under ``root`` (links not followed)."""
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def prepare_workdir(workdir: Path, uid: int | None) -> None:
+    """Make ``workdir`` (and everything in it) writable by the sandbox uid only."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    if uid is None:
+        return
+    for path in [workdir, *workdir.rglob("*")]:
+        os.lchown(path, uid, uid)
+    workdir.chmod(0o700)
+
+
+class _Reader(threading.Thread):
+    """Drain a pipe, keeping at most ``cap`` bytes, so a flood of output cannot block or bloat."""
+
+    def __init__(self, stream, cap: int):
+        super().__init__(daemon=True)
+        self.stream, self.cap, self.data, self.dropped = stream, cap, bytearray(), 0
+
+    def run(self) -> None:
+        while chunk := self.stream.read(65536):
+            room = self.cap - len(self.data)
+            self.data += chunk[:max(room, 0)]
+            self.dropped += max(len(chunk) - max(room, 0), 0)
+
+
+def run(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
+        env: Mapping[str, str] | None = None, stdin: bytes | None = None,
+        slot: int = 0, readable: Sequence[Path] | None = None) -> Outcome:
+    """Run ``argv`` in ``workdir`` under ``limits``; never raises for what the child does.
+
+    readable: folders the jailed child may read (default: the Python installation and venv).
+    slot: which concurrent run this is (0, 1, ...): each slot has its own uid.
+    """
+    workdir = Path(workdir).resolve()
+    uid = sandbox_uid(slot)
+    prepare_workdir(workdir, uid)
+    if uid is not None:
+        _kill_uid(uid)  # leftovers of an earlier run in this slot must not count against it
+        argv = _jail_argv(argv, workdir, default_readable() if readable is None else readable,
+                          uid, limits)
+    base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir),
+                "LANG": "C.UTF-8", "PYTHONNOUSERSITE": "1", "JAX_PLATFORMS": "cpu",
+                "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(workdir)}
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        list(argv), cwd=workdir, env={**base_env, **(env or {})},
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: _preexec(limits, uid is not None))
+    readers = [_Reader(proc.stdout, limits.output_bytes),
+               _Reader(proc.stderr, limits.output_bytes)]
+    for r in readers:
+        r.start()
+    if stdin is not None:
+        try:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+    verdict: tuple[Status, str] | None = None
+    while proc.poll() is None:
+        elapsed = time.monotonic() - start
+        if elapsed > limits.wall_seconds:
+            verdict = ("timeout", f"ran past the wall-clock limit of {limits.wall_seconds:g} s")
+        elif _disk_usage(workdir) > limits.disk_bytes:
+            verdict = ("disk", f"wrote more than {limits.disk_bytes:,} bytes to disk")
+        if verdict:
+            break
+        time.sleep(0.1)
+    kill_all(proc.pid, uid)
+    proc.wait()
+    for r in readers:
+        r.join(timeout=5)
+    wall = time.monotonic() - start
+    stdout, stderr = bytes(readers[0].data), bytes(readers[1].data)
+    code = proc.returncode
+    if uid is not None and code is not None and code > 128:
+        code = 128 - code  # bwrap reports a child killed by signal N as exit 128 + N
+    if verdict is None:
+        verdict = _classify(code, stderr, limits)
+    if readers[0].dropped or readers[1].dropped:
+        verdict = (verdict[0], verdict[1] + f"; output beyond {limits.output_bytes:,} bytes "
+                   "was dropped")
+    return Outcome(verdict[0], code, stdout, stderr, wall, verdict[1],
+                   "jail" if uid is not None else "rlimits")
+
+
+def _classify(code: int, stderr: bytes, limits: Limits) -> tuple[Status, str]:
+    if code == 0:
+        return "ok", "finished"
+    if code < 0:
+        sig = signal.Signals(-code)
+        if sig == signal.SIGXCPU:
+            return "timeout", f"used more than the CPU limit of {limits.cpu_seconds} s"
+        if sig == signal.SIGXFSZ:
+            return "disk", f"wrote a file larger than {limits.file_bytes:,} bytes"
+        if sig == signal.SIGKILL:
+            return "crashed", "was killed (SIGKILL)"
+        return "crashed", f"was killed by {sig.name}"
+    if b"File too large" in stderr:  # Python ignores SIGXFSZ: the write fails with EFBIG
+        return "disk", f"wrote a file larger than {limits.file_bytes:,} bytes"
+    if b"MemoryError" in stderr or b"std::bad_alloc" in stderr or b"RESOURCE_EXHAUSTED" in stderr:
+        return "memory", f"ran out of its memory limit of {limits.memory_bytes:,} bytes"
+    return "failed", f"exited with status {code}"
+
+
+def remove_workdir(workdir: Path) -> None:
+    shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,112 @@
+"""grader.sandbox: each way a submission can try to kill or starve the grader ends as data."""
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from grader import sandbox
+
+PY = sys.executable
+FAST = sandbox.Limits(cpu_seconds=5, wall_seconds=8, memory_bytes=1 << 30, processes=32,
+                      file_bytes=1 << 20, disk_bytes=4 << 20, output_bytes=4096)
+
+
+def _run(tmp_path, code, limits=FAST, **kw):
+    return sandbox.run([PY, "-c", code], tmp_path / "work", limits, **kw)
+
+
+def test_ok_and_failed(tmp_path):
+    ok = _run(tmp_path, "print('hi')")
+    assert (ok.status, ok.stdout) == ("ok", b"hi\n")
+    bad = _run(tmp_path, "import sys; sys.exit(3)")
+    assert (bad.status, bad.returncode) == ("failed", 3)
+
+
+def test_infinite_loop_hits_the_cpu_or_wall_limit(tmp_path):
+    out = _run(tmp_path, "while True: pass")
+    assert out.status == "timeout"
+    assert out.wall_seconds < FAST.wall_seconds + 3
+
+
+def test_sleeping_forever_hits_the_wall_limit(tmp_path):
+    limits = sandbox.Limits(**{**FAST.__dict__, "wall_seconds": 1.5})
+    out = _run(tmp_path, "import time; time.sleep(60)", limits)
+    assert out.status == "timeout" and "wall-clock" in out.reason
+
+
+def test_hanging_on_input_gets_end_of_file(tmp_path):
+    out = _run(tmp_path, "import sys; print(repr(sys.stdin.read()))")
+    assert (out.status, out.stdout) == ("ok", b"''\n")
+
+
+def test_memory_bomb(tmp_path):
+    out = _run(tmp_path, "x = bytearray(4 << 30)")
+    assert out.status == "memory" and "memory limit" in out.reason
+
+
+def test_huge_file_and_disk_filling(tmp_path):
+    big = _run(tmp_path, "open('f', 'wb').write(b'x' * (8 << 20))")
+    assert big.status == "disk"
+    many = _run(tmp_path, "import time\nfor i in range(100):\n"
+                          "    open(f'f{i}', 'wb').write(b'x' * (900 << 10)); time.sleep(0.01)\n"
+                          "time.sleep(30)")
+    assert many.status == "disk" and "disk" in many.reason
+
+
+def test_output_flood_is_capped(tmp_path):
+    out = _run(tmp_path, "import sys\nfor _ in range(10000): sys.stdout.write('y' * 1000)")
+    assert out.status == "ok" and len(out.stdout) == FAST.output_bytes
+    assert "dropped" in out.reason
+
+
+def test_os_exit_and_self_kill_are_reported(tmp_path):
+    assert _run(tmp_path, "import os; os._exit(7)").returncode == 7
+    killed = _run(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")
+    assert killed.status == "crashed" and "SIGSEGV" in killed.reason
+
+
+@pytest.mark.skipif(sandbox.isolation() != "jail", reason="the jail needs root and bubblewrap")
+def test_fork_bomb_is_contained_and_cleaned_up(tmp_path):
+    code = ("import os, time\n"
+            "for _ in range(200):\n"
+            "    try:\n        os.fork()\n    except OSError:\n        pass\n"
+            "time.sleep(30)")
+    out = _run(tmp_path, code, slot=3)
+    assert out.status == "timeout"
+    time.sleep(0.2)
+    assert sandbox._pids_of_uid(sandbox.sandbox_uid(3)) == []
+
+
+@pytest.mark.skipif(sandbox.isolation() != "jail", reason="the jail needs root and bubblewrap")
+def test_jail_hides_secrets_and_the_grader(tmp_path):
+    secret = tmp_path / "references" / "task1.npy"
+    secret.parent.mkdir()
+    secret.write_bytes(b"reference")
+    repo_file = Path(__file__)  # the repository is not on the whitelist
+    code = (f"import os\n"
+            f"for p in [{str(secret)!r}, {str(repo_file)!r}, '/root/.bash_history']:\n"
+            f"    print(p, os.path.exists(p))\n"
+            f"print('uid', os.getuid())\n"
+            f"try:\n    os.kill({os.getpid()}, 15)\nexcept OSError as e:\n"
+            f"    print('kill', type(e).__name__)\n")
+    out = _run(tmp_path, code)
+    assert out.status == "ok", out.stderr
+    lines = out.stdout.decode().splitlines()
+    assert lines[:3] == [f"{secret} False", f"{repo_file} False", "/root/.bash_history False"]
+    assert lines[3] == f"uid {sandbox.SANDBOX_UID_BASE}"
+    assert lines[4] in ("kill ProcessLookupError", "kill PermissionError")
+    assert out.isolation == "jail"
+
+
+def test_escaped_background_process_is_killed(tmp_path):
+    code = ("import subprocess, sys\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+            " start_new_session=True)\nprint('left')")
+    out = _run(tmp_path, code, slot=4)
+    assert out.status == "ok"
+    if sandbox.isolation() == "jail":
+        time.sleep(0.2)
+        assert sandbox._pids_of_uid(sandbox.sandbox_uid(4)) == []
