@@ -18,7 +18,6 @@ The outcome is data, never an exception: a batch goes on whatever one submission
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -114,17 +113,15 @@ def _jail_argv(argv: Sequence[str], workdir: Path, readable: Sequence[Path], uid
     return cmd + list(argv)
 
 
-def _preexec(limits: Limits, nproc: bool) -> None:
-    """Runs in the child between fork and exec: a new session and the resource limits."""
-    os.setsid()
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 5))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def _limits_argv(limits: Limits, nproc: bool) -> list[str]:
+    """``prlimit`` in front of the command: limits set without a preexec_fn (fork-safe)."""
+    cmd = ["prlimit", f"--cpu={limits.cpu_seconds}:{limits.cpu_seconds + 5}",
+           f"--as={limits.memory_bytes}", f"--fsize={limits.file_bytes}", "--core=0"]
     if nproc:
         # Counts the processes of the real uid; it binds once setpriv switches to the slot's
         # uid (root is exempt), and per-slot uids keep concurrent runs apart.
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.processes, limits.processes))
+        cmd.append(f"--nproc={limits.processes}")
+    return [*cmd, "--"]
 
 
 def _pids_of_uid(uid: int) -> list[int]:
@@ -222,10 +219,10 @@ def run(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
                 "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(workdir)}
     start = time.monotonic()
     proc = subprocess.Popen(
-        list(argv), cwd=workdir, env={**base_env, **(env or {})},
+        _limits_argv(limits, uid is not None) + list(argv), cwd=workdir,
+        env={**base_env, **(env or {})},
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        preexec_fn=lambda: _preexec(limits, uid is not None))
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     readers = [_Reader(proc.stdout, limits.output_bytes),
                _Reader(proc.stderr, limits.output_bytes)]
     for r in readers:
