@@ -1,0 +1,252 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 1 — Why a kernel language lives inside JAX
+#
+# **Learning objectives.** After this lesson you can
+#
+# 1. point at the exact place where XLA stops helping: it fuses operations, but it keeps the
+#    algorithm you wrote, including its intermediates;
+# 2. say what the escape hatches before Pallas cost, and what Triton showed;
+# 3. explain why Pallas is "JAX plus Refs, a few primitives and `pallas_call`";
+# 4. write a kernel factory, a Python function that returns kernels;
+# 5. list what Pallas refuses on TPU, and why a refusal is a design position;
+# 6. use interpret mode as the reference a compiled kernel must agree with.
+#
+# Exercises for this part live in [`../exercises/`](../exercises/).
+
+# %%
+import functools
+
+import _course
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+from kernelsim.backend import choose
+
+LESSON = "01-why-pallas"
+print("JAX", jax.__version__, "on", jax.default_backend())
+
+# %% [markdown]
+# ## What the compiler does well
+#
+# XLA looks at the dataflow graph of a jitted function and merges neighbouring operations into
+# one loop nest — a *fusion* — so that a chain like `exp(x - max(x))` does not write each step
+# to memory. That is a transformation of *how* the program runs, never of *what* it computes.
+# If your program asks for an intermediate array, the algorithm still contains it.
+
+# %% [markdown]
+# Naive attention is the standard example. For one head with `N` queries and keys of width `d`
+# it forms the `N × N` score matrix, normalises each row, and multiplies by the values. Below
+# we compile it for `N = 512`, `d = 64` and look for the `N × N` array in the optimised HLO.
+
+# %%
+N, D = 512, 64
+kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+q = jax.random.normal(kq, (N, D), jnp.float32)
+k = jax.random.normal(kk, (N, D), jnp.float32)
+v = jax.random.normal(kv, (N, D), jnp.float32)
+
+
+def naive_attention(q, k, v):
+    scores = q @ k.T / jnp.sqrt(q.shape[-1]).astype(q.dtype)
+    return jax.nn.softmax(scores, axis=-1) @ v
+
+
+compiled = jax.jit(naive_attention).lower(q, k, v).compile()
+hlo = compiled.as_text()
+square = f"f32[{N},{N}]"
+lines = [line.strip() for line in hlo.splitlines() if square in line]
+print(f"{len(lines)} lines of the optimised HLO mention {square}, for example:")
+for line in lines[:4]:
+    print("  ", line[:110])
+
+# %% [markdown]
+# The score matrix survives optimisation: it is the output of one fusion and the input of the
+# next. XLA's cost model says the same thing in bytes. `compiled.cost_analysis()` returns a
+# dictionary whose `"bytes accessed"` entry is the compiler's estimate of memory traffic; we
+# compare it with the bytes of the four `N × d` arrays that attention cannot avoid touching.
+
+# %%
+cost = compiled.cost_analysis()
+accessed = cost["bytes accessed"]
+unavoidable = 4 * N * D * 4  # q, k, v read once, the output written once, 4 bytes each
+print(f"XLA estimates {accessed:,.0f} bytes accessed")
+print(f"q, k, v and the output together are {unavoidable:,} bytes")
+print(f"ratio: {accessed / unavoidable:.1f}x; one N x N f32 matrix alone is {N * N * 4:,} bytes")
+assert accessed > 2 * unavoidable
+
+# %% [markdown]
+# Doubling `N` quadruples the square term while the unavoidable term only doubles. No fusion
+# removes it, because removing it means a *different algorithm*: computing the softmax in
+# pieces, keeping running maxima and sums (lesson 8). Changing algorithms is the programmer's
+# job, and the kernel is where the programmer does it.
+
+# %% [markdown]
+# ## The escape hatches before Pallas
+#
+# The long-standing way around XLA is a *custom call*: you hand the compiler an opaque function
+# that you wrote and compiled yourself. The Pallas design document lists two costs. The first
+# is the language: C++ and, on GPUs, CUDA, which the authors consider too low-level for many
+# machine-learning kernels — even experts struggle to write a fast matmul or multi-head
+# attention that way. The second is time: new systems research reaches XLA only after a while,
+# and users want it sooner. A kernel lets you get ahead; the compiler may absorb the idea
+# later.
+
+# %% [markdown]
+# ## Triton's lesson
+#
+# Triton showed that GPU kernels can be written as *array programs on tiles*: you say what
+# happens to a block of an array and the compiler maps it onto threads. It became the main
+# code generator behind `torch.compile` (through TorchInductor).
+#
+# Pointing Triton at a TPU does not work, though. Its programming model is tuned for GPUs; the
+# design document's example is atomics, which exist to settle many concurrent writes to the
+# same memory; on a TPU the grid runs one step after another, so that pattern has no
+# counterpart. What was
+# needed was the same tile-level idea one level higher, abstract enough to compile for both
+# machines.
+
+# %% [markdown]
+# ## JAX is already an array language
+#
+# That is the observation behind Pallas: JAX users already write NumPy-style array programs,
+# and JAX already traces Python into a typed program. Pallas adds three things:
+#
+# * **Refs** — mutable references to memory, read with `x_ref[...]` and written with
+#   `o_ref[...] = value`;
+# * **a few primitives**, such as `pl.program_id(axis)`, the position of the current program
+#   in the grid;
+# * **`pl.pallas_call`**, which runs a kernel function once per point of a grid.
+#
+# Everything else inside the kernel body is ordinary `jax.numpy`. See the
+# [Pallas quickstart](https://docs.jax.dev/en/latest/pallas/quickstart.html).
+
+# %% [markdown]
+# ## Kernels are Python at trace time
+#
+# Because Pallas reuses JAX tracing rather than parsing Python source, a kernel may close over
+# Python values, take functions as arguments, or be produced by another function. A *kernel
+# factory* is just that: a function returning a kernel. The toolchain only ever sees the traced
+# result.
+
+# %%
+def make_add_then(elementwise):
+    """A kernel that adds two blocks and applies ``elementwise`` to the sum."""
+
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = elementwise(x_ref[...] + y_ref[...])
+
+    return kernel
+
+
+def add_then(x, y, elementwise, *, interpret):
+    # No grid: one program sees the whole arrays, so nothing is reused or re-read.
+    return pl.pallas_call(
+        make_add_then(elementwise),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        interpret=interpret,
+    )(x, y)
+
+
+x = jax.random.normal(kq, (8, 128), jnp.float32)
+y = jax.random.normal(kk, (8, 128), jnp.float32)
+run = choose(tpu_features=False, gpu_ok=True)
+for label, fn in [("doubled", lambda s: 2 * s), ("exponentiated", jnp.exp)]:
+    _course.check(LESSON, f"add_then_{label}",
+                  functools.partial(add_then, elementwise=fn),
+                  lambda a, b, fn=fn: fn(a + b), (x, y), run, rtol=1e-6, atol=1e-6)
+
+# %% [markdown]
+# Two kernels, one source. The same trick gives you kernels specialised on block sizes,
+# dtypes, masking or epilogues without any templating language.
+
+# %% [markdown]
+# ## What Pallas refuses, and why
+#
+# Pallas accepts a subset of JAX. The design document names two exclusions and gives the
+# reason for each, and both reasons are about the hardware:
+#
+# * `conv_general` — convolution is usually not a hardware primitive;
+# * gather and scatter — the compiler underneath may not support reads and writes of
+#   non-contiguous memory.
+#
+# A gather you need does not vanish; it changes shape. The rows you want become *block
+# indices*, computed by an index map from integers that were copied to scalar memory before
+# the kernel started (scalar prefetch, lesson 6). That is a schedule you can read and cost.
+
+# %% [markdown]
+# The [TPU details page](https://docs.jax.dev/en/latest/pallas/tpu/details.html) takes the
+# same attitude further. Among its rules for the TPU backend:
+#
+# * reductions over integer values are not supported;
+# * loop primitives are fully unrolled when the kernel is compiled, so keep trip counts small;
+# * elementwise operations are not equally cheap: the page ranks `jnp.sin` and `jnp.cos` among
+#   the expensive ones and `jnp.exp` in the middle.
+#
+# These are statements about the machine, not a to-do list: the language does not pretend
+# that every operation costs the same.
+
+# %% [markdown]
+# ## The correctness promise, and interpret mode as the oracle
+#
+# In exchange for what it refuses, Pallas makes a promise (same TPU page): although the TPU
+# backend is experimental, a kernel the compiler accepts must produce the right result. If a
+# compiled kernel's output looks wrong, run it again with `interpret=True` and report a bug
+# when they differ.
+#
+# Interpret mode runs the kernel body as plain JAX on any backend, including this CPU. Every
+# kernel in this course is checked against a plain-JAX reference, and on a machine without an
+# accelerator, interpret mode is what runs.
+
+# %%
+got = add_then(x, y, jnp.tanh, interpret=True)
+np.testing.assert_allclose(got, jnp.tanh(x + y), rtol=1e-6, atol=1e-6)
+print("interpret=True agrees with plain JAX; on a TPU or GPU, compare interpret=False with it")
+
+# %% [markdown]
+# ## What is left to you
+#
+# Everything XLA used to decide silently is now yours to state: which blocks are on chip, in
+# what order the grid visits them, in which memory space they live, and which grid axis reuses
+# which block. Lessons 2–8 take these decisions one at a time.
+
+# %% [markdown]
+# ## Check yourself
+#
+# 1. XLA fused the exponential and the division of the softmax into one loop. Why is the
+#    `N × N` array still in the compiled program?
+# 2. Name the two costs of a hand-written custom call given in the design document.
+# 3. Why can Triton not simply be compiled for a TPU?
+# 4. What three things does Pallas add to JAX?
+# 5. You need `table[idx]` inside a kernel. What does Pallas offer instead of a gather?
+#
+# <details><summary>Answer</summary>
+#
+# 1. Fusion changes how operations are scheduled, not the algorithm. Naive attention's
+#    algorithm produces the full score matrix before the row-wise softmax; only a different
+#    algorithm (online softmax) avoids it.
+# 2. The low-level language (C++, CUDA) that even experts find hard for matmul or attention,
+#    and the delay before research techniques land in the compiler.
+# 3. Its model is specialised for GPUs; for example its atomics exist for parallel writes to
+#    shared memory, which the TPU's execution model does not have.
+# 4. Refs, a few new primitives such as `program_id`, and `pallas_call`.
+# 5. Prefetch `idx` as scalars and let an index map turn each one into the block index of the
+#    row to copy (lesson 6).
+#
+# </details>

@@ -1,0 +1,289 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 3 — Tiling: grids and BlockSpecs
+#
+# **Learning objectives.** After this lesson you can
+#
+# 1. hand each grid step one block of every operand with `pl.BlockSpec`;
+# 2. say which bytes are on chip at a given step, and what double buffering costs;
+# 3. apply the TPU's (8, 128) rule for block shapes;
+# 4. handle shapes that the block size does not divide;
+# 5. read kernelsim's per-step table for a tiled add and a tiled matmul;
+# 6. predict how block size changes HBM traffic.
+#
+# Rules here: [Grids and BlockSpecs](https://docs.jax.dev/en/latest/pallas/grid_blockspec.html),
+# [software pipelining](https://docs.jax.dev/en/latest/pallas/pipelining.html) and
+# [TPU details](https://docs.jax.dev/en/latest/pallas/tpu/details.html).
+# Matching exercises: [`../exercises/`](../exercises/).
+
+# %%
+import functools
+
+import _course
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+from jax.experimental import pallas as pl
+
+import kernelsim
+from kernelsim.backend import choose
+
+LESSON = "03-tiling"
+keys = jax.random.split(jax.random.key(3), 4)
+
+# %% [markdown]
+# ## From "every program sees everything" to blocks
+#
+# In lesson 2 each program received whole arrays and sliced them itself. A `BlockSpec` moves
+# that slicing out of the kernel: `pl.BlockSpec(block_shape, index_map)` says that at grid
+# point `(i, j)` the kernel's Ref is the block number `index_map(i, j)` of shape `block_shape`.
+# The kernel body no longer mentions positions at all.
+
+# %%
+def add_kernel(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] + y_ref[...]
+
+
+def tiled_add(x, y, *, block=(128, 128), interpret):
+    bm, bn = block
+    spec = pl.BlockSpec((bm, bn), lambda i, j: (i, j))
+    # Each block is used by exactly one grid step: nothing is reused.
+    return pl.pallas_call(
+        add_kernel,
+        grid=(pl.cdiv(x.shape[0], bm), pl.cdiv(x.shape[1], bn)),
+        in_specs=[spec, spec],
+        out_specs=spec,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        interpret=interpret,
+    )(x, y)
+
+
+x = jax.random.normal(keys[0], (256, 512), jnp.float32)
+y = jax.random.normal(keys[1], (256, 512), jnp.float32)
+run = choose(tpu_features=False, gpu_ok=True)
+_course.check(LESSON, "tiled_add", tiled_add, lambda a, b: a + b, (x, y), run, rtol=0, atol=0)
+
+# %% [markdown]
+# ## Which bytes are on chip
+#
+# On TPU the grid runs sequentially. Before step `s` the pipeline copies the input blocks that
+# step needs from HBM into VMEM; after it, it copies the output block back. While step `s`
+# computes, the copy for step `s + 1` is already under way into a *second* buffer — double
+# buffering — so each pipelined operand holds two blocks of VMEM. An input block whose index
+# does not change between consecutive steps is not copied again.
+#
+# kernelsim evaluates the index maps (never the kernel body) and lists these copies step by
+# step. `bufs` is the number of VMEM buffers per operand, `on-chip B` their bytes.
+
+# %%
+t_add = kernelsim.trace(functools.partial(tiled_add, interpret=True), x, y,
+                        model="tpu", chip="tpu-v5e")
+print(t_add.summary(steps=2))
+
+# %% [markdown]
+# Every input block is fetched once and every output block written once, so the HBM traffic is
+# the three arrays' bytes: an elementwise kernel cannot do better. Its on-chip footprint is
+# `3 operands × 2 buffers × 128·128·4 B`, independent of the array size.
+
+# %%
+add_call = t_add.to_dict()["calls"][0]
+print("kernelsim HBM bytes:", add_call["hbm_read_bytes"] + add_call["hbm_write_bytes"])
+print("three arrays       :", 3 * x.size * 4)
+print("on-chip peak       :", add_call["onchip_peak_bytes"], "=", 3 * 2 * 128 * 128 * 4)
+
+# %% [markdown]
+# ## TPU's (8, 128) rule
+#
+# On TPU, the last two dimensions of a block must be divisible by 8 and by 128 respectively,
+# unless they equal the corresponding dimensions of the whole array. The numbers are the TPU's
+# memory tiles: the two minor-most dimensions of an array are stored in (8, 128) tiles. In
+# jax 0.10.2 the TPU lowering checks this rule, whatever the dtype, and raises a `ValueError`
+# when a block breaks it. Interpret mode does
+# not check this; kernelsim's TPU model does, and prints a warning.
+
+# %%
+bad = kernelsim.trace(functools.partial(tiled_add, block=(4, 100), interpret=True), x, y,
+                      model="tpu")
+for warning in bad.calls[0].warnings[:1]:
+    print("kernelsim:", warning)
+full_rows = kernelsim.trace(functools.partial(tiled_add, block=(256, 128), interpret=True),
+                            x, y, model="tpu")
+print("block (256, 128), the full row count:", full_rows.calls[0].warnings or "no warning")
+
+# %% [markdown]
+# ## Shapes the block does not divide
+#
+# With `grid = pl.cdiv(n, block)` the last block hangs over the edge of the array. Pallas
+# still hands the kernel a full block: values read beyond the array are unspecified, and
+# values written beyond it are dropped. An elementwise kernel is therefore correct as it
+# stands — the garbage lands only in dropped positions.
+
+# %%
+xr = jax.random.normal(keys[2], (200, 384), jnp.float32)
+yr = jax.random.normal(keys[3], (200, 384), jnp.float32)
+_course.check(LESSON, "tiled_add_ragged", tiled_add, lambda a, b: a + b, (xr, yr), run,
+              rtol=0, atol=0)
+
+# %% [markdown]
+# A kernel that *combines* elements across the block is different: the garbage joins the
+# result. Column sums over 128-row blocks of a 200-row array show it — interpret mode fills
+# the overhang with NaN, so the second block's partial sums are NaN. The fix is a mask built
+# from the block's position: `program_id` times the block size plus a row iota.
+
+# %%
+ROWS = 128
+
+
+def column_sums_kernel(x_ref, o_ref, *, n_rows, masked):
+    block = x_ref[...]
+    if masked:  # Python `if`: decided at trace time, giving two kernels
+        row = pl.program_id(0) * ROWS + jax.lax.broadcasted_iota(jnp.int32, block.shape, 0)
+        block = jnp.where(row < n_rows, block, 0.0)
+    sums = jnp.sum(block, axis=0, keepdims=True)
+    o_ref[...] = jnp.broadcast_to(sums, o_ref.shape)
+
+
+def column_sums(x, *, masked, interpret):
+    n_blocks = pl.cdiv(x.shape[0], ROWS)
+    # One partial sum per row block; each input block is read once.
+    partials = pl.pallas_call(
+        functools.partial(column_sums_kernel, n_rows=x.shape[0], masked=masked),
+        grid=(n_blocks,),
+        in_specs=[pl.BlockSpec((ROWS, x.shape[1]), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((8, x.shape[1]), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((8 * n_blocks, x.shape[1]), x.dtype),
+        interpret=interpret,
+    )(x)
+    return partials[::8].sum(axis=0)
+
+
+unmasked = column_sums(xr, masked=False, interpret=True)
+print("unmasked: NaN in the result:", bool(np.isnan(unmasked).any()))
+_course.check(LESSON, "column_sums_masked", lambda a, interpret: column_sums(
+    a, masked=True, interpret=interpret), lambda a: a.sum(axis=0), (xr,), run,
+    rtol=1e-5, atol=1e-4)
+
+# %% [markdown]
+# On compiled backends the overhang holds whatever was in memory rather than NaN, so the
+# unmasked kernel may silently look right for one input and wrong for the next.
+
+# %% [markdown]
+# ## A tiled matmul
+#
+# For `C = A @ B` with `A` of shape `(M, K)` and `B` of shape `(K, N)`, give each grid step
+# `(i, j)` a full row panel of `A` and a full column panel of `B`, and let it write block
+# `(i, j)` of `C`. The reduction over `K` happens inside one step (lesson 4 splits it).
+
+# %%
+def matmul_kernel(a_ref, b_ref, c_ref):
+    c_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+
+def panel_matmul(a, b, *, bm=128, bn=128, interpret):
+    m, k = a.shape
+    _, n = b.shape
+    # j is innermost: A's row panel (i, 0) stays on chip while j sweeps B's column panels.
+    return pl.pallas_call(
+        matmul_kernel,
+        grid=(m // bm, n // bn),
+        in_specs=[pl.BlockSpec((bm, k), lambda i, j: (i, 0)),
+                  pl.BlockSpec((k, bn), lambda i, j: (0, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        interpret=interpret,
+    )(a, b)
+
+
+a = jax.random.normal(keys[0], (256, 256), jnp.float32)
+b = jax.random.normal(keys[1], (256, 256), jnp.float32)
+_course.check(LESSON, "panel_matmul", panel_matmul,
+              lambda a, b: jnp.dot(a, b, precision="highest"), (a, b), run,
+              rtol=1e-4, atol=1e-3)
+
+# %%
+t_mm = kernelsim.trace(functools.partial(panel_matmul, interpret=True), a, b,
+                       model="tpu", chip="tpu-v5e")
+print(t_mm.summary(steps=3))
+
+# %% [markdown]
+# Look at `a_ref` in the step table: at steps 0 and 1 its block index is `(0, 0)` both times,
+# so the second step *skips* the copy. `b_ref` changes every step and is fetched every step.
+
+# %% [markdown]
+# ## Block size versus traffic
+#
+# With `j` innermost, `A` is read once (`M·K` elements) but `B` is read once per row panel:
+# `(M / bm)·K·N` elements. Larger `bm` cuts `B`'s traffic and grows the on-chip footprint.
+# kernelsim's totals follow that formula; we trace (not run) a 1024-cube matmul for several
+# `bm`.
+
+# %%
+M = K = N = 1024
+a_big = jnp.zeros((M, K), jnp.float32)
+b_big = jnp.zeros((K, N), jnp.float32)
+rows = [["bm", "kernelsim HBM B", "formula B", "on-chip peak B"]]
+traffic = []
+for bm in (128, 256, 512, 1024):
+    fn = functools.partial(panel_matmul, bm=bm, interpret=True)
+    call = kernelsim.trace(fn, a_big, b_big, model="tpu").to_dict()["calls"][0]
+    total = call["hbm_read_bytes"] + call["hbm_write_bytes"]
+    formula = 4 * (M * K + (M // bm) * K * N + M * N)
+    assert total == formula, (bm, total, formula)
+    traffic.append(total)
+    rows.append([str(bm), f"{total:,}", f"{formula:,}", f"{call['onchip_peak_bytes']:,}"])
+widths = [max(len(r[c]) for r in rows) for c in range(4)]
+for r in rows:
+    print("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)))
+
+# %%
+fig, ax = plt.subplots(figsize=(5, 3))
+ax.plot([128, 256, 512, 1024], [t / 2**20 for t in traffic], marker="o")
+ax.set_xscale("log", base=2)
+ax.set_xlabel("bm (rows of A per block)")
+ax.set_ylabel("HBM traffic (MiB)")
+ax.set_title("1024³ f32 panel matmul, bn = 128 (kernelsim)")
+fig.tight_layout()
+
+# %% [markdown]
+# The footprint column is why block size is a trade-off: at `bm = 1024` the double-buffered
+# panels of a 1024-wide `K` already take megabytes of VMEM. Splitting `K` as well (next
+# lesson) keeps the footprint bounded for any `K`.
+
+# %% [markdown]
+# ## Check yourself
+#
+# 1. A `BlockSpec((128, 128), lambda i, j: (i, j))` is used at grid point `(2, 3)`. Which
+#    element is the block's top-left corner?
+# 2. Why does a pipelined input use two VMEM buffers?
+# 3. Is a block of shape `(200, 384)` legal on TPU for an array of shape `(200, 384)`? And
+#    `(100, 384)`?
+# 4. Why is the unmasked column-sum wrong while the ragged add is right?
+# 5. In the panel matmul with `j` innermost, which operand's traffic does `bm` control?
+#
+# <details><summary>Answer</summary>
+#
+# 1. Element `(256, 384)`: block indices are multiplied by the block shape.
+# 2. While the kernel computes on one buffer, the next step's block is copied into the other,
+#    so the copy overlaps compute.
+# 3. Yes — both dims equal the array's. `(100, 384)` is not: 100 is not a multiple of 8 and
+#    not the full 200.
+# 4. The add only writes the overhang, and those writes are dropped. The sum mixes overhang
+#    values into in-bounds results.
+# 5. `B`'s: it is read once per row panel, `M / bm` times.
+#
+# </details>

@@ -1,0 +1,302 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 5 — Memory spaces
+#
+# **Learning objectives.** After this lesson you can
+#
+# 1. name the TPU's three memory spaces — HBM, VMEM, SMEM — and what each is for;
+# 2. place an operand in SMEM and read scalars from it;
+# 3. keep state across grid steps in a VMEM scratch buffer;
+# 4. leave an operand in HBM with `pl.ANY` and move it yourself with
+#    `pltpu.make_async_copy` and DMA semaphores;
+# 5. judge when manual copies are worth the effort.
+#
+# Everything in this lesson except the first section is **TPU-only**: SMEM operands, scratch
+# shapes from `pltpu`, async copies and semaphores. On this CPU the kernels run in TPU
+# interpret mode (`pltpu.InterpretParams()`), which simulates the memory spaces and the DMAs.
+# Rules here: [TPU details](https://docs.jax.dev/en/latest/pallas/tpu/details.html),
+# [TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html) and
+# [software pipelining](https://docs.jax.dev/en/latest/pallas/pipelining.html).
+# Matching exercises: [`../exercises/`](../exercises/).
+
+# %%
+import functools
+
+import _course
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import kernelsim
+from kernelsim.backend import choose
+from kernelsim.chips import CHIPS
+
+LESSON = "05-memory-spaces"
+keys = jax.random.split(jax.random.key(5), 4)
+tpu_run = choose(tpu_features=True)
+print("kernels in this lesson run:", tpu_run.label)
+
+# %% [markdown]
+# ## Three memory spaces
+#
+# * **HBM** — the chip's main memory: gigabytes, off the core. Arrays passed to a
+#   `pallas_call` live here.
+# * **VMEM** — vector memory on the TensorCore: tens of MiB, the only memory the vector and
+#   matrix units compute from. BlockSpec'd operands are copied here by default.
+# * **SMEM** — scalar memory: small, read by the scalar unit that runs the control flow and
+#   computes addresses. Use it for indices, counts and per-block constants.
+#
+# Sizes per TensorCore, as kernelsim's chip table records them (from `tpu_info.py` in
+# jax 0.10.2, HBM bandwidth from Google Cloud's pages):
+
+# %%
+print(f"{'chip':8}  {'VMEM':>8}  {'SMEM':>6}  {'HBM GB/s':>8}")
+for name, chip in CHIPS.items():
+    if chip.kind == "tpu":
+        print(f"{name:8}  {chip.vmem_bytes >> 20:>5} MiB  {chip.smem_bytes >> 20:>2} MiB  "
+              f"{chip.hbm_bytes_per_second / 1e9:>8.0f}")
+
+# %% [markdown]
+# ## An operand in SMEM
+#
+# `pl.BlockSpec(memory_space=pltpu.SMEM)` with no block shape puts the whole array in SMEM
+# for the whole call. Here each row block of `x` is scaled by its own factor, read as a
+# scalar with the step's `program_id`.
+
+# %%
+ROWS = 128
+
+
+def scale_rows_kernel(scales_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[...] * scales_ref[pl.program_id(0)]
+
+
+def scale_row_blocks(scales, x, *, interpret):
+    # The scale table is copied to SMEM once; each x block is read once.
+    return pl.pallas_call(
+        scale_rows_kernel,
+        grid=(x.shape[0] // ROWS,),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM),
+                  pl.BlockSpec((ROWS, x.shape[1]), lambda i: (i, 0))],
+        out_specs=pl.BlockSpec((ROWS, x.shape[1]), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        interpret=interpret,
+    )(scales, x)
+
+
+x = jax.random.normal(keys[0], (512, 256), jnp.float32)
+scales = jnp.arange(1, 5, dtype=jnp.float32)
+_course.check(LESSON, "scale_row_blocks", scale_row_blocks,
+              lambda s, a: a * jnp.repeat(s, ROWS)[:, None], (scales, x), tpu_run,
+              rtol=0, atol=0)
+print(kernelsim.trace(functools.partial(scale_row_blocks, interpret=True), scales, x))
+
+# %% [markdown]
+# kernelsim lists `scales_ref` in `smem`, with one buffer and one fetch: the whole table
+# arrives before the first step and stays.
+
+# %% [markdown]
+# ## Scratch: state that outlives a grid step
+#
+# `scratch_shapes=[pltpu.VMEM(shape, dtype)]` adds a buffer that is neither input nor output.
+# It is allocated once for the call, appended to the kernel's arguments after the outputs, and
+# keeps its contents from one grid step to the next. The standard use is an `float32`
+# accumulator for a matmul whose output is `bfloat16`: accumulate across the `k` steps in
+# full precision, cast once at the last step.
+
+# %%
+B = 128
+
+
+def matmul_bf16_kernel(a_ref, b_ref, o_ref, acc_ref):
+    k = pl.program_id(2)
+
+    @pl.when(k == 0)
+    def _init():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+    @pl.when(k == pl.num_programs(2) - 1)
+    def _finalize():
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def matmul_bf16(a, b, *, interpret):
+    m, kdim = a.shape
+    n = b.shape[1]
+    # k innermost: output block (i, j) and its accumulator stay on chip for all k.
+    return pl.pallas_call(
+        matmul_bf16_kernel,
+        grid=(m // B, n // B, kdim // B),
+        in_specs=[pl.BlockSpec((B, B), lambda i, j, k: (i, k)),
+                  pl.BlockSpec((B, B), lambda i, j, k: (k, j))],
+        out_specs=pl.BlockSpec((B, B), lambda i, j, k: (i, j)),
+        scratch_shapes=[pltpu.VMEM((B, B), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+        out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
+        interpret=interpret,
+    )(a, b)
+
+
+def matmul_bf16_reference(a, b):
+    return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
+
+
+a = jax.random.normal(keys[1], (256, 512), jnp.bfloat16)
+b = jax.random.normal(keys[2], (512, 256), jnp.bfloat16)
+# Outputs near 20 in magnitude; one bf16 rounding step there is 0.125.
+_course.check(LESSON, "matmul_bf16_scratch", matmul_bf16, matmul_bf16_reference, (a, b),
+              tpu_run, rtol=1e-2, atol=0.25)
+t = kernelsim.trace(functools.partial(matmul_bf16, interpret=True), a, b)
+print(t)
+
+# %% [markdown]
+# The accumulator row says `scratch`, `vmem`, one buffer and no HBM traffic: scratch never
+# leaves the chip.
+
+# %% [markdown]
+# ## `pl.ANY`: leave it in HBM, copy it yourself
+#
+# `pl.BlockSpec(memory_space=pl.ANY)` tells Pallas not to pipeline an operand: the kernel gets
+# a Ref to the array where it already is (HBM, on TPU). The TPU lowering in jax 0.10.2 accepts
+# such operands only whole — block shape equal to the array, trivial index map. Moving data is
+# then the kernel's job:
+#
+# * `pltpu.make_async_copy(src_ref, dst_ref, sem)` describes a DMA;
+# * `.start()` issues it and returns at once; `.wait()` blocks until the semaphore says it
+#   has landed;
+# * `pltpu.SemaphoreType.DMA((2,))` in `scratch_shapes` allocates two DMA semaphores.
+#
+# The kernel below sums 64-row chunks of `x`, double buffering by hand: while it adds chunk
+# `c`, the copy of chunk `c + 1` into the other buffer is in flight.
+
+# %%
+CHUNK = 64
+
+
+def chunk_sum_kernel(x_hbm, o_ref, buf, sem):
+    n_chunks = x_hbm.shape[0] // CHUNK
+
+    def copy(c, slot):
+        return pltpu.make_async_copy(x_hbm.at[pl.ds(c * CHUNK, CHUNK)], buf.at[slot],
+                                     sem.at[slot])
+
+    copy(0, 0).start()
+    o_ref[...] = jnp.zeros_like(o_ref)
+
+    def body(c, carry):
+        slot = c % 2
+
+        @pl.when(c + 1 < n_chunks)
+        def _prefetch_next():
+            copy(c + 1, 1 - slot).start()
+
+        copy(c, slot).wait()
+        o_ref[...] += buf[slot]
+        return carry
+
+    jax.lax.fori_loop(0, n_chunks, body, 0)
+
+
+def chunk_sum(x, *, interpret):
+    # No grid: one step; the kernel streams x from HBM through two VMEM buffers itself.
+    return pl.pallas_call(
+        chunk_sum_kernel,
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        scratch_shapes=[pltpu.VMEM((2, CHUNK, x.shape[1]), x.dtype),
+                        pltpu.SemaphoreType.DMA((2,))],
+        out_shape=jax.ShapeDtypeStruct((CHUNK, x.shape[1]), x.dtype),
+        interpret=interpret,
+    )(x)
+
+
+def chunk_sum_reference(x):
+    return x.reshape(-1, CHUNK, x.shape[1]).sum(axis=0)
+
+
+_course.check(LESSON, "chunk_sum_manual_dma", chunk_sum, chunk_sum_reference, (x,), tpu_run,
+              rtol=1e-5, atol=1e-5)
+
+# %% [markdown]
+# TPU interpret mode really performs these DMAs and blocks on the semaphores, so a kernel that
+# waits on a semaphore nobody signals hangs here just as it would on a chip. Its
+# `InterpretParams(detect_races=True)` option adds a race detector that prints a message when
+# a buffer is read and written without an ordering between the two. The run below uses it on
+# the correct kernel; nothing is reported.
+
+# %%
+checked = pl.pallas_call(
+    chunk_sum_kernel,
+    in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+    out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+    scratch_shapes=[pltpu.VMEM((2, CHUNK, x.shape[1]), x.dtype), pltpu.SemaphoreType.DMA((2,))],
+    out_shape=jax.ShapeDtypeStruct((CHUNK, x.shape[1]), x.dtype),
+    interpret=pltpu.InterpretParams(detect_races=True),
+)
+jax.block_until_ready(checked(x))
+print("race detector finished")
+
+# %% [markdown]
+# kernelsim sees only what the pipeline moves, so for this kernel it warns that manual DMAs
+# are not counted:
+
+# %%
+for warning in kernelsim.trace(functools.partial(chunk_sum, interpret=True), x).calls[0].warnings:
+    print("kernelsim:", warning)
+
+# %% [markdown]
+# ## When manual copies pay off
+#
+# The BlockSpec pipeline already double-buffers, skips unchanged blocks and overlaps copies
+# with compute; for anything an index map can express it is the simpler choice. Manual copies
+# earn their complexity when:
+#
+# * the next block depends on data the kernel computes or reads as it goes (paged KV caches
+#   are the usual example);
+# * you want copies further ahead than the pipeline's two buffers (the jax 0.10.2 TPU
+#   lowering accepts `pl.Buffered(buffer_count)` only with 1 or 2 buffers);
+# * only part of an operand is needed, or the same bytes go to several places.
+#
+# Manual DMAs are also where new bugs live: forgetting a `.wait()`, overwriting a buffer that
+# is still being read. Test such kernels in TPU interpret mode.
+
+# %% [markdown]
+# ## Check yourself
+#
+# 1. Which memory does a BlockSpec'd operand land in by default on TPU?
+# 2. Why put per-block constants in SMEM rather than VMEM?
+# 3. What is the difference between a scratch buffer and an output block?
+# 4. In `chunk_sum_kernel`, what would go wrong if `copy(c + 1, 1 - slot)` used `slot`
+#    instead?
+# 5. Why does kernelsim report no HBM reads for `x` in `chunk_sum`?
+#
+# <details><summary>Answer</summary>
+#
+# 1. VMEM.
+# 2. The scalar unit reads SMEM directly, which is what `scales_ref[i]` and index arithmetic
+#    need; VMEM holds vectors for the vector and matrix units.
+# 3. A scratch buffer is never copied to or from HBM and lives for the whole call; an output
+#    block is written back to HBM when its index changes or the grid ends.
+# 4. The copy of chunk `c + 1` would overwrite the buffer that chunk `c` is being read from.
+# 5. `x` is in `pl.ANY`: the pipeline copies nothing for it, and kernelsim does not model the
+#    kernel's own DMAs.
+#
+# </details>

@@ -1,0 +1,81 @@
+"""Shared helper for the lessons: run a kernel, compare it with its plain-JAX reference, say
+where it ran, and (for bench/lessons_gpu.py) record timings.
+
+Each lesson calls ``check(...)`` once per kernel. When the environment variable
+``PALLAS_COURSE_RECORD`` names a file, ``check`` also times the kernel and the reference and
+appends one JSON line per kernel to that file: lesson, kernel, execution label, whether the
+kernel compiled or fell back to interpret mode, seconds (median) for both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from kernelsim.backend import Execution, platform
+
+RECORD_ENV = "PALLAS_COURSE_RECORD"
+
+
+def _run(fn: Callable, args: tuple) -> Any:
+    return jax.block_until_ready(fn(*args))
+
+
+def _median_seconds(fn: Callable, args: tuple, repeats: int = 5) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        _run(fn, args)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def check(lesson: str, name: str, kernel: Callable, reference: Callable, args: tuple,
+          execution: Execution, rtol: float, atol: float) -> Any:
+    """Run ``kernel(*args, interpret=execution.interpret)``, compare it with
+    ``reference(*args)`` and print how the kernel ran. Returns the kernel's output.
+
+    A kernel meant to compile that the present backend rejects is rerun in interpret mode, and
+    the label says so; a wrong result always raises.
+    """
+    ran = execution
+
+    def compiled(*a):
+        return kernel(*a, interpret=ran.interpret)
+
+    fn = jax.jit(compiled)
+    try:
+        out = _run(fn, args)
+    except Exception as err:  # noqa: BLE001 - any lowering error means "fall back"
+        if execution.interpret is not False:
+            raise
+        reason = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}" if str(err) else \
+            type(err).__name__
+        ran = Execution(True, f"interpret mode on {platform().upper()} "
+                              f"(compiling failed: {reason})")
+        fn = jax.jit(compiled)
+        out = _run(fn, args)
+    ref_fn = jax.jit(reference)
+    expected = _run(ref_fn, args)
+    for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(expected), strict=True):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
+                                   rtol=rtol, atol=atol, err_msg=f"kernel {name!r}")
+    print(f"{name}: matches the plain-JAX reference (rtol={rtol:g}, atol={atol:g}); "
+          f"this kernel ran: {ran.label}")
+    path = os.environ.get(RECORD_ENV)
+    if path:
+        record = {"lesson": lesson, "kernel": name, "backend": platform(), "label": ran.label,
+                  "compiled": ran.interpret is False,
+                  "fell_back": ran is not execution,
+                  "kernel_seconds": _median_seconds(fn, args),
+                  "reference_seconds": _median_seconds(ref_fn, args)}
+        with open(path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+    return out

@@ -1,0 +1,73 @@
+"""Every lesson executes top to bottom on the CPU, and every lesson has the parts a reader needs.
+
+Execution: jupytext reads ``lessons/NN-slug.py`` into a notebook, nbclient runs it with the
+``python3`` kernel from the venv in ``lessons/`` (so ``import _course`` works). A failing cell
+fails the test with the lesson's file name and the cell's number and source.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import jupytext
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
+
+LESSONS_DIR = Path(__file__).resolve().parents[2] / "lessons"
+LESSONS = sorted(LESSONS_DIR.glob("[0-9][0-9]-*.py"))
+TIME_LIMIT_S = 120
+IDS = [p.stem for p in LESSONS]
+
+
+def test_lessons_are_numbered_from_one():
+    assert [p.name[:2] for p in LESSONS] == [f"{i:02d}" for i in range(1, len(LESSONS) + 1)], IDS
+
+
+def _markdown(nb) -> str:
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=IDS)
+def test_lesson_structure(path: Path):
+    nb = jupytext.read(path)
+    text = _markdown(nb)
+    assert path.read_text().startswith("# ---\n# jupyter:"), f"{path.name}: no jupytext header"
+    assert nb.metadata.get("kernelspec", {}).get("name") == "python3", path.name
+    assert "**Learning objectives.**" in text, f"{path.name}: no learning objectives"
+    assert text.find("**Learning objectives.**") < text.find("##"), \
+        f"{path.name}: learning objectives must come first"
+    assert "## Check yourself" in text, f"{path.name}: no 'Check yourself' section"
+    tail = text[text.find("## Check yourself"):]
+    assert "<details><summary>Answer</summary>" in tail and "</details>" in tail, \
+        f"{path.name}: 'Check yourself' needs a collapsible answer block"
+    assert re.search(r"https://docs\.jax\.dev/en/latest/pallas/", text), \
+        f"{path.name}: no link to the JAX Pallas docs"
+    assert "../exercises/" in text, f"{path.name}: no link to the exercises"
+    assert any(c.cell_type == "code" for c in nb.cells), path.name
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=IDS)
+def test_lesson_executes(path: Path, record_property):
+    nb = jupytext.read(path)
+    nb = nbformat.from_dict(nb)
+    client = NotebookClient(nb, timeout=TIME_LIMIT_S, kernel_name="python3",
+                            resources={"metadata": {"path": str(LESSONS_DIR)}})
+    start = time.perf_counter()
+    try:
+        client.execute()
+    except CellExecutionError as err:
+        index = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code"
+                      and any(o.get("output_type") == "error" for o in c.get("outputs", []))),
+                     None)
+        source = nb.cells[index].source if index is not None else "?"
+        pytest.fail(f"{path.name}: cell {index} failed\n--- cell source ---\n{source}\n"
+                    f"--- error ---\n{err}", pytrace=False)
+    elapsed = time.perf_counter() - start
+    record_property("seconds", round(elapsed, 1))
+    print(f"{path.name}: executed in {elapsed:.1f} s", file=sys.stderr)
+    assert elapsed <= TIME_LIMIT_S, f"{path.name} took {elapsed:.0f} s (limit {TIME_LIMIT_S} s)"
