@@ -1,0 +1,298 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 8 — Flash attention
+#
+# **Learning objectives.** After this lesson you can
+#
+# 1. count the HBM traffic of naive attention and of a blocked (flash) schedule;
+# 2. derive the online softmax: running maximum, running sum, rescaled accumulator;
+# 3. write a Pallas forward kernel with the key/value loop innermost — once as an
+#    `"arbitrary"` grid axis with VMEM scratch, once as a loop inside the kernel;
+# 4. compare kernelsim's traffic with the FlashAttention IO bound;
+# 5. check the kernel against `jax.nn.dot_product_attention`.
+#
+# Rules here: [Grids and BlockSpecs](https://docs.jax.dev/en/latest/pallas/grid_blockspec.html),
+# [TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html) and
+# [TPU details](https://docs.jax.dev/en/latest/pallas/tpu/details.html).
+# Matching exercises: [`../exercises/`](../exercises/).
+
+# %%
+import functools
+import math
+
+import _course
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import kernelsim
+from kernelsim.backend import choose
+
+LESSON = "08-flash-attention"
+H, N, D = 2, 256, 64  # heads, sequence length, head dimension
+kq, kk, kv = jax.random.split(jax.random.key(8), 3)
+q = jax.random.normal(kq, (H, N, D), jnp.float32)
+k = jax.random.normal(kk, (H, N, D), jnp.float32)
+v = jax.random.normal(kv, (H, N, D), jnp.float32)
+SCALE = 1 / math.sqrt(D)
+
+
+def attention_reference(q, k, v):
+    """Plain JAX, one softmax over each full row of scores."""
+    scores = jnp.einsum("hqd,hkd->hqk", q, k, precision="highest") * SCALE
+    return jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(scores, axis=-1), v, precision="highest")
+
+
+# jax.nn.dot_product_attention wants (batch, sequence, heads, head_dim).
+to_bshd = functools.partial(jnp.transpose, axes=(1, 0, 2))
+library = jax.nn.dot_product_attention(to_bshd(q)[None], to_bshd(k)[None], to_bshd(v)[None])
+np.testing.assert_allclose(attention_reference(q, k, v), to_bshd(library[0]),
+                           rtol=1e-5, atol=1e-5)
+print("plain-JAX reference agrees with jax.nn.dot_product_attention")
+
+# %% [markdown]
+# ## Where naive attention's bytes go
+#
+# Naive attention writes the `N × N` score matrix to HBM, reads it back for the softmax, writes
+# the probabilities and reads them again for the product with `V`: four passes over `N²`
+# elements, against `4·N·d` for `Q`, `K`, `V` and the output. Lesson 1 saw the score matrix
+# in the compiled HLO. At `N = 4096`, `d = 128` the square term is 32 times the linear one.
+
+# %% [markdown]
+# ## The online softmax
+#
+# The fix is to never hold a full row of scores. Process keys in blocks; for each query row
+# keep three running quantities: the maximum `m` seen so far, the sum `denom` of
+# `exp(score - m)`, and the accumulator `acc` of `exp(score - m) · v`. When a new block of
+# scores `s` arrives:
+#
+# * `m_new = max(m, rowmax(s))`;
+# * `alpha = exp(m - m_new)` rescales everything accumulated under the old maximum;
+# * `denom = alpha · denom + rowsum(exp(s - m_new))`;
+# * `acc = alpha · acc + exp(s - m_new) @ v_block`.
+#
+# After the last block, `acc / denom` is the softmax-weighted sum — exactly, not approximately.
+# Subtracting the running maximum keeps every `exp` at most 1, as a stable softmax does.
+
+# %%
+def online_softmax_attention(q, k, v, block):
+    """The same recurrence in plain JAX, one key block at a time (one head)."""
+    m = jnp.full((q.shape[0], 1), -jnp.inf)
+    denom = jnp.zeros((q.shape[0], 1))
+    acc = jnp.zeros_like(q)
+    for start in range(0, k.shape[0], block):
+        s = (q @ k[start:start + block].T) * SCALE
+        m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
+        p = jnp.exp(s - m_new)
+        alpha = jnp.exp(m - m_new)
+        denom = alpha * denom + p.sum(axis=1, keepdims=True)
+        acc = alpha * acc + p @ v[start:start + block]
+        m = m_new
+    return acc / denom
+
+
+np.testing.assert_allclose(online_softmax_attention(q[0], k[0], v[0], 64),
+                           attention_reference(q, k, v)[0], rtol=1e-4, atol=1e-5)
+print("online softmax over 64-key blocks equals the full softmax")
+
+# %% [markdown]
+# ## Kernel 1: the key/value loop as an "arbitrary" grid axis
+#
+# Grid `(heads, query blocks, key/value blocks)`, the last axis innermost and `"arbitrary"`.
+# The query block and the output block keep the same index for all key/value steps, so they
+# stay on chip; `m`, `denom` and `acc` live in VMEM scratch and persist across those steps.
+# `pl.when` initialises them at the first key/value step and writes `acc / denom` at the last.
+# The head axis is squeezed out of the blocks with `None`. VMEM scratch and
+# `pltpu.CompilerParams` make this kernel **TPU-only**.
+
+# %%
+def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref):
+    kv_step = pl.program_id(2)
+
+    @pl.when(kv_step == 0)
+    def _init():
+        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        denom_ref[...] = jnp.zeros_like(denom_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    s = jnp.dot(q_ref[...], k_ref[...].T, preferred_element_type=jnp.float32) * SCALE
+    m_prev = m_ref[...]
+    m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
+    p = jnp.exp(s - m_new)
+    alpha = jnp.exp(m_prev - m_new)
+    denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
+    acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p.astype(v_ref.dtype), v_ref[...],
+                                                  preferred_element_type=jnp.float32)
+    m_ref[...] = m_new
+
+    @pl.when(kv_step == pl.num_programs(2) - 1)
+    def _finalize():
+        o_ref[...] = (acc_ref[...] / denom_ref[...]).astype(o_ref.dtype)
+
+
+def flash_attention(q, k, v, *, bq=128, bkv=128, interpret):
+    heads, n, d = q.shape
+    # kv innermost: the q block, the output block and the m/denom/acc scratch stay on chip while
+    # K and V stream past; K and V are re-read once per query block.
+    return pl.pallas_call(
+        flash_kernel,
+        grid=(heads, n // bq, n // bkv),
+        in_specs=[pl.BlockSpec((None, bq, d), lambda h, i, j: (h, i, 0)),
+                  pl.BlockSpec((None, bkv, d), lambda h, i, j: (h, j, 0)),
+                  pl.BlockSpec((None, bkv, d), lambda h, i, j: (h, j, 0))],
+        out_specs=pl.BlockSpec((None, bq, d), lambda h, i, j: (h, i, 0)),
+        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32),
+                        pltpu.VMEM((bq, 1), jnp.float32),
+                        pltpu.VMEM((bq, d), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=interpret,
+    )(q, k, v)
+
+
+_course.check(LESSON, "flash_attention_grid", flash_attention, attention_reference, (q, k, v),
+              choose(tpu_features=True), rtol=1e-4, atol=1e-5)
+
+# %% [markdown]
+# ## Kernel 2: the loop inside the kernel
+#
+# The same recurrence with `jax.lax.fori_loop` in the body: each grid step owns one query
+# block, receives the whole of this head's `K` and `V`, and walks them in `bkv` slices with
+# `pl.ds`. No scratch and no TPU compiler parameters are needed — the running values are loop
+# carries — so this version is also a candidate for the GPU lowering. The price: `K` and `V`
+# for a head must fit on chip at once, and on TPU the loop is unrolled at compile time
+# (lesson 1), so the trip count must stay small.
+
+# %%
+def flash_loop_kernel(q_ref, k_ref, v_ref, o_ref, *, bkv):
+    q_block = q_ref[...]
+    n_kv = k_ref.shape[0] // bkv
+
+    def body(j, carry):
+        m, denom, acc = carry
+        rows = pl.ds(j * bkv, bkv)
+        s = jnp.dot(q_block, k_ref[rows, :].T, preferred_element_type=jnp.float32) * SCALE
+        m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
+        p = jnp.exp(s - m_new)
+        alpha = jnp.exp(m - m_new)
+        denom = alpha * denom + p.sum(axis=1, keepdims=True)
+        acc = alpha * acc + jnp.dot(p, v_ref[rows, :], preferred_element_type=jnp.float32)
+        return m_new, denom, acc
+
+    bq = q_block.shape[0]
+    init = (jnp.full((bq, 1), -jnp.inf, jnp.float32), jnp.zeros((bq, 1), jnp.float32),
+            jnp.zeros((bq, q_block.shape[1]), jnp.float32))
+    _, denom, acc = jax.lax.fori_loop(0, n_kv, body, init)
+    o_ref[...] = (acc / denom).astype(o_ref.dtype)
+
+
+def flash_attention_loop(q, k, v, *, bq=128, bkv=64, interpret):
+    heads, n, d = q.shape
+    # i innermost: this head's whole K and V stay on chip while the query blocks go by.
+    return pl.pallas_call(
+        functools.partial(flash_loop_kernel, bkv=bkv),
+        grid=(heads, n // bq),
+        in_specs=[pl.BlockSpec((None, bq, d), lambda h, i: (h, i, 0)),
+                  pl.BlockSpec((None, n, d), lambda h, i: (h, 0, 0)),
+                  pl.BlockSpec((None, n, d), lambda h, i: (h, 0, 0))],
+        out_specs=pl.BlockSpec((None, bq, d), lambda h, i: (h, i, 0)),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=interpret,
+    )(q, k, v)
+
+
+_course.check(LESSON, "flash_attention_loop", flash_attention_loop, attention_reference,
+              (q, k, v), choose(tpu_features=False, gpu_ok=True), rtol=1e-4, atol=1e-5)
+
+# %% [markdown]
+# ## Traffic: kernelsim against the IO bound
+#
+# For kernel 1 with `kv` innermost, each `(head, query block)` pair reads its `Q` block once
+# and writes its output once, but reads all of `K` and `V`. Per head that is
+# `s·(2·N·d + 2·N²·d / bq)` bytes, `s` bytes per element. The FlashAttention paper (Dao et al.,
+# 2022) proves that with `M` elements of fast memory an exact attention needs
+# `Θ(N²·d² / M)` HBM accesses, and that no exact algorithm does asymptotically better for every
+# `M` between `d` and `N·d`. Choosing `bq` proportional to `M / d` gives exactly that term.
+# kernelsim counts the blocks the pipeline actually moves for `N = 4096`, `d = 128`, `bfloat16`,
+# one head:
+
+# %%
+NB, DB = 4096, 128
+shape = jax.ShapeDtypeStruct((1, NB, DB), jnp.bfloat16)
+s_bytes = 2
+naive = s_bytes * (4 * NB * DB + 4 * NB * NB)  # q, k, v, out + S and P written and read
+rows = [["bq", "bkv", "kernelsim HBM bytes", "formula", "on-chip peak", "vs naive"]]
+sweep = []
+for bq in (128, 256, 512, 1024):
+    fn = functools.partial(flash_attention, bq=bq, bkv=128, interpret=True)
+    d = kernelsim.trace(fn, shape, shape, shape, chip="tpu-v5e").to_dict()["calls"][0]
+    total = d["hbm_read_bytes"] + d["hbm_write_bytes"]
+    formula = s_bytes * (2 * NB * DB + 2 * NB * NB * DB // bq)
+    assert total == formula, (bq, total, formula)
+    sweep.append((bq, total))
+    rows.append([bq, 128, f"{total:,}", f"{formula:,}", f"{d['onchip_peak_bytes']:,}",
+                 f"{naive / total:.1f}x less"])
+widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]))]
+for r in rows:
+    print("  ".join(str(x).rjust(w) for x, w in zip(r, widths, strict=True)))
+print(f"naive attention, same shape: at least {naive:,} bytes")
+
+# %%
+fig, ax = plt.subplots(figsize=(5, 3))
+ax.plot([b for b, _ in sweep], [t / 2**20 for _, t in sweep], marker="o", label="kernelsim")
+ax.axhline(naive / 2**20, color="gray", linestyle="--", label="naive (4 passes over N²)")
+ax.axhline(s_bytes * 4 * NB * DB / 2**20, color="black", linestyle=":",
+           label="Q, K, V, O once")
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("bq (query rows per block)")
+ax.set_ylabel("HBM traffic (MiB)")
+ax.legend(fontsize=7)
+fig.tight_layout()
+
+# %% [markdown]
+# Traffic falls like `1 / bq` — doubling the query block halves the `K`/`V` re-reads — until
+# it nears the compulsory `4·N·d` elements. The key/value block size does not appear: `bkv`
+# changes how many steps there are, not how often each byte moves.
+
+# %% [markdown]
+# ## Check yourself
+#
+# 1. Why does naive attention move `Θ(N²)` bytes even though XLA fuses the softmax?
+# 2. In the online softmax, what is `alpha` for, and what would go wrong without it?
+# 3. Why may the key/value axis not be declared `"parallel"` in kernel 1?
+# 4. Kernel 2 has no scratch. Where do `m`, `denom` and `acc` live, and what limits its size?
+# 5. In kernelsim's sweep, what happens to the bytes if you double `bkv` instead of `bq`?
+#
+# <details><summary>Answer</summary>
+#
+# 1. The algorithm produces the full score and probability matrices; each is written to and
+#    read from HBM between the fused loops.
+# 2. It rescales the running sum and accumulator when the running maximum grows, so that all
+#    terms are relative to the same maximum. Without it, blocks seen earlier would be weighted
+#    by `exp` of a different offset and the result would be wrong.
+# 3. Its steps update shared state (`m`, `denom`, `acc`) in order; the first step initialises it
+#    and the last writes the output.
+# 4. In loop carries — values the compiler keeps on chip. The whole of one head's `K` and `V`
+#    must fit on chip, and on TPU the loop is unrolled, so the trip count must stay modest.
+# 5. Nothing: `K` and `V` are still read once per query block. Only the step count halves.
+#
+# </details>
