@@ -101,12 +101,12 @@ assert accessed > 2 * unavoidable
 # ## The escape hatches before Pallas
 #
 # The long-standing way around XLA is a *custom call*: you hand the compiler an opaque function
-# that you wrote and compiled yourself. The Pallas design document lists two costs. The first
-# is the language: C++ and, on GPUs, CUDA, which the authors consider too low-level for many
-# machine-learning kernels — even experts struggle to write a fast matmul or multi-head
-# attention that way. The second is time: new systems research reaches XLA only after a while,
-# and users want it sooner. A kernel lets you get ahead; the compiler may absorb the idea
-# later.
+# that you wrote and compiled yourself. The Pallas design document gives two reasons this is
+# not enough. The first is the language: C++ and, on GPUs, CUDA, which the authors consider
+# too low-level for many machine-learning kernels — even experts struggle to write a fast
+# matmul or multi-head attention that way. The second is time: new systems research reaches
+# XLA only after a while, and users want it sooner. A kernel lets you get ahead; the compiler
+# may absorb the idea later.
 
 # %% [markdown]
 # ## Triton's lesson
@@ -118,9 +118,8 @@ assert accessed > 2 * unavoidable
 # Pointing Triton at a TPU does not work, though. Its programming model is tuned for GPUs; the
 # design document's example is atomics, which exist to settle many concurrent writes to the
 # same memory; on a TPU the grid runs one step after another, so that pattern has no
-# counterpart. What was
-# needed was the same tile-level idea one level higher, abstract enough to compile for both
-# machines.
+# counterpart. What was needed was the same tile-level idea one level higher, abstract enough
+# to compile for both machines.
 
 # %% [markdown]
 # ## JAX is already an array language
@@ -231,7 +230,7 @@ print("interpret=True agrees with plain JAX; on a TPU or GPU, compare interpret=
 #
 # 1. XLA fused the exponential and the division of the softmax into one loop. Why is the
 #    `N × N` array still in the compiled program?
-# 2. Name the two costs of a hand-written custom call given in the design document.
+# 2. Name the two reasons the design document gives for wanting more than custom calls.
 # 3. Why can Triton not simply be compiled for a TPU?
 # 4. What three things does Pallas add to JAX?
 # 5. You need `table[idx]` inside a kernel. What does Pallas offer instead of a gather?

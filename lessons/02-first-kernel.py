@@ -78,11 +78,12 @@ print("this machine:", run.label)
 _course.check(LESSON, "add", add, lambda a, b: a + b, (x, y), run, rtol=0, atol=0)
 
 # %% [markdown]
-# `choose` (from `kernelsim.backend`) returns `interpret=False` on a TPU or GPU, where Pallas
-# compiles the kernel, and `interpret=True` on a CPU, where no Pallas compiler exists.
+# `choose` (from `kernelsim.backend`) returns `interpret=False` on a TPU, and on a GPU for
+# kernels the GPU lowering supports, so that Pallas compiles them; on a CPU, where Pallas has
+# no compiler, it returns `interpret=True`.
 # `_course.check` runs the kernel, compares it with the reference using
-# `np.testing.assert_allclose`, and prints where it ran. Addition of the same `float32` values
-# gives identical bits in any order of evaluation, so the tolerance here is zero.
+# `np.testing.assert_allclose`, and prints where it ran. Each output element is a single
+# `float32` addition, the same one the reference performs, so the tolerance here is zero.
 
 # %% [markdown]
 # ## The kernel body is traced once

@@ -85,7 +85,8 @@ _course.check(LESSON, "tiled_add", tiled_add, lambda a, b: a + b, (x, y), run, r
 # step needs from HBM into VMEM; after it, it copies the output block back. While step `s`
 # computes, the copy for step `s + 1` is already under way into a *second* buffer — double
 # buffering — so each pipelined operand holds two blocks of VMEM. An input block whose index
-# does not change between consecutive steps is not copied again.
+# does not change between consecutive steps is not copied again
+# ([software pipelining](https://docs.jax.dev/en/latest/pallas/pipelining.html)).
 #
 # kernelsim evaluates the index maps (never the kernel body) and lists these copies step by
 # step. `bufs` is the number of VMEM buffers per operand, `on-chip B` their bytes.
@@ -109,12 +110,12 @@ print("on-chip peak       :", add_call["onchip_peak_bytes"], "=", 3 * 2 * 128 * 
 # %% [markdown]
 # ## TPU's (8, 128) rule
 #
-# On TPU, the last two dimensions of a block must be divisible by 8 and by 128 respectively,
-# unless they equal the corresponding dimensions of the whole array. The numbers are the TPU's
-# memory tiles: the two minor-most dimensions of an array are stored in (8, 128) tiles. In
-# jax 0.10.2 the TPU lowering checks this rule, whatever the dtype, and raises a `ValueError`
-# when a block breaks it. Interpret mode does
-# not check this; kernelsim's TPU model does, and prints a warning.
+# On TPU ([TPU details](https://docs.jax.dev/en/latest/pallas/tpu/details.html)), the last two
+# dimensions of a block must be divisible by 8 and by 128 respectively, unless they equal the
+# corresponding dimensions of the whole array. The numbers come from the TPU's memory layout,
+# which tiles the two minor-most dimensions (8 × 128 for 32-bit types). In jax 0.10.2 the TPU
+# lowering checks this rule, whatever the dtype, and raises a `ValueError` when a block breaks
+# it. Interpret mode does not check it; kernelsim's TPU model does, and prints a warning.
 
 # %%
 bad = kernelsim.trace(functools.partial(tiled_add, block=(4, 100), interpret=True), x, y,
@@ -128,7 +129,8 @@ print("block (256, 128), the full row count:", full_rows.calls[0].warnings or "n
 # %% [markdown]
 # ## Shapes the block does not divide
 #
-# With `grid = pl.cdiv(n, block)` the last block hangs over the edge of the array. Pallas
+# With `grid = pl.cdiv(n, block)` the last block hangs over the edge of the array
+# ([Grids and BlockSpecs](https://docs.jax.dev/en/latest/pallas/grid_blockspec.html)). Pallas
 # still hands the kernel a full block: values read beyond the array are unspecified, and
 # values written beyond it are dropped. An elementwise kernel is therefore correct as it
 # stands — the garbage lands only in dropped positions.
@@ -179,7 +181,7 @@ _course.check(LESSON, "column_sums_masked", lambda a, interpret: column_sums(
     rtol=1e-5, atol=1e-4)
 
 # %% [markdown]
-# On compiled backends the overhang holds whatever was in memory rather than NaN, so the
+# On compiled backends the overhang holds unspecified values rather than NaN, so the
 # unmasked kernel may silently look right for one input and wrong for the next.
 
 # %% [markdown]

@@ -142,8 +142,8 @@ show(rows)
 
 # %% [markdown]
 # Same kernel, same blocks, different order: with `i` innermost the bias block's index stays
-# the same for consecutive steps, so its copy is skipped. (The bias is small; the point is the
-# rule, which lesson-sized matrices make visible below.)
+# the same for consecutive steps, so its copy is skipped. The bias is only a few kilobytes, so
+# the saving is small here; the next section applies the same rule to whole matrix panels.
 
 # %% [markdown]
 # ## Reversal through the map
@@ -291,7 +291,8 @@ print(kernelsim.trace(functools.partial(matmul, interpret=True), a2, b2).summary
 # split over several cores, gives the same result. On TPUs with two TensorCores per chip
 # behind one device (megacore, e.g. v4 and v5p) the compiler may shard parallel axes across
 # them; `"arbitrary"` axes run in order on one core. TPU interpret mode in jax 0.10.2 also
-# requires the parallel axes to come first in the grid.
+# requires the parallel axes to come first in the grid. See
+# [TPU details](https://docs.jax.dev/en/latest/pallas/tpu/details.html).
 #
 # The promise is yours to keep. TPU interpret mode tests it: it visits the indices of each
 # parallel axis in a shuffled order (seeded by `InterpretParams(random_seed=...)`). Declare

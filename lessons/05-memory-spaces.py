@@ -56,8 +56,9 @@ print("kernels in this lesson run:", tpu_run.label)
 #
 # * **HBM** — the chip's main memory: gigabytes, off the core. Arrays passed to a
 #   `pallas_call` live here.
-# * **VMEM** — vector memory on the TensorCore: tens of MiB, the only memory the vector and
-#   matrix units compute from. BlockSpec'd operands are copied here by default.
+# * **VMEM** — vector memory on the TensorCore, 16 to 128 MiB depending on the generation;
+#   the kernel's vector and matrix operations take their operands from here. BlockSpec'd
+#   operands are copied here by default.
 # * **SMEM** — scalar memory: small, read by the scalar unit that runs the control flow and
 #   computes addresses. Use it for indices, counts and per-block constants.
 #
@@ -271,8 +272,9 @@ for warning in kernelsim.trace(functools.partial(chunk_sum, interpret=True), x).
 #
 # * the next block depends on data the kernel computes or reads as it goes (paged KV caches
 #   are the usual example);
-# * you want copies further ahead than the pipeline's two buffers (the jax 0.10.2 TPU
-#   lowering accepts `pl.Buffered(buffer_count)` only with 1 or 2 buffers);
+# * you want copies further ahead than the grid pipeline's two buffers (for the grid's
+#   pipeline, the jax 0.10.2 TPU lowering accepts `pl.Buffered(buffer_count)` only with 1 or
+#   2 buffers);
 # * only part of an operand is needed, or the same bytes go to several places.
 #
 # Manual DMAs are also where new bugs live: forgetting a `.wait()`, overwriting a buffer that
