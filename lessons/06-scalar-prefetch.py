@@ -337,7 +337,8 @@ print(t_grouped)
 #    with `(V, 1, D)` the block `(None, 1, D)` squeezes `V` and its last two dims are the full
 #    `(1, D)`.
 # 3. An unchanged block index between consecutive steps means no copy; padding with block 0
-#    would fetch a block for nothing (and, without the `pl.when`, add it twice).
+#    would fetch a block for nothing (and, without the `pl.when`, add a block that should
+#    count as zero).
 # 4. It evaluated the index maps with the actual prefetched `counts` and `cols`.
 # 5. The output block accumulates across its groups; it must stay on chip over consecutive
 #    steps. Coming back to it later would start from a written-back block, which the TPU

@@ -70,10 +70,12 @@ print("plain-JAX reference agrees with jax.nn.dot_product_attention")
 # %% [markdown]
 # ## Where naive attention's bytes go
 #
-# Naive attention writes the `N × N` score matrix to HBM, reads it back for the softmax, writes
-# the probabilities and reads them again for the product with `V`: four passes over `N²`
-# elements, against `4·N·d` for `Q`, `K`, `V` and the output. Lesson 1 saw the score matrix
-# in the compiled HLO. At `N = 4096`, `d = 128` the square term is 32 times the linear one.
+# Naive attention puts the `N × N` scores in main memory (HBM on an accelerator), then the `N × N`
+# probabilities. Even an optimistic count — each matrix written once and read once — gives four
+# passes over `N²` elements, against `4·N·d` for `Q`, `K`, `V` and the output. Lesson 1's CPU HLO
+# makes five: its first fusion writes the exponentiated scores, which are read twice (for the row
+# sums and for the normalisation), and the normalised probabilities are written and read once. At `N
+# = 4096`, `d = 128` four passes are already 32 times the linear term.
 
 # %% [markdown]
 # ## The online softmax
@@ -238,7 +240,7 @@ _course.check(LESSON, "flash_attention_loop", flash_attention_loop, attention_re
 NB, DB = 4096, 128
 shape = jax.ShapeDtypeStruct((1, NB, DB), jnp.bfloat16)
 s_bytes = 2
-naive = s_bytes * (4 * NB * DB + 4 * NB * NB)  # q, k, v, out + S and P written and read
+naive = s_bytes * (4 * NB * DB + 4 * NB * NB)  # q, k, v, out + S and P each written and read
 rows = [["bq", "bkv", "kernelsim HBM bytes", "formula", "on-chip peak", "vs naive"]]
 sweep = []
 for bq in (128, 256, 512, 1024):
@@ -253,12 +255,12 @@ for bq in (128, 256, 512, 1024):
 widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]))]
 for r in rows:
     print("  ".join(str(x).rjust(w) for x, w in zip(r, widths, strict=True)))
-print(f"naive attention, same shape: at least {naive:,} bytes")
+print(f"naive attention, same shape, optimistic four-pass count: {naive:,} bytes")
 
 # %%
 fig, ax = plt.subplots(figsize=(5, 3))
 ax.plot([b for b, _ in sweep], [t / 2**20 for _, t in sweep], marker="o", label="kernelsim")
-ax.axhline(naive / 2**20, color="gray", linestyle="--", label="naive (4 passes over N²)")
+ax.axhline(naive / 2**20, color="gray", linestyle="--", label="naive, four passes over N²")
 ax.axhline(s_bytes * 4 * NB * DB / 2**20, color="black", linestyle=":",
            label="Q, K, V, O once")
 ax.set_xscale("log", base=2)
@@ -284,8 +286,8 @@ fig.tight_layout()
 #
 # <details><summary>Answer</summary>
 #
-# 1. The algorithm produces the full score and probability matrices; each is written to and
-#    read from HBM between the fused loops.
+# 1. The algorithm produces the full score matrix before the row-wise softmax; fusion merges
+#    loops, but the matrix still goes to HBM and back between them.
 # 2. It rescales the running sum and accumulator when the running maximum grows, so that all
 #    terms are relative to the same maximum. Without it, blocks seen earlier would be weighted
 #    by `exp` of a different offset and the result would be wrong.
