@@ -74,8 +74,8 @@ print("plain-JAX reference agrees with jax.nn.dot_product_attention")
 # probabilities. Even an optimistic count — each matrix written once and read once — gives four
 # passes over `N²` elements, against `4·N·d` for `Q`, `K`, `V` and the output. Lesson 1's CPU HLO
 # makes five: its first fusion writes the exponentiated scores, which are read twice (for the row
-# sums and for the normalisation), and the normalised probabilities are written and read once. At `N
-# = 4096`, `d = 128` four passes are already 32 times the linear term.
+# sums and for the normalisation), and the normalised probabilities are written and read once.
+# At `N = 4096`, `d = 128` four passes are already 32 times the linear term.
 
 # %% [markdown]
 # ## The online softmax
