@@ -116,7 +116,7 @@ print(kernelsim.trace(functools.partial(scale_row_blocks, interpret=True), scale
 #
 # `scratch_shapes=[pltpu.VMEM(shape, dtype)]` adds a buffer that is neither input nor output.
 # It is allocated once for the call, appended to the kernel's arguments after the outputs, and
-# keeps its contents from one grid step to the next. The standard use is an `float32`
+# keeps its contents from one grid step to the next. The standard use is a `float32`
 # accumulator for a matmul whose output is `bfloat16`: accumulate across the `k` steps in
 # full precision, cast once at the last step.
 
