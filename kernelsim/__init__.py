@@ -9,4 +9,13 @@ from kernelsim.errors import TraceError
 from kernelsim.schedule import StepEvent
 from kernelsim.trace import CallTrace, Trace, run, trace
 
-__all__ = ["CallTrace", "StepEvent", "Trace", "TraceError", "backend", "chips", "run", "trace"]
+
+def compare(*traces: Trace, labels: list[str] | None = None, call: int = 0):
+    """Traces side by side: ``str()`` is a table of totals and estimates, ``.figure()`` a plot."""
+    from kernelsim.views.compare import compare as _compare
+
+    return _compare(*traces, labels=labels, call=call)
+
+
+__all__ = ["CallTrace", "StepEvent", "Trace", "TraceError", "backend", "chips", "compare", "run",
+           "trace"]

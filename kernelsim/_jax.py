@@ -21,6 +21,7 @@ import numpy as np
 from jax._src import core as jax_core
 from jax._src.pallas import core as pallas_core
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpret
+from jax._src.state import indexing
 from jax._src.state.discharge import discharge_state
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -352,3 +353,265 @@ def recording_interpret_copies(sink: list[InterpretCopy], call_index: Callable[[
     finally:
         tpu_interpret.get, tpu_interpret.store = orig_get, orig_store
         pltpu.reset_tpu_interpret_mode_state()
+
+
+# ---------------------------------------------------------------------------------------------
+# Which scalar-prefetch entries the index maps read, and what the kernel body reads and writes
+
+
+def _select(shape: tuple[int, ...], transforms: tuple) -> tuple[np.ndarray, tuple | None]:
+    """Flat element indices a chain of ``ref.at[...]`` indexers selects, and its box if any.
+
+    box: per dimension ``(start, size, stride)`` when the selection is one strided box (only
+    for a single indexer of slices and integers); else ``None``.
+    """
+    ids = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
+    if not transforms:  # ref[...]: the whole ref
+        return ids, tuple((0, n, 1) for n in shape)
+    box: list | None = [] if len(transforms) == 1 else None
+    for t in transforms:
+        if not isinstance(t, indexing.NDIndexer):
+            raise TraceError(f"access recording supports ref indexing only, not {type(t).__name__}")
+        index = []
+        for ix in t.indices:
+            if isinstance(ix, indexing.Slice):
+                start, size, stride = int(ix.start), int(ix.size), int(ix.stride)
+                index.append(slice(start, start + size * stride, stride))
+                if box is not None:
+                    box.append((start, size, stride))
+            else:
+                value = np.asarray(ix, dtype=np.int64)
+                index.append(value)
+                if box is not None and value.ndim == 0:
+                    box.append((int(value), 1, 1))
+                elif box is not None:
+                    box = None
+        ids = ids[tuple(index)]
+    if box is not None and len(box) != len(shape):
+        box = None
+    return ids, None if box is None else tuple(box)
+
+
+def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
+    """Per scalar-prefetch operand, the entries the index maps read at every grid step.
+
+    Only ``ref[...]`` reads at the top level of an index map are seen (nested ``cond``/loops
+    inside an index map are not); returns ``{name: access.PrefetchReads}``.
+    """
+    from kernelsim.access import PrefetchReads
+
+    gm = params["grid_mapping"]
+    prefetch = [o for o in call.operands if o.role == "scalar_prefetch"]
+    if not prefetch:
+        return {}
+    points = call.grid_indices()
+    ngrid = points.shape[1]
+    values = [np.asarray(o.value) for o in prefetch]
+    rows: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {i: [] for i in range(len(prefetch))}
+    for bm in gm.block_mappings:
+        closed = bm.index_map_jaxpr
+        jaxpr = closed.jaxpr
+        refs = {v: i for i, v in enumerate(jaxpr.invars[ngrid:])}
+        gets = [e for e in jaxpr.eqns if e.primitive.name == "get" and e.invars[0] in refs]
+        if not gets:
+            continue
+        leaves = [v for e in gets for v in e.invars[1:]]
+        info = jaxpr.debug_info
+        probe = jaxpr.replace(outvars=leaves, debug_info=info._replace(result_paths=None)
+                              if info is not None else None) if leaves else None
+        if probe is not None:
+            fun = jax_core.jaxpr_as_fun(discharge_state(jax_core.ClosedJaxpr(probe,
+                                                                              closed.consts)))
+            in_axes = (0,) * ngrid + (None,) * len(values)
+            cols = [jnp.asarray(points[:, i], jnp.int32) for i in range(ngrid)]
+            leaf_vals = [np.asarray(v) for v in jax.vmap(fun, in_axes=in_axes)(*cols, *values)]
+        at = 0
+        for e in gets:
+            which = refs[e.invars[0]]
+            n = len(e.invars) - 1
+            mine, at = leaf_vals[at:at + n] if n else [], at + n
+            shape = tuple(prefetch[which].shape)
+            for step in range(points.shape[0]):
+                transforms = jax.tree_util.tree_unflatten(e.params["tree"],
+                                                          [v[step] for v in mine])
+                ids, _ = _select(shape, transforms)
+                flat = np.unique(ids.reshape(-1))
+                rows[which].append((np.full(flat.shape, step, np.int64), flat))
+    out = {}
+    for i, op in enumerate(prefetch):
+        steps = np.concatenate([r[0] for r in rows[i]]) if rows[i] else np.zeros(0, np.int64)
+        flat = np.concatenate([r[1] for r in rows[i]]) if rows[i] else np.zeros(0, np.int64)
+        out[op.name] = PrefetchReads(op.name, tuple(op.shape), steps, flat)
+    return out
+
+
+class _Ref:
+    """A ref during access recording: its name and its current contents (numpy)."""
+
+    __slots__ = ("name", "data")
+
+    def __init__(self, name: str, data: np.ndarray):
+        self.name, self.data = name, data
+
+
+def _ref_array(aval: Any) -> np.ndarray:
+    inner = getattr(aval, "inner_aval", aval)
+    shape = tuple(getattr(inner, "shape", ()))
+    dtype = getattr(inner, "dtype", None)
+    try:
+        return np.zeros(shape, np.dtype(dtype))
+    except TypeError:  # semaphores and other non-numeric refs
+        return np.zeros(shape, np.int32)
+
+
+_CALLS = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+          "custom_vjp_call", "custom_vjp_call_jaxpr")
+_IDENTITY = ("multiple_of", "pjit_dce", "optimization_barrier")
+_IGNORED = ("debug_callback", "debug_print")
+
+
+class _Interpreter:
+    """Runs a kernel jaxpr eagerly on concrete values, recording every ref read and write."""
+
+    def __init__(self, grid: tuple[int, ...], sink: list):
+        self.grid, self.sink = grid, sink
+        self.step, self.grid_index, self.order, self.scoped = 0, (), 0, 0
+
+    def record(self, ref: _Ref, kind: str, ids: np.ndarray, box: tuple | None) -> None:
+        from kernelsim.access import Access
+
+        points = None
+        if box is None:
+            points = np.stack(np.unravel_index(np.unique(ids.reshape(-1)), ref.data.shape),
+                              axis=1).astype(np.int64) if ref.data.ndim else np.zeros((1, 0),
+                                                                                       np.int64)
+        self.sink.append(Access(self.step, self.order, ref.name, kind, ref.data.shape, box,
+                                points))
+        self.order += 1
+
+    def run(self, jaxpr: Any, consts: list, args: list) -> list:
+        env: dict[Any, Any] = {}
+
+        def read(v):
+            return v.val if isinstance(v, jax_core.Literal) else env[v]
+
+        for v, x in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = x
+        for v, x in zip(jaxpr.invars, args, strict=True):
+            env[v] = x
+        for eqn in jaxpr.eqns:
+            outs = self.eqn(eqn, [read(v) for v in eqn.invars])
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+            for v, x in zip(eqn.outvars, outs, strict=True):
+                env[v] = x
+        return [read(v) for v in jaxpr.outvars]
+
+    def eqn(self, eqn: Any, vals: list) -> Any:
+        name, p = eqn.primitive.name, eqn.params
+        if name in ("get", "swap", "addupdate"):
+            ref = vals[0]
+            nval = 0 if name == "get" else 1
+            transforms = jax.tree_util.tree_unflatten(p["tree"], vals[1 + nval:])
+            ids, box = _select(ref.data.shape, transforms)
+            flat = ref.data.reshape(-1)
+            old = flat[ids]
+            if name in ("get", "addupdate"):
+                self.record(ref, "read", ids, box)
+            if name != "get":
+                new = np.broadcast_to(np.asarray(vals[1], ref.data.dtype), ids.shape)
+                flat[ids] = old + new if name == "addupdate" else new
+                self.record(ref, "write", ids, box)
+            if name == "addupdate":
+                return []
+            return old.reshape(eqn.outvars[0].aval.shape)
+        if name == "program_id":
+            return np.int32(self.grid_index[p["axis"]])
+        if name == "num_programs":
+            return np.int32(self.grid[p["axis"]])
+        if name == "cond":
+            branches = p["branches"]
+            b = branches[int(np.clip(int(vals[0]), 0, len(branches) - 1))]
+            return self.run(b.jaxpr, b.consts, vals[1:])
+        if name == "while":
+            cn, bn = p["cond_nconsts"], p["body_nconsts"]
+            cc, bc, carry = vals[:cn], vals[cn:cn + bn], vals[cn + bn:]
+            cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
+            while bool(self.run(cj.jaxpr, cj.consts, cc + carry)[0]):
+                carry = self.run(bj.jaxpr, bj.consts, bc + carry)
+            return carry
+        if name == "scan":
+            nc, ncarry, length, body = p["num_consts"], p["num_carry"], p["length"], p["jaxpr"]
+            consts, carry, xs = vals[:nc], vals[nc:nc + ncarry], vals[nc + ncarry:]
+            ys = []
+            order = range(length - 1, -1, -1) if p["reverse"] else range(length)
+            for i in order:
+                out = self.run(body.jaxpr, body.consts, consts + carry + [x[i] for x in xs])
+                carry, y = out[:ncarry], out[ncarry:]
+                ys.append(y)
+            if p["reverse"]:
+                ys.reverse()
+            nys = len(eqn.outvars) - ncarry
+            stacked = [np.stack([np.asarray(y[k]) for y in ys]) if ys else
+                       np.zeros(eqn.outvars[ncarry + k].aval.shape,
+                                eqn.outvars[ncarry + k].aval.dtype) for k in range(nys)]
+            return carry + stacked
+        if name == "run_scoped":
+            inner = p["jaxpr"]
+            refs = []
+            for v in inner.invars:
+                refs.append(_Ref(f"scoped{self.scoped}", _ref_array(v.aval)))
+                self.scoped += 1
+            return self.run(inner, vals, refs)
+        if name in _IDENTITY:
+            return vals if eqn.primitive.multiple_results else vals[0]
+        if name in _IGNORED:
+            return []
+        if name in _CALLS:
+            sub = p.get("jaxpr", p.get("call_jaxpr", p.get("fun_jaxpr")))
+            if sub is not None:
+                closed = sub if isinstance(sub, jax_core.ClosedJaxpr) else None
+                return self.run(_open(sub), list(closed.consts) if closed else [], vals)
+        if any(isinstance(v, _Ref) for v in vals):
+            raise TraceError(
+                f"access recording does not support {name!r} on refs (supported: ref reads "
+                "and writes, pl.when/cond, fori_loop/while, scan, run_scoped)")
+        return eqn.primitive.bind(*vals, **p)
+
+
+def record_accesses(params: dict[str, Any], call: KernelCall) -> Any:
+    """Run the kernel body at every grid step on zero blocks and return an ``AccessLog``.
+
+    Scalar-prefetch refs hold their real values; scratch refs keep their contents from step
+    to step; input and output blocks are zeros at every step.
+    """
+    from kernelsim.access import AccessLog
+
+    jaxpr = params["jaxpr"]
+    if jaxpr.constvars:
+        raise TraceError(f"pallas_call {call.name!r}: kernel jaxpr with constants is not "
+                         "supported by access recording")
+    if len(jaxpr.invars) != len(call.operands):
+        raise TraceError(f"pallas_call {call.name!r}: {len(jaxpr.invars)} kernel refs but "
+                         f"{len(call.operands)} operands")
+    refs = []
+    for v, op in zip(jaxpr.invars, call.operands, strict=True):
+        data = _ref_array(v.aval)
+        if op.role == "scalar_prefetch":
+            data = np.array(op.value, copy=True).reshape(data.shape)
+        refs.append(_Ref(op.name, data))
+    fresh = [r for r, op in zip(refs, call.operands, strict=True)
+             if op.role in ("input", "output")]
+    sink: list = []
+    interp = _Interpreter(call.grid, sink)
+    for step, point in enumerate(call.grid_indices()):
+        for r in fresh:
+            r.data.fill(0)
+        interp.step, interp.grid_index, interp.order, interp.scoped = (
+            step, tuple(int(g) for g in point), 0, 0)
+        with jax.disable_jit():
+            interp.run(jaxpr, [], refs)
+    shapes = {r.name: r.data.shape for r in refs}
+    for a in sink:
+        shapes.setdefault(a.operand, a.shape)
+    return AccessLog(call.steps, shapes, sink)

@@ -67,6 +67,49 @@ class OperandSchedule:
     def count(self, action: int) -> int:
         return int(np.count_nonzero(self.actions == action))
 
+    def transfer_counts(self) -> np.ndarray:
+        """int64 array with one cell per block position: how often that block was copied.
+
+        Inputs count fetches, outputs write-backs; the shape is ``BlockDim.block_count`` of each
+        dimension (for ``element`` dims, one cell per valid start offset).
+        """
+        op = self.operand
+        shape = tuple(d.block_count(e) for d, e in zip(op.block_dims, op.shape, strict=True))
+        counts = np.zeros(shape, np.int64)
+        moved = (self.actions == FETCH) | (self.actions == WRITEBACK)
+        np.add.at(counts, tuple(op.block_indices[moved].T), 1)
+        return counts
+
+    @property
+    def slots(self) -> np.ndarray:
+        """int64 [steps]: which on-chip buffer (0 or 1) holds the block the kernel uses.
+
+        A double-buffered input alternates buffers at every fetch, an output at every
+        write-back (the next block goes to the other buffer while this one drains); a single
+        buffer (``pl.Buffered(1)``, a whole-array block, the ``gpu`` model) is always slot 0.
+        """
+        if self.operand.buffer_count < 2 or self.operand.covers_whole_array:
+            return np.zeros(self.actions.shape[0], np.int64)
+        if self.operand.role == "input":
+            return (np.cumsum(self.actions == FETCH) - 1) % 2
+        written = np.cumsum(self.actions == WRITEBACK)
+        return np.concatenate([[0], written[:-1]]) % 2
+
+    @property
+    def filling(self) -> np.ndarray:
+        """bool [steps]: while the kernel runs this step, a copy uses the *other* buffer.
+
+        Inputs: the next step's block is being fetched into it. Outputs: the block finished
+        at the previous step is being written back from it.
+        """
+        moving = self.actions == (FETCH if self.operand.role == "input" else WRITEBACK)
+        out = np.zeros(self.actions.shape[0], bool)
+        if self.operand.role == "input":
+            out[:-1] = moving[1:]
+        else:
+            out[1:] = moving[:-1]
+        return out
+
 
 @dataclass
 class CallSchedule:
@@ -75,6 +118,27 @@ class CallSchedule:
     call: KernelCall
     model: Model
     operands: list[OperandSchedule]
+
+    @property
+    def step_bytes(self) -> np.ndarray:
+        """int64 [steps]: HBM bytes the pipeline moves at each step, all operands together."""
+        total = np.zeros(self.call.steps, np.int64)
+        for s in self.operands:
+            total += s.moved_bytes
+        return total
+
+    @property
+    def cumulative_bytes(self) -> np.ndarray:
+        """int64 [steps]: HBM bytes moved by the pipeline up to and including each step."""
+        return np.cumsum(self.step_bytes)
+
+    def operand_schedule(self, name: str) -> OperandSchedule:
+        """The schedule of the windowed operand called ``name``."""
+        for s in self.operands:
+            if s.operand.name == name:
+                return s
+        raise KeyError(f"{name!r} has no schedule; windowed operands: "
+                       f"{[s.operand.name for s in self.operands]}")
 
     def events(self) -> list[StepEvent]:
         """Every event, ordered by step, then operand (pallas_call order)."""

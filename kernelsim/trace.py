@@ -8,10 +8,11 @@ depend on an *earlier pallas_call's output* are therefore zeros there; use ``run
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kernelsim import _jax, backend
+from kernelsim.access import AccessLog, PrefetchReads
 from kernelsim.chips import Chip, get_chip
 from kernelsim.cost import CallCost, OperandCost, compute
 from kernelsim.errors import TraceError
@@ -24,12 +25,18 @@ DEFAULT_CHIP = {"tpu": "tpu-v5e", "gpu": "h100"}
 
 @dataclass
 class CallTrace:
-    """Everything kernelsim knows about one pallas_call: model, schedule, cost and warnings."""
+    """Everything kernelsim knows about one pallas_call: model, schedule, cost and warnings.
+
+    prefetch_reads: per scalar-prefetch operand, the entries the index maps read per step.
+    accesses: the kernel body's ref reads and writes per step (``record_access=True``).
+    """
 
     call: KernelCall
     schedule: CallSchedule
     cost: CallCost
     warnings: list[str]
+    prefetch_reads: dict[str, PrefetchReads] = field(default_factory=dict)
+    accesses: AccessLog | None = None
 
     name = property(lambda self: self.call.name)
     grid = property(lambda self: self.call.grid)
@@ -98,16 +105,59 @@ class Trace:
     def __str__(self) -> str:
         return self.summary()
 
+    # Views (kernelsim/views/): they read this Trace and draw it.
 
-def _analyse(calls: list[KernelCall], model: Model, chip: Chip, strict: bool) -> Trace:
+    def figure(self, step: int, call: int = 0, **kw: Any):
+        """A matplotlib Figure of one grid step: HBM arrays, on-chip buffers, SMEM, grid."""
+        from kernelsim.views.figure import step_figure
+
+        return step_figure(self, step, call, **kw)
+
+    def heatmap(self, call: int = 0, counts: bool = True):
+        """A Figure: per operand, how many times each block was copied."""
+        from kernelsim.views.figure import heatmap
+
+        return heatmap(self, call, counts)
+
+    def timeline(self, call: int = 0):
+        """A Figure: bytes per step by operand, cumulative traffic and the roofline bar."""
+        from kernelsim.views.figure import timeline
+
+        return timeline(self, call)
+
+    def access_figure(self, step: int, operand: str, call: int = 0):
+        """A Figure: which elements of ``operand``'s block ``step`` read and wrote, in order."""
+        from kernelsim.views.figure import access_figure
+
+        return access_figure(self, step, operand, call)
+
+    def widget(self, call: int = 0):
+        """An ipywidgets stepper (a static Figure outside a notebook front end)."""
+        from kernelsim.views.widget import widget
+
+        return widget(self, call)
+
+    def to_html(self, path: Any = None, call: int = 0, fragment: bool = False,
+                max_bytes: int = 1_000_000) -> str:
+        """A self-contained HTML step player; written to ``path`` if given, always returned.
+
+        fragment: a ``<div>`` with its own inline script, to embed in another page.
+        """
+        from kernelsim.views.html import to_html
+
+        return to_html(self, path, call, fragment, max_bytes)
+
+
+def _analyse(calls: list[KernelCall], model: Model, chip: Chip, strict: bool,
+             extras: list[dict] | None = None) -> Trace:
     traced = []
-    for call in calls:
+    for n, call in enumerate(calls):
         schedule = build(call, model)
         cost = compute(schedule, chip)
         warnings = call.notes + lint(call, schedule, cost, chip)
         if strict and warnings:
             raise TraceError(f"pallas_call {call.name!r}: " + " | ".join(warnings))
-        traced.append(CallTrace(call, schedule, cost, warnings))
+        traced.append(CallTrace(call, schedule, cost, warnings, **(extras[n] if extras else {})))
     return Trace(model, chip, traced)
 
 
@@ -120,11 +170,17 @@ def _resolve(model: str, chip: str | None) -> tuple[Model, Chip]:
         raise TraceError(str(e.args[0])) from None
 
 
-def _collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any]):
+def _collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any],
+             extras: list[dict] | None = None, record_access: bool = False):
     captured: list[KernelCall] = []
 
     def handler(call_args: tuple, params: dict) -> Any:
-        captured.append(_jax.to_model(call_args, params))
+        call = _jax.to_model(call_args, params)
+        captured.append(call)
+        if extras is not None:
+            extras.append({"prefetch_reads": _jax.prefetch_reads(params, call),
+                           "accesses": _jax.record_accesses(params, call)
+                           if record_access else None})
         return execute(call_args, params)
 
     with _jax.capturing(handler):
@@ -138,16 +194,21 @@ def _collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any]):
 
 
 def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
-          strict: bool = False) -> Trace:
+          strict: bool = False, record_access: bool = False) -> Trace:
     """Analyse every pallas_call ``fn(*args)`` reaches, without running any kernel body.
 
     model: ``"tpu"`` (sequential grid, unchanged input blocks skipped) or ``"gpu"`` (one
         program per grid point, nothing reused). chip: a name in ``kernelsim.chips.CHIPS``.
     strict: raise ``TraceError`` instead of collecting warnings.
+    record_access: also interpret each kernel body at every grid step and record its ref
+        reads and writes (``CallTrace.accesses``, see ``kernelsim.access``). The body runs on
+        zero-filled blocks with the real scalar-prefetch values, so indices must not depend
+        on block data. Costs one eager kernel evaluation per step.
     """
     model_, chip_ = _resolve(model, chip)
-    _, calls = _collect(fn, args, lambda a, p: _jax.zeros_for(p))
-    return _analyse(calls, model_, chip_, strict)
+    extras: list[dict] = []
+    _, calls = _collect(fn, args, lambda a, p: _jax.zeros_for(p), extras, record_access)
+    return _analyse(calls, model_, chip_, strict, extras)
 
 
 def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
