@@ -444,8 +444,7 @@ def access_figure(t: Trace, step: int, operand: str, call: int = 0) -> Figure:
         order = order.reshape(1, -1) if order.ndim <= 1 else \
             order.reshape(-1, *order.shape[-2:]).max(axis=0)
         masked = np.ma.masked_less(order, 0)
-        cmap = colormaps["viridis"].copy()
-        cmap.set_bad(pal.IDLE)
+        cmap = colormaps["viridis"].with_extremes(bad=pal.IDLE)
         n = int(order.max()) + 1
         im = ax.imshow(masked, cmap=cmap, vmin=0, vmax=max(n - 1, 1), interpolation="nearest",
                        aspect="auto")
