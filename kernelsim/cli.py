@@ -55,6 +55,13 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--strict", action="store_true", help="exit 2 on any warning")
     v = sub.add_parser("verify", help="compare the model with TPU interpret mode's DMAs")
     v.add_argument("target", metavar="FILE.py:FUNC")
+    h = sub.add_parser("html", help="write a self-contained HTML step player")
+    h.add_argument("target", metavar="FILE.py:FUNC")
+    h.add_argument("-o", "--output", required=True, metavar="OUT.html")
+    h.add_argument("--model", choices=("tpu", "gpu"), default="tpu")
+    h.add_argument("--chip", choices=sorted(CHIPS), default=None)
+    h.add_argument("--call", type=int, default=0, help="which pallas_call (0-based)")
+    h.add_argument("--fragment", action="store_true", help="an embeddable <div>, not a page")
     return parser
 
 
@@ -67,6 +74,15 @@ def main(argv: list[str] | None = None) -> int:
 
             t = trace(fn, *fn_args, model=args.model, chip=args.chip, strict=args.strict)
             print(json.dumps(t.to_dict(), indent=2) if args.json else t.summary(args.steps))
+            return 0
+        if args.command == "html":
+            from kernelsim.trace import trace
+
+            t = trace(fn, *fn_args, model=args.model, chip=args.chip)
+            if not 0 <= args.call < len(t.calls):
+                raise TraceError(f"--call {args.call}: the target has {len(t.calls)} call(s)")
+            size = len(t.to_html(args.output, args.call, args.fragment).encode())
+            print(f"wrote {args.output} ({size:,} bytes, {t.calls[args.call].steps:,} steps)")
             return 0
         if args.command == "verify":
             from kernelsim.verify import verify
