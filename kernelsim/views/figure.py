@@ -126,7 +126,11 @@ class StepFigure:
         ax.set_xlim(0, w)
         ax.set_ylim(h, 0)
         ratio = h / w if w else 1
-        ax.set_aspect("equal" if 1 / 6 <= ratio <= 6 else "auto")
+        if 1 / 6 <= ratio <= 6:
+            ax.set_aspect("equal")
+        else:  # very wide (rank 1) or very tall arrays: a readable strip, not a square
+            ax.set_aspect("auto")
+            ax.set_box_aspect(min(max(ratio, 0.08), 3.0))
         ax.add_patch(Rectangle((0, 0), w, h, facecolor=pal.IDLE, edgecolor=pal.INK, lw=0.8))
         lines = _grid_lines(op, c, True, h, w) + _grid_lines(op, r, False, h, w)
         if lines:
