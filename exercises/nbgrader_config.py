@@ -1,0 +1,54 @@
+"""nbgrader configuration of the pallas-course exercises (this folder is the course root).
+
+Run nbgrader through ``pallas-course`` (release, collect, autograde, feedback, export); it
+starts nbgrader with this folder as the working directory.
+"""
+
+import os
+
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+
+c = get_config()  # noqa: F821 - provided by traitlets when this file is loaded
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+c.CourseDirectory.course_id = "pallas-course"
+c.CourseDirectory.root = ROOT
+# a busy timeout: concurrent autograde workers wait for the gradebook lock instead of failing
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(ROOT, "gradebook.db") + "?timeout=120"
+# the jupytext twins (*.py) hold the solutions: never copy them into release/ or autograded/
+c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.py",
+                            "*.ipynb.tmp"]
+c.Exchange.root = os.path.join(ROOT, "exchange")
+c.Exchange.path_includes_course = True
+
+# A deleted test cell is put back from the gradebook (and scores what it scores).
+c.OverwriteCells.add_missing_cells = True
+c.Autograde.create_student = True
+
+# Feedback must not show the hidden tests (nbgrader#917, #1156, #1363).
+c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]
+
+# Per-cell timeouts. Test cells are locked and restored from the gradebook at autograde, so their
+# "timeout" metadata comes from the instructor's source; a learner's own cells get the default.
+DEFAULT_TIMEOUT = 60
+MAX_TIMEOUT = 300
+
+
+def cell_timeout(cell):
+    meta = cell.get("metadata", {})
+    nb = meta.get("nbgrader", {})
+    if nb.get("locked") or nb.get("grade"):
+        try:
+            return max(1, min(int(meta.get("timeout", DEFAULT_TIMEOUT)), MAX_TIMEOUT))
+        except (TypeError, ValueError):
+            return DEFAULT_TIMEOUT
+    return DEFAULT_TIMEOUT
+
+
+c.Execute.timeout = DEFAULT_TIMEOUT
+c.Execute.timeout_func = cell_timeout
+c.Execute.interrupt_on_timeout = True
+# the grading kernel finds the hidden references through this variable (grader.refs)
+os.environ.setdefault("PALLAS_COURSE_ROOT", ROOT)

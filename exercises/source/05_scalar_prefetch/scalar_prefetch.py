@@ -1,0 +1,165 @@
+# %% [markdown]
+# # Assignment 5 — scalar prefetch
+#
+# `pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=k, ...)` puts the first `k` operands in SMEM
+# before the grid starts; index maps then receive them after the grid indices
+# (`lambda i, ids_ref: (ids_ref[i], 0)`) and so can choose blocks from data.
+
+# %% nbgrader={"grade_id": "setup", "locked": true}
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import kernelsim
+from grader import course
+from kernelsim.backend import choose
+
+# Compiled on a GPU or TPU, interpreted on a CPU. TPU_INTERPRET is for kernels that use
+# TPU-only features (VMEM/SMEM scratch, scalar prefetch).
+INTERPRET = choose().interpret
+TPU_INTERPRET = choose(tpu_features=True).interpret
+
+# %% [markdown]
+# ## Task 1 — `gather_rows(table, ids)` (3 points)
+#
+# `table[ids]`: an embedding gather. Grid `(len(ids),)`; step `i` fetches only row `ids[i]`
+# (block `(1, D)`), never the whole table.
+
+# %% nbgrader={"grade_id": "gather_rows_solution", "solution": true}
+def gather_rows(table, ids):
+    ### BEGIN SOLUTION
+    d = table.shape[1]
+    n = ids.shape[0]
+
+    def kernel(ids_ref, t_ref, o_ref):
+        o_ref[...] = t_ref[...]
+
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(n,),
+        in_specs=[pl.BlockSpec((1, d), lambda i, ids_ref: (ids_ref[i], 0))],
+        out_specs=pl.BlockSpec((1, d), lambda i, ids_ref: (i, 0)),
+    )
+    return pl.pallas_call(
+        kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((n, d), table.dtype),
+        interpret=TPU_INTERPRET,
+    )(jnp.asarray(ids, jnp.int32), table)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "gather_rows_visible", "grade": true, "points": 1}
+course.check("gather_rows", gather_rows)
+
+# %% nbgrader={"grade_id": "gather_rows_hidden", "grade": true, "points": 2}
+# Hidden tests: other tables, repeated ids, bfloat16.
+### BEGIN HIDDEN TESTS
+course.check("gather_rows", gather_rows, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 2 — `block_sparse_matmul(a, b, block_mask, bm, bk, bn)` (3 points)
+#
+# `a @ b` where `a`'s `(bm, bk)` blocks are zero wherever the NumPy array
+# `block_mask[M // bm, K // bk]` is 0. Visit only the non-zero blocks: build, on the host, the
+# list of non-zero K-block indices of each row of blocks (pad short lists by repeating the last
+# index, so the pipeline skips the copy) and their counts, and prefetch both. A row of blocks with
+# no non-zero block gives zeros. Budget: `A` reads at most its non-zero blocks once per column
+# block (one block for an empty row).
+
+# %% nbgrader={"grade_id": "block_sparse_matmul_solution", "solution": true}
+def block_sparse_matmul(a, b, block_mask, bm, bk, bn):
+    ### BEGIN SOLUTION
+    mask = np.asarray(block_mask).astype(bool)
+    gm, _ = mask.shape
+    n = b.shape[1]
+    counts = mask.sum(axis=1).astype(np.int32)
+    width = max(int(counts.max()), 1)
+    ids = np.zeros((gm, width), np.int32)
+    for i in range(gm):
+        nz = np.flatnonzero(mask[i])
+        if len(nz):
+            ids[i, : len(nz)] = nz
+            ids[i, len(nz):] = nz[-1]
+    ids = ids.reshape(-1)
+
+    def kernel(ids_ref, cnt_ref, a_ref, b_ref, o_ref, acc_ref):
+        i, s = pl.program_id(0), pl.program_id(2)
+
+        @pl.when(s == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        @pl.when(s < cnt_ref[i])
+        def _():
+            acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(s == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=2, grid=(gm, pl.cdiv(n, bn), width),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, s, ids, cnt: (i, ids[i * width + s])),
+                  pl.BlockSpec((bk, bn), lambda i, j, s, ids, cnt: (ids[i * width + s], j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, s, ids, cnt: (i, j)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+    )
+    return pl.pallas_call(
+        kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((a.shape[0], n), a.dtype),
+        interpret=TPU_INTERPRET,
+    )(jnp.asarray(ids), jnp.asarray(counts), a, b)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "block_sparse_matmul_visible", "grade": true, "points": 1}
+course.check("block_sparse_matmul", block_sparse_matmul)
+
+# %% nbgrader={"grade_id": "block_sparse_matmul_hidden", "grade": true, "points": 2} timeout=120
+# Hidden tests: other masks and shapes, non-divisible N, bfloat16.
+### BEGIN HIDDEN TESTS
+course.check("block_sparse_matmul", block_sparse_matmul, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 3 — `grouped_matmul(x, w, group_sizes, bm, bn)` (3 points)
+#
+# Rows of `x` (shape `(M, K)`) come in consecutive groups of sizes `group_sizes` (NumPy, each a
+# multiple of `bm`); group `g` is multiplied by `w[g]` (`w` has shape `(G, K, N)`). Grid
+# `(M // bm, cdiv(N, bn))`; prefetch the group of each row block and let `w`'s index map pick
+# `w[group]` — block `(pl.Squeezed(), K, bn)`.
+
+# %% nbgrader={"grade_id": "grouped_matmul_solution", "solution": true}
+def grouped_matmul(x, w, group_sizes, bm, bn):
+    ### BEGIN SOLUTION
+    m, k = x.shape
+    g, _, n = w.shape
+    gid = np.repeat(np.arange(g, dtype=np.int32), np.asarray(group_sizes) // bm)
+
+    def kernel(gid_ref, x_ref, w_ref, o_ref):
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...],
+                             preferred_element_type=jnp.float32).astype(o_ref.dtype)
+
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(m // bm, pl.cdiv(n, bn)),
+        in_specs=[pl.BlockSpec((bm, k), lambda i, j, gid: (i, 0)),
+                  pl.BlockSpec((pl.Squeezed(), k, bn), lambda i, j, gid: (gid[i], 0, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, gid: (i, j)),
+    )
+    return pl.pallas_call(
+        kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        interpret=TPU_INTERPRET,
+    )(jnp.asarray(gid), x, w)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "grouped_matmul_visible", "grade": true, "points": 1}
+course.check("grouped_matmul", grouped_matmul)
+
+# %% nbgrader={"grade_id": "grouped_matmul_hidden", "grade": true, "points": 2} timeout=120
+# Hidden tests: other group sizes, non-divisible N, bfloat16.
+### BEGIN HIDDEN TESTS
+course.check("grouped_matmul", grouped_matmul, hidden=True)
+### END HIDDEN TESTS

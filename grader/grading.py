@@ -1,0 +1,394 @@
+"""The grading side of ``pallas-course``: release, collect, autograde, feedback, export, check.
+
+Every nbgrader step runs in a child process (``grader.worker``), one submission per process for
+autograde, so a submission that kills its kernel, loops or exhausts memory never takes the batch
+down, and per-submission limits (issue 7) can be applied to that one process.
+
+Statuses (one JSON file per submission under ``<root>/status/<assignment>/<student>.json``,
+written atomically, so a batch can be resumed and read while it runs):
+graded, timeout (a cell or the whole submission ran out of time), crashed (nbgrader could not
+finish: dead kernel, error), malformed (not a readable notebook), missing (no submission).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from datetime import UTC, datetime
+from pathlib import Path
+
+from grader import build, refs
+
+STUDENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+SUBMISSION_TIMEOUT = 900  # seconds for one whole submission (cells have their own timeouts)
+
+
+def _env(root: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PALLAS_COURSE_ROOT"] = str(root)
+    env["PYTHONPATH"] = str(refs.REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_worker(root: Path, *args: str, timeout: float | None = None) -> dict:
+    """Run one ``grader.worker`` job; return its result dict (``success`` False on any failure)."""
+    cmd = [sys.executable, "-m", "grader.worker", str(root), *args]
+    try:
+        p = subprocess.run(cmd, cwd=root, env=_env(root), capture_output=True, text=True,
+                           timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        return {"success": False, "killed": "timeout", "error": f"ran past {timeout:.0f} s",
+                "log": (e.stderr or b"")[-4000:] if isinstance(e.stderr, str) else ""}
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("@@RESULT "):
+            res = json.loads(line[len("@@RESULT "):])
+            res.setdefault("log", "")
+            res["stderr"] = p.stderr[-6000:]
+            return res
+    return {"success": False, "error": f"worker exited {p.returncode} without a result",
+            "log": p.stderr[-6000:]}
+
+
+# ----------------------------------------------------------------------------- release
+def release(root: Path, assignment: str | None = None, log=print) -> list[str]:
+    names = [assignment] if assignment else build.assignments(root)
+    for a in names:
+        nbs = build.build_assignment(root, a)
+        log(f"built {', '.join(str(p.relative_to(root)) for p in nbs)}")
+    res = run_worker(root, "generate", *names)
+    failed = [a for a, r in res.get("results", {}).items() if not r["success"]]
+    if not res.get("results"):
+        raise RuntimeError(f"nbgrader generate_assignment failed: {res.get('error')}\n"
+                           f"{res.get('log', '')}")
+    for a in names:
+        if a in failed:
+            r = res["results"][a]
+            raise RuntimeError(f"nbgrader generate_assignment {a} failed: {r['error']}\n"
+                               f"{r['log']}")
+        rel = root / "release" / a
+        for leaked in list(rel.rglob("*.py")):
+            leaked.unlink()  # belt and braces: a jupytext twin holds the solutions
+        n = refs.write_visible(root, a, rel / "refs")
+        log(f"released {a} -> {rel.relative_to(root)} ({n} visible reference cases)")
+    return names
+
+
+# ----------------------------------------------------------------------------- collect
+def collect(root: Path, path: Path, log=print) -> dict:
+    """Copy ``<student>/<assignment>/<notebook>.ipynb`` (folder or zip) into ``submitted/``."""
+    path = Path(path)
+    tmp = None
+    if path.is_file() and zipfile.is_zipfile(path):
+        tmp = tempfile.TemporaryDirectory()
+        with zipfile.ZipFile(path) as zf:
+            for m in zf.infolist():
+                if m.is_dir() or m.filename.startswith("/") or ".." in Path(m.filename).parts:
+                    continue
+                zf.extract(m, tmp.name)
+        base = Path(tmp.name)
+        subs = [p for p in base.iterdir() if p.is_dir() and not p.name.startswith("__")]
+        # a zip of one top folder holding the students
+        if len(subs) == 1 and not any(subs[0].glob("*/*.ipynb")):
+            base = subs[0]
+    elif path.is_dir():
+        base = path
+    else:
+        raise FileNotFoundError(f"{path}: not a folder or a zip file")
+    known = set(build.assignments(root))
+    copied, skipped = [], []
+    try:
+        for f in sorted(base.rglob("*")):
+            if f.is_dir():
+                continue
+            rel = f.relative_to(base)
+            parts = rel.parts
+            if any(p.startswith(".") or p == "__MACOSX" for p in parts):
+                skipped.append((str(rel), "hidden or system file"))
+                continue
+            if len(parts) != 3:
+                skipped.append((str(rel), "not laid out <student>/<assignment>/<notebook>"))
+                continue
+            student, assignment, name = parts
+            if not STUDENT_RE.match(student):
+                skipped.append((str(rel), f"student id {student!r} has unsupported characters"))
+                continue
+            if assignment not in known:
+                skipped.append((str(rel), f"unknown assignment {assignment!r}"))
+                continue
+            if f.suffix != ".ipynb":
+                skipped.append((str(rel), "not a notebook (.ipynb)"))
+                continue
+            dest = root / "submitted" / student / assignment
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(f, dest / name)
+            ts = datetime.fromtimestamp(f.stat().st_mtime, UTC)
+            (dest / "timestamp.txt").write_text(ts.strftime("%Y-%m-%d %H:%M:%S.%f %Z"))
+            copied.append(str(rel))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    log(f"collected {len(copied)} notebook(s) into {root / 'submitted'}")
+    for rel, why in skipped:
+        log(f"  skipped {rel}: {why}")
+    return {"copied": copied, "skipped": skipped}
+
+
+# ----------------------------------------------------------------------------- autograde
+def _status_path(root: Path, assignment: str, student: str) -> Path:
+    return root / "status" / assignment / f"{student}.json"
+
+
+def _write_status(root: Path, assignment: str, student: str, record: dict) -> None:
+    p = _status_path(root, assignment, student)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, p)
+
+
+def read_status(root: Path, assignment: str, student: str) -> dict | None:
+    p = _status_path(root, assignment, student)
+    return json.loads(p.read_text()) if p.exists() else None
+
+
+def _malformed(subdir: Path) -> str | None:
+    import nbformat
+
+    nbs = sorted(subdir.glob("*.ipynb"))
+    if not nbs:
+        return "no notebook in the submission"
+    for nb in nbs:
+        try:
+            nbformat.validate(nbformat.read(nb, as_version=4))
+        except Exception as e:  # noqa: BLE001
+            return f"{nb.name}: not a valid notebook ({type(e).__name__}: {str(e)[:200]})"
+    return None
+
+
+def submissions(root: Path, assignment: str | None = None) -> list[tuple[str, str]]:
+    sub = root / "submitted"
+    out = []
+    if not sub.is_dir():
+        return out
+    for s in sorted(p for p in sub.iterdir() if p.is_dir()):
+        for a in sorted(p for p in s.iterdir() if p.is_dir()):
+            if assignment is None or a.name == assignment:
+                out.append((s.name, a.name))
+    return out
+
+
+def _scores(root: Path) -> dict[tuple[str, str], tuple[float, float]]:
+    from nbgrader.api import Gradebook
+
+    out = {}
+    db = root / "gradebook.db"
+    if not db.exists():
+        return out
+    with Gradebook(f"sqlite:///{db}?timeout=120", "pallas-course") as gb:
+        for a in gb.assignments:
+            for sub in a.submissions:
+                out[(sub.student.id, a.name)] = (float(sub.score), float(sub.max_score))
+    return out
+
+
+def grade_one(root: Path, student: str, assignment: str, timeout: float) -> dict:
+    t0 = time.monotonic()
+    rec = {"student": student, "assignment": assignment}
+    why = _malformed(root / "submitted" / student / assignment)
+    if why:
+        rec.update(status="malformed", detail=why)
+    else:
+        res = run_worker(root, "autograde", assignment, student, timeout=timeout)
+        if res.get("killed") == "timeout":
+            rec.update(status="timeout", detail=res["error"])
+        elif not res.get("success"):
+            log = (res.get("log") or "") + (res.get("stderr") or "")
+            dead = "DeadKernel" in log or "died" in log
+            rec.update(status="crashed", detail=("the kernel died" if dead else
+                                                 str(res.get("error") or "")[:500]),
+                       log=log[-3000:])
+        elif res.get("timeouts"):
+            rec.update(status="timeout", detail=f"{res['timeouts']} cell(s) ran out of time")
+        else:
+            rec.update(status="graded")
+    rec["seconds"] = round(time.monotonic() - t0, 2)
+    _write_status(root, assignment, student, rec)
+    return rec
+
+
+def _bar(done: int, total: int, width: int = 30) -> str:
+    filled = int(width * done / max(total, 1))
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def autograde(root: Path, assignment: str | None = None, workers: int = 1,
+              timeout: float = SUBMISSION_TIMEOUT, resume: bool = False,
+              progress=sys.stderr, log=print) -> list[dict]:
+    todo = submissions(root, assignment)
+    if resume:
+        todo = [(s, a) for s, a in todo if (read_status(root, a, s) or {}).get("status")
+                not in ("graded",)]
+    results: list[dict] = []
+    t0 = time.monotonic()
+    if progress:
+        print(_bar(0, len(todo)), end="\r", file=progress, flush=True)
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futs = {pool.submit(grade_one, root, s, a, timeout): (s, a) for s, a in todo}
+        for fut in as_completed(futs):
+            s, a = futs[fut]
+            try:
+                rec = fut.result()
+            except Exception as e:  # noqa: BLE001 - one bad item never stops the batch
+                rec = {"student": s, "assignment": a, "status": "crashed", "detail": str(e)}
+                _write_status(root, a, s, rec)
+            results.append(rec)
+            if progress:
+                print(f"{_bar(len(results), len(todo))} {s}/{a}: {rec['status']}      ",
+                      end="\r", file=progress, flush=True)
+    if progress:
+        print(file=progress)
+    scores = _scores(root)
+    for r in results:
+        sc = scores.get((r["student"], r["assignment"]))
+        r["score"], r["max_score"] = sc if sc else (0.0, None)
+    results.sort(key=lambda r: (r["assignment"], r["student"]))
+    log(summary_table(results))
+    log(f"{len(results)} submission(s) in {time.monotonic() - t0:.1f} s with {workers} "
+        f"worker(s)")
+    return results
+
+
+def summary_table(results: list[dict]) -> str:
+    rows = [("student", "assignment", "score", "status")]
+    for r in results:
+        mx = r.get("max_score")
+        score = f"{r.get('score', 0):g} / {mx:g}" if mx else f"{r.get('score', 0):g}"
+        rows.append((r["student"], r["assignment"], score, r["status"]))
+    widths = [max(len(str(row[i])) for row in rows) for i in range(4)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)) for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- feedback/export
+def feedback(root: Path, assignment: str | None = None, log=print) -> list[Path]:
+    names = [assignment] if assignment else sorted({a for _, a in submissions(root)})
+    out = []
+    for a in names:
+        res = run_worker(root, "feedback", a)
+        if not res.get("success"):
+            log(f"feedback for {a} failed: {res.get('error')}\n{res.get('log', '')[-2000:]}")
+        files = sorted((root / "feedback").glob(f"*/{a}/*.html"))
+        for f in files:
+            _scrub_hidden(f)
+        out.extend(files)
+        log(f"feedback {a}: {len(files)} HTML file(s) under {root / 'feedback'}")
+    return out
+
+
+def _scrub_hidden(html: Path) -> None:
+    """Defence in depth: ClearHiddenTests already ran; make sure no hidden call survives."""
+    text = html.read_text()
+    if "hidden=True" in text or "BEGIN HIDDEN TESTS" in text:
+        raise RuntimeError(f"{html}: hidden tests leaked into feedback; check nbgrader_config.py")
+
+
+def export(root: Path, to: Path, log=print) -> Path:
+    to = Path(to).resolve()
+    with tempfile.TemporaryDirectory() as d:
+        raw = Path(d) / "grades.csv"
+        res = run_worker(root, "export", str(raw))
+        if not res.get("success"):
+            raise RuntimeError(f"nbgrader export failed: {res.get('error')}\n{res.get('log')}")
+        with raw.open() as f:
+            rows = list(csv.DictReader(f))
+            fields = list(rows[0].keys()) if rows else ["assignment", "student_id", "score",
+                                                          "max_score"]
+    for row in rows:
+        st = read_status(root, row["assignment"], row["student_id"])
+        if st:
+            row["status"] = st["status"]
+        elif row.get("timestamp") in ("", "None", None) and float(row.get("score") or 0) == 0:
+            row["status"] = "missing"
+        else:
+            row["status"] = "graded"
+    to.parent.mkdir(parents=True, exist_ok=True)
+    with to.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=[*fields, "status"])
+        w.writeheader()
+        w.writerows(rows)
+    log(f"exported {len(rows)} row(s) to {to}")
+    return to
+
+
+# ----------------------------------------------------------------------------- check (learner)
+def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
+    """Run a notebook's visible tests in a fresh kernel; print per task pass/fail and structure."""
+    import nbclient
+    import nbformat
+
+    path = Path(path).resolve()
+    if path.suffix == ".py":
+        import jupytext
+
+        nb = jupytext.read(path)
+    else:
+        try:
+            nb = nbformat.read(path, as_version=4)
+        except Exception as e:  # noqa: BLE001
+            log(f"{path}: not a readable notebook ({e}); re-download it from the course")
+            return 2
+    # never run hidden tests here, even from an instructor copy
+    pat = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS", re.S)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.source = pat.sub("", cell.source)
+    with tempfile.TemporaryDirectory() as d:
+        report = Path(d) / "report.jsonl"
+        old = {k: os.environ.get(k) for k in ("PALLAS_COURSE_REPORT",)}
+        os.environ["PALLAS_COURSE_REPORT"] = str(report)
+        try:
+            client = nbclient.NotebookClient(nb, timeout=timeout, allow_errors=True,
+                                             kernel_name="python3",
+                                             resources={"metadata": {"path": str(path.parent)}})
+            client.execute()
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        records = [json.loads(x) for x in report.read_text().splitlines()] \
+            if report.exists() else []
+    failures = 0
+    graded = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
+    for cell in graded:
+        gid = cell.metadata["nbgrader"]["grade_id"]
+        errs = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if not cell.source.strip() or "course.check(" not in cell.source:
+            continue
+        if errs:
+            failures += 1
+            log(f"FAIL  {gid}: {errs[0].get('ename')}: {errs[0].get('evalue')}")
+        else:
+            log(f"pass  {gid}")
+    for r in records:
+        if r.get("rules"):
+            log(f"\n{r['task']}: structural check")
+            for line in r["rules"]:
+                log(f"  {line}")
+        if r.get("kernelsim"):
+            log(f"{r['task']}: kernelsim\n{r['kernelsim']}")
+    log(f"\n{len(graded) and sum(1 for c in graded if 'course.check(' in c.source) - failures} "
+        f"passed, {failures} failed")
+    return 1 if failures else 0

@@ -1,0 +1,140 @@
+"""One nbgrader job in its own process: ``python -m grader.worker ROOT JOB [ARGS...]``.
+
+Jobs: ``generate A...``, ``autograde A STUDENT``, ``feedback A [STUDENT]``, ``export FILE``.
+Each runs real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints
+one JSON line (prefixed ``@@RESULT``) with the outcome.
+
+Gradebook safety: every ``nbgrader.api.Gradebook`` session in this process holds an exclusive
+``fcntl`` lock on ``<root>/gradebook.db.lock`` from construction to ``close()``. nbgrader opens
+its sessions only around short database reads and writes (never while a notebook executes), so
+N autograde workers execute in parallel but write one at a time; each write is one SQLite
+transaction (the ``?timeout=`` in ``db_url`` covers readers outside this lock). A worker killed
+mid-way leaves at most a submission row without scores, which the next ``autograde`` overwrites
+(``force=True``), and the parent records the status ``timeout``/``crashed`` for it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def install_gradebook_lock(root: Path) -> None:
+    import nbgrader.api as api
+
+    lock_path = root / "gradebook.db.lock"
+    state = {"depth": 0, "fd": None}
+    orig_init, orig_close = api.Gradebook.__init__, api.Gradebook.close
+
+    def acquire():
+        if state["depth"] == 0:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            state["fd"] = fd
+        state["depth"] += 1
+
+    def release():
+        if state["depth"] <= 0:
+            return
+        state["depth"] -= 1
+        if state["depth"] == 0 and state["fd"] is not None:
+            fcntl.flock(state["fd"], fcntl.LOCK_UN)
+            os.close(state["fd"])
+            state["fd"] = None
+
+    def init(self, *a, **kw):
+        acquire()
+        self._pc_locked = True
+        try:
+            orig_init(self, *a, **kw)
+        except BaseException:
+            self._pc_locked = False
+            release()
+            raise
+
+    def close(self):
+        try:
+            orig_close(self)
+        finally:
+            if getattr(self, "_pc_locked", False):
+                self._pc_locked = False
+                release()
+
+    api.Gradebook.__init__ = init
+    api.Gradebook.close = close
+
+
+def load(root: Path):
+    from nbgrader.apps import NbGraderAPI
+    from nbgrader.coursedir import CourseDirectory
+    from traitlets.config.loader import PyFileConfigLoader
+
+    cfg = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    coursedir = CourseDirectory(config=cfg)
+    coursedir.root = str(root)
+    return cfg, coursedir, NbGraderAPI(coursedir, config=cfg)
+
+
+def _timeouts(path: Path) -> int:
+    try:
+        nb = json.loads(path.read_text())
+    except Exception:  # noqa: BLE001
+        return 0
+    n = 0
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error" and "Timeout" in str(out.get("ename", "")):
+                n += 1
+    return n
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0]).resolve()
+    job, args = argv[1], argv[2:]
+    os.chdir(root)
+    os.environ["PALLAS_COURSE_ROOT"] = str(root)
+    install_gradebook_lock(root)
+    cfg, coursedir, api = load(root)
+    result: dict = {"job": job, "args": args}
+    if job == "generate":
+        result["results"] = {}
+        ok = True
+        for a in args:
+            r = api.generate_assignment(a, force=True, create=True)
+            result["results"][a] = {"success": r["success"], "error": r.get("error"),
+                                    "log": r.get("log", "")[-4000:]}
+            ok &= bool(r["success"])
+        result["success"] = ok
+    elif job == "autograde":
+        a, s = args
+        r = api.autograde(a, s, force=True, create=True)
+        result.update(success=r["success"], error=r.get("error"), log=r.get("log", "")[-6000:])
+        out_dir = root / "autograded" / s / a
+        nbs = sorted(out_dir.glob("*.ipynb")) if out_dir.is_dir() else []
+        result["timeouts"] = sum(_timeouts(p) for p in nbs)
+        result["notebooks"] = [p.name for p in nbs]
+    elif job == "feedback":
+        a = args[0]
+        s = args[1] if len(args) > 1 else None
+        r = api.generate_feedback(a, s, force=True)
+        result.update(success=r["success"], error=r.get("error"), log=r.get("log", "")[-4000:])
+    elif job == "export":
+        from nbgrader.api import Gradebook
+        from nbgrader.plugins.export import CsvExportPlugin
+
+        plugin = CsvExportPlugin(config=cfg)
+        plugin.to = args[0]
+        with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
+            plugin.export(gb)
+        result["success"] = True
+    else:
+        raise SystemExit(f"unknown job {job!r}")
+    print("@@RESULT " + json.dumps(result), flush=True)
+    return 0 if result.get("success") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
