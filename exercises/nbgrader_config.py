@@ -6,6 +6,7 @@ starts nbgrader with this folder as the working directory.
 
 import os
 
+from grader.feedback_pp import ClearHiddenOutputs
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import ClearHiddenTests, GetGrades
 
@@ -28,7 +29,8 @@ c.OverwriteCells.add_missing_cells = True
 c.Autograde.create_student = True
 
 # Feedback must not show the hidden tests (nbgrader#917, #1156, #1363).
-c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenTests, CSSHTMLHeaderPreprocessor]
+c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenOutputs, ClearHiddenTests,
+                                    CSSHTMLHeaderPreprocessor]
 
 # Per-cell timeouts. Test cells are locked and restored from the gradebook at autograde, so their
 # "timeout" metadata comes from the instructor's source; a learner's own cells get the default.

@@ -1,0 +1,141 @@
+"""End to end with real nbgrader: release, collect, autograde (2 workers), feedback, export.
+
+One session-scoped course copy is released and graded once; the tests read its results.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+import shutil
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grader import build, grading
+
+REPO = Path(__file__).resolve().parents[2]
+FIRST_TASK = {
+    "01_first_kernel": "add", "02_tiling": "tiled_add", "03_index_maps": "transpose",
+    "04_memory_spaces": "matmul", "05_scalar_prefetch": "gather_rows",
+    "06_performance": "fused_add_relu_mul", "07_flash_attention": "attention_scores",
+}
+
+
+def _append_to_solution(nb, grade_id: str, code: str):
+    for cell in nb.cells:
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
+            cell.source += "\n" + code
+            return nb
+    raise AssertionError(grade_id)
+
+
+@pytest.fixture(scope="session")
+def course(tmp_path_factory):
+    root = tmp_path_factory.mktemp("course")
+    for name in ("source", "refs", "nbgrader_config.py"):
+        src = REPO / "exercises" / name
+        if src.is_dir():
+            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("*.ipynb"))
+        else:
+            shutil.copy(src, root / name)
+    grading.release(root, log=lambda *a: None)
+    subs = tmp_path_factory.mktemp("subs")
+    for a, task in FIRST_TASK.items():
+        (nb_path,) = (root / "source" / a).glob("*.ipynb")
+        for student, nb in [
+            ("inst", nbformat.read(nb_path, as_version=4)),
+            ("blank", nbformat.read(root / "release" / a / nb_path.name, as_version=4)),
+            # a wrong first task: values off by a factor of two
+            ("wrong", _append_to_solution(nbformat.read(nb_path, as_version=4),
+                                          f"{task}_solution",
+                                          f"_orig = {task}\n{task} = lambda *a, **k: "
+                                          f"_orig(*a, **k) * 2\n")),
+        ]:
+            d = subs / student / a
+            d.mkdir(parents=True)
+            nbformat.write(nb, d / nb_path.name)
+    # right values without a kernel: must fail the structural check
+    nb = _append_to_solution(nbformat.read(root / "source" / "01_first_kernel" /
+                                           "first_kernel.ipynb", as_version=4),
+                             "add_solution", "add = lambda x, y: np.asarray(x) + np.asarray(y)")
+    (subs / "numpy" / "01_first_kernel").mkdir(parents=True)
+    nbformat.write(nb, subs / "numpy" / "01_first_kernel" / "first_kernel.ipynb")
+    (subs / "junk" / "01_first_kernel").mkdir(parents=True)
+    (subs / "junk" / "01_first_kernel" / "first_kernel.ipynb").write_text("{not a notebook")
+    (subs / "README.txt").write_text("stray")
+    collected = grading.collect(root, subs, log=lambda *a: None)
+    results = grading.autograde(root, workers=2, progress=None, log=lambda *a: None)
+    return {"root": root, "collected": collected,
+            "results": {(r["student"], r["assignment"]): r for r in results}}
+
+
+def test_release_has_no_solutions_or_hidden_refs(course):
+    rel = course["root"] / "release"
+    assert sorted(p.name for p in rel.iterdir()) == sorted(FIRST_TASK)
+    assert not list(rel.rglob("*.py"))
+    assert not [p for p in rel.rglob("*.npz") if "/hidden/" in str(p)]
+    for nb in rel.glob("*/*.ipynb"):
+        text = nb.read_text()
+        assert "BEGIN SOLUTION" not in text and "hidden=True" not in text
+
+
+def test_collect_reports_skips(course):
+    skipped = dict(course["collected"]["skipped"])
+    assert "README.txt" in skipped
+
+
+def test_instructor_full_marks_blank_zero(course):
+    res = course["results"]
+    for a in FIRST_TASK:
+        assert res[("inst", a)]["status"] == "graded"
+        assert res[("inst", a)]["score"] == res[("inst", a)]["max_score"] == 9, a
+        assert res[("blank", a)]["status"] == "graded"
+        assert res[("blank", a)]["score"] == 0, a
+
+
+def test_wrong_first_task_loses_its_points(course):
+    for a in FIRST_TASK:
+        assert course["results"][("wrong", a)]["score"] == 6, a
+
+
+def test_numpy_answer_fails_structural_check(course):
+    r = course["results"][("numpy", "01_first_kernel")]
+    assert r["score"] == 6
+    nb = (course["root"] / "autograded" / "numpy" / "01_first_kernel" /
+          "first_kernel.ipynb").read_text()
+    assert "never calls pl.pallas_call" in nb
+
+
+def test_malformed_is_reported(course):
+    assert course["results"][("junk", "01_first_kernel")]["status"] == "malformed"
+
+
+def test_feedback_and_export(course, tmp_path):
+    root = course["root"]
+    files = grading.feedback(root, "01_first_kernel", log=lambda *a: None)
+    assert files
+    for f in files:
+        assert "hidden=True" not in f.read_text()
+    out = grading.export(root, tmp_path / "grades.csv", log=lambda *a: None)
+    rows = list(csv.DictReader(out.open()))
+    cols = set(rows[0])
+    assert {"assignment", "student_id", "score", "max_score", "status"} <= cols
+    st = {(r["student_id"], r["assignment"]): r["status"] for r in rows}
+    assert st[("junk", "01_first_kernel")] == "malformed"
+    assert st[("inst", "01_first_kernel")] == "graded"
+    assert st[("numpy", "02_tiling")] == "missing"
+
+
+def test_build_rejects_bad_metadata(tmp_path):
+    p = tmp_path / "nb.py"
+    p.write_text('# %% nbgrader={"grade_id": "x", "grade": true}\n1\n')
+    with pytest.raises(build.BuildError, match=re.escape(str(p)) + ".*needs points"):
+        build.build_notebook(p)
+
+
+def test_status_files_are_json(course):
+    for p in (course["root"] / "status").rglob("*.json"):
+        json.loads(p.read_text())
