@@ -19,6 +19,7 @@ def _build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve the site (8000) and JupyterLab (8888) on 127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--lab-port", type=int, default=8888)
+    s.add_argument("--no-build", action="store_true", help="serve build/site as it is")
     r = sub.add_parser("release", help="generate student versions into exercises/release/")
     r.add_argument("assignment", nargs="?")
     c = sub.add_parser("collect", help="copy <student>/<assignment>/<nb>.ipynb (folder or zip) "
@@ -46,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
         site.build_site(strict=not args.no_strict)
         return 0
     if args.command == "serve":
-        return site.serve(port=args.port, lab_port=args.lab_port)
+        return site.serve(port=args.port, lab_port=args.lab_port, build=not args.no_build)
 
     from grader import grading, refs
 

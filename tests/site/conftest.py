@@ -1,0 +1,74 @@
+"""Fixtures of the site tests: one strict build per session, a local server, a browser.
+
+The build executes every lesson (mkdocs-jupyter, cached in .cache/mkdocs-jupyter/), so it runs
+once per session. The browser is Debian's chromium driven by playwright; every page a test
+opens is watched for console errors and for requests to a host other than 127.0.0.1 (which are
+aborted, so a test never waits on the network).
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sitetools import CHROMIUM, CHROMIUM_ARGS, SITE_DIR, free_port, watch
+
+
+@pytest.fixture(scope="session")
+def built_site() -> Path:
+    """build/site from one `mkdocs build --strict` (what `make site` runs)."""
+    from grader import site
+
+    start = time.perf_counter()
+    site.build_site(strict=True)
+    print(f"\nsite built in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return SITE_DIR
+
+
+@pytest.fixture(scope="session")
+def build_info(built_site) -> dict:
+    return json.loads((built_site / "build-info.json").read_text())
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="session")
+def base_url(built_site):
+    handler = functools.partial(_Quiet, directory=str(built_site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: `make system-packages` installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def watched(browser):
+    """A fresh page at 1280 px; at the end of the test, no console error, no foreign request."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    w = watch(context)
+    yield w
+    context.close()
+    w.check()

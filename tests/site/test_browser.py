@@ -1,0 +1,101 @@
+"""The site in chromium: navigation, figures, players, search; no console error and no request
+to another host on any page (the `watched` fixture checks both after each test)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from sitetools import REPO
+
+LESSONS = sorted((REPO / "lessons").glob("[0-9][0-9]-*.py"))
+
+# Lessons whose rendered outputs hold no figure yet. Each entry is an expected failure with
+# strict=True: once the lesson draws a figure the test passes, fails as XPASS, and the entry
+# must go. A lesson missing from this list must show a figure.
+FIGURES_PENDING = {"01-why-pallas", "02-first-kernel", "04-index-maps", "05-memory-spaces",
+                   "06-scalar-prefetch"}
+
+
+def test_home_to_a_lesson_through_the_navigation(watched, base_url):
+    page = watched.page
+    page.goto(base_url)
+    first = LESSONS[0].stem
+    link = page.locator(f'nav.md-nav--primary a[href$="lessons/{first}/"]').first
+    link.click()
+    page.wait_for_url(re.compile(rf"lessons/{first}/$"))
+    title = page.locator("article h1").first.inner_text()
+    assert re.search(r"Lesson\s+1\b", title), title
+    assert page.locator(".jp-Notebook .jp-CodeCell").count() > 0
+
+
+def _lesson_params():
+    out = []
+    for p in LESSONS:
+        marks = [pytest.mark.xfail(strict=True, reason=f"{p.stem} draws no figure yet")] \
+            if p.stem in FIGURES_PENDING else []
+        out.append(pytest.param(p.stem, id=p.stem, marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("stem", _lesson_params())
+def test_lesson_shows_a_figure(watched, base_url, stem):
+    page = watched.page
+    page.goto(f"{base_url}lessons/{stem}/")
+    figures = page.locator(".jp-OutputArea-output img, .jp-OutputArea-output svg, "
+                           ".jp-OutputArea-output canvas")
+    count = figures.count()
+    assert count > 0, f"{stem}: no img/svg/canvas in the notebook outputs"
+    box = figures.first.bounding_box()
+    assert box and box["width"] > 50 and box["height"] > 50, f"{stem}: figure not visible"
+
+
+def test_player_advances_on_next(watched, base_url, build_info):
+    if not build_info["players"]:
+        pytest.skip(f"no players built: {build_info['players_skipped']}")
+    page = watched.page
+    page.goto(f"{base_url}lessons/03-tiling/")
+    embed = page.locator(".ks-player-embed iframe").first
+    embed.scroll_into_view_if_needed()
+    frame = page.frame_locator(".ks-player-embed iframe").first
+    step = frame.locator(".ks-step")
+    step.wait_for()
+    assert re.match(r"step 1 of \d+", step.inner_text()), step.inner_text()
+    before = [r.inner_text() for r in frame.locator("tbody tr").all()]
+    frame.locator(".ks-next").click()
+    assert re.match(r"step 2 of \d+", step.inner_text()), step.inner_text()
+    after = [r.inner_text() for r in frame.locator("tbody tr").all()]
+    assert before != after, "the operand table did not change on next"
+    height = embed.bounding_box()["height"]
+    assert height > 300, f"the player iframe is {height}px tall"
+
+
+def test_search_for_index_map_finds_the_lesson(watched, base_url):
+    page = watched.page
+    page.goto(base_url)
+    page.locator("label.md-search__icon, .md-search__input").first.click()
+    page.locator(".md-search__input").focus()
+    page.keyboard.type("index map", delay=30)
+    results = page.locator(".md-search-result__item a")
+    results.first.wait_for(timeout=15000)
+    hrefs = [a.get_attribute("href") for a in results.all()]
+    assert any("lessons/04-index-maps/" in (h or "") for h in hrefs), hrefs
+
+
+def test_every_page_renders_without_errors(browser, built_site, base_url):
+    from sitetools import watch
+
+    pages = sorted(p.relative_to(built_site).as_posix() for p in built_site.rglob("index.html"))
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    w = watch(context)
+    try:
+        for rel in pages:
+            url = base_url + rel.removesuffix("index.html")
+            response = w.page.goto(url, wait_until="load")
+            assert response and response.ok, f"{url}: {response and response.status}"
+            w.page.wait_for_timeout(50)
+            assert w.page.locator("h1").count() > 0, f"{url}: no heading"
+    finally:
+        context.close()
+    w.check()
+    assert len(pages) >= 10
