@@ -1,35 +1,11 @@
-"""Kernels the view tests trace."""
+"""Kernels the view tests trace (the matmul is kernelsim's own example)."""
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-
-def mm_kernel(x_ref, y_ref, o_ref, acc_ref):
-    @pl.when(pl.program_id(2) == 0)
-    def _():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    acc_ref[...] += x_ref[...] @ y_ref[...]
-
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-    def _():
-        o_ref[...] = acc_ref[...]
-
-
-def matmul(x, y, bm=128, bk=128, bn=128):
-    m, k = x.shape
-    _, n = y.shape
-    return pl.pallas_call(
-        mm_kernel, grid=(m // bm, n // bn, k // bk),
-        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
-        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
-        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype))(x, y)
+from kernelsim.examples import matmul  # noqa: F401 - re-exported for the view tests
 
 
 def gather_rows(idx, x):
