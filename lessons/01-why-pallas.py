@@ -46,10 +46,12 @@ print("JAX", jax.__version__, "on", jax.default_backend())
 # %% [markdown]
 # ## What the compiler does well
 #
-# XLA looks at the dataflow graph of a jitted function and merges neighbouring operations into
-# one loop nest — a *fusion* — so that a chain like `exp(x - max(x))` does not write each step
-# to memory. That is a transformation of *how* the program runs, never of *what* it computes.
-# If your program asks for an intermediate array, the algorithm still contains it.
+# XLA looks at the dataflow graph of a jitted function and merges a producer into its consumer
+# — a *fusion* — so that a chain like `exp(x - m)` does not write each step to memory.
+#
+# Fusion changes *how* the program runs, not *which algorithm* it runs. An intermediate that a
+# later reduction needs in full, such as a row that must be complete before its sum is known,
+# is still computed whole; if it is large it goes to memory.
 
 # %% [markdown]
 # Naive attention is the standard example. For one head with `N` queries and keys of width `d`
@@ -80,9 +82,10 @@ for name, shape in re.findall(r"%(\S+) = (\S+?)(?:\{[^}]*\})? fusion\(", hlo):
 
 # %% [markdown]
 # The score matrix survives optimisation. On the CPU with jax 0.10.2 the first fusion computes
-# `q @ k.T`, the row maximum and the exponential in one loop nest — and still writes an
-# `N × N` result, which the following fusions read and rewrite before the product with `v`.
-# (The exact list of fusions differs between backends.)
+# `q @ k.T`, the scaling, the row maximum and the exponential — and still writes an `N × N`
+# result. The next fusions read it for the row sums and again for the normalisation, and write
+# a second `N × N` array that the product with `v` reads. (The exact list of fusions differs
+# between backends.)
 #
 # XLA's cost model says the same thing in bytes. `compiled.cost_analysis()` returns a
 # dictionary whose `"bytes accessed"` entry is the compiler's estimate of memory traffic; we
@@ -106,20 +109,25 @@ assert accessed > 2 * unavoidable
 # %% [markdown]
 # ## The escape hatches before Pallas
 #
-# The long-standing way around XLA is a *custom call*: you hand the compiler an opaque function
-# that you wrote and compiled yourself. The Pallas design document gives two reasons this is
-# not enough. The first is the language: C++ and, on GPUs, CUDA, which the authors consider
-# too low-level for many machine-learning kernels — even experts struggle to write a fast
-# matmul or multi-head attention that way. The second is time: new systems research reaches
-# XLA only after a while, and users want it sooner. A kernel lets you get ahead; the compiler
-# may absorb the idea later.
+# The long-standing way around XLA is a *custom call* (`CustomCall`): an operation whose body
+# is an opaque function you wrote and compiled yourself. XLA schedules it but does not look
+# inside.
+#
+# The [Pallas design document](https://docs.jax.dev/en/latest/pallas/design/design.html) gives
+# two reasons this is not enough. The first is the language: C++ and, on GPUs, CUDA, which the
+# authors call too low-level for many machine-learning kernels — even experts struggle to write
+# a fast matmul or multi-head attention that way.
+#
+# The second is time: new systems research reaches XLA only after a while, and users want it
+# sooner. A kernel lets you get ahead; the compiler may absorb the idea later.
 
 # %% [markdown]
 # ## Triton's lesson
 #
 # Triton showed that GPU kernels can be written as *array programs on tiles*: you say what
-# happens to a block of an array and the compiler maps it onto threads. It became the main
-# code generator behind `torch.compile` (through TorchInductor).
+# happens to a block of an array and the compiler maps it onto threads. The design document
+# calls it the primary code-generation route of `torch.compile` in PyTorch 2.0, through
+# TorchInductor.
 #
 # Pointing Triton at a TPU does not work, though. Its programming model is tuned for GPUs; the
 # design document's example is atomics, which exist to settle many concurrent writes to the
@@ -139,7 +147,8 @@ assert accessed > 2 * unavoidable
 #   in the grid;
 # * **`pl.pallas_call`**, which runs a kernel function once per point of a grid.
 #
-# Everything else inside the kernel body is ordinary `jax.numpy`. See the
+# Inside the kernel body you write `jax.numpy` and `jax.lax`, restricted to the operations the
+# backend can lower. See the
 # [Pallas quickstart](https://docs.jax.dev/en/latest/pallas/quickstart.html).
 
 # %% [markdown]
@@ -182,6 +191,23 @@ for label, fn in [("doubled", lambda s: 2 * s), ("exponentiated", jnp.exp)]:
 # dtypes, masking or epilogues without any templating language.
 
 # %% [markdown]
+# ## To XLA, a Pallas kernel is a custom call
+#
+# Pallas does not remove the custom call; it writes the opaque function for you. Lowering a
+# jitted function for TPU (possible on this CPU: lowering needs no chip) shows the kernel as
+# one `custom_call` to `tpu_custom_call`, carrying the Mosaic program. The `sin` after it stays
+# outside, because XLA does not fuse into a custom call.
+
+# %%
+def add_then_sin(x, y):
+    return jnp.sin(add_then(x, y, lambda s: 2 * s, interpret=False))
+
+
+stablehlo = jax.jit(add_then_sin).trace(x, y).lower(lowering_platforms=("tpu",)).as_text()
+print("custom calls:", re.findall(r"custom_call @(\w+)", stablehlo))
+print("sine outside the kernel:", "stablehlo.sine" in stablehlo)
+
+# %% [markdown]
 # ## What Pallas refuses, and why
 #
 # Pallas accepts a subset of JAX. The design document names two exclusions and gives the
@@ -200,7 +226,9 @@ for label, fn in [("doubled", lambda s: 2 * s), ("exponentiated", jnp.exp)]:
 # same attitude further. Among its rules for the TPU backend:
 #
 # * reductions over integer values are not supported;
-# * loop primitives are fully unrolled when the kernel is compiled, so keep trip counts small;
+# * loops: the page says loop primitives are fully unrolled at compile time and asks for small
+#   trip counts. The jax 0.10.2 lowering is more lenient than the page: it emits a real loop
+#   (`scf.for`) for `lax.fori_loop` and unrolls only as far as its `unroll=` argument asks;
 # * elementwise operations are not equally cheap: the page ranks `jnp.sin` and `jnp.cos` among
 #   the expensive ones and `jnp.exp` in the middle.
 #
@@ -240,6 +268,7 @@ print("interpret=True agrees with plain JAX; on a TPU or GPU, compare interpret=
 # 3. Why can Triton not simply be compiled for a TPU?
 # 4. What three things does Pallas add to JAX?
 # 5. You need `table[idx]` inside a kernel. What does Pallas offer instead of a gather?
+# 6. What does XLA see of a compiled Pallas kernel, and what can it not do with it?
 #
 # <details><summary>Answer</summary>
 #
@@ -253,5 +282,7 @@ print("interpret=True agrees with plain JAX; on a TPU or GPU, compare interpret=
 # 4. Refs, a few new primitives such as `program_id`, and `pallas_call`.
 # 5. Prefetch `idx` as scalars and let an index map turn each one into the block index of the
 #    row to copy (lesson 6).
+# 6. One custom call (`tpu_custom_call` on TPU) wrapping the compiled kernel. XLA schedules it
+#    like any operation but cannot fuse neighbouring operations into it.
 #
 # </details>

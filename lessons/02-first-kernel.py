@@ -143,8 +143,11 @@ _course.check(LESSON, "scaled_add", scaled_add, scaled_add_reference, (x, y), ru
 # ## A kernel that forgets to write
 #
 # Pallas does not initialise outputs. If some program skips its part, those elements hold
-# whatever the memory held. Interpret mode (`interpret=True`) fills fresh buffers with NaN for
-# floating-point outputs, which makes the omission easy to spot — one more reason to compare
+# whatever the memory held.
+#
+# Interpret mode makes the omission visible: `interpret=True` starts every output as NaN
+# (floating point) or the dtype's minimum (integers). TPU interpret mode fills with NaN too,
+# or zeros with `InterpretParams(uninitialized_memory="zero")`. One more reason to compare
 # every kernel against a reference.
 
 # %%
@@ -171,9 +174,19 @@ print("written columns equal x:", bool((partial[:, :2 * CHUNK] == x[:, :2 * CHUN
 #
 # `interpret=True` evaluates the kernel body with ordinary JAX operations, one grid step at a
 # time, on whichever backend is present. `interpret=False` (the default) hands the kernel to
-# the Pallas compiler for the backend: Mosaic on TPU, and on GPU the Mosaic GPU or Triton
-# lowering. Interpret mode knows nothing about the hardware's limits, so a kernel that passes
-# here may still be rejected by a compiler — lesson 3 shows the TPU's block-shape rule.
+# the Pallas compiler for the backend
+# ([quickstart](https://docs.jax.dev/en/latest/pallas/quickstart.html)):
+#
+# * on TPU, Mosaic;
+# * on GPU, Mosaic GPU by default in jax 0.10.2 — Hopper and newer only. Reaching it through
+#   `pl.pallas_call` is deprecated: it issues a `DeprecationWarning` that points to
+#   `plgpu.kernel`;
+# * on GPU, Triton when you pass `compiler_params=pltriton.CompilerParams()` (from
+#   `jax.experimental.pallas.triton`). The docs call this backend best-effort; it runs on
+#   Ampere and newer.
+#
+# Interpret mode knows nothing about the hardware's limits, so a kernel that passes here may
+# still be rejected by a compiler — lesson 3 shows the TPU's block-shape rule.
 
 # %% [markdown]
 # ## Check yourself
@@ -190,6 +203,7 @@ print("written columns equal x:", bool((partial[:, :2 * CHUNK] == x[:, :2 * CHUN
 # 2. All of it. Without BlockSpecs every Ref covers the whole array, and the program picks its
 #    part with `program_id`.
 # 3. The body is traced once into a JAX program; the grid runs that program, not the Python.
-# 4. NaN for floating-point outputs. A compiled kernel returns whatever the memory held.
+# 4. NaN for floating-point outputs (the dtype's minimum for integers with `interpret=True`).
+#    A compiled kernel returns whatever the memory held.
 #
 # </details>

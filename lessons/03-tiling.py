@@ -32,6 +32,7 @@
 
 # %%
 import functools
+import logging
 
 import _course
 import jax
@@ -39,6 +40,7 @@ import jax.numpy as jnp
 import matplotlib.pyplot as plt
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
 from kernelsim.backend import choose
@@ -81,12 +83,18 @@ _course.check(LESSON, "tiled_add", tiled_add, lambda a, b: a + b, (x, y), run, r
 # %% [markdown]
 # ## Which bytes are on chip
 #
-# On TPU the grid runs sequentially. Before step `s` the pipeline copies the input blocks that
+# On TPU the grid runs sequentially, in row-major order (lesson 4 covers the exception on
+# two-core chips). Before step `s` the pipeline copies the input blocks that
 # step needs from HBM into VMEM; after it, it copies the output block back. While step `s`
 # computes, the copy for step `s + 1` is already under way into a *second* buffer — double
 # buffering — so each pipelined operand holds two blocks of VMEM. An input block whose index
 # does not change between consecutive steps is not copied again
 # ([software pipelining](https://docs.jax.dev/en/latest/pallas/pipelining.html)).
+#
+# The buffer count is per operand: `pl.BlockSpec(..., pipeline_mode=pl.Buffered(n))`, default
+# 2 ([TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html)).
+# `pl.Buffered(1)` halves the footprint and gives up the overlap; the jax 0.10.2 lowering picks
+# it by itself for a VMEM operand whose block is the whole array under a constant index map.
 #
 # kernelsim evaluates the index maps (never the kernel body) and lists these copies step by
 # step. `bufs` is the number of VMEM buffers per operand, `on-chip B` their bytes.
@@ -112,10 +120,15 @@ print("on-chip peak       :", add_call["onchip_peak_bytes"], "=", 3 * 2 * 128 * 
 #
 # On TPU ([TPU details](https://docs.jax.dev/en/latest/pallas/tpu/details.html)), the last two
 # dimensions of a block must be divisible by 8 and by 128 respectively, unless they equal the
-# corresponding dimensions of the whole array. The numbers come from the TPU's memory layout,
-# which tiles the two minor-most dimensions (8 × 128 for 32-bit types). In jax 0.10.2 the TPU
-# lowering checks this rule, whatever the dtype, and raises a `ValueError` when a block breaks
-# it. Interpret mode does not check it; kernelsim's TPU model does, and prints a warning.
+# corresponding dimensions of the whole array.
+#
+# The numbers come from the vector registers: 8 sublanes × 128 lanes of 32-bit words, and
+# loads and stores move whole `(8, 128)` tiles of the two minor-most dimensions.
+#
+# In jax 0.10.2 the TPU lowering checks exactly this rule, with the same 8 for every dtype, and
+# raises a `ValueError` when a block breaks it. (A 1-D block has its own rule: the whole
+# array, a multiple of 1024 elements, or a power of two of at least `128 × 32 / bits`.)
+# Interpret mode checks none of it; kernelsim's TPU model checks the 2-D rule and warns.
 
 # %%
 bad = kernelsim.trace(functools.partial(tiled_add, block=(4, 100), interpret=True), x, y,
@@ -127,13 +140,21 @@ full_rows = kernelsim.trace(functools.partial(tiled_add, block=(256, 128), inter
 print("block (256, 128), the full row count:", full_rows.calls[0].warnings or "no warning")
 
 # %% [markdown]
+# Narrower dtypes are *packed*: a 32-bit word holds two `bfloat16` or four `int8` values, which
+# `tpu_info.py` in jax 0.10.2 counts as a packing of `32 / bits` along the second-minor
+# dimension. An `(8, 128)` `bfloat16` block passes the check above but fills only half of each
+# packed register; row counts that are multiples of 16 (`bfloat16`) or 32 (`int8`) fill them.
+
+# %% [markdown]
 # ## Shapes the block does not divide
 #
 # With `grid = pl.cdiv(n, block)` the last block hangs over the edge of the array
 # ([Grids and BlockSpecs](https://docs.jax.dev/en/latest/pallas/grid_blockspec.html)). Pallas
 # still hands the kernel a full block: values read beyond the array are unspecified, and
-# values written beyond it are dropped. An elementwise kernel is therefore correct as it
-# stands — the garbage lands only in dropped positions.
+# values written beyond it are dropped.
+#
+# An elementwise kernel is therefore correct as it stands: the garbage lands only in dropped
+# positions.
 
 # %%
 xr = jax.random.normal(keys[2], (200, 384), jnp.float32)
@@ -143,9 +164,12 @@ _course.check(LESSON, "tiled_add_ragged", tiled_add, lambda a, b: a + b, (xr, yr
 
 # %% [markdown]
 # A kernel that *combines* elements across the block is different: the garbage joins the
-# result. Column sums over 128-row blocks of a 200-row array show it — interpret mode fills
-# the overhang with NaN, so the second block's partial sums are NaN. The fix is a mask built
-# from the block's position: `program_id` times the block size plus a row iota.
+# result. Column sums over 128-row blocks of a 200-row array show it.
+#
+# Both interpreters fill the overhang with NaN (integers: the dtype's minimum with
+# `interpret=True`, its maximum in TPU interpret mode), so the second block's partial sums are
+# NaN. The fix is a mask built from the block's position: `program_id` times the block size
+# plus a row iota.
 
 # %%
 ROWS = 128
@@ -183,6 +207,49 @@ _course.check(LESSON, "column_sums_masked", lambda a, interpret: column_sums(
 # %% [markdown]
 # On compiled backends the overhang holds unspecified values rather than NaN, so the
 # unmasked kernel may silently look right for one input and wrong for the next.
+
+# %% [markdown]
+# ## Out-of-bounds reads inside the kernel
+#
+# The overhang is one kind of bad read; the other is a kernel indexing past the end of its own
+# Ref, for example with `pl.ds(start, size)` and a `start` computed from `program_id`. The two
+# interpreters disagree here:
+#
+# * `interpret=True` evaluates the slice as `lax.dynamic_slice`, which *clamps* the start so
+#   the slice fits: the kernel silently reads the wrong rows;
+# * TPU interpret mode raises, because `InterpretParams(out_of_bounds_reads="raise")` is the
+#   default; `"uninitialized"` returns NaN for the missing part instead.
+#
+# (An out-of-bounds slice with a static start fails at trace time in both.)
+
+# %%
+def shifted_rows_kernel(x_ref, o_ref):
+    # Step 1 asks for rows 120..135 of a 128-row Ref: 8 rows past the end.
+    o_ref[...] = x_ref[pl.ds(pl.program_id(0) * 120, 16), :]
+
+
+def shifted_rows(x, interpret):
+    return pl.pallas_call(
+        shifted_rows_kernel,
+        grid=(2,),
+        out_specs=pl.BlockSpec((16, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((32, 128), x.dtype),
+        interpret=interpret,
+    )(x)
+
+
+rows_iota = jnp.broadcast_to(jnp.arange(128, dtype=jnp.float32)[:, None], (128, 128))
+clamped = shifted_rows(rows_iota, interpret=True)
+print("interpret=True, step 1 read rows:", clamped[16:, 0].astype(int).tolist())
+logging.disable(logging.ERROR)  # JAX also logs the failing callback's traceback; skip it
+try:
+    shifted_rows(rows_iota, interpret=pltpu.InterpretParams())
+except Exception as err:  # noqa: BLE001 - the interpreter's IndexError arrives wrapped
+    print("TPU interpret mode raised:",
+          next(line for line in str(err).splitlines() if "Out-of-bounds" in line).strip())
+    pltpu.reset_tpu_interpret_mode_state()
+finally:
+    logging.disable(logging.NOTSET)
 
 # %% [markdown]
 # ## A tiled matmul
@@ -276,6 +343,8 @@ fig.tight_layout()
 #    `(100, 384)`?
 # 4. Why is the unmasked column-sum wrong while the ragged add is right?
 # 5. In the panel matmul with `j` innermost, which operand's traffic does `bm` control?
+# 6. A kernel slices 8 rows past the end of its Ref with a `program_id`-dependent start. What
+#    does each interpreter do?
 #
 # <details><summary>Answer</summary>
 #
@@ -287,5 +356,7 @@ fig.tight_layout()
 # 4. The add only writes the overhang, and those writes are dropped. The sum mixes overhang
 #    values into in-bounds results.
 # 5. `B`'s: it is read once per row panel, `M / bm` times.
+# 6. `interpret=True` clamps the start and silently returns other rows; TPU interpret mode
+#    raises an out-of-bounds error (or returns NaN with `out_of_bounds_reads="uninitialized"`).
 #
 # </details>

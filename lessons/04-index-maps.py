@@ -288,11 +288,18 @@ print(kernelsim.trace(functools.partial(matmul, interpret=True), a2, b2).summary
 # ## What "parallel" promises
 #
 # Declaring an axis `"parallel"` promises that its steps are independent — any order, or
-# split over several cores, gives the same result. On TPUs with two TensorCores per chip
-# behind one device (megacore, e.g. v4 and v5p) the compiler may shard parallel axes across
-# them; `"arbitrary"` axes run in order on one core. TPU interpret mode in jax 0.10.2 also
-# requires the parallel axes to come first in the grid. See
-# [TPU details](https://docs.jax.dev/en/latest/pallas/tpu/details.html).
+# split over several cores, gives the same result
+# ([TPU details](https://docs.jax.dev/en/latest/pallas/tpu/details.html), "Multicore TPU
+# configurations").
+#
+# * On megacore chips — two TensorCores behind one JAX device; `tpu_info.py` in jax 0.10.2
+#   lists v4 and v5p — the compiler may split a parallel axis between the two cores.
+# * On one-core chips (v5e, v6e) the grid still runs in order, so a false `"parallel"` goes
+#   unnoticed there — until the kernel runs on a megacore chip.
+# * `"arbitrary"` axes always run in order on one core.
+#
+# The docs describe `dimension_semantics` as some parallel axes followed by arbitrary ones;
+# TPU interpret mode in jax 0.10.2 enforces that order with a `ValueError`.
 #
 # The promise is yours to keep. TPU interpret mode tests it: it visits the indices of each
 # parallel axis in a shuffled order (seeded by `InterpretParams(random_seed=...)`). Declare

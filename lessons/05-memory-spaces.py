@@ -59,8 +59,12 @@ print("kernels in this lesson run:", tpu_run.label)
 # * **VMEM** — vector memory on the TensorCore, 16 to 128 MiB depending on the generation;
 #   the kernel's vector and matrix operations take their operands from here. BlockSpec'd
 #   operands are copied here by default.
-# * **SMEM** — scalar memory: small, read by the scalar unit that runs the control flow and
-#   computes addresses. Use it for indices, counts and per-block constants.
+# * **SMEM** — scalar memory: small (1 MiB per core on v4 and later in `tpu_info.py`), read
+#   and written 32 bits at a time by the scalar unit that runs the control flow and computes
+#   addresses. The TPU details page's rule of thumb: data that decides control flow goes here.
+#
+# The compiler also caps how much VMEM one kernel may use, below the capacity;
+# `pltpu.CompilerParams(vmem_limit_bytes=...)` raises that cap for a kernel.
 #
 # Sizes per TensorCore, as kernelsim's chip table records them (from `tpu_info.py` in
 # jax 0.10.2, HBM bandwidth from Google Cloud's pages):
@@ -178,11 +182,12 @@ print(t)
 # `pl.BlockSpec(memory_space=pl.ANY)` tells Pallas not to pipeline an operand: the kernel gets
 # a Ref to the array where it already is (HBM, on TPU). The TPU lowering in jax 0.10.2 accepts
 # such operands only whole — block shape equal to the array, trivial index map. Moving data is
-# then the kernel's job:
+# then the kernel's job
+# ([TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html)):
 #
 # * `pltpu.make_async_copy(src_ref, dst_ref, sem)` describes a DMA;
-# * `.start()` issues it and returns at once; `.wait()` blocks until the semaphore says it
-#   has landed;
+# * `.start()` issues it and returns at once; `.wait()` blocks until the copy has signalled
+#   its semaphore, i.e. until the data has landed;
 # * `pltpu.SemaphoreType.DMA((2,))` in `scratch_shapes` allocates two DMA semaphores.
 #
 # The kernel below sums 64-row chunks of `x`, double buffering by hand: while it adds chunk
@@ -238,7 +243,9 @@ _course.check(LESSON, "chunk_sum_manual_dma", chunk_sum, chunk_sum_reference, (x
 
 # %% [markdown]
 # TPU interpret mode really performs these DMAs and blocks on the semaphores, so a kernel that
-# waits on a semaphore nobody signals hangs here just as it would on a chip. Its
+# waits on a semaphore nobody signals hangs here just as it would on a chip. By default
+# (`dma_execution_mode="on_wait"`) it moves a copy's data only when someone waits for it, the
+# latest moment a chip could; `"eager"` moves it at `.start()`. Its
 # `InterpretParams(detect_races=True)` option adds a race detector that prints a message when
 # a buffer is read and written without an ordering between the two. The run below uses it on
 # the correct kernel; nothing is reported.
@@ -274,7 +281,8 @@ for warning in kernelsim.trace(functools.partial(chunk_sum, interpret=True), x).
 #   are the usual example);
 # * you want copies further ahead than the grid pipeline's two buffers (for the grid's
 #   pipeline, the jax 0.10.2 TPU lowering accepts `pl.Buffered(buffer_count)` only with 1 or
-#   2 buffers);
+#   2 buffers and rejects lookahead; `pltpu.emit_pipeline`, a pipeline built inside the
+#   kernel, accepts lookahead and more than two buffers for inputs);
 # * only part of an operand is needed, or the same bytes go to several places.
 #
 # Manual DMAs are also where new bugs live: forgetting a `.wait()`, overwriting a buffer that

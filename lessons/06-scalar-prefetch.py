@@ -66,6 +66,9 @@ def show(rows):
 #
 # * every index map is called as `index_map(*grid_indices, *prefetch_refs)`;
 # * the kernel receives `(*prefetch_refs, *input_refs, *output_refs, *scratch_refs)`.
+#
+# Those arrays get no BlockSpec: each sits whole in SMEM for the entire call, so together they
+# must fit in it (1 MiB per core on current chips, lesson 5).
 
 # %% [markdown]
 # ## Embedding-row gather

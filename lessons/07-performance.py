@@ -138,8 +138,9 @@ _course.check(LESSON, "matmul_256x128x256", functools.partial(matmul, bm=256, bk
 # Step `(i, j, k)` multiplies a `bm × bk` block by a `bk × bn` block: `2·bm·bk·bn` FLOPs for
 # `(bm·bk + bk·bn)·s` bytes of input (`s` bytes per element). For square blocks `b` that is
 # `b / s` FLOP/B — 64 for `bfloat16` 128-blocks, far below v5e's ridge of about 240. kernelsim
-# computes the whole call's intensity from its counted bytes; for the square cases it agrees
-# with `b / s` once `K / bk > 1`, since the output's bytes are then small.
+# computes the whole call's intensity from all counted bytes, the output's included, so its
+# value sits a little below `b / s`: the output is written once, while the inputs are read
+# `n / b` times.
 
 # %%
 n = 4096

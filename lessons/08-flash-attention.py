@@ -123,6 +123,11 @@ print("online softmax over 64-key blocks equals the full softmax")
 # `pl.when` initialises them at the first key/value step and writes `acc / denom` at the last.
 # The head axis is squeezed out of the blocks with `None`. VMEM scratch and
 # `pltpu.CompilerParams` make this kernel **TPU-only**.
+#
+# `m` and `denom` are `(bq, 1)` here for clarity. On TPU a trailing dimension of 1 still
+# occupies whole 128-lane tiles (TPU details, "Array Layouts"), so the kernel that ships with
+# JAX (`jax.experimental.pallas.ops.tpu.flash_attention`) keeps them `(bq, 128)`, the value
+# repeated across lanes.
 
 # %%
 def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref):
@@ -180,8 +185,8 @@ _course.check(LESSON, "flash_attention_grid", flash_attention, attention_referen
 # block, receives the whole of this head's `K` and `V`, and walks them in `bkv` slices with
 # `pl.ds`. No scratch and no TPU compiler parameters are needed — the running values are loop
 # carries — so this version is also a candidate for the GPU lowering. The price: `K` and `V`
-# for a head must fit on chip at once, and on TPU the loop is unrolled at compile time
-# (lesson 1), so the trip count must stay small.
+# for a head must fit on chip at once. On TPU the jax 0.10.2 lowering turns the `fori_loop`
+# into a real loop, unrolled only as far as `unroll=` asks (lesson 1).
 
 # %%
 def flash_loop_kernel(q_ref, k_ref, v_ref, o_ref, *, bkv):
@@ -229,10 +234,15 @@ _course.check(LESSON, "flash_attention_loop", flash_attention_loop, attention_re
 #
 # For kernel 1 with `kv` innermost, each `(head, query block)` pair reads its `Q` block once
 # and writes its output once, but reads all of `K` and `V`. Per head that is
-# `s·(2·N·d + 2·N²·d / bq)` bytes, `s` bytes per element. The FlashAttention paper (Dao et al.,
-# 2022) proves that with `M` elements of fast memory an exact attention needs
-# `Θ(N²·d² / M)` HBM accesses, and that no exact algorithm does asymptotically better for every
-# `M` between `d` and `N·d`. Choosing `bq` proportional to `M / d` gives exactly that term.
+# `s·(2·N·d + 2·N²·d / bq)` bytes, `s` bytes per element.
+#
+# The FlashAttention paper (Dao et al., 2022, arXiv:2205.14135) counts, for `M` elements of
+# fast memory with `d ≤ M ≤ N·d`: standard attention makes `Θ(N·d + N²)` HBM accesses,
+# FlashAttention `Θ(N²·d² / M)` (Theorem 2). Its Proposition 3 is the lower bound: no exact
+# attention algorithm makes `o(N²·d² / M)` accesses for every `M` in that range.
+#
+# Our count has the same shape: with `bq` proportional to `M / d`, the re-read term
+# `2·N²·d / bq` becomes proportional to `N²·d² / M`.
 # kernelsim counts the blocks the pipeline actually moves for `N = 4096`, `d = 128`, `bfloat16`,
 # one head:
 
@@ -293,8 +303,8 @@ fig.tight_layout()
 #    by `exp` of a different offset and the result would be wrong.
 # 3. Its steps update shared state (`m`, `denom`, `acc`) in order; the first step initialises it
 #    and the last writes the output.
-# 4. In loop carries — values the compiler keeps on chip. The whole of one head's `K` and `V`
-#    must fit on chip, and on TPU the loop is unrolled, so the trip count must stay modest.
+# 4. In loop carries — values the compiler keeps in registers or VMEM. The whole of one head's
+#    `K` and `V` must fit in VMEM at once (twice, with the default double buffering).
 # 5. Nothing: `K` and `V` are still read once per query block. Only the step count halves.
 #
 # </details>
