@@ -35,6 +35,7 @@ import re
 import _course
 import jax
 import jax.numpy as jnp
+import matplotlib.pyplot as plt
 import numpy as np
 from jax.experimental import pallas as pl
 
@@ -101,10 +102,35 @@ print(f"ratio: {accessed / unavoidable:.1f}x; one N x N f32 matrix alone is {N *
 assert accessed > 2 * unavoidable
 
 # %% [markdown]
-# Doubling `N` quadruples the square term while the unavoidable term only doubles. No fusion
-# removes it, because removing it means a *different algorithm*: computing the softmax in
-# pieces, keeping running maxima and sums (lesson 8). Changing algorithms is the programmer's
-# job, and the kernel is where the programmer does it.
+# Doubling `N` quadruples the square term while the unavoidable term only doubles. The plot
+# asks XLA for its estimate at four sequence lengths (compiling only; nothing runs).
+
+# %%
+lengths = [256, 512, 1024, 2048]
+estimated, linear, square_bytes = [], [], []
+for n in lengths:
+    arg = jax.ShapeDtypeStruct((n, D), jnp.float32)
+    estimated.append(jax.jit(naive_attention).lower(arg, arg, arg).compile()
+                     .cost_analysis()["bytes accessed"])
+    linear.append(4 * n * D * 4)
+    square_bytes.append(n * n * 4)
+
+fig, ax = plt.subplots(figsize=(5.5, 3.2))
+ax.plot(lengths, estimated, marker="o", label="XLA's \"bytes accessed\" (CPU)")
+ax.plot(lengths, square_bytes, linestyle="--", label="one N × N f32 matrix")
+ax.plot(lengths, linear, linestyle=":", color="black", label="q, k, v, output once")
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xlabel("N (sequence length), d = 64")
+ax.set_ylabel("bytes")
+ax.set_title("naive attention: memory traffic grows like N²")
+ax.legend(fontsize=8)
+fig.tight_layout()
+
+# %% [markdown]
+# No fusion removes the square term, because removing it means a *different algorithm*:
+# computing the softmax in pieces, keeping running maxima and sums (lesson 8). Changing
+# algorithms is the programmer's job, and the kernel is where the programmer does it.
 
 # %% [markdown]
 # ## The escape hatches before Pallas

@@ -28,12 +28,15 @@
 # Matching exercises: [`../exercises/`](../exercises/).
 
 # %%
+import functools
+
 import _course
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
+import kernelsim
 from kernelsim.backend import choose
 
 LESSON = "02-first-kernel"
@@ -138,6 +141,16 @@ def scaled_add_reference(x, y):
 
 _course.check(LESSON, "scaled_add", scaled_add, scaled_add_reference, (x, y), run,
               rtol=1e-6, atol=1e-6)
+
+# %% [markdown]
+# A picture of the same thing: kernelsim can run the kernel body at every grid step and record
+# which elements of each Ref it touched (`record_access=True`). At step 2 the program writes
+# only columns 256–383 of the output, although its Ref covers all 512.
+
+# %%
+t_scaled = kernelsim.trace(functools.partial(scaled_add, interpret=True), x, y,
+                           record_access=True)
+t_scaled.access_figure(2, "o_ref")
 
 # %% [markdown]
 # ## A kernel that forgets to write

@@ -105,6 +105,15 @@ t_add = kernelsim.trace(functools.partial(tiled_add, interpret=True), x, y,
 print(t_add.summary(steps=2))
 
 # %% [markdown]
+# The same step as a picture: step 5 of the `(2, 4)` grid, grid point `(1, 1)` (the header
+# counts steps from 1). Each operand is drawn as its HBM array cut into blocks, the block in
+# use coloured by what the pipeline does with it. Below, the two VMEM buffers per operand: one
+# the kernel uses now, one being filled for the next step (or drained, for the output).
+
+# %%
+t_add.figure(5)
+
+# %% [markdown]
 # Every input block is fetched once and every output block written once, so the HBM traffic is
 # the three arrays' bytes: an elementwise kernel cannot do better. Its on-chip footprint is
 # `3 operands × 2 buffers × 128·128·4 B`, independent of the array size.
@@ -292,6 +301,12 @@ print(t_mm.summary(steps=3))
 # %% [markdown]
 # Look at `a_ref` in the step table: at steps 0 and 1 its block index is `(0, 0)` both times,
 # so the second step *skips* the copy. `b_ref` changes every step and is fetched every step.
+#
+# The heatmap counts copies per block over the whole run: each row panel of `A` once, each
+# column panel of `B` once per row panel (twice here), each output block once.
+
+# %%
+t_mm.heatmap()
 
 # %% [markdown]
 # ## Block size versus traffic
@@ -332,6 +347,24 @@ fig.tight_layout()
 # The footprint column is why block size is a trade-off: at `bm = 1024` the double-buffered
 # panels of a 1024-wide `K` already take megabytes of VMEM. Splitting `K` as well (next
 # lesson) keeps the footprint bounded for any `K`.
+
+# %% [markdown]
+# ## Players for the website
+#
+# The course website animates some kernels' block traffic with kernelsim's HTML player. Each
+# `player_*` function returns `(fn, args)` for `kernelsim.trace(fn, *args)`; `PLAYERS` lists
+# them. In JupyterLab, `kernelsim.trace(fn, *args).widget()` steps through the same schedule.
+
+# %%
+def player_tiled_add():
+    return functools.partial(tiled_add, interpret=True), (x, y)
+
+
+def player_panel_matmul():
+    return functools.partial(panel_matmul, interpret=True), (a, b)
+
+
+PLAYERS = ["player_tiled_add", "player_panel_matmul"]
 
 # %% [markdown]
 # ## Check yourself

@@ -230,6 +230,15 @@ for j_inner in (True, False):
 show(rows)
 
 # %% [markdown]
+# `kernelsim.compare` draws the two orders side by side: cumulative HBM bytes as the grid
+# advances, and the roofline estimate of each on a TPU v5e.
+
+# %%
+orders = [kernelsim.trace(functools.partial(panel_matmul, j_inner=j_inner, interpret=True),
+                          a, b, chip="tpu-v5e") for j_inner in (True, False)]
+kernelsim.compare(*orders, labels=["j innermost", "i innermost"]).figure()
+
+# %% [markdown]
 # With `i` innermost, `B` (the small operand) is re-read instead of `A`, and the traffic drops.
 # The rule behind it is the pipeline's: a block whose index is the same at two consecutive
 # steps is not copied again. Only *consecutive* steps count — a block that comes back later is
@@ -325,6 +334,24 @@ try:
            interpret=pltpu.InterpretParams())
 except ValueError as err:
     print("ValueError:", err)
+
+# %% [markdown]
+# ## Players for the website
+#
+# The course website animates some kernels' block traffic with kernelsim's HTML player. Each
+# `player_*` function returns `(fn, args)` for `kernelsim.trace(fn, *args)`; `PLAYERS` lists
+# them. In JupyterLab, `kernelsim.trace(fn, *args).widget()` steps through the same schedule.
+
+# %%
+def player_bias_add():
+    return functools.partial(bias_add, j_inner=False, interpret=True), (x, bias)
+
+
+def player_matmul_k_arbitrary():
+    return functools.partial(matmul, interpret=True), (a2, b2)
+
+
+PLAYERS = ["player_bias_add", "player_matmul_k_arbitrary"]
 
 # %% [markdown]
 # ## Check yourself

@@ -174,7 +174,11 @@ print(t)
 
 # %% [markdown]
 # The accumulator row says `scratch`, `vmem`, one buffer and no HBM traffic: scratch never
-# leaves the chip.
+# leaves the chip. The step figure shows the footprint: two VMEM buffers for each pipelined
+# block and a single one for the accumulator, which no copy ever touches.
+
+# %%
+t.figure(5)
 
 # %% [markdown]
 # ## `pl.ANY`: leave it in HBM, copy it yourself

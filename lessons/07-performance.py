@@ -169,6 +169,16 @@ show(rows)
 print(V5E.per_step_seconds, "s per step;", V5E.sources[2])
 
 # %% [markdown]
+# kernelsim's timeline of a `1024³` matmul with 128-blocks shows it. The top plot is the bytes
+# each of the 512 steps moves; the bar below is the roofline estimate on a v5e, where the
+# per-step overhead is larger than the memory and the compute time together.
+
+# %%
+square_1024 = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
+kernelsim.trace(functools.partial(matmul, interpret=True), square_1024, square_1024,
+                chip="tpu-v5e").timeline()
+
+# %% [markdown]
 # ## A block-size sweep, against the published table
 #
 # The TPU matmul guide times `bfloat16` matmuls on a TPU v5e and reports the percentage of

@@ -284,6 +284,38 @@ fig.tight_layout()
 # Traffic falls like `1 / bq` — doubling the query block halves the `K`/`V` re-reads — until
 # it nears the compulsory `4·N·d` elements. The key/value block size does not appear: `bkv`
 # changes how many steps there are, not how often each byte moves.
+#
+# Where the re-reads happen is clearer per block. For `N = 1024`, `bq = 256`, `bkv = 128`,
+# each `Q` block and each output block moves once, and every `K` and `V` block `N / bq = 4`
+# times, once per query block.
+
+# %%
+shape_1k = jax.ShapeDtypeStruct((1, 1024, DB), jnp.bfloat16)
+t_flash = kernelsim.trace(functools.partial(flash_attention, bq=256, bkv=128, interpret=True),
+                          shape_1k, shape_1k, shape_1k, chip="tpu-v5e")
+t_flash.heatmap()
+
+# %% [markdown]
+# One step in the middle of the run, `(head 0, query block 1, key block 3)`: the `Q` block and
+# the output block stay put while `K` and `V` stream past, and the three scratch buffers hold
+# `m`, `denom` and `acc`.
+
+# %%
+t_flash.figure(11)
+
+# %% [markdown]
+# ## Players for the website
+#
+# The course website animates some kernels' block traffic with kernelsim's HTML player. Each
+# `player_*` function returns `(fn, args)` for `kernelsim.trace(fn, *args)`; `PLAYERS` lists
+# them. In JupyterLab, `kernelsim.trace(fn, *args).widget()` steps through the same schedule.
+
+# %%
+def player_flash_attention():
+    return functools.partial(flash_attention, interpret=True), (q, k, v)
+
+
+PLAYERS = ["player_flash_attention"]
 
 # %% [markdown]
 # ## Check yourself

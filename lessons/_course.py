@@ -24,6 +24,26 @@ from kernelsim.backend import Execution, platform
 RECORD_ENV = "PALLAS_COURSE_RECORD"
 
 
+def _inline_figures() -> None:
+    """Let a bare matplotlib ``Figure`` (what kernelsim's views return) display as a PNG when
+    it ends a notebook cell.
+
+    The inline backend registers its PNG formatter for ``Figure`` only once pyplot has loaded
+    the backend module, which normally happens at the first ``plt.subplots()``. Load it now.
+    Outside a notebook (a script, the Agg backend) this does nothing.
+    """
+    import matplotlib
+
+    backend = matplotlib.get_backend()
+    if "inline" in backend:
+        import matplotlib.pyplot as plt
+
+        plt.switch_backend(backend)
+
+
+_inline_figures()
+
+
 def _run(fn: Callable, args: tuple) -> Any:
     return jax.block_until_ready(fn(*args))
 
