@@ -14,6 +14,7 @@ import numpy as np
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.ticker import MaxNLocator
 
 from kernelsim.schedule import ACTIONS, FETCH, WRITEBACK
 from kernelsim.views import palette as pal
@@ -368,6 +369,8 @@ def heatmap(t: Trace, call: int = 0, counts: bool = True) -> Figure:
         ax.set_xlabel("block col", fontsize=7)
         ax.set_ylabel("block row", fontsize=7)
         ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # block coordinates are ints
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         if counts and grid.shape[0] <= 32 and grid.shape[1] <= 32:
             top = grid.max() or 1
             for (i, j), n in np.ndenumerate(grid):
