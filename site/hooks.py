@@ -513,11 +513,30 @@ def _doc_md(doc: str | None) -> str:
     return "\n\n".join(out)
 
 
+class _Raw(str):
+    """An annotation kept as text (``from __future__ import annotations``), shown unquoted."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def _signature(obj: Any) -> str:
     try:
-        return str(inspect.signature(obj))
+        sig = inspect.signature(obj)
     except (TypeError, ValueError):
         return "(...)"
+
+    def raw(a):
+        return _Raw(a) if isinstance(a, str) else a
+
+    sig = sig.replace(parameters=[p.replace(annotation=raw(p.annotation))
+                                  for p in sig.parameters.values()],
+                      return_annotation=raw(sig.return_annotation))
+    return str(sig)
+
+
+def _code(text: str) -> str:
+    return f"```python\n{text}\n```"
 
 
 def _members(cls: type) -> list[tuple[str, Any]]:
@@ -550,9 +569,10 @@ def api_md() -> str:
             if inspect.isclass(obj):
                 kind = "exception" if issubclass(obj, BaseException) else "class"
                 sig = "" if kind == "exception" else _signature(obj)
-                lines += [f"### {kind} `{name}{sig}` {{#{anchor}}}", "",
-                          _doc_md(obj.__doc__) if obj.__doc__ and not
-                          obj.__doc__.startswith(f"{name}(") else "", ""]
+                doc = obj.__doc__ if obj.__doc__ and not obj.__doc__.startswith(f"{name}(") \
+                    else ""
+                lines += [f"### {kind} `{name}` {{#{anchor}}}", "",
+                          _code(f"{kind} {name}{sig}"), "", _doc_md(doc), ""]
                 for mname, member in _members(obj):
                     if isinstance(member, property):
                         lines += [f"- **`{mname}`** (property)"
@@ -565,8 +585,8 @@ def api_md() -> str:
                                   + (f"\n\n    {doc}\n" if doc else "")]
                 lines.append("")
             else:
-                lines += [f"### `{name}{_signature(obj)}` {{#{anchor}}}", "",
-                          _doc_md(obj.__doc__), ""]
+                lines += [f"### `{name}` {{#{anchor}}}", "", _code(f"{name}{_signature(obj)}"),
+                          "", _doc_md(obj.__doc__), ""]
     lines += chips_md()
     lines += cli_md()
     return "\n".join(lines) + "\n"

@@ -13,8 +13,7 @@ LESSONS = sorted((REPO / "lessons").glob("[0-9][0-9]-*.py"))
 # Lessons whose rendered outputs hold no figure yet. Each entry is an expected failure with
 # strict=True: once the lesson draws a figure the test passes, fails as XPASS, and the entry
 # must go. A lesson missing from this list must show a figure.
-FIGURES_PENDING = {"01-why-pallas", "02-first-kernel", "04-index-maps", "05-memory-spaces",
-                   "06-scalar-prefetch"}
+FIGURES_PENDING: set[str] = set()
 
 
 def test_home_to_a_lesson_through_the_navigation(watched, base_url):
