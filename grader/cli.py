@@ -32,7 +32,8 @@ def _build_parser() -> argparse.ArgumentParser:
     a.add_argument("--resume", action="store_true", help="skip submissions already graded")
     f = sub.add_parser("feedback", help="HTML feedback without hidden tests")
     f.add_argument("assignment", nargs="?")
-    e = sub.add_parser("export", help="grades CSV (nbgrader's columns plus status)")
+    e = sub.add_parser("export", help="grades CSV (nbgrader's columns plus status "
+                       "and reason)")
     e.add_argument("--to", type=Path, required=True)
     k = sub.add_parser("check", help="run a notebook's visible tests in a fresh kernel")
     k.add_argument("notebook", type=Path)

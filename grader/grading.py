@@ -94,7 +94,10 @@ def collect(root: Path, path: Path, log=print) -> dict:
             for m in zf.infolist():
                 if m.is_dir() or m.filename.startswith("/") or ".." in Path(m.filename).parts:
                     continue
-                zf.extract(m, tmp.name)
+                target = zf.extract(m, tmp.name)
+                # keep the zip's own date: it is the submission time written to timestamp.txt
+                t = time.mktime((*m.date_time, 0, 0, -1))
+                os.utime(target, (t, t))
         base = Path(tmp.name)
         subs = [p for p in base.iterdir() if p.is_dir() and not p.name.startswith("__")]
         # a zip of one top folder holding the students
@@ -218,7 +221,9 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float) -> dict
                                                  str(res.get("error") or "")[:500]),
                        log=log[-3000:])
         elif res.get("timeouts"):
-            rec.update(status="timeout", detail=f"{res['timeouts']} cell(s) ran out of time")
+            cells = res["timeouts"]
+            rec.update(status="timeout", detail=f"{len(cells)} cell(s) ran past the per-cell time "
+                       f"limit and were interrupted: {', '.join(cells)}")
         else:
             rec.update(status="graded")
     rec["seconds"] = round(time.monotonic() - t0, 2)
@@ -316,6 +321,7 @@ def export(root: Path, to: Path, log=print) -> Path:
                                                           "max_score"]
     for row in rows:
         st = read_status(root, row["assignment"], row["student_id"])
+        row["reason"] = (st or {}).get("detail", "")
         if st:
             row["status"] = st["status"]
         elif row.get("timestamp") in ("", "None", None) and float(row.get("score") or 0) == 0:
@@ -327,10 +333,11 @@ def export(root: Path, to: Path, log=print) -> Path:
         st = json.loads(st_file.read_text())
         if (st["student"], st["assignment"]) not in seen:  # never reached the gradebook
             rows.append({**{k: "" for k in fields}, "assignment": st["assignment"],
-                         "student_id": st["student"], "score": 0, "status": st["status"]})
+                         "student_id": st["student"], "score": 0, "status": st["status"],
+                         "reason": st.get("detail", "")})
     to.parent.mkdir(parents=True, exist_ok=True)
     with to.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[*fields, "status"])
+        w = csv.DictWriter(f, fieldnames=[*fields, "status", "reason"])
         w.writeheader()
         w.writerows(rows)
     log(f"exported {len(rows)} row(s) to {to}")
@@ -359,15 +366,22 @@ def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.source = pat.sub("", cell.source)
+            # outputs saved by the learner's own run must not read as this run's verdict
+            cell.outputs, cell.execution_count = [], None
+    dead = False
     with tempfile.TemporaryDirectory() as d:
         report = Path(d) / "report.jsonl"
         old = {k: os.environ.get(k) for k in ("PALLAS_COURSE_REPORT",)}
         os.environ["PALLAS_COURSE_REPORT"] = str(report)
         try:
             client = nbclient.NotebookClient(nb, timeout=timeout, allow_errors=True,
-                                             kernel_name="python3",
+                                             interrupt_on_timeout=True, kernel_name="python3",
                                              resources={"metadata": {"path": str(path.parent)}})
-            client.execute()
+            try:
+                client.execute()
+            except nbclient.exceptions.DeadKernelError:
+                # the cells after the one that killed the kernel never ran: they count as failed
+                dead = True
         finally:
             for k, v in old.items():
                 if v is None:
@@ -386,6 +400,9 @@ def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
         if errs:
             failures += 1
             log(f"FAIL  {gid}: {errs[0].get('ename')}: {errs[0].get('evalue')}")
+        elif cell.get("execution_count") is None:
+            failures += 1
+            log(f"FAIL  {gid}: not run (the kernel died or the notebook stopped before it)")
         else:
             log(f"pass  {gid}")
     for r in records:
@@ -395,6 +412,8 @@ def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
                 log(f"  {line}")
         if r.get("kernelsim"):
             log(f"{r['task']}: kernelsim\n{r['kernelsim']}")
-    log(f"\n{len(graded) and sum(1 for c in graded if 'course.check(' in c.source) - failures} "
-        f"passed, {failures} failed")
+    checked = sum(1 for c in graded if "course.check(" in c.source)
+    if dead:
+        log("\nthe kernel died while the notebook ran (os._exit, a crash or out of memory)")
+    log(f"\n{checked - failures} passed, {failures} failed")
     return 1 if failures else 0

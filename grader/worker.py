@@ -78,17 +78,20 @@ def load(root: Path):
     return cfg, coursedir, NbGraderAPI(coursedir, config=cfg)
 
 
-def _timeouts(path: Path) -> int:
+def _timeouts(path: Path) -> list[str]:
+    """The cells of an autograded notebook whose execution ran out of time (grade id or #index)."""
     try:
         nb = json.loads(path.read_text())
     except Exception:  # noqa: BLE001
-        return 0
-    n = 0
-    for cell in nb.get("cells", []):
-        for out in cell.get("outputs", []):
-            if out.get("output_type") == "error" and "Timeout" in str(out.get("ename", "")):
-                n += 1
-    return n
+        return []
+    out = []
+    for i, cell in enumerate(nb.get("cells", [])):
+        for o in cell.get("outputs", []):
+            if o.get("output_type") == "error" and "Timeout" in str(o.get("ename", "")):
+                gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+                out.append(f"{path.name}:{gid or f'cell #{i}'}")
+                break
+    return out
 
 
 def main(argv: list[str]) -> int:
@@ -114,7 +117,7 @@ def main(argv: list[str]) -> int:
         result.update(success=r["success"], error=r.get("error"), log=r.get("log", "")[-6000:])
         out_dir = root / "autograded" / s / a
         nbs = sorted(out_dir.glob("*.ipynb")) if out_dir.is_dir() else []
-        result["timeouts"] = sum(_timeouts(p) for p in nbs)
+        result["timeouts"] = [c for p in nbs for c in _timeouts(p)]
         result["notebooks"] = [p.name for p in nbs]
     elif job == "feedback":
         a = args[0]

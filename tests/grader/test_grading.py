@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
+import time
+import zipfile
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from grader import build, grading
+from grader import build, cli, grading
 
 REPO = Path(__file__).resolve().parents[2]
 FIRST_TASK = {
@@ -22,6 +25,10 @@ FIRST_TASK = {
     "04_memory_spaces": "matmul", "05_scalar_prefetch": "gather_rows",
     "06_performance": "fused_add_relu_mul", "07_flash_attention": "attention_scores",
 }
+
+
+# learner cells (solutions) get this many seconds in the test batch instead of 60
+LEARNER_CELL_TIMEOUT = 5
 
 
 def _append_to_solution(nb, grade_id: str, code: str):
@@ -63,11 +70,28 @@ def course(tmp_path_factory):
                              "add_solution", "add = lambda x, y: np.asarray(x) + np.asarray(y)")
     (subs / "numpy" / "01_first_kernel").mkdir(parents=True)
     nbformat.write(nb, subs / "numpy" / "01_first_kernel" / "first_kernel.ipynb")
+    # a solution cell that never ends (the per-cell timeout interrupts it) and one that kills
+    # its kernel: statuses timeout and crashed, the rest of the batch unaffected
+    for student, code in [("loop", "while True:\n    pass\n"),
+                          ("dies", "import os\nos._exit(1)\n")]:
+        (subs / student / "01_first_kernel").mkdir(parents=True)
+        nbformat.write(_append_to_solution(nbformat.read(root / "source" / "01_first_kernel" /
+                                                         "first_kernel.ipynb", as_version=4),
+                                           "add_solution", code),
+                       subs / student / "01_first_kernel" / "first_kernel.ipynb")
     (subs / "junk" / "01_first_kernel").mkdir(parents=True)
     (subs / "junk" / "01_first_kernel" / "first_kernel.ipynb").write_text("{not a notebook")
     (subs / "README.txt").write_text("stray")
     collected = grading.collect(root, subs, log=lambda *a: None)
-    results = grading.autograde(root, workers=2, progress=None, log=lambda *a: None)
+    old = os.environ.get("PALLAS_COURSE_CELL_TIMEOUT")
+    os.environ["PALLAS_COURSE_CELL_TIMEOUT"] = str(LEARNER_CELL_TIMEOUT)
+    try:
+        results = grading.autograde(root, workers=2, progress=None, log=lambda *a: None)
+    finally:
+        if old is None:
+            os.environ.pop("PALLAS_COURSE_CELL_TIMEOUT", None)
+        else:
+            os.environ["PALLAS_COURSE_CELL_TIMEOUT"] = old
     return {"root": root, "collected": collected,
             "results": {(r["student"], r["assignment"]): r for r in results}}
 
@@ -127,6 +151,44 @@ def test_feedback_and_export(course, tmp_path):
     assert st[("junk", "01_first_kernel")] == "malformed"
     assert st[("inst", "01_first_kernel")] == "graded"
     assert st[("numpy", "02_tiling")] == "missing"
+    reason = {(r["student_id"], r["assignment"]): r["reason"] for r in rows}
+    assert "add_solution" in reason[("loop", "01_first_kernel")]
+    assert st[("loop", "01_first_kernel")] == "timeout"
+    assert "kernel died" in reason[("dies", "01_first_kernel")]
+    assert st[("dies", "01_first_kernel")] == "crashed"
+    assert "not a valid notebook" in reason[("junk", "01_first_kernel")]
+
+
+def test_timeout_and_crash_do_not_stop_the_batch(course):
+    res = course["results"]
+    loop = res[("loop", "01_first_kernel")]
+    assert loop["status"] == "timeout"
+    assert "first_kernel.ipynb:add_solution" in loop["detail"]
+    # the per-cell timeout fired, not the 900 s one of the whole submission
+    assert loop["seconds"] < 120
+    dies = res[("dies", "01_first_kernel")]
+    assert dies["status"] == "crashed" and dies["detail"] == "the kernel died"
+    inst = res[("inst", "01_first_kernel")]
+    assert inst["status"] == "graded" and inst["score"] == inst["max_score"] == 9
+
+
+def test_learner_cell_timeout_can_only_be_lowered(tmp_path):
+    from traitlets.config.loader import PyFileConfigLoader
+
+    def learner_timeout(value):
+        os.environ["PALLAS_COURSE_CELL_TIMEOUT"] = value
+        try:
+            cfg = PyFileConfigLoader("nbgrader_config.py",
+                                     path=str(REPO / "exercises")).load_config()
+        finally:
+            os.environ.pop("PALLAS_COURSE_CELL_TIMEOUT")
+        learner = {"metadata": {"timeout": 999, "nbgrader": {"solution": True}}}
+        test = {"metadata": {"timeout": 120, "nbgrader": {"grade": True, "locked": True}}}
+        return cfg.Execute.timeout_func(learner), cfg.Execute.timeout_func(test)
+
+    assert learner_timeout("5") == (5, 120)
+    assert learner_timeout("100000") == (60, 120)
+    assert learner_timeout("junk") == (60, 120)
 
 
 def test_build_rejects_bad_metadata(tmp_path):
@@ -139,3 +201,98 @@ def test_build_rejects_bad_metadata(tmp_path):
 def test_status_files_are_json(course):
     for p in (course["root"] / "status").rglob("*.json"):
         json.loads(p.read_text())
+
+
+def _filled_release(course, dest: Path, code_for: dict[str, str] | None = None) -> Path:
+    """The released 01_first_kernel folder, solution cells taken from the instructor source."""
+    shutil.copytree(course["root"] / "release" / "01_first_kernel", dest)
+    src = nbformat.read(course["root"] / "source" / "01_first_kernel" / "first_kernel.ipynb",
+                        as_version=4)
+    sol = {c.metadata["nbgrader"]["grade_id"]: c.source for c in src.cells
+           if c.metadata.get("nbgrader", {}).get("solution")}
+    nb = nbformat.read(dest / "first_kernel.ipynb", as_version=4)
+    for cell in nb.cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if code_for is not None and gid in code_for:
+            cell.source = sol[gid] + "\n" + code_for[gid]
+        elif gid in sol:
+            cell.source = sol[gid]
+    nbformat.write(nb, dest / "first_kernel.ipynb")
+    return dest / "first_kernel.ipynb"
+
+
+@pytest.fixture
+def learner_env(monkeypatch, tmp_path):
+    # a learner's machine: no course root, only the refs/ folder shipped with the assignment
+    monkeypatch.setenv("PALLAS_COURSE_ROOT", str(tmp_path / "no-course-here"))
+    monkeypatch.delenv("PALLAS_COURSE_REFS", raising=False)
+
+
+def test_check_instructor_solution_passes(course, tmp_path, capsys, learner_env):
+    nb = _filled_release(course, tmp_path / "a1")
+    assert cli.main(["check", str(nb)]) == 0
+    out = capsys.readouterr().out
+    for task in ("add", "elementwise", "leaky_relu"):
+        assert f"pass  {task}_visible" in out
+        assert f"{task}: structural check" in out
+        assert f"{task}: kernelsim" in out
+    assert "[ok  ] pallas_call reached" in out
+    assert "HBM traffic" in out
+    assert "3 passed, 0 failed" in out
+
+
+def test_check_blank_fails_and_names_the_task(course, tmp_path, capsys, learner_env):
+    shutil.copytree(course["root"] / "release" / "01_first_kernel", tmp_path / "a1")
+    assert cli.main(["check", str(tmp_path / "a1" / "first_kernel.ipynb")]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  add_visible: CheckFailed: add: not implemented yet" in out
+    assert "0 passed, 3 failed" in out
+    assert "BEGIN HIDDEN" not in out
+
+
+def test_check_dead_kernel_fails_the_rest(course, tmp_path, capsys, learner_env):
+    nb = _filled_release(course, tmp_path / "a1",
+                         {"elementwise_solution": "import os\nos._exit(1)"})
+    assert cli.main(["check", str(nb)]) == 1
+    out = capsys.readouterr().out
+    assert "pass  add_visible" in out
+    assert "FAIL  elementwise_visible: not run" in out
+    assert "kernel died" in out
+    assert "1 passed, 2 failed" in out
+
+
+def test_collect_from_zip(tmp_path):
+    root = tmp_path / "course"
+    (root / "source" / "01_first_kernel").mkdir(parents=True)
+    (root / "source" / "01_first_kernel" / "first_kernel.py").write_text("")
+    nb = nbformat.v4.writes(nbformat.v4.new_notebook())
+    when = (2026, 1, 2, 12, 30, 0)
+    z = tmp_path / "subs.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        for name, data in [
+            ("class/alice/01_first_kernel/first_kernel.ipynb", nb),
+            ("class/bob/01_first_kernel/first_kernel.ipynb", nb),
+            ("class/bob/01_first_kernel/notes.txt", "x"),
+            ("class/carol/99_unknown/first_kernel.ipynb", nb),
+            ("class/stray.txt", "stray"),
+            ("class/bad id!/01_first_kernel/first_kernel.ipynb", nb),
+            ("__MACOSX/class/alice/._first_kernel.ipynb", "x"),
+        ]:
+            zf.writestr(zipfile.ZipInfo(name, date_time=when), data)
+    res = grading.collect(root, z, log=lambda *a: None)
+    assert sorted(res["copied"]) == ["alice/01_first_kernel/first_kernel.ipynb",
+                                     "bob/01_first_kernel/first_kernel.ipynb"]
+    skipped = dict(res["skipped"])
+    assert skipped == {
+        "stray.txt": "not laid out <student>/<assignment>/<notebook>",
+        "bob/01_first_kernel/notes.txt": "not a notebook (.ipynb)",
+        "carol/99_unknown/first_kernel.ipynb": "unknown assignment '99_unknown'",
+        "bad id!/01_first_kernel/first_kernel.ipynb":
+            "student id 'bad id!' has unsupported characters",
+    }
+    dest = root / "submitted" / "alice" / "01_first_kernel"
+    assert nbformat.read(dest / "first_kernel.ipynb", as_version=4).cells == []
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(time.mktime((*when, 0, 0, -1))))
+    assert (dest / "timestamp.txt").read_text().startswith(stamp)
+    with pytest.raises(FileNotFoundError):
+        grading.collect(root, tmp_path / "nope.zip", log=lambda *a: None)
