@@ -660,6 +660,11 @@ def on_config(config):
     path = os.environ.get("PYTHONPATH", "")
     if str(LESSONS_DIR) not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(LESSONS_DIR), path) if p)
+    # mkdocs-jupyter resolves its cache_dir against the working directory, and lessons render
+    # with lessons/ as working directory (on_pre_page): pin the cache to the repository's root
+    jupyter = config["plugins"].get("mkdocs-jupyter")
+    if jupyter is not None and not os.path.isabs(jupyter.config["cache_dir"]):
+        jupyter.config["cache_dir"] = str(REPO / jupyter.config["cache_dir"])
     nav = config.get("nav")
     if nav:
         _fill_nav(nav, "Lessons", [{lesson.nav_title: lesson.src_uri} for lesson in ls])
