@@ -36,7 +36,10 @@ site: $(STAMP)
 test: $(STAMP) system-packages lint
 	$(PY) -m pytest
 
+# The student notebooks are generated (git-ignored): release them so the site links them
+# and JupyterLab opens them.
 start: $(STAMP) system-packages
+	$(PY) -m grader.cli release
 	$(PY) -m grader.cli serve
 
 clean:
