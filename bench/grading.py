@@ -1,6 +1,8 @@
 """Grading throughput: `pallas-course autograde` with 1 and 2 workers vs bare `nbgrader autograde`.
 
-20 submissions of assignment 01 (the instructor notebook under 20 student ids) in a temporary
+pallas-course runs each notebook in a jailed kernel and judges the test cells outside it; the
+bare run is nbgrader's own Execute on the same notebooks, unjailed, with the checks inside the
+kernel: the ratio is what isolation and the trusted verdict cost. 20 submissions of assignment 01 (the instructor notebook under 20 student ids) in a temporary
 course copy. Prints a table and writes bench/results/grading.json.
 """
 
@@ -22,6 +24,12 @@ sys.path.insert(0, str(REPO))
 from grader import grading  # noqa: E402
 
 N = int(os.environ.get("BENCH_SUBMISSIONS", "20"))
+BARE_CONFIG = """
+from nbgrader.preprocessors import Execute
+c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPreprocessor,
+                                       LimitOutput, SaveAutoGrades, AssignLatePenalties,
+                                       CheckCellMetadata]
+"""
 A = "01_first_kernel"
 
 
@@ -61,6 +69,9 @@ def main() -> None:
                          "throughput_per_min": round(60 * len(res) / wall, 1),
                          "graded": sum(r["status"] == "graded" for r in res)})
         root = fresh_course(tmp)
+        # bare: nbgrader's own Execute, so the kernel runs unjailed and checks itself
+        with (root / "nbgrader_config.py").open("a") as f:
+            f.write(BARE_CONFIG)
         env = grading._env(root)
         t0 = time.monotonic()
         subprocess.run([sys.executable, "-m", "nbgrader", "autograde", A, "--force"], cwd=root,

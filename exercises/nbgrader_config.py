@@ -7,8 +7,21 @@ starts nbgrader with this folder as the working directory.
 import os
 
 from grader.feedback_pp import ClearHiddenOutputs
-from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
-from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+from grader.trusted import RestoreTestCells, TrustedExecute
+from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
+from nbgrader.preprocessors import (
+    AssignLatePenalties,
+    CheckCellMetadata,
+    ClearHiddenTests,
+    ClearOutput,
+    DeduplicateIds,
+    GetGrades,
+    IgnorePattern,
+    LimitOutput,
+    OverwriteCells,
+    OverwriteKernelspec,
+    SaveAutoGrades,
+)
 
 c = get_config()  # noqa: F821 - provided by traitlets when this file is loaded
 
@@ -27,6 +40,16 @@ c.Exchange.path_includes_course = True
 # A deleted test cell is put back from the gradebook (and scores what it scores).
 c.OverwriteCells.add_missing_cells = True
 c.Autograde.create_student = True
+
+# Edited test-cell metadata is put back before nbgrader's OverwriteCells, which fails on it
+# (grader/trusted.py: RestoreTestCells). Otherwise nbgrader's default list.
+c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, RestoreTestCells,
+                                      OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
+# Learner code runs in a jailed kernel; test cells are judged in the grader's own process
+# (grader/trusted.py). Same list as nbgrader's default with Execute replaced.
+c.Autograde.autograde_preprocessors = [TrustedExecute, IgnorePattern, ClearMetadataPreprocessor,
+                                       LimitOutput, SaveAutoGrades, AssignLatePenalties,
+                                       CheckCellMetadata]
 
 # Feedback must not show the hidden tests (nbgrader#917, #1156, #1363).
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenOutputs, ClearHiddenTests,

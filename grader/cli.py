@@ -29,7 +29,8 @@ def _build_parser() -> argparse.ArgumentParser:
     a.add_argument("assignment", nargs="?")
     a.add_argument("--workers", type=int, default=1)
     a.add_argument("--timeout", type=float, default=900, help="seconds per submission")
-    a.add_argument("--resume", action="store_true", help="skip submissions already graded")
+    a.add_argument("--resume", action="store_true",
+                   help="skip submissions that already have a status (after an interruption)")
     f = sub.add_parser("feedback", help="HTML feedback without hidden tests")
     f.add_argument("assignment", nargs="?")
     e = sub.add_parser("export", help="grades CSV (nbgrader's columns plus status "

@@ -1,13 +1,17 @@
 """The grading side of ``pallas-course``: release, collect, autograde, feedback, export, check.
 
-Every nbgrader step runs in a child process (``grader.worker``), one submission per process for
-autograde, so a submission that kills its kernel, loops or exhausts memory never takes the batch
-down, and per-submission limits (issue 7) can be applied to that one process.
+Every nbgrader step runs in a child process (``grader.worker``). Autograde keeps one worker
+process per slot for the whole batch; inside it, each notebook's learner code runs in a jailed
+kernel under limits and the test cells are judged in the worker (``grader.trusted``), so a
+submission that kills its kernel, loops, exhausts memory or patches the checks never takes the
+batch down or changes another grade.
 
 Statuses (one JSON file per submission under ``<root>/status/<assignment>/<student>.json``,
-written atomically, so a batch can be resumed and read while it runs):
-graded, timeout (a cell or the whole submission ran out of time), crashed (nbgrader could not
-finish: dead kernel, error), malformed (not a readable notebook), missing (no submission).
+written atomically, so a batch can be resumed and read while it runs): graded; timeout (a cell,
+the kernel's CPU limit or the whole submission ran out of time); crashed (the kernel died or
+ran out of memory, or nbgrader failed); malformed (not a readable notebook); tampered (the
+grading code was changed from inside the kernel, or test cells were edited, deleted, duplicated
+or reordered, which nbgrader undoes before grading); missing (no submission).
 """
 
 from __future__ import annotations
@@ -15,19 +19,23 @@ from __future__ import annotations
 import csv
 import json
 import os
+import queue
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import UTC, datetime
 from pathlib import Path
 
-from grader import build, refs
+from grader import build, refs, sandbox
 
+HIDDEN_RE = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS", re.S)
 STUDENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SUBMISSION_TIMEOUT = 900  # seconds for one whole submission (cells have their own timeouts)
 
@@ -108,6 +116,7 @@ def collect(root: Path, path: Path, log=print) -> dict:
     else:
         raise FileNotFoundError(f"{path}: not a folder or a zip file")
     known = set(build.assignments(root))
+    notebooks: dict[str, list[str]] = {}
     copied, skipped = [], []
     try:
         for f in sorted(base.rglob("*")):
@@ -130,6 +139,12 @@ def collect(root: Path, path: Path, log=print) -> dict:
                 continue
             if f.suffix != ".ipynb":
                 skipped.append((str(rel), "not a notebook (.ipynb)"))
+                continue
+            released = notebooks.setdefault(assignment, sorted(
+                p.name for p in (root / "release" / assignment).glob("*.ipynb")))
+            if released and name not in released:
+                skipped.append((str(rel), "not a notebook of this assignment (it has "
+                                f"{', '.join(released)}); a second copy is not graded"))
                 continue
             dest = root / "submitted" / student / assignment
             dest.mkdir(parents=True, exist_ok=True)
@@ -204,28 +219,180 @@ def _scores(root: Path) -> dict[tuple[str, str], tuple[float, float]]:
     return out
 
 
-def grade_one(root: Path, student: str, assignment: str, timeout: float) -> dict:
+class Worker:
+    """A long-lived ``grader.worker serve`` process: nbgrader starts once, not per submission.
+
+    ``slot`` picks the sandbox uid of the kernels it starts, so concurrent workers never share
+    one. A job that runs past its time kills the process (and its kernel); the next job starts
+    a fresh one.
+    """
+
+    def __init__(self, root: Path, slot: int):
+        self.root, self.slot = root, slot
+        self.proc: subprocess.Popen | None = None
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.stderr = None
+
+    def _start(self) -> None:
+        self.stderr = tempfile.TemporaryFile()
+        self.lines = queue.Queue()
+        env = {**_env(self.root), "PALLAS_COURSE_SLOT": str(self.slot)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "grader.worker", str(self.root), "serve"], cwd=self.root,
+            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+            text=True, start_new_session=True)
+        threading.Thread(target=self._read, args=(self.proc.stdout, self.lines),
+                         daemon=True).start()
+
+    @staticmethod
+    def _read(stream, lines: queue.Queue) -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    def _stderr_tail(self, since: int) -> str:
+        self.stderr.seek(since)
+        return self.stderr.read()[-6000:].decode(errors="replace")
+
+    def run(self, *args: str, timeout: float) -> dict:
+        if self.proc is None or self.proc.poll() is not None:
+            self._start()
+        since = self.stderr.seek(0, os.SEEK_END)
+        self.proc.stdin.write(json.dumps(list(args)) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                self.close()
+                return {"success": False, "killed": "timeout", "error": f"ran past {timeout:.0f} s",
+                        "log": ""}
+            if line is None:
+                code = self.proc.wait()
+                log = self._stderr_tail(since)
+                self.proc = None
+                return {"success": False, "error": f"worker exited {code} without a result",
+                        "log": log}
+            if line.startswith("@@RESULT "):
+                res = json.loads(line[len("@@RESULT "):])
+                res.setdefault("log", "")
+                res["stderr"] = self._stderr_tail(since)
+                return res
+
+    def close(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait()
+            self.proc = None
+        uid = sandbox.sandbox_uid(self.slot)
+        if uid is not None:  # a kernel the killed worker left behind
+            sandbox.kill_uid(uid)
+
+
+def _cause(log: str) -> str | None:
+    """The last exception line of an nbgrader log (``KeyError: 'grade_id'``), if any."""
+    lines = [x.strip() for x in log.splitlines()]
+    found = [x for x in lines if re.match(r"^[\w.]+(Error|Exception|Exit)\b.*:", x)]
+    return f"nbgrader failed: {found[-1][:400]}" if found else None
+
+
+def test_cell_changes(release_nb: Path, submitted_nb: Path) -> list[str]:
+    """How a submission's test (locked) cells differ from the released notebook's."""
+    def locked(nb: dict) -> list[tuple[str, str, dict]]:
+        out = []
+        for cell in nb.get("cells", []):
+            meta = (cell.get("metadata") or {}).get("nbgrader") or {}
+            if meta.get("locked") or meta.get("grade"):
+                src = cell.get("source", "")
+                src = "".join(src) if isinstance(src, list) else str(src)
+                # the release has no hidden tests; an instructor copy may lack checksums
+                src = "\n".join(line for line in HIDDEN_RE.sub("", src).splitlines()
+                                 if line.strip())
+                try:
+                    points = float(meta.get("points") or 0)
+                except (TypeError, ValueError):
+                    points = -1.0
+                keys = {"grade": bool(meta.get("grade")), "solution": bool(meta.get("solution")),
+                        "points": points}
+                out.append((str(meta.get("grade_id")), src, keys))
+        return out
+
+    try:
+        released = locked(json.loads(release_nb.read_text()))
+        submitted = locked(json.loads(submitted_nb.read_text()))
+    except Exception:  # noqa: BLE001 - unreadable files are reported as malformed elsewhere
+        return []
+    name, changes = submitted_nb.name, []
+    by_id: dict[str, list] = {}
+    for gid, src, keys in submitted:
+        by_id.setdefault(gid, []).append((src, keys))
+    for gid, src, keys in released:
+        got = by_id.get(gid, [])
+        if not got:
+            changes.append(f"{name}: test cell {gid} was deleted or lost its metadata")
+        elif len(got) > 1:
+            changes.append(f"{name}: test cell {gid} appears {len(got)} times")
+        elif got[0][0] != src:
+            changes.append(f"{name}: test cell {gid} was edited")
+        elif got[0][1] != keys:
+            changes.append(f"{name}: the nbgrader metadata of {gid} was changed")
+    order = [g for g, _, _ in submitted if g in {r[0] for r in released}]
+    if list(dict.fromkeys(order)) != [g for g, _, _ in released if g in order]:
+        changes.append(f"{name}: test cells were reordered")
+    return changes
+
+
+def grade_one(root: Path, student: str, assignment: str, timeout: float,
+              worker: Worker | None = None) -> dict:
     t0 = time.monotonic()
     rec = {"student": student, "assignment": assignment}
-    why = _malformed(root / "submitted" / student / assignment)
+    subdir = root / "submitted" / student / assignment
+    why = _malformed(subdir)
     if why:
         rec.update(status="malformed", detail=why)
     else:
-        res = run_worker(root, "autograde", assignment, student, timeout=timeout)
+        if worker is None:
+            res = run_worker(root, "autograde", assignment, student, timeout=timeout)
+        else:
+            res = worker.run("autograde", assignment, student, timeout=timeout)
+        reports = res.get("reports") or []
+        changes = [c for nb in sorted(subdir.glob("*.ipynb"))
+                   for c in test_cell_changes(root / "release" / assignment / nb.name, nb)]
+        tampered = list(dict.fromkeys(t for r in reports for t in r.get("tampered", [])))
+        died = [r["died"] for r in reports if r.get("died")]
+        limit = [r["limit"] for r in reports if r.get("limit")]
         if res.get("killed") == "timeout":
-            rec.update(status="timeout", detail=res["error"])
+            rec.update(status="timeout", detail=f"the whole submission {res['error']}")
         elif not res.get("success"):
             log = (res.get("log") or "") + (res.get("stderr") or "")
-            dead = "DeadKernel" in log or "died" in log
-            rec.update(status="crashed", detail=("the kernel died" if dead else
-                                                 str(res.get("error") or "")[:500]),
-                       log=log[-3000:])
+            rec.update(status="crashed", detail=_cause(log) or
+                       str(res.get("error") or "nbgrader failed")[:500], log=log[-3000:])
+        elif died:
+            cpu = any("CPU limit" in x for x in limit)
+            rec.update(status="timeout" if cpu else "crashed", detail="; ".join(died))
         elif res.get("timeouts"):
             cells = res["timeouts"]
             rec.update(status="timeout", detail=f"{len(cells)} cell(s) ran past the per-cell time "
                        f"limit and were interrupted: {', '.join(cells)}")
+        elif res.get("memory"):
+            rec.update(status="crashed", detail="ran out of its memory limit in "
+                       + ", ".join(res["memory"]))
+        elif res.get("disk"):
+            rec.update(status="crashed", detail="wrote a file larger than the limit in "
+                       + ", ".join(res["disk"]))
+        elif tampered or changes:
+            detail = "; ".join(tampered + changes)
+            if changes and not tampered:
+                detail += " (the original test cells were restored from the gradebook and graded)"
+            rec.update(status="tampered", detail=detail)
         else:
             rec.update(status="graded")
+        if reports:
+            rec["isolation"] = reports[0].get("isolation")
     rec["seconds"] = round(time.monotonic() - t0, 2)
     _write_status(root, assignment, student, rec)
     return rec
@@ -241,25 +408,41 @@ def autograde(root: Path, assignment: str | None = None, workers: int = 1,
               progress=sys.stderr, log=print) -> list[dict]:
     todo = submissions(root, assignment)
     if resume:
-        todo = [(s, a) for s, a in todo if (read_status(root, a, s) or {}).get("status")
-                not in ("graded",)]
+        # a status file is written when a submission is finished, whatever its outcome; one
+        # that was in progress when the batch stopped has none and is graded again
+        todo = [(s, a) for s, a in todo if read_status(root, a, s) is None]
     results: list[dict] = []
     t0 = time.monotonic()
     if progress:
         print(_bar(0, len(todo)), end="\r", file=progress, flush=True)
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futs = {pool.submit(grade_one, root, s, a, timeout): (s, a) for s, a in todo}
-        for fut in as_completed(futs):
-            s, a = futs[fut]
-            try:
-                rec = fut.result()
-            except Exception as e:  # noqa: BLE001 - one bad item never stops the batch
-                rec = {"student": s, "assignment": a, "status": "crashed", "detail": str(e)}
-                _write_status(root, a, s, rec)
-            results.append(rec)
-            if progress:
-                print(f"{_bar(len(results), len(todo))} {s}/{a}: {rec['status']}      ",
-                      end="\r", file=progress, flush=True)
+    slots: queue.Queue[Worker] = queue.Queue()
+    for slot in range(max(1, workers)):
+        slots.put(Worker(root, slot))
+
+    def grade(s: str, a: str) -> dict:
+        worker = slots.get()  # one submission per worker at a time
+        try:
+            return grade_one(root, s, a, timeout, worker)
+        finally:
+            slots.put(worker)
+
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            futs = {pool.submit(grade, s, a): (s, a) for s, a in todo}
+            for fut in as_completed(futs):
+                s, a = futs[fut]
+                try:
+                    rec = fut.result()
+                except Exception as e:  # noqa: BLE001 - one bad item never stops the batch
+                    rec = {"student": s, "assignment": a, "status": "crashed", "detail": str(e)}
+                    _write_status(root, a, s, rec)
+                results.append(rec)
+                if progress:
+                    print(f"{_bar(len(results), len(todo))} {s}/{a}: {rec['status']}      ",
+                          end="\r", file=progress, flush=True)
+    finally:
+        while not slots.empty():
+            slots.get().close()
     if progress:
         print(file=progress)
     scores = _scores(root)
@@ -362,7 +545,7 @@ def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
             log(f"{path}: not a readable notebook ({e}); re-download it from the course")
             return 2
     # never run hidden tests here, even from an instructor copy
-    pat = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS", re.S)
+    pat = HIDDEN_RE
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.source = pat.sub("", cell.source)

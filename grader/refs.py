@@ -37,14 +37,14 @@ class ReferenceError_(RuntimeError):
     """A reference file is missing or does not match its checksum."""
 
 
-def _to_storable(a: np.ndarray) -> tuple[np.ndarray, str]:
+def to_storable(a: np.ndarray) -> tuple[np.ndarray, str]:
     name = str(a.dtype)
     if name == "bfloat16":
         return a.view(np.uint16), name
     return a, name
 
 
-def _from_storable(a: np.ndarray, dtype: str) -> np.ndarray:
+def from_storable(a: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         import ml_dtypes
 
@@ -74,13 +74,13 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     os.replace(tmp, path)
 
 
-def _jsonable(v: Any) -> Any:
+def jsonable(v: Any) -> Any:
     if isinstance(v, tuple):
         return {"__tuple__": list(v)}
     return v
 
 
-def _unjson(v: Any) -> Any:
+def unjson(v: Any) -> Any:
     if isinstance(v, dict) and "__tuple__" in v:
         return tuple(v["__tuple__"])
     return v
@@ -105,7 +105,7 @@ def generate(root: Path | None = None, only: set[str] | None = None, log=print) 
             expected = task.expected(case, inputs)
             stored, dtypes = {}, {}
             for k, v in {**inputs, "expected": expected}.items():
-                stored[k], dtypes[k] = _to_storable(np.asarray(v))
+                stored[k], dtypes[k] = to_storable(np.asarray(v))
             kind = "hidden" if case.hidden else "visible"
             rel = f"{task.assignment}/{kind}/{task.id}-{case.name}.npz"
             write_npz(refdir / rel, stored)
@@ -114,7 +114,7 @@ def generate(root: Path | None = None, only: set[str] | None = None, log=print) 
                 "hidden": case.hidden, "file": rel, "seed": case.seed, "dtype": case.dtype,
                 "inputs": list(inputs), "dtypes": dtypes,
                 "shapes": {k: list(np.shape(v)) for k, v in stored.items()},
-                "params": {k: _jsonable(v) for k, v in case.params.items()},
+                "params": {k: jsonable(v) for k, v in case.params.items()},
                 "tol": task.tol, "sha256": checksum(stored),
             }
         log(f"refs: {task.id}: {len(task.cases)} cases")
@@ -141,9 +141,9 @@ def load_case(refdir: Path, entry: dict) -> tuple[dict[str, np.ndarray], np.ndar
     if checksum(stored) != entry["sha256"]:
         raise ReferenceError_(f"reference file {path} does not match its checksum in "
                               "manifest.json: it was modified; run `pallas-course refs`.")
-    arrays = {k: _from_storable(v, entry["dtypes"][k]) for k, v in stored.items()}
+    arrays = {k: from_storable(v, entry["dtypes"][k]) for k, v in stored.items()}
     inputs = {k: arrays[k] for k in entry["inputs"]}
-    params = {k: _unjson(v) for k, v in entry["params"].items()}
+    params = {k: unjson(v) for k, v in entry["params"].items()}
     return inputs, arrays["expected"], params
 
 

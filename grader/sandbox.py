@@ -147,10 +147,11 @@ def kill_all(pgid: int, uid: int | None) -> None:
     except ProcessLookupError:
         pass
     if uid is not None:
-        _kill_uid(uid)
+        kill_uid(uid)
 
 
-def _kill_uid(uid: int) -> None:
+def kill_uid(uid: int) -> None:
+    """SIGKILL every process of ``uid`` until none is left."""
     for _ in range(20):  # a fork bomb may spawn while we kill: repeat until none is left
         pids = _pids_of_uid(uid)
         if not pids:
@@ -163,7 +164,7 @@ def _kill_uid(uid: int) -> None:
         time.sleep(0.05)
 
 
-def _disk_usage(root: Path) -> int:
+def disk_usage(root: Path) -> int:
     """Bytes in files under ``root`` (links not followed)."""
     total = 0
     for dirpath, _, files in os.walk(root):
@@ -199,6 +200,29 @@ class _Reader(threading.Thread):
             self.dropped += max(len(chunk) - max(room, 0), 0)
 
 
+def confine(argv: Sequence[str], workdir: Path, limits: Limits, slot: int = 0,
+            readable: Sequence[Path] | None = None) -> tuple[list[str], int | None]:
+    """``argv`` behind prlimit (and the jail, when available), ready to start in ``workdir``.
+
+    Prepares ``workdir`` for the slot's uid and kills what an earlier run in this slot left.
+    Returns the command line and the uid it will run as (None without a jail).
+    """
+    uid = sandbox_uid(slot)
+    prepare_workdir(workdir, uid)
+    if uid is not None:
+        kill_uid(uid)  # leftovers of an earlier run in this slot must not count against it
+        argv = _jail_argv(argv, workdir, default_readable() if readable is None else readable,
+                          uid, limits)
+    return _limits_argv(limits, uid is not None) + list(argv), uid
+
+
+def child_env(workdir: Path) -> dict[str, str]:
+    """The whole environment a confined child gets: nothing of the grader's own leaks in."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir),
+            "LANG": "C.UTF-8", "PYTHONNOUSERSITE": "1", "JAX_PLATFORMS": "cpu",
+            "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(workdir)}
+
+
 def run(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
         env: Mapping[str, str] | None = None, stdin: bytes | None = None,
         slot: int = 0, readable: Sequence[Path] | None = None) -> Outcome:
@@ -208,19 +232,10 @@ def run(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
     slot: which concurrent run this is (0, 1, ...): each slot has its own uid.
     """
     workdir = Path(workdir).resolve()
-    uid = sandbox_uid(slot)
-    prepare_workdir(workdir, uid)
-    if uid is not None:
-        _kill_uid(uid)  # leftovers of an earlier run in this slot must not count against it
-        argv = _jail_argv(argv, workdir, default_readable() if readable is None else readable,
-                          uid, limits)
-    base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir),
-                "LANG": "C.UTF-8", "PYTHONNOUSERSITE": "1", "JAX_PLATFORMS": "cpu",
-                "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(workdir)}
+    argv, uid = confine(argv, workdir, limits, slot, readable)
     start = time.monotonic()
     proc = subprocess.Popen(
-        _limits_argv(limits, uid is not None) + list(argv), cwd=workdir,
-        env={**base_env, **(env or {})},
+        argv, cwd=workdir, env={**child_env(workdir), **(env or {})},
         stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     readers = [_Reader(proc.stdout, limits.output_bytes),
@@ -238,7 +253,7 @@ def run(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
         elapsed = time.monotonic() - start
         if elapsed > limits.wall_seconds:
             verdict = ("timeout", f"ran past the wall-clock limit of {limits.wall_seconds:g} s")
-        elif _disk_usage(workdir) > limits.disk_bytes:
+        elif disk_usage(workdir) > limits.disk_bytes:
             verdict = ("disk", f"wrote more than {limits.disk_bytes:,} bytes to disk")
         if verdict:
             break
@@ -249,11 +264,9 @@ def run(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
         r.join(timeout=5)
     wall = time.monotonic() - start
     stdout, stderr = bytes(readers[0].data), bytes(readers[1].data)
-    code = proc.returncode
-    if uid is not None and code is not None and code > 128:
-        code = 128 - code  # bwrap reports a child killed by signal N as exit 128 + N
+    code = normalize_exit(proc.returncode, uid is not None)
     if verdict is None:
-        verdict = _classify(code, stderr, limits)
+        verdict = classify(code, stderr, limits)
     if readers[0].dropped or readers[1].dropped:
         verdict = (verdict[0], verdict[1] + f"; output beyond {limits.output_bytes:,} bytes "
                    "was dropped")
@@ -261,7 +274,15 @@ def run(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
                    "jail" if uid is not None else "rlimits")
 
 
-def _classify(code: int, stderr: bytes, limits: Limits) -> tuple[Status, str]:
+def normalize_exit(code: int | None, jailed: bool) -> int | None:
+    """Exit status with signals negative, as Popen reports them outside the jail."""
+    if jailed and code is not None and code > 128:
+        return 128 - code  # bwrap reports a child killed by signal N as exit 128 + N
+    return code
+
+
+def classify(code: int, stderr: bytes, limits: Limits) -> tuple[Status, str]:
+    """Status and reason of a confined child that exited with ``code`` (negative: signal)."""
     if code == 0:
         return "ok", "finished"
     if code < 0:

@@ -1,8 +1,10 @@
 """One nbgrader job in its own process: ``python -m grader.worker ROOT JOB [ARGS...]``.
 
-Jobs: ``generate A...``, ``autograde A STUDENT``, ``feedback A [STUDENT]``, ``export FILE``.
-Each runs real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints
-one JSON line (prefixed ``@@RESULT``) with the outcome.
+Jobs: ``generate A...``, ``autograde A STUDENT``, ``feedback A [STUDENT]``, ``export FILE``,
+or ``serve`` (read jobs as JSON lists, one per stdin line, until end of input). Each runs real
+nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON line
+(prefixed ``@@RESULT``) with the outcome. Learner code never runs in this process: autograde
+executes it in a jailed kernel (``grader.trusted``).
 
 Gradebook safety: every ``nbgrader.api.Gradebook`` session in this process holds an exclusive
 ``fcntl`` lock on ``<root>/gradebook.db.lock`` from construction to ``close()``. nbgrader opens
@@ -78,29 +80,27 @@ def load(root: Path):
     return cfg, coursedir, NbGraderAPI(coursedir, config=cfg)
 
 
-def _timeouts(path: Path) -> list[str]:
-    """The cells of an autograded notebook whose execution ran out of time (grade id or #index)."""
+def _limit_errors(path: Path) -> dict[str, list[str]]:
+    """Cells of an autograded notebook stopped by a limit, by kind (timeout, memory, disk);
+    each as ``notebook:grade_id`` or ``notebook:cell #i``."""
+    out: dict[str, list[str]] = {"timeout": [], "memory": [], "disk": []}
     try:
         nb = json.loads(path.read_text())
     except Exception:  # noqa: BLE001
-        return []
-    out = []
+        return out
     for i, cell in enumerate(nb.get("cells", [])):
         for o in cell.get("outputs", []):
-            if o.get("output_type") == "error" and "Timeout" in str(o.get("ename", "")):
+            ename = str(o.get("ename", "")) if o.get("output_type") == "error" else ""
+            kind = ("timeout" if "Timeout" in ename else "memory" if ename == "MemoryError"
+                    else "disk" if "File too large" in str(o.get("evalue", "")) else None)
+            if kind:
                 gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-                out.append(f"{path.name}:{gid or f'cell #{i}'}")
+                out[kind].append(f"{path.name}:{gid or f'cell #{i}'}")
                 break
     return out
 
 
-def main(argv: list[str]) -> int:
-    root = Path(argv[0]).resolve()
-    job, args = argv[1], argv[2:]
-    os.chdir(root)
-    os.environ["PALLAS_COURSE_ROOT"] = str(root)
-    install_gradebook_lock(root)
-    cfg, coursedir, api = load(root)
+def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
     result: dict = {"job": job, "args": args}
     if job == "generate":
         result["results"] = {}
@@ -112,13 +112,20 @@ def main(argv: list[str]) -> int:
             ok &= bool(r["success"])
         result["success"] = ok
     elif job == "autograde":
+        from grader import trusted
+
         a, s = args
+        trusted.REPORTS.clear()
         r = api.autograde(a, s, force=True, create=True)
         result.update(success=r["success"], error=r.get("error"), log=r.get("log", "")[-6000:])
         out_dir = root / "autograded" / s / a
         nbs = sorted(out_dir.glob("*.ipynb")) if out_dir.is_dir() else []
-        result["timeouts"] = [c for p in nbs for c in _timeouts(p)]
+        limits = [_limit_errors(p) for p in nbs]
+        result["timeouts"] = [c for x in limits for c in x["timeout"]]
+        result["memory"] = [c for x in limits for c in x["memory"]]
+        result["disk"] = [c for x in limits for c in x["disk"]]
         result["notebooks"] = [p.name for p in nbs]
+        result["reports"] = list(trusted.REPORTS)
     elif job == "feedback":
         a = args[0]
         s = args[1] if len(args) > 1 else None
@@ -134,9 +141,34 @@ def main(argv: list[str]) -> int:
             plugin.export(gb)
         result["success"] = True
     else:
-        raise SystemExit(f"unknown job {job!r}")
-    print("@@RESULT " + json.dumps(result), flush=True)
-    return 0 if result.get("success") else 1
+        result.update(success=False, error=f"unknown job {job!r}")
+    return result
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0]).resolve()
+    job, args = argv[1], argv[2:]
+    os.chdir(root)
+    os.environ["PALLAS_COURSE_ROOT"] = str(root)
+    install_gradebook_lock(root)
+    cfg, coursedir, api = load(root)
+    if job != "serve":
+        result = do_job(root, cfg, coursedir, api, job, args)
+        print("@@RESULT " + json.dumps(result), flush=True)
+        return 0 if result.get("success") else 1
+    # serve: one JSON list [job, args...] per stdin line, one @@RESULT line per job; nbgrader
+    # and its imports are paid for once per worker instead of once per submission
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job, *args = json.loads(line)
+        try:
+            result = do_job(root, cfg, coursedir, api, job, args)
+        except Exception as e:  # noqa: BLE001 - report, and stay up for the next job
+            result = {"job": job, "args": args, "success": False,
+                      "error": f"{type(e).__name__}: {e}"}
+        print("@@RESULT " + json.dumps(result), flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -167,7 +167,8 @@ def test_timeout_and_crash_do_not_stop_the_batch(course):
     # the per-cell timeout fired, not the 900 s one of the whole submission
     assert loop["seconds"] < 120
     dies = res[("dies", "01_first_kernel")]
-    assert dies["status"] == "crashed" and dies["detail"] == "the kernel died"
+    assert dies["status"] == "crashed"
+    assert dies["detail"].startswith("the kernel died while running add_solution"), dies
     inst = res[("inst", "01_first_kernel")]
     assert inst["status"] == "graded" and inst["score"] == inst["max_score"] == 9
 

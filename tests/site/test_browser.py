@@ -75,9 +75,15 @@ def test_search_for_index_map_finds_the_lesson(watched, base_url):
     page.locator("label.md-search__icon, .md-search__input").first.click()
     page.locator(".md-search__input").focus()
     page.keyboard.type("index map", delay=30)
-    results = page.locator(".md-search-result__item a")
-    results.first.wait_for(timeout=15000)
-    hrefs = [a.get_attribute("href") for a in results.all()]
+    # The result list is re-rendered while the search worker answers each keystroke, so
+    # locators taken from one rendering can vanish: wait in the page for the lesson's link.
+    page.locator(".md-search-result__item a").first.wait_for(timeout=15000)
+    page.wait_for_function(
+        """() => [...document.querySelectorAll('.md-search-result__item a')]
+                 .some(a => (a.getAttribute('href') || '').includes('lessons/04-index-maps/'))""",
+        timeout=15000)
+    hrefs = page.eval_on_selector_all(".md-search-result__item a",
+                                      "els => els.map(a => a.getAttribute('href'))")
     assert any("lessons/04-index-maps/" in (h or "") for h in hrefs), hrefs
 
 

@@ -1,0 +1,195 @@
+"""The verdict of one ``course.check``, decided from data alone.
+
+Inputs: the learner's outputs per case (arrays), the errors their function raised, and the
+kernelsim trace of their function as ``Trace.to_dict()`` produced it. Nothing here runs learner
+code, so the same functions serve ``pallas-course check`` on a learner's machine (everything in
+one process) and grading, where the outputs and the trace come out of the jailed kernel as
+files and the references never go in (``grader.trusted``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from grader import tasks as _tasks
+
+
+@dataclass(frozen=True)
+class OperandFacts:
+    """One operand of a traced pallas_call: what the structural rules read (bytes, counts)."""
+
+    name: str
+    role: str
+    block_shape: tuple[int | None, ...] | None
+    fetches: int
+    writebacks: int
+    hbm_read_bytes: int
+    hbm_write_bytes: int
+
+
+@dataclass(frozen=True)
+class CallFacts:
+    """One traced pallas_call: grid, operands, HBM traffic (bytes) and on-chip peak (bytes)."""
+
+    name: str
+    grid: tuple[int, ...]
+    operands: tuple[OperandFacts, ...]
+    hbm_read_bytes: int
+    hbm_write_bytes: int
+    onchip_peak_bytes: int
+
+
+@dataclass(frozen=True)
+class TraceFacts:
+    """The pallas_calls a function reached, in program order."""
+
+    calls: tuple[CallFacts, ...]
+
+
+def _int(v: Any, what: str) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ValueError(f"{what} is {type(v).__name__}, not an integer")
+    return v
+
+
+def _shape(v: Any, what: str, squeezed: bool = False) -> tuple:
+    """A shape; with ``squeezed`` entries may be None (a BlockSpec's squeezed dimension)."""
+    if not isinstance(v, list | tuple):
+        raise ValueError(f"{what} is {type(v).__name__}, not a list")
+    return tuple(None if squeezed and x is None else _int(x, what) for x in v)
+
+
+def facts_from_dict(d: Any) -> TraceFacts:
+    """Read ``Trace.to_dict()`` output; ValueError when it is not what kernelsim writes."""
+    if not isinstance(d, dict) or not isinstance(d.get("calls"), list):
+        raise ValueError("the trace has no list of calls")
+    calls = []
+    for i, c in enumerate(d["calls"]):
+        if not isinstance(c, dict) or not isinstance(c.get("operands"), list):
+            raise ValueError(f"call {i} has no list of operands")
+        ops = tuple(OperandFacts(
+            name=str(o.get("name")), role=str(o.get("role")),
+            block_shape=None if o.get("block_shape") is None
+            else _shape(o["block_shape"], "block_shape", squeezed=True),
+            fetches=_int(o.get("fetches"), "fetches"),
+            writebacks=_int(o.get("writebacks"), "writebacks"),
+            hbm_read_bytes=_int(o.get("hbm_read_bytes"), "hbm_read_bytes"),
+            hbm_write_bytes=_int(o.get("hbm_write_bytes"), "hbm_write_bytes"))
+            for o in c["operands"] if isinstance(o, dict))
+        calls.append(CallFacts(
+            name=str(c.get("name")), grid=_shape(c.get("grid"), "grid"), operands=ops,
+            hbm_read_bytes=_int(c.get("hbm_read_bytes"), "hbm_read_bytes"),
+            hbm_write_bytes=_int(c.get("hbm_write_bytes"), "hbm_write_bytes"),
+            onchip_peak_bytes=_int(c.get("onchip_peak_bytes"), "onchip_peak_bytes")))
+    return TraceFacts(tuple(calls))
+
+
+def compare(got: Any, expected: np.ndarray, dtype: str, tol: float, tolerances: dict,
+            block: tuple[int, ...] | None = None) -> str | None:
+    """None when ``got`` matches ``expected``; otherwise a message saying where and by how much.
+
+    The bound per element is ``atol + rtol * |expected|`` with the dtype's ``rtol``/``atol``
+    from the manifest, both scaled by the case's ``tol``; NaN never matches.
+    """
+    try:
+        g = np.asarray(got)
+    except Exception as e:  # noqa: BLE001 - anything unconvertible is a wrong answer
+        return f"the result could not be read as an array ({type(e).__name__}: {e})"
+    if g.shape != expected.shape:
+        return f"shape {g.shape} but expected {expected.shape}"
+    if str(g.dtype) != str(expected.dtype):
+        return f"dtype {g.dtype} but expected {expected.dtype} (cast the kernel's output)"
+    t = tolerances.get(dtype) or tolerances["float32"]
+    rtol, atol = t["rtol"] * tol, t["atol"] * tol
+    gf, ef = g.astype(np.float64), expected.astype(np.float64)
+    diff = np.abs(gf - ef)
+    bad = ~(diff <= atol + rtol * np.abs(ef))  # NaN counts as bad
+    nbad = int(bad.sum())
+    if nbad == 0:
+        return None
+    idx = tuple(int(i) for i in np.argwhere(bad)[0])
+    where = f"[{', '.join(map(str, idx))}]"
+    msg = (f"{nbad} of {bad.size} elements differ; first at {where}: got {gf[idx]:.6g}, "
+           f"expected {ef[idx]:.6g} (|diff| {diff[idx]:.3g} > tolerance "
+           f"{atol + rtol * abs(ef[idx]):.3g}; rtol {rtol:.3g}, atol {atol:.3g}); "
+           f"max |diff| {np.nanmax(np.where(np.isnan(diff), np.inf, diff)):.3g}")
+    if block is not None and len(block) == len(idx):
+        bidx = tuple(i // max(int(b), 1) for i, b in zip(idx, block, strict=True))
+        nblk = tuple(-(-s // max(int(b), 1)) for s, b in zip(expected.shape, block, strict=True))
+        msg += f"; that element lies in output block {bidx} of {nblk} (block shape {block})"
+        if any(b == n - 1 for b, n in zip(bidx, nblk, strict=True)):
+            msg += " -- an edge block: check partial (non-divisible) blocks"
+    return msg
+
+
+def describe(entry: dict) -> str:
+    """``case NAME (dtype, seed S: x(shape), ... {params})`` for messages."""
+    shapes = ", ".join(f"{k}{tuple(entry['shapes'][k])}" for k in entry["inputs"])
+    p = f" {dict(entry['params'])}" if entry["params"] else ""
+    return f"case {entry['case']} ({entry['dtype']}, seed {entry['seed']}: {shapes}{p})"
+
+
+def _out_block(facts: TraceFacts | None) -> tuple[int, ...] | None:
+    if not facts or not facts.calls:
+        return None
+    outs = [o for o in facts.calls[-1].operands if o.role == "output"]
+    return outs[0].block_shape if outs else None
+
+
+@dataclass
+class Verdict:
+    """passed, or the message of the first failure; ``rules`` as the learner sees them and
+    ``checked`` the names of the structural rules that were evaluated."""
+
+    passed: bool
+    message: str = ""
+    rules: list[str] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CaseResult:
+    """What the learner's function did on one case: an output array, or the error it raised."""
+
+    entry: dict
+    inputs: dict[str, np.ndarray]
+    expected: np.ndarray
+    params: dict
+    output: np.ndarray | None = None
+    error: str | None = None
+
+
+def decide(task_id: str, results: list[CaseResult], tolerances: dict,
+           trace: TraceFacts | None, trace_error: str | None) -> Verdict:
+    """Values first (every case), then the structural rules on the first case's trace."""
+    task = _tasks.get(task_id)
+    for r in results:
+        if r.error is not None:
+            if r.error.startswith("NotImplementedError"):
+                return Verdict(False, f"{task_id}: not implemented yet")
+            return Verdict(False, f"{task_id}: your function raised on {describe(r.entry)}: "
+                           f"{r.error}")
+        msg = compare(r.output, r.expected, r.entry["dtype"], r.entry["tol"], tolerances,
+                      _out_block(trace))
+        if msg is not None:
+            return Verdict(False, f"{task_id}: wrong values for {describe(r.entry)}: {msg}")
+    if not results:
+        return Verdict(False, f"{task_id}: no cases were run")
+    first = results[0]
+    if trace is None:
+        rule = str(_tasks.Rule("pallas_call reached", ">= 1", "none", False))
+        return Verdict(False, f"{task_id}: structural check failed: your function never calls "
+                       f"pl.pallas_call ({trace_error}). The answer must be a Pallas kernel.",
+                       [rule])
+    case = next(c for c in task.cases if c.name == first.entry["case"])
+    rules = task.structure(trace, case, first.inputs)
+    lines = [str(r) for r in rules]
+    failed = [str(r) for r in rules if not r.ok]
+    if failed:
+        body = "\n  ".join(failed)
+        return Verdict(False, f"{task_id}: structural check failed on {case.name} "
+                       f"({case.dtype}, {case.arrays}):\n  {body}", lines)
+    return Verdict(True, "", lines, [r.what for r in rules])

@@ -1,0 +1,320 @@
+"""Hostile and broken submissions, graded in one batch with honest ones (real nbgrader, jail).
+
+Assignment 01 has three tasks (add, elementwise, leaky_relu), each worth 1 visible + 2 hidden
+points: 9 in all. Each hostile submission below starts from the instructor's solution, so its
+correct grade follows from which tasks its attack breaks: a wrong ``add`` forfeits 3 points,
+tampering with the grading code forfeits every test cell run after it.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from grader import grading, sandbox
+
+REPO = Path(__file__).resolve().parents[2]
+A = "01_first_kernel"
+NB = "first_kernel.ipynb"
+WRONG_ADD = "_right_add = add\nadd = lambda x, y: _right_add(x, y) * 2\n"
+
+
+def _cell(nb, gid):
+    for i, c in enumerate(nb.cells):
+        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id") == gid:
+            return i, c
+    raise AssertionError(gid)
+
+
+def _after(gid: str, code: str):
+    """A mutation: append ``code`` to the solution cell ``gid``."""
+    def mutate(nb, paths):
+        _cell(nb, gid)[1].source += "\n" + code.format(**paths)
+        return nb
+    return mutate
+
+
+def _edit_test_cells(kind: str):
+    def mutate(nb, paths):
+        if kind != "reordered":
+            nb = _after("add_solution", WRONG_ADD)(nb, paths)
+        i, cell = _cell(nb, "add_hidden")
+        if kind == "edited":
+            cell.source = "pass  # nothing to see"
+        elif kind == "deleted":
+            del nb.cells[i]
+            del nb.cells[_cell(nb, "add_visible")[0]]
+        elif kind == "duplicated":
+            nb.cells.insert(i, nbformat.from_dict(json.loads(json.dumps(cell))))
+        elif kind == "metadata":
+            cell.metadata.nbgrader.update(points=100, grade=False, checksum="0" * 32)
+        elif kind == "reordered":  # right answers, tests swapped: full marks, still flagged
+            j, visible = _cell(nb, "add_visible")
+            nb.cells[i], nb.cells[j] = visible, cell
+        return nb
+    return mutate
+
+
+# name: (mutation, expected score, expected status (or statuses), a word the reason contains)
+CORPUS = {
+    # patching the checks
+    "patch_assert_allclose": (_after("add_solution", WRONG_ADD + "import numpy.testing\n"
+                                     "numpy.testing.assert_allclose = lambda *a, **k: None\n"),
+                              0, "tampered", "numpy.testing.assert_allclose"),
+    "patch_jax": (_after("add_solution", "jax.device_get = lambda x: x\n"), 0, "tampered",
+                  "jax.device_get"),
+    "patch_course_check": (_after("add_solution", WRONG_ADD + "course.check = lambda *a, **k: "
+                                  "print(a[0] + ': 1 visible case(s) passed')\n"),
+                           0, "tampered", "grader.course.check was replaced"),
+    "patch_kernelsim": (_after("add_solution", "kernelsim.trace = lambda *a, **k: None\n"),
+                        0, "tampered", "kernelsim.trace"),
+    "patch_builtins": (_after("add_solution", "import builtins\n"
+                              "builtins.print = lambda *a, **k: None\n"), 0, "tampered",
+                       "builtins.print"),
+    # a builtin the kernel's own message loop needs: the kernel stops answering
+    "break_the_kernel": (_after("add_solution", "import builtins\n"
+                                "builtins.isinstance = lambda *a: True\n"), 0, "crashed",
+                         "stopped answering while running add_solution"),
+    "patch_sys_modules": (_after("add_solution", "import sys, types\n"
+                                 "sys.modules['numpy.testing'] = types.ModuleType('numpy.testing')"
+                                 "\n"), 0, "tampered", "numpy.testing"),
+    "patch_traceback": (_after("add_solution", WRONG_ADD + "get_ipython().showtraceback = "
+                               "lambda *a, **k: None\n"), 0, "tampered", "showtraceback"),
+    "fake_passed_output": (_after("add_solution", WRONG_ADD + "print('add: 1 visible case(s) "
+                                  "passed; structure: pallas_call reached ok')\n"),
+                           6, "graded", ""),
+    # reading what it must not, or answering without a kernel
+    "read_secrets": (_after("add_solution", WRONG_ADD + "import os\n"
+                            "print('SECRETS', [p for p in {secrets} if os.path.exists(p)], "
+                            "[f for _, _, fs in os.walk({root!r}) for f in fs])\n"),
+                     6, "graded", ""),
+    "plain_jax": (_after("add_solution", "add = lambda x, y: x + y\n"), 6, "graded", ""),
+    "course_reference": (_after("add_solution", "from grader import tasks\n"
+                                "add = lambda x, y: tasks.get('add').reference(x, y)\n"),
+                         6, "graded", ""),
+    # editing the test cells
+    "edited_test": (_edit_test_cells("edited"), 6, "tampered", "add_hidden was edited"),
+    "deleted_tests": (_edit_test_cells("deleted"), 6, "tampered", "deleted"),
+    "duplicated_test": (_edit_test_cells("duplicated"), 6, "tampered", "appears 2 times"),
+    "altered_metadata": (_edit_test_cells("metadata"), 6, "tampered", "metadata"),
+    "reordered_tests": (_edit_test_cells("reordered"), 9, "tampered", "reordered"),
+    # killing the grading
+    "sys_exit": (_after("add_solution", "import sys\nsys.exit(0)\n"), 9, "graded", ""),
+    "os_exit": (_after("add_solution", "import os\nos._exit(3)\n"), 0, "crashed",
+                "kernel died while running add_solution"),
+    # every process it may signal: its parent and, with pid -1, all others it can reach
+    "signal_everyone": (_after("leaky_relu_solution",
+                               "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
+                               "os.kill(-1, signal.SIGKILL)\n"), 9, "graded", ""),
+    "infinite_loop": (_after("leaky_relu_solution", "del leaky_relu\nwhile True:\n    pass\n"),
+                      6, "timeout", "leaky_relu_solution"),
+    "memory_bomb": (_after("leaky_relu_solution", "del leaky_relu\nx = bytearray(64 << 30)\n"),
+                    6, "crashed", "memory"),
+    # forks until the process limit stops it; whether the kernel can still send its output
+    # then depends on timing: either the cell fails (graded) or the kernel stops answering
+    "fork_bomb": (_after("leaky_relu_solution",
+                         "import os\ndel leaky_relu\nwhile True:\n    if os.fork() == 0:\n"
+                         "        os.execv('/bin/sleep', ['sleep', '600'])\n"),
+                  6, ("graded", "crashed"), ""),
+    "huge_file": (_after("leaky_relu_solution", "del leaky_relu\n"
+                         "open('big', 'wb').write(b'x' * (40 << 20))\n"), 6, "crashed",
+                  "larger than"),
+    "fill_disk": (_after("leaky_relu_solution", "import time\nfor i in range(50):\n"
+                         "    open(f'f{{i}}', 'wb').write(b'x' * (15 << 20)); time.sleep(0.05)\n"),
+                  6, "crashed", "to disk"),
+    "output_flood": (_after("add_solution", "for _ in range(20000):\n    print('y' * 1000)\n"),
+                     9, "graded", ""),
+    "hang_on_input": (_after("leaky_relu_solution", "del leaky_relu\ninput('password? ')\n"),
+                      6, "graded", ""),
+}
+HONEST = ("honest_1", "honest_2")
+# without the jail these would reach the grader's own processes (kill -1 as root, no process
+# limit for root): they only run where the jail exists
+JAIL_ONLY = {"signal_everyone", "fork_bomb"}
+BROKEN_FILES = {
+    "invalid_json": b"{not json",
+    "nbformat_99": json.dumps({"nbformat": 99, "nbformat_minor": 0, "metadata": {},
+                               "cells": []}).encode(),
+    "no_cells": json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}}).encode(),
+    "not_utf8": b"\xff\xfe\x00{\x00\x80\x81",
+    "python_file": b"def add(x, y):\n    return x + y\n",
+    "empty_file": b"",
+}
+
+
+def _course(root: Path) -> Path:
+    """A course with assignment 01 released; returns the instructor notebook."""
+    shutil.copytree(REPO / "exercises" / "source" / A, root / "source" / A,
+                    ignore=shutil.ignore_patterns("*.ipynb"))
+    shutil.copytree(REPO / "exercises" / "refs", root / "refs")
+    config = (REPO / "exercises" / "nbgrader_config.py").read_text()
+    # small limits keep the disk attacks quick; the per-cell timeout keeps the loop short
+    (root / "nbgrader_config.py").write_text(
+        config + "\nc.TrustedExecute.file_bytes = 32 << 20\n"
+        "c.TrustedExecute.disk_bytes = 96 << 20\nLEARNER_TIMEOUT = 5\n")
+    grading.release(root, A, log=lambda *a: None)
+    return root / "source" / A / NB
+
+
+@pytest.fixture(scope="session")
+def hostile(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hostile-course")
+    source = _course(root)
+    subs = tmp_path_factory.mktemp("hostile-subs")
+    paths = {"root": str(root),
+             "secrets": repr([str(root / "refs" / "manifest.json"), str(root / "gradebook.db"),
+                              str(source), str(root / "submitted" / "honest_1" / A / NB),
+                              str(REPO / "exercises" / "refs" / "manifest.json")])}
+
+    def put(student: str, data: bytes, name: str = NB) -> None:
+        d = subs / student / A
+        d.mkdir(parents=True, exist_ok=True)
+        (d / name).write_bytes(data)
+
+    for student, (mutate, *_rest) in CORPUS.items():
+        if student in JAIL_ONLY and sandbox.isolation() != "jail":
+            continue
+        nb = mutate(nbformat.read(source, as_version=4), paths)
+        put(student, nbformat.writes(nb).encode())
+    for student in HONEST:
+        put(student, source.read_bytes())
+    for student, data in BROKEN_FILES.items():
+        put(student, data)
+    # layout errors: a notebook one level too high, and a second copy next to the real one
+    (subs / "no_assignment_folder").mkdir()
+    (subs / "no_assignment_folder" / NB).write_bytes(source.read_bytes())
+    put("honest_2", source.read_bytes(), "first_kernel-copy.ipynb")
+    collected = grading.collect(root, subs, log=lambda *a: None)
+    results = grading.autograde(root, workers=2, timeout=240, progress=None,
+                                log=lambda *a: None)
+    grades = root / "grades.csv"
+    grading.export(root, grades, log=lambda *a: None)
+    with grades.open() as f:
+        rows = {r["student_id"]: r for r in csv.DictReader(f)}
+    return {"root": root, "collected": collected, "rows": rows,
+            "results": {r["student"]: r for r in results}}
+
+
+def _autograded(hostile, student: str) -> str:
+    return (hostile["root"] / "autograded" / student / A / NB).read_text()
+
+
+@pytest.mark.parametrize("student", sorted(CORPUS))
+def test_hostile_submission_gets_its_grade_and_status(hostile, student):
+    _, score, status, word = CORPUS[student]
+    if student in JAIL_ONLY and sandbox.isolation() != "jail":
+        pytest.skip(f"{student} needs the jail (root and bubblewrap); it was not submitted")
+    row = hostile["rows"][student]
+    statuses = status if isinstance(status, tuple) else (status,)
+    assert float(row["score"]) == score and row["status"] in statuses, row
+    assert word in row["reason"], row["reason"]
+
+
+def test_honest_submissions_keep_full_marks(hostile):
+    for student in HONEST:
+        row = hostile["rows"][student]
+        assert (float(row["score"]), float(row["max_score"]), row["status"]) == (9, 9, "graded")
+
+
+@pytest.mark.parametrize("student", sorted(BROKEN_FILES))
+def test_broken_file_is_malformed_with_a_reason(hostile, student):
+    row = hostile["rows"][student]
+    assert (float(row["score"]), row["status"]) == (0, "malformed"), row
+    assert NB in row["reason"]
+
+
+def test_layout_errors_are_skipped_with_reasons(hostile):
+    skipped = dict(hostile["collected"]["skipped"])
+    assert "laid out" in skipped[f"no_assignment_folder/{NB}"]
+    assert "not a notebook of this assignment" in skipped[f"honest_2/{A}/first_kernel-copy.ipynb"]
+    assert "no_assignment_folder" not in hostile["rows"]
+
+
+def test_every_submission_has_a_row(hostile):
+    expected = set(CORPUS) | set(HONEST) | set(BROKEN_FILES)
+    if sandbox.isolation() != "jail":
+        expected -= JAIL_ONLY
+    assert set(hostile["rows"]) == expected
+    assert all(r["status"] for r in hostile["rows"].values())
+
+
+def _text(cell) -> str:
+    return "".join("".join(o["text"]) if isinstance(o.get("text"), list) else o.get("text", "")
+                   for o in cell.get("outputs", []))
+
+
+def test_secrets_were_not_readable(hostile):
+    if sandbox.isolation() != "jail":  # only limits apply without root and bubblewrap
+        pytest.skip("the jail needs root and bubblewrap; ran with rlimits only")
+    cells = json.loads(_autograded(hostile, "read_secrets"))["cells"]
+    out = next(_text(c) for c in cells if "SECRETS" in _text(c))
+    assert "SECRETS [] []" in out, out
+
+
+def test_flooded_output_is_capped(hostile):
+    assert len(_autograded(hostile, "output_flood")) < 3 << 20
+    assert "was dropped by the grader" in _autograded(hostile, "output_flood")
+
+
+def test_no_process_of_a_sandbox_uid_survives(hostile):
+    for slot in range(2):
+        uid = sandbox.sandbox_uid(slot)
+        if uid is not None:
+            assert sandbox._pids_of_uid(uid) == []
+
+
+def _kill_processes_mentioning(text: str) -> int:
+    """SIGKILL every process whose command line contains ``text`` (a power cut, in effect)."""
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        try:
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if entry.name.isdigit() and text in cmd and int(entry.name) != os.getpid():
+            try:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
+def test_interrupted_batch_resumes_without_regrading(tmp_path):
+    root = tmp_path / "course"
+    source = _course(root)
+    subs = tmp_path / "subs"
+    students = [f"s{i}" for i in range(4)]
+    for s in students:
+        (subs / s / A).mkdir(parents=True)
+        shutil.copy(source, subs / s / A / NB)
+    grading.collect(root, subs, log=lambda *a: None)
+    batch = subprocess.Popen([sys.executable, "-m", "grader.cli", "--course", str(root),
+                              "autograde", "--workers", "1"], cwd=REPO,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             start_new_session=True)
+    status = root / "status" / A
+    deadline = time.monotonic() + 300
+    while not (status.is_dir() and any(status.glob("*.json"))):
+        assert batch.poll() is None and time.monotonic() < deadline, "no submission finished"
+        time.sleep(0.2)
+    assert _kill_processes_mentioning(str(root)) >= 1
+    batch.wait()
+    done = {p.stem: p.stat().st_mtime_ns for p in status.glob("*.json")}
+    assert 1 <= len(done) < len(students), done
+    results = grading.autograde(root, resume=True, progress=None, log=lambda *a: None)
+    assert sorted(r["student"] for r in results) == sorted(set(students) - set(done))
+    for s, mtime in done.items():  # finished before the cut: not graded again
+        assert (status / f"{s}.json").stat().st_mtime_ns == mtime
+    scores = grading._scores(root)  # the gradebook opens and holds every submission's score
+    assert {s: scores[(s, A)] for s in students} == {s: (9.0, 9.0) for s in students}

@@ -1,0 +1,171 @@
+"""The trusted side of grading without nbgrader: verdicts, the answer files, fingerprints."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax.numpy as jnp
+import nbformat
+import numpy as np
+import pytest
+
+from grader import exchange, integrity, refs, tasks, trusted, verdict
+from grader.grading import test_cell_changes as cell_changes
+from kernelsim import examples
+
+TOL = {"float32": {"rtol": 1e-5, "atol": 1e-5}}
+
+
+def test_compare_locates_the_first_bad_element_and_its_block():
+    want = np.zeros((8, 8), np.float32)
+    got = want.copy()
+    assert verdict.compare(got, want, "float32", 1.0, TOL) is None
+    got[5, 6] = 1.0
+    msg = verdict.compare(got, want, "float32", 1.0, TOL, block=(4, 4))
+    assert "1 of 64 elements differ; first at [5, 6]" in msg
+    assert "output block (1, 1) of (2, 2)" in msg and "edge block" in msg
+    got[0, 0] = np.nan
+    assert "2 of 64" in verdict.compare(got, want, "float32", 1.0, TOL)
+    assert "shape (8,)" in verdict.compare(np.zeros(8, np.float32), want, "float32", 1.0, TOL)
+    assert "dtype float64" in verdict.compare(want.astype(np.float64), want, "float32", 1.0, TOL)
+
+
+def _add_trace():
+    import kernelsim
+
+    x = jnp.ones((256, 256), jnp.float32)
+    return kernelsim.trace(lambda a, b: examples.add(a, b, block=(128, 128)), x, x)
+
+
+def test_facts_keep_what_the_rules_read_and_refuse_garbage():
+    t = _add_trace()
+    facts = verdict.facts_from_dict(json.loads(json.dumps(t.to_dict())))
+    (call,) = facts.calls
+    assert call.grid == tuple(t.calls[0].grid)
+    assert call.hbm_read_bytes == t.calls[0].hbm_read_bytes
+    assert [o.block_shape for o in call.operands] == \
+        [tuple(o.block_shape) for o in t.calls[0].operands]
+    for bad in (None, {"calls": "x"}, {"calls": [{"operands": [], "grid": "a"}]},
+                {"calls": [{"operands": [{"fetches": True}], "grid": [1]}]}):
+        with pytest.raises(ValueError):
+            verdict.facts_from_dict(bad)
+
+
+def _case(task_id: str, hidden: bool):
+    refdir = refs.REPO / "exercises" / "refs"
+    manifest = refs.load_manifest(refdir)
+    entry = next(e for e in manifest["cases"].values()
+                 if e["task"] == task_id and e["hidden"] == hidden)
+    return refdir, manifest, entry, *refs.load_case(refdir, entry)
+
+
+def test_decide_values_then_structure():
+    _, manifest, entry, inputs, expected, params = _case("add", False)
+    tol = manifest["tolerances"]
+    right = verdict.CaseResult(entry, inputs, expected, params, output=expected)
+    wrong = verdict.CaseResult(entry, inputs, expected, params, output=expected * 2 + 1)
+    raised = verdict.CaseResult(entry, inputs, expected, params, error="NotImplementedError: ")
+    whole = verdict.facts_from_dict({"calls": [{
+        "name": "k", "grid": [], "operands": [], "hbm_read_bytes": 0, "hbm_write_bytes": 0,
+        "onchip_peak_bytes": 0}]})
+    assert verdict.decide("add", [right], tol, whole, None).passed
+    assert "wrong values for case" in verdict.decide("add", [wrong], tol, whole, None).message
+    assert "not implemented" in verdict.decide("add", [raised], tol, whole, None).message
+    none = verdict.decide("add", [right], tol, None, "no pallas_call was reached")
+    assert not none.passed and "never calls pl.pallas_call" in none.message
+    tiled = verdict.facts_from_dict({"calls": [{
+        "name": "k", "grid": [2], "operands": [], "hbm_read_bytes": 0, "hbm_write_bytes": 0,
+        "onchip_peak_bytes": 0}]})
+    v = verdict.decide("add", [right], tol, tiled, None)
+    assert not v.passed and "grid" in v.message
+
+
+def test_answer_round_trip_and_refusals(tmp_path, monkeypatch):
+    """The kernel side (``answer``) and the grader side (``read_answer``) in one process."""
+    requests, work = tmp_path / "requests", tmp_path / "work"
+    requests.mkdir()
+    work.mkdir()
+    refdir = refs.REPO / "exercises" / "refs"
+    loaded = exchange.write_request(requests, "n1", [("add", True)], refdir)
+    monkeypatch.chdir(work)
+    exchange.answer(requests, "add", lambda x, y: examples.add(x, y, block=x.shape, interpret=True),
+                    True)
+    got = exchange.read_answer(work, "n1", "add", True)
+    entries, cases = loaded[("add", True)]
+    assert set(got["outputs"]) == {e["case"] for e in entries}
+    for e, _, expected, _ in cases:
+        assert verdict.compare(got["outputs"][e["case"]], expected, e["dtype"], e["tol"],
+                               refs.load_manifest(refdir)["tolerances"]) is None
+    assert got["trace"]["calls"], "the trace came back"
+    with pytest.raises(exchange.AnswerError, match="nonce"):
+        exchange.read_answer(work, "other", "add", True)
+    base = exchange.answer_name("add", True)
+    os.replace(work / f"{base}.json", tmp_path / "real.json")
+    os.symlink(tmp_path / "real.json", work / f"{base}.json")
+    with pytest.raises(exchange.AnswerError, match="could not be opened"):
+        exchange.read_answer(work, "n1", "add", True)
+    # the inputs are in the request, never the expected outputs
+    with np.load(requests / "inputs-0.npz") as z:
+        assert not any("expected" in k for k in z.files)
+    exchange.clear_request(requests)
+    assert list(requests.iterdir()) == []
+
+
+def test_fingerprints_notice_a_patch(monkeypatch):
+    import numpy.testing
+
+    args = (integrity.MODULES, integrity.OBJECTS, integrity.SHELL_METHODS)
+    before = integrity.fingerprints(*args)
+    assert integrity.differences(before, integrity.fingerprints(*args)) == []
+    monkeypatch.setattr(numpy.testing, "assert_allclose", lambda *a, **k: None)
+    monkeypatch.setattr(tasks, "get", lambda *a: None)
+    diff = integrity.differences(before, integrity.fingerprints(*args))
+    assert "numpy.testing.assert_allclose was replaced" in diff
+    assert "grader.tasks.get was replaced" in diff
+
+
+def test_probe_source_runs_standalone(tmp_path):
+    out = tmp_path / "probe.json"
+    namespace: dict = {}
+    exec(integrity.probe_source(str(out)), namespace)  # noqa: S102 - our own probe
+    found = json.loads(out.read_text())
+    assert found["grader.course.check"].startswith("py:")
+    assert "fingerprints" not in namespace, "the probe leaves no names behind"
+
+
+def test_checks_in_reads_only_graded_cells():
+    cell = nbformat.v4.new_code_cell('course.check("add", add)\ncourse.check("add", add, '
+                                     'hidden=True)')
+    assert trusted.checks_in(cell) == []
+    cell.metadata["nbgrader"] = {"grade": True, "points": 1}
+    assert trusted.checks_in(cell) == [("add", False), ("add", True)]
+    cell.source = "course.check(("
+    assert trusted.checks_in(cell) == []
+
+
+def test_cell_changes_name_each_kind_of_edit(tmp_path):
+    def nb(*cells):
+        return nbformat.v4.new_notebook(cells=[
+            nbformat.v4.new_code_cell(src, metadata={"nbgrader": {
+                "grade_id": gid, "grade": True, "locked": True, "points": 1}})
+            for gid, src in cells])
+
+    release, sub = tmp_path / "r.ipynb", tmp_path / "s.ipynb"
+    nbformat.write(nb(("a", "check(a)"), ("b", "check(b)")), release)
+    cases = {
+        (): [("a", "check(a)"), ("b", "check(b)")],
+        ("was edited",): [("a", "pass"), ("b", "check(b)")],
+        ("deleted",): [("b", "check(b)")],
+        ("appears 2 times",): [("a", "check(a)"), ("a", "check(a)"), ("b", "check(b)")],
+        ("reordered",): [("b", "check(b)"), ("a", "check(a)")],
+    }
+    for words, cells in cases.items():
+        nbformat.write(nb(*cells), sub)
+        found = cell_changes(release, sub)
+        assert len(found) == len(words) and all(w in f for w, f in zip(words, found,
+                                                                        strict=True)), found
+    edited = nb(("a", "check(a)"), ("b", "check(b)"))
+    edited.cells[0].metadata.nbgrader["points"] = 100
+    nbformat.write(edited, sub)
+    assert any("metadata of a" in f for f in cell_changes(release, sub))
