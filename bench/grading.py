@@ -2,8 +2,9 @@
 
 pallas-course runs each notebook in a jailed kernel and judges the test cells outside it; the
 bare run is nbgrader's own Execute on the same notebooks, unjailed, with the checks inside the
-kernel: the ratio is what isolation and the trusted verdict cost. 20 submissions of assignment 01 (the instructor notebook under 20 student ids) in a temporary
-course copy. Prints a table and writes bench/results/grading.json.
+kernel: the ratio is what isolation and the trusted verdict cost. 20 submissions of assignment
+01 (the instructor notebook under 20 student ids) in a temporary course copy. Prints a table
+and writes bench/results/grading.json.
 """
 
 from __future__ import annotations
