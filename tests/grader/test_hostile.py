@@ -120,12 +120,13 @@ CORPUS = {
                       6, "timeout", "leaky_relu_solution"),
     "memory_bomb": (_after("leaky_relu_solution", "del leaky_relu\nx = bytearray(64 << 30)\n"),
                     6, "crashed", "memory"),
-    # forks until the process limit stops it; whether the kernel can still send its output
-    # then depends on timing: either the cell fails (graded) or the kernel stops answering
+    # forks until the process limit stops it. What the kernel can still do with a full
+    # process table depends on timing: the cell fails (graded), the kernel stops answering
+    # (crashed) or the forking outlasts the cell's time (timeout). The score is the same.
     "fork_bomb": (_after("leaky_relu_solution",
                          "import os\ndel leaky_relu\nwhile True:\n    if os.fork() == 0:\n"
                          "        os.execv('/bin/sleep', ['sleep', '600'])\n"),
-                  6, ("graded", "crashed"), ""),
+                  6, ("graded", "crashed", "timeout"), ""),
     "huge_file": (_after("leaky_relu_solution", "del leaky_relu\n"
                          "open('big', 'wb').write(b'x' * (40 << 20))\n"), 6, "crashed",
                   "larger than"),

@@ -69,6 +69,8 @@ def _lesson_opens_as_notebook(browser, lab_port: int, token: str) -> None:
         page.goto(f"http://127.0.0.1:{lab_port}/lab/tree/lessons/01-why-pallas.py"
                   f"?token={token}")
         page.locator(".jp-NotebookPanel .jp-MarkdownCell").first.wait_for(timeout=60000)
+        # JupyterLab renders cells progressively: wait for a code cell rather than count now
+        page.locator(".jp-NotebookPanel .jp-CodeCell").first.wait_for(timeout=60000)
         assert page.locator(".jp-NotebookPanel .jp-CodeCell").count() > 0
     finally:
         context.close()
