@@ -49,22 +49,13 @@ def _env(root: Path) -> dict[str, str]:
 
 
 def run_worker(root: Path, *args: str, timeout: float | None = None) -> dict:
-    """Run one ``grader.worker`` job; return its result dict (``success`` False on any failure)."""
-    cmd = [sys.executable, "-m", "grader.worker", str(root), *args]
+    """Run one ``grader.worker`` job in a fresh worker; its result dict (``success`` False on any
+    failure)."""
+    worker = Worker(root, slot=0)
     try:
-        p = subprocess.run(cmd, cwd=root, env=_env(root), capture_output=True, text=True,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired as e:
-        return {"success": False, "killed": "timeout", "error": f"ran past {timeout:.0f} s",
-                "log": (e.stderr or b"")[-4000:] if isinstance(e.stderr, str) else ""}
-    for line in reversed(p.stdout.splitlines()):
-        if line.startswith("@@RESULT "):
-            res = json.loads(line[len("@@RESULT "):])
-            res.setdefault("log", "")
-            res["stderr"] = p.stderr[-6000:]
-            return res
-    return {"success": False, "error": f"worker exited {p.returncode} without a result",
-            "log": p.stderr[-6000:]}
+        return worker.run(*args, timeout=timeout)
+    finally:
+        worker.close()
 
 
 # ----------------------------------------------------------------------------- release
@@ -254,18 +245,23 @@ class Worker:
         self.stderr.seek(since)
         return self.stderr.read()[-6000:].decode(errors="replace")
 
-    def run(self, *args: str, timeout: float) -> dict:
+    def run(self, *args: str, timeout: float | None = None) -> dict:
+        """One job (``autograde A STUDENT``, ...); None: no time limit."""
         if self.proc is None or self.proc.poll() is not None:
             self._start()
         since = self.stderr.seek(0, os.SEEK_END)
         self.proc.stdin.write(json.dumps(list(args)) + "\n")
         self.proc.stdin.flush()
-        deadline = time.monotonic() + timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             try:
-                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+                line = self.lines.get(timeout=None if deadline is None
+                                      else max(deadline - time.monotonic(), 0.01))
             except queue.Empty:
                 self.close()
+                uid = sandbox.sandbox_uid(self.slot)
+                if uid is not None:  # a kernel the killed worker left behind
+                    sandbox.kill_uid(uid)
                 return {"success": False, "killed": "timeout", "error": f"ran past {timeout:.0f} s",
                         "log": ""}
             if line is None:
@@ -288,9 +284,6 @@ class Worker:
                 pass
             self.proc.wait()
             self.proc = None
-        uid = sandbox.sandbox_uid(self.slot)
-        if uid is not None:  # a kernel the killed worker left behind
-            sandbox.kill_uid(uid)
 
 
 def _cause(log: str) -> str | None:
@@ -347,7 +340,7 @@ def test_cell_changes(release_nb: Path, submitted_nb: Path) -> list[str]:
 
 
 def grade_one(root: Path, student: str, assignment: str, timeout: float,
-              worker: Worker | None = None) -> dict:
+              worker: Worker) -> dict:
     t0 = time.monotonic()
     rec = {"student": student, "assignment": assignment}
     subdir = root / "submitted" / student / assignment
@@ -355,10 +348,7 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float,
     if why:
         rec.update(status="malformed", detail=why)
     else:
-        if worker is None:
-            res = run_worker(root, "autograde", assignment, student, timeout=timeout)
-        else:
-            res = worker.run("autograde", assignment, student, timeout=timeout)
+        res = worker.run("autograde", assignment, student, timeout=timeout)
         reports = res.get("reports") or []
         changes = [c for nb in sorted(subdir.glob("*.ipynb"))
                    for c in test_cell_changes(root / "release" / assignment / nb.name, nb)]

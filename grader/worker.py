@@ -1,10 +1,10 @@
-"""One nbgrader job in its own process: ``python -m grader.worker ROOT JOB [ARGS...]``.
+"""nbgrader jobs in a long-lived process: ``python -m grader.worker ROOT serve``.
 
-Jobs: ``generate A...``, ``autograde A STUDENT``, ``feedback A [STUDENT]``, ``export FILE``,
-or ``serve`` (read jobs as JSON lists, one per stdin line, until end of input). Each runs real
-nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON line
-(prefixed ``@@RESULT``) with the outcome. Learner code never runs in this process: autograde
-executes it in a jailed kernel (``grader.trusted``).
+It reads jobs as JSON lists, one per stdin line, until end of input: ``["generate", A...]``,
+``["autograde", A, STUDENT]``, ``["feedback", A[, STUDENT]]``, ``["export", FILE]``. Each runs
+real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON
+line (prefixed ``@@RESULT``) with the outcome; ``grading.Worker`` is the other end. Learner code
+never runs in this process: autograde executes it in a jailed kernel (``grader.trusted``).
 
 Gradebook safety: every ``nbgrader.api.Gradebook`` session in this process holds an exclusive
 ``fcntl`` lock on ``<root>/gradebook.db.lock`` from construction to ``close()``. nbgrader opens
@@ -146,18 +146,15 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    if argv[1:] != ["serve"]:
+        raise SystemExit("usage: python -m grader.worker ROOT serve  (jobs on stdin)")
     root = Path(argv[0]).resolve()
-    job, args = argv[1], argv[2:]
     os.chdir(root)
     os.environ["PALLAS_COURSE_ROOT"] = str(root)
     install_gradebook_lock(root)
     cfg, coursedir, api = load(root)
-    if job != "serve":
-        result = do_job(root, cfg, coursedir, api, job, args)
-        print("@@RESULT " + json.dumps(result), flush=True)
-        return 0 if result.get("success") else 1
-    # serve: one JSON list [job, args...] per stdin line, one @@RESULT line per job; nbgrader
-    # and its imports are paid for once per worker instead of once per submission
+    # one JSON list [job, args...] per stdin line, one @@RESULT line per job; nbgrader and its
+    # imports are paid for once per worker instead of once per submission
     for line in sys.stdin:
         if not line.strip():
             continue
