@@ -2,7 +2,9 @@
 
 It turns a captured ``pallas_call`` into ``kernelsim.model`` dataclasses, evaluates index maps
 over the whole grid, counts kernel FLOPs and records the DMAs TPU interpret mode performs.
-Verified on jax 0.10.2 (see tests/kernelsim/test_jax_adapter.py); a JAX upgrade changes this file.
+Supported JAX releases: ``SUPPORTED_JAX`` (tested on both ends by ``make test``; ``make test-jax
+JAX=<version>`` runs kernelsim's suite on any other). Differences between releases are handled
+here by feature detection, never by comparing version strings; see docs/upgrading-jax.md.
 """
 
 from __future__ import annotations
@@ -28,6 +30,46 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernelsim.errors import TraceError
 from kernelsim.model import BlockDim, KernelCall, MemorySpace, Operand
+
+# The oldest and newest JAX releases kernelsim is tested against.
+SUPPORTED_JAX = ("0.10.2", "0.12.0.1")
+
+# ---------------------------------------------------------------------------------------------
+# What differs between JAX releases
+
+# jax <= 0.10 wraps a Jaxpr and its constants in ClosedJaxpr; from 0.11 a Jaxpr carries its
+# constants itself (``.consts``, and ``.jaxpr`` returns the Jaxpr), and ClosedJaxpr is gone.
+_CLOSED_JAXPR: type | None = getattr(jax_core, "ClosedJaxpr", None)
+_JAXPR_TYPES: tuple[type, ...] = (jax_core.Jaxpr,) + ((_CLOSED_JAXPR,) if _CLOSED_JAXPR else ())
+
+
+def _open(j: Any) -> Any:
+    """The Jaxpr whose ``eqns`` and ``constvars`` to walk (a ClosedJaxpr's inner one)."""
+    return j.jaxpr if _CLOSED_JAXPR is not None and isinstance(j, _CLOSED_JAXPR) else j
+
+
+def _consts(j: Any) -> list:
+    """The constant values bound to ``_open(j).constvars`` (none for a bare old-style Jaxpr)."""
+    return list(getattr(j, "consts", ()))
+
+
+def _closed(jaxpr: Any, consts: list) -> Any:
+    """``jaxpr`` with ``consts`` attached: a ClosedJaxpr before 0.11, a Jaxpr after."""
+    return (_CLOSED_JAXPR or jax_core.Jaxpr)(jaxpr, consts)
+
+
+def _scan_operands(params: dict[str, Any], vals: list) -> tuple[list, list, list]:
+    """A scan's operands split into (consts, carry, xs).
+
+    jax <= 0.10 records ``num_consts``/``num_carry``; from 0.11 the split is a FlatTree
+    ``ft_in`` whose three children are the consts, the carry and the scanned inputs.
+    """
+    if "ft_in" in params:
+        consts, carry, xs = params["ft_in"].update(vals).unpack()
+        return list(consts), list(carry), list(xs)
+    nc, ncarry = params["num_consts"], params["num_carry"]
+    return vals[:nc], vals[nc:nc + ncarry], vals[nc + ncarry:]
+
 
 _MEMORY_SPACES: dict[str, MemorySpace] = {
     "default": "vmem", "vmem": "vmem", "vmem_shared": "vmem", "cmem": "vmem",
@@ -157,7 +199,7 @@ def _evaluate(bm: Any, grid_points: np.ndarray, prefetch: list[np.ndarray]) -> n
     """The index map of ``bm`` at every grid point: int64 [steps, ndim]."""
     ndim = len(bm.block_shape)
     nsteps = grid_points.shape[0]
-    outvars = bm.index_map_jaxpr.jaxpr.outvars[:ndim]
+    outvars = _open(bm.index_map_jaxpr).outvars[:ndim]
     if all(isinstance(v, jax_core.Literal) for v in outvars):  # constant map: no compile
         row = np.array([int(v.val) for v in outvars], dtype=np.int64)
         return np.broadcast_to(row, (nsteps, ndim)).copy()
@@ -252,13 +294,9 @@ def _sub_jaxprs(eqn: Any) -> list[tuple[Any, int]]:
     found = []
     for v in p.values():
         for item in (v if isinstance(v, (tuple, list)) else (v,)):
-            if isinstance(item, (jax_core.Jaxpr, jax_core.ClosedJaxpr)):
+            if isinstance(item, _JAXPR_TYPES):
                 found.append((_open(item), 1))
     return found
-
-
-def _open(j: Any) -> Any:
-    return j.jaxpr if isinstance(j, jax_core.ClosedJaxpr) else j
 
 
 def count_flops(jaxpr: Any) -> tuple[int, tuple[str, ...]]:
@@ -410,7 +448,7 @@ def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
     rows: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {i: [] for i in range(len(prefetch))}
     for bm in gm.block_mappings:
         closed = bm.index_map_jaxpr
-        jaxpr = closed.jaxpr
+        jaxpr = _open(closed)
         refs = {v: i for i, v in enumerate(jaxpr.invars[ngrid:])}
         gets = [e for e in jaxpr.eqns if e.primitive.name == "get" and e.invars[0] in refs]
         if not gets:
@@ -420,8 +458,7 @@ def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
         probe = jaxpr.replace(outvars=leaves, debug_info=info._replace(result_paths=None)
                               if info is not None else None) if leaves else None
         if probe is not None:
-            fun = jax_core.jaxpr_as_fun(discharge_state(jax_core.ClosedJaxpr(probe,
-                                                                              closed.consts)))
+            fun = jax_core.jaxpr_as_fun(discharge_state(_closed(probe, _consts(closed))))
             in_axes = (0,) * ngrid + (None,) * len(values)
             cols = [jnp.asarray(points[:, i], jnp.int32) for i in range(ngrid)]
             leaf_vals = [np.asarray(v) for v in jax.vmap(fun, in_axes=in_axes)(*cols, *values)]
@@ -532,21 +569,22 @@ class _Interpreter:
         if name == "cond":
             branches = p["branches"]
             b = branches[int(np.clip(int(vals[0]), 0, len(branches) - 1))]
-            return self.run(b.jaxpr, b.consts, vals[1:])
+            return self.run(_open(b), _consts(b), vals[1:])
         if name == "while":
             cn, bn = p["cond_nconsts"], p["body_nconsts"]
             cc, bc, carry = vals[:cn], vals[cn:cn + bn], vals[cn + bn:]
             cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
-            while bool(self.run(cj.jaxpr, cj.consts, cc + carry)[0]):
-                carry = self.run(bj.jaxpr, bj.consts, bc + carry)
+            while bool(self.run(_open(cj), _consts(cj), cc + carry)[0]):
+                carry = self.run(_open(bj), _consts(bj), bc + carry)
             return carry
         if name == "scan":
-            nc, ncarry, length, body = p["num_consts"], p["num_carry"], p["length"], p["jaxpr"]
-            consts, carry, xs = vals[:nc], vals[nc:nc + ncarry], vals[nc + ncarry:]
+            length, body = p["length"], p["jaxpr"]
+            consts, carry, xs = _scan_operands(p, vals)
+            ncarry = len(carry)
             ys = []
             order = range(length - 1, -1, -1) if p["reverse"] else range(length)
             for i in order:
-                out = self.run(body.jaxpr, body.consts, consts + carry + [x[i] for x in xs])
+                out = self.run(_open(body), _consts(body), consts + carry + [x[i] for x in xs])
                 carry, y = out[:ncarry], out[ncarry:]
                 ys.append(y)
             if p["reverse"]:
@@ -570,8 +608,7 @@ class _Interpreter:
         if name in _CALLS:
             sub = p.get("jaxpr", p.get("call_jaxpr", p.get("fun_jaxpr")))
             if sub is not None:
-                closed = sub if isinstance(sub, jax_core.ClosedJaxpr) else None
-                return self.run(_open(sub), list(closed.consts) if closed else [], vals)
+                return self.run(_open(sub), _consts(sub), vals)
         if any(isinstance(v, _Ref) for v in vals):
             raise TraceError(
                 f"access recording does not support {name!r} on refs (supported: ref reads "
