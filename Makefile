@@ -1,14 +1,34 @@
 # Two entry points: `make start` and `make test`. Both create or update .venv themselves.
-PYTHON ?= python3
+
+# The course runs on jax 0.12, which needs Python >= 3.12. PYTHON=/path/to/python overrides the
+# search; otherwise the first interpreter below that really runs and is new enough (a pyenv shim
+# for a version that is installed but not selected fails, so pyenv's versions are tried too).
+PYENV_ROOT ?= $(shell pyenv root 2>/dev/null)
+find_python = $(firstword $(foreach p,$(1),$(shell "$(p)" -c 'import sys;   sys.exit(not ((3, $(2)) <= sys.version_info[:2] < (3, 14)))' >/dev/null 2>&1 && command -v "$(p)")))
+PYTHON ?= $(call find_python,python3.12 python3.13 python3 \
+  $(wildcard $(PYENV_ROOT)/versions/3.12*/bin/python3.12 $(PYENV_ROOT)/versions/3.13*/bin/python3.13),12)
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: start test venv lint site system-packages clean
+# kernelsim's own suite also runs on the oldest JAX it supports (kernelsim/_jax.py SUPPORTED_JAX),
+# in its own venv; `make test-jax JAX=<version>` runs it on any release.
+COMPAT_JAX    := 0.10.2
+COMPAT_PYTHON ?= $(call find_python,python3.11 python3 $(wildcard $(PYENV_ROOT)/versions/3.11*/bin/python3.11),11)
+KERNELSIM_TESTS := tests/kernelsim --ignore=tests/kernelsim/views
 
-# Reinstall only when the dependency list changes: a no-op run costs a stat.
-$(STAMP): pyproject.toml
+.PHONY: start test test-jax venv lint site system-packages clean python-check
+
+python-check:
+	@test -n "$(PYTHON)" || { echo "make: no Python 3.12 or 3.13 found (jax 0.12 needs one)." \
+	  "Install it (Debian/Ubuntu: apt-get install python3.12-venv; or: pyenv install 3.12)" \
+	  "and run again, or name it: make PYTHON=/path/to/python3.12 ..." >&2; exit 1; }
+
+# Reinstall only when the dependency list changes: a no-op run costs a stat. A venv made by an
+# older Python (the course used 3.11 before jax 0.12) is replaced.
+$(STAMP): pyproject.toml | python-check
+	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null || rm -rf $(VENV)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
@@ -35,6 +55,19 @@ site: $(STAMP)
 
 test: $(STAMP) system-packages lint
 	$(PY) -m pytest
+	$(MAKE) --no-print-directory test-jax JAX=$(COMPAT_JAX) PYTHON_FOR_JAX="$(COMPAT_PYTHON)" \
+	  JAX_VENV=.venv-compat
+
+# kernelsim's suite on another JAX release, in its own venv (.venv-jax-<version> unless named).
+# It installs that jax[cpu] and the `kernelsim-test` extra of pyproject.toml, not the course.
+JAX_VENV ?= .venv-jax-$(JAX)
+PYTHON_FOR_JAX ?= $(PYTHON)
+test-jax:
+	@test -n "$(JAX)" || { echo "usage: make test-jax JAX=<jax version, e.g. 0.11.2>" >&2; exit 2; }
+	@test -n "$(PYTHON_FOR_JAX)" || { echo "make test-jax: no Python for jax $(JAX) found;" \
+	  "name one: PYTHON_FOR_JAX=/path/to/python" >&2; exit 1; }
+	$(PYTHON_FOR_JAX) .ci/jax_env.py $(JAX_VENV) $(JAX)
+	$(JAX_VENV)/bin/python -m pytest -p no:cacheprovider -q $(KERNELSIM_TESTS)
 
 # The student notebooks are generated (git-ignored): release them so the site links them
 # and JupyterLab opens them.

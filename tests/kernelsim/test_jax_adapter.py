@@ -1,6 +1,7 @@
-"""The JAX-internals adapter (kernelsim/_jax.py): what it reads from a pallas_call on jax 0.10.2.
+"""The JAX-internals adapter (kernelsim/_jax.py): what it reads from a pallas_call.
 
-A JAX upgrade that moves a field shows up here first.
+Runs on every supported release (``_jax.SUPPORTED_JAX``; ``make test`` runs both ends), so a JAX
+upgrade that moves a field shows up here first.
 """
 
 import jax
@@ -152,15 +153,45 @@ def test_recording_restores_the_interpreter_callbacks():
     assert (tpu_interpret.get, tpu_interpret.store) == before
 
 
-def test_only_the_adapter_imports_jax_internals():
-    import re
+def _project_python_files() -> list:
+    """The repository's own .py files (tracked or new, not ignored: no venvs, no builds)."""
+    import subprocess
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[2]
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard",
+                             "*.py"], cwd=repo, capture_output=True, text=True, check=True)
+    return [repo / line for line in listed.stdout.splitlines() if (repo / line).exists()]
+
+
+def test_only_the_adapter_imports_jax_internals():
+    import re
+
     pattern = re.compile(r"^\s*(from|import)\s+jax\._src", re.M)
-    offenders = [
-        str(p.relative_to(repo)) for p in repo.rglob("*.py")
-        if not ({".venv", "build", ".cache"} & set(p.relative_to(repo).parts))
-        and p != repo / "kernelsim" / "_jax.py" and pattern.search(p.read_text())
-    ]
+    offenders = [str(p) for p in _project_python_files()
+                 if p.parts[-2:] != ("kernelsim", "_jax.py") and pattern.search(p.read_text())]
     assert offenders == [], f"jax._src is imported outside kernelsim/_jax.py: {offenders}"
+
+
+def test_kernelsim_never_switches_on_the_jax_version_string():
+    """Release differences are feature-detected in the adapter, not branched on elsewhere."""
+    import re
+
+    pattern = re.compile(r"__version__|version_info")
+    offenders = [str(p) for p in _project_python_files()
+                 if "kernelsim" in p.parts and "tests" not in p.parts
+                 and p.name != "_jax.py" and pattern.search(p.read_text())]
+    assert offenders == [], f"kernelsim reads a version string: {offenders}"
+
+
+def test_supported_range_matches_the_pins():
+    """The newest supported JAX is the course's pin; the oldest is what `make test` checks too."""
+    import re
+    import tomllib
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    deps = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["dependencies"]
+    assert f"jax[cpu]=={_jax.SUPPORTED_JAX[-1]}" in deps
+    compat = re.search(r"^COMPAT_JAX\s*:=\s*(\S+)", (repo / "Makefile").read_text(), re.M)
+    assert compat and compat.group(1) == _jax.SUPPORTED_JAX[0]
