@@ -37,15 +37,23 @@ $(STAMP): pyproject.toml | python-check
 venv: $(STAMP)
 
 # System packages: Debian's chromium for the browser tests (playwright's own browser
-# download cannot work offline) and bubblewrap, the grader's sandbox for submissions.
+# download cannot work offline), bubblewrap, the grader's sandbox for submissions, and for a
+# class on a hub (deploy/, tests/cluster): PostgreSQL (the gradebook on a server) and Node's npm,
+# which installs JupyterHub's proxy, configurable-http-proxy (4.6 runs on Debian 12's node 18).
+CHP_VERSION := 4.6.3
 system-packages:
 	@missing=""; \
 	[ -x $(CHROMIUM) ] || missing="$$missing chromium"; \
 	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && apt-get install -y -q $$missing; \
 	  else echo "missing system packages:$$missing; run: sudo apt-get update && sudo apt-get install -y$$missing" >&2; exit 1; fi; \
 	fi
+	@[ "$$(configurable-http-proxy --version 2>/dev/null)" = $(CHP_VERSION) ] || \
+	if [ "$$(id -u)" = 0 ]; then npm install -g -q --no-fund --no-audit configurable-http-proxy@$(CHP_VERSION); \
+	else echo "missing configurable-http-proxy $(CHP_VERSION); run: sudo npm install -g configurable-http-proxy@$(CHP_VERSION)" >&2; exit 1; fi
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
