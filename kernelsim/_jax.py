@@ -4,7 +4,7 @@ It turns a captured ``pallas_call`` into ``kernelsim.model`` dataclasses, evalua
 over the whole grid, counts kernel FLOPs and records the DMAs TPU interpret mode performs.
 Supported JAX releases: ``SUPPORTED_JAX`` (tested on both ends by ``make test``; ``make test-jax
 JAX=<version>`` runs kernelsim's suite on any other). Differences between releases are handled
-here by feature detection, never by comparing version strings; see docs/upgrading-jax.md.
+here by feature detection, never by comparing version strings; see kernelsim/UPGRADING.md.
 """
 
 from __future__ import annotations
@@ -253,6 +253,11 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
         dims = _block_dims(name, bm.origin, bm.block_shape)
         space = _memory_space(bm.transformed_block_aval)
         buffers = bm.pipeline_mode.buffer_count if bm.pipeline_mode is not None else 2
+        if not isinstance(buffers, int):  # jax >= 0.12: (in, out) pairs, emit_pipeline only
+            raise TraceError(
+                f"pallas_call {name!r}, operand {bm.origin}: pl.Buffered({buffers!r}) is an "
+                "(input, output) pair, which only emit_pipeline accepts; a pallas_call "
+                "BlockSpec takes one int buffer count.")
         call.operands.append(Operand(
             names[nprefetch + k], role, tuple(aval.shape), str(aval.dtype),
             np.dtype(aval.dtype).itemsize, space, dims, int(buffers),

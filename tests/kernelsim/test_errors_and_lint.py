@@ -33,6 +33,18 @@ def test_no_pallas_call():
         kernelsim.trace(lambda x: x + 1, X)
 
 
+def test_buffer_count_pair_is_refused_with_the_operand_named():
+    """jax 0.12's Buffered takes an (input, output) pair, meant for emit_pipeline only."""
+    def fn(x):
+        spec = pl.BlockSpec((8, 128), lambda i: (i, 0), pipeline_mode=pl.Buffered((2, 1)))
+        return pl.pallas_call(_copy_kernel, grid=(8,), in_specs=[spec],
+                              out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    with pytest.raises(TraceError, match=r"args\[0\]: pl.Buffered\(\(2, 1\)\).*emit_pipeline"):
+        kernelsim.trace(fn, X)
+
+
 def test_index_map_leaving_the_array_names_call_operand_step_and_block_count():
     fn = functools.partial(_copy, block=(8, 128), in_map=lambda i: (i + 1, 0), grid=(8,),
                            out_map=lambda i: (i, 0))
