@@ -77,10 +77,11 @@ test-jax:
 	$(PYTHON_FOR_JAX) .ci/jax_env.py $(JAX_VENV) $(JAX)
 	$(JAX_VENV)/bin/python -m pytest -p no:cacheprovider -q $(KERNELSIM_TESTS)
 
-# The student notebooks are generated (git-ignored): release them so the site links them
-# and JupyterLab opens them.
+# The learner's workspace/ (git-ignored) gets the lessons and the released student notebooks,
+# each only when missing: nothing of the learner's is ever overwritten. JupyterLab opens there;
+# the site is served at once and (re)built behind it when stale.
 start: $(STAMP) system-packages
-	$(PY) -m grader.cli release
+	$(PY) -m grader.cli workspace
 	$(PY) -m grader.cli serve
 
 clean:

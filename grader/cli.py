@@ -1,18 +1,69 @@
-"""`pallas-course`: the course's command line."""
+"""`pallas-course`: the course's command line.
+
+The course (nbgrader's course root: ``nbgrader_config.py`` beside ``source/``) is found like
+nbgrader finds its config: from the current directory and its parents (a course root, or a
+checkout holding one in ``exercises/``), unless ``--course DIR`` or ``$PALLAS_COURSE_ROOT``
+names it. Nothing is written outside that course, the workspace or the folder you name.
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from grader import site
 
+COURSE_MARKER = "nbgrader_config.py"
+
+
+class CourseNotFound(FileNotFoundError):
+    pass
+
+
+def is_course(d: Path) -> bool:
+    return (d / COURSE_MARKER).is_file() and (d / "source").is_dir()
+
+
+def find_course(start: Path) -> Path:
+    """The course root at or above ``start``: a course itself, or a checkout's ``exercises/``."""
+    start = start.resolve()
+    for d in (start, *start.parents):
+        if is_course(d):
+            return d
+        if is_course(d / "exercises"):
+            return d / "exercises"
+    raise CourseNotFound(
+        f"no course at or above {start} (a folder with {COURSE_MARKER} and source/, or a "
+        "checkout with exercises/): cd into the course, or pass --course DIR")
+
+
+def course_root(option: Path | None) -> Path:
+    if option is not None:
+        root = option.resolve()
+        if not is_course(root):
+            raise CourseNotFound(f"--course {option}: no {COURSE_MARKER} and source/ there")
+        return root
+    env = os.environ.get("PALLAS_COURSE_ROOT")
+    return Path(env).resolve() if env else find_course(Path.cwd())
+
+
+def checkout(root: Path) -> Path:
+    """Where the lessons are: the checkout around the course, else the installed package's."""
+    from grader import refs
+
+    return root.parent if (root.parent / "lessons").is_dir() else refs.REPO
+
 
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pallas-course", description=__doc__)
     parser.add_argument("--course", type=Path, default=None,
-                        help="nbgrader course root (default: $PALLAS_COURSE_ROOT or exercises/)")
+                        help="nbgrader course root (default: $PALLAS_COURSE_ROOT, else found "
+                        "from the current directory upwards)")
+    parser.add_argument("--db", default=None, metavar="URL",
+                        help="the gradebook (nbgrader's db_url), e.g. postgresql://USER@HOST/DB "
+                        "(default: $PALLAS_COURSE_DB, else gradebook.db, SQLite, in the course)")
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build-site", help="build the website into build/site")
     b.add_argument("--no-strict", action="store_true", help="do not fail on mkdocs warnings")
@@ -20,6 +71,16 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--lab-port", type=int, default=8888)
     s.add_argument("--no-build", action="store_true", help="serve build/site as it is")
+    s.add_argument("--workspace", type=Path, default=None,
+                   help="folder JupyterLab opens (default: workspace/ of the checkout)")
+    w = sub.add_parser("workspace", help="copy lessons and exercise notebooks into a learner's "
+                       "workspace; files already there are never changed")
+    w.add_argument("dir", type=Path, nargs="?", help="default: workspace/ of the checkout")
+    w.add_argument("--update", action="store_true",
+                   help="also offer newer course versions beside your files (<name>.new.*)")
+    d = sub.add_parser("dist", help="a student distribution (folder or .zip): lessons, student "
+                       "notebooks, visible references, kernelsim; no solutions or hidden tests")
+    d.add_argument("--to", type=Path, required=True)
     r = sub.add_parser("release", help="generate student versions into exercises/release/")
     r.add_argument("assignment", nargs="?")
     c = sub.add_parser("collect", help="copy <student>/<assignment>/<nb>.ipynb (folder or zip) "
@@ -29,6 +90,9 @@ def _build_parser() -> argparse.ArgumentParser:
     a.add_argument("assignment", nargs="?")
     a.add_argument("--workers", type=int, default=1)
     a.add_argument("--timeout", type=float, default=900, help="seconds per submission")
+    a.add_argument("--scheduler", metavar="tcp://HOST:8786", default=None,
+                   help="grade on this Dask cluster instead of --workers local processes "
+                   "(deploy/README.md)")
     a.add_argument("--resume", action="store_true",
                    help="skip submissions that already have a status (after an interruption)")
     f = sub.add_parser("feedback", help="HTML feedback without hidden tests")
@@ -49,26 +113,42 @@ def main(argv: list[str] | None = None) -> int:
         site.build_site(strict=not args.no_strict)
         return 0
     if args.command == "serve":
-        return site.serve(port=args.port, lab_port=args.lab_port, build=not args.no_build)
+        return site.serve(port=args.port, lab_port=args.lab_port, build=not args.no_build,
+                          workspace_dir=args.workspace)
+    if args.command == "check":
+        from grader import grading
+
+        return grading.check_notebook(args.notebook)
 
     from grader import grading, refs
 
-    root = (args.course or refs.course_root()).resolve()
+    if args.db:
+        os.environ[grading.DB_ENV] = args.db  # read by every nbgrader process, via its config
     try:
-        if args.command == "release":
+        root = course_root(args.course)
+        if args.command == "workspace":
+            from grader import workspace
+
+            repo = checkout(root)
+            workspace.create((args.dir or workspace.default_dir(repo)).resolve(), root, repo,
+                             update=args.update)
+        elif args.command == "dist":
+            from grader import dist
+
+            dist.build(root, checkout(root), args.to.resolve())
+        elif args.command == "release":
             grading.release(root, args.assignment)
         elif args.command == "collect":
             grading.collect(root, args.path)
         elif args.command == "autograde":
             res = grading.autograde(root, args.assignment, workers=args.workers,
-                                    timeout=args.timeout, resume=args.resume)
+                                    timeout=args.timeout, resume=args.resume,
+                                    scheduler=args.scheduler)
             return 0 if all(r["status"] in ("graded",) for r in res) else 3
         elif args.command == "feedback":
             grading.feedback(root, args.assignment)
         elif args.command == "export":
             grading.export(root, args.to)
-        elif args.command == "check":
-            return grading.check_notebook(args.notebook)
         elif args.command == "refs":
             refs.generate(root, set(args.only) or None)
         else:

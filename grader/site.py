@@ -1,18 +1,25 @@
 """Build the mkdocs site when its sources changed, and serve it beside JupyterLab.
 
-``serve`` starts two child processes, each in its own session so that a terminal's Ctrl-C
-reaches only this process: a static file server over ``build/site`` and JupyterLab rooted at
-the repository (opening on ``lessons/``; jupytext opens the ``.py`` lessons as notebooks). On
-Ctrl-C (SIGINT) or SIGTERM it stops both, waits for them and returns.
+``serve`` answers at once: the site from an in-process static server (a "being built" page
+that reloads itself until ``build/site`` exists; a stale site is rebuilt behind it into
+``build/site.next`` and swapped in), and JupyterLab as a child process in its own session,
+rooted at the learner's workspace (``pallas-course workspace``) with nbgrader's instructor
+extensions (formgrader, create assignment, course list) switched off by ``site/jupyter/``.
+The two URLs are the last thing printed, in a box; JupyterLab's and the build's logs go to
+``build/logs/``. On Ctrl-C (SIGINT) or SIGTERM it stops everything and returns.
 """
 
 from __future__ import annotations
 
+import functools
+import http.server
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,9 +29,11 @@ REPO = Path(__file__).resolve().parent.parent
 SITE_DIR = REPO / "build" / "site"
 SITE_SOURCES = ("mkdocs.yml", "site", "lessons", "exercises/source", "exercises/release",
                 "kernelsim")
-# JupyterLab reads <dir>/labconfig/default_setting_overrides.json from JUPYTER_CONFIG_PATH:
-# there, ``.py`` files default to the "Jupytext Notebook" viewer.
+# JupyterLab reads <dir>/labconfig/*.json and <dir>/jupyter_server_config.json from
+# JUPYTER_CONFIG_PATH: there ``.py`` files default to the "Jupytext Notebook" viewer, and the
+# instructor-only nbgrader extensions are disabled.
 LAB_CONFIG_DIR = REPO / "site" / "jupyter"
+LOG_DIR = REPO / "build" / "logs"
 SITE_URL = "http://127.0.0.1:8000"
 LAB_URL = "http://127.0.0.1:8888"
 READY_TIMEOUT_S = 90
@@ -52,16 +61,46 @@ def site_is_stale() -> bool:
     return _newest_mtime([REPO / p for p in SITE_SOURCES]) > index.stat().st_mtime
 
 
+def build_command(strict: bool = True, site_dir: Path = SITE_DIR) -> list[str]:
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--clean", "--site-dir", str(site_dir)]
+    return [*cmd, "--strict"] if strict else cmd
+
+
+BUILD_ENV = {"NO_MKDOCS_2_WARNING": "1"}
+
+
 def build_site(strict: bool = True) -> None:
     """Run `mkdocs build` into build/site; raises CalledProcessError when the build fails.
 
     Lessons are executed (mkdocs-jupyter); unchanged ones come from .cache/mkdocs-jupyter/.
     """
-    cmd = [sys.executable, "-m", "mkdocs", "build", "--clean"]
-    if strict:
-        cmd.append("--strict")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    subprocess.run(cmd, cwd=REPO, check=True, env=env)
+    subprocess.run(build_command(strict), cwd=REPO, check=True, env={**os.environ, **BUILD_ENV})
+
+
+BUILDING_PAGE = b"""<!doctype html><html><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="5"><title>pallas-course: building the site</title></head>
+<body style="font-family: sans-serif; max-width: 40em; margin: 4em auto">
+<h1>The site is being built</h1>
+<p>The lessons are executed once (about two minutes on two cores; later starts reuse the
+cache). This page reloads itself every 5 seconds. JupyterLab is already running: the lessons
+and exercises are there.</p></body></html>"""
+
+
+class _SiteHandler(http.server.SimpleHTTPRequestHandler):
+    """build/site as static files; while it does not exist yet, the page above."""
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        if (Path(self.directory) / "index.html").exists():
+            return super().do_GET()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(BUILDING_PAGE)))
+        self.send_header("Cache-Control", "no-store")
+        self.end_headers()
+        self.wfile.write(BUILDING_PAGE)
+
+    def log_message(self, *args):
+        pass
 
 
 def _answers(url: str) -> bool:
@@ -94,10 +133,10 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def lab_command(lab_port: int, token: str) -> list[str]:
+def lab_command(lab_port: int, token: str, root: Path) -> list[str]:
     return [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip", "127.0.0.1",
             "--port", str(lab_port), "--ServerApp.port_retries=0",
-            f"--ServerApp.root_dir={REPO}", "--ServerApp.default_url=/lab/tree/lessons",
+            f"--ServerApp.root_dir={root}", "--ServerApp.default_url=/lab/tree/lessons",
             f"--IdentityProvider.token={token}",
             # offline machines: no announcement feed, no update check
             "--LabApp.news_url=None",
@@ -105,14 +144,60 @@ def lab_command(lab_port: int, token: str) -> list[str]:
             *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])]
 
 
-def serve(port: int = 8000, lab_port: int = 8888, build: bool = True) -> int:
-    """Build the site if stale (unless ``build`` is False), serve it and JupyterLab until
-    Ctrl-C; returns an exit code (0 after Ctrl-C, a child's code if one exits first)."""
-    if build and site_is_stale():
-        build_site()
-    if not (SITE_DIR / "index.html").exists():
+def url_box(lines: list[str]) -> str:
+    """``lines`` framed, so the URLs stand out at the end of the output."""
+    width = max(len(x) for x in lines)
+    bar = "─" * (width + 2)
+    return "\n".join([f"┌{bar}┐", *(f"│ {x.ljust(width)} │" for x in lines), f"└{bar}┘"])
+
+
+class _BehindBuild:
+    """``mkdocs build`` into build/site.next in the background, swapped into build/site when
+    it succeeds; its output goes to build/logs/site-build.log."""
+
+    def __init__(self) -> None:
+        self.log = LOG_DIR / "site-build.log"
+        self.next_dir = SITE_DIR.with_name("site.next")
+        shutil.rmtree(self.next_dir, ignore_errors=True)
+        self.t0 = time.monotonic()
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                build_command(True, self.next_dir), cwd=REPO, env={**os.environ, **BUILD_ENV},
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def finish(self) -> str | None:
+        """None while running; then a one-line outcome (after swapping the new site in)."""
+        code = self.proc.poll()
+        if code is None:
+            return None
+        seconds = time.monotonic() - self.t0
+        if code != 0:
+            tail = self.log.read_text().strip().splitlines()[-5:]
+            return (f"site build FAILED after {seconds:.0f} s (exit {code}); the old site, if "
+                    f"any, is still served. Last lines of {self.log}:\n  " + "\n  ".join(tail))
+        old = SITE_DIR.with_name("site.old")
+        shutil.rmtree(old, ignore_errors=True)
+        if SITE_DIR.exists():
+            SITE_DIR.rename(old)
+        self.next_dir.rename(SITE_DIR)
+        shutil.rmtree(old, ignore_errors=True)
+        return f"site built in {seconds:.0f} s"
+
+
+def serve(port: int = 8000, lab_port: int = 8888, build: bool = True,
+          workspace_dir: Path | None = None) -> int:
+    """Serve the site and JupyterLab (rooted at ``workspace_dir``, default workspace/) until
+    Ctrl-C, rebuilding a stale site behind the running server unless ``build`` is False;
+    returns an exit code (0 after Ctrl-C, JupyterLab's if it exits first)."""
+    workspace_dir = (workspace_dir or REPO / "workspace").resolve()
+    if not (workspace_dir / "lessons").is_dir():
+        print(f"no workspace in {workspace_dir}: run `pallas-course workspace "
+              f"{workspace_dir}` first (make start does)", file=sys.stderr)
+        return 1
+    if not build and not (SITE_DIR / "index.html").exists():
         print(f"no site in {SITE_DIR}: run `pallas-course build-site` first", file=sys.stderr)
         return 1
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(16)
     config_path = os.pathsep.join(p for p in (str(LAB_CONFIG_DIR),
                                               os.environ.get("JUPYTER_CONFIG_PATH", "")) if p)
@@ -120,38 +205,60 @@ def serve(port: int = 8000, lab_port: int = 8888, build: bool = True) -> int:
     # SIGTERM (from `kill`, a service manager or a test) stops us the way Ctrl-C does
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     procs: list[subprocess.Popen] = []
+    server = None
     try:
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
-             "--directory", str(SITE_DIR)],
-            start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        # nbgrader's lab extensions read nbgrader_config.py from the working directory
-        course = REPO / "exercises"
-        lab_cwd = course if (course / "nbgrader_config.py").is_file() else REPO
-        procs.append(subprocess.Popen(lab_command(lab_port, token), cwd=lab_cwd, env=lab_env,
-                                      start_new_session=True))
+        handler = functools.partial(_SiteHandler, directory=str(SITE_DIR))
+        try:
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+        except OSError as e:
+            print(f"cannot serve the site on 127.0.0.1:{port} ({e.strerror}): is another "
+                  "`make start` running? Stop it, or pass --port N", file=sys.stderr)
+            return 1
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        lab_log = LOG_DIR / "jupyterlab.log"
+        with open(lab_log, "w") as out:
+            procs.append(subprocess.Popen(
+                lab_command(lab_port, token, workspace_dir), cwd=workspace_dir, env=lab_env,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+        behind = _BehindBuild() if build and site_is_stale() else None
+        if behind:
+            procs.append(behind.proc)
         site_url = f"http://127.0.0.1:{port}/"
         lab_url = f"http://127.0.0.1:{lab_port}/lab/tree/lessons?token={token}"
         deadline = time.monotonic() + READY_TIMEOUT_S
-        pending = {site_url, f"http://127.0.0.1:{lab_port}/api/status?token={token}"}
-        while pending and time.monotonic() < deadline:
-            if any(p.poll() is not None for p in procs):
-                break
-            pending = {u for u in pending if not _answers(u)}
-            if pending:
-                time.sleep(0.3)
-        print(f"site:       {site_url}")
-        print(f"JupyterLab: {lab_url}")
-        print("            (lessons/ opens first; the exercises are in exercises/release/)")
-        if pending:
-            print(f"not answering yet: {', '.join(sorted(pending))}", file=sys.stderr)
-        print("Ctrl-C stops both.", flush=True)
-        while all(p.poll() is None for p in procs):
+        status = f"http://127.0.0.1:{lab_port}/api/status?token={token}"
+        while not _answers(status) and time.monotonic() < deadline:
+            if procs[0].poll() is not None:
+                print(f"JupyterLab exited ({procs[0].returncode}); its log, {lab_log}:\n"
+                      + lab_log.read_text()[-3000:], file=sys.stderr)
+                return procs[0].returncode or 1
             time.sleep(0.3)
-        return max(p.returncode or 0 for p in procs)
+        if not _answers(status):
+            print(f"JupyterLab is not answering yet; its log: {lab_log}", file=sys.stderr)
+
+        def box(building: bool) -> str:
+            return url_box([f"site:       {site_url}",
+                            *(["            (being built: the page reloads until it is ready)"]
+                              if building else []),
+                            f"JupyterLab: {lab_url}",
+                            f"            your workspace: {workspace_dir}",
+                            f"            (logs: {LOG_DIR})",
+                            "Ctrl-C stops both."])
+
+        print(box(behind is not None), flush=True)
+        while procs[0].poll() is None:
+            if behind and (outcome := behind.finish()) is not None:
+                behind = None
+                print(f"\n{outcome}\n{box(False)}", flush=True)
+            time.sleep(0.3)
+        print(f"JupyterLab exited ({procs[0].returncode}); see {lab_log}", file=sys.stderr)
+        return procs[0].returncode or 0
     except KeyboardInterrupt:
         print("\nstopping the site server and JupyterLab...", flush=True)
         return 0
     finally:
+        if server is not None:
+            server.shutdown()
+            server.server_close()
         _stop(procs)
         signal.signal(signal.SIGTERM, previous)
