@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from datetime import UTC, datetime
 from pathlib import Path
 
-from grader import build, refs, sandbox
+from grader import build, refs, sandbox, workspace
 
 HIDDEN_RE = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS", re.S)
 STUDENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -64,6 +64,8 @@ def release(root: Path, assignment: str | None = None, log=print) -> list[str]:
     for a in names:
         nbs = build.build_assignment(root, a)
         log(f"built {', '.join(str(p.relative_to(root)) for p in nbs)}")
+    # nbgrader's --force deletes release/<a>/: move anyone's edited notebook out of it first
+    workspace.keep_edited_releases(root, names, log=log)
     res = run_worker(root, "generate", *names)
     failed = [a for a, r in res.get("results", {}).items() if not r["success"]]
     if not res.get("results"):
@@ -79,6 +81,7 @@ def release(root: Path, assignment: str | None = None, log=print) -> list[str]:
             leaked.unlink()  # belt and braces: a jupytext twin holds the solutions
         n = refs.write_visible(root, a, rel / "refs")
         log(f"released {a} -> {rel.relative_to(root)} ({n} visible reference cases)")
+    workspace.record_release(root, names)
     return names
 
 
