@@ -424,9 +424,9 @@ def exercises_index_md(asg: list[Assignment]) -> str:
         "sees; hidden cases (other shapes, ragged edges, bfloat16, more seeds) run when the "
         "assignment is graded.",
         "",
-        "Work on them in JupyterLab: `make start` opens it on "
-        "[127.0.0.1:8888](http://127.0.0.1:8888/lab/tree/exercises/release) with the released "
-        "notebooks under `exercises/release/`.",
+        "Work on them in JupyterLab: `make start` copies them into your workspace "
+        "(`workspace/exercises/`, never overwritten) and serves it on "
+        "[127.0.0.1:8888](http://127.0.0.1:8888/lab/tree/exercises).",
         "",
     ]
     if not asg:
@@ -453,8 +453,9 @@ def assignment_md(a: Assignment) -> str:
     get = ["!!! info \"Get the notebook\""]
     if a.release:
         get.append(f"    Download [{a.notebook}]({a.name}/{a.notebook}), or open "
-                   f"`exercises/release/{a.name}/{a.notebook}` in JupyterLab "
-                   "(`make start` serves it on 127.0.0.1:8888).")
+                   f"[`exercises/{a.name}/{a.notebook}`](http://127.0.0.1:8888/lab/tree/"
+                   f"exercises/{a.name}/{a.notebook}) in JupyterLab (`make start` copies it into "
+                   "your workspace and serves it on 127.0.0.1:8888).")
     else:
         get.append("    The student notebook has not been released yet (nbgrader writes it to "
                    f"`exercises/release/{a.name}/{a.notebook}`); the statement below is read "
