@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--strict", action="store_true", help="exit 2 on any warning")
     v = sub.add_parser("verify", help="compare the model with TPU interpret mode's DMAs")
     v.add_argument("target", metavar="FILE.py:FUNC")
-    h = sub.add_parser("html", help="write a self-contained HTML step player")
+    h = sub.add_parser("html", help="write the self-contained HTML step viewer")
     h.add_argument("target", metavar="FILE.py:FUNC")
     h.add_argument("-o", "--output", required=True, metavar="OUT.html")
     h.add_argument("--model", choices=("tpu", "gpu"), default="tpu")

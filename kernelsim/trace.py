@@ -131,19 +131,23 @@ class Trace:
 
         return access_figure(self, step, operand, call)
 
-    def widget(self, call: int = 0):
-        """An ipywidgets stepper (a static Figure outside a notebook front end)."""
-        from kernelsim.views.widget import widget
+    def show(self, call: int = 0):
+        """The interactive viewer of call ``call``: an anywidget in a notebook front end
+        (model and chip switches recompute in the kernel), the standalone HTML viewer where
+        nothing renders widgets (nbconvert, the site build). Steps count from 0."""
+        from kernelsim.views.viewer import show
 
-        return widget(self, call)
+        return show(self, call)
 
     def to_html(self, path: Any = None, call: int = 0, fragment: bool = False,
                 max_bytes: int = 1_000_000) -> str:
-        """A self-contained HTML step player; written to ``path`` if given, always returned.
+        """The standalone viewer (both models, every chip, data and module inline, no
+        network); written to ``path`` if given, always returned. Above ``max_bytes`` it keeps
+        an even sample of the steps and says "showing N of M steps".
 
-        fragment: a ``<div>`` with its own inline script, to embed in another page.
+        fragment: a ``<div>`` with its own inline module, to embed in another page.
         """
-        from kernelsim.views.html import to_html
+        from kernelsim.views.viewer import to_html
 
         return to_html(self, path, call, fragment, max_bytes)
 

@@ -1,5 +1,6 @@
-"""Views of a ``kernelsim.Trace``: figures, an ipywidgets stepper, an HTML player, comparisons.
+"""Views of a ``kernelsim.Trace``: the interactive viewer (``viewer.js``, shown by anywidget
+or standalone), matplotlib figures for static output, and comparisons.
 
 Every view reads the Trace (``t.calls[i].schedule``, ``.cost``, ``.call``); none re-derives a
-number. Colours come from ``kernelsim.views.palette``.
+number. Colours come from ``kernelsim.views.palette``. Steps count from 0 everywhere.
 """

@@ -1,7 +1,8 @@
-"""The one colour palette every kernelsim view uses (figures, widget, HTML player).
+"""The one palette every kernelsim view uses (matplotlib figures and the viewer).
 
-One colour per pipeline action, plus the few non-action colours the views share. The HTML
-player receives this dict as JSON, so a change here changes every view.
+Okabe & Ito's colour-blind-safe colours, one per pipeline action, each paired with a pattern
+so that no view relies on hue alone. The viewer receives ``as_json()``, so a change here
+changes every view.
 """
 
 from __future__ import annotations
@@ -9,29 +10,32 @@ from __future__ import annotations
 from kernelsim.schedule import ACTIONS
 
 ACTION_COLORS: dict[str, str] = {
-    "fetch": "#2b7bd6",      # HBM -> on-chip copy
-    "skip": "#9aa5b1",       # input block unchanged: no copy
-    "writeback": "#e07b24",  # on-chip -> HBM copy
-    "keep": "#3a9d5d",       # output block stays on chip
+    "fetch": "#0072b2",      # HBM -> on-chip copy (blue)
+    "skip": "#8c8c8c",       # input block unchanged: no copy (grey)
+    "writeback": "#d55e00",  # on-chip -> HBM copy (vermillion)
+    "keep": "#009e73",       # output block stays on chip (bluish green)
 }
 assert tuple(ACTION_COLORS) == ACTIONS
 
+# matplotlib hatches; the viewer draws the same patterns with CSS gradients
+ACTION_HATCHES: dict[str, str] = {"fetch": "//", "skip": "..", "writeback": "\\\\", "keep": ""}
+
 ACTION_LABELS: dict[str, str] = {
-    "fetch": "fetch (HBM -> VMEM)", "skip": "skip (block reused)",
-    "writeback": "write-back (VMEM -> HBM)", "keep": "keep (stays on chip)",
+    "fetch": "fetch (HBM → VMEM)", "skip": "skip (block reused, no copy)",
+    "writeback": "write-back (VMEM → HBM)", "keep": "keep (stays in VMEM)",
 }
 
 IDLE = "#eef1f4"        # blocks / buffers not in use this step
 EDGE = "#ffffff"        # block grid lines
 INK = "#1f2933"         # text and outlines
-SCRATCH = "#c9b6e4"     # scratch buffers
-SMEM_READ = "#d63384"   # scalar-prefetch entries read by this step's index maps
-READ = "#2b7bd6"        # in-block reads (access figure)
-WRITE = "#e07b24"       # in-block writes (access figure)
-OPERAND_CYCLE = ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860", "#da8bc3")
+SCRATCH = "#e69f00"     # scratch buffers (orange)
+SMEM_READ = "#cc79a7"   # scalar-prefetch entries read by this step's index maps (purple)
+READ = ACTION_COLORS["fetch"]       # in-block reads (access views)
+WRITE = ACTION_COLORS["writeback"]  # in-block writes (access views)
+OPERAND_CYCLE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#f0e442")
 
 
 def as_json() -> dict[str, object]:
-    """The palette as plain data (for the HTML player)."""
+    """The palette as plain data (for the viewer)."""
     return {"actions": ACTION_COLORS, "labels": ACTION_LABELS, "idle": IDLE, "edge": EDGE,
             "ink": INK, "scratch": SCRATCH, "smem_read": SMEM_READ}

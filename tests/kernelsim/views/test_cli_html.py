@@ -8,11 +8,11 @@ from kernelsim import cli
 EXAMPLES = Path(kernelsim.__file__).resolve().parent / "examples.py"
 
 
-def test_html_subcommand_writes_the_player(tmp_path, capsys):
+def test_html_subcommand_writes_the_viewer(tmp_path, capsys):
     out = tmp_path / "mm.html"
     assert cli.main(["html", f"{EXAMPLES}:matmul_target", "-o", str(out)]) == 0
     text = out.read_text()
-    assert text.startswith("<!DOCTYPE html>") and 'class="ks-player"' in text
+    assert text.startswith("<!DOCTYPE html>") and 'class="ks-viewer-host"' in text
     assert "wrote" in capsys.readouterr().out
     frag = tmp_path / "frag.html"
     assert cli.main(["html", f"{EXAMPLES}:matmul_target", "-o", str(frag), "--fragment"]) == 0

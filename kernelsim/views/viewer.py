@@ -1,0 +1,344 @@
+"""The interactive viewer: one ES module (``viewer.js``) shown by anywidget in a live notebook
+and standalone (data inline) in ``Trace.to_html()`` and on the course site.
+
+``viewer_data`` turns a Trace into what the module draws. Every number comes from the Trace
+(its schedules and costs, rebuilt for the other model from the same KernelCall, and costed
+on each chip of that model's kind); the module only draws it. Per-step arrays travel as
+base64 typed arrays (``{"t": "i32", "b": ...}``) so a 4,096-step call stays well under 1 MB.
+
+``Trace.show()`` picks the form: the anywidget ``Viewer`` when a notebook front end sent the
+cell (JupyterLab, Notebook 7 and VS Code send a ``cellId`` with it), else an object whose
+mime bundle is the standalone viewer (nbclient and nbconvert, i.e. the site build, send
+none), so one lesson cell works in both places.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import html as _html
+import itertools
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from kernelsim.chips import CHIPS
+from kernelsim.cost import compute
+from kernelsim.schedule import build
+from kernelsim.views import palette as pal
+from kernelsim.views.data import block_rects, panel_dims, panel_extent
+
+if TYPE_CHECKING:
+    from kernelsim.trace import CallTrace, Trace
+
+JS = Path(__file__).with_name("viewer.js")
+MODELS = ("tpu", "gpu")
+SMEM_SHOWN = 256          # scalar-prefetch entries sent to the viewer per operand
+ACCESS_CELLS = 16         # the access overlay's grid: at most this many cells per block side
+_uid = itertools.count()
+
+
+def _typed(a: np.ndarray, kind: str) -> dict[str, str]:
+    """A numpy array as ``{"t": kind, "b": base64}`` (little-endian), for a JS typed array."""
+    dtype = {"i8": "<i1", "u16": "<u2", "i32": "<i4", "f64": "<f8"}[kind]
+    return {"t": kind, "b": base64.b64encode(np.ascontiguousarray(a, dtype).tobytes()).decode()}
+
+
+def _index(values: np.ndarray) -> dict[str, str]:
+    """Non-negative ints as the narrowest typed array that holds them."""
+    return _typed(values, "u16" if values.size == 0 or values.max() < 65536 else "i32")
+
+
+def _lines(op, axis) -> int:
+    """Block size along a drawn axis when it is blocked (grid lines every that many), else 0."""
+    if axis is None or axis < 0 or op.block_dims[axis].kind != "blocked":
+        return 0
+    return int(op.block_dims[axis].size)
+
+
+def _cost(schedule, chip) -> dict[str, Any]:
+    c = compute(schedule, chip)
+    return {
+        "hbm_read": c.hbm_read_bytes, "hbm_write": c.hbm_write_bytes, "vmem": c.vmem_bytes,
+        "smem": c.smem_bytes, "flops": c.flops, "compute_s": c.compute_seconds,
+        "memory_s": c.memory_seconds, "overhead_s": c.overhead_seconds,
+        "estimate_s": c.estimated_seconds,
+        "bound": "compute" if c.compute_seconds >= c.memory_seconds else "memory",
+        "chip_vmem": chip.vmem_bytes, "chip_smem": chip.smem_bytes,
+        "buffers": {o.name: o.buffers for o in c.operands},
+    }
+
+
+def _model_data(ct: CallTrace, model: str, chips: list[str], shown: np.ndarray) -> dict:
+    """One model's schedule of call ``ct`` at the steps ``shown``, costed on ``chips``."""
+    schedule = build(ct.call, model)  # type: ignore[arg-type]
+    costs = {name: _cost(schedule, CHIPS[name]) for name in chips}
+    buffers = next(iter(costs.values()))["buffers"]
+    ops = {}
+    for s in schedule.operands:
+        n = max(buffers[s.operand.name], 1)
+        # the schedule alternates two buffers; a single-buffered operand (one buffer under
+        # this model) always uses slot 0
+        ops[s.operand.name] = {"actions": _typed(s.actions[shown], "i8"),
+                               "slot": _typed(s.slots[shown] % n, "i8"),
+                               "filling": _typed(s.filling[shown], "i8")}
+    from kernelsim.trace import DEFAULT_CHIP
+
+    return {"operands": ops, "cumulative": _typed(schedule.cumulative_bytes[shown], "f64"),
+            "total_bytes": int(schedule.cumulative_bytes[-1]) if ct.steps else 0,
+            "costs": costs, "default_chip": DEFAULT_CHIP[model] if DEFAULT_CHIP[model] in costs
+            else chips[0]}
+
+
+def _windowed(ct: CallTrace, shown: np.ndarray) -> list[dict]:
+    """The operands with a BlockSpec window: their distinct blocks at the ``shown`` steps
+    (index, drawn rectangle, in-bounds bytes) and which block each step uses."""
+    block_bytes = {s.operand.name: s.block_bytes for s in ct.schedule.operands}
+    out = []
+    for op in ct.call.operands:
+        if op.role not in ("input", "output") or op.block_indices is None:
+            continue
+        r, c = panel_dims(op)
+        h, w = panel_extent(op)
+        blocks, first, at = np.unique(op.block_indices[shown], axis=0, return_index=True,
+                                      return_inverse=True)
+        steps = shown[first]
+        nbytes = block_bytes.get(op.name)  # None: the kernel copies it by hand (pl.ANY)
+        out.append({
+            "name": op.name, "role": op.role, "dtype": op.dtype, "shape": list(op.shape),
+            "block_shape": [None if b is None else int(b) for b in op.block_shape],
+            "space": op.memory_space, "pipelined": op.pipelined,
+            "buffer_bytes": op.block_buffer_bytes,
+            "h": int(h), "w": int(w), "bh": _lines(op, r), "bw": _lines(op, c),
+            "blocks": blocks.tolist(), "rects": block_rects(op)[steps].round(3).tolist(),
+            "block_bytes": [0] * len(blocks) if nbytes is None else nbytes[steps].tolist(),
+            "block_at": _index(at.reshape(-1)),
+        })
+    return out
+
+
+def _prefetch(ct: CallTrace, shown: np.ndarray) -> list[dict]:
+    out = []
+    for op in ct.call.operands:
+        if op.role != "scalar_prefetch":
+            continue
+        flat = np.asarray(op.value).reshape(-1) if op.value is not None else np.zeros(0)
+        reads = ct.prefetch_reads.get(op.name)
+        per_step = [reads.at(int(s)) if reads is not None else np.zeros(0, np.int64)
+                    for s in shown]
+        offsets = np.concatenate([[0], np.cumsum([len(r) for r in per_step])])
+        out.append({"name": op.name, "dtype": op.dtype, "shape": list(op.shape),
+                    "size": int(flat.size), "values": flat[:SMEM_SHOWN].tolist(),
+                    "read_offsets": _typed(offsets, "i32"),
+                    "reads": _typed(np.concatenate(per_step) if per_step else [], "i32")})
+    return out
+
+
+def _scratch(ct: CallTrace) -> list[dict]:
+    return [{"name": o.name, "dtype": o.dtype, "shape": list(o.shape), "space": o.memory_space,
+             "bytes": o.nbytes} for o in ct.call.operands if o.role == "scratch"]
+
+
+def _accesses(ct: CallTrace, shown: np.ndarray) -> dict | None:
+    """Per ref, per shown step, a coarse picture of the elements the body read and wrote:
+    the last two dims of the ref cut into at most ACCESS_CELLS^2 cells, each cell 1 (read),
+    2 (written) or 3 (both) if any of its elements was. Distinct pictures are sent once."""
+    log = ct.accesses
+    if log is None:
+        return None
+    out = {}
+    for name, shape in log.shapes.items():
+        h, w = (shape[-2], shape[-1]) if len(shape) >= 2 else (1, shape[0] if shape else 1)
+        rows, cols = min(h, ACCESS_CELLS), min(w, ACCESS_CELLS)
+        pictures: dict[bytes, int] = {}
+        at = np.zeros(len(shown), np.int64)
+        for k, step in enumerate(shown):
+            cell = np.zeros((rows, cols), np.int8)
+            for bit, kind in ((1, "read"), (2, "write")):
+                m = log.mask(int(step), name, kind).reshape(-1, h, w).any(axis=0)
+                hit = np.add.reduceat(np.add.reduceat(m, np.linspace(0, h, rows + 1)[:-1]
+                                                      .astype(int), 0),
+                                      np.linspace(0, w, cols + 1)[:-1].astype(int), 1) > 0
+                cell |= np.where(hit, bit, 0).astype(np.int8)
+            at[k] = pictures.setdefault(cell.tobytes(), len(pictures))
+        out[name] = {"rows": rows, "cols": cols,
+                     "pictures": ["".join(str(b) for b in p) for p in pictures],
+                     "at": _index(at)}
+    return out
+
+
+def _sample(steps: int, n: int) -> np.ndarray:
+    """``n`` evenly spread steps of ``steps``, always the first and the last."""
+    if steps <= 2 or n >= steps:
+        return np.arange(steps)
+    return np.unique(np.round(np.linspace(0, steps - 1, max(n, 2))).astype(np.int64))
+
+
+def call_data(t: Trace, call: int, models: tuple[str, ...] = MODELS,
+              chips: dict[str, list[str]] | None = None,
+              shown: np.ndarray | None = None) -> dict[str, Any]:
+    """What the viewer draws for call ``call``: the models in ``models`` (each costed on
+    ``chips[model]``, default every chip of its kind) at the steps ``shown`` (default all)."""
+    ct = t.calls[call]
+    shown = np.arange(ct.steps) if shown is None else np.asarray(shown, np.int64)
+    chips = chips or {}
+    grid = ct.call.grid_indices()[shown]
+    return {
+        "index": call, "name": ct.name, "grid": list(ct.grid), "total_steps": ct.steps,
+        "semantics": list(ct.dimension_semantics), "steps": _typed(shown, "i32"),
+        "shown": int(len(shown)), "grid_index": _typed(grid.reshape(-1), "i32"),
+        "operands": _windowed(ct, shown), "prefetch": _prefetch(ct, shown),
+        "scratch": _scratch(ct), "accesses": _accesses(ct, shown),
+        "models": {m: _model_data(ct, m, chips.get(m) or
+                                  [n for n, c in CHIPS.items() if c.kind == m], shown)
+                   for m in models},
+    }
+
+
+def viewer_data(t: Trace, call: int = 0, models: tuple[str, ...] = MODELS,
+                chips: dict[str, list[str]] | None = None,
+                max_bytes: int | None = None) -> dict[str, Any]:
+    """Every call of ``t``, with call ``call`` selected; ``models`` and ``chips`` as in
+    ``call_data``. With ``max_bytes`` (of JSON), a call whose data would exceed it keeps an
+    even sample of its steps (always the first and the last)."""
+    calls = []
+    for i, ct in enumerate(t.calls):
+        data = call_data(t, i, models, chips)
+        if max_bytes is not None:
+            size, n = len(json.dumps(data)), ct.steps
+            while size > max_bytes and n > 2:
+                n = max(2, min(n - 1, int(n * max_bytes / size * 0.95)))
+                data = call_data(t, i, models, chips, _sample(ct.steps, n))
+                size = len(json.dumps(data))
+        calls.append(data)
+    return {"calls": calls, "call": call, "model": t.model, "chip": t.chip.name,
+            "chip_names": {m: [n for n, c in CHIPS.items() if c.kind == m] for m in MODELS},
+            "palette": pal.as_json()}
+
+
+def _json(data: dict) -> str:
+    return json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
+
+
+def fragment(t: Trace, call: int = 0, max_bytes: int = 1_000_000) -> str:
+    """The standalone viewer as one ``<div>`` with its module inline (several fit a page)."""
+    module = JS.read_text(encoding="utf-8")
+    budget = max_bytes - len(module.encode()) - 2_000
+    data = viewer_data(t, call, max_bytes=max(budget, 20_000))
+    uid = "ks-" + hashlib.sha1(f"{t.calls[call].name}:{next(_uid)}".encode()).hexdigest()[:10]
+    ct = data["calls"][call]
+    note = (f"showing {ct['shown']:,} of {ct['total_steps']:,} steps"
+            if ct["shown"] < ct["total_steps"] else f"all {ct['total_steps']:,} steps")
+    label = _html.escape(f"kernelsim viewer: call {call} {t.calls[call].name}, {note}")
+    return (f'<div class="ks-viewer-host" id="{uid}" aria-label="{label}" '
+            f'data-total-steps="{ct["total_steps"]}" data-shown-steps="{ct["shown"]}"></div>\n'
+            f'<script type="application/json" id="{uid}-data">{_json(data)}</script>\n'
+            f'<script type="module">\n{module}\n'
+            f'standalone(document.getElementById("{uid}"), '
+            f'JSON.parse(document.getElementById("{uid}-data").textContent));\n</script>')
+
+
+def to_html(t: Trace, path: str | Path | None = None, call: int = 0, fragment_only: bool = False,
+            max_bytes: int = 1_000_000) -> str:
+    """The standalone viewer as a full page (or a fragment); written to ``path`` if given."""
+    body = fragment(t, call, max_bytes - (0 if fragment_only else 500))
+    if not fragment_only:
+        title = _html.escape(f"kernelsim: {t.calls[call].name}")
+        body = ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                '<meta name="viewport" content="width=device-width, initial-scale=1">'
+                '<link rel="icon" href="data:,">'
+                f'<title>{title}</title></head>\n<body style="margin:8px">\n{body}\n'
+                '</body></html>\n')
+    if path is not None:
+        Path(path).write_text(body, encoding="utf-8")
+    return body
+
+
+class Standalone:
+    """The standalone viewer as a display object (what ``show()`` returns without a live
+    front end): its mime bundle is the HTML fragment, its plain text a one-line note."""
+
+    def __init__(self, t: Trace, call: int = 0):
+        self.trace, self.call = t, call
+
+    def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, str]:
+        c = self.trace.calls[self.call]
+        return {"text/html": fragment(self.trace, self.call),
+                "text/plain": f"kernelsim viewer of call {self.call} ({c.name}, "
+                              f"{c.steps:,} steps)"}
+
+
+def live_frontend() -> bool:
+    """True when the running cell came from a notebook front end that renders widgets:
+    JupyterLab, Notebook 7 and VS Code put a ``cellId`` in the request's metadata; nbclient
+    (nbconvert, the site build) and plain IPython do not."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return False
+    parent = kernel.get_parent("shell") or {}
+    return bool(parent.get("metadata", {}).get("cellId"))
+
+
+def _widget_class():
+    import anywidget
+    import traitlets
+
+    class Viewer(anywidget.AnyWidget):
+        """The viewer in a live kernel. ``step``, ``call``, ``model`` and ``chip`` sync with
+        the front end; changing ``model`` or ``chip`` recomputes the data here, in the
+        kernel, from the trace's KernelCalls."""
+
+        _esm = JS
+        data = traitlets.Dict().tag(sync=True)
+        step = traitlets.Int(0).tag(sync=True)
+        call = traitlets.Int(0).tag(sync=True)
+        model = traitlets.Unicode("tpu").tag(sync=True)
+        chip = traitlets.Unicode("").tag(sync=True)
+        hidden = traitlets.List(traitlets.Unicode()).tag(sync=True)
+
+        def __init__(self, t: Trace, call: int = 0):
+            self.trace = t
+            super().__init__(call=call, model=t.model, chip=t.chip.name, data=viewer_data(
+                t, call, (t.model,), {t.model: [t.chip.name]}))
+            self.observe(self._recompute, names=["model", "chip"])
+
+        def _recompute(self, change) -> None:
+            from kernelsim.trace import DEFAULT_CHIP
+
+            model = self.model
+            chip = self.chip if CHIPS.get(self.chip, None) and \
+                CHIPS[self.chip].kind == model else DEFAULT_CHIP[model]
+            if (self.data.get("model"), self.data.get("chip")) == (model, chip):
+                return  # the chip fix-up below re-enters here
+            data = viewer_data(self.trace, self.call, (model,), {model: [chip]})
+            data.update(model=model, chip=chip)
+            with self.hold_sync():
+                self.chip = chip
+                self.data = data
+
+    return Viewer
+
+
+_viewer_class = None
+
+
+def viewer(t: Trace, call: int = 0):
+    """The anywidget ``Viewer`` of ``t`` (call ``call`` selected)."""
+    global _viewer_class
+    if _viewer_class is None:
+        _viewer_class = _widget_class()
+    return _viewer_class(t, call)
+
+
+def show(t: Trace, call: int = 0):
+    """The live widget in a notebook front end, the standalone viewer elsewhere."""
+    if not 0 <= call < len(t.calls):
+        raise IndexError(f"call {call} out of range: the trace has {len(t.calls)} call(s)")
+    return viewer(t, call) if live_frontend() else Standalone(t, call)

@@ -1,0 +1,188 @@
+"""The viewer in chromium: a standalone page from ``Trace.to_html`` (no site build needed),
+then the built site's lessons, which show it through ``Trace.show()``. Every page is watched
+for console errors and requests to other hosts (the ``watched`` fixture)."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import re
+import threading
+
+import jax.numpy as jnp
+import pytest
+from sitetools import REPO
+
+import kernelsim
+from kernelsim import examples
+
+MIN_LABEL_PX = 11
+
+
+@pytest.fixture(scope="module")
+def page_url(tmp_path_factory):
+    """A standalone viewer page of a 64-step matmul, served from 127.0.0.1."""
+    root = tmp_path_factory.mktemp("viewer")
+    x = jnp.ones((512, 512), jnp.float32)
+    kernelsim.trace(examples.matmul, x, x).to_html(root / "mm.html")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/mm.html"
+    server.shutdown()
+    server.server_close()
+
+
+def _state(page, root=".ks-viewer"):
+    v = page.locator(root).first
+    return {"step": v.get_attribute("data-step"),
+            "status": v.locator("[role=status]").inner_text(),
+            "active": v.locator(".ks-slot.ks-active").evaluate_all(
+                "els => els.map(e => e.dataset.slot)"),
+            "bytes": v.locator("[data-lane=traffic] .ks-act").inner_text()}
+
+
+def small_labels(page) -> list[str]:
+    """Text in the viewer drawn smaller than MIN_LABEL_PX CSS pixels."""
+    return page.evaluate("""(min) => {
+        const out = [];
+        for (const v of document.querySelectorAll('.ks-viewer')) {
+          const walk = document.createTreeWalker(v, NodeFilter.SHOW_TEXT);
+          for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+            const el = n.parentElement;
+            if (!n.textContent.trim() || !el.getClientRects().length) continue;
+            const px = parseFloat(getComputedStyle(el).fontSize);
+            if (px < min) out.push(`${n.textContent.trim().slice(0, 30)}: ${px}px`);
+          }
+        }
+        return out; }""", MIN_LABEL_PX)
+
+
+def test_controls_step_the_viewer_and_describe_the_step(watched, page_url):
+    page = watched.page
+    page.goto(page_url)
+    first = _state(page)
+    assert first["step"] == "0"
+    assert first["status"].startswith("step 0, grid (0, 0, 0): x_ref block (0, 0) HBM→VMEM "
+                                      "slot 0, 64 KiB;"), first["status"]
+    page.click(".ks-next")
+    second = _state(page)
+    assert second["step"] == "1" and second["status"].startswith("step 1, grid (0, 0, 1)")
+    assert "x_ref:1" in second["active"] and "x_ref:0" in first["active"]
+    assert "o_ref block (0, 0) kept in VMEM slot 0" in second["status"]
+    page.click(".ks-prev")
+    assert _state(page)["step"] == "0"
+    page.locator(".ks-viewer").focus()
+    page.keyboard.press("End")
+    assert _state(page)["step"] == "63"
+    page.keyboard.press("Home")
+    page.keyboard.press("ArrowRight")
+    page.keyboard.press("ArrowRight")
+    assert _state(page)["step"] == "2"
+    page.locator(".ks-slider").fill("40")
+    assert _state(page)["step"] == "40"
+    assert small_labels(page) == []
+
+
+def test_model_and_chip_switch_offline(watched, page_url):
+    page = watched.page
+    page.goto(page_url)
+    page.click(".ks-next")
+    tpu = _state(page)
+    page.select_option(".ks-model", "gpu")  # the page carries both models' schedules
+    gpu = _state(page)
+    assert gpu["step"] == "1" and "o_ref block (0, 0) written back" in gpu["status"]
+    assert gpu["bytes"] != tpu["bytes"] and gpu["active"] == ["x_ref:0", "y_ref:0", "o_ref:0"]
+    assert page.locator(".ks-chip").input_value() == "h100"
+    roofline = page.locator(".ks-roofline").inner_text()
+    page.select_option(".ks-chip", "a100")
+    assert page.locator(".ks-roofline").inner_text() != roofline
+    assert "a100" in page.locator(".ks-roofline").inner_text()
+
+
+def test_play_advances_and_space_pauses(watched, page_url):
+    page = watched.page
+    page.goto(page_url)
+    page.select_option(".ks-speed", "60")
+    page.click(".ks-play")
+    page.wait_for_function("() => +document.querySelector('.ks-viewer').dataset.step >= 5")
+    page.locator(".ks-viewer").focus()
+    page.keyboard.press(" ")
+    stopped = _state(page)["step"]
+    page.wait_for_timeout(200)
+    assert _state(page)["step"] == stopped
+    assert page.locator(".ks-play").inner_text().endswith("play")
+
+
+def test_phone_width_has_no_horizontal_scroll(browser, page_url):
+    from sitetools import watch
+
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    w = watch(context)
+    try:
+        w.page.goto(page_url)
+        w.page.click(".ks-next")
+        width = w.page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, f"page is {width}px wide at a 390px viewport"
+        assert small_labels(w.page) == []
+    finally:
+        context.close()
+    w.check()
+
+
+# --- the built site --------------------------------------------------------------------------
+
+VIEWER_LESSONS = sorted(p.stem for p in (REPO / "lessons").glob("[0-9][0-9]-*.py")
+                        if ".show(" in p.read_text())
+
+
+def test_lessons_show_the_viewer():
+    assert {"03-tiling", "06-scalar-prefetch"} <= set(VIEWER_LESSONS), VIEWER_LESSONS
+
+
+@pytest.mark.parametrize("stem", VIEWER_LESSONS)
+def test_lesson_viewer_advances(watched, base_url, stem):
+    page = watched.page
+    page.goto(f"{base_url}lessons/{stem}/")
+    viewer = page.locator(".ks-viewer").first
+    viewer.scroll_into_view_if_needed()
+    before = _state(page)
+    viewer.locator(".ks-next").click()
+    after = _state(page)
+    assert (before["step"], after["step"]) == ("0", "1")
+    assert before["status"] != after["status"]
+    column = page.locator("article").first.bounding_box()["width"]
+    assert viewer.bounding_box()["width"] >= 0.9 * column, "the viewer does not fill the column"
+    assert small_labels(page) == []
+
+
+def test_scalar_prefetch_lesson_shows_vmem_and_smem_lanes(watched, base_url):
+    page = watched.page
+    page.goto(f"{base_url}lessons/06-scalar-prefetch/")
+    viewer = page.locator(".ks-viewer").filter(has=page.locator("[data-lane=smem]")).first
+    viewer.scroll_into_view_if_needed()
+    assert viewer.locator("[data-lane=vmem] .ks-slot").count() >= 2
+    read = viewer.locator("[data-lane=smem] .ks-cell.ks-read")
+    assert read.count() >= 1
+    status = viewer.locator("[role=status]").inner_text()
+    assert re.search(r"SMEM read \w+\[\d+\]", status), status
+
+
+def test_lesson_page_at_phone_width_has_no_horizontal_scroll(browser, base_url):
+    from sitetools import watch
+
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    w = watch(context)
+    try:
+        w.page.goto(f"{base_url}lessons/06-scalar-prefetch/")
+        w.page.locator(".ks-viewer").first.scroll_into_view_if_needed()
+        width = w.page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, f"the lesson page is {width}px wide at a 390px viewport"
+    finally:
+        context.close()
+    w.check()
