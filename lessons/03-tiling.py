@@ -105,13 +105,14 @@ t_add = kernelsim.trace(functools.partial(tiled_add, interpret=True), x, y,
 print(t_add.summary(steps=2))
 
 # %% [markdown]
-# The same step as a picture: step 5 of the `(2, 4)` grid, grid point `(1, 1)` (the header
-# counts steps from 1). Each operand is drawn as its HBM array cut into blocks, the block in
-# use coloured by what the pipeline does with it. Below, the two VMEM buffers per operand: one
-# the kernel uses now, one being filled for the next step (or drained, for the output).
+# The same schedule in kernelsim's viewer: press **next**, **play** or the arrow keys. Steps
+# count from 0, as in the table: step 5 of the `(2, 4)` grid is grid point `(1, 1)`. Each
+# operand is drawn as its HBM array cut into blocks, the block in use coloured and patterned
+# by what the pipeline does with it. Below, the two VMEM buffers per operand: the one the
+# kernel uses now, and the one being filled for the next step (or drained, for the output).
 
 # %%
-t_add.figure(5)
+t_add.show()
 
 # %% [markdown]
 # Every input block is fetched once and every output block written once, so the HBM traffic is
@@ -347,24 +348,6 @@ fig.tight_layout()
 # The footprint column is why block size is a trade-off: at `bm = 1024` the double-buffered
 # panels of a 1024-wide `K` already take megabytes of VMEM. Splitting `K` as well (next
 # lesson) keeps the footprint bounded for any `K`.
-
-# %% [markdown]
-# ## Players for the website
-#
-# The course website animates some kernels' block traffic with kernelsim's HTML player. Each
-# `player_*` function returns `(fn, args)` for `kernelsim.trace(fn, *args)`; `PLAYERS` lists
-# them. In JupyterLab, `kernelsim.trace(fn, *args).widget()` steps through the same schedule.
-
-# %%
-def player_tiled_add():
-    return functools.partial(tiled_add, interpret=True), (x, y)
-
-
-def player_panel_matmul():
-    return functools.partial(panel_matmul, interpret=True), (a, b)
-
-
-PLAYERS = ["player_tiled_add", "player_panel_matmul"]
 
 # %% [markdown]
 # ## Check yourself

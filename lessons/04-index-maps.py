@@ -288,10 +288,16 @@ b2 = jax.random.normal(keys[1], (512, 256), jnp.float32)
 tpu_run = choose(tpu_features=True)
 _course.check(LESSON, "matmul_k_arbitrary", matmul, jnp.dot, (a2, b2), tpu_run,
               rtol=1e-4, atol=1e-3)
-print(kernelsim.trace(functools.partial(matmul, interpret=True), a2, b2).summary(steps=1))
+t_acc = kernelsim.trace(functools.partial(matmul, interpret=True), a2, b2)
+print(t_acc.summary(steps=1))
 
 # %% [markdown]
-# kernelsim's table shows the output with 4 writebacks for 16 steps: one per `(i, j)`.
+# kernelsim's table shows the output with 4 writebacks for 16 steps: one per `(i, j)`. In the
+# viewer, `o_ref`'s block stays in its VMEM slot (*keep*) through the `k` steps and is written
+# back at the last one, while `a_ref` and `b_ref` fetch a new block at every step.
+
+# %%
+t_acc.show()
 
 # %% [markdown]
 # ## What "parallel" promises
@@ -334,24 +340,6 @@ try:
            interpret=pltpu.InterpretParams())
 except ValueError as err:
     print("ValueError:", err)
-
-# %% [markdown]
-# ## Players for the website
-#
-# The course website animates some kernels' block traffic with kernelsim's HTML player. Each
-# `player_*` function returns `(fn, args)` for `kernelsim.trace(fn, *args)`; `PLAYERS` lists
-# them. In JupyterLab, `kernelsim.trace(fn, *args).widget()` steps through the same schedule.
-
-# %%
-def player_bias_add():
-    return functools.partial(bias_add, j_inner=False, interpret=True), (x, bias)
-
-
-def player_matmul_k_arbitrary():
-    return functools.partial(matmul, interpret=True), (a2, b2)
-
-
-PLAYERS = ["player_bias_add", "player_matmul_k_arbitrary"]
 
 # %% [markdown]
 # ## Check yourself

@@ -174,11 +174,12 @@ print(t)
 
 # %% [markdown]
 # The accumulator row says `scratch`, `vmem`, one buffer and no HBM traffic: scratch never
-# leaves the chip. The step figure shows the footprint: two VMEM buffers for each pipelined
-# block and a single one for the accumulator, which no copy ever touches.
+# leaves the chip. The viewer shows the footprint: two VMEM buffers for each pipelined block,
+# a single one for the accumulator, which no copy ever touches, and their sum against the
+# chip's VMEM.
 
 # %%
-t.figure(5)
+t.show()
 
 # %% [markdown]
 # ## `pl.ANY`: leave it in HBM, copy it yourself

@@ -219,12 +219,13 @@ print(t_sparse.summary(steps=2))
 # (kernelsim counts FLOPs as one kernel body per step; it does not evaluate `pl.when`, so
 # its FLOP line includes the padded step the kernel skips.)
 #
-# The step figure of that last step, `(3, 1)`, shows the mechanism at work. The SMEM panel
-# holds the prefetched `counts` and `cols`, with the entries the index maps just read
-# highlighted; `x` and `y` keep the block index of step `(3, 0)`, so neither is copied.
+# The viewer shows the mechanism at work; press **End** for the last step, step 7 at grid
+# point `(3, 1)`. The SMEM lane holds the prefetched `counts` and `cols`, with the entries the
+# index maps just read filled in; `x` and `y` keep the block index of step 6, `(3, 0)`, so
+# neither is copied.
 
 # %%
-t_sparse.figure(7)
+t_sparse.show()
 #
 # Compare with the same kernel given a fully dense pattern (all four blocks in every row): the
 # bytes of `x` follow the number of listed blocks, and `y` is re-read once per listed block.
@@ -329,28 +330,6 @@ print(t_grouped)
 # each expert's weights once per run of consecutive steps that use it, and the output once per
 # row block. The same idea, with many refinements, drives the grouped-matmul kernel that
 # ships with JAX (`jax.experimental.pallas.ops.tpu.megablox`).
-
-# %% [markdown]
-# ## Players for the website
-#
-# The course website animates some kernels' block traffic with kernelsim's HTML player. Each
-# `player_*` function returns `(fn, args)` for `kernelsim.trace(fn, *args)`; `PLAYERS` lists
-# them. In JupyterLab, `kernelsim.trace(fn, *args).widget()` steps through the same schedule.
-
-# %%
-def player_gather_rows():
-    return functools.partial(gather_rows, interpret=True), (ids, table)
-
-
-def player_block_sparse_matmul():
-    return functools.partial(block_sparse_matmul, interpret=True), sparse_args
-
-
-def player_grouped_matmul():
-    return functools.partial(grouped_matmul, interpret=True), (*meta, xg, wg)
-
-
-PLAYERS = ["player_gather_rows", "player_block_sparse_matmul", "player_grouped_matmul"]
 
 # %% [markdown]
 # ## Check yourself

@@ -296,26 +296,12 @@ t_flash = kernelsim.trace(functools.partial(flash_attention, bq=256, bkv=128, in
 t_flash.heatmap()
 
 # %% [markdown]
-# One step in the middle of the run, `(head 0, query block 1, key block 3)`: the `Q` block and
-# the output block stay put while `K` and `V` stream past, and the three scratch buffers hold
-# `m`, `denom` and `acc`.
+# Step through the run in the viewer. At step 11, grid point `(head 0, query block 1, key
+# block 3)`, the `Q` block and the output block stay put while `K` and `V` stream past, and
+# the three scratch buffers hold `m`, `denom` and `acc`.
 
 # %%
-t_flash.figure(11)
-
-# %% [markdown]
-# ## Players for the website
-#
-# The course website animates some kernels' block traffic with kernelsim's HTML player. Each
-# `player_*` function returns `(fn, args)` for `kernelsim.trace(fn, *args)`; `PLAYERS` lists
-# them. In JupyterLab, `kernelsim.trace(fn, *args).widget()` steps through the same schedule.
-
-# %%
-def player_flash_attention():
-    return functools.partial(flash_attention, interpret=True), (q, k, v)
-
-
-PLAYERS = ["player_flash_attention"]
+t_flash.show()
 
 # %% [markdown]
 # ## Check yourself

@@ -11,9 +11,9 @@ What it adds to the pages under ``site/docs``:
   tests and the instructor's ``.py`` twins are never read into a page;
 * the course map (lessons, assignments and glossary terms) and the kernelsim API reference,
   generated from what exists;
-* kernelsim step players: ``site/players.py`` names them; each is written by
-  ``Trace.to_html`` to ``players/NAME.html`` and embedded in its lesson with an ``<iframe>``
-  (after a heading, or where a markdown cell says ``<!-- player: NAME -->``);
+* kernelsim viewers: lessons show them with ``Trace.show()`` (the standalone viewer, inline,
+  under the build's nbclient); a page under ``site/docs`` places one of ``site/viewers.py``
+  with ``<!-- viewer: NAME -->`` and its summary table with ``<!-- trace-summary: NAME -->``;
 * an offline guarantee: CDN scripts that nbconvert's template adds to notebook pages
   (MathJax, mermaid, require.js, widget managers) are removed, TeX in ``$$...$$`` / ``$...$``
   becomes MathML at build time, and the build fails if any page still loads a resource from
@@ -31,8 +31,7 @@ import os
 import posixpath
 import re
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +47,8 @@ REPO = SITE.parent
 LESSONS_DIR = REPO / "lessons"
 EXERCISES_DIR = REPO / "exercises"
 LESSON_GLOB = "[0-9][0-9]-*.py"
-PLAYERS_URI = "players"
 LESSONS_PLACEHOLDER = "<!-- lessons -->"
-PLAYER_COMMENT = re.compile(r"<!--\s*player:\s*([\w-]+)\s*-->")
+VIEWER_COMMENT = re.compile(r"<!--\s*viewer:\s*([\w-]+)\s*-->")
 SUMMARY_COMMENT = re.compile(r"<!--\s*trace-summary:\s*([\w-]+)\s*-->")
 
 
@@ -172,67 +170,39 @@ def glossary_terms() -> list[Term]:
     return terms
 
 
-# --- players ------------------------------------------------------------------------------
+# --- viewers ------------------------------------------------------------------------------
 
-@dataclass
-class Players:
-    manifest: dict[str, Any] = field(default_factory=dict)
-    available: bool = False
-    reason: str = ""
-
-
-def _load_players() -> Players:
-    spec = importlib.util.spec_from_file_location("pallas_course_site_players",
-                                                  SITE / "players.py")
+def load_viewers() -> dict[str, Any]:
+    """``site/viewers.py``'s VIEWERS: name -> Viewer."""
+    spec = importlib.util.spec_from_file_location("pallas_course_site_viewers",
+                                                  SITE / "viewers.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
-    manifest = dict(module.PLAYERS)
-    try:
-        from kernelsim.trace import Trace
-    except Exception as err:  # noqa: BLE001 - any import failure means "no players"
-        return Players(manifest, False, f"kernelsim does not import ({err})")
-    if not callable(getattr(Trace, "to_html", None)):
-        return Players(manifest, False, "kernelsim's Trace.to_html does not exist yet")
-    try:
-        importlib.import_module("kernelsim.views.html")
-    except ImportError as err:
-        return Players(manifest, False, f"kernelsim.views.html does not import ({err})")
-    return Players(manifest, True)
+    return dict(module.VIEWERS)
 
 
-def build_players(players: Players, site_dir: Path) -> dict[str, float]:
-    """Write every player to site_dir/players/NAME.html; returns seconds per player."""
+def _viewer_trace(name: str):
+    """The Trace of viewer ``name``'s target, or None (with a warning) if it is not named."""
     import kernelsim
 
-    out_dir = site_dir / PLAYERS_URI
-    out_dir.mkdir(parents=True, exist_ok=True)
-    seconds = {}
-    for name, p in players.manifest.items():
-        start = time.perf_counter()
-        fn, args = p.target()
-        t = kernelsim.trace(fn, *args, model=p.model, chip=p.chip)
-        t.to_html(out_dir / f"{name}.html", call=p.call)
-        seconds[name] = time.perf_counter() - start
-    return seconds
+    v = STATE.viewers.get(name)
+    if v is None:
+        log.warning("%r is not named in site/viewers.py", name)
+        return None, None
+    fn, args = v.target()
+    return v, kernelsim.trace(fn, *args, model=v.model, chip=v.chip)
 
 
-def _player_html(name: str, page_url: str, players: Players) -> str:
-    p = players.manifest.get(name)
-    if p is None:
-        log.warning("player %r is not named in site/players.py", name)
+def viewer_html(name: str) -> str:
+    """Viewer ``name`` as a captioned figure holding the standalone viewer (module inline)."""
+    v, t = _viewer_trace(name)
+    if t is None:
         return ""
-    caption = html.escape(p.title)
-    if not players.available:
-        return (f'<div class="admonition note ks-player-missing"><p class="admonition-title">'
-                f'Step player: {caption}</p><p>Not built: {html.escape(players.reason)}.</p>'
-                "</div>")
-    src = get_relative_url(f"{PLAYERS_URI}/{name}.html", page_url)
-    return (f'<figure class="ks-player-embed" data-player="{name}">'
-            f'<iframe src="{src}" title="{caption}" loading="lazy"></iframe>'
-            f'<figcaption>{caption} — use <b>next</b>, <b>prev</b>, <b>play</b> or the '
-            f'slider; <a href="{src}">open the player on its own page</a>.</figcaption>'
-            "</figure>")
+    STATE.embedded.add(name)
+    return (f'<figure class="ks-viewer-embed" data-viewer="{name}">'
+            f"{t.to_html(call=v.call, fragment=True)}"
+            f"<figcaption>{html.escape(v.title)}</figcaption></figure>")
 
 
 # --- text helpers -------------------------------------------------------------------------
@@ -347,20 +317,6 @@ def rewrite_repo_links(text: str, page_url: str, base_repo_dir: str,
         return f"{m.group(1)}{m.group(2)}{rel}{m.group(2)}"
 
     return _HREF.sub(fix, text)
-
-
-def insert_after_heading(content: str, anchor: str, block: str) -> str | None:
-    """Insert ``block`` between the notebook cell holding heading ``id=anchor`` and the next
-    cell; None when the heading is not there."""
-    m = re.search(rf"<h[1-6][^>]*\bid=[\"']{re.escape(anchor)}[\"']", content)
-    if not m:
-        return None
-    nxt = content.find('<div class="jp-Cell ', m.end())
-    if nxt < 0:
-        nxt = content.rfind("</div> <!-- jp-Notebook -->")
-    if nxt < 0:
-        return content + block
-    return content[:nxt] + block + content[nxt:]
 
 
 # --- generated pages ----------------------------------------------------------------------
@@ -637,8 +593,8 @@ def cli_md() -> list[str]:
 class _State:
     lessons: list[Lesson] = []
     assignments: list[Assignment] = []
-    players: Players = Players()
-    player_seconds: dict[str, float] = {}
+    viewers: dict[str, Any] = {}
+    embedded: set[str] = set()
 
 
 STATE = _State()
@@ -656,7 +612,8 @@ def on_config(config):
     by_slug = {_slug_words(lesson.stem): lesson for lesson in ls}
     STATE.lessons = ls
     STATE.assignments = assignments(by_slug)
-    STATE.players = _load_players()
+    STATE.viewers = load_viewers()
+    STATE.embedded = set()
     # the executing kernel imports kernelsim (installed) and lessons/_course.py
     path = os.environ.get("PYTHONPATH", "")
     if str(LESSONS_DIR) not in path.split(os.pathsep):
@@ -725,20 +682,12 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 
 def trace_summary_md(name: str) -> str:
-    """``Trace.summary(steps=2)`` of player ``name``'s target, as a text block."""
-    import kernelsim
-
-    p = STATE.players.manifest.get(name)
-    if p is None:
-        log.warning("trace-summary: %r is not named in site/players.py", name)
-        return ""
-    fn, args = p.target()
-    text = kernelsim.trace(fn, *args, model=p.model, chip=p.chip).summary(steps=2)
-    return "```text\n" + text.rstrip() + "\n```"
+    """``Trace.summary(steps=2)`` of viewer ``name``'s target, as a text block."""
+    _, t = _viewer_trace(name)
+    return "" if t is None else "```text\n" + t.summary(steps=2).rstrip() + "\n```"
 
 
 def on_page_content(content: str, page, config, files) -> str:
-    players = STATE.players
     if _is_lesson(page):
         content = strip_cdn(content)
         content = rewrite_repo_links(content, page.url, "lessons",
@@ -746,21 +695,7 @@ def on_page_content(content: str, page, config, files) -> str:
                                      {a.name for a in STATE.assignments})
         fix_notebook_toc(page, content)
         content = lesson_header(page) + content
-        stem = Path(page.file.src_uri).stem
-        for name, p in players.manifest.items():
-            if p.lesson != stem or f'data-player="{name}"' in content or \
-                    f"player: {name}" in content:
-                continue
-            block = _player_html(name, page.url, players)
-            placed = insert_after_heading(content, p.after, block) if p.after else None
-            if placed is None:
-                if p.after:
-                    log.info("player %r: no heading #%s in %s; placed at the end",
-                             name, p.after, stem)
-                placed = content + block
-            content = placed
-    content = PLAYER_COMMENT.sub(lambda m: _player_html(m.group(1), page.url, players),
-                                 content)
+    content = VIEWER_COMMENT.sub(lambda m: viewer_html(m.group(1)), content)
     return render_math(content)
 
 
@@ -810,15 +745,6 @@ def lesson_header(page) -> str:
 
 def on_post_build(config):
     site_dir = Path(config["site_dir"])
-    players = STATE.players
-    if players.manifest:
-        if players.available:
-            STATE.player_seconds = build_players(players, site_dir)
-            log.info("players: built %d in %.1f s", len(STATE.player_seconds),
-                     sum(STATE.player_seconds.values()))
-        else:
-            print(f"pallas-course site: players skipped: {players.reason} "
-                  f"({len(players.manifest)} named in site/players.py)", file=sys.stderr)
     problems = []
     for path in sorted(site_dir.rglob("*.html")):
         for load in external_loads(path.read_text(encoding="utf-8", errors="replace")):
@@ -830,6 +756,5 @@ def on_post_build(config):
         "lessons": [lesson.stem for lesson in STATE.lessons],
         "assignments": [a.name for a in STATE.assignments],
         "released": [a.name for a in STATE.assignments if a.release],
-        "players": sorted(players.manifest) if players.available else [],
-        "players_skipped": "" if players.available else players.reason,
+        "viewers": sorted(STATE.embedded),
     }, indent=2))

@@ -1,4 +1,4 @@
-"""The site in chromium: navigation, figures, players, search; no console error and no request
+"""The site in chromium: navigation, figures, search (the viewer: test_viewer.py); no console error and no request
 to another host on any page (the `watched` fixture checks both after each test)."""
 
 from __future__ import annotations
@@ -47,26 +47,6 @@ def test_lesson_shows_a_figure(watched, base_url, stem):
     assert count > 0, f"{stem}: no img/svg/canvas in the notebook outputs"
     box = figures.first.bounding_box()
     assert box and box["width"] > 50 and box["height"] > 50, f"{stem}: figure not visible"
-
-
-def test_player_advances_on_next(watched, base_url, build_info):
-    if not build_info["players"]:
-        pytest.skip(f"no players built: {build_info['players_skipped']}")
-    page = watched.page
-    page.goto(f"{base_url}lessons/03-tiling/")
-    embed = page.locator(".ks-player-embed iframe").first
-    embed.scroll_into_view_if_needed()
-    frame = page.frame_locator(".ks-player-embed iframe").first
-    step = frame.locator(".ks-step")
-    step.wait_for()
-    assert re.match(r"step 1 of \d+", step.inner_text()), step.inner_text()
-    before = [r.inner_text() for r in frame.locator("tbody tr").all()]
-    frame.locator(".ks-next").click()
-    assert re.match(r"step 2 of \d+", step.inner_text()), step.inner_text()
-    after = [r.inner_text() for r in frame.locator("tbody tr").all()]
-    assert before != after, "the operand table did not change on next"
-    height = embed.bounding_box()["height"]
-    assert height > 300, f"the player iframe is {height}px tall"
 
 
 def test_search_for_index_map_finds_the_lesson(watched, base_url):

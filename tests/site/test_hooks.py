@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sitetools import REPO, load_hooks
+from sitetools import load_hooks
 
 hooks = load_hooks()
 
@@ -51,32 +51,23 @@ def test_tex_becomes_mathml_outside_code():
     assert "<code>$HOME$</code>" in out
 
 
-def test_player_embed_or_notice():
-    player = hooks._load_players().manifest["tiled-add"]
-    available = hooks.Players({"tiled-add": player}, True)
-    html = hooks._player_html("tiled-add", "lessons/03-tiling/", available)
-    assert 'src="../../players/tiled-add.html"' in html
-    missing = hooks.Players({"tiled-add": player}, False, "no to_html")
-    assert "<iframe" not in hooks._player_html("tiled-add", "lessons/03-tiling/", missing)
+def test_viewer_comment_becomes_the_inline_viewer(monkeypatch):
+    monkeypatch.setattr(hooks.STATE, "viewers", hooks.load_viewers())
+    monkeypatch.setattr(hooks.STATE, "embedded", set())
+    page = hooks.VIEWER_COMMENT.sub(lambda m: hooks.viewer_html(m.group(1)),
+                                    "<p>a</p><!-- viewer: tiled-matmul --><!-- viewer: nope -->")
+    assert page.count('<figure class="ks-viewer-embed" data-viewer="tiled-matmul">') == 1
+    assert '<script type="module">' in page and "<iframe" not in page
+    assert hooks.STATE.embedded == {"tiled-matmul"}
 
 
-def test_players_manifest_targets_are_traceable():
+def test_viewers_manifest_targets_are_traceable():
     import kernelsim
 
-    for name, p in hooks._load_players().manifest.items():
-        fn, args = p.target()
-        t = kernelsim.trace(fn, *args, model=p.model, chip=p.chip)
-        assert t.calls and t.calls[p.call].steps >= 4, name
-        if p.lesson:
-            assert (REPO / "lessons" / f"{p.lesson}.py").is_file(), f"{name}: {p.lesson}"
-
-
-def test_players_step_is_skipped_with_a_reason_without_to_html(monkeypatch, capsys):
-    from kernelsim.trace import Trace
-
-    monkeypatch.delattr(Trace, "to_html", raising=False)
-    players = hooks._load_players()
-    assert not players.available and "to_html" in players.reason
+    for name, v in hooks.load_viewers().items():
+        fn, args = v.target()
+        t = kernelsim.trace(fn, *args, model=v.model, chip=v.chip)
+        assert t.calls and t.calls[v.call].steps >= 4, name
 
 
 def test_exercise_pages_disappear_without_assignments(tmp_path, monkeypatch):
