@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+import traceback
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from grader import messages as _messages
 from grader import refs as _refs
 from grader import tasks as _tasks
 from grader import verdict as _verdict
@@ -34,6 +36,16 @@ __all__ = ["check", "compare", "CheckFailed"]
 
 class CheckFailed(AssertionError):
     """A task's check failed: wrong values, wrong shape, or a structural rule not met."""
+
+    def _render_traceback_(self) -> list[str]:
+        """What IPython shows for this error: the learner's frames and the message, without
+        the grader's frames (IPython always shows the raising frame, even with
+        ``__tracebackhide__``; the full traceback stays on the exception for ``%debug``)."""
+        grader_dir = str(Path(__file__).resolve().parent) + os.sep
+        frames = [f for f in traceback.extract_tb(self.__traceback__)
+                  if not str(Path(f.filename).resolve()).startswith(grader_dir)]
+        lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+        return [*"".join(lines).splitlines(), f"{type(self).__name__}: {self}"]
 
 
 def _refdirs(hidden: bool) -> list[Path]:
@@ -106,46 +118,58 @@ def trace_facts(task_id: str, fn, arrays: list, params: dict) -> tuple[dict | No
 def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
     """Run ``fn`` on the task's visible (or hidden) cases and check values and structure.
 
+    A failure is raised as ``CheckFailed``, which IPython shows as the learner's own frames and
+    the message, never the grader's code. Known Pallas errors get a one-line hint
+    (``grader.messages``).
+
     While a submission is graded (``$PALLAS_COURSE_EXCHANGE`` is set) the cases come from the
     grader at the moment the test cell runs and the results go back to it: the comparison
     happens in the grader's own process, which holds the references.
     """
-    import jax.numpy as jnp
-
+    __tracebackhide__ = True  # debuggers (%debug) skip this frame
     exchange = os.environ.get("PALLAS_COURSE_EXCHANGE")
     if exchange:
         from grader import exchange as _exchange
 
         _exchange.answer(Path(exchange), task_id, fn, hidden)
         return
-    kind = "hidden" if hidden else "visible"
     record: dict[str, Any] = {"task": task_id, "hidden": hidden, "passed": False}
     try:
-        refdir, entries, tolerances = _cases(task_id, hidden)
-        loaded = [(e, *_refs.load_case(refdir, e)) for e in entries]
-        outputs, errors = run_cases(task_id, fn, [
-            (e["case"], [jnp.asarray(v) for v in inputs.values()], params)
-            for e, inputs, _, params in loaded])
-        _, inputs0, _, params0 = loaded[0]
-        trace, summary, trace_error = trace_facts(
-            task_id, fn, [jnp.asarray(v) for v in inputs0.values()], params0)
-        facts = _verdict.facts_from_dict(trace) if trace is not None else None
-        results = [_verdict.CaseResult(e, inputs, expected, params, outputs.get(e["case"]),
-                                       errors.get(e["case"]))
-                   for e, inputs, expected, params in loaded]
-        v = _verdict.decide(task_id, results, tolerances, facts, trace_error)
-        record.update(rules=v.rules, kernelsim=summary)
-        if not v.passed:
-            raise CheckFailed(v.message)
-        record["passed"] = True
-        if not quiet:
-            print(f"{task_id}: {len(entries)} {kind} case(s) passed; structure: "
-                  + "; ".join(f"{what} ok" for what in v.checked))
-    except CheckFailed as e:
-        record["message"] = str(e)
+        _check(task_id, fn, hidden, quiet, record)
+    except CheckFailed:
         raise
-    except Exception as e:
+    except Exception as e:  # the course's own files are missing or damaged: say which
         record["message"] = f"{type(e).__name__}: {e}"
-        raise
+        raise CheckFailed(record["message"]) from e
     finally:
         _report(record)
+
+
+def _check(task_id: str, fn, hidden: bool, quiet: bool, record: dict[str, Any]) -> None:
+    import jax.numpy as jnp
+
+    kind = "hidden" if hidden else "visible"
+    refdir, entries, tolerances = _cases(task_id, hidden)
+    loaded = [(e, *_refs.load_case(refdir, e)) for e in entries]
+    outputs, errors = run_cases(task_id, fn, [
+        (e["case"], [jnp.asarray(v) for v in inputs.values()], params)
+        for e, inputs, _, params in loaded])
+    _, inputs0, _, params0 = loaded[0]
+    trace, summary, trace_error = trace_facts(
+        task_id, fn, [jnp.asarray(v) for v in inputs0.values()], params0)
+    facts = _verdict.facts_from_dict(trace) if trace is not None else None
+    results = [_verdict.CaseResult(e, inputs, expected, params, outputs.get(e["case"]),
+                                   errors.get(e["case"]))
+               for e, inputs, expected, params in loaded]
+    v = _verdict.decide(task_id, results, tolerances, facts, trace_error)
+    record.update(rules=v.rules, kernelsim=summary)
+    if not v.passed:
+        message = v.message
+        if facts is not None and any(r.startswith("[FAIL]") for r in v.rules):
+            message += "\n" + _messages.traffic_table(facts)
+        record["message"] = message = _messages.annotate(message, trace_error)
+        raise CheckFailed(message)
+    record["passed"] = True
+    if not quiet:
+        print(f"{task_id}: {len(entries)} {kind} case(s) passed; structure: "
+              + "; ".join(f"{what} ok" for what in v.checked))

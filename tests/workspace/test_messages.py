@@ -1,0 +1,165 @@
+"""Messages a learner acts on: each hint of grader.messages.HINTS is triggered by the real error
+(JAX, Mosaic's TPU lowering or kernelsim) and shows up in course.check's failure; parameters
+print as Python literals; wrong values come with a map of the wrong blocks; a structural failure
+shows the learner's traffic; a failing check's traceback in a notebook has no grader frame."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import nbformat
+import pytest
+from jax.experimental import pallas as pl
+
+import kernelsim
+from grader import course, messages
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _copy(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] + y_ref[...]
+
+
+def _tiled(kernel=_copy, spec_block=None, index_map=lambda i, j: (i, j), out_dtype=None,
+           interpret=True, out_block=None):
+    """A tiled_add(x, y, block) built from the given parts (the right answer by default)."""
+    def tiled_add(x, y, block):
+        bm, bn = block
+        spec = pl.BlockSpec(spec_block or (bm, bn), index_map)
+        return pl.pallas_call(
+            kernel, grid=(pl.cdiv(x.shape[0], bm), pl.cdiv(x.shape[1], bn)),
+            in_specs=[spec, spec], out_specs=pl.BlockSpec(out_block or (bm, bn), index_map),
+            out_shape=jax.ShapeDtypeStruct(x.shape, out_dtype or x.dtype),
+            interpret=interpret)(x, y)
+    return tiled_add
+
+
+def _add(kernel=_copy, interpret=True):
+    def add(x, y):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              interpret=interpret)(x, y)
+    return add
+
+
+def _failure(task: str, fn) -> str:
+    with pytest.raises(course.CheckFailed) as err:
+        course.check(task, fn)
+    return str(err.value)
+
+
+def _reads_output(x_ref, y_ref, o_ref):
+    o_ref[...] = o_ref[...] + x_ref[...] + y_ref[...]
+
+
+def _half(x_ref, y_ref, o_ref):
+    o_ref[...] = (x_ref[...] + y_ref[...]) * 0.5
+
+
+def _store_row(x_ref, y_ref, o_ref):
+    o_ref[...] = (x_ref[...] + y_ref[...]).sum(axis=0)
+
+
+def _one_ref(x_ref):
+    pass
+
+
+def _mosaic_tiling_error() -> str:
+    """The real error of Mosaic's TPU lowering (run here on a CPU through jax.export)."""
+    x = jnp.zeros((32, 256), jnp.float32)
+    f = _tiled(spec_block=(4, 128), interpret=False, out_block=(4, 128))
+    with pytest.raises(Exception) as err:
+        jax.export.export(jax.jit(lambda a, b: f(a, b, (4, 128))), platforms=["tpu"])(x, x)
+    return str(err.value)
+
+
+def _kernelsim_tiling_error() -> str:
+    x = jnp.zeros((32, 256), jnp.float32)
+    with pytest.raises(kernelsim.TraceError) as err:
+        kernelsim.trace(lambda a, b: _tiled()(a, b, (4, 128)), x, x, strict=True)
+    return str(err.value)
+
+
+SEP = "\n----\n"
+# hint name -> how a learner runs into it; every hint of the table must be here
+TRIGGERS = {
+    "interpret-on-cpu": lambda: _failure("add", _add(interpret=False)),
+    "tiling-8-128": lambda: _mosaic_tiling_error() + SEP + _kernelsim_tiling_error(),
+    "element-offsets": lambda: _failure("tiled_add", _tiled(index_map=lambda i, j: (i * 8, j))),
+    "block-rank": lambda: _failure("tiled_add", _tiled(spec_block=(128,),
+                                                       index_map=lambda i, j: (j,))),
+    "index-map-arity": lambda: _failure("tiled_add", _tiled(index_map=lambda i, j: (i,))),
+    "out-shape-dtype": lambda: _failure("tiled_add", _tiled(kernel=_half, out_dtype=jnp.int32)),
+    "store-shape": lambda: _failure("tiled_add", _tiled(kernel=_store_row)),
+    "reads-output": lambda: _failure("add", _add(kernel=_reads_output)),
+    "kernel-arity": lambda: _failure("add", _add(kernel=_one_ref)),
+}
+
+
+def test_every_hint_has_a_trigger():
+    assert set(TRIGGERS) == {h.name for h in messages.HINTS}
+
+
+@pytest.mark.parametrize("name", sorted(TRIGGERS))
+def test_hint_for_the_real_error(name):
+    text = TRIGGERS[name]()
+    hint = next(h.text for h in messages.HINTS if h.name == name)
+    if name == "tiling-8-128":  # two real sources of the same rule, both must match
+        for part in text.split(SEP):
+            assert messages.hints_for(part) == [hint], part
+    else:
+        assert f"Hint: {hint}" in text, text
+
+
+def test_params_print_as_python_literals():
+    text = _failure("tiled_add", _tiled(index_map=lambda i, j: (i * 8, j)))
+    assert "y(32, 256); block=(8, 128))" in text, text
+    assert "__tuple__" not in text
+
+
+def test_wrong_values_show_which_blocks_are_wrong():
+    def one_bad_block(x_ref, y_ref, o_ref):
+        i, j = pl.program_id(0), pl.program_id(1)
+        bad = jnp.logical_and(i == 2, j == 1).astype(x_ref.dtype)
+        o_ref[...] = x_ref[...] + y_ref[...] + bad
+
+    text = _failure("tiled_add", _tiled(kernel=one_bad_block))
+    assert "wrong output blocks (X) of the 4 x 2 grid of (8, 128) blocks: 1 of 8" in text, text
+    assert "\n  . .\n  . .\n  . X\n  . .\n" in text + "\n", text
+
+
+def test_structural_failure_shows_the_learners_traffic():
+    def whole(x, y, block):  # right values, but one block: the grid rule fails
+        return _add()(x, y)
+
+    text = _failure("tiled_add", whole)
+    assert "[FAIL]" in text, text
+    assert re.search(r"your kernel \S+ \(grid \(\)\): HBM read 65,536 B", text), text
+    assert re.search(r"input +x_ref +block \(32, 256\): 1 fetch\(es\)", text), text
+
+
+def test_failing_check_traceback_shows_no_grader_frame(tmp_path):
+    """A real kernel runs a failing check: the traceback the learner sees names their cell and
+    the message, and no file under grader/."""
+    import nbclient
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(
+            "import jax\nfrom jax.experimental import pallas as pl\nfrom grader import course\n"
+            "def kernel(x_ref, y_ref, o_ref):\n    o_ref[...] = x_ref[...] - y_ref[...]\n"
+            "def add(x, y):\n    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct("
+            "x.shape, x.dtype), interpret=True)(x, y)"),
+        nbformat.v4.new_code_cell('course.check("add", add)'),
+    ], metadata={"kernelspec": {"name": "python3", "display_name": "Python 3",
+                                "language": "python"}})
+    nbclient.NotebookClient(nb, timeout=120, allow_errors=True, kernel_name="python3",
+                            resources={"metadata": {"path": str(tmp_path)}}).execute()
+    err = next(o for o in nb.cells[1].outputs if o.output_type == "error")
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(err.traceback))
+    assert err.ename == "CheckFailed"
+    assert "wrong values for case v0" in shown, shown
+    assert 'course.check("add", add)' in shown, shown  # the learner's line
+    assert "grader/" not in shown and "grader\\" not in shown, shown
