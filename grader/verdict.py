@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from grader import messages as _messages
 from grader import tasks as _tasks
 
 
@@ -122,13 +123,15 @@ def compare(got: Any, expected: np.ndarray, dtype: str, tol: float, tolerances: 
         msg += f"; that element lies in output block {bidx} of {nblk} (block shape {block})"
         if any(b == n - 1 for b, n in zip(bidx, nblk, strict=True)):
             msg += " -- an edge block: check partial (non-divisible) blocks"
+    if block is not None and (picture := _messages.block_map(bad, block)):
+        msg += "\n" + picture
     return msg
 
 
 def describe(entry: dict) -> str:
     """``case NAME (dtype, seed S: x(shape), ... {params})`` for messages."""
     shapes = ", ".join(f"{k}{tuple(entry['shapes'][k])}" for k in entry["inputs"])
-    p = f" {dict(entry['params'])}" if entry["params"] else ""
+    p = f"; {_messages.literal(entry['params'])}" if entry["params"] else ""
     return f"case {entry['case']} ({entry['dtype']}, seed {entry['seed']}: {shapes}{p})"
 
 
