@@ -110,6 +110,219 @@ def capturing(handler: Callable[[tuple, dict], Any]) -> Iterator[None]:
             pl.pallas_call_p.def_impl(_ORIGINAL_IMPL)
 
 
+# ---------------------------------------------------------------------------------------------
+# Finding every pallas_call in the traced program, without running the program
+#
+# ``find_calls`` traces the function to a jaxpr (nothing runs) and walks it in program order.
+# Of the ordinary JAX code around the kernels it evaluates only the slice that produces what a
+# schedule needs: scalar-prefetch operands, dynamic grid bounds and the predicates and trip
+# counts of loops and branches that contain a pallas_call. Kernel outputs that feed such a value
+# are zeros, as in an analysed (not executed) call.
+
+
+class NeedsExecution(Exception):
+    """The function cannot be traced to a jaxpr (Python control flow on array values)."""
+
+
+_UNKNOWN = object()  # a value the walk did not need to compute
+_CALL_PRIMITIVES = frozenset({
+    "pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
+    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+
+
+def _call_body(eqn: Any) -> Any | None:
+    """The jaxpr a call-like eqn runs on its operands one to one, if it is one."""
+    if eqn.primitive.name not in _CALL_PRIMITIVES:
+        return None
+    p = eqn.params
+    body = p.get("jaxpr", p.get("call_jaxpr", p.get("fun_jaxpr")))
+    return body if isinstance(body, _JAXPR_TYPES) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _has_pallas_call(jaxpr: Any) -> bool:
+    for eqn in _open(jaxpr).eqns:
+        if eqn.primitive is pl.pallas_call_p:
+            return True
+        if any(_has_pallas_call(j) for j, _ in _sub_jaxprs(eqn)):
+            return True
+    return False
+
+
+def _schedule_operands(eqn: Any) -> range:
+    """Operand positions of a pallas_call eqn its schedule needs: dynamic grid bounds and
+    scalar-prefetch values (operands are ``*consts, *grid bounds, *prefetch, *inputs``)."""
+    gm = eqn.params["grid_mapping"]
+    end = len(eqn.invars) - gm.num_inputs
+    return range(end - gm.num_index_operands - gm.num_dynamic_grid_bounds, end)
+
+
+@functools.lru_cache(maxsize=4096)
+def _needed(jaxpr: Any, out_needed: tuple[bool, ...]) -> tuple[tuple[bool, ...], frozenset,
+                                                                 frozenset]:
+    """Which invars of ``jaxpr`` the walk must know, which eqns (ids) it must evaluate, and
+    which vars it must know (``live``).
+
+    A value is needed when a pallas_call's schedule operand, a control-flow eqn around a
+    pallas_call, or a needed output depends on it.
+    """
+    j = _open(jaxpr)
+    live: set = {v for v, n in zip(j.outvars, out_needed, strict=True)
+                 if n and not isinstance(v, jax_core.Literal)}
+    evaluate: set = set()
+    for eqn in reversed(j.eqns):
+        if eqn.primitive is pl.pallas_call_p:
+            picks = [eqn.invars[i] for i in _schedule_operands(eqn)]
+        else:
+            outs = tuple(v in live for v in eqn.outvars)
+            if not any(outs) and not any(_has_pallas_call(s) for s, _ in _sub_jaxprs(eqn)):
+                continue
+            evaluate.add(id(eqn))
+            picks = [v for v, n in zip(eqn.invars, _operands_needed(eqn, outs), strict=True) if n]
+        live.update(v for v in picks if not isinstance(v, jax_core.Literal))
+    return tuple(v in live for v in j.invars), frozenset(evaluate), frozenset(live)
+
+
+def _operands_needed(eqn: Any, outs: tuple[bool, ...]) -> tuple[bool, ...]:
+    """Which operands of ``eqn`` are needed, given which of its outputs are."""
+    p, name = eqn.params, eqn.primitive.name
+    body = _call_body(eqn)
+    if body is not None and _has_pallas_call(body):
+        return _needed(body, outs)[0]
+    if name == "scan" and _has_pallas_call(p["jaxpr"]):
+        consts, carry, _ = _scan_operands(p, list(range(len(eqn.invars))))
+        ncarry = len(carry)
+        carry_out = list(outs[:ncarry])
+        while True:  # a carry is needed in every iteration once any iteration needs it
+            ins = _needed(p["jaxpr"], (*carry_out, *outs[ncarry:]))[0]
+            more = [a or b for a, b in zip(carry_out, ins[len(consts):len(consts) + ncarry],
+                                           strict=True)]
+            if more == carry_out:
+                return ins
+            carry_out = more
+    if name == "while" and (_has_pallas_call(p["body_jaxpr"]) or
+                            _has_pallas_call(p["cond_jaxpr"])):
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        carry_out = list(outs)
+        while True:  # the predicate decides the trip count, so it is always needed
+            cond_in = _needed(p["cond_jaxpr"], (True,))[0]
+            body_in = _needed(p["body_jaxpr"], tuple(carry_out))[0]
+            carry_in = [a or b for a, b in zip(cond_in[cn:], body_in[bn:], strict=True)]
+            more = [a or b for a, b in zip(carry_out, carry_in, strict=True)]
+            if more == carry_out:
+                return (*cond_in[:cn], *body_in[:bn], *carry_in)
+            carry_out = more
+    if name == "cond" and any(_has_pallas_call(b) for b in p["branches"]):
+        per_branch = [_needed(b, outs)[0] for b in p["branches"]]
+        return (True, *(any(col) for col in zip(*per_branch, strict=True)))
+    if any(_has_pallas_call(s) for s, _ in _sub_jaxprs(eqn)):
+        raise TraceError(f"a pallas_call inside {name!r} is not supported by kernelsim's "
+                         "tracer (supported around kernels: jit, custom_jvp/custom_vjp, "
+                         "checkpoint, scan, fori_loop/while_loop, cond, vmap)")
+    return (True,) * len(eqn.invars)
+
+
+class _CallFinder:
+    """Walks a jaxpr in program order, collecting pallas_calls and computing needed values."""
+
+    def __init__(self) -> None:
+        self.found: list[Captured] = []
+
+    def walk(self, jaxpr: Any, consts: list, args: list, out_needed: tuple[bool, ...]) -> list:
+        j = _open(jaxpr)
+        _, evaluate, live = _needed(jaxpr, out_needed)
+        env: dict[Any, Any] = dict(zip(j.constvars, consts, strict=True))
+        env.update(zip(j.invars, args, strict=True))
+
+        def read(v: Any) -> Any:
+            return v.val if isinstance(v, jax_core.Literal) else env.get(v, _UNKNOWN)
+
+        for eqn in j.eqns:
+            vals = [read(v) for v in eqn.invars]
+            if eqn.primitive is pl.pallas_call_p:
+                self.found.append(Captured(tuple(vals), eqn.params))
+                outs = [jnp.zeros(v.aval.shape, v.aval.dtype) if v in live else _UNKNOWN
+                        for v in eqn.outvars]
+            elif id(eqn) in evaluate:
+                outs = self.eqn(eqn, vals)
+            else:
+                continue
+            env.update(zip(eqn.outvars, outs, strict=True))
+        return [read(v) for v in j.outvars]
+
+    def eqn(self, eqn: Any, vals: list) -> list:
+        p, name = eqn.params, eqn.primitive.name
+        body = _call_body(eqn)
+        outs_needed = (True,) * len(eqn.outvars)
+        if body is not None and _has_pallas_call(body):
+            return self.walk(_open(body), _consts(body), vals, outs_needed)
+        if name == "scan" and _has_pallas_call(p["jaxpr"]):
+            consts, carry, xs = _scan_operands(p, vals)
+            ys = []
+            order = range(p["length"] - 1, -1, -1) if p["reverse"] else range(p["length"])
+            for i in order:
+                step_xs = [x if x is _UNKNOWN else x[i] for x in xs]
+                out = self.walk(p["jaxpr"], _consts(p["jaxpr"]), consts + carry + step_xs,
+                                outs_needed)
+                carry, y = out[:len(carry)], out[len(carry):]
+                ys.append(y)
+            if p["reverse"]:
+                ys.reverse()
+            stacked = [_UNKNOWN if not ys or any(y[k] is _UNKNOWN for y in ys)
+                       else jnp.stack([y[k] for y in ys]) for k in range(len(eqn.outvars)
+                                                                        - len(carry))]
+            return carry + stacked
+        if name == "while" and (_has_pallas_call(p["body_jaxpr"]) or
+                                _has_pallas_call(p["cond_jaxpr"])):
+            cn, bn = p["cond_nconsts"], p["body_nconsts"]
+            cc, bc, carry = vals[:cn], vals[cn:cn + bn], vals[cn + bn:]
+            cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
+            while self._known(self.walk(cj, _consts(cj), cc + carry, (True,))[0], "while_loop "
+                              "condition"):
+                carry = self.walk(bj, _consts(bj), bc + carry, outs_needed)
+            return carry
+        if name == "cond" and any(_has_pallas_call(b) for b in p["branches"]):
+            branches = p["branches"]
+            index = int(self._known(vals[0], "cond predicate"))
+            b = branches[min(max(index, 0), len(branches) - 1)]
+            return self.walk(b, _consts(b), vals[1:], outs_needed)
+        for v in vals:
+            self._known(v, f"operand of {name!r}")
+        try:
+            out = eqn.primitive.bind(*vals, **p)
+        except Exception as err:  # noqa: BLE001 - any failure here is kernelsim's to explain
+            raise TraceError(
+                f"kernelsim needs the value of {name!r} (it feeds a scalar-prefetch operand, a "
+                f"grid bound or the control flow around a pallas_call) but could not compute "
+                f"it: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            ) from err
+        return list(out) if eqn.primitive.multiple_results else [out]
+
+    @staticmethod
+    def _known(value: Any, what: str) -> Any:
+        if value is _UNKNOWN:  # _needed marks every value an evaluated eqn reads
+            raise AssertionError(f"kernelsim: the {what} was not computed")
+        return value
+
+
+def find_calls(fn: Callable, args: tuple) -> list[Captured]:
+    """Every pallas_call ``fn(*args)`` makes, in program order, found in its jaxpr.
+
+    Raises ``NeedsExecution`` when ``fn`` cannot be traced to a jaxpr (it branches in Python on
+    array values); the caller then runs it eagerly instead.
+    """
+    try:
+        closed = jax.make_jaxpr(fn)(*args)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
+            jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as e:
+        raise NeedsExecution(str(e)) from e
+    finder = _CallFinder()
+    flat = jax.tree_util.tree_leaves(args)
+    finder.walk(_open(closed), _consts(closed), list(flat),
+                (False,) * len(_open(closed).outvars))
+    return finder.found
+
+
 def zeros_for(params: dict[str, Any]) -> list[jax.Array]:
     """Stand-in outputs for a call that is analysed, not executed."""
     return [jnp.zeros(a.shape, a.dtype) for a in params["out_avals"]]
@@ -218,18 +431,29 @@ def _evaluate(bm: Any, grid_points: np.ndarray, prefetch: list[np.ndarray]) -> n
     return np.stack([np.asarray(o, dtype=np.int64).reshape(nsteps) for o in out], axis=1)
 
 
+def _concrete_grid(name: str, gm: Any, leading: tuple) -> tuple[int, ...]:
+    """The grid with each dynamic bound read from its operand (the last ``leading`` ones)."""
+    bounds = iter(leading[len(leading) - gm.num_dynamic_grid_bounds:])
+    grid = []
+    for g in gm.grid:
+        if isinstance(g, pallas_core.DynamicGridDim):
+            value = np.asarray(next(bounds)).reshape(-1)
+            grid.append(int(value[0]))
+        elif isinstance(g, (int, np.integer)):
+            grid.append(int(g))
+        else:
+            raise TraceError(f"pallas_call {name!r}: grid dimension {g!r} is neither an int "
+                             "nor a dynamic bound kernelsim can read")
+    return tuple(grid)
+
+
 def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     """The model of one captured call (index maps evaluated over the whole grid)."""
     gm = params["grid_mapping"]
     name = _call_name(params)
-    if gm.num_dynamic_grid_bounds or not all(isinstance(g, int) for g in gm.grid):
-        raise TraceError(
-            f"pallas_call {name!r} has a dynamic grid {gm.grid}: kernelsim needs static grid "
-            "sizes. Pass Python ints as the grid (not traced values)."
-        )
-    grid = tuple(int(g) for g in gm.grid)
-    arg_names = params["jaxpr"].debug_info.arg_names
     nprefetch, nin, nout = gm.num_index_operands, gm.num_inputs, gm.num_outputs
+    grid = _concrete_grid(name, gm, args[:len(args) - nprefetch - nin])
+    arg_names = params["jaxpr"].debug_info.arg_names
     nscratch = len(gm.scratch_avals)
     total = nprefetch + nin + nout + nscratch
     names = list(arg_names) if arg_names and len(arg_names) == total else (
@@ -506,8 +730,6 @@ def _ref_array(aval: Any) -> np.ndarray:
         return np.zeros(shape, np.int32)
 
 
-_CALLS = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
-          "custom_vjp_call", "custom_vjp_call_jaxpr")
 _IDENTITY = ("multiple_of", "pjit_dce", "optimization_barrier")
 _IGNORED = ("debug_callback", "debug_print")
 
@@ -610,7 +832,7 @@ class _Interpreter:
             return vals if eqn.primitive.multiple_results else vals[0]
         if name in _IGNORED:
             return []
-        if name in _CALLS:
+        if name in _CALL_PRIMITIVES:
             sub = p.get("jaxpr", p.get("call_jaxpr", p.get("fun_jaxpr")))
             if sub is not None:
                 return self.run(_open(sub), _consts(sub), vals)

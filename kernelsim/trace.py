@@ -1,8 +1,12 @@
 """kernelsim's entry points: ``trace`` and ``run`` build a ``Trace`` (model -> schedule -> cost).
 
-``trace`` runs the user's function op by op with every pallas_call replaced by zeros of its
-output shape: index maps are evaluated, kernel bodies never run. Scalar-prefetch values that
-depend on an *earlier pallas_call's output* are therefore zeros there; use ``run`` for those.
+``trace`` traces the user's function to a jaxpr and finds every pallas_call in it; of the code
+around the kernels it computes only what a schedule needs (scalar-prefetch values, dynamic grid
+bounds, loop trip counts and branch predicates). Index maps are evaluated, kernel bodies never
+run: a scalar-prefetch value that depends on an *earlier pallas_call's output* is computed from
+zeros there; use ``run`` for those. A function that cannot be traced to a jaxpr (Python control
+flow on array values) is run op by op instead, with each pallas_call replaced by zeros.
+``run`` executes the function op by op and analyses each call as it is made.
 """
 
 from __future__ import annotations
@@ -152,16 +156,20 @@ class Trace:
         return to_html(self, path, call, fragment, max_bytes)
 
 
-def _analyse(calls: list[KernelCall], model: Model, chip: Chip, strict: bool,
-             extras: list[dict] | None = None) -> Trace:
+def _analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: bool,
+             record_access: bool = False) -> Trace:
+    """Model, schedule, cost and lint every captured call."""
     traced = []
-    for n, call in enumerate(calls):
+    for c in captured:
+        call = _jax.to_model(c.args, c.params)
         schedule = build(call, model)
         cost = compute(schedule, chip)
         warnings = call.notes + lint(call, schedule, cost, chip)
         if strict and warnings:
             raise TraceError(f"pallas_call {call.name!r}: " + " | ".join(warnings))
-        traced.append(CallTrace(call, schedule, cost, warnings, **(extras[n] if extras else {})))
+        accesses = _jax.record_accesses(c.params, call) if record_access else None
+        traced.append(CallTrace(call, schedule, cost, warnings,
+                                _jax.prefetch_reads(c.params, call), accesses))
     return Trace(model, chip, traced)
 
 
@@ -174,26 +182,25 @@ def _resolve(model: str, chip: str | None) -> tuple[Model, Chip]:
         raise TraceError(str(e.args[0])) from None
 
 
-def _collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any],
-             extras: list[dict] | None = None, record_access: bool = False):
-    captured: list[KernelCall] = []
+def _no_call(fn: Callable) -> TraceError:
+    return TraceError(
+        f"{getattr(fn, '__name__', fn)!r} reached no pallas_call: kernelsim analyses "
+        "functions that call jax.experimental.pallas.pallas_call (directly or inside "
+        "jit, vmap, scan, cond or custom_vjp).")
+
+
+def _collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any]):
+    """Run ``fn(*args)`` op by op; each pallas_call is modelled, then ``execute``d."""
+    captured: list[_jax.Captured] = []
 
     def handler(call_args: tuple, params: dict) -> Any:
-        call = _jax.to_model(call_args, params)
-        captured.append(call)
-        if extras is not None:
-            extras.append({"prefetch_reads": _jax.prefetch_reads(params, call),
-                           "accesses": _jax.record_accesses(params, call)
-                           if record_access else None})
+        captured.append(_jax.Captured(call_args, params))
         return execute(call_args, params)
 
     with _jax.capturing(handler):
         out = fn(*args)
     if not captured:
-        raise TraceError(
-            f"{getattr(fn, '__name__', fn)!r} reached no pallas_call: kernelsim analyses "
-            "functions that call jax.experimental.pallas.pallas_call (directly or inside "
-            "jit, vmap, scan, cond or custom_vjp).")
+        raise _no_call(fn)
     return out, captured
 
 
@@ -210,9 +217,13 @@ def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
         on block data. Costs one eager kernel evaluation per step.
     """
     model_, chip_ = _resolve(model, chip)
-    extras: list[dict] = []
-    _, calls = _collect(fn, args, lambda a, p: _jax.zeros_for(p), extras, record_access)
-    return _analyse(calls, model_, chip_, strict, extras)
+    try:
+        captured = _jax.find_calls(fn, args)
+    except _jax.NeedsExecution:
+        _, captured = _collect(fn, args, lambda a, p: _jax.zeros_for(p))
+    if not captured:
+        raise _no_call(fn)
+    return _analyse(captured, model_, chip_, strict, record_access)
 
 
 def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
@@ -233,5 +244,5 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
                 tpu_features=_jax.uses_manual_dma(params)).interpret
         return _jax.execute(call_args, params, setting)
 
-    out, calls = _collect(fn, args, execute)
-    return out, _analyse(calls, model_, chip_, strict)
+    out, captured = _collect(fn, args, execute)
+    return out, _analyse(captured, model_, chip_, strict)

@@ -78,8 +78,8 @@ def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
 
     model, chip_ = _resolve("tpu", chip)
     with _jax.recording_interpret_copies(copies, lambda: current[0]):
-        outputs, calls = _collect(fn, args, execute)
-    trace = _analyse(calls, model, chip_, strict=False)
+        outputs, captured = _collect(fn, args, execute)
+    trace = _analyse(captured, model, chip_, strict=False)
     result = Verification(trace, outputs)
     for index, ct in enumerate(trace.calls):
         grid = [tuple(int(v) for v in row) for row in ct.call.grid_indices()]

@@ -63,11 +63,16 @@ def test_negative_block_index_is_rejected():
         kernelsim.trace(fn, X)
 
 
-def test_dynamic_grid():
+def test_dynamic_grid_is_resolved_from_its_operand():
+    """A traced grid bound (as megablox's gmm builds) is read from the concrete operand."""
     def fn(x, n):
         return _copy(x, (8, 128), lambda i: (i, 0), grid=(n,))
-    with pytest.raises(TraceError, match="dynamic grid"):
-        kernelsim.trace(fn, X, jnp.int32(8))
+
+    static = kernelsim.trace(lambda x: fn(x, 8), X).calls[0]
+    for traced in (kernelsim.trace(fn, X, jnp.int32(8)), kernelsim.trace(jax.jit(fn), X, 8)):
+        call = traced.calls[0]
+        assert call.grid == (8,) == static.grid
+        assert call.hbm_read_bytes == static.hbm_read_bytes == 8 * (8 * 128 * 4)
 
 
 def test_unsupported_block_dim_kind_is_named():

@@ -1,0 +1,102 @@
+"""How ``kernelsim.trace`` finds pallas_calls: from the jaxpr, computing only what schedules need.
+
+The code around a kernel is not executed unless a schedule needs its value (a scalar-prefetch
+operand, a dynamic grid bound, a loop's trip count or a branch predicate).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import kernelsim
+
+ROWS = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)  # 4 row blocks of (8, 128)
+
+
+def _copy_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+def _gather_kernel(idx_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+def gather_blocks(idx, x):
+    """Output block i is input block ``idx[i]`` (scalar prefetch picks the block)."""
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(idx.shape[0],),
+        in_specs=[pl.BlockSpec((8, 128), lambda i, idx: (idx[i], 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i, idx: (i, 0)))
+    return pl.pallas_call(_gather_kernel, grid_spec=spec,
+                          out_shape=jax.ShapeDtypeStruct((8 * idx.shape[0], 128), x.dtype))(idx, x)
+
+
+def _copy(x):
+    return pl.pallas_call(_copy_kernel, grid=(x.shape[0] // 8,),
+                          in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+def _counted(counter: list):
+    def host(v):
+        counter.append(1)
+        return v
+
+    return lambda v: jax.pure_callback(host, jax.ShapeDtypeStruct(v.shape, v.dtype), v)
+
+
+def test_code_a_schedule_does_not_need_never_runs():
+    data_calls, index_calls = [], []
+    data, index = _counted(data_calls), _counted(index_calls)
+
+    def fn(idx, x):
+        return gather_blocks(index(idx[::-1]), data(x) * 2.0)
+
+    t = kernelsim.trace(jax.jit(fn), jnp.array([0, 1, 3], jnp.int32), ROWS)
+    assert data_calls == [] and index_calls == [1]
+    fetched = [e.block_index for e in t.steps() if e.operand == "x_ref" and e.action == "fetch"]
+    assert fetched == [(3, 0), (1, 0), (0, 0)]
+
+
+def test_wrapper_primitive_without_an_eager_form_is_not_executed():
+    def fn(x):
+        return _copy(pltpu.with_memory_space_constraint(x, pltpu.HBM))
+
+    assert kernelsim.trace(fn, ROWS).calls[0].hbm_read_bytes == ROWS.nbytes
+
+
+def test_scan_makes_one_call_per_iteration_with_its_own_prefetch_values():
+    def fn(idxs, x):
+        def body(carry, idx):
+            return carry, gather_blocks(idx, x)
+
+        return jax.lax.scan(body, 0, idxs)[1]
+
+    idxs = jnp.array([[0, 0], [2, 3], [1, 1]], jnp.int32)
+    t = kernelsim.trace(jax.jit(fn), idxs, ROWS)
+    assert len(t.calls) == 3
+    for call, idx in enumerate(np.asarray(idxs)):
+        fetched = [e.block_index[0] for e in t.steps(call)
+                   if e.operand == "x_ref" and e.action == "fetch"]
+        assert fetched == sorted(set(idx.tolist()), key=idx.tolist().index)
+
+
+def test_computed_predicate_picks_the_branch_that_runs():
+    def fn(flag, x):
+        return jax.lax.cond(flag.sum() > 0, lambda v: _copy(v[:16]).sum(),
+                            lambda v: _copy(v).sum(), x)
+
+    assert kernelsim.trace(fn, jnp.array([1]), ROWS).calls[0].grid == (2,)
+    assert kernelsim.trace(fn, jnp.array([0]), ROWS).calls[0].grid == (4,)
+
+
+def test_python_branch_on_an_array_value_falls_back_to_running_the_function():
+    def fn(x):
+        if float(x[0, 1]) > 0:  # cannot be traced to a jaxpr
+            return _copy(x[:8])
+        return _copy(x)
+
+    assert kernelsim.trace(fn, ROWS).calls[0].grid == (1,)
