@@ -1,7 +1,8 @@
 """Chip table for the roofline estimate. Every number carries its source.
 
-Peaks are dense (no sparsity). TPU VMEM/SMEM are per TensorCore, as ``tpu_info.py`` in jax 0.10.2
-encodes them. GPU "on-chip" is the shared memory one thread block may use.
+Peaks are dense (no sparsity). TPU VMEM/SMEM are per TensorCore, as JAX's ``tpu_info.py`` encodes
+them (the same values in jax 0.10.2 and 0.12.0.1). GPU "on-chip" is the shared memory one thread
+block may use.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class Chip:
 
 
 _GCLOUD = "Google Cloud TPU system architecture pages (docs.cloud.google.com/tpu/docs/{})"
-_TPU_INFO = "jax 0.10.2 jax/_src/pallas/mosaic/tpu_info.py (VMEM/SMEM per TensorCore)"
+_TPU_INFO = ("jax 0.12.0.1 jax/_src/tpu_info.py (VMEM/SMEM per TensorCore; in 0.10.2 the table "
+             "was jax/_src/pallas/mosaic/tpu_info.py, now a re-export, with the same values)")
 _STEP = ("per-step cost 0.27 us: derived from the JAX TPU matmul guide's v5e 128-block table "
          "(0.35 us/step measured vs 0.08 us roofline); assumed for other TPUs")
 _F32_TPU = ("f32 peak: the JAX TPU matmul guide quotes one figure for bf16/f32 on v5e; f32 at "

@@ -42,7 +42,7 @@ from jax.experimental import pallas as pl
 from kernelsim.backend import choose
 
 LESSON = "01-why-pallas"
-print("JAX", jax.__version__, "on", jax.default_backend())
+_course.versions()
 
 # %% [markdown]
 # ## What the compiler does well
@@ -82,11 +82,11 @@ for name, shape in re.findall(r"%(\S+) = (\S+?)(?:\{[^}]*\})? fusion\(", hlo):
     print(f"   {name:28} -> {shape}")
 
 # %% [markdown]
-# The score matrix survives optimisation. On the CPU with jax 0.10.2 the first fusion computes
-# `q @ k.T`, the scaling, the row maximum and the exponential — and still writes an `N × N`
-# result. The next fusions read it for the row sums and again for the normalisation, and write
-# a second `N × N` array that the product with `v` reads. (The exact list of fusions differs
-# between backends.)
+# The score matrix survives optimisation. On the CPU, with the JAX release this course is
+# checked against (printed above), the first fusion computes `q @ k.T`, the scaling, the row
+# maximum and the exponential — and still writes an `N × N` result. The next fusions read it
+# for the row sums and again for the normalisation, and write a second `N × N` array that the
+# product with `v` reads. (The exact list of fusions differs between backends and releases.)
 #
 # XLA's cost model says the same thing in bytes. `compiled.cost_analysis()` returns a
 # dictionary whose `"bytes accessed"` entry is the compiler's estimate of memory traffic; we
@@ -253,8 +253,10 @@ print("sine outside the kernel:", "stablehlo.sine" in stablehlo)
 #
 # * reductions over integer values are not supported;
 # * loops: the page says loop primitives are fully unrolled at compile time and asks for small
-#   trip counts. The jax 0.10.2 lowering is more lenient than the page: it emits a real loop
-#   (`scf.for`) for `lax.fori_loop` and unrolls only as far as its `unroll=` argument asks;
+#   trip counts. The pinned release's lowering is more lenient than the page: it emits a real
+#   loop (`scf.for`) for `lax.fori_loop` and unrolls only as far as its `unroll=` argument
+#   asks (a partial unroll is left to the Mosaic compiler, as a `tpu.late_unroll` attribute
+#   on the loop);
 # * elementwise operations are not equally cheap: the page ranks `jnp.sin` and `jnp.cos` among
 #   the expensive ones and `jnp.exp` in the middle.
 #

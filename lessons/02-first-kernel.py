@@ -40,6 +40,7 @@ import kernelsim
 from kernelsim.backend import choose
 
 LESSON = "02-first-kernel"
+_course.versions()
 
 # %% [markdown]
 # ## A kernel receives Refs
@@ -191,12 +192,14 @@ print("written columns equal x:", bool((partial[:, :2 * CHUNK] == x[:, :2 * CHUN
 # ([quickstart](https://docs.jax.dev/en/latest/pallas/quickstart.html)):
 #
 # * on TPU, Mosaic;
-# * on GPU, Mosaic GPU by default in jax 0.10.2 — Hopper and newer only. Reaching it through
-#   `pl.pallas_call` is deprecated: it issues a `DeprecationWarning` that points to
-#   `plgpu.kernel`;
-# * on GPU, Triton when you pass `compiler_params=pltriton.CompilerParams()` (from
-#   `jax.experimental.pallas.triton`). The docs call this backend best-effort; it runs on
-#   Ampere and newer.
+# * on GPU, Triton (Ampere and newer). In the pinned release `pl.pallas_call` always lowers a
+#   GPU kernel with Triton, as if you had passed `compiler_params=pltriton.CompilerParams()`
+#   (from `jax.experimental.pallas.triton`), and issues a `DeprecationWarning`: the Triton
+#   backend is to be removed in a future release.
+#
+# The quickstart presents Mosaic GPU (Hopper and newer) as the GPU backend. In the pinned
+# release `pl.pallas_call` no longer reaches it; Mosaic GPU kernels are written with
+# `plgpu.kernel` (from `jax.experimental.pallas.mosaic_gpu`), which this course does not cover.
 #
 # Interpret mode knows nothing about the hardware's limits, so a kernel that passes here may
 # still be rejected by a compiler — lesson 3 shows the TPU's block-shape rule.

@@ -46,6 +46,7 @@ import kernelsim
 from kernelsim.backend import choose
 
 LESSON = "03-tiling"
+_course.versions()
 keys = jax.random.split(jax.random.key(3), 4)
 
 # %% [markdown]
@@ -93,8 +94,9 @@ _course.check(LESSON, "tiled_add", tiled_add, lambda a, b: a + b, (x, y), run, r
 #
 # The buffer count is per operand: `pl.BlockSpec(..., pipeline_mode=pl.Buffered(n))`, default
 # 2 ([TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html)).
-# `pl.Buffered(1)` halves the footprint and gives up the overlap; the jax 0.10.2 lowering picks
-# it by itself for a VMEM operand whose block is the whole array under a constant index map.
+# `pl.Buffered(1)` halves the footprint and gives up the overlap; the pinned release's TPU
+# lowering picks it by itself for a VMEM operand whose block is the whole array and whose index
+# map returns only zeros.
 #
 # kernelsim evaluates the index maps (never the kernel body) and lists these copies step by
 # step. `bufs` is the number of VMEM buffers per operand, `on-chip B` their bytes.
@@ -135,9 +137,10 @@ print("on-chip peak       :", add_call["onchip_peak_bytes"], "=", 3 * 2 * 128 * 
 # The numbers come from the vector registers: 8 sublanes × 128 lanes of 32-bit words, and
 # loads and stores move whole `(8, 128)` tiles of the two minor-most dimensions.
 #
-# In jax 0.10.2 the TPU lowering checks exactly this rule, with the same 8 for every dtype, and
-# raises a `ValueError` when a block breaks it. (A 1-D block has its own rule: the whole
-# array, a multiple of 1024 elements, or a power of two of at least `128 × 32 / bits`.)
+# In the pinned release the TPU lowering checks exactly this rule, with the same 8 for every
+# dtype, and raises a `ValueError` when a block breaks it. (A 1-D block has its own rule: the
+# whole array, a multiple of `sublanes × 128` elements — 1024 on the chips this course
+# models — or a power of two of at least `128 × 32 / bits`.)
 # Interpret mode checks none of it; kernelsim's TPU model checks the 2-D rule and warns.
 
 # %%
@@ -151,9 +154,10 @@ print("block (256, 128), the full row count:", full_rows.calls[0].warnings or "n
 
 # %% [markdown]
 # Narrower dtypes are *packed*: a 32-bit word holds two `bfloat16` or four `int8` values, which
-# `tpu_info.py` in jax 0.10.2 counts as a packing of `32 / bits` along the second-minor
-# dimension. An `(8, 128)` `bfloat16` block passes the check above but fills only half of each
-# packed register; row counts that are multiples of 16 (`bfloat16`) or 32 (`int8`) fill them.
+# JAX's TPU hardware table (`jax/_src/tpu_info.py`) counts as a packing of `32 / bits` along
+# the second-minor dimension. An `(8, 128)` `bfloat16` block passes the check above but fills
+# only half of each packed register; row counts that are multiples of 16 (`bfloat16`) or 32
+# (`int8`) fill them.
 
 # %% [markdown]
 # ## Shapes the block does not divide

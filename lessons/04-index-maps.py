@@ -43,6 +43,7 @@ import kernelsim
 from kernelsim.backend import choose
 
 LESSON = "04-index-maps"
+_course.versions()
 keys = jax.random.split(jax.random.key(4), 4)
 run = choose(tpu_features=False, gpu_ok=True)
 B = 128  # block edge used throughout
@@ -307,14 +308,15 @@ t_acc.show()
 # ([TPU details](https://docs.jax.dev/en/latest/pallas/tpu/details.html), "Multicore TPU
 # configurations").
 #
-# * On megacore chips — two TensorCores behind one JAX device; `tpu_info.py` in jax 0.10.2
-#   lists v4 and v5p — the compiler may split a parallel axis between the two cores.
+# * On megacore chips — two TensorCores behind one JAX device; JAX's TPU hardware table in the
+#   pinned release lists v4 and v5p — the compiler may split a parallel axis between the two
+#   cores.
 # * On one-core chips (v5e, v6e) the grid still runs in order, so a false `"parallel"` goes
 #   unnoticed there — until the kernel runs on a megacore chip.
 # * `"arbitrary"` axes always run in order on one core.
 #
 # The docs describe `dimension_semantics` as some parallel axes followed by arbitrary ones;
-# TPU interpret mode in jax 0.10.2 enforces that order with a `ValueError`.
+# TPU interpret mode in the pinned release enforces that order with a `ValueError`.
 #
 # The promise is yours to keep. TPU interpret mode tests it: it visits the indices of each
 # parallel axis in a shuffled order (seeded by `InterpretParams(random_seed=...)`). Declare

@@ -47,6 +47,7 @@ from kernelsim.backend import choose
 from kernelsim.chips import CHIPS
 
 LESSON = "05-memory-spaces"
+_course.versions()
 keys = jax.random.split(jax.random.key(5), 4)
 tpu_run = choose(tpu_features=True)
 print("kernels in this lesson run:", tpu_run.label)
@@ -56,7 +57,7 @@ print("kernels in this lesson run:", tpu_run.label)
 #
 # * **HBM** — the chip's main memory: gigabytes, off the core. Arrays passed to a
 #   `pallas_call` live here.
-# * **VMEM** — vector memory on the TensorCore, 16 to 128 MiB depending on the generation;
+# * **VMEM** — vector memory on the TensorCore, 16 to 192 MiB depending on the generation;
 #   the kernel's vector and matrix operations take their operands from here. BlockSpec'd
 #   operands are copied here by default.
 # * **SMEM** — scalar memory: small (1 MiB per core on v4 and later in `tpu_info.py`), read
@@ -66,8 +67,8 @@ print("kernels in this lesson run:", tpu_run.label)
 # The compiler also caps how much VMEM one kernel may use, below the capacity;
 # `pltpu.CompilerParams(vmem_limit_bytes=...)` raises that cap for a kernel.
 #
-# Sizes per TensorCore, as kernelsim's chip table records them (from `tpu_info.py` in
-# jax 0.10.2, HBM bandwidth from Google Cloud's pages):
+# Sizes per TensorCore, as kernelsim's chip table records them (from JAX's TPU hardware table,
+# `jax/_src/tpu_info.py`, in the pinned release; HBM bandwidth from Google Cloud's pages):
 
 # %%
 print(f"{'chip':8}  {'VMEM':>8}  {'SMEM':>6}  {'HBM GB/s':>8}")
@@ -185,9 +186,9 @@ t.show()
 # ## `pl.ANY`: leave it in HBM, copy it yourself
 #
 # `pl.BlockSpec(memory_space=pl.ANY)` tells Pallas not to pipeline an operand: the kernel gets
-# a Ref to the array where it already is (HBM, on TPU). The TPU lowering in jax 0.10.2 accepts
-# such operands only whole — block shape equal to the array, trivial index map. Moving data is
-# then the kernel's job
+# a Ref to the array where it already is (HBM, on TPU). The pinned release's TPU lowering
+# accepts such operands only whole — block shape equal to the array, an index map of zeros.
+# Moving data is then the kernel's job
 # ([TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html)):
 #
 # * `pltpu.make_async_copy(src_ref, dst_ref, sem)` describes a DMA;
@@ -251,9 +252,11 @@ _course.check(LESSON, "chunk_sum_manual_dma", chunk_sum, chunk_sum_reference, (x
 # waits on a semaphore nobody signals hangs here just as it would on a chip. By default
 # (`dma_execution_mode="on_wait"`) it moves a copy's data only when someone waits for it, the
 # latest moment a chip could; `"eager"` moves it at `.start()`. Its
-# `InterpretParams(detect_races=True)` option adds a race detector that prints a message when
-# a buffer is read and written without an ordering between the two. The run below uses it on
-# the correct kernel; nothing is reported.
+# `InterpretParams(detect_races=True)` option adds a race detector for a buffer read and
+# written without an ordering between the two. In the pinned release the first race it finds
+# stops the kernel with an error (`on_race="raise"`, the default); `on_race="warn"` logs each
+# race and lets the kernel finish. The run below uses it on the correct kernel; nothing is
+# reported.
 
 # %%
 checked = pl.pallas_call(
@@ -285,9 +288,10 @@ for warning in kernelsim.trace(functools.partial(chunk_sum, interpret=True), x).
 # * the next block depends on data the kernel computes or reads as it goes (paged KV caches
 #   are the usual example);
 # * you want copies further ahead than the grid pipeline's two buffers (for the grid's
-#   pipeline, the jax 0.10.2 TPU lowering accepts `pl.Buffered(buffer_count)` only with 1 or
-#   2 buffers and rejects lookahead; `pltpu.emit_pipeline`, a pipeline built inside the
-#   kernel, accepts lookahead and more than two buffers for inputs);
+#   pipeline, the pinned release's TPU lowering accepts `pl.Buffered(buffer_count)` only with
+#   1 or 2 buffers and rejects lookahead; `pltpu.emit_pipeline`, a pipeline built inside the
+#   kernel, accepts more than two buffers (for outputs too, in the pinned release) and
+#   lookahead for inputs);
 # * only part of an operand is needed, or the same bytes go to several places.
 #
 # Manual DMAs are also where new bugs live: forgetting a `.wait()`, overwriting a buffer that

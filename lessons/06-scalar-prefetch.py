@@ -25,8 +25,8 @@
 # 5. skip copies *and* work by repeating the last block index;
 # 6. read kernelsim's data-dependent traffic.
 #
-# Scalar prefetch is **TPU-only** in jax 0.10.2 (neither GPU lowering supports it); on the CPU
-# these kernels run in TPU interpret mode. Rules here:
+# Scalar prefetch is **TPU-only** in the pinned release (its GPU lowering, Triton, does not
+# implement it); on the CPU these kernels run in TPU interpret mode. Rules here:
 # [TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html) and
 # [sparse kernels on TPU](https://docs.jax.dev/en/latest/pallas/tpu/sparse.html).
 # Matching exercises: [`../exercises/`](../exercises/).
@@ -45,6 +45,7 @@ import kernelsim
 from kernelsim.backend import choose
 
 LESSON = "06-scalar-prefetch"
+_course.versions()
 keys = jax.random.split(jax.random.key(6), 6)
 tpu_run = choose(tpu_features=True)
 print("kernels in this lesson run:", tpu_run.label)

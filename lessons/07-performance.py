@@ -47,6 +47,7 @@ from kernelsim.backend import choose, platform
 from kernelsim.chips import CHIPS
 
 LESSON = "07-performance"
+_course.versions()
 V5E = CHIPS["tpu-v5e"]
 
 

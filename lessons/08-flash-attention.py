@@ -46,6 +46,7 @@ import kernelsim
 from kernelsim.backend import choose
 
 LESSON = "08-flash-attention"
+_course.versions()
 H, N, D = 2, 256, 64  # heads, sequence length, head dimension
 kq, kk, kv = jax.random.split(jax.random.key(8), 3)
 q = jax.random.normal(kq, (H, N, D), jnp.float32)
@@ -185,8 +186,8 @@ _course.check(LESSON, "flash_attention_grid", flash_attention, attention_referen
 # block, receives the whole of this head's `K` and `V`, and walks them in `bkv` slices with
 # `pl.ds`. No scratch and no TPU compiler parameters are needed — the running values are loop
 # carries — so this version is also a candidate for the GPU lowering. The price: `K` and `V`
-# for a head must fit on chip at once. On TPU the jax 0.10.2 lowering turns the `fori_loop`
-# into a real loop, unrolled only as far as `unroll=` asks (lesson 1).
+# for a head must fit on chip at once. On TPU the pinned release's lowering turns the
+# `fori_loop` into a real loop, unrolled only as far as `unroll=` asks (lesson 1).
 
 # %%
 def flash_loop_kernel(q_ref, k_ref, v_ref, o_ref, *, bkv):

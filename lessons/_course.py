@@ -23,6 +23,22 @@ from kernelsim.backend import Execution, platform
 
 RECORD_ENV = "PALLAS_COURSE_RECORD"
 
+# The one place that names the JAX release the lessons' version-specific statements (lowering
+# details, defaults, error messages, source citations) were checked against. It must equal the
+# pin in pyproject.toml; tests/lessons/test_versions.py checks both. lessons/CHECKED.md lists
+# each statement with the source lines it was checked against.
+CHECKED_JAX = "0.12.0.1"
+
+
+def versions() -> None:
+    """Print the running JAX release and backend, and the release the lessons were checked
+    against; say so when the two differ."""
+    print(f"JAX {jax.__version__} on {jax.default_backend()}; the pinned release, which the "
+          f"lessons were checked against: JAX {CHECKED_JAX}")
+    if jax.__version__ != CHECKED_JAX:
+        print("  (a different release: statements about lowering details, defaults and error "
+              "messages may no longer hold)")
+
 
 def _inline_figures() -> None:
     """Let a bare matplotlib ``Figure`` (what kernelsim's views return) display as a PNG when
