@@ -1,0 +1,94 @@
+"""A learner's files are never overwritten: not by `make start`'s set-up step, not by `release`,
+not by `workspace --update`; and the CLI acts on the course where it stands (or --course),
+never on the repository's when run from outside it."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import REPO, add_assignment, cli, make_course, ok
+
+from grader import cli as course_cli
+
+A1, A2 = "01_first_kernel", "02_tiling"
+MINE = "def add(x, y):\n    # my own solution, typed in JupyterLab\n    return x + y\n"
+
+
+def _edit_solution(nb_path) -> str:
+    """Put ``MINE`` into the notebook's first solution cell, as JupyterLab would save it."""
+    nb = json.loads(nb_path.read_text())
+    cell = next(c for c in nb["cells"] if c["metadata"].get("nbgrader", {}).get("solution"))
+    cell["source"] = MINE
+    nb_path.write_text(json.dumps(nb, indent=1))
+    return nb_path.read_text()
+
+
+def test_make_start_runs_the_workspace_step_and_no_release():
+    recipe = re.search(r"^start:.*\n((?:\t.*\n)+)", (REPO / "Makefile").read_text(), re.M)
+    assert recipe, "no start target in the Makefile"
+    steps = recipe.group(1)
+    assert "grader.cli workspace" in steps and "grader.cli release" not in steps, steps
+
+
+def _files(root) -> dict:
+    return {p: (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*") if p.is_file()}
+
+
+def test_learner_edits_survive_start_release_and_update(tmp_path):
+    course = make_course(tmp_path / "exercises", [A1])
+    ws = tmp_path / "ws"
+    ok(cli("workspace", str(ws), cwd=course))  # make start's set-up step, run in the course
+    nb = ws / "exercises" / A1 / "first_kernel.ipynb"
+    lesson = ws / "lessons" / "02-first-kernel.py"
+    assert (ws / "exercises" / A1 / "refs" / "manifest.json").exists()
+    edited = _edit_solution(nb)
+    lesson.write_text(lesson.read_text() + "\n# my note\n")
+    lesson_text = lesson.read_text()
+    # someone also worked in nbgrader's release/ folder, as the old make start suggested
+    released = course / "release" / A1 / "first_kernel.ipynb"
+    released_edit = _edit_solution(released)
+
+    ok(cli("workspace", str(ws), cwd=course))  # the next make start
+    # an instructor's release, from a folder outside the repository, writes only in the course
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    repo_before, ws_before = _files(REPO / "exercises"), _files(ws)
+    out = ok(cli("--course", str(course), "release", cwd=elsewhere))
+    assert _files(REPO / "exercises") == repo_before, "release wrote into the repository"
+    assert _files(ws) == ws_before and not any(elsewhere.iterdir())
+    assert nb.read_text() == edited and lesson.read_text() == lesson_text
+    kept = course / "release-kept" / A1 / "first_kernel.ipynb"
+    assert kept.read_text() == released_edit, out
+    assert "kept release/01_first_kernel/first_kernel.ipynb" in out, out
+    assert MINE not in released.read_text()  # release/ holds the fresh student version again
+
+    # the course grows: a new assignment, and a changed statement in the first one
+    add_assignment(course, A2)
+    src = course / "source" / A1 / "first_kernel.py"
+    src.write_text(src.read_text().replace("# # Assignment 1", "# # Assignment 1 (revised)", 1))
+    out = ok(cli("workspace", str(ws), "--update", cwd=course))
+    assert (ws / "exercises" / A2 / "tiling.ipynb").exists(), out
+    assert nb.read_text() == edited and lesson.read_text() == lesson_text
+    offered = ws / "exercises" / A1 / "first_kernel.new.ipynb"
+    assert "(revised)" in offered.read_text(), out
+    assert "newer course version: exercises/01_first_kernel/first_kernel.new.ipynb" in out
+    # and a plain run after that adds nothing and changes nothing
+    before = {p: p.read_bytes() for p in ws.rglob("*") if p.is_file()}
+    ok(cli("workspace", str(ws), cwd=course))
+    assert {p: p.read_bytes() for p in ws.rglob("*") if p.is_file()} == before
+
+
+def test_course_is_found_from_where_you_stand(tmp_path, monkeypatch, capsys):
+    course = make_course(tmp_path / "checkout" / "exercises", [A1])
+    assert course_cli.find_course(course / "source" / A1) == course
+    assert course_cli.find_course(tmp_path / "checkout") == course
+    with pytest.raises(course_cli.CourseNotFound, match="pass --course DIR"):
+        course_cli.find_course(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PALLAS_COURSE_ROOT", raising=False)
+    assert course_cli.main(["release"]) == 2
+    assert "no course at or above" in capsys.readouterr().err
+    assert course_cli.main(["--course", str(tmp_path), "release"]) == 2
+    assert "no nbgrader_config.py and source/" in capsys.readouterr().err
