@@ -7,7 +7,7 @@ Data flows one way: captured ``pallas_call`` -> ``model`` (grid, operands, index
 from kernelsim import backend, chips
 from kernelsim.errors import TraceError
 from kernelsim.schedule import StepEvent
-from kernelsim.trace import CallTrace, Trace, run, trace
+from kernelsim.trace import CallTrace, Trace, run, tpu_lowering_error, trace
 
 
 def compare(*traces: Trace, labels: list[str] | None = None, call: int = 0):
@@ -18,4 +18,4 @@ def compare(*traces: Trace, labels: list[str] | None = None, call: int = 0):
 
 
 __all__ = ["CallTrace", "StepEvent", "Trace", "TraceError", "backend", "chips", "compare", "run",
-           "trace"]
+           "tpu_lowering_error", "trace"]

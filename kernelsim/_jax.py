@@ -482,10 +482,16 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
                 f"pallas_call {name!r}, operand {bm.origin}: pl.Buffered({buffers!r}) is an "
                 "(input, output) pair, which only emit_pipeline accepts; a pallas_call "
                 "BlockSpec takes one int buffer count.")
+        trivial = bool(bm.has_trivial_window())
+        # Mosaic forces single buffering for a trivial window in VMEM, whatever the BlockSpec
+        # asked (jax/_src/pallas/mosaic/lowering.py, "Force single-buffering pipelining for
+        # trivial windowing in VMEM"); any other block keeps its buffer count.
+        if trivial and space == "vmem":
+            buffers = 1
         call.operands.append(Operand(
             names[nprefetch + k], role, tuple(aval.shape), str(aval.dtype),
             np.dtype(aval.dtype).itemsize, space, dims, int(buffers),
-            _evaluate(bm, points, prefetch_vals)))
+            _evaluate(bm, points, prefetch_vals), trivial_window=trivial))
     for j, aval in enumerate(gm.scratch_avals):
         space = _memory_space(aval)
         inner = getattr(aval, "inner_aval", aval)
@@ -569,6 +575,30 @@ def count_flops(jaxpr: Any) -> tuple[int, tuple[str, ...]]:
                 if shape is not None and hasattr(v.aval, "dtype"):
                     flops += int(np.prod(shape, dtype=np.int64))
     return flops, tuple(dtypes)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the real TPU lowering says, on any machine
+
+
+def tpu_lowering_error(fn: Callable, args: tuple, device_kind: str) -> str | None:
+    """The error JAX's Mosaic TPU lowering raises for ``fn(*args)``, or None if it lowers.
+
+    Runs JAX's own lowering for platform "tpu" (``jax.export``) under an abstract mesh whose
+    device is ``device_kind`` (e.g. "TPU v5e"), so rules that depend on the chip apply; no TPU
+    is needed and nothing executes. Compiling (Mosaic's own passes) is not part of this.
+    """
+    from jax._src import mesh as mesh_lib
+
+    device = mesh_lib.AbstractDevice(device_kind, 1, "tpu")
+    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
+    try:
+        with jax.sharding.use_abstract_mesh(mesh):
+            jax.export.export(jax.jit(fn), platforms=["tpu"])(*shapes)
+    except Exception as err:  # noqa: BLE001 - every lowering failure is the answer
+        return f"{type(err).__name__}: {err}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

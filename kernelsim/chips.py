@@ -75,3 +75,9 @@ def get_chip(name: str) -> Chip:
         return CHIPS[name]
     except KeyError:
         raise KeyError(f"unknown chip {name!r}; known: {', '.join(CHIPS)}") from None
+
+
+# The device kind JAX reports for each TPU (jax/_src/tpu_info.py, chip_version_from_device_kind):
+# what kernelsim.tpu_lowering_error lowers for.
+TPU_DEVICE_KIND = {"tpu-v4": "TPU v4", "tpu-v5e": "TPU v5e", "tpu-v5p": "TPU v5p",
+                   "tpu-v6e": "TPU v6e"}

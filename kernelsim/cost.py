@@ -83,7 +83,7 @@ def _buffers(op: Operand, model: str) -> int:
         return 0
     if op.role in ("scratch", "scalar_prefetch"):
         return 1
-    if model == "gpu" or op.buffer_count == 1 or op.covers_whole_array:
+    if model == "gpu":
         return 1
     return op.buffer_count
 

@@ -1,7 +1,10 @@
 """Warnings about a call's shape that a real backend would reject or run badly.
 
 Each message names the operand and the rule; the rules' sources:
-- (8, 128) tiling: https://docs.jax.dev/en/latest/pallas/tpu/details.html ("Block shapes")
+- block shapes: JAX's own check, ``_check_block_mappings`` in
+  jax/_src/pallas/mosaic/lowering.py (jax 0.12.0.1), mirrored rule for rule (rank >= 1; the last
+  two dims divisible by (8, 128) or whole; the dtype-dependent 1-D rule; pl.ANY/HBM blocks whole
+  with a zero index map); https://docs.jax.dev/en/latest/pallas/tpu/details.html explains it.
 - parallel after arbitrary, output revisits: same page, "Multicore / Pipelining" sections, and
   the TPU interpreter's revisit check (jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py).
 """
@@ -15,22 +18,42 @@ from kernelsim.cost import CallCost
 from kernelsim.model import KernelCall, Operand
 from kernelsim.schedule import CallSchedule
 
+# TPU vreg geometry the block-shape rule uses: sublanes x lanes of 32-bit words (the same on
+# every chip kernelsim models; jax/_src/tpu_info.py num_sublanes / num_lanes).
+_SUBLANES, _LANES = 8, 128
 
-def _tiling(op: Operand) -> str | None:
-    """The (8, 128) rule for the last two block dims on TPU; None when it holds."""
-    dims = op.block_dims or ()
-    problems = []
-    for dim, extent, multiple, pos in zip(dims[::-1][:2], op.shape[::-1][:2], (128, 8),
-                                          ("last", "second-to-last"), strict=False):
-        if dim.kind == "squeezed":
-            continue
-        if dim.size % multiple and dim.size != extent:
-            problems.append(f"{pos} dim {dim.size} is neither a multiple of {multiple} "
-                            f"nor the array's {extent}")
-    if not problems:
+
+def _block_shape_problem(op: Operand) -> str | None:
+    """Why Mosaic's TPU lowering would reject ``op``'s block shape; None when it accepts it."""
+    if op.memory_space == "semaphore" or (op.memory_space == "smem" and op.trivial_window):
         return None
-    return (f"operand {op.name!r}: block {op.block_shape} breaks TPU's (8, 128) tiling rule: "
-            + "; ".join(problems) + ". Mosaic will reject this block shape.")
+    block = tuple(d.size for d in op.block_dims or ())  # a squeezed dim counts as size 1
+    if op.memory_space in ("any", "hbm"):
+        if not op.trivial_window:
+            return (f"operand {op.name!r} in {op.memory_space.upper()} has block {block} over "
+                    f"array {op.shape}: such operands must be whole arrays with an index map "
+                    "returning zeros (the kernel copies from them itself).")
+        return None
+    if not block:
+        return (f"operand {op.name!r}: a rank-0 block; the TPU lowering supports blocks of "
+                "rank >= 1.")
+    if len(block) >= 2:
+        problems = [f"{pos} dim {b} is neither a multiple of {m} nor the array's {a}"
+                    for b, a, m, pos in ((block[-1], op.shape[-1], _LANES, "last"),
+                                         (block[-2], op.shape[-2], _SUBLANES, "second-to-last"))
+                    if b != a and b % m]
+        if not problems:
+            return None
+        return (f"operand {op.name!r}: block {op.block_shape} breaks TPU's (8, 128) tiling "
+                "rule: " + "; ".join(problems) + ". Mosaic will reject this block shape.")
+    bits = 32 if op.dtype == "bool" else 8 * op.itemsize  # bools are stored as int32
+    min_tiling, chunk = _LANES * (32 // bits), _SUBLANES * _LANES
+    b, a = block[0], op.shape[0]
+    if b == a or b % chunk == 0 or (b >= min_tiling and b & (b - 1) == 0):
+        return None
+    return (f"operand {op.name!r}: 1-D block ({b},) of {op.dtype} over ({a},) is neither the "
+            f"whole array, a multiple of {chunk}, nor a power of two >= {min_tiling}; Mosaic "
+            "will reject this block shape.")
 
 
 def _revisits(op: Operand) -> list[int]:
@@ -74,10 +97,10 @@ def lint(call: KernelCall, schedule: CallSchedule, cost: CallCost, chip: Chip) -
             warnings.append(f"operand {op.name!r} stays in {op.memory_space.upper()}: the "
                             "pipeline copies nothing for it; manual DMAs in the kernel body "
                             "are not counted.")
+        if tpu and op.role in ("input", "output") and (msg := _block_shape_problem(op)):
+            warnings.append(msg)
         if not op.pipelined:
             continue
-        if tpu and op.memory_space == "vmem" and (msg := _tiling(op)):
-            warnings.append(msg)
         if op.role == "output" and (steps := _revisits(op)):
             block = tuple(int(v) for v in op.block_indices[steps[0]])
             warnings.append(

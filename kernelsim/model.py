@@ -53,6 +53,10 @@ class Operand:
     block_indices: int64 array [steps, ndim], the index map's output at every grid step in
         execution order; ``None`` for scratch, scalar prefetch and operands without a window.
     value: the concrete array for scalar-prefetch operands (what the index maps read from SMEM).
+    trivial_window: the block is the whole array *and* the index map returns literal zeros
+        (JAX's ``BlockMapping.has_trivial_window``): Mosaic single-buffers such a VMEM block.
+    buffer_count: on-chip buffers the TPU pipeline allocates (``pl.Buffered(n)``, 2 by default,
+        1 for a trivial window), as the adapter read it from JAX.
     """
 
     name: str
@@ -65,6 +69,7 @@ class Operand:
     buffer_count: int = 2
     block_indices: np.ndarray | None = None
     value: np.ndarray | None = None
+    trivial_window: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -84,13 +89,6 @@ class Operand:
         if self.block_dims is None:
             return self.nbytes
         return int(np.prod([d.size for d in self.block_dims], dtype=np.int64)) * self.itemsize
-
-    @property
-    def covers_whole_array(self) -> bool:
-        """The block is the whole array, so one buffer suffices (Mosaic single-buffers it)."""
-        if self.block_dims is None:
-            return True
-        return all(d.size == s for d, s in zip(self.block_dims, self.shape, strict=True))
 
     @property
     def pipelined(self) -> bool:

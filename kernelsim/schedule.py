@@ -86,9 +86,9 @@ class OperandSchedule:
 
         A double-buffered input alternates buffers at every fetch, an output at every
         write-back (the next block goes to the other buffer while this one drains); a single
-        buffer (``pl.Buffered(1)``, a whole-array block, the ``gpu`` model) is always slot 0.
+        buffer (``pl.Buffered(1)``, a trivial window, the ``gpu`` model) is always slot 0.
         """
-        if self.operand.buffer_count < 2 or self.operand.covers_whole_array:
+        if self.operand.buffer_count < 2:
             return np.zeros(self.actions.shape[0], np.int64)
         if self.operand.role == "input":
             return (np.cumsum(self.actions == FETCH) - 1) % 2

@@ -17,7 +17,7 @@ from typing import Any
 
 from kernelsim import _jax, backend
 from kernelsim.access import AccessLog, PrefetchReads
-from kernelsim.chips import Chip, get_chip
+from kernelsim.chips import TPU_DEVICE_KIND, Chip, get_chip
 from kernelsim.cost import CallCost, OperandCost, compute
 from kernelsim.errors import TraceError
 from kernelsim.lint import lint
@@ -246,3 +246,14 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
 
     out, captured = _collect(fn, args, execute)
     return out, _analyse(captured, model_, chip_, strict)
+
+
+def tpu_lowering_error(fn: Callable, *args: Any, chip: str = "tpu-v5e") -> str | None:
+    """What JAX's TPU lowering says about ``fn(*args)`` for ``chip``: its error, or None.
+
+    Runs the real Mosaic lowering on any machine (a CPU is enough; nothing executes), so block
+    shapes, memory spaces and buffering modes the TPU compiler front end rejects show up here.
+    """
+    if chip not in TPU_DEVICE_KIND:
+        raise TraceError(f"unknown TPU {chip!r}: choose one of {', '.join(TPU_DEVICE_KIND)}")
+    return _jax.tpu_lowering_error(fn, args, TPU_DEVICE_KIND[chip])
