@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from grader import grading  # noqa: E402
+from grader import collect, grading  # noqa: E402
 
 N = int(os.environ.get("BENCH_SUBMISSIONS", "20"))
 BARE_CONFIG = """
@@ -51,7 +51,7 @@ def fresh_course(tmp: Path) -> Path:
         d = subs / f"s{i:02d}" / A
         d.mkdir(parents=True)
         shutil.copy(nb, d / nb.name)
-    grading.collect(root, subs, log=lambda *a: None)
+    collect.collect(root, subs, log=lambda *a: None)
     return root
 
 

@@ -6,8 +6,8 @@ starts nbgrader with this folder as the working directory.
 
 import os
 
-from grader.feedback_pp import ClearHiddenOutputs
-from grader.trusted import RestoreTestCells, TrustedExecute
+from grader.feedback_pp import ClearHiddenOutputs, InertHtml
+from grader.trusted import RestoreTestCells, TrustedExecute, VerdictGrades
 from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import (
     AssignLatePenalties,
@@ -20,7 +20,6 @@ from nbgrader.preprocessors import (
     LimitOutput,
     OverwriteCells,
     OverwriteKernelspec,
-    SaveAutoGrades,
 )
 
 c = get_config()  # noqa: F821 - provided by traitlets when this file is loaded
@@ -29,8 +28,11 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 c.CourseDirectory.course_id = "pallas-course"
 c.CourseDirectory.root = ROOT
-# a busy timeout: concurrent autograde workers wait for the gradebook lock instead of failing
-c.CourseDirectory.db_url = "sqlite:///" + os.path.join(ROOT, "gradebook.db") + "?timeout=120"
+# SQLite in this folder, with a busy timeout: concurrent autograde workers wait for the gradebook
+# lock instead of failing; or a server's URL, e.g. PostgreSQL for graders on several machines
+# (`pallas-course --db postgresql://...` sets $PALLAS_COURSE_DB for every nbgrader it starts)
+c.CourseDirectory.db_url = (os.environ.get("PALLAS_COURSE_DB")
+                            or "sqlite:///" + os.path.join(ROOT, "gradebook.db") + "?timeout=120")
 # the jupytext twins (*.py) hold the solutions: never copy them into release/ or autograded/
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.py",
                             "*.ipynb.tmp"]
@@ -45,14 +47,16 @@ c.Autograde.create_student = True
 # (grader/trusted.py: RestoreTestCells). Otherwise nbgrader's default list.
 c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, RestoreTestCells,
                                       OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
-# Learner code runs in a jailed kernel; test cells are judged in the grader's own process
-# (grader/trusted.py). Same list as nbgrader's default with Execute replaced.
+# Learner code runs in a jailed kernel; test cells are judged in the grader's own process and
+# scored from those verdicts, never from what the cell printed (grader/trusted.py). Same list
+# as nbgrader's default with Execute and SaveAutoGrades replaced.
 c.Autograde.autograde_preprocessors = [TrustedExecute, IgnorePattern, ClearMetadataPreprocessor,
-                                       LimitOutput, SaveAutoGrades, AssignLatePenalties,
+                                       LimitOutput, VerdictGrades, AssignLatePenalties,
                                        CheckCellMetadata]
 
-# Feedback must not show the hidden tests (nbgrader#917, #1156, #1363).
-c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenOutputs, ClearHiddenTests,
+# Feedback must not show the hidden tests (nbgrader#917, #1156, #1363), nor run the learner's
+# HTML: scripts, event handlers, javascript: links (grader/feedback_pp.py).
+c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenOutputs, ClearHiddenTests, InertHtml,
                                     CSSHTMLHeaderPreprocessor]
 
 # Per-cell timeouts. Test cells are locked and restored from the gradebook at autograde, so their

@@ -24,10 +24,16 @@ from grader import refs as _refs
 
 REQUEST = "request.json"
 MAX_ANSWER_BYTES = 256 << 20  # outputs of one check, uncompressed
+MAX_OUTPUT_BYTES = 16 << 20  # one case's output: far above any task's, far below the limits
+MAX_ERROR_CHARS = 2000  # of one error message in an answer
 
 
 class AnswerError(Exception):
     """An answer file is missing, stale or not what ``course.check`` writes."""
+
+
+class AnswerTooLarge(AnswerError):
+    """An answer that is too big to read: a wrong answer of that task, not tampering."""
 
 
 def answer_name(task_id: str, hidden: bool) -> str:
@@ -71,8 +77,11 @@ def clear_request(request_dir: Path) -> None:
         p.unlink()
 
 
-def read_no_follow(folder: Path, name: str, limit: int) -> bytes:
-    """The bytes of regular file ``folder/name``; links and oversized files are refused."""
+def read_no_follow(folder: Path, name: str, limit: int, consume: bool = False) -> bytes:
+    """The bytes of regular file ``folder/name``; links and oversized files are refused.
+
+    consume: delete the file once read, so that nothing can hand the same bytes in again.
+    """
     dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         try:
@@ -86,8 +95,11 @@ def read_no_follow(folder: Path, name: str, limit: int) -> bytes:
             if not stat.S_ISREG(st.st_mode):
                 raise AnswerError(f"{name} is not a regular file")
             if st.st_size > limit:
-                raise AnswerError(f"{name} is {st.st_size:,} bytes (limit {limit:,})")
-            return f.read(limit + 1)[:limit]
+                raise AnswerTooLarge(f"{name} is {st.st_size:,} bytes (limit {limit:,})")
+            data = f.read(limit + 1)[:limit]
+        if consume:
+            os.unlink(name, dir_fd=dfd)
+        return data
     finally:
         os.close(dfd)
 
@@ -96,19 +108,19 @@ def read_answer(workdir: Path, nonce: str, task_id: str, hidden: bool) -> dict[s
     """The kernel's answer to one check: outputs (arrays), errors, trace dict, summary."""
     base = answer_name(task_id, hidden)
     try:
-        meta = json.loads(read_no_follow(workdir, base + ".json", 16 << 20))
+        meta = json.loads(read_no_follow(workdir, base + ".json", 16 << 20, consume=True))
     except (ValueError, UnicodeDecodeError) as e:
         raise AnswerError(f"the answer is not JSON ({e})") from None
     if not isinstance(meta, dict) or meta.get("nonce") != nonce:
         raise AnswerError("the answer does not belong to this test cell (wrong nonce)")
-    raw = read_no_follow(workdir, base + ".npz", MAX_ANSWER_BYTES)
+    raw = read_no_follow(workdir, base + ".npz", MAX_ANSWER_BYTES, consume=True)
     outputs: dict[str, np.ndarray] = {}
     dtypes = meta.get("dtypes") or {}
     try:
         with zipfile.ZipFile(io.BytesIO(raw)) as zf:
             if sum(i.file_size for i in zf.infolist()) > MAX_ANSWER_BYTES:
-                raise AnswerError("the outputs unpack to more than "
-                                  f"{MAX_ANSWER_BYTES:,} bytes")
+                raise AnswerTooLarge("the outputs unpack to more than "
+                                     f"{MAX_ANSWER_BYTES:,} bytes")
         with np.load(io.BytesIO(raw), allow_pickle=False) as z:
             for k in z.files:
                 outputs[k] = _refs.from_storable(z[k], str(dtypes.get(k, z[k].dtype)))
@@ -157,9 +169,14 @@ def answer(request_dir: Path, task_id: str, fn, hidden: bool) -> None:
             stored[name], dtypes[name] = _refs.to_storable(np.asarray(out))
             if stored[name].dtype == object:
                 raise TypeError("an object array")
+            if stored[name].nbytes > MAX_OUTPUT_BYTES:
+                raise ValueError(f"shape {stored[name].shape}, {stored[name].nbytes:,} bytes: "
+                                 f"more than the {MAX_OUTPUT_BYTES:,} any case needs")
         except Exception as e:  # noqa: BLE001
             stored.pop(name, None)
-            errors[name] = f"the result is not a numeric array ({e})"
+            dtypes.pop(name, None)
+            errors[name] = f"the result is not a numeric array of a sensible size ({e})"
+    errors = {k: v[:MAX_ERROR_CHARS] for k, v in errors.items()}
     base = answer_name(task_id, hidden)
     _refs.write_npz(Path(base + ".npz"), stored)
     tmp = Path(base + ".json.tmp")

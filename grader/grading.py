@@ -21,22 +21,18 @@ import json
 import os
 import queue
 import re
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-import zipfile
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from datetime import UTC, datetime
 from pathlib import Path
 
 from grader import build, refs, sandbox, workspace
 
 HIDDEN_RE = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS", re.S)
-STUDENT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 SUBMISSION_TIMEOUT = 900  # seconds for one whole submission (cells have their own timeouts)
 
 
@@ -83,76 +79,6 @@ def release(root: Path, assignment: str | None = None, log=print) -> list[str]:
         log(f"released {a} -> {rel.relative_to(root)} ({n} visible reference cases)")
     workspace.record_release(root, names)
     return names
-
-
-# ----------------------------------------------------------------------------- collect
-def collect(root: Path, path: Path, log=print) -> dict:
-    """Copy ``<student>/<assignment>/<notebook>.ipynb`` (folder or zip) into ``submitted/``."""
-    path = Path(path)
-    tmp = None
-    if path.is_file() and zipfile.is_zipfile(path):
-        tmp = tempfile.TemporaryDirectory()
-        with zipfile.ZipFile(path) as zf:
-            for m in zf.infolist():
-                if m.is_dir() or m.filename.startswith("/") or ".." in Path(m.filename).parts:
-                    continue
-                target = zf.extract(m, tmp.name)
-                # keep the zip's own date: it is the submission time written to timestamp.txt
-                t = time.mktime((*m.date_time, 0, 0, -1))
-                os.utime(target, (t, t))
-        base = Path(tmp.name)
-        subs = [p for p in base.iterdir() if p.is_dir() and not p.name.startswith("__")]
-        # a zip of one top folder holding the students
-        if len(subs) == 1 and not any(subs[0].glob("*/*.ipynb")):
-            base = subs[0]
-    elif path.is_dir():
-        base = path
-    else:
-        raise FileNotFoundError(f"{path}: not a folder or a zip file")
-    known = set(build.assignments(root))
-    notebooks: dict[str, list[str]] = {}
-    copied, skipped = [], []
-    try:
-        for f in sorted(base.rglob("*")):
-            if f.is_dir():
-                continue
-            rel = f.relative_to(base)
-            parts = rel.parts
-            if any(p.startswith(".") or p == "__MACOSX" for p in parts):
-                skipped.append((str(rel), "hidden or system file"))
-                continue
-            if len(parts) != 3:
-                skipped.append((str(rel), "not laid out <student>/<assignment>/<notebook>"))
-                continue
-            student, assignment, name = parts
-            if not STUDENT_RE.match(student):
-                skipped.append((str(rel), f"student id {student!r} has unsupported characters"))
-                continue
-            if assignment not in known:
-                skipped.append((str(rel), f"unknown assignment {assignment!r}"))
-                continue
-            if f.suffix != ".ipynb":
-                skipped.append((str(rel), "not a notebook (.ipynb)"))
-                continue
-            released = notebooks.setdefault(assignment, sorted(
-                p.name for p in (root / "release" / assignment).glob("*.ipynb")))
-            if released and name not in released:
-                skipped.append((str(rel), "not a notebook of this assignment (it has "
-                                f"{', '.join(released)}); a second copy is not graded"))
-                continue
-            dest = root / "submitted" / student / assignment
-            dest.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(f, dest / name)
-            ts = datetime.fromtimestamp(f.stat().st_mtime, UTC)
-            (dest / "timestamp.txt").write_text(ts.strftime("%Y-%m-%d %H:%M:%S.%f %Z"))
-            copied.append(str(rel))
-    finally:
-        if tmp is not None:
-            tmp.cleanup()
-    log(f"collected {len(copied)} notebook(s) into {root / 'submitted'}")
-    for rel, why in skipped:
-        log(f"  skipped {rel}: {why}")
-    return {"copied": copied, "skipped": skipped}
 
 
 # ----------------------------------------------------------------------------- autograde
@@ -289,6 +215,13 @@ class Worker:
             self.proc = None
 
 
+def check_jail(worker: Worker) -> None:
+    """Stop before grading anything when a jailed kernel could not import the course."""
+    res = worker.run("preflight", timeout=300)
+    if not res.get("success"):
+        raise RuntimeError(f"not grading: {res.get('error') or 'the jail check failed'}")
+
+
 def _cause(log: str) -> str | None:
     """The last exception line of an nbgrader log (``KeyError: 'grade_id'``), if any."""
     lines = [x.strip() for x in log.splitlines()]
@@ -313,7 +246,8 @@ def test_cell_changes(release_nb: Path, submitted_nb: Path) -> list[str]:
                 except (TypeError, ValueError):
                     points = -1.0
                 keys = {"grade": bool(meta.get("grade")), "solution": bool(meta.get("solution")),
-                        "points": points}
+                        "points": points,
+                        "timeout": (cell.get("metadata") or {}).get("timeout")}
                 out.append((str(meta.get("grade_id")), src, keys))
         return out
 
@@ -335,7 +269,8 @@ def test_cell_changes(release_nb: Path, submitted_nb: Path) -> list[str]:
         elif got[0][0] != src:
             changes.append(f"{name}: test cell {gid} was edited")
         elif got[0][1] != keys:
-            changes.append(f"{name}: the nbgrader metadata of {gid} was changed")
+            which = ", ".join(k for k in keys if got[0][1][k] != keys[k])
+            changes.append(f"{name}: the metadata of {gid} was changed ({which})")
     order = [g for g, _, _ in submitted if g in {r[0] for r in released}]
     if list(dict.fromkeys(order)) != [g for g, _, _ in released if g in order]:
         changes.append(f"{name}: test cells were reordered")
@@ -420,6 +355,8 @@ def autograde(root: Path, assignment: str | None = None, workers: int = 1,
             slots.put(worker)
 
     try:
+        if todo:
+            check_jail(slots.queue[0])
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             futs = {pool.submit(grade, s, a): (s, a) for s, a in todo}
             for fut in as_completed(futs):

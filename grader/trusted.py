@@ -29,6 +29,7 @@ import os
 import secrets
 import shutil
 import stat
+import sys
 import tempfile
 import threading
 from dataclasses import dataclass, field
@@ -38,7 +39,8 @@ from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
-from nbgrader.preprocessors import Execute, NbGraderPreprocessor
+from nbgrader import utils as nbgrader_utils
+from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
 from traitlets import Integer
 
 from grader import exchange, integrity, refs, sandbox, verdict
@@ -118,6 +120,32 @@ class JailRun:
         shutil.rmtree(self.requests, ignore_errors=True)
 
 
+# what a grading kernel imports: without it every test cell would fail, and every grade be 0
+PREFLIGHT = ("import ipykernel, jax, jax.experimental.pallas, numpy, kernelsim, grader.course, "
+             "grader.exchange, grader.tasks")
+
+
+def preflight(limits: sandbox.Limits, slot: int = 0) -> str | None:
+    """None when a jailed Python, set up as a grading kernel is, imports the course; else why.
+
+    Run once before a batch: a jail that cannot see the venv or the course would otherwise
+    grade every submission 0 with status ``graded``.
+    """
+    run = JailRun.create(slot, limits)
+    try:
+        out = sandbox.run([sys.executable, "-c", PREFLIGHT], run.workdir, limits, slot=slot,
+                          readable=run.readable(),
+                          env={"PALLAS_COURSE_EXCHANGE": str(run.requests)})
+    finally:
+        run.cleanup()
+    if out.status == "ok":
+        return None
+    tail = out.stderr.decode(errors="replace").strip().splitlines()[-1:] or [out.reason]
+    return (f"the grading jail ({out.isolation}) cannot import the course with {sys.executable}:"
+            f" it {out.reason}: {tail[0][:500]}. Nothing was graded; check that the venv and "
+            "the repository are readable by other users (grader/sandbox.py)")
+
+
 class JailedKernelManager(AsyncKernelManager):
     """An ipykernel started behind ``sandbox.confine``, reached over Unix sockets (ipc)."""
 
@@ -159,10 +187,11 @@ def _gid(cell, index: int) -> str:
 class RestoreTestCells(NbGraderPreprocessor):
     """Runs before nbgrader's OverwriteCells, which assumes well-formed nbgrader metadata.
 
-    A cell claiming a released grade id gets the released nbgrader metadata back (a test cell
-    turned into ``grade: false`` or given 100 points makes OverwriteCells fail on checksums);
-    any other nbgrader metadata is removed: it is the learner's (OverwriteCells expects a grade
-    id in every nbgrader dict, which DeduplicateIds leaves empty, and a learner cell marked
+    A cell claiming a released grade id gets the released nbgrader metadata and time limit
+    (``metadata.timeout``) back (a test cell turned into ``grade: false`` or given 100 points
+    makes OverwriteCells fail on checksums; a raised timeout would buy a slow kernel time); any
+    other nbgrader metadata is removed: it is the learner's (OverwriteCells expects a grade id
+    in every nbgrader dict, which DeduplicateIds leaves empty, and a learner cell marked
     ``locked`` would get a test cell's time limit). ``grading.test_cell_changes`` reports the
     learner's changes.
     """
@@ -174,15 +203,19 @@ class RestoreTestCells(NbGraderPreprocessor):
         released = {}
         if path.is_file():
             for cell in json.loads(path.read_text()).get("cells", []):
-                meta = cell.get("metadata", {}).get("nbgrader")
-                if meta and meta.get("grade_id"):
-                    released[meta["grade_id"]] = meta
+                meta = cell.get("metadata", {})
+                if meta.get("nbgrader", {}).get("grade_id"):
+                    released[meta["nbgrader"]["grade_id"]] = meta
         for cell in nb.cells:
             meta = cell.get("metadata", {}).get("nbgrader")
             if meta is None:
                 continue
             if isinstance(meta, dict) and meta.get("grade_id") in released:
-                cell.metadata["nbgrader"] = NotebookNode(released[meta["grade_id"]])
+                original = released[meta["grade_id"]]
+                cell.metadata["nbgrader"] = NotebookNode(original["nbgrader"])
+                cell.metadata.pop("timeout", None)
+                if "timeout" in original:
+                    cell.metadata["timeout"] = original["timeout"]
             elif released:  # the learner's own cell: its claims (locked, a timeout) count not
                 del cell.metadata["nbgrader"]
         return nb, resources
@@ -203,14 +236,14 @@ class TrustedExecute(Execute):
     disk_bytes = Integer(256 << 20, help="bytes the kernel may leave on disk").tag(config=True)
     output_bytes = Integer(1 << 20, help="output kept per cell (bytes)").tag(config=True)
 
-    def _limits(self) -> sandbox.Limits:
+    def limits(self) -> sandbox.Limits:
         return sandbox.Limits(cpu_seconds=self.cpu_seconds, memory_bytes=self.memory_bytes,
                               processes=self.processes, file_bytes=self.file_bytes,
                               disk_bytes=self.disk_bytes, output_bytes=self.output_bytes)
 
     def preprocess(self, nb, resources=None, km=None):
         slot = int(os.environ.get("PALLAS_COURSE_SLOT", "0"))
-        self.jail = JailRun.create(slot, self._limits())
+        self.jail = JailRun.create(slot, self.limits())
         notebook = (resources or {}).get("nbgrader", {}).get("notebook", "")
         self.report = {"notebook": notebook, "tampered": [], "died": None, "limit": None,
                        "isolation": sandbox.isolation()}
@@ -222,6 +255,9 @@ class TrustedExecute(Execute):
             NotebookClient.__init__(self, nb, JailedKernelManager(self.jail, config=self.config))
             self.reset_execution_trackers()
             self._check_assign_resources(resources)
+            # grade id -> whether every check of that test cell passed; VerdictGrades scores it
+            self.verdicts = self.resources.setdefault("pallas_course", {}).setdefault(
+                "verdicts", {})
             with self.setup_kernel():
                 info = self.wait_for_reply(self.kc.kernel_info())
                 self.nb.metadata["language_info"] = info["content"]["language_info"]
@@ -298,7 +334,7 @@ class TrustedExecute(Execute):
             cell, resources = super().preprocess_cell(cell, resources, index)
         finally:
             exchange.clear_request(self.jail.requests)
-        self._judge(cell, nonce, checks, loaded)
+        self.verdicts[_gid(cell, index)] = self._judge(cell, nonce, checks, loaded)
         return cell, resources
 
     def _fingerprints(self) -> dict | None:
@@ -308,7 +344,8 @@ class TrustedExecute(Execute):
                                  silent=True, store_history=False, allow_stdin=False)
         try:
             self.wait_for_reply(msg_id)
-            return json.loads(exchange.read_no_follow(self.jail.workdir, name, 4 << 20))
+            return json.loads(exchange.read_no_follow(self.jail.workdir, name, 4 << 20,
+                                                      consume=True))
         except DeadKernelError:
             raise
         except Exception:  # noqa: BLE001
@@ -322,7 +359,8 @@ class TrustedExecute(Execute):
             return
         self._tampering += integrity.differences(self._baseline, found)
 
-    def _judge(self, cell, nonce: str, checks, loaded) -> None:
+    def _judge(self, cell, nonce: str, checks, loaded) -> bool:
+        """Decide every check of a test cell; add the grader's messages; True when all pass."""
         errored = any(o.get("output_type") == "error" for o in cell.outputs)
         failures, notes = [], []
         for task_id, hidden in checks:
@@ -336,6 +374,10 @@ class TrustedExecute(Execute):
                 answer = exchange.read_answer(self.jail.workdir, nonce, task_id, hidden)
                 facts = None if answer["trace"] is None \
                     else verdict.facts_from_dict(answer["trace"])
+            except exchange.AnswerTooLarge as e:
+                failures.append(f"{task_id}: the {kind} check's answer is too large to be "
+                                f"right ({e})")
+                continue
             except (exchange.AnswerError, ValueError) as e:
                 if not errored:  # no error explains the silence: the check was bypassed
                     self._tampering.append(f"the {kind} check of {task_id} sent no valid "
@@ -360,8 +402,31 @@ class TrustedExecute(Execute):
                                              text="".join(notes)))
         for message in failures:
             cell.outputs.append(_error("CheckFailed", message))
+        return not failures
 
 
 @functools.cache
 def _tolerances() -> dict:
     return refs.load_manifest(refs.course_root() / "refs")["tolerances"]
+
+
+class VerdictGrades(SaveAutoGrades):
+    """nbgrader's SaveAutoGrades with test cells scored from the grader's verdicts alone.
+
+    nbgrader scores a test cell from its outputs (an error or any stderr: 0; the first
+    ``execute_result`` that reads as a number: that many points), which learner code writes.
+    Here a test cell gets the gradebook's points for it when ``TrustedExecute`` judged every
+    check in it passed, and 0 otherwise (failed, never judged, or the kernel died first).
+    Solution cells that carry points are left to nbgrader (manual grading).
+    """
+
+    def _add_score(self, cell, resources):
+        if nbgrader_utils.is_solution(cell) or cell.cell_type != "code":
+            return super()._add_score(cell, resources)
+        gid = cell.metadata["nbgrader"]["grade_id"]
+        grade = self.gradebook.find_grade(gid, self.notebook_id, self.assignment_id,
+                                          self.student_id)
+        passed = resources.get("pallas_course", {}).get("verdicts", {}).get(gid, False)
+        grade.auto_score = grade.max_score if passed else 0.0
+        grade.needs_manual_grade = grade.manual_score is not None
+        self.gradebook.db.commit()

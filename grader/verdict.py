@@ -121,8 +121,9 @@ def compare(got: Any, expected: np.ndarray, dtype: str, tol: float, tolerances: 
         bidx = tuple(i // max(int(b), 1) for i, b in zip(idx, block, strict=True))
         nblk = tuple(-(-s // max(int(b), 1)) for s, b in zip(expected.shape, block, strict=True))
         msg += f"; that element lies in output block {bidx} of {nblk} (block shape {block})"
-        if any(b == n - 1 for b, n in zip(bidx, nblk, strict=True)):
-            msg += " -- an edge block: check partial (non-divisible) blocks"
+        if any(i == n - 1 and s % max(int(b), 1)
+               for i, n, s, b in zip(bidx, nblk, expected.shape, block, strict=True)):
+            msg += " -- a partial edge block: check the blocks that overhang the array"
     if block is not None and (picture := _messages.block_map(bad, block)):
         msg += "\n" + picture
     return msg

@@ -1,7 +1,8 @@
 """nbgrader jobs in a long-lived process: ``python -m grader.worker ROOT serve``.
 
 It reads jobs as JSON lists, one per stdin line, until end of input: ``["generate", A...]``,
-``["autograde", A, STUDENT]``, ``["feedback", A[, STUDENT]]``, ``["export", FILE]``. Each runs
+``["autograde", A, STUDENT]``, ``["feedback", A[, STUDENT]]``, ``["export", FILE]``,
+``["preflight"]`` (can a jailed kernel import the course). Each runs
 real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON
 line (prefixed ``@@RESULT``) with the outcome; ``grading.Worker`` is the other end. Learner code
 never runs in this process: autograde executes it in a jailed kernel (``grader.trusted``).
@@ -111,6 +112,11 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
                                     "log": r.get("log", "")[-4000:]}
             ok &= bool(r["success"])
         result["success"] = ok
+    elif job == "preflight":
+        from grader import trusted
+
+        why = trusted.preflight(trusted.TrustedExecute(config=cfg).limits())
+        result.update(success=why is None, error=why)
     elif job == "autograde":
         from grader import trusted
 

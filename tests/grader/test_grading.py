@@ -10,14 +10,12 @@ import json
 import os
 import re
 import shutil
-import time
-import zipfile
 from pathlib import Path
 
 import nbformat
 import pytest
 
-from grader import build, cli, grading
+from grader import build, cli, collect, grading
 
 REPO = Path(__file__).resolve().parents[2]
 FIRST_TASK = {
@@ -82,7 +80,7 @@ def course(tmp_path_factory):
     (subs / "junk" / "01_first_kernel").mkdir(parents=True)
     (subs / "junk" / "01_first_kernel" / "first_kernel.ipynb").write_text("{not a notebook")
     (subs / "README.txt").write_text("stray")
-    collected = grading.collect(root, subs, log=lambda *a: None)
+    collected = collect.collect(root, subs, log=lambda *a: None)
     old = os.environ.get("PALLAS_COURSE_CELL_TIMEOUT")
     os.environ["PALLAS_COURSE_CELL_TIMEOUT"] = str(LEARNER_CELL_TIMEOUT)
     try:
@@ -260,40 +258,3 @@ def test_check_dead_kernel_fails_the_rest(course, tmp_path, capsys, learner_env)
     assert "FAIL  elementwise_visible: not run" in out
     assert "kernel died" in out
     assert "1 passed, 2 failed" in out
-
-
-def test_collect_from_zip(tmp_path):
-    root = tmp_path / "course"
-    (root / "source" / "01_first_kernel").mkdir(parents=True)
-    (root / "source" / "01_first_kernel" / "first_kernel.py").write_text("")
-    nb = nbformat.v4.writes(nbformat.v4.new_notebook())
-    when = (2026, 1, 2, 12, 30, 0)
-    z = tmp_path / "subs.zip"
-    with zipfile.ZipFile(z, "w") as zf:
-        for name, data in [
-            ("class/alice/01_first_kernel/first_kernel.ipynb", nb),
-            ("class/bob/01_first_kernel/first_kernel.ipynb", nb),
-            ("class/bob/01_first_kernel/notes.txt", "x"),
-            ("class/carol/99_unknown/first_kernel.ipynb", nb),
-            ("class/stray.txt", "stray"),
-            ("class/bad id!/01_first_kernel/first_kernel.ipynb", nb),
-            ("__MACOSX/class/alice/._first_kernel.ipynb", "x"),
-        ]:
-            zf.writestr(zipfile.ZipInfo(name, date_time=when), data)
-    res = grading.collect(root, z, log=lambda *a: None)
-    assert sorted(res["copied"]) == ["alice/01_first_kernel/first_kernel.ipynb",
-                                     "bob/01_first_kernel/first_kernel.ipynb"]
-    skipped = dict(res["skipped"])
-    assert skipped == {
-        "stray.txt": "not laid out <student>/<assignment>/<notebook>",
-        "bob/01_first_kernel/notes.txt": "not a notebook (.ipynb)",
-        "carol/99_unknown/first_kernel.ipynb": "unknown assignment '99_unknown'",
-        "bad id!/01_first_kernel/first_kernel.ipynb":
-            "student id 'bad id!' has unsupported characters",
-    }
-    dest = root / "submitted" / "alice" / "01_first_kernel"
-    assert nbformat.read(dest / "first_kernel.ipynb", as_version=4).cells == []
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(time.mktime((*when, 0, 0, -1))))
-    assert (dest / "timestamp.txt").read_text().startswith(stamp)
-    with pytest.raises(FileNotFoundError):
-        grading.collect(root, tmp_path / "nope.zip", log=lambda *a: None)

@@ -21,7 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader import grading, sandbox
+from grader import collect, grading, sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 A = "01_first_kernel"
@@ -195,7 +195,7 @@ def hostile(tmp_path_factory):
     (subs / "no_assignment_folder").mkdir()
     (subs / "no_assignment_folder" / NB).write_bytes(source.read_bytes())
     put("honest_2", source.read_bytes(), "first_kernel-copy.ipynb")
-    collected = grading.collect(root, subs, log=lambda *a: None)
+    collected = collect.collect(root, subs, log=lambda *a: None)
     results = grading.autograde(root, workers=2, timeout=240, progress=None,
                                 log=lambda *a: None)
     grades = root / "grades.csv"
@@ -299,7 +299,7 @@ def test_interrupted_batch_resumes_without_regrading(tmp_path):
     for s in students:
         (subs / s / A).mkdir(parents=True)
         shutil.copy(source, subs / s / A / NB)
-    grading.collect(root, subs, log=lambda *a: None)
+    collect.collect(root, subs, log=lambda *a: None)
     batch = subprocess.Popen([sys.executable, "-m", "grader.cli", "--course", str(root),
                               "autograde", "--workers", "1"], cwd=REPO,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

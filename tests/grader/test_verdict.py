@@ -24,7 +24,15 @@ def test_compare_locates_the_first_bad_element_and_its_block():
     got[5, 6] = 1.0
     msg = verdict.compare(got, want, "float32", 1.0, TOL, block=(4, 4))
     assert "1 of 64 elements differ; first at [5, 6]" in msg
-    assert "output block (1, 1) of (2, 2)" in msg and "edge block" in msg
+    assert "output block (1, 1) of (2, 2)" in msg
+    assert "edge block" not in msg  # 8 = 2 x 4: the last block is whole, no hint
+    partial = verdict.compare(np.ones((7, 8), np.float32), np.zeros((7, 8), np.float32),
+                              "float32", 1.0, TOL, block=(4, 4))
+    assert "output block (0, 0) of (2, 2)" in partial and "edge block" not in partial
+    got7 = np.zeros((7, 8), np.float32)
+    got7[6, 0] = 1.0
+    assert "partial edge block" in verdict.compare(got7, np.zeros((7, 8), np.float32),
+                                                   "float32", 1.0, TOL, block=(4, 4))
     got[0, 0] = np.nan
     assert "2 of 64" in verdict.compare(got, want, "float32", 1.0, TOL)
     assert "shape (8,)" in verdict.compare(np.zeros(8, np.float32), want, "float32", 1.0, TOL)
@@ -98,8 +106,15 @@ def test_answer_round_trip_and_refusals(tmp_path, monkeypatch):
         assert verdict.compare(got["outputs"][e["case"]], expected, e["dtype"], e["tol"],
                                refs.load_manifest(refdir)["tolerances"]) is None
     assert got["trace"]["calls"], "the trace came back"
+    # read once: the files are gone, so an answer cannot be handed in again
+    with pytest.raises(exchange.AnswerError, match="no answer was written"):
+        exchange.read_answer(work, "n1", "add", True)
+    exchange.answer(requests, "add", lambda x, y: examples.add(x, y, block=x.shape, interpret=True),
+                    True)
     with pytest.raises(exchange.AnswerError, match="nonce"):
         exchange.read_answer(work, "other", "add", True)
+    exchange.answer(requests, "add", lambda x, y: examples.add(x, y, block=x.shape, interpret=True),
+                    True)
     base = exchange.answer_name("add", True)
     os.replace(work / f"{base}.json", tmp_path / "real.json")
     os.symlink(tmp_path / "real.json", work / f"{base}.json")

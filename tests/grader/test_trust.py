@@ -1,0 +1,183 @@
+"""Grades an instructor can trust (issue 14): one batch of assignment 01 with real nbgrader.
+
+Each submission starts from the instructor's solution (9 points: add, elementwise,
+leaky_relu, each 1 visible + 2 hidden) and adds one thing that used to change its grade:
+
+1. scoring hijack: a wrong ``add`` that emits an ``execute_result`` while test cells run;
+5. correct work marked down: stderr during test cells; one oversized wrong output;
+6. a learner-raised ``metadata.timeout`` on a test cell;
+8. feedback: learner script and event-handler HTML; the page's scores against the gradebook.
+"""
+
+from __future__ import annotations
+
+import csv
+import html.parser
+import re
+
+import nbformat
+import pytest
+from test_hostile import NB, WRONG_ADD, A, _after, _cell, _course
+
+from grader import collect, grading, sandbox, trusted
+
+LEARNER_HTML = ('<script>alert("md")</script> <img src=x onerror="alert(1)"> '
+                '\n\n[click](javascript:alert(2)) [also](jav&#x61;script:alert(5))')
+
+
+def _raise_timeout(nb, paths):
+    _cell(nb, "add_hidden")[1].metadata["timeout"] = 3000
+    return nb
+
+
+def _learner_html(nb, paths):
+    nb.cells.insert(1, nbformat.v4.new_markdown_cell(LEARNER_HTML))
+    nb.cells.insert(2, nbformat.v4.new_code_cell(
+        "from IPython.display import HTML, display\n"
+        "display(HTML('<script>alert(3)</script><b onclick=\"alert(4)\">hi</b>'))"))
+    return nb
+
+
+# name: (mutation, expected score, expected status, a word the reason contains)
+SUBMISSIONS = {
+    "honest": (lambda nb, paths: nb, 9, "graded", ""),
+    # 1: nbgrader would score each add cell from this output (its first execute_result)
+    "display_hook_hijack": (_after("add_solution", WRONG_ADD + "_wrong_add = add\n"
+                                   "def add(x, y):\n    get_ipython().displayhook(9)\n"
+                                   "    return _wrong_add(x, y)\n"), 6, "graded", ""),
+    # 5: a warning on stderr while a passing test runs costs nothing
+    "stderr_noise": (_after("add_solution", "import sys\n_quiet_add = add\n"
+                            "def add(x, y):\n    print('UserWarning: slow path', file=sys.stderr)"
+                            "\n    return _quiet_add(x, y)\n"), 9, "graded", ""),
+    # 5: a wrong output too large to read fails add alone, not every later test cell
+    "oversized_output": (_after("add_solution", "add = lambda x, y: jnp.zeros((4096, 4096))\n"),
+                         6, "graded", ""),
+    # 6: the test cell's time limit comes back from the release, and the change is reported
+    "raised_timeout": (_raise_timeout, 9, "tampered", "timeout"),
+    # 8: right answers; the learner's HTML must reach the feedback page inert
+    "learner_html": (_learner_html, 9, "graded", ""),
+}
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    root = tmp_path_factory.mktemp("trust-course")
+    source = _course(root)
+    subs = tmp_path_factory.mktemp("trust-subs")
+    for student, (mutate, *_) in SUBMISSIONS.items():
+        (subs / student / A).mkdir(parents=True)
+        nb = mutate(nbformat.read(source, as_version=4), {})
+        nbformat.write(nb, subs / student / A / NB)
+    collect.collect(root, subs, log=lambda *a: None)
+    grading.autograde(root, workers=2, timeout=240, progress=None, log=lambda *a: None)
+    grading.feedback(root, A, log=lambda *a: None)
+    grades = root / "grades.csv"
+    grading.export(root, grades, log=lambda *a: None)
+    with grades.open() as f:
+        rows = {r["student_id"]: r for r in csv.DictReader(f)}
+    return {"root": root, "rows": rows}
+
+
+@pytest.mark.parametrize("student", sorted(SUBMISSIONS))
+def test_submission_gets_its_grade_and_status(batch, student):
+    _, score, status, word = SUBMISSIONS[student]
+    row = batch["rows"][student]
+    assert (float(row["score"]), row["status"]) == (score, status), row
+    assert word in row["reason"], row["reason"]
+
+
+def _page(batch, student: str) -> str:
+    return (batch["root"] / "feedback" / student / A / NB.replace(".ipynb", ".html")).read_text()
+
+
+def _gradebook_scores(batch, student: str) -> dict[str, float]:
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{batch['root'] / 'gradebook.db'}", "pallas-course") as gb:
+        sub = gb.find_submission_notebook(NB.removesuffix(".ipynb"), A, student)
+        return {g.name: float(g.score) for g in sub.grades}
+
+
+@pytest.mark.parametrize("student", ["display_hook_hijack", "stderr_noise", "oversized_output"])
+def test_page_scores_are_the_gradebook_scores(batch, student):
+    page = _page(batch, student)
+    shown = {gid: float(score) for gid, score in
+             re.findall(r'href="#([\w-]+)">Test cell</a> \(Score: ([\d.]+) /', page)}
+    assert shown and shown == _gradebook_scores(batch, student)
+    if student != "stderr_noise":
+        assert shown["add_visible"] == shown["add_hidden"] == 0
+        assert shown["elementwise_hidden"] == 2
+
+
+def test_raised_timeout_is_restored(batch):
+    autograded = nbformat.read(batch["root"] / "autograded" / "raised_timeout" / A / NB,
+                               as_version=4)
+    released = nbformat.read(batch["root"] / "release" / A / NB, as_version=4)
+    assert _cell(autograded, "add_hidden")[1].metadata["timeout"] == \
+        _cell(released, "add_hidden")[1].metadata["timeout"] != 3000
+
+
+def test_oversized_output_is_named_in_the_verdict(batch):
+    assert "sensible size" in _page(batch, "oversized_output")
+
+
+class _Active(html.parser.HTMLParser):
+    """Collects what a browser would run: script bodies, on* handlers, javascript: links."""
+
+    def __init__(self):
+        super().__init__()
+        self.found: list[str] = []
+        self._in_script = False
+
+    def handle_starttag(self, tag, attrs):
+        self._in_script = tag == "script"
+        for name, value in attrs:
+            if name.startswith("on") or (value or "").strip().lower().startswith("javascript:"):
+                self.found.append(f"<{tag} {name}={value!r}>")
+
+    def handle_data(self, data):
+        if self._in_script and "alert" in data:
+            self.found.append(f"<script>{data.strip()[:60]}")
+
+    def handle_endtag(self, tag):
+        self._in_script = False
+
+
+def test_feedback_runs_no_learner_html(batch):
+    page = _page(batch, "learner_html")
+    assert "alert(3)" in page or "alert(4)" in page, "the learner's output is shown (escaped)"
+    parser = _Active()
+    parser.feed(page)
+    assert parser.found == []
+
+
+# 5: a jail that cannot import the course stops the batch before anything is graded
+def test_preflight_passes_with_the_course_in_the_jail():
+    assert trusted.preflight(trusted.TrustedExecute().limits()) is None
+
+
+def test_preflight_names_what_the_jail_cannot_import(monkeypatch):
+    if sandbox.isolation() != "jail":
+        pytest.skip("without the jail every folder is readable")
+    readable = trusted.JailRun.readable
+    monkeypatch.setattr(trusted.JailRun, "readable",
+                        lambda self: [p for p in readable(self) if p.name != "kernelsim"])
+    why = trusted.preflight(trusted.TrustedExecute().limits())
+    assert "cannot import the course" in why and "kernelsim" in why, why
+
+
+def test_batch_fails_before_grading_when_the_jail_check_fails(tmp_path, monkeypatch):
+    root = tmp_path / "course"
+    (root / "submitted" / "alice" / A).mkdir(parents=True)
+    (root / "submitted" / "alice" / A / NB).write_text("{}")
+    jobs = []
+
+    def run(self, *args, timeout=None):
+        jobs.append(args)
+        return {"success": False, "error": "the grading jail cannot import the course"}
+
+    monkeypatch.setattr(grading.Worker, "run", run)
+    with pytest.raises(RuntimeError, match="not grading: the grading jail cannot import"):
+        grading.autograde(root, progress=None, log=lambda *a: None)
+    assert jobs == [("preflight",)]
+    assert not (root / "status").exists()
