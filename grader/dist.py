@@ -1,0 +1,165 @@
+"""``pallas-course dist --to DIR|FILE.zip``: what a student gets, and nothing an instructor keeps.
+
+In: the lessons, the released student notebooks with their visible reference cases (the same
+layout as a workspace: ``lessons/``, ``exercises/<assignment>/``), kernelsim, the learner-side
+check (``grader/``: ``course`` and the modules it imports, the tasks with their hidden cases
+removed), JupyterLab's settings for opening ``.py`` lessons as notebooks, a ``pyproject.toml``
+and a README with the two commands.
+
+Out: the source notebooks (solutions, hidden tests), hidden reference cases, the gradebook,
+nbgrader's configuration and the grading machinery. ``tests/workspace/test_dist.py`` searches a
+built distribution for all of these.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shutil
+import tempfile
+import tomllib
+import zipfile
+from pathlib import Path
+
+from grader import workspace
+
+# instructor or website packages: not installed by a student
+NOT_FOR_STUDENTS = {"nbgrader", "mkdocs-material", "mkdocs-jupyter", "latex2mathml", "nbclient"}
+
+README = """# pallas-course (student copy)
+
+Lessons and exercises on writing JAX Pallas kernels. With Python 3.12 or 3.13:
+
+```sh
+python3 -m venv .venv && .venv/bin/pip install -e .
+JUPYTER_CONFIG_PATH=jupyter .venv/bin/jupyter lab
+```
+
+- `lessons/`: the lessons (the `.py` files open as notebooks in JupyterLab)
+- `exercises/<assignment>/`: the exercise notebooks. Each task has a checking cell that runs
+  your kernel on the visible cases in `refs/`; run it as often as you like. More cases (other
+  shapes, bfloat16) run when your submission is graded.
+- `kernelsim/`: the tool the checks use to show which blocks your kernel moves, step by step.
+
+Hand in the `.ipynb` notebooks the way your course tells you to.
+"""
+
+
+def strip_hidden_cases(source: str) -> str:
+    """``grader/tasks.py`` without the hidden cases: every ``_c(...)`` call whose fifth
+    argument (or ``hidden=``) is True is removed from the tuple that holds it."""
+    tree = ast.parse(source)
+
+    def hidden(node: ast.AST) -> bool:
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_c"):
+            return False
+        flag = node.args[4] if len(node.args) > 4 else next(
+            (k.value for k in node.keywords if k.arg == "hidden"), None)
+        return isinstance(flag, ast.Constant) and flag.value is True
+
+    removed = 0
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Tuple | ast.List):
+            kept = [e for e in node.elts if not hidden(e)]
+            removed += len(node.elts) - len(kept)
+            node.elts = kept
+    if removed == 0:
+        raise ValueError("grader/tasks.py: no hidden _c(...) cases found to remove; has the "
+                         "case syntax changed? (grader/dist.py strips them)")
+    doc = tree.body[0]
+    if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+        doc.value.value = "The course's tasks, visible cases only (written by pallas-course dist)."
+    return ast.unparse(tree) + "\n"
+
+
+def learner_modules(grader_dir: Path, start: str = "course") -> list[str]:
+    """The learner side of grader/: ``course`` and the grader modules it imports at module
+    level, transitively (imports inside functions, such as grading's exchange, stay out)."""
+    seen: list[str] = []
+    todo = [start]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.append(name)
+        for node in ast.parse((grader_dir / f"{name}.py").read_text()).body:
+            if isinstance(node, ast.ImportFrom) and node.module == "grader":
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("grader."):
+                todo.append(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                todo += [a.name.split(".")[1] for a in node.names
+                         if a.name.startswith("grader.")]
+    return sorted(seen)
+
+
+def student_pyproject(repo: Path) -> str:
+    project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
+    deps = [d for d in project["dependencies"]
+            if re.match(r"[A-Za-z0-9_.-]+", d)[0].lower() not in NOT_FOR_STUDENTS]
+    lines = ["[build-system]", 'requires = ["setuptools>=68", "wheel"]',
+             'build-backend = "setuptools.build_meta"', "", "[project]",
+             'name = "pallas-course-student"', f'version = "{project["version"]}"',
+             f'requires-python = "{project["requires-python"]}"', "dependencies = ["]
+    lines += [f'    "{d}",' for d in deps]
+    lines += ["]", "", "[tool.setuptools.packages.find]", 'include = ["kernelsim*", "grader*"]',
+              ""]
+    return "\n".join(lines)
+
+
+def _copytree(src: Path, dest: Path) -> None:
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(
+        "__pycache__", "*.pyc", ".ipynb_checkpoints"))
+
+
+def write_tree(root: Path, repo: Path, dest: Path) -> None:
+    """The distribution as a folder ``dest`` (which must not exist)."""
+    from grader import refs
+
+    package = refs.REPO  # where this grader/ and kernelsim/ come from
+    dest.mkdir(parents=True)
+    for rel, src in workspace.course_files(root, repo).items():
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, target)
+    _copytree(package / "kernelsim", dest / "kernelsim")
+    (dest / "grader").mkdir()
+    for name in ["__init__", *learner_modules(package / "grader")]:
+        text = (package / "grader" / f"{name}.py").read_text()
+        (dest / "grader" / f"{name}.py").write_text(
+            strip_hidden_cases(text) if name == "tasks" else text)
+    (dest / "jupyter" / "labconfig").mkdir(parents=True)
+    shutil.copyfile(package / "site" / "jupyter" / "labconfig" /
+                    "default_setting_overrides.json",
+                    dest / "jupyter" / "labconfig" / "default_setting_overrides.json")
+    (dest / "pyproject.toml").write_text(student_pyproject(repo))
+    (dest / "README.md").write_text(README)
+
+
+def build(root: Path, repo: Path, to: Path, log=print) -> Path:
+    """Release what is stale, then write the distribution to ``to`` (a new folder, or a
+    ``.zip`` file holding one folder ``pallas-course/``)."""
+    stale = workspace.stale_releases(root)
+    if stale:
+        from grader import grading
+
+        grading.release(root, stale[0] if len(stale) == 1 else None, log=log)
+    if to.exists():
+        raise FileExistsError(f"{to} already exists: dist never overwrites; remove it or "
+                              "choose another --to")
+    to.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=to.parent, prefix=".dist-") as d:
+        tree = Path(d) / "pallas-course"  # nothing appears at ``to`` unless all of it was written
+        write_tree(root, repo, tree)
+        if to.suffix != ".zip":
+            tree.rename(to)
+        else:
+            with zipfile.ZipFile(Path(d) / "dist.zip", "w", zipfile.ZIP_DEFLATED) as zf:
+                for f in sorted(tree.rglob("*")):
+                    if f.is_file():
+                        zf.write(f, f.relative_to(tree.parent).as_posix())
+            (Path(d) / "dist.zip").replace(to)
+    n = sum(1 for r in workspace.course_files(root, repo) if r.endswith(".ipynb"))
+    log(f"student distribution -> {to} ({n} exercise notebook(s), lessons, kernelsim; no "
+        "solutions, hidden cases or gradebook)")
+    return to

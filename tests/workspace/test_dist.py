@@ -1,0 +1,121 @@
+"""The student distribution holds what a learner needs and nothing an instructor keeps: it is
+searched for solution regions, hidden-test markers, the reference solutions' distinctive lines,
+hidden case files, the gradebook and the grading machinery; and its own check works."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from conftest import COURSE, cli, ok
+
+MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
+HIDDEN_CALL = re.compile(r"check\([^)]*hidden=True")
+INSTRUCTOR_FILES = ("nbgrader_config.py", "gradebook.db", "trusted.py", "grading.py",
+                    "sandbox.py", "worker.py", "exchange.py", "build.py")
+SOLUTION_RE = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
+
+
+def distinctive_solution_lines(dist: Path) -> set[str]:
+    """Lines of the reference solutions that nothing a student may have contains (the
+    distribution's lessons and kernelsim, the notebooks' starter code)."""
+    shipped = "\n".join(p.read_text() for p in [*(dist / "lessons").glob("*.py"),
+                                                  *(dist / "kernelsim").rglob("*.py")])
+    shipped_lines = {x.strip() for x in shipped.splitlines()}
+    lines = set()
+    for src in (COURSE / "source").glob("*/*.py"):
+        text = src.read_text()
+        shipped_lines |= {x.strip() for x in SOLUTION_RE.sub("", text).splitlines()}
+        for region in SOLUTION_RE.findall(text):
+            lines |= {x.strip() for x in region.splitlines() if len(x.strip()) >= 25}
+    return lines - shipped_lines
+
+
+def problems(dist: Path, solution_lines: set[str]) -> list[str]:
+    found = []
+    for f in sorted(p for p in dist.rglob("*") if p.is_file()):
+        rel = f.relative_to(dist).as_posix()
+        if f.name in INSTRUCTOR_FILES or f.suffix == ".db" or "source" in f.parts:
+            found.append(f"{rel}: an instructor file")
+        if "hidden" in f.parts or re.search(r"-h\d+\.npz$", f.name):
+            found.append(f"{rel}: a hidden case file")
+        if f.suffix not in (".py", ".ipynb", ".md", ".json", ".toml", ".txt", ".js", ".css"):
+            continue
+        text = f.read_text()
+        found += [f"{rel}: contains {m!r}" for m in MARKERS if m in text]
+        found += [f"{rel}: calls a hidden check" for _ in HIDDEN_CALL.finditer(text)][:1]
+        code = text if f.suffix != ".ipynb" else "\n".join(
+            "".join(c["source"]) for c in json.loads(text)["cells"])
+        found += [f"{rel}: contains the solution line {x!r}"
+                  for x in sorted(solution_lines & {x.strip() for x in code.splitlines()})]
+        if f.name == "manifest.json":
+            cases = json.loads(text).get("cases", {})
+            found += [f"{rel}: lists hidden case {k}" for k, v in cases.items() if v["hidden"]]
+    return found
+
+
+@pytest.fixture(scope="module")
+def dist_dir(full_course, tmp_path_factory) -> Path:
+    to = tmp_path_factory.mktemp("dist") / "student"
+    ok(cli("dist", "--to", str(to), cwd=full_course))
+    return to
+
+
+def test_distribution_has_no_answers(dist_dir, full_course, tmp_path):
+    lines = distinctive_solution_lines(dist_dir)
+    assert len(lines) >= 20, lines  # enough for the search to mean something
+    assert problems(dist_dir, lines) == []
+    # what a learner needs is there
+    for rel in ("README.md", "pyproject.toml", "lessons/01-why-pallas.py", "lessons/_course.py",
+                "exercises/01_first_kernel/first_kernel.ipynb", "kernelsim/__init__.py",
+                "grader/course.py", "exercises/01_first_kernel/refs/manifest.json"):
+        assert (dist_dir / rel).is_file(), rel
+    assert "pip install -e ." in (dist_dir / "README.md").read_text()
+    assert "nbgrader" not in (dist_dir / "pyproject.toml").read_text()
+    # the search finds what it looks for: plant the instructor's sources in a copy
+    planted = tmp_path / "planted"
+    shutil.copytree(dist_dir, planted)
+    shutil.copytree(full_course / "source", planted / "exercises" / "source")
+    shutil.copytree(full_course / "refs", planted / "exercises" / "allrefs")
+    found = "\n".join(problems(planted, lines))
+    for what in ("contains 'BEGIN SOLUTION'", "contains the solution line", "hidden case file",
+                 "calls a hidden check",
+                 "lists hidden case", "an instructor file"):
+        assert what in found, what
+
+
+def test_zip_distribution_matches_the_folder(dist_dir, full_course, tmp_path):
+    to = tmp_path / "student.zip"
+    ok(cli("dist", "--to", str(to), cwd=full_course))
+    with zipfile.ZipFile(to) as zf:
+        names = {n.removeprefix("pallas-course/") for n in zf.namelist()}
+    assert names == {p.relative_to(dist_dir).as_posix() for p in dist_dir.rglob("*")
+                     if p.is_file()}
+    res = cli("dist", "--to", str(to), cwd=full_course)
+    assert res.returncode == 2 and "already exists" in res.stderr  # never overwrites
+
+
+def test_distributions_own_check_passes_a_right_kernel_and_knows_no_hidden_case(dist_dir):
+    code = (
+        f"DIST = {str(dist_dir)!r}\n"
+        "import grader, jax\nfrom grader import course, tasks\n"
+        "from jax.experimental import pallas as pl\n"
+        "assert grader.__file__.startswith(DIST), grader.__file__\n"
+        "assert not [c for t in tasks.TASKS for c in t.cases if c.hidden]\n"
+        "def kernel(x_ref, y_ref, o_ref):\n    o_ref[...] = x_ref[...] + y_ref[...]\n"
+        "def add(x, y):\n    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct("
+        "x.shape, x.dtype), interpret=True)(x, y)\n"
+        "course.check('add', add)\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PALLAS_COURSE")}
+    env["PYTHONPATH"] = str(dist_dir)
+    res = subprocess.run([sys.executable, "-c", code], cwd=dist_dir / "exercises" /
+                         "01_first_kernel", env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    assert "add: 1 visible case(s) passed" in res.stdout
