@@ -86,9 +86,6 @@ def _build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("collect", help="copy <student>/<assignment>/<nb>.ipynb (folder or zip) "
                        "into submitted/")
     c.add_argument("path", type=Path)
-    c.add_argument("--archive-dates", action="store_true",
-                   help="record each file's date in the zip or folder as its submission time "
-                   "(set by the submitter) instead of the time of collection")
     a = sub.add_parser("autograde", help="autograde submissions, N at a time")
     a.add_argument("assignment", nargs="?")
     a.add_argument("--workers", type=int, default=1)
@@ -142,9 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "release":
             grading.release(root, args.assignment)
         elif args.command == "collect":
-            from grader import collect
-
-            collect.collect(root, args.path, archive_dates=args.archive_dates)
+            grading.collect(root, args.path)
         elif args.command == "autograde":
             res = grading.autograde(root, args.assignment, workers=args.workers,
                                     timeout=args.timeout, resume=args.resume,
@@ -158,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             refs.generate(root, set(args.only) or None)
         else:
             raise AssertionError(args.command)
-    except (FileNotFoundError, ValueError, RuntimeError) as e:
+    except (FileNotFoundError, FileExistsError, ValueError, RuntimeError) as e:
         print(f"pallas-course {args.command}: {e}", file=sys.stderr)
         return 2
     return 0
