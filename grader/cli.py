@@ -86,6 +86,9 @@ def _build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("collect", help="copy <student>/<assignment>/<nb>.ipynb (folder or zip) "
                        "into submitted/")
     c.add_argument("path", type=Path)
+    c.add_argument("--archive-dates", action="store_true",
+                   help="record each file's date in the zip or folder as its submission time "
+                   "(set by the submitter) instead of the time of collection")
     a = sub.add_parser("autograde", help="autograde submissions, N at a time")
     a.add_argument("assignment", nargs="?")
     a.add_argument("--workers", type=int, default=1)
@@ -139,7 +142,9 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "release":
             grading.release(root, args.assignment)
         elif args.command == "collect":
-            grading.collect(root, args.path)
+            from grader import collect
+
+            collect.collect(root, args.path, archive_dates=args.archive_dates)
         elif args.command == "autograde":
             res = grading.autograde(root, args.assignment, workers=args.workers,
                                     timeout=args.timeout, resume=args.resume,
