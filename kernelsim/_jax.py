@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernelsim.errors import TraceError
-from kernelsim.model import BlockDim, KernelCall, MemorySpace, Operand
+from kernelsim.model import BlockDim, BodyCopy, KernelCall, MemorySpace, Operand
 
 # The oldest and newest JAX releases kernelsim is tested against.
 SUPPORTED_JAX = ("0.10.2", "0.12.0.1")
@@ -617,14 +617,39 @@ class InterpretCopy:
     bytes: int
 
 
+@dataclass(frozen=True)
+class InterpretDma:
+    """One DMA the kernel body started, as the TPU interpreter executed it."""
+
+    call: int
+    src_space: MemorySpace
+    dst_space: MemorySpace
+    bytes: int
+
+
+def _interpret_space(index: int) -> MemorySpace:
+    return _MEMORY_SPACES[tpu_interpret.TPU_MEMORY_SPACE_NAMES[int(index)]]
+
+
 @contextlib.contextmanager
-def recording_interpret_copies(sink: list[InterpretCopy], call_index: Callable[[], int]):
-    """Record every pipeline copy of TPU interpret mode into ``sink`` while the block runs.
+def recording_interpret_copies(sink: list[InterpretCopy], call_index: Callable[[], int],
+                               dmas: list[InterpretDma] | None = None):
+    """Record every pipeline copy of TPU interpret mode into ``sink`` while the block runs,
+    and every DMA a kernel body starts into ``dmas``.
 
     The interpreter's ``get``/``store`` callbacks carry ``input_name``/``output_name`` only for
-    the pipeline's own HBM<->VMEM copies, so kernel-body accesses are not counted.
+    the pipeline's own HBM<->VMEM copies, so kernel-body accesses are not counted there; body
+    DMAs are seen where the interpreter writes their data (``DMA.execute_write``).
     """
     orig_get, orig_store = tpu_interpret.get, tpu_interpret.store
+    orig_write = tpu_interpret.DMA.execute_write
+
+    @functools.wraps(orig_write)
+    def execute_write(dma):
+        if dmas is not None and dma.data is not None:
+            dmas.append(InterpretDma(call_index(), _interpret_space(dma.src_memory_space),
+                                     _interpret_space(dma.dst_memory_space), dma.data_size))
+        return orig_write(dma)
 
     @functools.wraps(orig_get)
     def get(*args, input_name=None, **kw):
@@ -645,10 +670,12 @@ def recording_interpret_copies(sink: list[InterpretCopy], call_index: Callable[[
         return out
 
     tpu_interpret.get, tpu_interpret.store = get, store
+    tpu_interpret.DMA.execute_write = execute_write
     try:
         yield
     finally:
         tpu_interpret.get, tpu_interpret.store = orig_get, orig_store
+        tpu_interpret.DMA.execute_write = orig_write
         pltpu.reset_tpu_interpret_mode_state()
 
 
@@ -742,12 +769,12 @@ def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
 
 
 class _Ref:
-    """A ref during access recording: its name and its current contents (numpy)."""
+    """A ref while the body is interpreted: its name, memory space and contents (numpy)."""
 
-    __slots__ = ("name", "data")
+    __slots__ = ("name", "space", "data")
 
-    def __init__(self, name: str, data: np.ndarray):
-        self.name, self.data = name, data
+    def __init__(self, name: str, space: MemorySpace, data: np.ndarray):
+        self.name, self.space, self.data = name, space, data
 
 
 def _ref_array(aval: Any) -> np.ndarray:
@@ -761,15 +788,39 @@ def _ref_array(aval: Any) -> np.ndarray:
 
 
 _IDENTITY = ("multiple_of", "pjit_dce", "optimization_barrier")
-_IGNORED = ("debug_callback", "debug_print")
+# Effects on semaphores and waits for DMAs: no data moves, nothing to record.
+_IGNORED = ("debug_callback", "debug_print", "dma_wait", "semaphore_signal", "semaphore_wait")
+
+
+def _has_body_dma(jaxpr: Any) -> bool:
+    """The kernel jaxpr starts a DMA somewhere (nested loops and branches included)."""
+    return any(eqn.primitive.name == "dma_start" or
+               any(_has_body_dma(j) for j, _ in _sub_jaxprs(eqn)) for eqn in _open(jaxpr).eqns)
 
 
 class _Interpreter:
-    """Runs a kernel jaxpr eagerly on concrete values, recording every ref read and write."""
+    """Runs a kernel jaxpr eagerly on concrete values, recording every ref read and write and
+    every DMA the body starts."""
 
     def __init__(self, grid: tuple[int, ...], sink: list):
         self.grid, self.sink = grid, sink
+        self.copies: list[BodyCopy] = []
         self.step, self.grid_index, self.order, self.scoped = 0, (), 0, 0
+
+    def _dma_end(self, end: Any, what: str) -> tuple[_Ref, int]:
+        """The ref and element count of one end of a DMA (a ref or a sliced view of one)."""
+        ref, transforms = (end, ()) if isinstance(end, _Ref) else (end.ref, end.transforms)
+        if not isinstance(ref, _Ref):
+            raise TraceError(f"a DMA {what} kernelsim cannot follow ({type(ref).__name__})")
+        ids, _ = _select(ref.data.shape, tuple(transforms))
+        return ref, int(ids.size)
+
+    def dma(self, vals: list, tree: Any) -> None:
+        src, dst, *_ = jax.tree_util.tree_unflatten(tree, vals)
+        src_ref, count = self._dma_end(src, "source")
+        dst_ref, _ = self._dma_end(dst, "destination")
+        self.copies.append(BodyCopy(self.step, src_ref.name, dst_ref.name, src_ref.space,
+                                    dst_ref.space, count * src_ref.data.itemsize))
 
     def record(self, ref: _Ref, kind: str, ids: np.ndarray, box: tuple | None) -> None:
         from kernelsim.access import Access
@@ -803,6 +854,11 @@ class _Interpreter:
 
     def eqn(self, eqn: Any, vals: list) -> Any:
         name, p = eqn.primitive.name, eqn.params
+        if name == "dma_start":
+            self.dma(vals, p["tree"])
+            return []
+        if name == "semaphore_read":
+            return np.int32(0)
         if name in ("get", "swap", "addupdate"):
             ref = vals[0]
             nval = 0 if name == "get" else 1
@@ -855,7 +911,8 @@ class _Interpreter:
             inner = p["jaxpr"]
             refs = []
             for v in inner.invars:
-                refs.append(_Ref(f"scoped{self.scoped}", _ref_array(v.aval)))
+                refs.append(_Ref(f"scoped{self.scoped}", _memory_space(v.aval),
+                                 _ref_array(v.aval)))
                 self.scoped += 1
             return self.run(inner, vals, refs)
         if name in _IDENTITY:
@@ -873,18 +930,25 @@ class _Interpreter:
         return eqn.primitive.bind(*vals, **p)
 
 
-def record_accesses(params: dict[str, Any], call: KernelCall) -> Any:
-    """Run the kernel body at every grid step on zero blocks and return an ``AccessLog``.
+def needs_body_interpretation(params: dict[str, Any]) -> bool:
+    """The call's traffic includes DMAs its body starts, so ``interpret_body`` must run."""
+    return _has_body_dma(params["jaxpr"])
+
+
+def interpret_body(params: dict[str, Any], call: KernelCall) -> tuple[Any, list[BodyCopy]]:
+    """Run the kernel body at every grid step on zero blocks: its ``AccessLog`` and the DMAs it
+    starts.
 
     Scalar-prefetch refs hold their real values; scratch refs keep their contents from step
-    to step; input and output blocks are zeros at every step.
+    to step; input and output blocks are zeros at every step (so indices and DMA slices must
+    not depend on block data).
     """
     from kernelsim.access import AccessLog
 
     jaxpr = params["jaxpr"]
-    if jaxpr.constvars:
+    if _open(jaxpr).constvars:
         raise TraceError(f"pallas_call {call.name!r}: kernel jaxpr with constants is not "
-                         "supported by access recording")
+                         "supported by kernel-body interpretation")
     if len(jaxpr.invars) != len(call.operands):
         raise TraceError(f"pallas_call {call.name!r}: {len(jaxpr.invars)} kernel refs but "
                          f"{len(call.operands)} operands")
@@ -893,7 +957,7 @@ def record_accesses(params: dict[str, Any], call: KernelCall) -> Any:
         data = _ref_array(v.aval)
         if op.role == "scalar_prefetch":
             data = np.array(op.value, copy=True).reshape(data.shape)
-        refs.append(_Ref(op.name, data))
+        refs.append(_Ref(op.name, op.memory_space, data))
     fresh = [r for r, op in zip(refs, call.operands, strict=True)
              if op.role in ("input", "output")]
     sink: list = []
@@ -904,8 +968,8 @@ def record_accesses(params: dict[str, Any], call: KernelCall) -> Any:
         interp.step, interp.grid_index, interp.order, interp.scoped = (
             step, tuple(int(g) for g in point), 0, 0)
         with jax.disable_jit():
-            interp.run(jaxpr, [], refs)
+            interp.run(_open(jaxpr), [], refs)
     shapes = {r.name: r.data.shape for r in refs}
     for a in sink:
         shapes.setdefault(a.operand, a.shape)
-    return AccessLog(call.steps, shapes, sink)
+    return AccessLog(call.steps, shapes, sink), interp.copies

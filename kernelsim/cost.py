@@ -8,16 +8,18 @@ times the number of grid steps, unless the call carries its own ``pl.CostEstimat
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 from kernelsim.chips import Chip
-from kernelsim.model import KernelCall, Operand
+from kernelsim.model import OFF_CHIP, KernelCall, Operand
 from kernelsim.schedule import FETCH, KEEP, SKIP, WRITEBACK, CallSchedule
 
 
 @dataclass(frozen=True)
 class OperandCost:
-    """Totals for one operand over the whole call (bytes are HBM bytes)."""
+    """Totals for one operand over the whole call (bytes are HBM bytes: the pipeline's copies
+    plus the DMAs the kernel body starts to or from this operand)."""
 
     operand: Operand
     fetches: int
@@ -92,6 +94,14 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
     """Totals of ``schedule`` and its roofline estimate on ``chip``."""
     call: KernelCall = schedule.call
     by_name = {s.operand.name: s for s in schedule.operands}
+    # Kernel-body DMAs: HBM bytes of the operand on the off-chip end of each copy.
+    body_read: Counter[str] = Counter()
+    body_write: Counter[str] = Counter()
+    for copy in call.body_copies:
+        if copy.src_space in OFF_CHIP:
+            body_read[copy.src] += copy.bytes
+        if copy.dst_space in OFF_CHIP:
+            body_write[copy.dst] += copy.bytes
     costs = []
     for op in call.operands:
         buffers = _buffers(op, schedule.model)
@@ -99,16 +109,18 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         if op.memory_space in ("hbm", "any", "semaphore"):
             onchip = 0
         sched = by_name.get(op.name)
+        read, write = body_read[op.name], body_write[op.name]
         if op.role == "scalar_prefetch":
             costs.append(OperandCost(op, 1, 0, 0, 0, op.nbytes, 0, onchip, buffers))
         elif sched is None:
-            costs.append(OperandCost(op, 0, 0, 0, 0, 0, 0, onchip, buffers))
+            costs.append(OperandCost(op, 0, 0, 0, 0, read, write, onchip, buffers))
         else:
             moved = int(sched.moved_bytes.sum())
             is_in = op.role == "input"
             costs.append(OperandCost(
                 op, sched.count(FETCH), sched.count(SKIP), sched.count(WRITEBACK),
-                sched.count(KEEP), moved if is_in else 0, 0 if is_in else moved, onchip, buffers))
+                sched.count(KEEP), (moved if is_in else 0) + read,
+                (0 if is_in else moved) + write, onchip, buffers))
     read = sum(c.hbm_read_bytes for c in costs)
     write = sum(c.hbm_write_bytes for c in costs)
     vmem = sum(c.onchip_bytes for c in costs if c.operand.memory_space == "vmem")

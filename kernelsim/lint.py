@@ -93,10 +93,10 @@ def lint(call: KernelCall, schedule: CallSchedule, cost: CallCost, chip: Chip) -
                 f"{first_arbitrary}: parallel axes must be a prefix of the grid "
                 "(dimension_semantics=" + repr(sem) + ").")
     for op in call.operands:
-        if op.role in ("input", "output") and op.memory_space in ("any", "hbm"):
-            warnings.append(f"operand {op.name!r} stays in {op.memory_space.upper()}: the "
-                            "pipeline copies nothing for it; manual DMAs in the kernel body "
-                            "are not counted.")
+        if (op.role in ("input", "output") and op.memory_space in ("any", "hbm")
+                and not any(op.name in (c.src, c.dst) for c in call.body_copies)):
+            warnings.append(f"operand {op.name!r} stays in {op.memory_space.upper()} and "
+                            "neither the pipeline nor the kernel body copies it: is it used?")
         if tpu and op.role in ("input", "output") and (msg := _block_shape_problem(op)):
             warnings.append(msg)
         if not op.pipelined:

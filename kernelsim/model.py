@@ -96,6 +96,26 @@ class Operand:
         return self.role in ("input", "output") and self.memory_space in ("vmem", "smem")
 
 
+OFF_CHIP: tuple[MemorySpace, ...] = ("hbm", "any")  # where a copy's bytes are HBM traffic
+
+
+@dataclass(frozen=True)
+class BodyCopy:
+    """One DMA the kernel body starts at one grid step (``pltpu.make_async_copy(...).start()``,
+    ``pltpu.async_copy``, ``pltpu.sync_copy``), found by interpreting the body.
+
+    src / dst: operand names (``scopedN`` for ``pl.run_scoped`` allocations); bytes: the
+    bytes the copy moves (the source slice's size).
+    """
+
+    step: int
+    src: str
+    dst: str
+    src_space: MemorySpace
+    dst_space: MemorySpace
+    bytes: int
+
+
 @dataclass
 class KernelCall:
     """One captured pallas_call.
@@ -103,6 +123,8 @@ class KernelCall:
     grid: the grid's extents; steps run in row-major order (last axis fastest).
     flops_per_step: FLOPs one kernel invocation performs, counted from the kernel jaxpr.
     cost_estimate_flops / cost_estimate_bytes: the call's own ``pl.CostEstimate``, if given.
+    body_copies: the DMAs the kernel body starts, in step and program order (empty unless the
+        body has any; the pipeline's own copies are the schedule's).
     """
 
     name: str
@@ -114,6 +136,7 @@ class KernelCall:
     cost_estimate_flops: int | None = None
     cost_estimate_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
+    body_copies: list[BodyCopy] = field(default_factory=list)
 
     @property
     def steps(self) -> int:

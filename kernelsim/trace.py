@@ -162,14 +162,17 @@ def _analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: bo
     traced = []
     for c in captured:
         call = _jax.to_model(c.args, c.params)
+        accesses = None
+        if record_access or _jax.needs_body_interpretation(c.params):
+            accesses, call.body_copies = _jax.interpret_body(c.params, call)
         schedule = build(call, model)
         cost = compute(schedule, chip)
         warnings = call.notes + lint(call, schedule, cost, chip)
         if strict and warnings:
             raise TraceError(f"pallas_call {call.name!r}: " + " | ".join(warnings))
-        accesses = _jax.record_accesses(c.params, call) if record_access else None
         traced.append(CallTrace(call, schedule, cost, warnings,
-                                _jax.prefetch_reads(c.params, call), accesses))
+                                _jax.prefetch_reads(c.params, call),
+                                accesses if record_access else None))
     return Trace(model, chip, traced)
 
 

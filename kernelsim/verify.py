@@ -16,6 +16,7 @@ import jax
 from jax.experimental.pallas import tpu as pltpu
 
 from kernelsim import _jax
+from kernelsim.model import OFF_CHIP
 from kernelsim.schedule import FETCH, WRITEBACK
 from kernelsim.trace import Trace, _analyse, _collect, _resolve
 
@@ -42,17 +43,34 @@ class OperandCheck:
 
 
 @dataclass
+class BodyDmaCheck:
+    """Model vs interpreter for the kernel-body DMAs of one call along one route (e.g.
+    ``hbm -> vmem``; ``any`` counts as ``hbm``): the bytes of every copy, sorted."""
+
+    call: int
+    route: str
+    model_bytes: list[int]
+    interpreter_bytes: list[int]
+
+    @property
+    def ok(self) -> bool:
+        return self.model_bytes == self.interpreter_bytes
+
+
+@dataclass
 class Verification:
     """The outcome of ``verify``: per-operand checks, the trace, and the function's outputs."""
 
     trace: Trace
     outputs: Any
     checks: list[OperandCheck] = field(default_factory=list)
+    body_dma_checks: list[BodyDmaCheck] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """Every copy, and every byte, the model predicts is what the interpreter did."""
-        return all(c.copies_match and c.bytes_match for c in self.checks)
+        return (all(c.copies_match and c.bytes_match for c in self.checks)
+                and all(c.ok for c in self.body_dma_checks))
 
     def report(self) -> str:
         lines = []
@@ -62,12 +80,26 @@ class Verification:
                 f"call {c.call} {c.operand:>12} {c.kind:<9} model {len(c.model_copies):>6} "
                 f"copies {c.model_bytes:>12,} B | interpreter {len(c.interpreter_copies):>6} "
                 f"copies {c.interpreter_bytes:>12,} B  {verdict}")
+        for d in self.body_dma_checks:
+            lines.append(
+                f"call {d.call} {d.route:>12} body DMA  model {len(d.model_bytes):>6} "
+                f"copies {sum(d.model_bytes):>12,} B | interpreter "
+                f"{len(d.interpreter_bytes):>6} copies {sum(d.interpreter_bytes):>12,} B  "
+                f"{'ok' if d.ok else 'MISMATCH'}")
         return "\n".join(lines)
+
+
+def _route(src: str, dst: str) -> str:
+    def side(space: str) -> str:
+        return "hbm" if space in OFF_CHIP else space
+
+    return f"{side(src)} -> {side(dst)}"
 
 
 def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
     """Run ``fn(*args)`` in TPU interpret mode and compare its DMAs with the ``tpu`` model."""
     copies: list[_jax.InterpretCopy] = []
+    dmas: list[_jax.InterpretDma] = []
     current = [0]
 
     def execute(call_args: tuple, params: dict) -> Any:
@@ -77,7 +109,7 @@ def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
         return outs
 
     model, chip_ = _resolve("tpu", chip)
-    with _jax.recording_interpret_copies(copies, lambda: current[0]):
+    with _jax.recording_interpret_copies(copies, lambda: current[0], dmas):
         outputs, captured = _collect(fn, args, execute)
     trace = _analyse(captured, model, chip_, strict=False)
     result = Verification(trace, outputs)
@@ -93,4 +125,13 @@ def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
             result.checks.append(OperandCheck(
                 index, op.name, kind, model, [(c.grid_index, c.block_index) for c in mine],
                 int(sched.moved_bytes.sum()), sum(c.bytes for c in mine)))
+    for index, ct in enumerate(trace.calls):
+        routes: dict[str, tuple[list[int], list[int]]] = {}
+        for c in ct.call.body_copies:
+            routes.setdefault(_route(c.src_space, c.dst_space), ([], []))[0].append(c.bytes)
+        for d in dmas:
+            if d.call == index:
+                routes.setdefault(_route(d.src_space, d.dst_space), ([], []))[1].append(d.bytes)
+        result.body_dma_checks += [BodyDmaCheck(index, route, sorted(m), sorted(i))
+                                   for route, (m, i) in sorted(routes.items())]
     return result

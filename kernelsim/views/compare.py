@@ -8,10 +8,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from kernelsim.report import seconds, table
 from kernelsim.views import palette as pal
 from kernelsim.views.data import CallView, call_view
+from kernelsim.views.figure import DPI, FONT, WIDTH, legible
 
 if TYPE_CHECKING:
     from kernelsim.trace import Trace
@@ -47,18 +49,18 @@ class Comparison:
 
     def figure(self) -> Figure:
         """Cumulative HBM bytes over the run (x: fraction of steps done) and the estimate."""
-        fig = Figure(figsize=(10, 4.4), dpi=72)
-        fig.set_layout_engine("constrained")
-        ax, bars = fig.subplots(1, 2, width_ratios=[1.6, 1])
+        fig = Figure(figsize=(WIDTH, 4.6), dpi=DPI, layout="constrained")
+        ax, bars = fig.subplots(1, 2, width_ratios=[1.4, 1])
         for k, (label, v) in enumerate(zip(self.labels, self.views, strict=True)):
             cum = v.schedule.cumulative_bytes
             x = (np.arange(cum.size) + 1) / max(cum.size, 1)
             ax.plot(x, cum, label=label, color=pal.OPERAND_CYCLE[k % len(pal.OPERAND_CYCLE)],
                     gid="compare:cumulative")
-        ax.set_xlabel("fraction of grid steps done")
-        ax.set_ylabel("cumulative HBM bytes")
-        ax.legend(fontsize=8)
-        ax.set_title("HBM traffic", fontsize=10)
+        ax.set_xlabel("fraction of grid steps done", fontsize=FONT)
+        ax.set_ylabel("cumulative HBM bytes", fontsize=FONT)
+        legible(ax)
+        ax.legend(fontsize=FONT)
+        ax.set_title("HBM traffic", fontsize=FONT + 1)
         y = np.arange(len(self.views))
         comp = [v.cost.compute_seconds for v in self.views]
         mem = [v.cost.memory_seconds for v in self.views]
@@ -67,12 +69,15 @@ class Comparison:
         bars.barh(y, mem, height=0.25, color=pal.ACTION_COLORS["fetch"], label="memory")
         bars.barh(y + 0.27, est, height=0.25, color=pal.INK, label="estimate")
         for k, e in enumerate(est):
-            bars.text(e, k + 0.27, f" {seconds(e)}", va="center", fontsize=8)
-        bars.set_yticks(y, self.labels, fontsize=8)
+            bars.text(e, k + 0.27, f" {seconds(e)}", va="center", fontsize=FONT)
+        bars.set_yticks(y, self.labels, fontsize=FONT)
+        legible(bars)
+        bars.xaxis.set_major_locator(MaxNLocator(4))
+        bars.set_xlim(0, max(max(est), max(comp), max(mem), 1e-12) * 1.45)  # room for labels
         bars.invert_yaxis()
-        bars.set_xlabel("seconds")
-        bars.legend(fontsize=8)
-        bars.set_title("roofline estimate", fontsize=10)
+        bars.set_xlabel("seconds", fontsize=FONT)
+        bars.legend(fontsize=FONT, loc="lower right")
+        bars.set_title("roofline estimate", fontsize=FONT + 1)
         return fig
 
 

@@ -1,9 +1,11 @@
-"""Matplotlib views: one grid step (``StepFigure``), the fetch heatmap, the traffic timeline
-and the in-block access figure. Figures are built with ``matplotlib.figure.Figure`` (no pyplot
-state), so they render with Agg and in notebooks alike.
+"""Matplotlib views, for static output (print, PDF, nbconvert): one grid step
+(``step_figure``), the copy heatmap, the traffic timeline and the in-block access figure.
+Figures are built with ``matplotlib.figure.Figure`` (no pyplot state), so they render with Agg
+and in notebooks alike.
 
-``StepFigure`` creates every artist once; ``update(step)`` only changes positions, colours and
-texts, which is what the widget calls on every slider move.
+Legible where the course shows them: figures are about as wide as the site's text column
+(``WIDTH`` inches at 72 dpi, i.e. ~690 px) and no text is smaller than ``FONT`` points, so a
+label is at least ~11 CSS px there; the layout engine keeps texts from overlapping.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.collections import LineCollection
+from matplotlib.colors import BoundaryNorm, LinearSegmentedColormap, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from kernelsim.schedule import ACTIONS, FETCH, WRITEBACK
+from kernelsim.schedule import ACTIONS
 from kernelsim.views import palette as pal
 from kernelsim.views.data import (
     CallView,
@@ -32,8 +35,14 @@ from kernelsim.views.data import (
 if TYPE_CHECKING:
     from kernelsim.trace import Trace
 
-MAX_TICKS = 12
-SMEM_CELLS = 32
+WIDTH = 9.6          # inches: the site's text column at 72 dpi
+DPI = 72
+FONT = 11            # points: the smallest text in any figure
+MAX_TICKS = 8        # block-coordinate ticks per axis
+PANELS_PER_ROW = 3   # operand panels per row of the step figure
+SMEM_CELLS = 16      # scalar-prefetch entries drawn per operand
+SLOTS_SHOWN = 3      # buffers drawn per operand (pl.Buffered(n) with n > 3 draws 3)
+ACCESS_LINES = 14    # accesses listed beside the access figure
 
 
 def _tuple(t) -> str:
@@ -48,6 +57,7 @@ def _block_ticks(ax, op, axis: int | None, which: str) -> None:
         return
     dim, extent = op.block_dims[axis], op.shape[axis]
     if dim.kind != "blocked":
+        setter([])
         return
     n = dim.block_count(extent)
     every = max(1, -(-n // MAX_TICKS))
@@ -68,7 +78,21 @@ def _grid_lines(op, axis: int | None, vertical: bool, h: int, w: int) -> list:
 
 
 def _legend_handles() -> list[Patch]:
-    return [Patch(facecolor=pal.ACTION_COLORS[a], label=pal.ACTION_LABELS[a]) for a in ACTIONS]
+    return [Patch(facecolor=pal.ACTION_COLORS[a], hatch=pal.ACTION_HATCHES[a],
+                  edgecolor="white", label=pal.ACTION_LABELS[a]) for a in ACTIONS]
+
+
+def legible(ax) -> None:
+    """Tick labels and the axis offset text (``1e6``) of ``ax`` at the figures' FONT."""
+    ax.tick_params(labelsize=FONT)
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.get_offset_text().set_fontsize(FONT)
+
+
+def _tint(color: str, alpha: float = 0.22) -> tuple:
+    """``color`` mixed with white: a fill that black text stays readable on."""
+    r, g, b, _ = to_rgba(color)
+    return (1 - alpha * (1 - r), 1 - alpha * (1 - g), 1 - alpha * (1 - b), 1.0)
 
 
 class StepFigure:
@@ -76,11 +100,10 @@ class StepFigure:
 
     Artists carry gids a test or a tool can find: ``block:NAME`` (the highlighted block),
     ``slot:NAME:K`` (on-chip buffers), ``scratch:NAME``, ``smem:NAME:I`` (SMEM cells) and
-    ``gridpoint``.
+    ``gridpoint``. Steps count from 0, as in ``Trace.steps()``.
     """
 
-    def __init__(self, view: CallView, hidden: tuple[str, ...] = (), dpi: int = 72,
-                 figsize: tuple[float, float] | None = None):
+    def __init__(self, view: CallView, hidden: tuple[str, ...] = (), dpi: int = DPI):
         self.view = view
         call, sched = view.call, view.schedule
         self.scheds = [s for s in sched.operands if s.operand.name not in hidden]
@@ -90,32 +113,27 @@ class StepFigure:
         self.total = int(self.cum[-1]) if self.cum.size else 0
         self.grid_points = call.grid_indices()
         self.rects = {s.operand.name: block_rects(s.operand) for s in self.scheds}
-        self.slots = {s.operand.name: s.slots for s in self.scheds}
-        self.filling = {s.operand.name: s.filling for s in self.scheds}
         self.buffers = {c.name: c.buffers for c in view.cost.operands}
-        n_top = max(len(self.scheds), 1)
-        width = max(3.3 * n_top, 10.5)
-        self.fig = Figure(figsize=figsize or (width, 7.2), dpi=dpi)
-        self.fig.set_layout_engine(None)
-        top = self.fig.add_gridspec(1, n_top, left=0.06, right=0.98, top=0.86, bottom=0.45,
-                                    wspace=0.35)
-        n_bottom = 3 if self.prefetch else 2
-        bottom = self.fig.add_gridspec(1, n_bottom, left=0.04, right=0.98, top=0.31,
-                                       bottom=0.09, wspace=0.25,
-                                       width_ratios=[1, 1.6, 1.2][:n_bottom])
-        self.header = self.fig.text(0.5, 0.965, "", ha="center", va="top", fontsize=12,
-                                    color=pal.INK, weight="bold")
-        self.subheader = self.fig.text(0.5, 0.925, "", ha="center", va="top", fontsize=9,
-                                       color=pal.INK)
-        self.fig.legend(handles=_legend_handles(), loc="lower center", ncol=4, fontsize=8,
-                        frameon=False, bbox_to_anchor=(0.5, 0.0))
+        op_rows = max(-(-len(self.scheds) // PANELS_PER_ROW), 1)
+        chip_rows = len(self.scheds) + len(self.scratch)
+        heights = [2.9] * op_rows + [0.5 * max(chip_rows, 1) + 0.5, 2.6]
+        self.fig = Figure(figsize=(WIDTH, sum(heights) + 1.5), dpi=dpi,
+                          layout="constrained")
+        rows = self.fig.add_gridspec(len(heights), 1, height_ratios=heights)
+        self.header = self.fig.suptitle("", fontsize=FONT + 1, color=pal.INK)
+        self.fig.legend(handles=_legend_handles(), loc="outside lower center", ncol=2,
+                        fontsize=FONT, frameon=False)
         self.panels = {}
-        for k, s in enumerate(self.scheds):
-            self.panels[s.operand.name] = self._operand_panel(self.fig.add_subplot(top[0, k]), s)
+        for r in range(op_rows):
+            cells = rows[r].subgridspec(1, PANELS_PER_ROW)
+            for c, s in enumerate(self.scheds[r * PANELS_PER_ROW:(r + 1) * PANELS_PER_ROW]):
+                ax = self.fig.add_subplot(cells[0, c])
+                self.panels[s.operand.name] = self._operand_panel(ax, s)
+        self._onchip_panel(self.fig.add_subplot(rows[op_rows]))
+        bottom = rows[op_rows + 1].subgridspec(1, 2 if self.prefetch else 1)
         self._grid_panel(self.fig.add_subplot(bottom[0, 0]))
-        self._onchip_panel(self.fig.add_subplot(bottom[0, 1]))
         if self.prefetch:
-            self._smem_panel(self.fig.add_subplot(bottom[0, 2]))
+            self._smem_panel(self.fig.add_subplot(bottom[0, 1]))
         self.step = -1
 
     # -- building ---------------------------------------------------------------------------
@@ -138,20 +156,15 @@ class StepFigure:
             ax.add_collection(LineCollection(lines, colors=pal.EDGE, linewidths=0.8))
         _block_ticks(ax, op, c, "x")
         _block_ticks(ax, op, r, "y")
-        ax.tick_params(labelsize=7, length=2)
-        ax.set_xlabel("block col" if c is not None and c >= 0 else "", fontsize=7)
-        ax.set_ylabel("block row" if r is not None else "", fontsize=7)
-        block = "x".join("-" if b is None else str(b) for b in op.block_shape)
-        ax.set_title(f"{op.name}  {op.role}\n{op.dtype}{list(op.shape)}  block {block}",
-                     fontsize=8, color=pal.INK)
+        legible(ax)
+        ax.tick_params(length=2)
+        block = "×".join("-" if b is None else str(b) for b in op.block_shape)
+        ax.set_title(f"{op.name} ({op.role})\n{op.dtype}{list(op.shape)}\nblock {block}",
+                     fontsize=FONT, color=pal.INK)
         rect = Rectangle((0, 0), 1, 1, facecolor=pal.ACTION_COLORS["fetch"], edgecolor=pal.INK,
                          lw=1.5, gid=f"block:{op.name}")
         ax.add_patch(rect)
-        label = ax.text(0, 0, "", ha="center", va="center", fontsize=7, color="white",
-                        weight="bold")
-        action = ax.text(0.5, -0.13, "", transform=ax.transAxes, ha="center", va="top",
-                         fontsize=9, weight="bold")
-        return {"rect": rect, "label": label, "action": action, "op": op, "sched": sched}
+        return {"rect": rect, "ax": ax, "op": op, "sched": sched}
 
     def _grid_panel(self, ax) -> None:
         grid = self.view.call.grid
@@ -166,65 +179,69 @@ class StepFigure:
             ([[(0, y), (gw, y)] for y in range(1, gh)] if gh <= 64 else [])
         if lines:
             ax.add_collection(LineCollection(lines, colors=pal.EDGE, linewidths=0.8))
-        ax.tick_params(labelsize=7, length=2)
         ax.set_xticks([])
         ax.set_yticks([])
         sem = self.view.call.dimension_semantics
-        ax.set_xlabel("axis " + str(max(len(grid) - 1, 0)) +
-                      (f" ({sem[-1]})" if sem else ""), fontsize=7)
+        ax.set_xlabel(f"axis {max(len(grid) - 1, 0)}" + (f" ({sem[-1]})" if sem else "")
+                      + " →", fontsize=FONT)
         if len(grid) >= 2:
-            ax.set_ylabel(f"axis {len(grid) - 2} ({sem[-2]})", fontsize=7)
-        self.grid_title = ax.set_title("", fontsize=8, color=pal.INK)
+            ax.set_ylabel(f"axis {len(grid) - 2} ({sem[-2]}) →", fontsize=FONT)
+        self.grid_title = ax.set_title("", fontsize=FONT, color=pal.INK)
         self.grid_marker = Rectangle((0, 0), 1, 1, facecolor=pal.INK, edgecolor=pal.INK,
                                      gid="gridpoint")
         ax.add_patch(self.grid_marker)
 
     def _onchip_panel(self, ax) -> None:
+        """One row per operand: its label, then its buffers; scratch rows after them."""
         ax.set_axis_off()
-        ax.set_title("on-chip (VMEM / SMEM buffers)", fontsize=8, color=pal.INK)
+        space = "shared memory" if self.view.model == "gpu" else "VMEM"
+        footprint = self.view.cost.vmem_bytes + self.view.cost.smem_bytes
+        ax.set_title(f"on chip ({space}): {fmt_bytes(footprint)} of "
+                     f"{fmt_bytes(self.view.chip.vmem_bytes)} on {self.view.chip.name}",
+                     fontsize=FONT, color=pal.INK, loc="left")
         rows = len(self.scheds) + len(self.scratch)
-        ax.set_xlim(0, 1)
+        ax.set_xlim(0, 10)
         ax.set_ylim(max(rows, 1), 0)
-        self.slot_artists: dict[str, list[tuple[Rectangle, object]]] = {}
-        y = 0
+        self.slot_artists: dict[str, list[tuple[Rectangle, Rectangle, object]]] = {}
         costs = {c.name: c for c in self.view.cost.operands}
-        for s in self.scheds:
+        for y, s in enumerate(self.scheds):
             op = s.operand
-            n = max(1, min(self.buffers.get(op.name, 1), 3))
-            ax.text(0.0, y + 0.5, f"{op.name}\n{op.memory_space} x{n}, "
-                    f"{fmt_bytes(op.block_buffer_bytes)} each", fontsize=7, va="center")
+            n = max(1, min(self.buffers.get(op.name, 1), SLOTS_SHOWN))
+            ax.text(0, y + 0.5, f"{op.name}: {n} × {fmt_bytes(op.block_buffer_bytes)}",
+                    fontsize=FONT, va="center")
+            width = 6.7 / n
             arts = []
             for k in range(n):
-                x0 = 0.38 + k * 0.31
-                rect = Rectangle((x0, y + 0.12), 0.29, 0.76, facecolor=pal.IDLE,
+                x0 = 3.3 + k * width
+                rect = Rectangle((x0, y + 0.1), width - 0.1, 0.8, facecolor="white",
                                  edgecolor=pal.INK, lw=0.8, gid=f"slot:{op.name}:{k}")
+                swatch = Rectangle((x0 + 0.08, y + 0.25), 0.3, 0.5, facecolor=pal.IDLE,
+                                   edgecolor=pal.INK, lw=0.5)
                 ax.add_patch(rect)
-                text = ax.text(x0 + 0.145, y + 0.5, "", fontsize=6.5, ha="center",
-                               va="center")
-                arts.append((rect, text))
+                ax.add_patch(swatch)
+                text = ax.text(x0 + 0.5, y + 0.5, "", fontsize=FONT, va="center")
+                arts.append((rect, swatch, text))
             self.slot_artists[op.name] = arts
-            y += 1
-        for op in self.scratch:
-            ax.text(0.0, y + 0.5, f"{op.name}\nscratch {op.memory_space}", fontsize=7,
-                    va="center")
+        for y, op in enumerate(self.scratch, start=len(self.scheds)):
             size = fmt_bytes(costs[op.name].onchip_bytes) if op.name in costs else "?"
-            ax.add_patch(Rectangle((0.38, y + 0.12), 0.6, 0.76, facecolor=pal.SCRATCH,
+            ax.text(0, y + 0.5, f"{op.name}: scratch", fontsize=FONT, va="center")
+            ax.add_patch(Rectangle((3.3, y + 0.1), 6.6, 0.8, facecolor=_tint(pal.SCRATCH),
                                    edgecolor=pal.INK, lw=0.8, gid=f"scratch:{op.name}"))
-            ax.text(0.68, y + 0.5, f"{op.dtype}{list(op.shape)}  {size}", fontsize=7,
-                    ha="center", va="center")
-            y += 1
+            ax.text(3.4, y + 0.5, f"{op.dtype}{list(op.shape)}, {size}, lives for the call",
+                    fontsize=FONT, va="center")
 
     def _smem_panel(self, ax) -> None:
         ax.set_axis_off()
-        ax.set_title("SMEM: scalar prefetch (read this step)", fontsize=8, color=pal.INK)
+        ax.set_title("SMEM: scalar prefetch (read this step)", fontsize=FONT, color=pal.INK)
+        per_op = 1 + -(-SMEM_CELLS // 8)
         ax.set_xlim(0, 8)
-        ax.set_ylim(len(self.prefetch) * 5, 0)
+        ax.set_ylim(len(self.prefetch) * per_op, 0)
         self.smem: dict[str, list[tuple[Rectangle, object]]] = {}
         reads = self.view.trace.prefetch_reads
         self.smem_reads = {o.name: reads.get(o.name) for o in self.prefetch}
         for p, op in enumerate(self.prefetch):
-            y0 = p * 5
-            ax.text(0, y0 + 0.4, f"{op.name} {op.dtype}{list(op.shape)}", fontsize=7,
+            y0 = p * per_op
+            ax.text(0, y0 + 0.5, f"{op.name} {op.dtype}{list(op.shape)}", fontsize=FONT,
                     va="center")
             cells = []
             for i in range(min(SMEM_CELLS, int(np.prod(op.shape)) or 1)):
@@ -232,20 +249,9 @@ class StepFigure:
                 rect = Rectangle((x, y), 0.95, 0.95, facecolor=pal.IDLE, edgecolor=pal.INK,
                                  lw=0.5, gid=f"smem:{op.name}:{i}")
                 ax.add_patch(rect)
-                cells.append((rect, ax.text(x + 0.47, y + 0.5, "", fontsize=6, ha="center",
-                                            va="center")))
+                cells.append((rect, ax.text(x + 0.47, y + 0.5, "", fontsize=FONT,
+                                            ha="center", va="center")))
             self.smem[op.name] = cells
-
-    def dynamic_artists(self) -> list:
-        """Every artist ``update`` changes (drawn over a cached background by the widget)."""
-        arts = [self.header, self.subheader, self.grid_marker, self.grid_title]
-        for panel in self.panels.values():
-            arts += [panel["rect"], panel["label"], panel["action"]]
-        for pairs in self.slot_artists.values():
-            arts += [a for pair in pairs for a in pair]
-        for pairs in getattr(self, "smem", {}).values():
-            arts += [a for pair in pairs for a in pair]
-        return arts
 
     # -- updating ---------------------------------------------------------------------------
 
@@ -255,12 +261,11 @@ class StepFigure:
         self.step = step
         v = self.view
         point = self.grid_points[step]
-        self.header.set_text(f"step {step + 1} of {v.call.steps:,}   grid index {_tuple(point)}"
-                             f"   HBM {fmt_bytes(int(self.cum[step]))} of "
-                             f"{fmt_bytes(self.total)}")
-        self.subheader.set_text(f"call {v.index}: {v.call.name}   model {v.model} on "
-                                f"{v.chip.name}   cumulative HBM bytes "
-                                f"{int(self.cum[step]):,}")
+        self.header.set_text(
+            f"step {step} of 0–{v.call.steps - 1:,}, grid index {_tuple(point)}; "
+            f"HBM {fmt_bytes(int(self.cum[step]))} of {fmt_bytes(self.total)} so far\n"
+            f"call {v.index}: {v.call.name}, model {v.model} on {v.chip.name}, "
+            f"cumulative HBM bytes {int(self.cum[step]):,}")
         for name, panel in self.panels.items():
             sched, op = panel["sched"], panel["op"]
             action = ACTIONS[sched.actions[step]]
@@ -268,43 +273,48 @@ class StepFigure:
             x, y, w, h = self.rects[name][step]
             panel["rect"].set_bounds(x, y, w, h)
             panel["rect"].set_facecolor(color)
-            blk = op.block_indices[step]
-            panel["label"].set_position((x + w / 2, y + h / 2))
-            panel["label"].set_text(_tuple(blk[-2:]) if blk.size else "()")
+            panel["rect"].set_hatch(pal.ACTION_HATCHES[action])
+            panel["rect"].set_edgecolor(pal.INK)
             moved = int(sched.moved_bytes[step])
-            panel["action"].set_text(f"{action}{leading(op, step)}"
-                                     + (f"  {fmt_bytes(moved)}" if moved else ""))
-            panel["action"].set_color(color)
+            blk = op.block_indices[step]
+            label = panel["ax"].set_xlabel(
+                f"{action} {_tuple(blk[-2:]) if blk.size else '()'}{leading(op, step)}"
+                + (f", {fmt_bytes(moved)}" if moved else ""), fontsize=FONT, weight="bold")
+            label.set_color(color if action != "skip" else pal.INK)
             self._update_slots(name, sched, step, action)
-        gh, gw = self.grid_shape
         col = int(point[-1]) if point.size else 0
         row = int(point[-2]) if point.size >= 2 else 0
         self.grid_marker.set_xy((col, row))
         lead = ""
         if point.size > 2:
-            lead = "\nshown: last two axes at " + ", ".join(
-                f"axis {a} = {int(p)}" for a, p in enumerate(point[:-2]))
+            lead = "\nshown at " + ", ".join(f"axis {a} = {int(p)}"
+                                             for a, p in enumerate(point[:-2]))
         self.grid_title.set_text(f"grid {tuple(v.call.grid)}: point {_tuple(point)}{lead}")
         if self.prefetch:
             self._update_smem(step)
 
     def _update_slots(self, name: str, sched, step: int, action: str) -> None:
         arts = self.slot_artists[name]
-        used = int(self.slots[name][step]) % len(arts)
+        used = int(sched.slots[step]) % len(arts)
         is_in = sched.operand.role == "input"
-        for k, (rect, text) in enumerate(arts):
+        copy = "fetch" if is_in else "writeback"
+        other = (used + (1 if is_in else -1)) % len(arts) \
+            if len(arts) > 1 and sched.filling[step] else -1
+        for k, (rect, swatch, text) in enumerate(arts):
             if k == used:
-                rect.set_facecolor(pal.ACTION_COLORS[action])
-                rect.set_hatch("")
-                text.set_text("kernel reads" if is_in else "kernel writes")
-            elif self.filling[name][step]:
-                rect.set_facecolor(pal.ACTION_COLORS["fetch" if is_in else "writeback"])
-                rect.set_hatch("///")
-                text.set_text("filling (next)" if is_in else "draining")
+                state, fill = action, _tint(pal.ACTION_COLORS[action])
+                text.set_text(f"{k}: kernel {'reads' if is_in else 'writes'}")
+            elif k == other:
+                state, fill = copy, "white"
+                text.set_text(f"{k}: {'filling (next)' if is_in else 'draining'}")
             else:
-                rect.set_facecolor(pal.IDLE)
-                rect.set_hatch("")
-                text.set_text("idle")
+                state, fill = None, "white"
+                text.set_text(f"{k}: idle")
+            rect.set_facecolor(fill)
+            rect.set_linewidth(2.2 if k == used else 0.8)
+            swatch.set_facecolor(pal.ACTION_COLORS[state] if state else pal.IDLE)
+            swatch.set_hatch(pal.ACTION_HATCHES[state] if state else "")
+            swatch.set_edgecolor("white" if state else pal.INK)
 
     def _update_smem(self, step: int) -> None:
         for op in self.prefetch:
@@ -321,11 +331,12 @@ class StepFigure:
                 rect.set_facecolor(pal.SMEM_READ if e in hot else pal.IDLE)
                 text.set_text(f"{flat[e]}" if e < flat.size else "")
                 text.set_color("white" if e in hot else pal.INK)
+                text.set_weight("bold" if e in hot else "normal")
 
 
 def step_figure(t: Trace, step: int, call: int = 0, model: str | None = None,
-                hidden: tuple[str, ...] = (), dpi: int = 72) -> Figure:
-    """The step view of ``step`` of call ``call`` (see ``StepFigure``)."""
+                hidden: tuple[str, ...] = (), dpi: int = DPI) -> Figure:
+    """The step view of ``step`` (0-based) of call ``call`` (see ``StepFigure``)."""
     sf = StepFigure(call_view(t, call, model), hidden=hidden, dpi=dpi)
     sf.update(step)
     return sf.fig
@@ -338,46 +349,64 @@ def _collapse(counts: np.ndarray) -> tuple[np.ndarray, str]:
         return counts.reshape(1, -1), ""
     if counts.ndim == 2:
         return counts, ""
-    return counts.reshape(-1, *counts.shape[-2:]).sum(axis=0), " (summed over leading dims)"
+    return counts.reshape(-1, *counts.shape[-2:]).sum(axis=0), "\nleading dims summed"
+
+
+def _count_scale(top: int, color: str):
+    """A discrete colour scale for whole-number counts 0..``top``: one colour per count (at
+    most 12 bins), integer ticks on the colour bar."""
+    bounds = MaxNLocator(12, integer=True).tick_values(0, top + 1) if top > 11 \
+        else np.arange(top + 2)
+    bounds = bounds[bounds <= top + 1] - 0.5
+    cmap = LinearSegmentedColormap.from_list(color, [pal.IDLE, pal.ACTION_COLORS[color]],
+                                             N=len(bounds) - 1)
+    return cmap, BoundaryNorm(bounds, cmap.N)
 
 
 def heatmap(t: Trace, call: int = 0, counts: bool = True) -> Figure:
     """Per windowed operand, how many times each block position was copied.
 
     Inputs count fetches, outputs write-backs (``OperandSchedule.transfer_counts``); with
-    ``counts`` the numbers are written in the cells (for up to 32 x 32 cells).
+    ``counts`` the numbers are written in the cells (for up to 16 x 16 cells). Counts are
+    whole numbers: the colour scale is discrete and every tick an integer.
     """
     v = call_view(t, call)
     scheds = v.schedule.operands
-    fig = Figure(figsize=(max(3.4 * len(scheds), 5), 3.8), dpi=72)
-    fig.set_layout_engine("constrained")
-    fig.suptitle(f"call {call}: {v.call.name} - copies per block ({v.model})", fontsize=10)
-    axes = fig.subplots(1, max(len(scheds), 1), squeeze=False)[0]
+    cols = min(max(len(scheds), 1), PANELS_PER_ROW)
+    rows = max(-(-len(scheds) // PANELS_PER_ROW), 1)
+    fig = Figure(figsize=(WIDTH, 3.9 * rows + 0.6), dpi=DPI, layout="constrained")
+    fig.suptitle(f"call {call}: {v.call.name}, copies per block (model {v.model})",
+                 fontsize=FONT + 1)
+    axes = fig.subplots(rows, cols, squeeze=False).reshape(-1)
     for ax, s in zip(axes, scheds, strict=False):
         grid, note = _collapse(s.transfer_counts())
         color = "fetch" if s.operand.role == "input" else "writeback"
-        from matplotlib.colors import LinearSegmentedColormap
-
-        cmap = LinearSegmentedColormap.from_list(color, [pal.IDLE, pal.ACTION_COLORS[color]])
-        im = ax.imshow(grid, cmap=cmap, vmin=0, vmax=max(int(grid.max()), 1),
-                       interpolation="nearest", aspect="auto" if max(grid.shape) > 4 *
-                       min(grid.shape) else "equal")
+        top = int(grid.max())
+        cmap, norm = _count_scale(top, color)
+        # square cells unless that squeezes the panel (and its title) into a sliver
+        square = min(grid.shape) > 1 and max(grid.shape) <= 4 * min(grid.shape)
+        im = ax.imshow(grid, cmap=cmap, norm=norm, interpolation="nearest",
+                       aspect="equal" if square else "auto")
         im.set_gid(f"heatmap:{s.operand.name}")
         verb = "fetches" if s.operand.role == "input" else "write-backs"
         ax.set_title(f"{s.operand.name}: {verb}{note}\ntotal {int(grid.sum())}, "
-                     f"max {int(grid.max())} per block", fontsize=8)
-        ax.set_xlabel("block col", fontsize=7)
-        ax.set_ylabel("block row", fontsize=7)
-        ax.tick_params(labelsize=7)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # block coordinates are ints
-        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-        if counts and grid.shape[0] <= 32 and grid.shape[1] <= 32:
-            top = grid.max() or 1
+                     f"max {top} per block", fontsize=FONT)
+        ax.set_xlabel("block col", fontsize=FONT)
+        ax.set_ylabel("block row", fontsize=FONT)
+        legible(ax)
+        for set_ticks, n in ((ax.set_xticks, grid.shape[1]), (ax.set_yticks, grid.shape[0])):
+            set_ticks(np.arange(0, n, -(-n // MAX_TICKS)))  # block coordinates: whole numbers
+        ax.set_xlim(-0.5, grid.shape[1] - 0.5)
+        ax.set_ylim(grid.shape[0] - 0.5, -0.5)
+        if counts and grid.shape[0] <= 16 and grid.shape[1] <= 16:
             for (i, j), n in np.ndenumerate(grid):
-                ax.text(j, i, str(int(n)), ha="center", va="center", fontsize=7,
+                ax.text(j, i, str(int(n)), ha="center", va="center", fontsize=FONT,
                         color="white" if n > top / 2 else pal.INK,
                         gid=f"count:{s.operand.name}:{i}:{j}")
-        fig.colorbar(im, ax=ax, shrink=0.8)
+        bar = fig.colorbar(im, ax=ax, shrink=0.8)
+        bar.set_ticks(MaxNLocator(6, integer=True).tick_values(0, top))
+        bar.ax.set_ylim(-0.5, top + 0.5)
+        legible(bar.ax)
     for ax in axes[len(scheds):]:
         ax.set_axis_off()
     return fig
@@ -390,39 +419,43 @@ def timeline(t: Trace, call: int = 0) -> Figure:
 
     v = call_view(t, call)
     sched, cost = v.schedule, v.cost
-    fig = Figure(figsize=(10, 5.6), dpi=72)
-    fig.set_layout_engine("constrained")
-    ax, bar = fig.subplots(2, 1, height_ratios=[3, 1])
+    fig = Figure(figsize=(WIDTH, 6.4), dpi=DPI, layout="constrained")
+    ax, bar = fig.subplots(2, 1, height_ratios=[3, 1.3])
     steps = np.arange(v.call.steps)
     per_op = [s.moved_bytes for s in sched.operands]
     colors = [pal.OPERAND_CYCLE[k % len(pal.OPERAND_CYCLE)] for k in range(len(per_op))]
     if per_op:
         ax.stackplot(steps, *per_op, labels=[s.operand.name for s in sched.operands],
                      colors=colors, step="mid")
-    ax.set_xlabel("grid step")
-    ax.set_ylabel("bytes moved at step")
+    ax.set_xlabel("grid step (from 0)", fontsize=FONT)
+    ax.set_ylabel("bytes moved at step", fontsize=FONT)
+    legible(ax)
+    ax.xaxis.set_major_locator(MaxNLocator(8, integer=True))
     ax.set_xlim(-0.5, max(v.call.steps - 0.5, 0.5))
     cum_ax = ax.twinx()
     cum_ax.plot(steps, sched.cumulative_bytes, color=pal.INK, lw=1.5, label="cumulative",
                 gid="cumulative")
-    cum_ax.set_ylabel("cumulative HBM bytes")
+    cum_ax.set_ylabel("cumulative HBM bytes", fontsize=FONT)
+    legible(cum_ax)
     handles = ax.get_legend_handles_labels()[0] + cum_ax.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, fontsize=8, loc="upper left")
-    ax.set_title(f"call {call}: {v.call.name}  {v.call.steps:,} steps  "
-                 f"HBM {fmt_bytes(cost.hbm_bytes)}  model {v.model} on {v.chip.name}",
-                 fontsize=10)
+    ax.legend(handles=handles, fontsize=FONT, loc="upper left")
+    ax.set_title(f"call {call}: {v.call.name}, {v.call.steps:,} steps, "
+                 f"HBM {fmt_bytes(cost.hbm_bytes)}, model {v.model} on {v.chip.name}",
+                 fontsize=FONT + 1)
     terms = [("compute", cost.compute_seconds, pal.OPERAND_CYCLE[2]),
              ("memory", cost.memory_seconds, pal.ACTION_COLORS["fetch"]),
              ("overhead", cost.overhead_seconds, pal.ACTION_COLORS["skip"])]
     for k, (label, secs, color) in enumerate(terms):
         bar.barh(k, secs, color=color, gid=f"roofline:{label}")
-        bar.text(secs, k, f" {seconds(secs)}", va="center", fontsize=8)
-    bar.set_yticks(range(len(terms)), [t[0] for t in terms], fontsize=8)
+        bar.text(secs, k, f" {seconds(secs)}", va="center", fontsize=FONT)
+    bar.set_yticks(range(len(terms)), [t[0] for t in terms], fontsize=FONT)
+    legible(bar)
+    bar.set_xlim(0, max(max(t[1] for t in terms), 1e-12) * 1.25)  # room for the labels
     bar.invert_yaxis()
     bound = "compute" if cost.compute_seconds >= cost.memory_seconds else "memory"
     bar.set_title(f"roofline: estimate {seconds(cost.estimated_seconds)} = max(compute, "
-                  f"memory) + overhead  [{bound}-bound]", fontsize=9)
-    bar.set_xlabel("seconds")
+                  f"memory) + overhead  [{bound}-bound]", fontsize=FONT)
+    bar.set_xlabel("seconds", fontsize=FONT)
     return fig
 
 
@@ -440,12 +473,11 @@ def access_figure(t: Trace, step: int, operand: str, call: int = 0) -> Figure:
     if operand not in log.shapes:
         raise KeyError(f"no ref {operand!r}; recorded refs: {sorted(log.shapes)}")
     accesses = log.at(step, operand)
-    fig = Figure(figsize=(10, 4.6), dpi=72)
-    fig.set_layout_engine("constrained")
-    fig.suptitle(f"{operand} at step {step + 1} of {v.call.steps:,} (grid index "
+    fig = Figure(figsize=(WIDTH, 4.8), dpi=DPI, layout="constrained")
+    fig.suptitle(f"{operand} at step {step} of 0–{v.call.steps - 1:,} (grid index "
                  f"{_tuple(v.call.grid_indices()[step])}): {len(accesses)} accesses",
-                 fontsize=10)
-    axes = fig.subplots(1, 3, width_ratios=[1, 1, 0.9])
+                 fontsize=FONT + 1)
+    axes = fig.subplots(1, 3, width_ratios=[1, 1, 1.1])
     for ax, kind, color in ((axes[0], "read", pal.READ), (axes[1], "write", pal.WRITE)):
         order = log.first_order(step, operand, kind)
         order = order.reshape(1, -1) if order.ndim <= 1 else \
@@ -456,25 +488,25 @@ def access_figure(t: Trace, step: int, operand: str, call: int = 0) -> Figure:
         im = ax.imshow(masked, cmap=cmap, vmin=0, vmax=max(n - 1, 1), interpolation="nearest",
                        aspect="auto")
         im.set_gid(f"access:{kind}")
-        ax.set_title(f"{kind}s: {int((order >= 0).sum()):,} elements, {n} accesses",
-                     fontsize=9, color=color)
-        ax.tick_params(labelsize=7)
+        ax.set_title(f"{kind}s: {int((order >= 0).sum()):,} elements\n{n} accesses",
+                     fontsize=FONT, color=color)
+        legible(ax)
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_locator(MaxNLocator(6, integer=True))
         if n:
-            fig.colorbar(im, ax=ax, shrink=0.8, label=f"{kind} order")
+            bar = fig.colorbar(im, ax=ax, shrink=0.8)
+            bar.set_label(f"{kind} order", fontsize=FONT)
+            bar.set_ticks(MaxNLocator(6, integer=True).tick_values(0, max(n - 1, 1)))
+            legible(bar.ax)
     axes[2].set_axis_off()
     lines = []
-    for a in accesses[:18]:
+    for a in accesses[:ACCESS_LINES]:
         where = ", ".join(f"{s}:{s + n * st}" + (f":{st}" if st != 1 else "")
                           for s, n, st in a.box) if a.box is not None else \
             f"{len(a.points)} points"
         lines.append(f"{a.order:>3} {a.kind:<5} [{where}]")
-    if len(accesses) > 18:
-        lines.append(f"... {len(accesses) - 18} more")
+    if len(accesses) > ACCESS_LINES:
+        lines.append(f"... {len(accesses) - ACCESS_LINES} more")
     axes[2].text(0, 1, "\n".join(lines) or "no accesses", va="top", family="monospace",
-                 fontsize=7.5, transform=axes[2].transAxes)
+                 fontsize=FONT, transform=axes[2].transAxes)
     return fig
-
-
-# Re-exported for the widget and HTML views.
-__all__ = ["FETCH", "WRITEBACK", "StepFigure", "access_figure", "heatmap", "step_figure",
-           "timeline"]

@@ -10,11 +10,11 @@ const ANIMATE_BELOW_MS = 150;                        // packets fly only when st
 const SMEM_CELLS = 64;                               // SMEM entries drawn per operand
 
 const CSS = `
-.ks-viewer{--ks-ink:#1f2933;--ks-soft:#52606d;--ks-line:#cbd2d9;--ks-idle:#eef1f4;
+.ks-viewer.ks-viewer{--ks-ink:#1f2933;--ks-soft:#52606d;--ks-line:#cbd2d9;--ks-idle:#eef1f4;
   font:13px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--ks-ink);
   background:#fff;position:relative;box-sizing:border-box;width:100%;max-width:100%;
   border:1px solid var(--ks-line);border-radius:6px;padding:10px;outline-offset:2px}
-.ks-viewer *{box-sizing:border-box}
+.ks-viewer.ks-viewer *{box-sizing:border-box}
 .ks-viewer button,.ks-viewer select{font:inherit;font-size:13px;padding:3px 9px;
   border:1px solid #9aa5b1;border-radius:4px;background:#f5f7fa;color:inherit;min-height:30px}
 .ks-viewer button:focus-visible,.ks-viewer select:focus-visible,.ks-viewer input:focus-visible{
@@ -54,7 +54,7 @@ const CSS = `
   border-radius:3px;overflow:hidden}
 .ks-viewer .ks-capbar>div{height:100%;background:#0072b2;min-width:2px}
 .ks-viewer .ks-capbar.ks-over>div{background:#d55e00}
-.ks-viewer .ks-smem{display:flex;flex-wrap:wrap;gap:3px;margin:3px 0}
+.ks-viewer .ks-cells{display:flex;flex-wrap:wrap;gap:3px;margin:3px 0}
 .ks-viewer .ks-cell{min-width:30px;padding:1px 3px;text-align:center;border:1px solid #9aa5b1;
   border-radius:2px;font-size:12px;font-variant-numeric:tabular-nums;background:#fff}
 .ks-viewer .ks-cell.ks-read{background:#cc79a7;color:#fff;font-weight:700;
@@ -407,7 +407,7 @@ class Viewer {
                                                  "maps read this step are filled"})));
     this.smem = [];
     for (const p of this.call.prefetch) {
-      const cells = h("div", {class: "ks-smem"});
+      const cells = h("div", {class: "ks-cells"});
       const shown = Math.min(p.values.length, SMEM_CELLS);
       const list = [];
       for (let i = 0; i < shown; i++) {

@@ -6,6 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from kernelsim import examples as ex
 from kernelsim.verify import verify
@@ -78,3 +80,48 @@ def test_ragged_edges_counts_agree_but_interpreter_moves_padded_blocks():
         # kernelsim counts in-bounds bytes; the interpreter copies whole padded blocks.
         assert c.model_bytes == 200 * 300 * 4
         assert c.interpreter_bytes == 2 * 3 * 128 * 128 * 4
+
+
+def _double_buffered_scale(x):
+    """Manual double buffering from pl.ANY: step i starts block i + 1's copy into the other
+    slot, waits for its own block, scales it and writes it back with a synchronous copy."""
+    nblocks = x.shape[0] // 8
+
+    def kernel(x_hbm, o_hbm, buf, sems):
+        i = pl.program_id(0)
+
+        def fetch(block, slot):
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(block * 8, 8)], buf.at[slot],
+                                         sems.at[slot])
+
+        @pl.when(i == 0)
+        def _():
+            fetch(0, 0).start()
+
+        @pl.when(i + 1 < nblocks)
+        def _():
+            fetch(i + 1, (i + 1) % 2).start()
+
+        fetch(i, i % 2).wait()
+        buf[i % 2] = buf[i % 2] * 2.0
+        pltpu.sync_copy(buf.at[i % 2], o_hbm.at[pl.ds(i * 8, 8)])
+
+    return pl.pallas_call(
+        kernel, grid=(nblocks,), in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        scratch_shapes=[pltpu.VMEM((2, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA((2,))],
+    )(x)
+
+
+def test_kernel_body_dmas_match_the_interpreter_copy_for_copy():
+    x = _normal((48, 128), 0)
+    v = verify(_double_buffered_scale, x)
+    np.testing.assert_allclose(v.outputs, 2 * x)
+    assert v.ok, v.report()
+    routes = {d.route: d for d in v.body_dma_checks}
+    assert routes["hbm -> vmem"].model_bytes == [8 * 128 * 4] * 6
+    assert routes["vmem -> hbm"].interpreter_bytes == [8 * 128 * 4] * 6
+    call = v.trace.calls[0]
+    assert (call.hbm_read_bytes, call.hbm_write_bytes) == (x.nbytes, x.nbytes)
+    assert call.warnings == []

@@ -146,14 +146,14 @@ def test_access_figure_and_errors():
     with pytest.raises(ValueError, match="record_access"):
         kernelsim.trace(row_loop, jnp.zeros((32, 16))).access_figure(0, "x_ref")
 
-    def dma(x_hbm, o_ref, sem):
-        pltpu.make_async_copy(x_hbm, o_ref, sem).start()
+    def bitcast(x_ref, o_ref):
+        o_ref[...] = x_ref.bitcast(jnp.int32)[...]
 
     def fn(x):
-        return pl.pallas_call(dma, grid=(1,), in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        return pl.pallas_call(bitcast, grid=(1,),
+                              in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
                               out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
-                              scratch_shapes=[pltpu.SemaphoreType.DMA(())],
-                              out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)
+                              out_shape=jax.ShapeDtypeStruct((8, 128), jnp.int32))(x)
 
-    with pytest.raises(TraceError, match="does not support"):
+    with pytest.raises(TraceError, match="supports ref indexing only"):
         kernelsim.trace(fn, jnp.zeros((8, 128)), record_access=True)
