@@ -2,12 +2,15 @@
 
 import functools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.experimental import pallas as pl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import to_hex
-from views_kernels import matmul
+from matplotlib.colors import BoundaryNorm, to_hex
+from matplotlib.text import Text
+from views_kernels import gather_rows, matmul
 
 import kernelsim
 from kernelsim.schedule import FETCH, KEEP, SKIP, WRITEBACK
@@ -63,15 +66,18 @@ def test_header_legend_slots_scratch_and_grid_point(mm_trace):
     fig = mm_trace.figure(5)  # grid (0, 1, 1)
     texts = [t.get_text() for t in fig.texts]
     cum = int(mm_trace.calls[0].schedule.cumulative_bytes[5])
-    assert any(t.startswith("step 6 of 64") and "grid index (0, 1, 1)" in t for t in texts)
+    # steps count from 0, as in Trace.steps() and the tables
+    assert any(t.startswith("step 5 of 0–63") and "grid index (0, 1, 1)" in t for t in texts)
     assert any(f"{cum:,}" in t for t in texts)
     legend = fig.legends[0]
     assert [to_hex(h.get_facecolor()) for h in legend.legend_handles] == list(C.values())
     # x: fetched at steps 0..5 -> 6 fetches -> the kernel reads slot 1; step 6 fetches again,
-    # so slot 0 is being filled.
+    # so slot 0 is being filled. Labels sit on white or a light tint, never on a hatch.
     slot0, slot1 = _artist(fig, "slot:x_ref:0"), _artist(fig, "slot:x_ref:1")
-    assert to_hex(slot1.get_facecolor()) == C["fetch"] and slot1.get_hatch() in ("", None)
-    assert slot0.get_hatch() == "///"
+    assert slot1.get_linewidth() > slot0.get_linewidth()
+    assert slot0.get_hatch() in ("", None) and slot1.get_hatch() in ("", None)
+    labels = [t.get_text() for t in fig.findobj(lambda a: hasattr(a, "get_text"))]
+    assert "1: kernel reads" in labels and "0: filling (next)" in labels
     assert _artist(fig, "scratch:acc_ref") is not None
     marker = _artist(fig, "gridpoint")
     assert marker.get_xy() == (1, 1)  # last two grid axes: (j, k) = (1, 1)
@@ -141,3 +147,83 @@ def test_compare_table_and_figure(mm_trace):
 def test_step_out_of_range(mm_trace):
     with pytest.raises(IndexError, match="64 steps"):
         mm_trace.figure(64)
+
+
+def seven_operands(*xs):
+    """Six inputs and one output, for a crowded step figure."""
+    def kernel(*refs):
+        refs[-1][...] = sum(r[...] for r in refs[:-1])
+
+    spec = pl.BlockSpec((128, 128), lambda i, j: (i, j))
+    return pl.pallas_call(kernel, grid=(2, 2), in_specs=[spec] * len(xs), out_specs=spec,
+                          out_shape=jax.ShapeDtypeStruct(xs[0].shape, xs[0].dtype))(*xs)
+
+
+def _drawn_texts(fig) -> list[tuple[str, object, float]]:
+    """(text, window extent, font size) of every non-empty text the renderer actually draws."""
+    drawn = []
+    draw = Text.draw
+
+    def record(self, renderer):
+        draw(self, renderer)
+        if self.get_visible() and self.get_text().strip():
+            drawn.append((self.get_text(), self.get_window_extent(renderer),
+                          self.get_fontsize()))
+
+    Text.draw = record
+    try:
+        FigureCanvasAgg(fig).draw()
+    finally:
+        Text.draw = draw
+    return drawn
+
+
+def _overlaps(drawn, fig) -> list[tuple[str, str]]:
+    """Pairs of drawn texts whose boxes intersect by more than 1 px, and texts off the
+    figure."""
+    edge = fig.bbox
+    out = [(a, "figure edge") for a, b, _ in drawn
+           if b.x0 < edge.x0 - 1 or b.x1 > edge.x1 + 1 or b.y0 < edge.y0 - 1
+           or b.y1 > edge.y1 + 1]
+    for i, (a, ba, _) in enumerate(drawn):
+        for b, bb, _ in drawn[i + 1:]:
+            if min(ba.x1, bb.x1) - max(ba.x0, bb.x0) > 1 and \
+                    min(ba.y1, bb.y1) - max(ba.y0, bb.y0) > 1:
+                out.append((a, b))
+    return out
+
+
+def _figures(mm_trace, gather_trace):
+    x = jnp.ones((256, 256))
+    crowded = kernelsim.trace(seven_operands, *[x] * 6)
+    return {
+        "matmul step": mm_trace.figure(5), "gather step": gather_trace.figure(5),
+        "seven operands step": crowded.figure(3), "matmul heatmap": mm_trace.heatmap(),
+        "gather heatmap": gather_trace.heatmap(), "seven operands heatmap": crowded.heatmap(),
+        "timeline": mm_trace.timeline(),
+        "compare": kernelsim.compare(mm_trace, crowded, labels=["matmul", "sum"]).figure(),
+        "access": kernelsim.trace(gather_rows, jnp.array([3, 1, 1, 0], jnp.int32),
+                                  jnp.zeros((32, 128)), record_access=True)
+        .access_figure(2, "o_ref"),
+    }
+
+
+def test_no_text_overlaps_and_none_is_small(mm_trace, gather_trace):
+    from kernelsim.views.figure import FONT
+
+    for name, fig in _figures(mm_trace, gather_trace).items():
+        drawn = _drawn_texts(fig)
+        assert _overlaps(drawn, fig) == [], name
+        assert [text for text, _, size in drawn if size < FONT] == [], name
+
+
+def test_counts_get_integer_ticks_and_a_discrete_scale(gather_trace):
+    fig = gather_trace.heatmap()
+    FigureCanvasAgg(fig).draw()
+    for ax in fig.axes:
+        for label in ax.get_xticklabels() + ax.get_yticklabels():
+            text = label.get_text().replace("−", "-")
+            assert not text or float(text).is_integer(), (ax.get_title(), text)
+    im = _artist(fig, "heatmap:b_ref")  # rank 1: a single row of blocks
+    assert im.get_array().shape[0] == 1
+    assert isinstance(im.norm, BoundaryNorm) and im.cmap.N == len(im.norm.boundaries) - 1
