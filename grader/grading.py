@@ -21,6 +21,7 @@ import json
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +35,9 @@ from grader import build, refs, sandbox, workspace
 
 HIDDEN_RE = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS", re.S)
 SUBMISSION_TIMEOUT = 900  # seconds for one whole submission (cells have their own timeouts)
+# the gradebook's URL when it is not SQLite in the course folder (pallas-course --db); every
+# nbgrader process reads it through nbgrader_config.py
+DB_ENV = "PALLAS_COURSE_DB"
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -130,9 +134,10 @@ def _scores(root: Path) -> dict[tuple[str, str], tuple[float, float]]:
 
     out = {}
     db = root / "gradebook.db"
-    if not db.exists():
+    url = os.environ.get(DB_ENV) or f"sqlite:///{db}?timeout=120"  # as nbgrader_config.py
+    if url.startswith("sqlite") and not db.exists():
         return out
-    with Gradebook(f"sqlite:///{db}?timeout=120", "pallas-course") as gb:
+    with Gradebook(url, "pallas-course") as gb:
         for a in gb.assignments:
             for sub in a.submissions:
                 out[(sub.student.id, a.name)] = (float(sub.score), float(sub.max_score))
@@ -157,8 +162,12 @@ class Worker:
         self.stderr = tempfile.TemporaryFile()
         self.lines = queue.Queue()
         env = {**_env(self.root), "PALLAS_COURSE_SLOT": str(self.slot)}
+        # it dies with the thread that started it (and its jailed kernel with it: bwrap
+        # --die-with-parent): a grader or Dask worker killed mid-job leaves no autograde running
+        # beside the one that grades the submission again
+        die = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "grader.worker", str(self.root), "serve"], cwd=self.root,
+            [*die, sys.executable, "-m", "grader.worker", str(self.root), "serve"], cwd=self.root,
             env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
             text=True, start_new_session=True)
         threading.Thread(target=self._read, args=(self.proc.stdout, self.lines),
@@ -331,18 +340,8 @@ def _bar(done: int, total: int, width: int = 30) -> str:
     return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
 
 
-def autograde(root: Path, assignment: str | None = None, workers: int = 1,
-              timeout: float = SUBMISSION_TIMEOUT, resume: bool = False,
-              progress=sys.stderr, log=print) -> list[dict]:
-    todo = submissions(root, assignment)
-    if resume:
-        # a status file is written when a submission is finished, whatever its outcome; one
-        # that was in progress when the batch stopped has none and is graded again
-        todo = [(s, a) for s, a in todo if read_status(root, a, s) is None]
-    results: list[dict] = []
-    t0 = time.monotonic()
-    if progress:
-        print(_bar(0, len(todo)), end="\r", file=progress, flush=True)
+def _graded_locally(root: Path, todo: list[tuple[str, str]], timeout: float, workers: int):
+    """``(student, assignment, future)`` as each submission is graded by a local worker pool."""
     slots: queue.Queue[Worker] = queue.Queue()
     for slot in range(max(1, workers)):
         slots.put(Worker(root, slot))
@@ -360,19 +359,43 @@ def autograde(root: Path, assignment: str | None = None, workers: int = 1,
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             futs = {pool.submit(grade, s, a): (s, a) for s, a in todo}
             for fut in as_completed(futs):
-                s, a = futs[fut]
-                try:
-                    rec = fut.result()
-                except Exception as e:  # noqa: BLE001 - one bad item never stops the batch
-                    rec = {"student": s, "assignment": a, "status": "crashed", "detail": str(e)}
-                    _write_status(root, a, s, rec)
-                results.append(rec)
-                if progress:
-                    print(f"{_bar(len(results), len(todo))} {s}/{a}: {rec['status']}      ",
-                          end="\r", file=progress, flush=True)
+                yield (*futs[fut], fut)
     finally:
         while not slots.empty():
             slots.get().close()
+
+
+def autograde(root: Path, assignment: str | None = None, workers: int = 1,
+              timeout: float = SUBMISSION_TIMEOUT, resume: bool = False,
+              progress=sys.stderr, log=print, scheduler: str | None = None) -> list[dict]:
+    """Grade the submissions on ``workers`` local workers, or on the Dask cluster whose
+    scheduler is at ``scheduler`` (``tcp://HOST:8786``, see ``grader.cluster``)."""
+    todo = submissions(root, assignment)
+    if resume:
+        # a status file is written when a submission is finished, whatever its outcome; one
+        # that was in progress when the batch stopped has none and is graded again
+        todo = [(s, a) for s, a in todo if read_status(root, a, s) is None]
+    results: list[dict] = []
+    t0 = time.monotonic()
+    if progress:
+        print(_bar(0, len(todo)), end="\r", file=progress, flush=True)
+    if scheduler:
+        from grader import cluster
+
+        finished = cluster.graded_on(scheduler, root, todo, timeout)
+    else:
+        finished = _graded_locally(root, todo, timeout, workers)
+    for s, a, fut in finished:
+        try:
+            rec = fut.result()
+        except Exception as e:  # noqa: BLE001 - one bad item never stops the batch
+            rec = {"student": s, "assignment": a, "status": "crashed",
+                   "detail": f"{type(e).__name__}: {e}"}
+            _write_status(root, a, s, rec)
+        results.append(rec)
+        if progress:
+            print(f"{_bar(len(results), len(todo))} {s}/{a}: {rec['status']}      ",
+                  end="\r", file=progress, flush=True)
     if progress:
         print(file=progress)
     scores = _scores(root)
@@ -381,8 +404,8 @@ def autograde(root: Path, assignment: str | None = None, workers: int = 1,
         r["score"], r["max_score"] = sc if sc else (0.0, None)
     results.sort(key=lambda r: (r["assignment"], r["student"]))
     log(summary_table(results))
-    log(f"{len(results)} submission(s) in {time.monotonic() - t0:.1f} s with {workers} "
-        f"worker(s)")
+    log(f"{len(results)} submission(s) in {time.monotonic() - t0:.1f} s "
+        + (f"on the Dask cluster at {scheduler}" if scheduler else f"with {workers} worker(s)"))
     return results
 
 
