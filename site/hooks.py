@@ -22,6 +22,7 @@ What it adds to the pages under ``site/docs``:
 
 from __future__ import annotations
 
+import hashlib
 import html
 import importlib.util
 import inspect
@@ -30,6 +31,7 @@ import logging
 import os
 import posixpath
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -622,7 +624,7 @@ def on_config(config):
     # with lessons/ as working directory (on_pre_page): pin the cache to the repository's root
     jupyter = config["plugins"].get("mkdocs-jupyter")
     if jupyter is not None and not os.path.isabs(jupyter.config["cache_dir"]):
-        jupyter.config["cache_dir"] = str(REPO / jupyter.config["cache_dir"])
+        jupyter.config["cache_dir"] = str(lesson_cache_dir(REPO / jupyter.config["cache_dir"]))
     nav = config.get("nav")
     if nav:
         _fill_nav(nav, "Lessons", [{lesson.nav_title: lesson.src_uri} for lesson in ls])
@@ -647,6 +649,21 @@ def on_files(files: Files, config) -> Files:
             files.append(File.generated(config, a.download_uri, abs_src_path=str(a.release)))
     files.append(File.generated(config, "kernelsim/api.md", content=api_md()))
     return files
+
+
+def lesson_cache_dir(root: Path) -> Path:
+    """The folder of executed lessons for the present kernelsim: mkdocs-jupyter keys its cache
+    on the notebook alone, but a lesson's outputs (figures, the viewer's inline module and
+    data) also come from kernelsim and lessons/_course.py. Folders of other versions go."""
+    digest = hashlib.sha256()
+    for path in sorted([*(REPO / "kernelsim").rglob("*.py"), *(REPO / "kernelsim").rglob("*.js"),
+                        LESSONS_DIR / "_course.py"]):
+        digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
+    here = root / f"kernelsim-{digest.hexdigest()[:12]}"
+    for old in root.glob("kernelsim-*"):
+        if old != here:
+            shutil.rmtree(old, ignore_errors=True)
+    return here
 
 
 def _is_lesson(page) -> bool:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 import socket
+import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,3 +69,56 @@ def watch(context) -> Watched:
     page.on("requestfailed", lambda r: w.failed.append(f"{r.url}: {r.failure}")
             if r.url.startswith("http://127.0.0.1:") else None)
     return w
+
+
+def start_lab(root, log):
+    """JupyterLab serving ``root`` on a free port, as `pallas-course serve` starts it;
+    returns (process, base URL, token). Stop it with os.killpg(process.pid, SIGTERM)."""
+    from grader import site
+
+    port, token = free_port(), "viewer-test"
+    proc = subprocess.Popen(site.lab_command(port, token, root), cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "JupyterLab exited"
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status?token={token}",
+                                   timeout=2)
+            return proc, f"http://127.0.0.1:{port}", token
+        except OSError:
+            time.sleep(0.3)
+    raise AssertionError("JupyterLab did not answer")
+
+
+def notebook(path, *cells: str) -> None:
+    """A python3 notebook at ``path`` holding the code ``cells``."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, path)
+
+
+def open_notebook(page, url: str) -> None:
+    """Open the notebook at ``url`` in JupyterLab and wait for its kernel."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    page.goto(url)
+    page.locator(".jp-NotebookPanel .jp-CodeCell").first.wait_for(timeout=60_000)
+    # JupyterLab asks for a kernel when the notebook's session is new: take the python3 default
+    accept = page.locator(".jp-Dialog .jp-mod-accept")
+    try:
+        accept.wait_for(timeout=10_000)
+        accept.click()
+    except PlaywrightTimeout:
+        pass
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']",
+                           timeout=60_000)
+
+
+def run_cell(page, index: int) -> None:
+    """Run code cell ``index`` of the open notebook (Shift+Enter in its editor)."""
+    page.locator(".jp-NotebookPanel .jp-CodeCell").nth(index).locator(".cm-content").click()
+    page.keyboard.press("Shift+Enter")

@@ -1,5 +1,6 @@
-"""The site in chromium: navigation, figures, search (the viewer: test_viewer.py); no console error and no request
-to another host on any page (the `watched` fixture checks both after each test)."""
+"""The site in chromium: navigation, figures, search (the viewer: test_viewer.py); no console
+error and no request to another host on any page (the `watched` fixture checks both after each
+test)."""
 
 from __future__ import annotations
 

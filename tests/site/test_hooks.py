@@ -113,3 +113,11 @@ def test_docstrings_become_markdown_lists():
     assert md.startswith("Analyse calls.")
     assert '- model: `"tpu"` (sequential) or `"gpu"` (one program per point).' in md
     assert "- strict: raise instead." in md
+
+
+def test_lesson_cache_is_per_kernelsim_version(tmp_path):
+    stale = tmp_path / "kernelsim-000000000000"
+    stale.mkdir()
+    here = hooks.lesson_cache_dir(tmp_path)
+    assert here.name.startswith("kernelsim-") and here == hooks.lesson_cache_dir(tmp_path)
+    assert not stale.exists()

@@ -156,8 +156,9 @@ def test_lesson_viewer_advances(watched, base_url, stem):
     after = _state(page)
     assert (before["step"], after["step"]) == ("0", "1")
     assert before["status"] != after["status"]
-    column = page.locator("article").first.bounding_box()["width"]
-    assert viewer.bounding_box()["width"] >= 0.9 * column, "the viewer does not fill the column"
+    column, box = page.locator("article").first.bounding_box(), viewer.bounding_box()
+    assert box["width"] >= 0.9 * column["width"], "the viewer does not fill the column"
+    assert box["x"] + box["width"] <= column["x"] + column["width"] + 1, "wider than the column"
     assert small_labels(page) == []
 
 
