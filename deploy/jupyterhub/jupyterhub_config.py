@@ -10,6 +10,8 @@ PALLAS_COURSE_LEARNERS     comma-separated hub user names allowed in (empty: who
 PALLAS_COURSE_IMAGE        the single-user image (deploy/jupyterhub/Dockerfile): learners run
                            in containers (DockerSpawner); unset: local processes, one Unix
                            account per user (LocalProcessSpawner)
+PALLAS_COURSE_DB           the gradebook's URL when not SQLite in the course (postgresql://...),
+                           given to the instructors' servers only
 
 Everybody's server gets the exchange, ``<course>/exchange``, at the same path; the instructors'
 also get the course folder. Learners get nbgrader's student extensions (assignment list with
@@ -60,6 +62,8 @@ def role_setup(spawner):
     if instructor:
         # the formgrader wants the course inside the server's root folder
         env["PALLAS_COURSE_ROOT"] = spawner.notebook_dir = COURSE
+        if os.environ.get("PALLAS_COURSE_DB"):
+            env["PALLAS_COURSE_DB"] = os.environ["PALLAS_COURSE_DB"]
         if IMAGE:
             spawner.volumes = {**spawner.volumes, COURSE: COURSE}
     spawner.environment = {**spawner.environment, **env}
