@@ -144,6 +144,13 @@ def lab_command(lab_port: int, token: str, root: Path) -> list[str]:
             *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])]
 
 
+def lab_env() -> dict[str, str]:
+    """The environment JupyterLab runs in: site/jupyter/ first on JUPYTER_CONFIG_PATH."""
+    config_path = os.pathsep.join(p for p in (str(LAB_CONFIG_DIR),
+                                              os.environ.get("JUPYTER_CONFIG_PATH", "")) if p)
+    return {**os.environ, "JUPYTER_CONFIG_PATH": config_path}
+
+
 def url_box(lines: list[str]) -> str:
     """``lines`` framed, so the URLs stand out at the end of the output."""
     width = max(len(x) for x in lines)
@@ -199,9 +206,6 @@ def serve(port: int = 8000, lab_port: int = 8888, build: bool = True,
         return 1
     LOG_DIR.mkdir(parents=True, exist_ok=True)
     token = secrets.token_hex(16)
-    config_path = os.pathsep.join(p for p in (str(LAB_CONFIG_DIR),
-                                              os.environ.get("JUPYTER_CONFIG_PATH", "")) if p)
-    lab_env = {**os.environ, "JUPYTER_CONFIG_PATH": config_path}
     # SIGTERM (from `kill`, a service manager or a test) stops us the way Ctrl-C does
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     procs: list[subprocess.Popen] = []
@@ -218,7 +222,7 @@ def serve(port: int = 8000, lab_port: int = 8888, build: bool = True,
         lab_log = LOG_DIR / "jupyterlab.log"
         with open(lab_log, "w") as out:
             procs.append(subprocess.Popen(
-                lab_command(lab_port, token, workspace_dir), cwd=workspace_dir, env=lab_env,
+                lab_command(lab_port, token, workspace_dir), cwd=workspace_dir, env=lab_env(),
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         behind = _BehindBuild() if build and site_is_stale() else None
         if behind:

@@ -1,46 +1,16 @@
-"""A course of one's own for each test: a copy of exercises/ (config, chosen assignments,
-references) in a temporary folder, so nothing a test runs writes into the repository."""
+"""Fixtures of the workspace tests: one released copy of the whole course per session, and
+Debian's chromium driven by playwright."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from wstools import cli, make_course, ok
 
-REPO = Path(__file__).resolve().parents[2]
-COURSE = REPO / "exercises"
-
-
-def make_course(dest: Path, assignments: list[str] | None = None) -> Path:
-    """``dest`` as a course root holding ``assignments`` (default: all of them)."""
-    names = assignments or sorted(p.name for p in (COURSE / "source").iterdir() if p.is_dir())
-    dest.mkdir(parents=True)
-    shutil.copy(COURSE / "nbgrader_config.py", dest)
-    shutil.copytree(COURSE / "refs", dest / "refs")
-    for a in names:
-        add_assignment(dest, a)
-    return dest
-
-
-def add_assignment(course: Path, assignment: str) -> None:
-    shutil.copytree(COURSE / "source" / assignment, course / "source" / assignment,
-                    ignore=shutil.ignore_patterns("*.ipynb", "__pycache__"))
-
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    """``pallas-course ARGS`` run from ``cwd``, as a learner or instructor would."""
-    env = {k: v for k, v in os.environ.items() if k != "PALLAS_COURSE_ROOT"}
-    return subprocess.run([sys.executable, "-m", "grader.cli", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-
-
-def ok(res: subprocess.CompletedProcess) -> str:
-    assert res.returncode == 0, f"exit {res.returncode}\n{res.stdout}\n{res.stderr}"
-    return res.stdout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "site"))
+from sitetools import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -49,3 +19,15 @@ def full_course(tmp_path_factory) -> Path:
     course = make_course(tmp_path_factory.mktemp("course") / "exercises")
     ok(cli("release", cwd=course))
     return course
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} is missing: `make system-packages` installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

@@ -14,7 +14,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import COURSE, cli, ok
+from wstools import COURSE, cli, ok
 
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 HIDDEN_CALL = re.compile(r"check\([^)]*hidden=True")

@@ -8,7 +8,7 @@ import json
 import re
 
 import pytest
-from conftest import REPO, add_assignment, cli, make_course, ok
+from wstools import REPO, add_assignment, cli, make_course, ok
 
 from grader import cli as course_cli
 
