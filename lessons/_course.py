@@ -74,9 +74,10 @@ def _median_seconds(fn: Callable, args: tuple, repeats: int = 5) -> float:
 
 
 def check(lesson: str, name: str, kernel: Callable, reference: Callable, args: tuple,
-          execution: Execution, rtol: float, atol: float) -> Any:
+          execution: Execution, rtol: float, atol: float) -> None:
     """Run ``kernel(*args, interpret=execution.interpret)``, compare it with
-    ``reference(*args)`` and print how the kernel ran. Returns the kernel's output.
+    ``reference(*args)`` and print how the kernel ran. Returns nothing, so a cell that ends
+    with ``check(...)`` shows the verdict, not a dump of the output array.
 
     A kernel meant to compile that the present backend rejects is rerun in interpret mode, and
     the label says so; a wrong result always raises.
@@ -114,4 +115,3 @@ def check(lesson: str, name: str, kernel: Callable, reference: Callable, args: t
                   "reference_seconds": _median_seconds(ref_fn, args)}
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
-    return out

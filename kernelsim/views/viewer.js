@@ -575,7 +575,12 @@ class Viewer {
     this.status.textContent = `step ${step}, grid ${tuple(point)}: ` +
       (words.join("; ") || "no pipelined operand shown") +
       (read.length ? `; SMEM read ${read.join(", ")}` : "") + ".";
-    if (from >= 0 && Math.abs(i - from) === 1 && this.interval() >= ANIMATE_BELOW_MS) {
+    // packets fly for single steps at a pace the eye can follow, never piling up
+    const now = performance.now(), calm = now - (this.drawnAt || 0) >= ANIMATE_BELOW_MS;
+    this.drawnAt = now;
+    for (const p of this.packets || []) p.remove();
+    this.packets = [];
+    if (from >= 0 && Math.abs(i - from) === 1 && calm && this.interval() >= ANIMATE_BELOW_MS) {
       this.fly(moves);
     }
   }
@@ -664,6 +669,7 @@ class Viewer {
       const p = h("div", {class: "ks-packet", style: `background:${actionBg(this.P, a)}` +
         `;width:${size}px;height:${size}px;left:0;top:0`});
       this.root.append(p);
+      this.packets.push(p);
       const at = (r) => `translate(${r.left - base.left + r.width / 2 - size / 2}px,` +
                         `${r.top - base.top + r.height / 2 - size / 2}px)`;
       p.animate([{transform: at(src)}, {transform: at(dst)}], {duration: dur, easing: "ease-in-out"})

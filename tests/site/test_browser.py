@@ -85,3 +85,32 @@ def test_every_page_renders_without_errors(browser, built_site, base_url):
         context.close()
     w.check()
     assert len(pages) >= 10
+
+
+WRAPPED_LINES = """() => [...document.querySelectorAll('.jp-OutputArea-output pre')].map(pre => {
+    const lines = pre.textContent.replace(/\\n$/, '').split('\\n').length;
+    const range = document.createRange();
+    range.selectNodeContents(pre);
+    const rows = new Set([...range.getClientRects()].map(b => Math.round(b.top))).size;
+    return [lines, rows, pre.textContent.slice(0, 60)];
+  }).filter(([lines, rows]) => rows > lines)"""
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_printed_tables_never_wrap(browser, base_url, width):
+    """kernelsim's summaries are text tables: a wrapped row ("arbitra/ry") is garbage, so a
+    printed output scrolls sideways instead."""
+    context = browser.new_context(viewport={"width": width, "height": 900})
+    try:
+        page = context.new_page()
+        for stem in ("03-tiling", "06-scalar-prefetch"):
+            page.goto(f"{base_url}lessons/{stem}/")
+            assert page.evaluate(WRAPPED_LINES) == [], (stem, width)
+    finally:
+        context.close()
+
+
+def test_lessons_show_no_raw_array_dumps(built_site):
+    for p in LESSONS:
+        page = (built_site / "lessons" / p.stem / "index.html").read_text()
+        assert "Array([" not in page, f"{p.stem} prints a raw jax Array"
