@@ -163,3 +163,45 @@ def test_failing_check_traceback_shows_no_grader_frame(tmp_path):
     assert "wrong values for case v0" in shown, shown
     assert 'course.check("add", add)' in shown, shown  # the learner's line
     assert "grader/" not in shown and "grader\\" not in shown, shown
+
+
+def test_feedback_page_shows_the_whole_message(browser, tmp_path):
+    """A long failure message, in nbgrader's feedback template with the course's feedback
+    preprocessors' CSS, wraps inside the page instead of running off its right edge."""
+    import nbgrader
+    from nbconvert.exporters import HTMLExporter
+    from traitlets.config import Config, PyFileConfigLoader
+
+    from grader.feedback_css import FeedbackCSS
+
+    course = PyFileConfigLoader("nbgrader_config.py", path=str(REPO / "exercises")).load_config()
+    assert FeedbackCSS in course.GenerateFeedback.preprocessors
+    templates = Path(nbgrader.__file__).parent / "server_extensions" / "formgrader"
+    c = Config()  # what nbgrader's GenerateFeedback sets up
+    c.HTMLExporter.template_name = "feedback"
+    c.HTMLExporter.extra_template_basedirs = [str(templates / "templates")]
+    c.HTMLExporter.extra_template_paths = [
+        str(templates / "static" / "node_modules" / "bootstrap" / "dist" / "css")]
+    exporter = HTMLExporter(config=c)
+    exporter.register_preprocessor(FeedbackCSS(), enabled=True)
+    message = _failure("tiled_add", _tiled(index_map=lambda i, j: (i * 8, j))) + " THE-END"
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        'course.check("tiled_add", tiled_add)', outputs=[nbformat.v4.new_output(
+            "error", ename="CheckFailed", evalue=message,
+            traceback=[f"CheckFailed: {message}"])])])
+    html, _ = exporter.from_notebook_node(nb, resources={"nbgrader": {
+        "notebook": "tiling", "score": 0, "max_score": 1, "late_penalty": 0}})
+    page_file = tmp_path / "feedback.html"
+    page_file.write_text(html)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    try:
+        page.goto(page_file.as_uri())
+        widths = page.evaluate("""() => {
+            const pre = [...document.querySelectorAll('pre')]
+                .find(p => p.textContent.includes('THE-END'));
+            return [pre.scrollWidth, pre.clientWidth, document.body.scrollWidth,
+                    window.innerWidth];
+        }""")
+    finally:
+        page.close()
+    assert widths[0] <= widths[1] and widths[2] <= widths[3], widths
