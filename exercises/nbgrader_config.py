@@ -6,9 +6,10 @@ starts nbgrader with this folder as the working directory.
 
 import os
 
+from grader.feedback_css import FeedbackCSS
 from grader.feedback_pp import ClearHiddenOutputs, InertHtml
 from grader.trusted import RestoreTestCells, TrustedExecute, VerdictGrades
-from nbconvert.preprocessors import ClearMetadataPreprocessor, CSSHTMLHeaderPreprocessor
+from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.preprocessors import (
     AssignLatePenalties,
     CheckCellMetadata,
@@ -54,10 +55,11 @@ c.Autograde.autograde_preprocessors = [TrustedExecute, IgnorePattern, ClearMetad
                                        LimitOutput, VerdictGrades, AssignLatePenalties,
                                        CheckCellMetadata]
 
-# Feedback must not show the hidden tests (nbgrader#917, #1156, #1363), nor run the learner's
+# Feedback wraps long messages instead of clipping them (grader/feedback_css.py); it
+# must not show the hidden tests (nbgrader#917, #1156, #1363), nor run the learner's
 # HTML: scripts, event handlers, javascript: links (grader/feedback_pp.py).
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenOutputs, ClearHiddenTests, InertHtml,
-                                    CSSHTMLHeaderPreprocessor]
+                                    FeedbackCSS]
 
 # Per-cell timeouts. Test cells are locked and restored from the gradebook at autograde, so their
 # "timeout" metadata comes from the instructor's source; a learner's own cells get the learner
