@@ -17,9 +17,10 @@ worker; a course on JupyterHub already lives on shared storage (the exchange), s
 is there anyway.
 
 Each Dask worker process grades one submission at a time (start workers with ``--nthreads 1``;
-more threads would wait on the lock below) in a sandbox slot of its own, claimed with a lock
-file, so Dask workers on one machine never share a sandbox uid. Its grading worker is kept
-between tasks: nbgrader starts once per Dask worker, not once per submission.
+more threads would wait on the lock below) in a sandbox slot of its own (``grading.claim_slot``,
+as the local pool's), so graders on one machine never share a sandbox uid. Its grading worker
+is kept between tasks: nbgrader starts once per Dask worker, not once per submission. Before a
+batch every Dask worker runs the jail check a local batch runs (``grading.check_jail``).
 
 A Dask worker lost mid-task: the scheduler runs the task again on another worker (up to
 ``distributed.scheduler.allowed-failures`` times, then the submission is ``crashed`` with
@@ -32,9 +33,8 @@ a submission twice never duplicates a grade.
 
 from __future__ import annotations
 
-import fcntl
 import os
-import tempfile
+import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -42,47 +42,43 @@ from pathlib import Path
 
 from grader import grading
 
-# Dask workers' sandbox slots start here; a local pool on the same machine uses 0, 1, ...
-SLOT_BASE = 100
-MAX_SLOTS = 256
 CONNECT_TIMEOUT = "30s"
 
 _lock = threading.Lock()
-_here: dict = {"slot": None, "slot_fd": None, "worker": None, "key": None}
+_here: dict = {"slot": None, "lock": None, "worker": None, "key": None}
 
 
-def _claim_slot() -> tuple[int, int]:
-    """A sandbox slot no other process on this machine holds, and the fd whose lock holds it
-    (released by the kernel when this process ends, however it ends)."""
-    folder = Path(tempfile.gettempdir()) / "pallas-course-slots"
-    folder.mkdir(mode=0o700, exist_ok=True)
-    for slot in range(SLOT_BASE, SLOT_BASE + MAX_SLOTS):
-        fd = os.open(folder / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        return slot, fd
-    raise RuntimeError(f"all {MAX_SLOTS} grading slots of this machine are taken")
+def _worker(root: str, db: str | None) -> grading.Worker:
+    """This Dask worker's grading worker for ``root`` and gradebook ``db`` (call under _lock)."""
+    if not (Path(root) / "nbgrader_config.py").is_file():  # else: every submission "malformed"
+        raise RuntimeError(f"the course folder {root} is not mounted on the Dask worker at "
+                           f"{socket.gethostname()}")
+    if _here["slot"] is None:
+        _here["slot"], _here["lock"] = grading.claim_slot()
+    if _here["key"] != (root, db):  # another course or gradebook: a fresh grading worker
+        if _here["worker"] is not None:
+            _here["worker"].close()
+        _here["worker"] = grading.Worker(Path(root), _here["slot"])
+        _here["key"] = (root, db)
+    # the grading worker's nbgrader reads the gradebook URL from its environment
+    if db:
+        os.environ[grading.DB_ENV] = db
+    else:
+        os.environ.pop(grading.DB_ENV, None)
+    return _here["worker"]
+
+
+def preflight(root: str, db: str | None) -> None:
+    """On every Dask worker before a batch, as before a local one: can a jailed kernel there
+    import the course?"""
+    with _lock:
+        grading.check_jail(_worker(root, db))
 
 
 def grade(root: str, student: str, assignment: str, timeout: float, db: str | None) -> dict:
     """Grade one submission on this Dask worker; the record ``grading.grade_one`` returns."""
     with _lock:
-        if _here["slot"] is None:
-            _here["slot"], _here["slot_fd"] = _claim_slot()
-        if _here["key"] != (root, db):  # another course or gradebook: a fresh grading worker
-            if _here["worker"] is not None:
-                _here["worker"].close()
-            _here["worker"] = grading.Worker(Path(root), _here["slot"])
-            _here["key"] = (root, db)
-        # the grading worker's nbgrader reads the gradebook URL from its environment
-        if db:
-            os.environ[grading.DB_ENV] = db
-        else:
-            os.environ.pop(grading.DB_ENV, None)
-        return grading.grade_one(Path(root), student, assignment, timeout, _here["worker"])
+        return grading.grade_one(Path(root), student, assignment, timeout, _worker(root, db))
 
 
 def graded_on(scheduler: str, root: Path, todo: list[tuple[str, str]],
@@ -99,6 +95,11 @@ def graded_on(scheduler: str, root: Path, todo: list[tuple[str, str]],
     db = os.environ.get(grading.DB_ENV)
     batch = uuid.uuid4().hex[:8]
     try:
+        if todo:
+            try:
+                client.run(preflight, str(root), db)
+            except Exception as e:  # noqa: BLE001 - any worker's failure stops the batch
+                raise RuntimeError(f"not grading on {scheduler}: {type(e).__name__}: {e}") from e
         futs = {client.submit(grade, str(root), s, a, timeout, db, pure=False,
                               key=f"grade-{a}-{s}-{batch}"): (s, a) for s, a in todo}
         for fut in as_completed(futs):

@@ -17,6 +17,7 @@ or reordered, which nbgrader undoes before grading); missing (no submission).
 from __future__ import annotations
 
 import csv
+import fcntl
 import json
 import os
 import queue
@@ -38,6 +39,8 @@ SUBMISSION_TIMEOUT = 900  # seconds for one whole submission (cells have their o
 # the gradebook's URL when it is not SQLite in the course folder (pallas-course --db); every
 # nbgrader process reads it through nbgrader_config.py
 DB_ENV = "PALLAS_COURSE_DB"
+SLOT_LOCKS = Path(tempfile.gettempdir()) / "pallas-course-slots"  # which slots are in use
+MAX_SLOTS = 256
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -224,6 +227,22 @@ class Worker:
             self.proc = None
 
 
+def claim_slot() -> tuple[int, int]:
+    """A sandbox slot (a uid of its own) that no other grader on this machine holds, and the fd
+    whose lock holds it until closed or until this process ends, however it ends: concurrent
+    batches and Dask workers on one machine never kill each other's kernels."""
+    SLOT_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    for slot in range(MAX_SLOTS):
+        fd = os.open(SLOT_LOCKS / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return slot, fd
+    raise RuntimeError(f"all {MAX_SLOTS} grading slots of this machine are taken")
+
+
 def check_jail(worker: Worker) -> None:
     """Stop before grading anything when a jailed kernel could not import the course."""
     res = worker.run("preflight", timeout=300)
@@ -343,8 +362,7 @@ def _bar(done: int, total: int, width: int = 30) -> str:
 def _graded_locally(root: Path, todo: list[tuple[str, str]], timeout: float, workers: int):
     """``(student, assignment, future)`` as each submission is graded by a local worker pool."""
     slots: queue.Queue[Worker] = queue.Queue()
-    for slot in range(max(1, workers)):
-        slots.put(Worker(root, slot))
+    locks: list[int] = []
 
     def grade(s: str, a: str) -> dict:
         worker = slots.get()  # one submission per worker at a time
@@ -354,6 +372,10 @@ def _graded_locally(root: Path, todo: list[tuple[str, str]], timeout: float, wor
             slots.put(worker)
 
     try:
+        for _ in range(max(1, workers)):
+            slot, lock = claim_slot()
+            locks.append(lock)
+            slots.put(Worker(root, slot))
         if todo:
             check_jail(slots.queue[0])
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
@@ -363,6 +385,8 @@ def _graded_locally(root: Path, todo: list[tuple[str, str]], timeout: float, wor
     finally:
         while not slots.empty():
             slots.get().close()
+        for lock in locks:
+            os.close(lock)
 
 
 def autograde(root: Path, assignment: str | None = None, workers: int = 1,

@@ -115,7 +115,9 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
     elif job == "preflight":
         from grader import trusted
 
-        why = trusted.preflight(trusted.TrustedExecute(config=cfg).limits())
+        # in this worker's own sandbox slot: another grader's kernels may run in slot 0
+        why = trusted.preflight(trusted.TrustedExecute(config=cfg).limits(),
+                                slot=int(os.environ.get("PALLAS_COURSE_SLOT", "0")))
         result.update(success=why is None, error=why)
     elif job == "autograde":
         from grader import trusted
