@@ -423,6 +423,11 @@ class Viewer {
                                text: `${p.dtype}[${p.shape.join(", ")}]${note}`}), cells));
       this.smem.push({p, list, hot: []});
     }
+    const cost = this.cost;
+    if (cost.chip_smem) {
+      lane.append(h("div", {class: "ks-meta", text: `footprint ${fmtBytes(cost.smem)} of ` +
+        `${fmtBytes(cost.chip_smem)} SMEM on ${this.chip}`}));
+    }
     this.root.append(lane);
   }
 
@@ -480,7 +485,7 @@ class Viewer {
     sec.append(h("div", {class: "ks-chart"}, svg, this.cursor),
                h("div", {class: "ks-axis"}, h("span", {text: "step 0"}),
                  h("span", {text: `${fmtBytes(total)} total`}),
-                 h("span", {text: `step ${call_last(this.call)}`})));
+                 h("span", {text: `step ${lastStep(this.call)}`})));
     this.bytesNow = h("div", {class: "ks-act"});
     sec.append(this.bytesNow);
     sec.append(h("div", {class: "ks-meta ks-roofline", text:
@@ -728,7 +733,7 @@ class Viewer {
   }
 }
 
-function call_last(call) {
+function lastStep(call) {
   return (call.total_steps - 1).toLocaleString("en-US");
 }
 

@@ -15,6 +15,7 @@ none), so one lesson cell works in both places.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import html as _html
 import itertools
@@ -27,6 +28,7 @@ import numpy as np
 from kernelsim.chips import CHIPS
 from kernelsim.cost import compute
 from kernelsim.schedule import build
+from kernelsim.trace import DEFAULT_CHIP
 from kernelsim.views import palette as pal
 from kernelsim.views.data import block_rects, panel_dims, panel_extent
 
@@ -84,8 +86,6 @@ def _model_data(ct: CallTrace, model: str, chips: list[str], shown: np.ndarray) 
         ops[s.operand.name] = {"actions": _typed(s.actions[shown], "i8"),
                                "slot": _typed(s.slots[shown] % n, "i8"),
                                "filling": _typed(s.filling[shown], "i8")}
-    from kernelsim.trace import DEFAULT_CHIP
-
     return {"operands": ops, "cumulative": _typed(schedule.cumulative_bytes[shown], "f64"),
             "total_bytes": int(schedule.cumulative_bytes[-1]) if ct.steps else 0,
             "costs": costs, "default_chip": DEFAULT_CHIP[model] if DEFAULT_CHIP[model] in costs
@@ -286,7 +286,9 @@ def live_frontend() -> bool:
     return bool(parent.get("metadata", {}).get("cellId"))
 
 
+@functools.cache
 def _widget_class():
+    """The anywidget class, made on first use (anywidget imports ipywidgets)."""
     import anywidget
     import traitlets
 
@@ -310,8 +312,6 @@ def _widget_class():
             self.observe(self._recompute, names=["model", "chip"])
 
         def _recompute(self, change) -> None:
-            from kernelsim.trace import DEFAULT_CHIP
-
             model = self.model
             chip = self.chip if CHIPS.get(self.chip, None) and \
                 CHIPS[self.chip].kind == model else DEFAULT_CHIP[model]
@@ -326,15 +326,9 @@ def _widget_class():
     return Viewer
 
 
-_viewer_class = None
-
-
 def viewer(t: Trace, call: int = 0):
     """The anywidget ``Viewer`` of ``t`` (call ``call`` selected)."""
-    global _viewer_class
-    if _viewer_class is None:
-        _viewer_class = _widget_class()
-    return _viewer_class(t, call)
+    return _widget_class()(t, call)
 
 
 def show(t: Trace, call: int = 0):
