@@ -1,4 +1,4 @@
-"""The site in chromium: navigation, figures, search (the viewer: test_viewer.py); no console
+"""The site in chromium: navigation, figures, search (the viewer: test_site_viewer.py); no console
 error and no request to another host on any page (the `watched` fixture checks both after each
 test)."""
 
