@@ -75,7 +75,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="folder JupyterLab opens (default: workspace/ of the checkout)")
     w = sub.add_parser("workspace", help="copy lessons and exercise notebooks into a learner's "
                        "workspace; files already there are never changed")
-    w.add_argument("dir", type=Path, nargs="?", help="default: workspace/ of the checkout")
+    w.add_argument("dir", type=Path, nargs="?", help="default: workspace/ of the checkout "
+                   "holding the course, else ./workspace")
     w.add_argument("--update", action="store_true",
                    help="also offer newer course versions beside your files (<name>.new.*)")
     d = sub.add_parser("dist", help="a student distribution (folder or .zip): lessons, student "
@@ -133,8 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             from grader import workspace
 
             repo = checkout(root)
-            workspace.create((args.dir or workspace.default_dir(repo)).resolve(), root, repo,
-                             update=args.update)
+            # the checkout's workspace/ when the course is in one, else one where you stand:
+            # never inside the installed package's folder for a course outside it
+            default = (repo if repo == root.parent else Path.cwd()) / "workspace"
+            workspace.create((args.dir or default).resolve(), root, repo, update=args.update)
         elif args.command == "dist":
             from grader import dist
 
