@@ -187,8 +187,3 @@ def create(dest: Path, root: Path, repo: Path, update: bool = False,
     for rel in done["offered"]:
         log(f"  newer course version: {rel}")
     return done
-
-
-def default_dir(repo: Path) -> Path:
-    return repo / "workspace"
-

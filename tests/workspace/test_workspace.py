@@ -38,8 +38,13 @@ def _files(root) -> dict:
 
 def test_learner_edits_survive_start_release_and_update(tmp_path):
     course = make_course(tmp_path / "exercises", [A1])
-    ws = tmp_path / "ws"
-    ok(cli("workspace", str(ws), cwd=course))  # make start's set-up step, run in the course
+    home = tmp_path / "home"
+    home.mkdir()
+    repo_ws = _files(REPO / "workspace") if (REPO / "workspace").exists() else None
+    # make start's set-up step, for a course outside any checkout: ./workspace, not the repo's
+    ok(cli("--course", str(course), "workspace", cwd=home))
+    ws = home / "workspace"
+    assert (_files(REPO / "workspace") if (REPO / "workspace").exists() else None) == repo_ws
     nb = ws / "exercises" / A1 / "first_kernel.ipynb"
     lesson = ws / "lessons" / "02-first-kernel.py"
     assert (ws / "exercises" / A1 / "refs" / "manifest.json").exists()
