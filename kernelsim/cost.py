@@ -46,6 +46,9 @@ class CallCost:
 
     onchip_peak_bytes: VMEM + SMEM held at once (the pipeline allocates every buffer for the
         whole call, so the peak is the sum).
+    hbm_read_bytes / hbm_write_bytes: in-bounds bytes (edge blocks count only the part inside
+        the array); hbm_padded_bytes: reads plus writes with every pipeline copy counted as its
+        whole block buffer, as TPU interpret mode copies it (see ``kernelsim.schedule``).
     compute_seconds / memory_seconds: the two roofline terms; estimated_seconds adds the per-step
         cost to their maximum.
     """
@@ -53,6 +56,7 @@ class CallCost:
     operands: list[OperandCost]
     hbm_read_bytes: int
     hbm_write_bytes: int
+    hbm_padded_bytes: int
     vmem_bytes: int
     smem_bytes: int
     flops: int
@@ -123,6 +127,8 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
                 (0 if is_in else moved) + write, onchip, buffers))
     read = sum(c.hbm_read_bytes for c in costs)
     write = sum(c.hbm_write_bytes for c in costs)
+    edge_padding = sum(int((s.padded_moved_bytes - s.moved_bytes).sum())
+                       for s in schedule.operands)
     vmem = sum(c.onchip_bytes for c in costs if c.operand.memory_space == "vmem")
     smem = sum(c.onchip_bytes for c in costs if c.operand.memory_space == "smem")
     if call.cost_estimate_flops is not None:
@@ -133,5 +139,6 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
                                         for d in call.matmul_dtypes)
     peak = chip.peak_flops_bf16 if narrow else chip.peak_flops_f32
     overhead = call.steps * chip.per_step_seconds if schedule.model == "tpu" else 0.0
-    return CallCost(costs, read, write, vmem, smem, flops, source, flops / peak,
+    return CallCost(costs, read, write, read + write + edge_padding, vmem, smem, flops, source,
+                    flops / peak,
                     (read + write) / chip.hbm_bytes_per_second, overhead)

@@ -42,9 +42,11 @@ def call_summary(t: Trace, index: int, steps: int = 0) -> str:
                      str(o.buffers), f"{o.fetches:,}", f"{o.skips:,}", f"{o.writebacks:,}",
                      f"{o.hbm_read_bytes:,}", f"{o.hbm_write_bytes:,}", f"{o.onchip_bytes:,}"])
     bound = "compute" if cost.compute_seconds >= cost.memory_seconds else "memory"
+    padded = (f"; {cost.hbm_padded_bytes:,} B with edge blocks padded"
+              if cost.hbm_padded_bytes != cost.hbm_bytes else "")
     lines = [head, table(rows),
              f"HBM traffic {cost.hbm_bytes:,} B (read {cost.hbm_read_bytes:,}, write "
-             f"{cost.hbm_write_bytes:,}); on-chip peak {cost.onchip_peak_bytes:,} B "
+             f"{cost.hbm_write_bytes:,}{padded}); on-chip peak {cost.onchip_peak_bytes:,} B "
              f"(VMEM {cost.vmem_bytes:,}, SMEM {cost.smem_bytes:,})",
              f"{cost.flops:,} FLOPs ({cost.flops_source}); arithmetic intensity "
              f"{cost.arithmetic_intensity:.3g} FLOP/B (ridge {t.chip.ridge_flops_per_byte:.0f})",

@@ -10,9 +10,12 @@ last step; otherwise it is *kept* on chip. Operands in ``pl.ANY``/HBM get no aut
 ``gpu`` (one program per grid point, as the Triton lowering emits): every step loads every
 input block and stores every output block; nothing is reused between programs.
 
-Edge blocks of non-divisible shapes count only their in-bounds bytes: the padded part of the
-buffer is never read from, or written to, HBM on a real chip. (TPU interpret mode copies the
-padded full block; counts agree with it, bytes of ragged edge blocks do not.)
+Edge blocks of non-divisible shapes: each copy carries two sizes. ``block_bytes`` counts only
+the in-bounds part -- the bytes of the array that exist in HBM, which is what the totals use,
+because no byte outside the array is read from or written to it. ``padded_moved_bytes`` counts
+the whole block buffer, which is what TPU interpret mode copies (it pads the edge block); the
+DMA a real chip issues for the padded region is not documented, so kernelsim reports both and
+``verify`` compares the padded size with the interpreter's.
 """
 
 from __future__ import annotations
@@ -60,9 +63,18 @@ class OperandSchedule:
 
     @property
     def moved_bytes(self) -> np.ndarray:
-        """HBM bytes moved at each step."""
-        moving = (self.actions == FETCH) | (self.actions == WRITEBACK)
-        return np.where(moving, self.block_bytes, 0)
+        """In-bounds HBM bytes moved at each step."""
+        return np.where(self.moving, self.block_bytes, 0)
+
+    @property
+    def padded_moved_bytes(self) -> np.ndarray:
+        """Bytes moved at each step counting the whole (edge-padded) block buffer."""
+        return np.where(self.moving, self.operand.block_buffer_bytes, 0)
+
+    @property
+    def moving(self) -> np.ndarray:
+        """bool [steps]: the block is copied (fetched or written back) at this step."""
+        return (self.actions == FETCH) | (self.actions == WRITEBACK)
 
     def count(self, action: int) -> int:
         return int(np.count_nonzero(self.actions == action))
@@ -76,8 +88,7 @@ class OperandSchedule:
         op = self.operand
         shape = tuple(d.block_count(e) for d, e in zip(op.block_dims, op.shape, strict=True))
         counts = np.zeros(shape, np.int64)
-        moved = (self.actions == FETCH) | (self.actions == WRITEBACK)
-        np.add.at(counts, tuple(op.block_indices[moved].T), 1)
+        np.add.at(counts, tuple(op.block_indices[self.moving].T), 1)
         return counts
 
     @property

@@ -23,7 +23,8 @@ from kernelsim.trace import Trace, _analyse, _collect, _resolve
 
 @dataclass
 class OperandCheck:
-    """Model vs interpreter for one operand: (grid index, block index) of every copy."""
+    """Model vs interpreter for one operand: (grid index, block index) of every copy, and the
+    bytes of those copies counting whole block buffers (the interpreter pads edge blocks)."""
 
     call: int
     operand: str
@@ -124,7 +125,7 @@ def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
                     and c.kind == kind]
             result.checks.append(OperandCheck(
                 index, op.name, kind, model, [(c.grid_index, c.block_index) for c in mine],
-                int(sched.moved_bytes.sum()), sum(c.bytes for c in mine)))
+                int(sched.padded_moved_bytes.sum()), sum(c.bytes for c in mine)))
     for index, ct in enumerate(trace.calls):
         routes: dict[str, tuple[list[int], list[int]]] = {}
         for c in ct.call.body_copies:

@@ -115,7 +115,7 @@ def test_scalar_prefetch_counts_once_into_smem():
     assert c.cost.smem_bytes == (8 + 24 + 24) * 4
 
 
-def test_any_operands_move_nothing_and_say_so():
+def test_any_operands_get_no_pipeline_copies_but_their_body_dmas_count():
     def kernel(x_hbm, o_ref, buf, sem):
         copy = pltpu.make_async_copy(x_hbm, buf, sem)
         copy.start()
@@ -133,9 +133,22 @@ def test_any_operands_move_nothing_and_say_so():
     c = t.calls[0]
     xin = c.operand("x_hbm")
     assert (xin.memory_space, xin.fetches, xin.hbm_read_bytes, xin.onchip_bytes) == (
-        "any", 0, 0, 0)
+        "any", 0, x.nbytes, 0)
     assert c.operand("sem").memory_space == "semaphore"
-    assert any("stays in ANY" in w for w in c.warnings)
+    assert c.call.body_copies[0].bytes == x.nbytes
+    assert c.warnings == []
+
+
+def test_an_any_operand_nothing_copies_is_flagged():
+    def kernel(x_hbm, o_ref):
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+    def fn(x):
+        return pl.pallas_call(kernel, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    c = kernelsim.trace(fn, jnp.zeros((8, 128))).calls[0]
+    assert any("neither the pipeline nor the kernel body copies it" in w for w in c.warnings)
 
 
 def test_capture_through_jit_scan_cond_custom_vjp_and_vmap():
