@@ -15,9 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jupytext
-import nbformat
-
 DEFAULT_TIMEOUT = 60  # seconds per cell unless the cell says ``timeout=N``
 MARKERS = [("### BEGIN SOLUTION", "### END SOLUTION"),
            ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS")]
@@ -74,6 +71,11 @@ def normalise(nb, path: Path) -> list[str]:
 
 
 def build_notebook(py: Path) -> Path:
+    # imported here: they take seconds, and assignments() (make start's
+    # up-to-date check) needs neither
+    import jupytext
+    import nbformat
+
     try:
         nb = jupytext.read(py)
     except Exception as e:  # noqa: BLE001
