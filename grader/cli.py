@@ -124,9 +124,9 @@ def main(argv: list[str] | None = None) -> int:
 
         return grading.check_notebook(args.notebook)
 
-    from grader import grading, refs
-
     if args.db:
+        from grader import grading
+
         os.environ[grading.DB_ENV] = args.db  # read by every nbgrader process, via its config
     try:
         root = course_root(args.course)
@@ -142,28 +142,38 @@ def main(argv: list[str] | None = None) -> int:
             from grader import dist
 
             dist.build(root, checkout(root), args.to.resolve())
-        elif args.command == "release":
-            grading.release(root, args.assignment)
-        elif args.command == "collect":
-            from grader import collect
-
-            collect.collect(root, args.path, archive_dates=args.archive_dates)
-        elif args.command == "autograde":
-            res = grading.autograde(root, args.assignment, workers=args.workers,
-                                    timeout=args.timeout, resume=args.resume,
-                                    scheduler=args.scheduler)
-            return 0 if all(r["status"] in ("graded",) for r in res) else 3
-        elif args.command == "feedback":
-            grading.feedback(root, args.assignment)
-        elif args.command == "export":
-            grading.export(root, args.to)
-        elif args.command == "refs":
-            refs.generate(root, set(args.only) or None)
         else:
-            raise AssertionError(args.command)
+            return _grading_command(args, root)
     except (FileNotFoundError, FileExistsError, ValueError, RuntimeError) as e:
         print(f"pallas-course {args.command}: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _grading_command(args: argparse.Namespace, root: Path) -> int:
+    """The instructor's commands (grading and its imports take seconds: make start's
+    workspace step does without them when nothing needs releasing)."""
+    from grader import grading, refs
+
+    if args.command == "release":
+        grading.release(root, args.assignment)
+    elif args.command == "collect":
+        from grader import collect
+
+        collect.collect(root, args.path, archive_dates=args.archive_dates)
+    elif args.command == "autograde":
+        res = grading.autograde(root, args.assignment, workers=args.workers,
+                                timeout=args.timeout, resume=args.resume,
+                                scheduler=args.scheduler)
+        return 0 if all(r["status"] in ("graded",) for r in res) else 3
+    elif args.command == "feedback":
+        grading.feedback(root, args.assignment)
+    elif args.command == "export":
+        grading.export(root, args.to)
+    elif args.command == "refs":
+        refs.generate(root, set(args.only) or None)
+    else:
+        raise AssertionError(args.command)
     return 0
 
 
