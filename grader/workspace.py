@@ -128,6 +128,18 @@ def _is_data(rel: str) -> bool:
     return "/refs/" in rel
 
 
+def _beside(target: Path, src: Path) -> Path | None:
+    """A free name for the newer version beside ``target`` (``x.new.ipynb``, ``x.new2.ipynb``,
+    ...); None when one of them already holds exactly that version."""
+    for n in range(1, 100):
+        path = target.with_name(f"{target.stem}.new{n if n > 1 else ''}{target.suffix}")
+        if not path.exists():
+            return path
+        if sha256(path) == sha256(src):
+            return None
+    raise RuntimeError(f"{target}: 99 newer versions are already beside it; tidy them up")
+
+
 README = """# Your pallas-course workspace
 
 Everything here is yours: `make start` and `pallas-course workspace` only add files that are
@@ -172,7 +184,9 @@ def create(dest: Path, root: Path, repo: Path, update: bool = False,
             kind = "refreshed"
         else:
             kind = "offered"
-            target = target.with_name(f"{target.stem}.new{target.suffix}")
+            target = _beside(target, src)
+            if target is None:
+                continue
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(target.name + ".tmp")
         shutil.copyfile(src, tmp)

@@ -97,3 +97,38 @@ def test_course_is_found_from_where_you_stand(tmp_path, monkeypatch, capsys):
     assert "no course at or above" in capsys.readouterr().err
     assert course_cli.main(["--course", str(tmp_path), "release"]) == 2
     assert "no nbgrader_config.py and source/" in capsys.readouterr().err
+
+
+def test_update_never_overwrites_an_offered_version_either(tmp_path):
+    """Without nbgrader: a course whose release/ is up to date, changed twice under --update."""
+    from grader import workspace
+
+    root, repo = tmp_path / "course", tmp_path / "checkout"
+    (root / "source" / "a1").mkdir(parents=True)
+    (root / "source" / "a1" / "nb.py").write_text("# %%\n")
+    (root / "release" / "a1").mkdir(parents=True)
+    (repo / "lessons").mkdir(parents=True)
+    (repo / "lessons" / "_course.py").write_text("")
+    released = root / "release" / "a1" / "nb.ipynb"
+
+    def release(text: str) -> None:
+        released.write_text(text)
+        workspace.record_release(root, ["a1"])
+
+    release("v1")
+    ws = tmp_path / "ws"
+    workspace.create(ws, root, repo, log=lambda _: None)
+    mine = ws / "exercises" / "a1" / "nb.ipynb"
+    mine.write_text("my work")
+    release("v2")
+    assert workspace.create(ws, root, repo, update=True, log=lambda _: None)["offered"] == [
+        "exercises/a1/nb.new.ipynb"]
+    (ws / "exercises" / "a1" / "nb.new.ipynb").write_text("my work on v2")
+    release("v3")
+    workspace.create(ws, root, repo, update=True, log=lambda _: None)
+    assert mine.read_text() == "my work"
+    assert (ws / "exercises" / "a1" / "nb.new.ipynb").read_text() == "my work on v2"
+    assert (ws / "exercises" / "a1" / "nb.new2.ipynb").read_text() == "v3"
+    before = {p: p.read_text() for p in ws.rglob("*.ipynb")}
+    workspace.create(ws, root, repo, update=True, log=lambda _: None)  # nothing new: no change
+    assert {p: p.read_text() for p in ws.rglob("*.ipynb")} == before
