@@ -43,7 +43,7 @@ from nbgrader import utils as nbgrader_utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
 from traitlets import Integer
 
-from grader import exchange, integrity, refs, sandbox, verdict
+from grader import exchange, integrity, messages, refs, sandbox, verdict
 
 REPORTS: list[dict] = []  # one per executed notebook, read and cleared by grader.worker
 
@@ -396,7 +396,7 @@ class TrustedExecute(Execute):
                 notes.append(f"{task_id}: {len(entries)} {kind} case(s) passed (checked by "
                              f"the grader); structure: {'; '.join(v.checked)}\n")
             else:
-                failures.append(v.message)
+                failures.append(messages.annotate(v.message))  # + hints
         if notes:
             cell.outputs.append(NotebookNode(output_type="stream", name="stdout",
                                              text="".join(notes)))
