@@ -431,6 +431,38 @@ def _evaluate(bm: Any, grid_points: np.ndarray, prefetch: list[np.ndarray]) -> n
     return np.stack([np.asarray(o, dtype=np.int64).reshape(nsteps) for o in out], axis=1)
 
 
+def _itemsize(dtype: Any) -> int:
+    """Bytes per element; 0 for semaphores and other dtypes that hold no data."""
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        return 0
+
+
+def _operand_names(params: dict[str, Any]) -> list[str]:
+    """The kernel's parameter names (prefetch, inputs, outputs, scratch), or positional names
+    (``in0``, ``out0``, ...) when JAX did not record them (e.g. a call made by ``jax.jvp``)."""
+    gm = params["grid_mapping"]
+    nprefetch, nin, nout = gm.num_index_operands, gm.num_inputs, gm.num_outputs
+    nscratch = len(gm.scratch_avals)
+    arg_names = params["jaxpr"].debug_info.arg_names
+    if arg_names and len(arg_names) == nprefetch + nin + nout + nscratch:
+        return list(arg_names)
+    return ([f"prefetch{i}" for i in range(nprefetch)] + [f"in{i}" for i in range(nin)]
+            + [f"out{i}" for i in range(nout)] + [f"scratch{i}" for i in range(nscratch)])
+
+
+def with_operand_names(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` whose kernel jaxpr carries the operand names kernelsim uses, so the TPU
+    interpreter reports its copies under the same names (it says "unknown" otherwise)."""
+    jaxpr = params["jaxpr"]
+    names = tuple(_operand_names(params))
+    if tuple(jaxpr.debug_info.arg_names or ()) == names:
+        return params
+    info = jaxpr.debug_info._replace(arg_names=names)
+    return {**params, "jaxpr": jaxpr.replace(debug_info=info)}
+
+
 def _concrete_grid(name: str, gm: Any, leading: tuple) -> tuple[int, ...]:
     """The grid with each dynamic bound read from its operand (the last ``leading`` ones)."""
     bounds = iter(leading[len(leading) - gm.num_dynamic_grid_bounds:])
@@ -453,12 +485,7 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     name = _call_name(params)
     nprefetch, nin, nout = gm.num_index_operands, gm.num_inputs, gm.num_outputs
     grid = _concrete_grid(name, gm, args[:len(args) - nprefetch - nin])
-    arg_names = params["jaxpr"].debug_info.arg_names
-    nscratch = len(gm.scratch_avals)
-    total = nprefetch + nin + nout + nscratch
-    names = list(arg_names) if arg_names and len(arg_names) == total else (
-        [f"prefetch{i}" for i in range(nprefetch)] + [f"in{i}" for i in range(nin)]
-        + [f"out{i}" for i in range(nout)] + [f"scratch{i}" for i in range(nscratch)])
+    names = _operand_names(params)
     operand_args = args[len(args) - nprefetch - nin:]
     prefetch_vals = [np.asarray(a) for a in operand_args[:nprefetch]]
     call = KernelCall(name, grid, _dimension_semantics(params, len(grid)), [])
@@ -490,14 +517,14 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
             buffers = 1
         call.operands.append(Operand(
             names[nprefetch + k], role, tuple(aval.shape), str(aval.dtype),
-            np.dtype(aval.dtype).itemsize, space, dims, int(buffers),
+            _itemsize(aval.dtype), space, dims, int(buffers),
             _evaluate(bm, points, prefetch_vals), trivial_window=trivial))
     for j, aval in enumerate(gm.scratch_avals):
         space = _memory_space(aval)
         inner = getattr(aval, "inner_aval", aval)
         shape = tuple(getattr(inner, "shape", ()))
         dtype = getattr(inner, "dtype", None)
-        itemsize = np.dtype(dtype).itemsize if space != "semaphore" and dtype is not None else 0
+        itemsize = _itemsize(dtype) if space != "semaphore" else 0
         call.operands.append(Operand(names[nprefetch + nin + nout + j], "scratch", shape,
                                      str(dtype) if itemsize else "semaphore", itemsize, space))
     return call

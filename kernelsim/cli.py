@@ -25,17 +25,25 @@ def load_target(spec: str) -> tuple[Any, tuple]:
     path = Path(path_text)
     if not path.is_file():
         raise TraceError(f"target file {path} does not exist")
-    module_spec = importlib.util.spec_from_file_location(path.stem, path)
+    # Registered under its own name while it runs: dataclasses (with postponed annotations)
+    # and pickling look a class's module up in sys.modules.
+    name = f"kernelsim_target_{path.stem}"
+    module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
     sys.path.insert(0, str(path.resolve().parent))
     try:
         module_spec.loader.exec_module(module)
+        func = getattr(module, func_name, None)
+        if not callable(func):
+            raise TraceError(f"{path} has no function {func_name!r}")
+        result = func()
+    except TraceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the target's own error, reported as such
+        raise TraceError(f"running {spec} raised {type(e).__name__}: {e}") from e
     finally:
         sys.path.pop(0)
-    func = getattr(module, func_name, None)
-    if not callable(func):
-        raise TraceError(f"{path} has no function {func_name!r}")
-    result = func()
     if not (isinstance(result, tuple) and len(result) == 2 and callable(result[0])):
         raise TraceError(f"{spec} must return (fn, args); it returned {type(result).__name__}")
     fn, args = result
@@ -93,6 +101,11 @@ def main(argv: list[str] | None = None) -> int:
     except TraceError as e:
         print(f"kernelsim: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 - any other failure is kernelsim's, said plainly
+        print(f"kernelsim: error: {args.command} {args.target} failed inside kernelsim: "
+              f"{type(e).__name__}: {e}\nThis is a kernelsim bug; please report it with the "
+              "target file.", file=sys.stderr)
+        return 3
     raise AssertionError(args.command)
 
 

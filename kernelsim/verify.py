@@ -104,7 +104,8 @@ def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
     current = [0]
 
     def execute(call_args: tuple, params: dict) -> Any:
-        outs = _jax.execute(call_args, _jax.in_row_major_order(params), pltpu.InterpretParams())
+        params = _jax.with_operand_names(_jax.in_row_major_order(params))
+        outs = _jax.execute(call_args, params, pltpu.InterpretParams())
         jax.block_until_ready(outs)  # the interpreter's callbacks have all run
         current[0] += 1
         return outs

@@ -38,14 +38,34 @@ def test_trace_json_is_to_dict(tmp_path):
     ("def target():\n    return (lambda x: x + 1), (1.0,)\n", "reached no pallas_call"),
     ("def other():\n    pass\n", "has no function 'target'"),
     ("def target():\n    return 3\n", "must return (fn, args)"),
+    ("def target():\n    raise KeyError('weights')\n",
+     "running {path}:target raised KeyError: 'weights'"),
 ])
 def test_bad_targets_exit_2_with_a_message(tmp_path, source, message):
     path = tmp_path / "mine.py"
     path.write_text(source)
     r = _kernelsim("trace", f"{path}:target")
     assert r.returncode == 2
-    assert message in r.stderr
+    assert message.format(path=path) in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def test_target_with_postponed_annotations_and_a_dataclass_loads(tmp_path):
+    path = tmp_path / "configured.py"
+    path.write_text(
+        "from __future__ import annotations\n"
+        "import dataclasses, functools\n"
+        "import jax.numpy as jnp\n"
+        "from kernelsim import examples as ex\n\n"
+        "@dataclasses.dataclass\n"
+        "class Config:\n"
+        "    block: tuple[int, int] = (128, 128)\n\n"
+        "def target():\n"
+        "    x = jnp.zeros((256, 256), jnp.float32)\n"
+        "    return functools.partial(ex.add, block=Config().block), (x, x)\n")
+    r = _kernelsim("trace", f"{path}:target")
+    assert r.returncode == 0, r.stderr
+    assert "grid (2, 2) = 4 steps" in r.stdout
 
 
 def test_missing_file_and_malformed_target():

@@ -127,3 +127,12 @@ def test_kernel_body_dmas_match_the_interpreter_copy_for_copy():
     call = v.trace.calls[0]
     assert (call.hbm_read_bytes, call.hbm_write_bytes) == (x.nbytes, x.nbytes)
     assert call.warnings == []
+
+
+def test_jvp_of_a_kernel_is_checked_under_positional_operand_names():
+    """jax.jvp's pallas_call records no parameter names: model and interpreter both use in0..."""
+    x, t = _normal((256, 256), 0), _normal((256, 256), 1)
+    v = verify(lambda x, t: jax.jvp(functools.partial(ex.add, block=(128, 128)), (x, x),
+                                    (t, t)), x, t)
+    _assert_exact(v)
+    assert [c.operand for c in v.checks] == ["in0", "in1", "in2", "in3", "out0", "out1"]

@@ -202,3 +202,21 @@ def test_run_outputs_match_reference_for_matmul():
     out, t = kernelsim.run(ex.matmul, x, x)
     np.testing.assert_allclose(out, x @ x, rtol=1e-4, atol=1e-3)
     assert t.calls[0].steps == 8
+
+
+def test_a_semaphore_output_is_an_operand_without_bytes():
+    """A kernel may return the DMA semaphore its copy signals (JAX's async-copy tests do)."""
+    def kernel(x_hbm, o_hbm, sem_out):
+        pltpu.make_async_copy(x_hbm, o_hbm, sem_out).start()
+
+    def fn(x):
+        return pl.pallas_call(
+            kernel, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=(pl.BlockSpec(memory_space=pl.ANY),
+                       pl.BlockSpec(memory_space=pltpu.SEMAPHORE)),
+            out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype), pltpu.SemaphoreType.DMA(())))(x)
+
+    c = kernelsim.trace(fn, _zeros(8, 128)).calls[0]
+    sem = c.operand("sem_out")
+    assert (sem.memory_space, sem.hbm_write_bytes, sem.onchip_bytes) == ("semaphore", 0, 0)
+    assert (c.hbm_read_bytes, c.hbm_write_bytes) == (8 * 128 * 4, 8 * 128 * 4)
