@@ -186,7 +186,9 @@ class Viewer {
     this.root.addEventListener("keydown", (e) => this.key(e));
     const redraw = () => this.build();
     for (const k of ["data", "call", "model", "chip", "hidden"]) model.on(`change:${k}`, redraw);
-    model.on("change:step", () => this.draw(model.get("step")));
+    // a step set in the kernel (viewer.step = k) may be out of range: show the nearest one
+    model.on("change:step",
+             () => this.draw(Math.max(0, Math.min(this.n - 1, model.get("step")))));
   }
 
   get data() { return this.model.get("data"); }
@@ -231,7 +233,10 @@ class Viewer {
     prev.onclick = () => this.go(this.cur - 1);
     next.onclick = () => this.go(this.cur + 1);
     play.onclick = () => (this.playing ? this.stop() : this.play());
-    speed.onchange = () => { this.speed = +speed.value; if (this.playing) { this.stop(); this.play(); } };
+    speed.onchange = () => {
+      this.speed = +speed.value;
+      if (this.playing) { this.stop(); this.play(); }
+    };
     slider.oninput = () => this.go(+slider.value);
     this.playBtn = play;
     this.slider = slider;
@@ -318,14 +323,11 @@ class Viewer {
       else if (ratio < 1 / 6) style = "height:34px";
       else style = `aspect-ratio:${o.w}/${o.h}`;
       const lines = [];
-      if (o.bw && o.w / o.bw <= 128) {
-        lines.push(`repeating-linear-gradient(90deg,transparent 0 calc(${100 * o.bw / o.w}% - 1px),` +
-                   `#fff calc(${100 * o.bw / o.w}% - 1px) ${100 * o.bw / o.w}%)`);
-      }
-      if (o.bh && o.h / o.bh <= 128) {
-        lines.push(`repeating-linear-gradient(180deg,transparent 0 calc(${100 * o.bh / o.h}% - 1px),` +
-                   `#fff calc(${100 * o.bh / o.h}% - 1px) ${100 * o.bh / o.h}%)`);
-      }
+      // white block boundaries every block size (up to 128 blocks per axis)
+      const rule = (deg, pct) => `repeating-linear-gradient(${deg}deg,transparent 0 ` +
+        `calc(${pct}% - 1px),#fff calc(${pct}% - 1px) ${pct}%)`;
+      if (o.bw && o.w / o.bw <= 128) lines.push(rule(90, (100 * o.bw) / o.w));
+      if (o.bh && o.h / o.bh <= 128) lines.push(rule(180, (100 * o.bh) / o.h));
       if (lines.length) style += `;background-image:${lines.join(",")}`;
       const block = h("div", {class: "ks-block", "data-block": o.name});
       const arr = h("div", {class: "ks-array", style, role: "img",
@@ -497,20 +499,13 @@ class Viewer {
 
   buildLegend() {
     const leg = h("div", {class: "ks-legend", "aria-label": "legend"});
-    for (const a of ACTIONS) {
-      leg.append(h("span", {}, h("span", {class: "ks-sw", style: `background:${actionBg(this.P, a)}`}),
-                   this.P.labels[a]));
-    }
-    if (this.call.prefetch.length) {
-      leg.append(h("span", {}, h("span", {class: "ks-sw", style: `background:${this.P.smem_read}`}),
-                   "SMEM entry read"));
-    }
+    const swatch = (bg) => h("span", {class: "ks-sw", style: `background:${bg}`});
+    const entry = (bg, text) => leg.append(h("span", {}, swatch(bg), text));
+    for (const a of ACTIONS) entry(actionBg(this.P, a), this.P.labels[a]);
+    if (this.call.prefetch.length) entry(this.P.smem_read, "SMEM entry read");
     if (this.call.accesses) {
-      leg.append(h("span", {}, h("span", {class: "ks-sw", style: `background:${this.P.actions.fetch}`}),
-                   "element read by the kernel"),
-                 h("span", {}, h("span", {class: "ks-sw",
-                                          style: `background:${this.P.actions.writeback}`}),
-                   "element written"));
+      entry(this.P.actions.fetch, "element read by the kernel");
+      entry(this.P.actions.writeback, "element written");
     }
     this.root.append(leg);
   }
@@ -677,8 +672,9 @@ class Viewer {
       this.packets.push(p);
       const at = (r) => `translate(${r.left - base.left + r.width / 2 - size / 2}px,` +
                         `${r.top - base.top + r.height / 2 - size / 2}px)`;
-      p.animate([{transform: at(src)}, {transform: at(dst)}], {duration: dur, easing: "ease-in-out"})
-        .finished.then(() => p.remove(), () => p.remove());
+      const done = () => p.remove();
+      p.animate([{transform: at(src)}, {transform: at(dst)}],
+                {duration: dur, easing: "ease-in-out"}).finished.then(done, done);
     }
   }
 
@@ -725,7 +721,8 @@ class Viewer {
   }
 
   key(e) {
-    if (e.target.tagName === "SELECT" || (e.target.tagName === "INPUT" && e.target.type !== "range")) return;
+    const tag = e.target.tagName;
+    if (tag === "SELECT" || (tag === "INPUT" && e.target.type !== "range")) return;
     const act = {ArrowRight: () => this.go(this.cur + 1), ArrowLeft: () => this.go(this.cur - 1),
                  Home: () => this.go(0), End: () => this.go(this.n - 1),
                  " ": () => (this.playing ? this.stop() : this.play())}[e.key];
@@ -750,8 +747,9 @@ function localModel(data) {
       const keys = [...changed];
       changed.clear();
       const rebuild = keys.some((k) => k !== "step");
-      for (const k of keys) if (k === "step" || !rebuild) (listeners[`change:${k}`] || []).forEach((f) => f());
-      if (rebuild) (listeners["change:data"] || []).forEach((f) => f());
+      const fire = (ev) => (listeners[ev] || []).forEach((f) => f());
+      for (const k of keys) if (k === "step" || !rebuild) fire(`change:${k}`);
+      if (rebuild) fire("change:data");
     },
     on: (ev, f) => { (listeners[ev] = listeners[ev] || []).push(f); },
     off: () => {},
