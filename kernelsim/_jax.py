@@ -237,17 +237,29 @@ class _CallFinder:
         def read(v: Any) -> Any:
             return v.val if isinstance(v, jax_core.Literal) else env.get(v, _UNKNOWN)
 
+        plain: list = []  # needed eqns with no pallas_call inside, run as one compiled slice
+
+        def flush() -> None:
+            if plain:
+                env.update(_run_slice(plain, live, read))
+                plain.clear()
+
         for eqn in j.eqns:
-            vals = [read(v) for v in eqn.invars]
             if eqn.primitive is pl.pallas_call_p:
-                self.found.append(Captured(tuple(vals), eqn.params))
+                flush()
+                self.found.append(Captured(tuple(read(v) for v in eqn.invars), eqn.params))
                 outs = [jnp.zeros(v.aval.shape, v.aval.dtype) if v in live else _UNKNOWN
                         for v in eqn.outvars]
-            elif id(eqn) in evaluate:
-                outs = self.eqn(eqn, vals)
-            else:
+            elif id(eqn) not in evaluate:
                 continue
+            elif not any(_has_pallas_call(sub) for sub, _ in _sub_jaxprs(eqn)):
+                plain.append(eqn)
+                continue
+            else:
+                flush()
+                outs = self.eqn(eqn, [read(v) for v in eqn.invars])
             env.update(zip(eqn.outvars, outs, strict=True))
+        flush()
         return [read(v) for v in j.outvars]
 
     def eqn(self, eqn: Any, vals: list) -> list:
@@ -286,23 +298,53 @@ class _CallFinder:
             index = int(self._known(vals[0], "cond predicate"))
             b = branches[min(max(index, 0), len(branches) - 1)]
             return self.walk(b, _consts(b), vals[1:], outs_needed)
-        for v in vals:
-            self._known(v, f"operand of {name!r}")
-        try:
-            out = eqn.primitive.bind(*vals, **p)
-        except Exception as err:  # noqa: BLE001 - any failure here is kernelsim's to explain
-            raise TraceError(
-                f"kernelsim needs the value of {name!r} (it feeds a scalar-prefetch operand, a "
-                f"grid bound or the control flow around a pallas_call) but could not compute "
-                f"it: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-            ) from err
-        return list(out) if eqn.primitive.multiple_results else [out]
+        raise AssertionError(f"kernelsim: {name!r} holds no pallas_call")  # walk() ran it
 
     @staticmethod
     def _known(value: Any, what: str) -> Any:
         if value is _UNKNOWN:  # _needed marks every value an evaluated eqn reads
             raise AssertionError(f"kernelsim: the {what} was not computed")
         return value
+
+
+def _run_slice(eqns: list, live: frozenset, read: Callable[[Any], Any]) -> dict:
+    """Run consecutive eqns as one compiled program; the values of their outputs in ``live``.
+
+    One compilation for the whole slice (cached by the slice's text and input types), instead
+    of one per primitive as an op-by-op evaluation would pay.
+    """
+    defined = {v for e in eqns for v in e.outvars}
+    inputs = list(dict.fromkeys(v for e in eqns for v in e.invars
+                                if not isinstance(v, jax_core.Literal) and v not in defined))
+    outputs = [v for e in eqns for v in e.outvars
+               if v in live and not isinstance(v, jax_core.DropVar)]
+    values = [read(v) for v in inputs]
+    if any(v is _UNKNOWN for v in values):  # _needed marks every input of a needed eqn
+        raise AssertionError("kernelsim: a needed value was not computed")
+    program = jax_core.Jaxpr([], inputs, outputs, eqns,
+                             jax_core.join_effects(*(e.effects for e in eqns)))
+    try:
+        results = _compiled(str(program), program)(*values)
+    except Exception as err:  # noqa: BLE001 - any failure here is kernelsim's to explain
+        names = ", ".join(sorted({e.primitive.name for e in eqns}))
+        raise TraceError(
+            f"kernelsim needs values computed by {names} (they feed a scalar-prefetch operand, "
+            "a grid bound or the control flow around a pallas_call) but could not compute "
+            f"them: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        ) from err
+    return dict(zip(outputs, results, strict=True))
+
+
+_SLICE_CACHE: dict[str, Callable] = {}
+
+
+def _compiled(key: str, program: Any) -> Callable:
+    """A jitted function of ``program``, one per distinct program text (bounded cache)."""
+    if key not in _SLICE_CACHE:
+        if len(_SLICE_CACHE) >= 256:
+            _SLICE_CACHE.clear()
+        _SLICE_CACHE[key] = jax.jit(jax_core.jaxpr_as_fun(_closed(program, [])))
+    return _SLICE_CACHE[key]
 
 
 def find_calls(fn: Callable, args: tuple) -> list[Captured]:
