@@ -5,8 +5,9 @@ Settings come from the environment (README.md, "Teaching a class"):
 PALLAS_COURSE_ROOT         the course folder (a copy of exercises/) on storage the hub's
                            machines share; default /srv/pallas-course
 PALLAS_COURSE_INSTRUCTORS  comma-separated hub user names of the instructors
-PALLAS_COURSE_LEARNERS     comma-separated hub user names allowed in (empty: whoever the
-                           authenticator admits)
+PALLAS_COURSE_LEARNERS     comma-separated hub user names allowed in (unset: only whom the
+                           authenticator's own allow settings admit, e.g. an OAuth
+                           organisation; JupyterHub admits nobody by default)
 PALLAS_COURSE_IMAGE        the single-user image (deploy/jupyterhub/Dockerfile): learners run
                            in containers (DockerSpawner); unset: local processes, one Unix
                            account per user (LocalProcessSpawner)
@@ -36,8 +37,8 @@ LEARNERS = [u for u in os.environ.get("PALLAS_COURSE_LEARNERS", "").split(",") i
 # them to /etc/pallas-course
 ROLES = "/etc/pallas-course" if IMAGE else HERE
 
+# instructors are not hub admins: grading needs no access to learners' servers
 c.JupyterHub.load_groups = {"instructors": {"users": INSTRUCTORS}}
-c.Authenticator.admin_users = set(INSTRUCTORS)
 if LEARNERS:
     c.Authenticator.allowed_users = set(LEARNERS) | set(INSTRUCTORS)
 
