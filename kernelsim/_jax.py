@@ -532,6 +532,8 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     prefetch_vals = [np.asarray(a) for a in operand_args[:nprefetch]]
     call = KernelCall(name, grid, _dimension_semantics(params, len(grid)), [])
     call.flops_per_step, call.matmul_dtypes = count_flops(params["jaxpr"])
+    limit = getattr(params.get("compiler_params"), "vmem_limit_bytes", None)
+    call.vmem_limit_bytes = None if limit is None else int(limit)
     ce = params.get("cost_estimate")
     if ce is not None:
         call.cost_estimate_flops = int(ce.flops)

@@ -80,6 +80,14 @@ def lint(call: KernelCall, schedule: CallSchedule, cost: CallCost, chip: Chip) -
         warnings.append(
             f"on-chip footprint {cost.vmem_bytes:,} B exceeds {chip.name}'s "
             f"{'VMEM' if tpu else 'shared memory'} of {capacity:,} B: use smaller blocks.")
+    limit = call.vmem_limit_bytes
+    if tpu and limit is not None and capacity >= cost.vmem_bytes > limit:
+        # jax/_src/pallas/mosaic/core.py, CompilerParams: the limit also needs XLA's
+        # --xla_tpu_scoped_vmem_limit_kib raised above it.
+        warnings.append(
+            f"on-chip footprint {cost.vmem_bytes:,} B exceeds the call's vmem_limit_bytes "
+            f"{limit:,} B: raise the limit (together with XLA's "
+            "--xla_tpu_scoped_vmem_limit_kib) or use smaller blocks.")
     if tpu and chip.smem_bytes and cost.smem_bytes > chip.smem_bytes:
         warnings.append(f"SMEM footprint {cost.smem_bytes:,} B exceeds {chip.name}'s "
                         f"{chip.smem_bytes:,} B: prefetch fewer scalars.")

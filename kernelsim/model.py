@@ -125,6 +125,7 @@ class KernelCall:
     cost_estimate_flops / cost_estimate_bytes: the call's own ``pl.CostEstimate``, if given.
     body_copies: the DMAs the kernel body starts, in step and program order (empty unless the
         body has any; the pipeline's own copies are the schedule's).
+    vmem_limit_bytes: the call's ``pltpu.CompilerParams(vmem_limit_bytes=...)``, if given.
     """
 
     name: str
@@ -137,6 +138,7 @@ class KernelCall:
     cost_estimate_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
     body_copies: list[BodyCopy] = field(default_factory=list)
+    vmem_limit_bytes: int | None = None
 
     @property
     def steps(self) -> int:

@@ -108,6 +108,23 @@ def test_lint_footprint_above_capacity():
         kernelsim.trace(fn, big, chip="tpu-v4", strict=True)
 
 
+def test_lint_footprint_above_the_calls_vmem_limit():
+    x = jnp.zeros((1024, 1024), jnp.float32)
+
+    def fn(x, limit):
+        return pl.pallas_call(
+            _copy_kernel, grid=(2,), in_specs=[pl.BlockSpec((512, 1024), lambda i: (i, 0))],
+            out_specs=pl.BlockSpec((512, 1024), lambda i: (i, 0)),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            compiler_params=pltpu.CompilerParams(vmem_limit_bytes=limit))(x)
+
+    # 2 operands x 2 buffers x 2 MiB = 8 MiB
+    (w,) = [w for w in _warnings(functools.partial(fn, limit=4 << 20), x) if "footprint" in w]
+    assert "8,388,608 B exceeds the call's vmem_limit_bytes 4,194,304 B" in w
+    assert "--xla_tpu_scoped_vmem_limit_kib" in w
+    assert not any("footprint" in w for w in _warnings(functools.partial(fn, limit=8 << 20), x))
+
+
 def test_lint_tiling_rule():
     fn = functools.partial(_copy, block=(4, 64), in_map=lambda i, j: (i, j), grid=(16, 4))
     warnings = [w for w in _warnings(fn, X) if "(8, 128)" in w]
