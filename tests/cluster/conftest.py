@@ -1,27 +1,9 @@
-"""Fixtures for the class-scale tests: a course copy, and real services stopped at the end."""
+"""Fixtures for the class-scale tests: real services, stopped at the end of the session."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
-from services import DaskCluster, Postgres
-
-REPO = Path(__file__).resolve().parents[2]
-A = "01_first_kernel"
-# learner cells get this many seconds instead of 60: a dying or looping submission ends sooner
-LEARNER_CELL_TIMEOUT = "5"
-
-
-def new_course(dest: Path) -> Path:
-    """A course folder like exercises/ (config, sources, reference cases), not yet released."""
-    dest.mkdir(parents=True)
-    for name in ("source", "refs"):
-        shutil.copytree(REPO / "exercises" / name, dest / name,
-                        ignore=shutil.ignore_patterns("*.ipynb"))
-    shutil.copy(REPO / "exercises" / "nbgrader_config.py", dest)
-    return dest
+from clustertools import LEARNER_CELL_TIMEOUT, DaskCluster, Postgres
 
 
 @pytest.fixture(scope="session")

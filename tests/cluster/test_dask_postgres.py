@@ -19,8 +19,7 @@ import nbformat
 import psutil
 import psycopg
 import pytest
-from conftest import LEARNER_CELL_TIMEOUT, REPO, A, new_course
-from services import descendants
+from clustertools import LEARNER_CELL_TIMEOUT, REPO, A, descendants, new_course
 
 N = 20
 TIMESTAMP = "2026-12-01 10:00:00.000000 UTC"

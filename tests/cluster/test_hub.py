@@ -12,8 +12,7 @@ import time
 
 import nbformat
 import pytest
-from conftest import REPO, A, new_course
-from services import Hub
+from clustertools import REPO, A, Hub, new_course
 
 from grader import grading
 

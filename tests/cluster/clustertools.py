@@ -1,7 +1,10 @@
 """Real services on 127.0.0.1 for the tests and the benchmark: a PostgreSQL server (Debian's
-package, temporary data folder), a Dask scheduler and workers (separate processes), JupyterHub.
+package, temporary data folder), a Dask scheduler and workers (separate processes), JupyterHub;
+and a fresh course folder to grade in.
 
-Each is started by its constructor and stopped, with every process it started, by ``close()``.
+Each service is started by its constructor and stopped, with every process it started, by
+``close()``. (A module name of its own: test modules cannot import from ``conftest``, whose name
+every test folder shares.)
 """
 
 from __future__ import annotations
@@ -21,6 +24,20 @@ from pathlib import Path
 import psutil
 
 BIN = Path(sys.executable).parent
+REPO = Path(__file__).resolve().parents[2]
+A = "01_first_kernel"
+# learner cells get this many seconds instead of 60: a dying or looping submission ends sooner
+LEARNER_CELL_TIMEOUT = "5"
+
+
+def new_course(dest: Path) -> Path:
+    """A course folder like exercises/ (config, sources, reference cases), not yet released."""
+    dest.mkdir(parents=True)
+    for name in ("source", "refs"):
+        shutil.copytree(REPO / "exercises" / name, dest / name,
+                        ignore=shutil.ignore_patterns("*.ipynb"))
+    shutil.copy(REPO / "exercises" / "nbgrader_config.py", dest)
+    return dest
 
 
 def free_port() -> int:
