@@ -23,12 +23,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from grader import messages as _messages
 from grader import refs as _refs
 from grader import tasks as _tasks
 from grader import verdict as _verdict
+from grader import work as _work
 from grader.verdict import compare
 
 __all__ = ["check", "compare", "CheckFailed"]
@@ -60,7 +59,7 @@ def _refdirs(hidden: bool) -> list[Path]:
     return dirs
 
 
-def _cases(task_id: str, hidden: bool) -> tuple[Path, list[dict], dict]:
+def _cases(task_id: str, hidden: bool) -> tuple[Path, list[dict]]:
     for d in _refdirs(hidden):
         if not (d / "manifest.json").exists():
             continue
@@ -68,7 +67,7 @@ def _cases(task_id: str, hidden: bool) -> tuple[Path, list[dict], dict]:
         entries = [e for e in manifest["cases"].values()
                    if e["task"] == task_id and e["hidden"] == hidden]
         if entries:
-            return d, entries, manifest["tolerances"]
+            return d, entries
     kind = "hidden" if hidden else "visible"
     where = ", ".join(str(d) for d in _refdirs(hidden))
     hint = ("hidden cases only exist where the course is graded" if hidden
@@ -82,37 +81,6 @@ def _report(record: dict) -> None:
         return
     with open(path, "a") as f:
         f.write(json.dumps(record, default=str) + "\n")
-
-
-def run_cases(task_id: str, fn, cases: list[tuple[str, list, dict]]
-              ) -> tuple[dict[str, Any], dict[str, str]]:
-    """Call ``fn`` on each ``(case name, arrays, params)``: outputs and error messages by case."""
-    import jax
-
-    task = _tasks.get(task_id)
-    outputs: dict[str, Any] = {}
-    errors: dict[str, str] = {}
-    for name, arrays, params in cases:
-        try:
-            outputs[name] = np.asarray(jax.device_get(task.call(fn, arrays, params)))
-        except Exception as e:  # noqa: BLE001 - the learner's error is the verdict
-            errors[name] = f"{type(e).__name__}: {e}"
-    return outputs, errors
-
-
-def trace_facts(task_id: str, fn, arrays: list, params: dict) -> tuple[dict | None, str | None,
-                                                                      str | None]:
-    """kernelsim's trace of ``fn`` on one case: (``to_dict()``, summary, None) or an error."""
-    import kernelsim
-
-    task = _tasks.get(task_id)
-    try:
-        t = kernelsim.trace(lambda *a: task.call(fn, list(a), params), *arrays)
-    except kernelsim.TraceError as e:
-        return None, None, str(e)
-    except Exception as e:  # noqa: BLE001
-        return None, None, f"kernelsim could not trace it: {type(e).__name__}: {e}"
-    return t.to_dict(), t.summary(), None
 
 
 def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
@@ -149,25 +117,22 @@ def _check(task_id: str, fn, hidden: bool, quiet: bool, record: dict[str, Any]) 
     import jax.numpy as jnp
 
     kind = "hidden" if hidden else "visible"
-    refdir, entries, tolerances = _cases(task_id, hidden)
+    refdir, entries = _cases(task_id, hidden)
     loaded = [(e, *_refs.load_case(refdir, e)) for e in entries]
-    outputs, errors = run_cases(task_id, fn, [
-        (e["case"], [jnp.asarray(v) for v in inputs.values()], params)
-        for e, inputs, _, params in loaded])
-    _, inputs0, _, params0 = loaded[0]
-    trace, summary, trace_error = trace_facts(
-        task_id, fn, [jnp.asarray(v) for v in inputs0.values()], params0)
-    facts = _verdict.facts_from_dict(trace) if trace is not None else None
-    results = [_verdict.CaseResult(e, inputs, expected, params, outputs.get(e["case"]),
-                                   errors.get(e["case"]))
-               for e, inputs, expected, params in loaded]
-    v = _verdict.decide(task_id, results, tolerances, facts, trace_error)
-    record.update(rules=v.rules, kernelsim=summary)
+    task = _tasks.get(task_id)
+    runs = [_work.run_case(task, fn, [jnp.asarray(v) for v in inputs.values()], params)
+            for _, inputs, _, params in loaded]  # one run per case: values, trace and work
+    results = [_verdict.case_result(e, inputs, expected, params, r.output, r.error, r.trace,
+                                    r.trace_error, r.work)
+               for (e, inputs, expected, params), r in zip(loaded, runs, strict=True)]
+    v = _verdict.decide(task_id, results)
+    record.update(rules=v.rules, kernelsim=next((r.summary for r in runs if r.summary), None))
     if not v.passed:
         message = v.message
+        facts = results[0].trace
         if facts is not None and any(r.startswith("[FAIL]") for r in v.rules):
             message += "\n" + _messages.traffic_table(facts)
-        record["message"] = message = _messages.annotate(message, trace_error)
+        record["message"] = message = _messages.annotate(message, results[0].trace_error)
         raise CheckFailed(message)
     record["passed"] = True
     if not quiet:

@@ -131,9 +131,13 @@ def read_answer(workdir: Path, nonce: str, task_id: str, hidden: bool) -> dict[s
     errors = meta.get("errors") or {}
     if not isinstance(errors, dict):
         raise AnswerError("the answer's errors are not a mapping")
+    per_case = {}
+    for key in ("traces", "trace_errors", "work"):
+        if not isinstance(meta.get(key) or {}, dict):
+            raise AnswerError(f"the answer's {key} are not a mapping")
+        per_case[key] = meta.get(key) or {}
     return {"outputs": outputs, "errors": {str(k): str(v) for k, v in errors.items()},
-            "trace": meta.get("trace"), "trace_error": meta.get("trace_error"),
-            "summary": str(meta.get("summary") or "")}
+            **per_case, "summary": str(meta.get("summary") or "")}
 
 
 # ----------------------------------------------------------------------------- kernel side
@@ -141,7 +145,7 @@ def answer(request_dir: Path, task_id: str, fn, hidden: bool) -> None:
     """Run ``fn`` on the request's cases for this check and write the answer (in the kernel)."""
     import jax.numpy as jnp
 
-    from grader import course
+    from grader import tasks, work
 
     kind = "hidden" if hidden else "visible"
     try:
@@ -160,13 +164,18 @@ def answer(request_dir: Path, task_id: str, fn, hidden: bool) -> None:
                    in c["inputs"]],
                   {k: _refs.unjson(v) for k, v in c["params"].items()})
                  for c in check["cases"]]
-    outputs, errors = course.run_cases(task_id, fn, cases)
-    trace, summary, trace_error = (course.trace_facts(task_id, fn, *cases[0][1:]) if cases
-                                   else (None, None, "no cases"))
-    stored, dtypes = {}, {}
-    for name, out in outputs.items():
+    task = tasks.get(task_id)
+    stored, dtypes, errors = {}, {}, {}
+    traces, trace_errors, work_facts, summary = {}, {}, {}, None
+    for name, arrays, params in cases:
+        run = work.run_case(task, fn, arrays, params)
+        if run.error is not None:
+            errors[name] = run.error[:MAX_ERROR_CHARS]
+            continue
+        traces[name], trace_errors[name], work_facts[name] = run.trace, run.trace_error, run.work
+        summary = summary or run.summary
         try:
-            stored[name], dtypes[name] = _refs.to_storable(np.asarray(out))
+            stored[name], dtypes[name] = _refs.to_storable(np.asarray(run.output))
             if stored[name].dtype == object:
                 raise TypeError("an object array")
             if stored[name].nbytes > MAX_OUTPUT_BYTES:
@@ -176,12 +185,11 @@ def answer(request_dir: Path, task_id: str, fn, hidden: bool) -> None:
             stored.pop(name, None)
             dtypes.pop(name, None)
             errors[name] = f"the result is not a numeric array of a sensible size ({e})"
-    errors = {k: v[:MAX_ERROR_CHARS] for k, v in errors.items()}
     base = answer_name(task_id, hidden)
     _refs.write_npz(Path(base + ".npz"), stored)
     tmp = Path(base + ".json.tmp")
     tmp.write_text(json.dumps({"nonce": request["nonce"], "dtypes": dtypes, "errors": errors,
-                               "trace": trace, "trace_error": trace_error,
-                               "summary": summary}, default=str))
+                               "traces": traces, "trace_errors": trace_errors,
+                               "work": work_facts, "summary": summary}, default=str))
     os.replace(tmp, base + ".json")
     print(f"{task_id}: {len(cases)} {kind} case(s) run; the grader compares the results")

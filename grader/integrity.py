@@ -15,6 +15,7 @@ import inspect
 
 # modules whose every function and method is fingerprinted
 MODULES = ("grader.course", "grader.exchange", "grader.tasks", "grader.refs", "grader.verdict",
+           "grader.work",
            "kernelsim", "kernelsim._jax", "kernelsim.model", "kernelsim.schedule",
            "kernelsim.cost", "kernelsim.trace", "kernelsim.errors", "kernelsim.lint")
 # single objects elsewhere that checks and error reporting go through
@@ -24,8 +25,12 @@ OBJECTS = (
     "builtins.AssertionError", "builtins.Exception",
     "numpy.asarray", "numpy.array", "numpy.allclose", "numpy.isclose", "numpy.array_equal",
     "numpy.testing.assert_allclose", "numpy.testing.assert_array_equal", "numpy.save",
-    "numpy.load", "numpy.savez", "json.dumps", "json.loads", "os.replace",
-    "jax.device_get", "jax.jit", "jax.numpy.asarray", "jax.numpy.array",
+    "numpy.load", "numpy.savez", "numpy.lib.format.write_array", "json.dumps", "json.dump",
+    "json.loads", "os.replace", "os.open", "os.write", "zipfile.ZipFile.writestr",
+    "pathlib.Path.write_text", "pathlib.Path.write_bytes", "pathlib.Path.read_text",
+    "pathlib.Path.open",
+    "jax.device_get", "jax.jit", "jax.numpy.asarray", "jax.numpy.array", "jax.make_jaxpr",
+    "jax.extend.core.jaxpr_as_fun", "jax.extend.core.jaxprs_in_params",
     "jax.experimental.pallas.pallas_call", "jax.experimental.pallas.BlockSpec",
     "IPython.core.interactiveshell.InteractiveShell.showtraceback",
     "IPython.core.interactiveshell.InteractiveShell.run_cell",
@@ -128,6 +133,17 @@ def fingerprints(modules, objects, shell_methods) -> dict:
     for m in shell_methods:  # ipykernel sets some on the instance itself: fingerprint them
         if shell is not None and m in vars(shell):
             out[f"shell.{m}"] = fingerprint(getattr(vars(shell)[m], "__func__", vars(shell)[m]))
+    # IPython event hooks run learner code around every cell, test cells included (e.g. to
+    # patch the grading code for the cell and restore it before the next probe); hooks that
+    # come from installed packages (matplotlib's figure flush) are not the learner's
+    installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
+    events = getattr(getattr(shell, "events", None), "callbacks", None)
+    for event, callbacks in sorted(events.items() if isinstance(events, dict) else ()):
+        for cb in callbacks:
+            fn = getattr(cb, "__func__", cb)
+            where = getattr(getattr(fn, "__code__", None), "co_filename", "")
+            if not where.startswith(installed):
+                out[f"IPython {event} hook {fingerprint(fn)}"] = "registered"
     return out
 
 

@@ -95,7 +95,8 @@ def generate(root: Path | None = None, only: set[str] | None = None, log=print) 
     manifest_path = refdir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     manifest.setdefault("tolerances", {})
-    manifest["tolerances"] = {k: {"rtol": r, "atol": a} for k, (r, a) in tasks.TOLERANCES.items()}
+    manifest["tolerances"] = {kind: {d: {"rtol": r, "atol": a} for d, (r, a) in row.items()}
+                              for kind, row in tasks.TOLERANCES.items()}
     entries = manifest.setdefault("cases", {})
     for task in tasks.TASKS:
         if only and task.id not in only and task.assignment not in only:
@@ -115,7 +116,10 @@ def generate(root: Path | None = None, only: set[str] | None = None, log=print) 
                 "inputs": list(inputs), "dtypes": dtypes,
                 "shapes": {k: list(np.shape(v)) for k, v in stored.items()},
                 "params": {k: jsonable(v) for k, v in case.params.items()},
-                "tol": task.tol, "sha256": checksum(stored),
+                "values": case.values, "tolerance": task.tolerance,
+                **dict(zip(("rtol", "atol"), tasks.TOLERANCES[task.tolerance][case.dtype],
+                           strict=True)),
+                "sha256": checksum(stored),
             }
         log(f"refs: {task.id}: {len(task.cases)} cases")
     manifest["cases"] = dict(sorted(entries.items()))

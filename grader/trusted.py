@@ -8,13 +8,16 @@ seconds, memory, processes, file size, disk and output. Test cells (restored fro
 by nbgrader before this runs) are graded here:
 
 1. an integrity probe runs in the kernel (``grader.integrity``); a difference from the
-   fingerprints it took when the kernel started marks the submission ``tampered`` and fails
-   the cell;
+   fingerprints it took when the kernel started (a replaced function, a learner-defined IPython
+   event hook) marks the submission ``tampered`` and fails the cell;
 2. the cell's cases (inputs only) are written where the jail can read them;
-3. the cell runs; ``course.check`` in the kernel writes the learner's outputs and trace;
-4. the inputs are deleted, the answer is read without trusting it (no links, no pickle, size
-   limits) and ``grader.verdict`` decides; a failing verdict is added to the cell as an error,
-   which is how nbgrader scores a test cell, so nothing the kernel prints can pass a test.
+3. the cell runs; ``course.check`` in the kernel runs the learner's function once per case
+   (``grader.work.run_case``) and writes the outputs, the trace and the work facts of that run;
+4. the inputs are deleted and the probe runs again (a change made during the cell voids its
+   answer); the answer is read once and deleted, without trusting it (no links, no pickle,
+   size limits), and ``grader.verdict`` decides; a failing verdict is added to the cell as an
+   error, and ``VerdictGrades`` scores the cell from the verdict alone, so nothing the kernel
+   prints, displays or writes to stderr changes a score.
 
 Each notebook's findings (tampering, a dead kernel, a limit) are appended to ``REPORTS`` for
 the worker, which turns them into the submission's status.
@@ -23,7 +26,6 @@ the worker, which turns them into the submission's status.
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import os
 import secrets
@@ -334,6 +336,7 @@ class TrustedExecute(Execute):
             cell, resources = super().preprocess_cell(cell, resources, index)
         finally:
             exchange.clear_request(self.jail.requests)
+        self._probe()  # again: a change made during the cell voids the answer it produced
         self.verdicts[_gid(cell, index)] = self._judge(cell, nonce, checks, loaded)
         return cell, resources
 
@@ -368,12 +371,16 @@ class TrustedExecute(Execute):
             entries, cases = loaded[(task_id, hidden)]
             if self._tampering:
                 failures.append(f"{task_id}: not graded: the grading code was changed before "
-                                f"this test ran ({'; '.join(self._tampering[:3])})")
+                                f"or while this test ran ({'; '.join(self._tampering[:3])})")
                 continue
             try:
                 answer = exchange.read_answer(self.jail.workdir, nonce, task_id, hidden)
-                facts = None if answer["trace"] is None \
-                    else verdict.facts_from_dict(answer["trace"])
+                results = [verdict.case_result(
+                    e, inputs, expected, params, answer["outputs"].get(e["case"]),
+                    answer["errors"].get(e["case"]) or (None if e["case"] in answer["outputs"]
+                                                        else "no result for this case"),
+                    answer["traces"].get(e["case"]), answer["trace_errors"].get(e["case"]),
+                    answer["work"].get(e["case"])) for e, inputs, expected, params in cases]
             except exchange.AnswerTooLarge as e:
                 failures.append(f"{task_id}: the {kind} check's answer is too large to be "
                                 f"right ({e})")
@@ -385,13 +392,7 @@ class TrustedExecute(Execute):
                 failures.append(f"{task_id}: the {kind} check did not report to the grader "
                                 f"({e})")
                 continue
-            results = [verdict.CaseResult(e, inputs, expected, params,
-                                          answer["outputs"].get(e["case"]),
-                                          answer["errors"].get(e["case"]) or
-                                          (None if e["case"] in answer["outputs"]
-                                           else "no result for this case"))
-                       for e, inputs, expected, params in cases]
-            v = verdict.decide(task_id, results, _tolerances(), facts, answer["trace_error"])
+            v = verdict.decide(task_id, results)
             if v.passed:
                 notes.append(f"{task_id}: {len(entries)} {kind} case(s) passed (checked by "
                              f"the grader); structure: {'; '.join(v.checked)}\n")
@@ -403,11 +404,6 @@ class TrustedExecute(Execute):
         for message in failures:
             cell.outputs.append(_error("CheckFailed", message))
         return not failures
-
-
-@functools.cache
-def _tolerances() -> dict:
-    return refs.load_manifest(refs.course_root() / "refs")["tolerances"]
 
 
 class VerdictGrades(SaveAutoGrades):

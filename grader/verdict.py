@@ -88,12 +88,78 @@ def facts_from_dict(d: Any) -> TraceFacts:
     return TraceFacts(tuple(calls))
 
 
-def compare(got: Any, expected: np.ndarray, dtype: str, tol: float, tolerances: dict,
+@dataclass(frozen=True)
+class Flow:
+    """Where a value comes from (``grader.work``): ``kind`` kernel, input, constant or
+    computed; ``origin`` in words."""
+
+    kind: str
+    origin: str
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """One pallas_call as its jaxpr shows it: the kernel body's primitives, where each
+    operand comes from (scalar prefetch and inputs, in order), inputs the body never reads."""
+
+    number: int
+    primitives: frozenset[str]
+    operands: tuple[tuple[str, Flow], ...]  # (role, flow)
+    unread: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class WorkFacts:
+    """Where a function's outputs come from, its kernels, and the FLOPs it computes outside
+    them (``grader.work.facts``)."""
+
+    outputs: tuple[Flow, ...]
+    calls: tuple[KernelWork, ...]
+    outside_flops: int
+    outside_ops: tuple[str, ...]
+
+
+FLOW_KINDS = ("kernel", "input", "constant", "computed")
+
+
+def _flow(d: Any) -> Flow:
+    if not isinstance(d, dict) or d.get("kind") not in FLOW_KINDS:
+        raise ValueError("a data flow is not one of " + ", ".join(FLOW_KINDS))
+    return Flow(d["kind"], str(d.get("from")))
+
+
+def _strings(v: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+        raise ValueError(f"{what} is not a list of names")
+    return tuple(v)
+
+
+def work_from_dict(d: Any) -> WorkFacts:
+    """Read ``grader.work.facts`` output; ValueError when it is not what that writes."""
+    if not isinstance(d, dict) or not isinstance(d.get("outputs"), list) or \
+            not isinstance(d.get("calls"), list):
+        raise ValueError("the work facts have no outputs or calls")
+    calls = []
+    for c in d["calls"]:
+        if not isinstance(c, dict) or not isinstance(c.get("operands"), list) or \
+                not isinstance(c.get("unread"), list):
+            raise ValueError("a kernel's work facts have no operands")
+        calls.append(KernelWork(
+            _int(c.get("number"), "number"), frozenset(_strings(c.get("primitives"), "primitives")),
+            tuple((str(o.get("role")) if isinstance(o, dict) else "", _flow(o))
+                  for o in c["operands"]),
+            tuple(_int(i, "unread") for i in c["unread"])))
+    return WorkFacts(tuple(_flow(o) for o in d["outputs"]), tuple(calls),
+                     _int(d.get("outside_flops"), "outside_flops"),
+                     _strings(d.get("outside_ops"), "outside_ops"))
+
+
+def compare(got: Any, expected: np.ndarray, rtol: float, atol: float,
             block: tuple[int, ...] | None = None) -> str | None:
     """None when ``got`` matches ``expected``; otherwise a message saying where and by how much.
 
-    The bound per element is ``atol + rtol * |expected|`` with the dtype's ``rtol``/``atol``
-    from the manifest, both scaled by the case's ``tol``; NaN never matches.
+    The bound per element is ``atol + rtol * |expected|``, with the case's ``rtol`` and
+    ``atol`` from the manifest (``grader.tasks.TOLERANCES``); NaN never matches.
     """
     try:
         g = np.asarray(got)
@@ -103,8 +169,6 @@ def compare(got: Any, expected: np.ndarray, dtype: str, tol: float, tolerances: 
         return f"shape {g.shape} but expected {expected.shape}"
     if str(g.dtype) != str(expected.dtype):
         return f"dtype {g.dtype} but expected {expected.dtype} (cast the kernel's output)"
-    t = tolerances.get(dtype) or tolerances["float32"]
-    rtol, atol = t["rtol"] * tol, t["atol"] * tol
     gf, ef = g.astype(np.float64), expected.astype(np.float64)
     diff = np.abs(gf - ef)
     bad = ~(diff <= atol + rtol * np.abs(ef))  # NaN counts as bad
@@ -133,7 +197,9 @@ def describe(entry: dict) -> str:
     """``case NAME (dtype, seed S: x(shape), ... {params})`` for messages."""
     shapes = ", ".join(f"{k}{tuple(entry['shapes'][k])}" for k in entry["inputs"])
     p = f"; {_messages.literal(entry['params'])}" if entry["params"] else ""
-    return f"case {entry['case']} ({entry['dtype']}, seed {entry['seed']}: {shapes}{p})"
+    drawn = entry.get("values", "normal")
+    values = "" if drawn == "normal" else f"; {drawn} values"
+    return f"case {entry['case']} ({entry['dtype']}, seed {entry['seed']}: {shapes}{p}{values})"
 
 
 def _out_block(facts: TraceFacts | None) -> tuple[int, ...] | None:
@@ -156,7 +222,9 @@ class Verdict:
 
 @dataclass(frozen=True)
 class CaseResult:
-    """What the learner's function did on one case: an output array, or the error it raised."""
+    """What one run of the learner's function did on one case: an output array or the error it
+    raised, and the trace and work facts of that same run (None with ``trace_error``: no
+    pallas_call was reached)."""
 
     entry: dict
     inputs: dict[str, np.ndarray]
@@ -164,11 +232,23 @@ class CaseResult:
     params: dict
     output: np.ndarray | None = None
     error: str | None = None
+    trace: TraceFacts | None = None
+    trace_error: str | None = None
+    work: WorkFacts | None = None
 
 
-def decide(task_id: str, results: list[CaseResult], tolerances: dict,
-           trace: TraceFacts | None, trace_error: str | None) -> Verdict:
-    """Values first (every case), then the structural rules on the first case's trace."""
+def case_result(entry: dict, inputs: dict, expected: np.ndarray, params: dict, output: Any,
+                error: str | None, trace: Any, trace_error: Any, work: Any) -> CaseResult:
+    """A ``CaseResult`` from what one run reported, its trace and work facts as the dicts
+    ``grader.work.run_case`` makes; ValueError when they are not."""
+    return CaseResult(entry, inputs, expected, params, output, error,
+                      None if trace is None else facts_from_dict(trace),
+                      None if trace_error is None else str(trace_error),
+                      None if work is None else work_from_dict(work))
+
+
+def decide(task_id: str, results: list[CaseResult]) -> Verdict:
+    """Values first (every case), then the structural and work rules on every case's run."""
     task = _tasks.get(task_id)
     for r in results:
         if r.error is not None:
@@ -176,24 +256,26 @@ def decide(task_id: str, results: list[CaseResult], tolerances: dict,
                 return Verdict(False, f"{task_id}: not implemented yet")
             return Verdict(False, f"{task_id}: your function raised on {describe(r.entry)}: "
                            f"{r.error}")
-        msg = compare(r.output, r.expected, r.entry["dtype"], r.entry["tol"], tolerances,
-                      _out_block(trace))
+        msg = compare(r.output, r.expected, r.entry["rtol"], r.entry["atol"],
+                      _out_block(r.trace))
         if msg is not None:
             return Verdict(False, f"{task_id}: wrong values for {describe(r.entry)}: {msg}")
     if not results:
         return Verdict(False, f"{task_id}: no cases were run")
-    first = results[0]
-    if trace is None:
-        rule = str(_tasks.Rule("pallas_call reached", ">= 1", "none", False))
-        return Verdict(False, f"{task_id}: structural check failed: your function never calls "
-                       f"pl.pallas_call ({trace_error}). The answer must be a Pallas kernel.",
-                       [rule])
-    case = next(c for c in task.cases if c.name == first.entry["case"])
-    rules = task.structure(trace, case, first.inputs)
-    lines = [str(r) for r in rules]
-    failed = [str(r) for r in rules if not r.ok]
-    if failed:
-        body = "\n  ".join(failed)
-        return Verdict(False, f"{task_id}: structural check failed on {case.name} "
-                       f"({case.dtype}, {case.arrays}):\n  {body}", lines)
-    return Verdict(True, "", lines, [r.what for r in rules])
+    first: list = []  # the first case's rules, shown when everything passed
+    for r in results:
+        if r.trace is None or r.work is None:
+            rule = str(_tasks.Rule("pallas_call reached", "exactly 1", "none", False))
+            return Verdict(False, f"{task_id}: structural check failed: your function never "
+                           f"calls pl.pallas_call ({r.trace_error}). The answer must be a "
+                           "Pallas kernel.", [rule])
+        case = next(c for c in task.cases if c.name == r.entry["case"])
+        rules = task.structure(r.trace, case, r.inputs) + \
+            _tasks.work_rules(task, case, r.work, r.inputs, r.expected.size)
+        first = first or rules
+        failed = [str(x) for x in rules if not x.ok]
+        if failed:
+            body = "\n  ".join(failed)
+            return Verdict(False, f"{task_id}: structural check failed on {describe(r.entry)}:"
+                           f"\n  {body}", [str(x) for x in rules])
+    return Verdict(True, "", [str(x) for x in first], [x.what for x in first])

@@ -4,6 +4,8 @@ Each submission starts from the instructor's solution (9 points: add, elementwis
 leaky_relu, each 1 visible + 2 hidden) and adds one thing that used to change its grade:
 
 1. scoring hijack: a wrong ``add`` that emits an ``execute_result`` while test cells run;
+2. the kernel only copies what jnp computed;
+3. the work facts forged by IPython hooks around each cell; an unfingerprinted writer patched;
 5. correct work marked down: stderr during test cells; one oversized wrong output;
 6. a learner-raised ``metadata.timeout`` on a test cell;
 8. feedback: learner script and event-handler HTML; the page's scores against the gradebook.
@@ -56,6 +58,22 @@ SUBMISSIONS = {
     "raised_timeout": (_raise_timeout, 9, "tampered", "timeout"),
     # 8: right answers; the learner's HTML must reach the feedback page inert
     "learner_html": (_learner_html, 9, "graded", ""),
+    # 2: right values, but jnp adds and the kernel only copies: add's points are lost
+    "sum_outside_kernel": (_after("add_solution", "def add(x, y):\n    def copy(s_ref, o_ref):\n"
+                                  "        o_ref[...] = s_ref[...]\n    return pl.pallas_call("
+                                  "copy, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), "
+                                  "interpret=INTERPRET)(x + y)\n"), 6, "graded", ""),
+    # 3: forge the work facts during each cell and restore them before the next probe
+    "patch_in_hooks": (_after("add_solution", "import grader.work\n_real = grader.work.facts\n"
+                              "def _forge(info):\n    grader.work.facts = lambda program: {{}}\n"
+                              "def _restore(result):\n    grader.work.facts = _real\n"
+                              "get_ipython().events.register('pre_run_cell', _forge)\n"
+                              "get_ipython().events.register('post_run_cell', _restore)\n"),
+                       0, "tampered", "pre_run_cell hook"),
+    # 3: a path the probe's report is written through, once left unfingerprinted: the probe
+    # cannot report, which is tampering too
+    "patch_json_dump": (_after("add_solution", "import json\njson.dump = lambda *a, **k: None\n"),
+                        0, "tampered", "the integrity check could not run"),
 }
 
 
@@ -119,6 +137,10 @@ def test_raised_timeout_is_restored(batch):
 
 def test_oversized_output_is_named_in_the_verdict(batch):
     assert "sensible size" in _page(batch, "oversized_output")
+
+
+def test_work_outside_the_kernel_is_named_in_the_verdict(batch):
+    assert "computed outside the kernel by add" in _page(batch, "sum_outside_kernel")
 
 
 class _Active(html.parser.HTMLParser):

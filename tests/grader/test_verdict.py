@@ -14,29 +14,27 @@ from grader import exchange, integrity, refs, tasks, trusted, verdict
 from grader.grading import test_cell_changes as cell_changes
 from kernelsim import examples
 
-TOL = {"float32": {"rtol": 1e-5, "atol": 1e-5}}
-
 
 def test_compare_locates_the_first_bad_element_and_its_block():
     want = np.zeros((8, 8), np.float32)
     got = want.copy()
-    assert verdict.compare(got, want, "float32", 1.0, TOL) is None
+    assert verdict.compare(got, want, 1e-5, 1e-5) is None
     got[5, 6] = 1.0
-    msg = verdict.compare(got, want, "float32", 1.0, TOL, block=(4, 4))
+    msg = verdict.compare(got, want, 1e-5, 1e-5, block=(4, 4))
     assert "1 of 64 elements differ; first at [5, 6]" in msg
     assert "output block (1, 1) of (2, 2)" in msg
     assert "edge block" not in msg  # 8 = 2 x 4: the last block is whole, no hint
     partial = verdict.compare(np.ones((7, 8), np.float32), np.zeros((7, 8), np.float32),
-                              "float32", 1.0, TOL, block=(4, 4))
+                              1e-5, 1e-5, block=(4, 4))
     assert "output block (0, 0) of (2, 2)" in partial and "edge block" not in partial
     got7 = np.zeros((7, 8), np.float32)
     got7[6, 0] = 1.0
     assert "partial edge block" in verdict.compare(got7, np.zeros((7, 8), np.float32),
-                                                   "float32", 1.0, TOL, block=(4, 4))
+                                                   1e-5, 1e-5, block=(4, 4))
     got[0, 0] = np.nan
-    assert "2 of 64" in verdict.compare(got, want, "float32", 1.0, TOL)
-    assert "shape (8,)" in verdict.compare(np.zeros(8, np.float32), want, "float32", 1.0, TOL)
-    assert "dtype float64" in verdict.compare(want.astype(np.float64), want, "float32", 1.0, TOL)
+    assert "2 of 64" in verdict.compare(got, want, 1e-5, 1e-5)
+    assert "shape (8,)" in verdict.compare(np.zeros(8, np.float32), want, 1e-5, 1e-5)
+    assert "dtype float64" in verdict.compare(want.astype(np.float64), want, 1e-5, 1e-5)
 
 
 def _add_trace():
@@ -68,24 +66,40 @@ def _case(task_id: str, hidden: bool):
     return refdir, manifest, entry, *refs.load_case(refdir, entry)
 
 
+def _whole_call(grid=()):
+    return verdict.facts_from_dict({"calls": [{
+        "name": "k", "grid": list(grid), "operands": [], "hbm_read_bytes": 0,
+        "hbm_write_bytes": 0, "onchip_peak_bytes": 0}]})
+
+
+HONEST_ADD_WORK = {
+    "outputs": [{"from": "pallas_call #0", "kind": "kernel"}], "outside_flops": 0,
+    "outside_ops": [], "calls": [{"number": 0, "primitives": ["add", "get", "swap"],
+                                  "unread": [], "operands": [
+                                      {"role": "input", "from": "inputs", "kind": "input"}] * 2}]}
+
+
 def test_decide_values_then_structure():
     _, manifest, entry, inputs, expected, params = _case("add", False)
-    tol = manifest["tolerances"]
-    right = verdict.CaseResult(entry, inputs, expected, params, output=expected)
-    wrong = verdict.CaseResult(entry, inputs, expected, params, output=expected * 2 + 1)
-    raised = verdict.CaseResult(entry, inputs, expected, params, error="NotImplementedError: ")
-    whole = verdict.facts_from_dict({"calls": [{
-        "name": "k", "grid": [], "operands": [], "hbm_read_bytes": 0, "hbm_write_bytes": 0,
-        "onchip_peak_bytes": 0}]})
-    assert verdict.decide("add", [right], tol, whole, None).passed
-    assert "wrong values for case" in verdict.decide("add", [wrong], tol, whole, None).message
-    assert "not implemented" in verdict.decide("add", [raised], tol, whole, None).message
-    none = verdict.decide("add", [right], tol, None, "no pallas_call was reached")
+
+    whole = _whole_call()
+
+    def result(output=expected, error=None, trace=whole, work=HONEST_ADD_WORK,
+               trace_error=None):
+        return verdict.CaseResult(entry, inputs, expected, params, output, error, trace,
+                                  trace_error, work and verdict.work_from_dict(work))
+
+    assert verdict.decide("add", [result()]).passed
+    assert "wrong values for case" in verdict.decide("add", [result(expected * 2 + 1)]).message
+    raised = result(None, "NotImplementedError: ")
+    assert "not implemented" in verdict.decide("add", [raised]).message
+    none = verdict.decide("add", [result(trace=None, work=None,
+                                         trace_error="no pallas_call was reached")])
     assert not none.passed and "never calls pl.pallas_call" in none.message
-    tiled = verdict.facts_from_dict({"calls": [{
-        "name": "k", "grid": [2], "operands": [], "hbm_read_bytes": 0, "hbm_write_bytes": 0,
-        "onchip_peak_bytes": 0}]})
-    v = verdict.decide("add", [right], tol, tiled, None)
+    v = verdict.decide("add", [result(trace=_whole_call((2,)))])
+    assert not v.passed and "grid" in v.message
+    # every case is judged on its own run: a later case's structure counts too
+    v = verdict.decide("add", [result(), result(trace=_whole_call((2,)))])
     assert not v.passed and "grid" in v.message
 
 
@@ -103,9 +117,9 @@ def test_answer_round_trip_and_refusals(tmp_path, monkeypatch):
     entries, cases = loaded[("add", True)]
     assert set(got["outputs"]) == {e["case"] for e in entries}
     for e, _, expected, _ in cases:
-        assert verdict.compare(got["outputs"][e["case"]], expected, e["dtype"], e["tol"],
-                               refs.load_manifest(refdir)["tolerances"]) is None
-    assert got["trace"]["calls"], "the trace came back"
+        assert verdict.compare(got["outputs"][e["case"]], expected, e["rtol"], e["atol"]) is None
+    assert all(t["calls"] for t in got["traces"].values()), "a trace per case came back"
+    assert all(w["outputs"][0]["kind"] == "kernel" for w in got["work"].values())
     # read once: the files are gone, so an answer cannot be handed in again
     with pytest.raises(exchange.AnswerError, match="no answer was written"):
         exchange.read_answer(work, "n1", "add", True)

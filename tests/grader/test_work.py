@@ -1,0 +1,106 @@
+"""The kernel must do the work (issue 14, class 2), judged in one process (``course.check``).
+
+Each cheat gets the values right for task ``add`` (or ``matmul``) but leaves the work outside
+the kernel, feeds it decoys, splits it over several kernels or only behaves while traced.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+
+from grader import course
+
+
+def _call(kernel, x, *operands):
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          interpret=True)(*operands)
+
+
+def _copy(s_ref, o_ref):
+    o_ref[...] = s_ref[...]
+
+
+def _add(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] + y_ref[...]
+
+
+def honest(x, y):
+    return _call(_add, x, x, y)
+
+
+def sum_outside(x, y):  # the kernel only copies what jnp computed
+    return _call(_copy, x, x + y)
+
+
+def math_after(x, y):  # the kernel passes x through; the addition happens after it
+    return _call(_copy, x, x) + y
+
+
+def decoy(x, y):  # the kernel is fed y and ignores it; the sum comes from outside
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...]
+    return _call(kernel, x, x, y) + y
+
+
+def constant_operand(x, y):  # a zeros decoy instead of an input
+    return _call(_add, x, jnp.zeros_like(x), x + y)
+
+
+def two_kernels(x, y):  # every pallas_call is judged, not only the first
+    return _call(_copy, x, _call(_add, x, x, y))
+
+
+def no_add_in_kernel(x, y):  # right values without the task's operation in the kernel
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] - (-y_ref[...])
+    return _call(kernel, x, x, y)
+
+
+def honest_only_when_traced(x, y):  # a kernel for kernelsim, plain jnp otherwise
+    if jax.config.jax_disable_jit:
+        return honest(x, y)
+    return x + y
+
+
+@pytest.fixture(autouse=True)
+def learner_side(monkeypatch):
+    monkeypatch.delenv("PALLAS_COURSE_EXCHANGE", raising=False)
+    monkeypatch.delenv("PALLAS_COURSE_REPORT", raising=False)
+
+
+def test_honest_kernel_passes(capsys):
+    course.check("add", honest)
+    out = capsys.readouterr().out
+    for rule in ("result comes from the kernel", "kernel inputs are your function's inputs",
+                 "compute outside kernels", "kernel computes add", "every kernel input is read"):
+        assert f"{rule} ok" in out
+
+
+@pytest.mark.parametrize("fn, found", [
+    (sum_outside, "operand 0 of pallas_call #0: computed outside the kernel by add"),
+    (math_after, "result comes from the kernel: required the pallas_call's output (at most "
+                 "layout ops after it); found computed outside the kernel by add"),
+    (decoy, "input 1 of pallas_call #0 is never read"),
+    (constant_operand, "operand 0 of pallas_call #0: a constant"),
+    (two_kernels, "pallas_call reached: required exactly 1"),
+    (no_add_in_kernel, "[FAIL] kernel computes add"),
+    (honest_only_when_traced, "never calls pl.pallas_call"),
+])
+def test_work_outside_the_kernel_fails_and_says_what_was_found(fn, found):
+    with pytest.raises(course.CheckFailed) as e:
+        course.check("add", fn)
+    assert found in str(e.value), str(e.value)
+
+
+def test_outside_flops_are_counted_against_the_task():
+    def matmul_outside(a, b, bm, bk, bn):
+        product = jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
+        return _call(_copy, product, product)
+
+    with pytest.raises(course.CheckFailed, match=r"compute outside kernels: required <= "
+                       r"[\d,]+ FLOPs \(1/10 of the task's\); found [\d,]+ FLOPs "
+                       r"\(dot_general\)"):
+        course.check("matmul", matmul_outside)
