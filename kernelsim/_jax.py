@@ -347,14 +347,31 @@ def _compiled(key: str, program: Any) -> Callable:
     return _SLICE_CACHE[key]
 
 
-def find_calls(fn: Callable, args: tuple) -> list[Captured]:
+def _tpu_mesh(device_kind: str) -> Any:
+    """An abstract one-device mesh of ``device_kind``: what code that asks for the TPU it
+    targets (``pltpu.get_tpu_info()``, ``emit_pipeline``'s tiling) reads while it is traced."""
+    from jax._src import mesh as mesh_lib
+
+    device = mesh_lib.AbstractDevice(device_kind, 1, "tpu")
+    return jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+
+
+def find_calls(fn: Callable, args: tuple, device_kind: str) -> list[Captured]:
     """Every pallas_call ``fn(*args)`` makes, in program order, found in its jaxpr.
 
+    device_kind: the TPU to present to code that asks which one it runs on (e.g. "TPU v5e");
+    only used if tracing on this machine's own device fails for that reason.
     Raises ``NeedsExecution`` when ``fn`` cannot be traced to a jaxpr (it branches in Python on
     array values); the caller then runs it eagerly instead.
     """
     try:
-        closed = jax.make_jaxpr(fn)(*args)
+        try:
+            closed = jax.make_jaxpr(fn)(*args)
+        except ValueError as e:  # "Unsupported TPU device kind: cpu" (every release so far)
+            if "TPU device kind" not in str(e):
+                raise
+            with jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind)):
+                closed = jax.make_jaxpr(fn)(*args)
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
             jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as e:
         raise NeedsExecution(str(e)) from e
@@ -659,13 +676,9 @@ def tpu_lowering_error(fn: Callable, args: tuple, device_kind: str) -> str | Non
     device is ``device_kind`` (e.g. "TPU v5e"), so rules that depend on the chip apply; no TPU
     is needed and nothing executes. Compiling (Mosaic's own passes) is not part of this.
     """
-    from jax._src import mesh as mesh_lib
-
-    device = mesh_lib.AbstractDevice(device_kind, 1, "tpu")
-    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
     shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
     try:
-        with jax.sharding.use_abstract_mesh(mesh):
+        with jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind)):
             jax.export.export(jax.jit(fn), platforms=["tpu"])(*shapes)
     except Exception as err:  # noqa: BLE001 - every lowering failure is the answer
         return f"{type(err).__name__}: {err}"

@@ -78,6 +78,7 @@ def get_chip(name: str) -> Chip:
 
 
 # The device kind JAX reports for each TPU (jax/_src/tpu_info.py, chip_version_from_device_kind):
-# what kernelsim.tpu_lowering_error lowers for.
+# what kernelsim.tpu_lowering_error lowers for, and the TPU a traced function is told it targets
+# (the default for GPU chips is v5e).
 TPU_DEVICE_KIND = {"tpu-v4": "TPU v4", "tpu-v5e": "TPU v5e", "tpu-v5p": "TPU v5p",
                    "tpu-v6e": "TPU v6e"}

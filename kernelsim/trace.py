@@ -222,7 +222,7 @@ def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
     """
     model_, chip_ = _resolve(model, chip)
     try:
-        captured = _jax.find_calls(fn, args)
+        captured = _jax.find_calls(fn, args, TPU_DEVICE_KIND.get(chip_.name, "TPU v5e"))
     except _jax.NeedsExecution:
         _, captured = _collect(fn, args, lambda a, p: _jax.zeros_for(p))
     if not captured:

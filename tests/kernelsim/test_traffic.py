@@ -220,3 +220,26 @@ def test_a_semaphore_output_is_an_operand_without_bytes():
     sem = c.operand("sem_out")
     assert (sem.memory_space, sem.hbm_write_bytes, sem.onchip_bytes) == ("semaphore", 0, 0)
     assert (c.hbm_read_bytes, c.hbm_write_bytes) == (8 * 128 * 4, 8 * 128 * 4)
+
+
+def test_emit_pipeline_copies_are_counted_as_body_dmas():
+    """pltpu.emit_pipeline builds its pipeline from async copies in the kernel body; tracing
+    it asks which TPU it targets (tiling), so kernelsim presents the modelled chip."""
+    def inner(x_ref, o_ref):
+        o_ref[...] = x_ref[...] + 1.0
+
+    def outer(x_hbm, o_hbm):
+        pltpu.emit_pipeline(inner, grid=(4,),
+                            in_specs=[pl.BlockSpec((64, 128), lambda i: (i, 0))],
+                            out_specs=[pl.BlockSpec((64, 128), lambda i: (i, 0))])(x_hbm, o_hbm)
+
+    def fn(x):
+        return pl.pallas_call(outer, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                              out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    x = _zeros(256, 128)
+    c = kernelsim.trace(fn, x, chip="tpu-v6e").calls[0]
+    routes = sorted((b.src_space, b.dst_space, b.bytes) for b in c.call.body_copies)
+    assert routes == [("any", "vmem", 64 * 128 * 4)] * 4 + [("vmem", "any", 64 * 128 * 4)] * 4
+    assert (c.hbm_read_bytes, c.hbm_write_bytes) == (x.nbytes, x.nbytes)
