@@ -79,7 +79,7 @@ def test_every_page_renders_without_errors(browser, built_site, base_url):
             url = base_url + rel.removesuffix("index.html")
             response = w.page.goto(url, wait_until="load")
             assert response and response.ok, f"{url}: {response and response.status}"
-            w.page.wait_for_timeout(50)
+            w.page.wait_for_load_state("networkidle")  # let the search worker load
             assert w.page.locator("h1").count() > 0, f"{url}: no heading"
     finally:
         context.close()
