@@ -113,7 +113,7 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
+def stop_processes(procs: list[subprocess.Popen]) -> None:
     """SIGTERM each child's process group, then SIGKILL what is left after 10 s."""
     for p in procs:
         if p.poll() is None:
@@ -264,5 +264,5 @@ def serve(port: int = 8000, lab_port: int = 8888, build: bool = True,
         if server is not None:
             server.shutdown()
             server.server_close()
-        _stop(procs)
+        stop_processes(procs)
         signal.signal(signal.SIGTERM, previous)

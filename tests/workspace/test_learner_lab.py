@@ -53,7 +53,7 @@ def learner_lab(full_course, tmp_path_factory):
                 time.sleep(0.3)
         yield base, token, ws
     finally:
-        site._stop([proc])  # as serve stops it: SIGTERM, then SIGKILL after 10 s
+        site.stop_processes([proc])  # as serve stops it: SIGTERM, then SIGKILL after 10 s
 
 
 def _status(url: str) -> int:

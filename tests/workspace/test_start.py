@@ -75,4 +75,4 @@ def test_site_answers_at_once_and_the_build_is_swapped_in(tmp_path):
         assert proc.wait(timeout=60) == 0, "".join(lines)
     finally:
         if proc.poll() is None:
-            site._stop([proc])
+            site.stop_processes([proc])
