@@ -241,9 +241,11 @@ def serve(port: int = 8000, lab_port: int = 8888, build: bool = True,
             print(f"JupyterLab is not answering yet; its log: {lab_log}", file=sys.stderr)
 
         def box(building: bool) -> str:
+            note = ("(rebuilding behind the server: the old site until then)"
+                    if (SITE_DIR / "index.html").exists() else
+                    "(being built: the page reloads until it is ready)")
             return url_box([f"site:       {site_url}",
-                            *(["            (being built: the page reloads until it is ready)"]
-                              if building else []),
+                            *([f"            {note}"] if building else []),
                             f"JupyterLab: {lab_url}",
                             f"            your workspace: {workspace_dir}",
                             f"            (logs: {LOG_DIR})",
