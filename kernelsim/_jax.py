@@ -467,6 +467,73 @@ def _call_name(params: dict[str, Any]) -> str:
     return src.split(" at ")[0]
 
 
+class _NotScalar(Exception):
+    """The index map does more than scalar integer arithmetic and prefetch reads."""
+
+
+def _c_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """XLA's division: integers truncate toward zero (numpy's // floors)."""
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        q = np.abs(a) // np.abs(b)
+        return np.where((a < 0) != (b < 0), -q, q).astype(np.result_type(a, b))
+    return a / b
+
+
+_SCALAR_OPS: dict[str, Callable] = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _c_div, "rem": np.fmod,
+    "max": np.maximum, "min": np.minimum, "neg": np.negative, "abs": np.abs, "sign": np.sign,
+    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal, "and": np.bitwise_and, "or": np.bitwise_or,
+    "not": np.invert, "xor": np.bitwise_xor, "floor": np.floor, "ceil": np.ceil,
+    "shift_left": np.left_shift, "shift_right_arithmetic": np.right_shift,
+    "clamp": lambda lo, x, hi: np.clip(x, lo, hi),
+    "select_n": lambda which, *cases: np.choose(np.asarray(which, np.int32), cases),
+    "integer_pow": None, "convert_element_type": None, "get": None,
+    "squeeze": lambda x: x, "reshape": lambda x: x, "broadcast_in_dim": lambda x: x,
+}
+
+
+def _scalar_program(jaxpr: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+    """Evaluate an index map over every grid step at once with numpy (no compilation).
+
+    Each grid index is an int32 array over the steps; prefetch refs are their arrays. Only
+    scalar integer arithmetic, prefetch reads with integer indices and nested calls are
+    understood (XLA's semantics: int32 wraps, division truncates); anything else raises
+    ``_NotScalar`` and the caller evaluates the map with JAX instead.
+    """
+    j = _open(jaxpr)
+    env: dict[Any, Any] = dict(zip(j.constvars, _consts(jaxpr), strict=True))
+    env.update(zip(j.invars, args, strict=True))
+
+    def read(v: Any) -> Any:
+        return np.asarray(v.val) if isinstance(v, jax_core.Literal) else env[v]
+
+    with np.errstate(over="ignore"):
+        for eqn in j.eqns:
+            name, p = eqn.primitive.name, eqn.params
+            vals = [read(v) for v in eqn.invars]
+            body = _call_body(eqn)
+            if body is not None:
+                outs = _scalar_program(body, vals)
+            elif name == "get":
+                indexer = jax.tree_util.tree_unflatten(p["tree"], vals[1:])
+                index = [ix for t in indexer for ix in t.indices]
+                if len(indexer) != 1 or any(isinstance(ix, indexing.Slice) for ix in index):
+                    raise _NotScalar(name)
+                outs = [vals[0][tuple(np.asarray(ix) for ix in index)]]
+            elif name not in _SCALAR_OPS or any(getattr(v.aval, "shape", ()) != ()
+                                               for v in eqn.outvars):
+                raise _NotScalar(name)
+            elif name == "convert_element_type":
+                outs = [vals[0].astype(np.dtype(p["new_dtype"]))]
+            elif name == "integer_pow":
+                outs = [vals[0] ** p["y"]]
+            else:
+                outs = [_SCALAR_OPS[name](*vals)]
+            env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(v) for v in j.outvars]
+
+
 def _evaluate(bm: Any, grid_points: np.ndarray, prefetch: list[np.ndarray]) -> np.ndarray:
     """The index map of ``bm`` at every grid point: int64 [steps, ndim]."""
     ndim = len(bm.block_shape)
@@ -475,9 +542,17 @@ def _evaluate(bm: Any, grid_points: np.ndarray, prefetch: list[np.ndarray]) -> n
     if all(isinstance(v, jax_core.Literal) for v in outvars):  # constant map: no compile
         row = np.array([int(v.val) for v in outvars], dtype=np.int64)
         return np.broadcast_to(row, (nsteps, ndim)).copy()
+    ngrid = grid_points.shape[1]
+    try:
+        return np.stack([np.broadcast_to(np.asarray(o, np.int64), (nsteps,)) for o in
+                         _scalar_program(bm.index_map_jaxpr,
+                                         [grid_points[:, i].astype(np.int32)
+                                          for i in range(ngrid)] + list(prefetch))[:ndim]],
+                        axis=1)
+    except _NotScalar:
+        pass
     # SMEM prefetch refs become plain array arguments once the map's state is discharged.
     fun = jax_core.jaxpr_as_fun(discharge_state(bm.index_map_jaxpr))
-    ngrid = grid_points.shape[1]
 
     def at(*xs):
         return fun(*xs)[:ndim]
