@@ -520,7 +520,9 @@ def _scalar_program(jaxpr: Any, args: list[np.ndarray]) -> list[np.ndarray]:
                 index = [ix for t in indexer for ix in t.indices]
                 if len(indexer) != 1 or any(isinstance(ix, indexing.Slice) for ix in index):
                     raise _NotScalar(name)
-                outs = [vals[0][tuple(np.asarray(ix) for ix in index)]]
+                ref = vals[0]  # XLA clamps a dynamic index into range; so does this
+                outs = [ref[tuple(np.clip(np.asarray(ix), 0, n - 1)
+                                  for ix, n in zip(index, ref.shape, strict=False))]]
             elif name not in _SCALAR_OPS or any(getattr(v.aval, "shape", ()) != ()
                                                for v in eqn.outvars):
                 raise _NotScalar(name)
@@ -542,27 +544,28 @@ def _evaluate(bm: Any, grid_points: np.ndarray, prefetch: list[np.ndarray]) -> n
     if all(isinstance(v, jax_core.Literal) for v in outvars):  # constant map: no compile
         row = np.array([int(v.val) for v in outvars], dtype=np.int64)
         return np.broadcast_to(row, (nsteps, ndim)).copy()
-    ngrid = grid_points.shape[1]
+    cols = [grid_points[:, i].astype(np.int32) for i in range(grid_points.shape[1])]
     try:
-        return np.stack([np.broadcast_to(np.asarray(o, np.int64), (nsteps,)) for o in
-                         _scalar_program(bm.index_map_jaxpr,
-                                         [grid_points[:, i].astype(np.int32)
-                                          for i in range(ngrid)] + list(prefetch))[:ndim]],
-                        axis=1)
+        out = _scalar_program(bm.index_map_jaxpr, cols + list(prefetch))[:ndim]
     except _NotScalar:
-        pass
+        out = _evaluate_with_jax(bm.index_map_jaxpr, ndim, cols, prefetch)
+    return np.stack([np.broadcast_to(np.asarray(o, np.int64), (nsteps,)) for o in out], axis=1)
+
+
+def _evaluate_with_jax(index_map: Any, ndim: int, cols: list[np.ndarray],
+                       prefetch: list[np.ndarray]) -> list[np.ndarray]:
+    """The index map's first ``ndim`` outputs at every step, evaluated by JAX (eager vmap)."""
     # SMEM prefetch refs become plain array arguments once the map's state is discharged.
-    fun = jax_core.jaxpr_as_fun(discharge_state(bm.index_map_jaxpr))
+    fun = jax_core.jaxpr_as_fun(discharge_state(index_map))
 
     def at(*xs):
         return fun(*xs)[:ndim]
 
-    in_axes = (0,) * ngrid + (None,) * len(prefetch)
-    cols = [jnp.asarray(grid_points[:, i], jnp.int32) for i in range(ngrid)]
+    in_axes = (0,) * len(cols) + (None,) * len(prefetch)
     # Eager vmap: each primitive runs once over the whole grid, and JAX caches its executable
     # by shape, so repeated traces cost no compilation (jit would recompile every fresh map).
-    out = jax.vmap(at, in_axes=in_axes)(*cols, *prefetch)
-    return np.stack([np.asarray(o, dtype=np.int64).reshape(nsteps) for o in out], axis=1)
+    out = jax.vmap(at, in_axes=in_axes)(*[jnp.asarray(c) for c in cols], *prefetch)
+    return [np.asarray(o) for o in out]
 
 
 def _itemsize(dtype: Any) -> int:

@@ -195,3 +195,34 @@ def test_supported_range_matches_the_pins():
     assert f"jax[cpu]=={_jax.SUPPORTED_JAX[-1]}" in deps
     compat = re.search(r"^COMPAT_JAX\s*:=\s*(\S+)", (repo / "Makefile").read_text(), re.M)
     assert compat and compat.group(1) == _jax.SUPPORTED_JAX[0]
+
+
+@pytest.mark.parametrize("index_map", [
+    lambda i, j, p: (jax.lax.div(i - 5, 3) + 2, jax.lax.rem(j - 7, 4) + 3),  # truncation
+    lambda i, j, p: (jnp.where(i > j, i - j, j - i), jnp.minimum(p[i], 9) // 2),
+    lambda i, j, p: ((i * 1_000_000_007) % 16, (-j) // 3 + 5),  # int32 wrap, floor division
+    lambda i, j, p: (jnp.clip(i * 2 - 3, 0, 6), p[(i + j) % 6] ^ 1),
+])
+def test_numpy_index_map_evaluation_equals_jax(index_map):
+    """Index maps run in numpy over the whole grid; JAX's own evaluation is the judge."""
+    prefetch = jnp.array([4, 11, 0, 7, 2, 9], jnp.int32)  # p[7] reads past the end: clamped
+
+    def kernel(p_ref, x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    def fn(p, x):
+        spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(8, 8),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, j, p: index_map(i, j, p))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, j, p: (i, j)))
+        return pl.pallas_call(kernel, grid_spec=spec,
+                              out_shape=jax.ShapeDtypeStruct((64, 1024), x.dtype))(p, x)
+
+    (found,) = _captured(fn, prefetch, jnp.zeros((16 * 8, 11 * 128), jnp.int8))
+    bm = found.params["grid_mapping"].block_mappings[0]
+    points = np.indices((8, 8)).reshape(2, -1).T
+    cols = [points[:, 0].astype(np.int32), points[:, 1].astype(np.int32)]
+    by_numpy = _jax._scalar_program(bm.index_map_jaxpr, cols + [np.asarray(prefetch)])
+    by_jax = _jax._evaluate_with_jax(bm.index_map_jaxpr, 2, cols, [np.asarray(prefetch)])
+    for n, j in zip(by_numpy[:2], by_jax, strict=True):
+        np.testing.assert_array_equal(np.broadcast_to(n, (64,)), j)
