@@ -3,9 +3,10 @@
 Figures are built with ``matplotlib.figure.Figure`` (no pyplot state), so they render with Agg
 and in notebooks alike.
 
-Legible where the course shows them: figures are about as wide as the site's text column
-(``WIDTH`` inches at 72 dpi, i.e. ~690 px) and no text is smaller than ``FONT`` points, so a
-label is at least ~11 CSS px there; the layout engine keeps texts from overlapping.
+Legible where the course shows them: figures are as wide as a lesson's output area on the
+site (``WIDTH`` inches at 72 dpi, ~570 px: the text column less the prompt), so they are not
+scaled down there, and no text is smaller than ``FONT`` points, i.e. 11 CSS px; the layout
+engine keeps texts from overlapping.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from kernelsim.views.data import (
 if TYPE_CHECKING:
     from kernelsim.trace import Trace
 
-WIDTH = 9.6          # inches: the site's text column at 72 dpi
+WIDTH = 7.9          # inches: a lesson output at 72 dpi (the column less the prompt)
 DPI = 72
 FONT = 11            # points: the smallest text in any figure
 MAX_TICKS = 8        # block-coordinate ticks per axis
