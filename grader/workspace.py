@@ -29,7 +29,7 @@ from pathlib import Path
 
 from grader import build
 
-RELEASE_LEDGER = ".pallas-course-release.json"  # in <course>/release/
+RELEASE_LEDGER = ".pallas-course-release.json"  # in the course root, beside release/
 WORKSPACE_LEDGER = ".pallas-course-workspace.json"  # in the workspace
 KEPT_DIR = "release-kept"  # in the course root
 
@@ -66,7 +66,7 @@ def source_fingerprint(root: Path, assignment: str) -> str:
 
 def stale_releases(root: Path) -> list[str]:
     """Assignments whose ``release/`` folder is missing or older than their sources."""
-    ledger = _read_json(root / "release" / RELEASE_LEDGER)
+    ledger = _read_json(root / RELEASE_LEDGER)
     return [a for a in build.assignments(root)
             if not (root / "release" / a).is_dir()
             or ledger.get(a, {}).get("source") != source_fingerprint(root, a)]
@@ -75,7 +75,7 @@ def stale_releases(root: Path) -> list[str]:
 def keep_edited_releases(root: Path, assignments: list[str], log=print) -> list[Path]:
     """Move notebooks in ``release/<a>/`` that the last release did not write (edited by hand,
     or from before this ledger existed) to ``release-kept/<a>/``; returns where they went."""
-    ledger = _read_json(root / "release" / RELEASE_LEDGER)
+    ledger = _read_json(root / RELEASE_LEDGER)
     kept = []
     for a in assignments:
         written = ledger.get(a, {}).get("files", {})
@@ -96,7 +96,7 @@ def keep_edited_releases(root: Path, assignments: list[str], log=print) -> list[
 
 def record_release(root: Path, assignments: list[str]) -> None:
     """Remember what ``release`` wrote, so the next one can tell an edited notebook apart."""
-    path = root / "release" / RELEASE_LEDGER
+    path = root / RELEASE_LEDGER
     ledger = _read_json(path)
     for a in assignments:
         ledger[a] = {"source": source_fingerprint(root, a),
@@ -119,7 +119,7 @@ def course_files(root: Path, repo: Path) -> dict[str, Path]:
     for a in build.assignments(root):
         rel = root / "release" / a
         for p in sorted(rel.rglob("*")):
-            if p.is_file() and p.name != RELEASE_LEDGER and ".ipynb_checkpoints" not in p.parts:
+            if p.is_file() and ".ipynb_checkpoints" not in p.parts:
                 files[f"exercises/{a}/{p.relative_to(rel).as_posix()}"] = p
     return files
 
