@@ -906,10 +906,13 @@ def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
         probe = jaxpr.replace(outvars=leaves, debug_info=info._replace(result_paths=None)
                               if info is not None else None) if leaves else None
         if probe is not None:
-            fun = jax_core.jaxpr_as_fun(discharge_state(_closed(probe, _consts(closed))))
-            in_axes = (0,) * ngrid + (None,) * len(values)
-            cols = [jnp.asarray(points[:, i], jnp.int32) for i in range(ngrid)]
-            leaf_vals = [np.asarray(v) for v in jax.vmap(fun, in_axes=in_axes)(*cols, *values)]
+            probe = _closed(probe, _consts(closed))
+            cols = [points[:, i].astype(np.int32) for i in range(ngrid)]
+            try:
+                leaf_vals = [np.broadcast_to(np.asarray(v), (points.shape[0],))
+                             for v in _scalar_program(probe, cols + values)]
+            except _NotScalar:
+                leaf_vals = _evaluate_with_jax(probe, len(leaves), cols, values)
         at = 0
         for e in gets:
             which = refs[e.invars[0]]
