@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sitetools import CHROMIUM, CHROMIUM_ARGS, SITE_DIR, free_port, watch
+from sitetools import SITE_DIR, free_port, watch
 
 
 @pytest.fixture(scope="session")
@@ -50,18 +50,6 @@ def base_url(built_site):
     yield f"http://127.0.0.1:{server.server_address[1]}/"
     server.shutdown()
     server.server_close()
-
-
-@pytest.fixture(scope="session")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: `make system-packages` installs Debian's chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

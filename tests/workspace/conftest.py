@@ -1,5 +1,5 @@
-"""Fixtures of the workspace tests: one released copy of the whole course per session, and
-Debian's chromium driven by playwright."""
+"""Fixtures of the workspace tests: one released copy of the whole course per session (the
+browser is tests/conftest.py's)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 from wstools import cli, make_course, ok
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "site"))
-from sitetools import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -19,15 +18,3 @@ def full_course(tmp_path_factory) -> Path:
     course = make_course(tmp_path_factory.mktemp("course") / "exercises")
     ok(cli("release", cwd=course))
     return course
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} is missing: `make system-packages` installs Debian's chromium")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
