@@ -493,13 +493,15 @@ _SCALAR_OPS: dict[str, Callable] = {
 }
 
 
-def _scalar_program(jaxpr: Any, args: list[np.ndarray]) -> list[np.ndarray]:
+def _scalar_program(jaxpr: Any, args: list[np.ndarray],
+                    grid: tuple[int, ...] = ()) -> list[np.ndarray]:
     """Evaluate an index map over every grid step at once with numpy (no compilation).
 
     Each grid index is an int32 array over the steps; prefetch refs are their arrays. Only
     scalar integer arithmetic, prefetch reads with integer indices and nested calls are
     understood (XLA's semantics: int32 wraps, division truncates); anything else raises
-    ``_NotScalar`` and the caller evaluates the map with JAX instead.
+    ``_NotScalar`` and the caller evaluates the map with JAX instead. ``grid``: the extents
+    ``pl.num_programs`` reads.
     """
     j = _open(jaxpr)
     env: dict[Any, Any] = dict(zip(j.constvars, _consts(jaxpr), strict=True))
@@ -514,7 +516,9 @@ def _scalar_program(jaxpr: Any, args: list[np.ndarray]) -> list[np.ndarray]:
             vals = [read(v) for v in eqn.invars]
             body = _call_body(eqn)
             if body is not None:
-                outs = _scalar_program(body, vals)
+                outs = _scalar_program(body, vals, grid)
+            elif name == "num_programs" and p["axis"] < len(grid):
+                outs = [np.int32(grid[p["axis"]])]
             elif name == "get":
                 indexer = jax.tree_util.tree_unflatten(p["tree"], vals[1:])
                 index = [ix for t in indexer for ix in t.indices]
@@ -536,7 +540,8 @@ def _scalar_program(jaxpr: Any, args: list[np.ndarray]) -> list[np.ndarray]:
     return [read(v) for v in j.outvars]
 
 
-def _evaluate(bm: Any, grid_points: np.ndarray, prefetch: list[np.ndarray]) -> np.ndarray:
+def _evaluate(bm: Any, grid: tuple[int, ...], grid_points: np.ndarray,
+              prefetch: list[np.ndarray]) -> np.ndarray:
     """The index map of ``bm`` at every grid point: int64 [steps, ndim]."""
     ndim = len(bm.block_shape)
     nsteps = grid_points.shape[0]
@@ -546,7 +551,7 @@ def _evaluate(bm: Any, grid_points: np.ndarray, prefetch: list[np.ndarray]) -> n
         return np.broadcast_to(row, (nsteps, ndim)).copy()
     cols = [grid_points[:, i].astype(np.int32) for i in range(grid_points.shape[1])]
     try:
-        out = _scalar_program(bm.index_map_jaxpr, cols + list(prefetch))[:ndim]
+        out = _scalar_program(bm.index_map_jaxpr, cols + list(prefetch), grid)[:ndim]
     except _NotScalar:
         out = _evaluate_with_jax(bm.index_map_jaxpr, ndim, cols, prefetch)
     return np.stack([np.broadcast_to(np.asarray(o, np.int64), (nsteps,)) for o in out], axis=1)
@@ -657,7 +662,7 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
         call.operands.append(Operand(
             names[nprefetch + k], role, tuple(aval.shape), str(aval.dtype),
             _itemsize(aval.dtype), space, dims, int(buffers),
-            _evaluate(bm, points, prefetch_vals), trivial_window=trivial))
+            _evaluate(bm, grid, points, prefetch_vals), trivial_window=trivial))
     for j, aval in enumerate(gm.scratch_avals):
         space = _memory_space(aval)
         inner = getattr(aval, "inner_aval", aval)
@@ -910,7 +915,7 @@ def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
             cols = [points[:, i].astype(np.int32) for i in range(ngrid)]
             try:
                 leaf_vals = [np.broadcast_to(np.asarray(v), (points.shape[0],))
-                             for v in _scalar_program(probe, cols + values)]
+                             for v in _scalar_program(probe, cols + values, call.grid)]
             except _NotScalar:
                 leaf_vals = _evaluate_with_jax(probe, len(leaves), cols, values)
         at = 0
