@@ -356,6 +356,18 @@ def _tpu_mesh(device_kind: str) -> Any:
     return jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
 
 
+def _is_python_data(value: Any) -> bool:
+    """Hashable Python scalars and tuples of them: no array anywhere in it."""
+    leaves = jax.tree_util.tree_leaves(value)
+    if not leaves or not all(type(leaf) in (int, float, bool, complex, str) for leaf in leaves):
+        return False
+    try:
+        hash(value)
+    except TypeError:
+        return False
+    return True
+
+
 def find_calls(fn: Callable, args: tuple, device_kind: str) -> list[Captured]:
     """Every pallas_call ``fn(*args)`` makes, in program order, found in its jaxpr.
 
@@ -364,19 +376,23 @@ def find_calls(fn: Callable, args: tuple, device_kind: str) -> list[Captured]:
     Raises ``NeedsExecution`` when ``fn`` cannot be traced to a jaxpr (it branches in Python on
     array values); the caller then runs it eagerly instead.
     """
+    # Plain Python data (ints, tuples of ints, ...) stays Python while tracing, as when the
+    # caller runs fn: a jitted fn may take it as a static argument (block sizes, shapes).
+    static = tuple(i for i, a in enumerate(args) if _is_python_data(a))
+    trace_to_jaxpr = jax.make_jaxpr(fn, static_argnums=static)
     try:
         try:
-            closed = jax.make_jaxpr(fn)(*args)
+            closed = trace_to_jaxpr(*args)
         except ValueError as e:  # "Unsupported TPU device kind: cpu" (every release so far)
             if "TPU device kind" not in str(e):
                 raise
             with jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind)):
-                closed = jax.make_jaxpr(fn)(*args)
+                closed = trace_to_jaxpr(*args)
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
             jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as e:
         raise NeedsExecution(str(e)) from e
     finder = _CallFinder()
-    flat = jax.tree_util.tree_leaves(args)
+    flat = jax.tree_util.tree_leaves([a for i, a in enumerate(args) if i not in static])
     finder.walk(_open(closed), _consts(closed), list(flat),
                 (False,) * len(_open(closed).outvars))
     return finder.found

@@ -1166,11 +1166,7 @@ CASES = {
 }
 
 # Where kernelsim fails today: name -> the exact failure (the lead removes an entry once fixed).
-TRACE_XFAIL = {
-    "block_dynamic_slice": (
-        "ValueError: Non-hashable static arguments are not supported. ... (JitTracer(~int32[]), "
-        "JitTracer(~int32[])): trace() turns the jit's static tuple argument into tracers"),
-}
+TRACE_XFAIL: dict[str, str] = {}
 VERIFY_XFAIL = {
     "dynamic_dma_on_2nd_minor": (
         "call 0  vmem -> hbm body DMA  model 1 copies 0 B | interpreter 1 copies 2,560 B  "
