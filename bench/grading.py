@@ -110,7 +110,7 @@ def term_model(cpu_s: float, worker_s: float, learners: int = 2000,
                      f"{cpu_s:.1f} CPU-s each; grading one assignment ({per_assignment:,} "
                      f"submissions) within {turnaround_h:g} h at {worker_s:.1f} s per "
                      f"submission per worker takes {workers} Dask workers (one core each), "
-                     f"e.g. {math.ceil(workers / 16)} machines of 16 cores")}
+                     f"e.g. {math.ceil(workers / 16)} machine(s) of 16 cores")}
 
 
 def main() -> None:
