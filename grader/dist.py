@@ -45,9 +45,10 @@ Hand in the `.ipynb` notebooks the way your course tells you to.
 """
 
 
-def strip_hidden_cases(source: str) -> str:
-    """``grader/tasks.py`` without the hidden cases: every ``_c(...)`` call whose fifth
-    argument (or ``hidden=``) is True is removed from the tuple that holds it."""
+def strip_hidden_cases(source: str) -> tuple[str, int]:
+    """A task module's source without its hidden cases, and how many were removed: every
+    ``_c(...)`` call whose fifth argument (or ``hidden=``) is True is removed from the tuple
+    that holds it."""
     tree = ast.parse(source)
 
     def hidden(node: ast.AST) -> bool:
@@ -64,17 +65,17 @@ def strip_hidden_cases(source: str) -> str:
             removed += len(node.elts) - len(kept)
             node.elts = kept
     if removed == 0:
-        raise ValueError("grader/tasks.py: no hidden _c(...) cases found to remove; has the "
-                         "case syntax changed? (grader/dist.py strips them)")
+        return source, 0
     doc = tree.body[0]
     if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
-        doc.value.value = "The course's tasks, visible cases only (written by pallas-course dist)."
-    return ast.unparse(tree) + "\n"
+        doc.value.value += " Visible cases only (written by pallas-course dist)."
+    return ast.unparse(tree) + "\n", removed
 
 
 def learner_modules(grader_dir: Path, start: str = "course") -> list[str]:
     """The learner side of grader/: ``course`` and the grader modules it imports at module
-    level, transitively (imports inside functions, such as grading's exchange, stay out)."""
+    level, transitively (imports inside functions, such as grading's exchange, stay out). A
+    package (``tasks``) is named once and goes whole."""
     seen: list[str] = []
     todo = [start]
     while todo:
@@ -82,7 +83,10 @@ def learner_modules(grader_dir: Path, start: str = "course") -> list[str]:
         if name in seen:
             continue
         seen.append(name)
-        for node in ast.parse((grader_dir / f"{name}.py").read_text()).body:
+        path = grader_dir / name / "__init__.py"
+        if not path.exists():
+            path = grader_dir / f"{name}.py"
+        for node in ast.parse(path.read_text()).body:
             if isinstance(node, ast.ImportFrom) and node.module == "grader":
                 todo += [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("grader."):
@@ -124,10 +128,21 @@ def write_tree(root: Path, repo: Path, dest: Path) -> None:
         shutil.copyfile(src, target)
     _copytree(package / "kernelsim", dest / "kernelsim")
     (dest / "grader").mkdir()
+    hidden_removed = 0
     for name in ["__init__", *learner_modules(package / "grader")]:
-        text = (package / "grader" / f"{name}.py").read_text()
-        (dest / "grader" / f"{name}.py").write_text(
-            strip_hidden_cases(text) if name == "tasks" else text)
+        if (package / "grader" / name).is_dir():
+            files = sorted((package / "grader" / name).glob("*.py"))
+        else:
+            files = [package / "grader" / f"{name}.py"]
+        for src in files:
+            text, removed = strip_hidden_cases(src.read_text())
+            hidden_removed += removed
+            target = dest / src.relative_to(package)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text)
+    if hidden_removed == 0:
+        raise ValueError("grader/tasks/: no hidden _c(...) cases found to remove; has the case "
+                         "syntax changed? (grader/dist.py strips them)")
     (dest / "jupyter" / "labconfig").mkdir(parents=True)
     shutil.copyfile(package / "site" / "jupyter" / "labconfig" /
                     "default_setting_overrides.json",

@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import inspect
 
+from grader.tasks import MODULES as TASK_MODULES
+
 # modules whose every function and method is fingerprinted
-MODULES = ("grader.course", "grader.exchange", "grader.tasks", "grader.refs", "grader.verdict",
+MODULES = ("grader.course", "grader.exchange", "grader.tasks", "grader.tasks.core",
+           *(f"grader.tasks.{name}" for name in TASK_MODULES), "grader.refs", "grader.verdict",
            "grader.work",
            "kernelsim", "kernelsim._jax", "kernelsim.model", "kernelsim.schedule",
            "kernelsim.cost", "kernelsim.trace", "kernelsim.errors", "kernelsim.lint")

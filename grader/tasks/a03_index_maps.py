@@ -1,0 +1,88 @@
+"""Assignment 03, index maps: its tasks, cases and structural rules."""
+
+from __future__ import annotations
+
+from grader.tasks.core import (
+    _c,
+    _nbytes,
+    _normal,
+    _struct,
+    _task,
+    block_is,
+    cdiv,
+    grid_is,
+    grid_rank,
+    read_budget,
+    role_count,
+)
+
+A3 = "03_index_maps"
+
+
+def _transpose_rules(call, case, rules, inputs):
+    (m, n), (bm, bn) = case.arrays["x"], case.params["block"]
+    rules.append(grid_rank(call, 2))
+    rules.append(block_is(call, "input", 0, (bm, bn), "x"))
+    rules.append(block_is(call, "output", 0, (bn, bm), "output"))
+    rules.append(read_budget(call, "input", 0, _nbytes((m, n), case.dtype), "x (each block once)"))
+
+
+def _bias_rules(call, case, rules, inputs):
+    (_, n), (bm, bn) = case.arrays["x"], case.params["block"]
+    rules.append(grid_rank(call, 2))
+    rules.append(block_is(call, "input", 0, (bm, bn), "x"))
+    rules.append(block_is(call, "input", 1, (1, bn), "bias"))
+    rules.append(read_budget(call, "input", 1, _nbytes((1, n), case.dtype),
+                             "bias (each bias block fetched once: order the grid for it)"))
+
+
+def _sym_rules(call, case, rules, inputs):
+    (n, _), b = case.arrays["x"], case.params["b"]
+    rules.append(grid_is(call, (cdiv(n, b), cdiv(n, b))))
+    rules.append(role_count(call, "input", 2, "x passed twice (two index maps)"))
+    rules.append(block_is(call, "input", 0, (b, b), "first x"))
+    rules.append(block_is(call, "input", 1, (b, b), "second x"))
+
+
+def _make_bias(rng, case):
+    m, n = case.arrays["x"]
+    return {"x": _normal(rng, (m, n), case.dtype), "bias": _normal(rng, (1, n), case.dtype)}
+
+
+_task(
+    id="transpose", assignment=A3, title="Transpose through the index map",
+    kernel_ops=(("transpose",),),
+    reference=lambda x, block: x.T,
+    cases=(
+        _c("v0", 6, "float32", {"x": (16, 256)}, block=(8, 128)),
+        _c("h0", 161, "float32", {"x": (40, 300)}, True, block=(16, 128)),
+        _c("h1", 162, "bfloat16", {"x": (128, 256)}, True, block=(128, 128)),
+        _c("h2", 163, "float32", {"x": (24, 16)}, True, block=(8, 8)),
+    ),
+    structure=_struct(_transpose_rules),
+)
+_task(
+    id="add_bias", assignment=A3, title="Add a row bias, fetching each bias block once",
+    kernel_ops=(("add",),),
+    reference=lambda x, bias, block: x + bias,
+    make=_make_bias,
+    cases=(
+        _c("v0", 7, "float32", {"x": (32, 256)}, block=(8, 128)),
+        _c("h0", 171, "float32", {"x": (37, 300)}, True, block=(16, 128)),
+        _c("h1", 172, "bfloat16", {"x": (64, 512)}, True, block=(16, 128)),
+        _c("h2", 173, "float32", {"x": (16, 128)}, True, block=(8, 128)),
+    ),
+    structure=_struct(_bias_rules),
+)
+_task(
+    id="symmetrize", assignment=A3, title="x + x.T with two index maps on one array",
+    kernel_ops=(("add",), ("transpose",)),
+    reference=lambda x, b: x + x.T,
+    cases=(
+        _c("v0", 8, "float32", {"x": (32, 32)}, b=16),
+        _c("h0", 181, "float32", {"x": (37, 37)}, True, b=16),
+        _c("h1", 182, "bfloat16", {"x": (64, 64)}, True, b=32),
+        _c("h2", 183, "float32", {"x": (48, 48)}, True, b=8),
+    ),
+    structure=_struct(_sym_rules),
+)

@@ -1,0 +1,159 @@
+"""Assignment 05, scalar prefetch: its tasks, cases and structural rules."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from grader.tasks.core import (
+    _c,
+    _f32,
+    _matmul_ref,
+    _nbytes,
+    _normal,
+    _struct,
+    _task,
+    block_is,
+    cdiv,
+    grid_is,
+    read_budget,
+    role_count,
+)
+
+A5 = "05_scalar_prefetch"
+
+
+def _make_gather(rng, case):
+    v, d = case.arrays["table"]
+    (n,) = case.arrays["ids"]
+    ids = rng.integers(0, v, size=n).astype(np.int32)
+    if n > 2:
+        ids[1] = ids[0]  # a repeated id: the pipeline can skip the fetch
+    return {"table": _normal(rng, (v, d), case.dtype), "ids": ids}
+
+
+def _gather_rules(call, case, rules, inputs):
+    (_, d), (n,) = case.arrays["table"], case.arrays["ids"]
+    rules.append(role_count(call, "scalar_prefetch", 1, "scalar prefetch (ids in SMEM)"))
+    rules.append(grid_is(call, (n,)))
+    rules.append(block_is(call, "input", 0, (1, d), "table"))
+    rules.append(read_budget(call, "input", 0, n * _nbytes((1, d), case.dtype),
+                             "table (one row per id, never the whole table)"))
+
+
+def _make_bsmm(rng, case):
+    (m, k), (_, n) = case.arrays["a"], case.arrays["b"]
+    bm, bk = case.params["bm"], case.params["bk"]
+    mask = rng.random((m // bm, k // bk)) < 0.5
+    mask[0, :] = False  # a row of blocks with no non-zero block
+    mask[-1, -1] = True
+    a = _normal(rng, (m, k), case.dtype)
+    full = np.kron(mask, np.ones((bm, bk), bool))
+    a = np.where(full, a, np.zeros_like(a))
+    return {"a": a, "b": _normal(rng, (k, n), case.dtype), "block_mask": mask.astype(np.int32)}
+
+
+def _bsmm_rules(call, case, rules, inputs):
+    _, (_, n) = case.arrays["a"], case.arrays["b"]
+    bm, bk, bn = case.params["bm"], case.params["bk"], case.params["bn"]
+    mask = np.asarray(inputs["block_mask"])
+    rules.append(role_count(call, "scalar_prefetch", 1, "scalar prefetch (block indices)"))
+    per_row = np.maximum(mask.sum(axis=1), 1)
+    budget = int(per_row.sum()) * cdiv(n, bn) * _nbytes((bm, bk), case.dtype)
+    rules.append(read_budget(call, "input", 0, budget,
+                             f"A (only its {int(mask.sum())} non-zero blocks, per column block)"))
+
+
+def _invoke_bsmm(fn, arrays, params):
+    a, b, mask = arrays
+    p = {k: v for k, v in params.items() if not k.startswith("_")}
+    return fn(a, b, np.asarray(mask), **p)
+
+
+def _bsmm_ref(a, b, block_mask, **_):
+    return _matmul_ref(a, b)
+
+
+def _make_gmm(rng, case):
+    (m, k), (g, _, n) = case.arrays["x"], case.arrays["w"]
+    bm = case.params["bm"]
+    blocks = m // bm
+    if case.values == "skewed":  # one group takes almost every block; most groups are empty
+        sizes = np.zeros(g, np.int64)
+        sizes[g // 2], sizes[-1] = 1, 1
+        sizes[0] = blocks - sizes.sum()
+        sizes *= bm
+    else:
+        cuts = np.sort(rng.choice(np.arange(1, blocks), size=g - 1, replace=False))
+        sizes = np.diff(np.concatenate([[0], cuts, [blocks]])) * bm
+    return {"x": _normal(rng, (m, k), case.dtype), "w": _normal(rng, (g, k, n), case.dtype),
+            "group_sizes": sizes.astype(np.int32)}
+
+
+def _gmm_ref(x, w, group_sizes, **_):
+    gid = np.repeat(np.arange(w.shape[0]), np.asarray(group_sizes))
+    return jnp.einsum("mk,mkn->mn", _f32(x), _f32(w[gid]),
+                      preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def _gmm_rules(call, case, rules, inputs):
+    (m, k), (_, _, n) = case.arrays["x"], case.arrays["w"]
+    bm, bn = case.params["bm"], case.params["bn"]
+    rules.append(role_count(call, "scalar_prefetch", 1, "scalar prefetch (group of each block)"))
+    rules.append(grid_is(call, (m // bm, cdiv(n, bn))))
+    rules.append(read_budget(call, "input", 1, (m // bm) * _nbytes((k, n), case.dtype),
+                             "w (only the block's own group, never all groups)"))
+
+
+def _invoke_gmm(fn, arrays, params):
+    x, w, sizes = arrays
+    return fn(x, w, np.asarray(sizes), **params)
+
+
+_task(
+    id="gather_rows", assignment=A5, title="Embedding gather with scalar prefetch",
+    reference=lambda table, ids: table[ids],
+    make=_make_gather,
+    cases=(
+        _c("v0", 12, "float32", {"table": (32, 128), "ids": (8,)}),
+        _c("h0", 221, "float32", {"table": (100, 256), "ids": (37,)}, True),
+        _c("h1", 222, "bfloat16", {"table": (64, 128), "ids": (16,)}, True),
+        _c("h2", 223, "float32", {"table": (8, 128), "ids": (3,)}, True),
+    ),
+    structure=_struct(_gather_rules),
+)
+_task(
+    id="block_sparse_matmul", assignment=A5, title="Block-sparse matmul",
+    kernel_ops=(("dot_general",),), host_inputs=1,
+    reference=_bsmm_ref, tolerance="reduction", make=_make_bsmm, invoke=_invoke_bsmm,
+    cases=(
+        _c("v0", 13, "float32", {"a": (64, 128), "b": (128, 128), "block_mask": (4, 4)},
+           bm=16, bk=32, bn=64),
+        _c("h0", 231, "float32", {"a": (64, 128), "b": (128, 200), "block_mask": (4, 4)},
+           True, bm=16, bk=32, bn=64),
+        _c("h1", 232, "bfloat16", {"a": (128, 256), "b": (256, 128), "block_mask": (4, 4)},
+           True, bm=32, bk=64, bn=128),
+        _c("h2", 233, "float32", {"a": (96, 96), "b": (96, 64), "block_mask": (6, 3)},
+           True, bm=16, bk=32, bn=32),
+    ),
+    structure=_struct(_bsmm_rules),
+)
+_task(
+    id="grouped_matmul", assignment=A5, title="Grouped matmul (one weight per group of rows)",
+    kernel_ops=(("dot_general",),), host_inputs=1,
+    reference=_gmm_ref, tolerance="reduction", make=_make_gmm, invoke=_invoke_gmm,
+    cases=(
+        # more groups than row blocks, some empty: reading every group's weights cannot fit
+        _c("v0", 14, "float32", {"x": (64, 32), "w": (6, 32, 128), "group_sizes": (6,)},
+           values="skewed", bm=16, bn=128),
+        _c("h0", 241, "float32", {"x": (128, 64), "w": (4, 64, 200), "group_sizes": (4,)},
+           True, bm=16, bn=64),
+        _c("h1", 242, "bfloat16", {"x": (64, 64), "w": (2, 64, 128), "group_sizes": (2,)},
+           True, bm=16, bn=128),
+        _c("h2", 243, "float32", {"x": (96, 32), "w": (5, 32, 64), "group_sizes": (5,)},
+           True, bm=8, bn=32),
+        _c("h3", 244, "float32", {"x": (128, 64), "w": (8, 64, 128), "group_sizes": (8,)},
+           True, values="skewed", bm=16, bn=64),
+    ),
+    structure=_struct(_gmm_rules),
+)

@@ -1,0 +1,106 @@
+"""Assignment 07, flash attention: its tasks, cases and structural rules."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from grader.tasks.core import (
+    Rule,
+    _c,
+    _f32,
+    _nbytes,
+    _struct,
+    _task,
+    block_is,
+    cdiv,
+    grid_is,
+    read_budget,
+    total_budget,
+)
+
+A7 = "07_flash_attention"
+
+
+def _scores_ref(q, k, bq, bk):
+    d = q.shape[-1]
+    return (jnp.dot(q, k.T, preferred_element_type=jnp.float32) / math.sqrt(d)).astype(q.dtype)
+
+
+def _attn_ref(q, k, v, bq, bk, causal=False):
+    s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+    if causal:
+        lq, lk = s.shape
+        s = jnp.where(jnp.arange(lq)[:, None] >= jnp.arange(lk)[None, :], s, -jnp.inf)
+    p = jax.nn.softmax(s, axis=-1)
+    return jnp.dot(p, _f32(v)).astype(q.dtype)
+
+
+def _scores_rules(call, case, rules, inputs):
+    (lq, _), (lk, _) = case.arrays["q"], case.arrays["k"]
+    bq, bk = case.params["bq"], case.params["bk"]
+    rules.append(grid_is(call, (cdiv(lq, bq), cdiv(lk, bk))))
+    rules.append(block_is(call, "output", 0, (bq, bk), "scores"))
+
+
+def _flash_rules(call, case, rules, inputs, causal=False):
+    (lq, d), (lk, _) = case.arrays["q"], case.arrays["k"]
+    bq, bk = case.params["bq"], case.params["bk"]
+    rules.append(grid_is(call, (cdiv(lq, bq), lk // bk)))
+    rules.extend(total_budget(call, None, _nbytes((lq, d), case.dtype)))
+    if causal:
+        needed = sum(min(lk // bk, cdiv(min(lq, (i + 1) * bq), bk)) for i in range(cdiv(lq, bq)))
+        budget = needed * _nbytes((bk, d), case.dtype)
+        label = f"k (only the {needed} blocks at or below the diagonal)"
+    else:
+        budget = cdiv(lq, bq) * _nbytes((lk, d), case.dtype)
+        label = f"k (once per query block, {cdiv(lq, bq)} times)"
+    rules.append(read_budget(call, "input", 1, budget, label))
+    rules.append(Rule("no (Lq, Lk) scores in HBM", f"writes <= {_nbytes((lq, d), case.dtype):,} B",
+                      f"{call.hbm_write_bytes:,} B",
+                      call.hbm_write_bytes <= _nbytes((lq, d), case.dtype)))
+
+
+_qkv = lambda lq, lk, d: {"q": (lq, d), "k": (lk, d), "v": (lk, d)}  # noqa: E731
+_task(
+    id="attention_scores", assignment=A7, title="Tiled scaled scores q @ k.T / sqrt(d)",
+    kernel_ops=(("dot_general",),),
+    reference=_scores_ref, tolerance="reduction",
+    cases=(
+        _c("v0", 18, "float32", {"q": (32, 64), "k": (64, 64)}, bq=16, bk=32),
+        _c("h0", 281, "float32", {"q": (40, 64), "k": (100, 64)}, True, bq=16, bk=32),
+        _c("h1", 282, "bfloat16", {"q": (64, 128), "k": (64, 128)}, True, bq=32, bk=32),
+        _c("h2", 283, "float32", {"q": (16, 32), "k": (48, 32)}, True, bq=8, bk=16),
+    ),
+    structure=_struct(_scores_rules),
+)
+_task(
+    id="flash_attention", assignment=A7, title="Flash-attention forward (online softmax)",
+    kernel_ops=(("dot_general",), ("exp",)),
+    reference=_attn_ref, tolerance="attention",
+    cases=(
+        _c("v0", 19, "float32", _qkv(32, 128, 64), bq=16, bk=32),
+        _c("h0", 291, "float32", _qkv(40, 128, 64), True, bq=16, bk=32),
+        _c("h1", 292, "bfloat16", _qkv(64, 128, 128), True, bq=32, bk=64),
+        _c("h2", 293, "float32", _qkv(16, 48, 32), True, bq=8, bk=16),
+        _c("h3", 294, "float32", _qkv(32, 128, 64), True, values="large", bq=16, bk=32),
+    ),
+    structure=_struct(_flash_rules),
+)
+_task(
+    id="causal_flash_attention", assignment=A7, title="Causal flash attention, skipping blocks",
+    kernel_ops=(("dot_general",), ("exp",)),
+    reference=lambda q, k, v, bq, bk: _attn_ref(q, k, v, bq, bk, causal=True),
+    tolerance="attention",
+    cases=(
+        _c("v0", 20, "float32", _qkv(64, 64, 64), bq=16, bk=16),
+        _c("h0", 301, "float32", _qkv(96, 96, 64), True, bq=32, bk=16),
+        _c("h1", 302, "bfloat16", _qkv(128, 128, 128), True, bq=32, bk=32),
+        _c("h2", 303, "float32", _qkv(48, 48, 32), True, bq=16, bk=16),
+        _c("h3", 304, "float32", _qkv(64, 64, 64), True, values="large", bq=16, bk=16),
+    ),
+    structure=_struct(lambda call, case, rules, inputs: _flash_rules(call, case, rules, inputs,
+                                                                   causal=True)),
+)

@@ -1,0 +1,278 @@
+"""What a graded task is: inputs, plain-JAX references, tolerances and structural rules.
+
+One ``Task`` per graded exercise. Its ``cases`` fix every input by shape, dtype and seed; the
+``visible`` cases are the ones a learner sees, the ``hidden`` ones (other shapes, non-divisible
+edges, bfloat16, more seeds) only run at grading. ``pallas-course refs`` evaluates ``reference``
+on every case and stores inputs and expected output under ``exercises/refs/`` (see
+``grader.refs``); the notebooks' test cells call ``grader.course.check`` which compares against
+those files, never against this module's references directly.
+
+The structural rule of a task reads a ``kernelsim`` trace of the learner's function on one case
+and returns ``Rule`` results: what was required, what was found.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# Tolerances, in one table: (rtol, atol) per kind of task and dtype. An element passes when
+# |got - expected| <= atol + rtol * |expected|. Every reference computes in float32 and rounds
+# once to the output dtype; one ulp is 2**-24 (6e-8) relative in float32, 2**-8 (3.9e-3) in
+# bfloat16.
+TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
+    # the kernel performs the reference's own IEEE operations: float32 results are equal;
+    # bfloat16 may differ by the one rounding of an intermediate a kernel keeps in float32
+    "exact": {"float32": (1e-6, 1e-6), "bfloat16": (2**-7, 1e-6)},
+    # sums in another order (row sums, softmax, layernorm, matmul over K <= 1024): float32
+    # partial sums drift by about sqrt(n) ulps, under 1e-4; bfloat16: the float32 result,
+    # rounded once, can land one rounding boundary away (2 ulps). Accumulating in bfloat16
+    # across grid steps is off by far more on the long all-positive cases (tests/grader/
+    # test_tolerance.py), as is a softmax without the max subtracted on the large logits
+    "reduction": {"float32": (1e-4, 1e-4), "bfloat16": (2**-7, 1e-3)},
+    # attention: the P @ V product takes P rounded to bfloat16 (as FlashAttention does), so an
+    # output near zero is off by about 2**-9 of the largest |v|
+    "attention": {"float32": (1e-4, 1e-4), "bfloat16": (2**-7, 2**-5)},
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One input set: ``arrays`` maps argument names (in call order) to shapes."""
+
+    name: str
+    seed: int
+    dtype: str
+    arrays: dict[str, tuple[int, ...]]
+    params: dict[str, Any] = field(default_factory=dict)
+    hidden: bool = False
+    # how the inputs are drawn: "normal" N(0, 1); "large" 30 N(0, 1) + 60 (exp overflows
+    # without the max subtracted); "positive" U[0, 1) (long sums grow: bfloat16 accumulation
+    # loses them); "skewed" group sizes (empty groups, one group with almost every row)
+    values: str = "normal"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One structural requirement checked on a kernelsim trace."""
+
+    what: str
+    required: str
+    found: str
+    ok: bool
+
+    def __str__(self) -> str:
+        mark = "ok  " if self.ok else "FAIL"
+        return f"[{mark}] {self.what}: required {self.required}; found {self.found}"
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    assignment: str
+    title: str
+    reference: Callable[..., Any]
+    cases: tuple[Case, ...]
+    structure: Callable[[Any, Case, dict], list[Rule]]
+    tolerance: str = "exact"  # a row of TOLERANCES
+    make: Callable[[np.random.Generator, Case], dict[str, np.ndarray]] | None = None
+    # how the learner's function is called: invoke(fn, arrays, params) -> output
+    invoke: Callable[[Callable, list, dict], Any] | None = None
+    # trailing inputs the function gets as NumPy arrays to plan with on the host (a block
+    # mask, group sizes); the others are traced, and the program they give is what runs
+    host_inputs: int = 0
+    # what the kernel body must compute: per group, one of these primitives
+    kernel_ops: tuple[tuple[str, ...], ...] = ()
+
+    def inputs(self, case: Case) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng(case.seed)
+        if self.make is not None:
+            return self.make(rng, case)
+        return {k: _values(rng, s, case) for k, s in case.arrays.items()}
+
+    def call(self, fn: Callable, arrays: list, params: dict) -> Any:
+        if self.invoke is not None:
+            return self.invoke(fn, arrays, params)
+        return fn(*arrays, **params)
+
+    def expected(self, case: Case, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        args = [jnp.asarray(v) for v in inputs.values()]
+        out = self.reference(*args, **case.params)
+        return np.asarray(jax.device_get(out))
+
+
+def _dtype(name: str):
+    return jnp.bfloat16 if name == "bfloat16" else np.dtype(name)
+
+
+def _normal(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
+    return np.asarray(rng.standard_normal(shape, dtype=np.float32).astype(_dtype(dtype)))
+
+
+def _values(rng: np.random.Generator, shape, case: Case) -> np.ndarray:
+    """An input drawn as ``case.values`` says (see ``Case``)."""
+    if case.values == "large":
+        return np.asarray((30 * rng.standard_normal(shape, dtype=np.float32) + 60)
+                          .astype(_dtype(case.dtype)))
+    if case.values == "positive":
+        return np.asarray(rng.random(shape, dtype=np.float32).astype(_dtype(case.dtype)))
+    return _normal(rng, shape, case.dtype)
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _f32(x):
+    return x.astype(jnp.float32)
+
+
+# ----------------------------------------------------------------------------- structural rules
+def calls_at_least(t, n: int = 1) -> Rule:
+    k = len(t.calls)
+    return Rule("pallas_call reached", f">= {n}", str(k), k >= n)
+
+
+def calls_exactly(t, n: int) -> Rule:
+    k = len(t.calls)
+    return Rule("number of pallas_calls", f"exactly {n} (one fused kernel)", str(k), k == n)
+
+
+def _ops(call, role: str):
+    return [o for o in call.operands if o.role == role]
+
+
+def grid_is(call, grid: tuple[int, ...]) -> Rule:
+    return Rule("grid", str(tuple(grid)), str(tuple(call.grid)), tuple(call.grid) == tuple(grid))
+
+
+def grid_rank(call, rank: int) -> Rule:
+    g = tuple(call.grid)
+    return Rule("grid rank", str(rank), f"{len(g)} (grid {g})", len(g) == rank)
+
+
+def block_is(call, role: str, index: int, block: tuple[int, ...] | None, label: str) -> Rule:
+    ops = _ops(call, role)
+    if index >= len(ops):
+        return Rule(f"{label} block shape", str(block), f"no {role} operand #{index}", False)
+    found = ops[index].block_shape
+    found_t = None if found is None else tuple(found)
+    req = None if block is None else tuple(block)
+    return Rule(f"{label} block shape", str(req), str(found_t), found_t == req)
+
+
+def role_count(call, role: str, at_least: int, label: str) -> Rule:
+    k = len(_ops(call, role))
+    return Rule(label, f">= {at_least} {role} operand(s)", str(k), k >= at_least)
+
+
+def read_budget(call, role: str, index: int, budget: int, label: str) -> Rule:
+    ops = _ops(call, role)
+    if index >= len(ops):
+        return Rule(f"{label} HBM reads", f"<= {budget:,} B", f"no {role} operand #{index}", False)
+    got = ops[index].hbm_read_bytes
+    return Rule(f"{label} HBM reads", f"<= {budget:,} B", f"{got:,} B ({ops[index].fetches} "
+                f"block fetches)", got <= budget)
+
+
+def total_budget(call, read: int | None, write: int | None) -> list[Rule]:
+    out = []
+    if read is not None:
+        out.append(Rule("HBM read traffic", f"<= {read:,} B", f"{call.hbm_read_bytes:,} B",
+                        call.hbm_read_bytes <= read))
+    if write is not None:
+        out.append(Rule("HBM write traffic", f"<= {write:,} B", f"{call.hbm_write_bytes:,} B",
+                        call.hbm_write_bytes <= write))
+    return out
+
+
+def _nbytes(shape, dtype: str) -> int:
+    return int(math.prod(shape)) * np.dtype(_dtype(dtype)).itemsize
+
+
+def _only_call(rules: list[Rule], t) -> Any:
+    k = len(t.calls)
+    rules.append(Rule("pallas_call reached", "exactly 1 (every call is judged; the task "
+                      "takes one kernel)", str(k), k == 1))
+    return t.calls[0] if t.calls else None
+
+
+def _struct(fn: Callable[..., None]):
+    """Wrap a per-call rule builder: check there is one pallas_call, then run ``fn`` on it."""
+
+    def structure(t, case: Case, inputs: dict) -> list[Rule]:
+        rules: list[Rule] = []
+        call = _only_call(rules, t)
+        if call is not None:
+            fn(call, case, rules, inputs)
+        return rules
+
+    return structure
+
+
+# ----------------------------------------------------------------------------- the kernel's work
+OUTSIDE_SHARE = 10  # compute outside kernels: at most 1/OUTSIDE_SHARE of the task's FLOPs
+_REFERENCE_FLOPS: dict[tuple[str, str], int] = {}
+
+
+def reference_flops(task: Task, case: Case, inputs: dict) -> int:
+    """FLOPs of the task's plain-JAX reference on ``case`` (cached)."""
+    key = (task.id, case.name)
+    if key not in _REFERENCE_FLOPS:
+        from grader import work
+
+        arrays = [jnp.asarray(v) for v in inputs.values()]
+        split = len(arrays) - task.host_inputs
+        host = [np.asarray(v) for v in arrays[split:]]
+        program = jax.make_jaxpr(
+            lambda *a: task.reference(*a, *host, **case.params))(*arrays[:split])
+        _REFERENCE_FLOPS[key] = work.flops(program)
+    return _REFERENCE_FLOPS[key]
+
+
+def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> list[Rule]:
+    """The kernel does the work: ``w`` is ``verdict.WorkFacts`` of the learner's run."""
+    rules = [Rule("result comes from the kernel", "the pallas_call's output (at most layout "
+                  "ops after it)", "; ".join(f.origin for f in w.outputs) or "no output",
+                  bool(w.outputs) and all(f.kind == "kernel" for f in w.outputs))]
+    fed = [f"operand {i} of pallas_call #{c.number}: {f.origin}" for c in w.calls
+           for i, (role, f) in enumerate(c.operands) if role == "input" and f.kind != "input"]
+    rules.append(Rule("kernel inputs are your function's inputs", "the arguments (at most "
+                      "layout ops before the call)", "; ".join(fed) or "they are", not fed))
+    budget = max(reference_flops(task, case, inputs), out_elements) // OUTSIDE_SHARE
+    ops = f" ({', '.join(w.outside_ops)})" if w.outside_ops else ""
+    rules.append(Rule("compute outside kernels", f"<= {budget:,} FLOPs (1/{OUTSIDE_SHARE} of "
+                      "the task's)", f"{w.outside_flops:,} FLOPs{ops}",
+                      w.outside_flops <= budget))
+    used = sorted(set().union(*(c.primitives for c in w.calls)))
+    for group in task.kernel_ops:
+        rules.append(Rule(f"kernel computes {' or '.join(group)}", "in the kernel body",
+                          ", ".join(p for p in used if p not in ("get", "swap")) or "nothing",
+                          any(set(group) & c.primitives for c in w.calls)))
+    unread = [f"input {i} of pallas_call #{c.number}" for c in w.calls for i in c.unread]
+    rules.append(Rule("every kernel input is read", "each input's ref used in the kernel body",
+                      "; ".join(f"{u} is never read" for u in unread) or "all are", not unread))
+    return rules
+
+
+def _c(name, seed, dtype, arrays, hidden=False, values="normal", **params):
+    return Case(name, seed, dtype, arrays, params, hidden, values)
+
+
+TASKS: list[Task] = []
+
+
+def _task(**kw) -> Task:
+    t = Task(**kw)
+    TASKS.append(t)
+    return t
+
+
+def _matmul_ref(a, b, *_, **__):
+    return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
