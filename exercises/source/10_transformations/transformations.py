@@ -1,0 +1,255 @@
+# %% [markdown]
+# # Assignment 10 — transformations
+#
+# Lesson 10 showed three things JAX transformations do with a kernel: `jax.vmap` turns a
+# kernel for one matrix into a kernel for a batch by adding a grid axis; `jax.grad` cannot see
+# through a `pallas_call`, so a backward kernel is attached with `jax.custom_vjp`; and
+# `input_output_aliases` lets a kernel update a buffer in place. One task each; task 2 is the
+# centrepiece.
+
+# %% nbgrader={"grade_id": "setup", "locked": true}
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+
+import kernelsim
+from grader import course
+from kernelsim.backend import choose
+
+# Compiled on a GPU or TPU, interpreted on a CPU.
+INTERPRET = choose().interpret
+
+# %% [markdown]
+# ## Task 1 — `batched_bias_tanh(x, bias, bm)` (3 points)
+#
+# `x` has shape `(B, M, N)`, `bias` shape `(1, N)`; return `tanh(x[b] + bias)` for every `b`,
+# in the dtype of `x` (compute in float32).
+#
+# Write the kernel for **one** `(M, N)` matrix (blocks of `bm` full rows, grid
+# `(cdiv(M, bm),)`) and let `jax.vmap` batch it. Graded on the call it produces: one
+# `pallas_call` with grid `(B, cdiv(M, bm))`, an `x` block `(None, bm, N)`, and `bias` kept
+# unbatched — block `(1, N)`, read from HBM once for the whole batch.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Write `one(x2d)` as an ordinary row-block kernel in which `bias` has a block whose index never
+# changes. Then map it over the leading axis of `x` only: `bias` must stay a single `(1, N)`
+# array, not one copy per example, or the pipeline fetches it `B` times.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# `jax.vmap(one, in_axes=(0, None))(x, bias)`
+#
+# </details>
+
+# %% nbgrader={"grade_id": "batched_bias_tanh_solution", "solution": true}
+def batched_bias_tanh(x, bias, bm):
+    ### BEGIN SOLUTION
+    def kernel(x_ref, b_ref, o_ref):
+        v = x_ref[...].astype(jnp.float32) + b_ref[...].astype(jnp.float32)
+        o_ref[...] = jnp.tanh(v).astype(o_ref.dtype)
+
+    def one(x2d, bias):
+        m, n = x2d.shape
+        rows = pl.BlockSpec((bm, n), lambda i: (i, 0))
+        # bias's block index is constant: fetched once, reused by every step.
+        return pl.pallas_call(
+            kernel,
+            grid=(pl.cdiv(m, bm),),
+            in_specs=[rows, pl.BlockSpec((1, n), lambda i: (0, 0))],
+            out_specs=rows,
+            out_shape=jax.ShapeDtypeStruct(x2d.shape, x2d.dtype),
+            interpret=INTERPRET,
+        )(x2d, bias)
+
+    return jax.vmap(one, in_axes=(0, None))(x, bias)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "batched_bias_tanh_visible", "grade": true, "points": 1}
+course.check("batched_bias_tanh", batched_bias_tanh)
+
+# %% nbgrader={"grade_id": "batched_bias_tanh_hidden", "grade": true, "points": 2}
+# Hidden tests: rows not a multiple of bm, bfloat16, other batch sizes.
+### BEGIN HIDDEN TESTS
+course.check("batched_bias_tanh", batched_bias_tanh, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 2 — `rms_norm(x, bm)` with its own backward kernel (6 points)
+#
+# The RMS norm of each row of `x` (shape `(M, N)`):
+#
+# $$y = x \cdot r, \qquad r = \frac{1}{\sqrt{\tfrac1N \sum_j x_j^2 + \varepsilon}},
+# \quad \varepsilon = 10^{-6}.$$
+#
+# For a cotangent `g` (the gradient of some loss with respect to `y`), the gradient with
+# respect to `x` is, row by row, with $\hat x = x \cdot r$:
+#
+# $$dx = r \cdot \Big(g - \hat x \cdot \tfrac1N \sum_j g_j \hat x_j\Big).$$
+#
+# `jax.grad` cannot differentiate a `pallas_call` (lesson 10), so make `rms_norm`
+# differentiable with `jax.custom_vjp`:
+#
+# * the **forward kernel** computes `y`, one block of `bm` full rows per step;
+# * the **only residual is `x`** itself; the **backward kernel** reads `x` and `g` (blocks of
+#   `bm` rows), recomputes `r` and writes `dx`. Recomputing costs one reduction per row and no
+#   HBM bytes: the backward kernel loads `x` anyway, whereas saving `r` would add a forward
+#   output, its write and its read.
+#
+# Compute in float32 inside both kernels; return the dtype of `x`. The check calls
+# `y, pullback = jax.vjp(lambda x: rms_norm(x, bm), x)` and `pullback(g)` — what `jax.grad`
+# does for the loss `sum(rms_norm(x) * g)` — and compares `stack([y, dx])` with plain JAX's
+# values and gradient (a wrong element at `[0, …]` is in `y`, at `[1, …]` in `dx`). Structure:
+# at least two `pallas_call`s, forward and backward, each with grid `(cdiv(M, bm),)`.
+#
+# A skeleton for the wiring (the kernels are yours):
+#
+# ```python
+# @jax.custom_vjp
+# def f(x): ...            # forward pallas_call
+# def fwd(x): ...          # returns (f(x), residuals)
+# def bwd(residuals, g): ...  # returns a tuple: one cotangent per input of f
+# f.defvjp(fwd, bwd)
+# ```
+#
+# Check it yourself with `jax.grad` on a small input before running the test cell.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Build the `custom_vjp` function inside `rms_norm`, where `bm` is a plain Python int the
+# kernels close over. Both kernels start the same way: load the rows in float32 and compute
+# `r` per row with `keepdims=True`, so it broadcasts against the `(bm, N)` block. `fwd` saves
+# `x`; `bwd` passes `x` and `g` to the second `pallas_call` and returns its output in a
+# one-element tuple.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# In the backward kernel, with `xh = x * r`:
+# `r * (g - xh * jnp.mean(g * xh, axis=1, keepdims=True))`
+#
+# </details>
+
+# %% nbgrader={"grade_id": "rms_norm_solution", "solution": true}
+def rms_norm(x, bm):
+    ### BEGIN SOLUTION
+    eps = 1e-6
+
+    def inv_rms(x):
+        return jax.lax.rsqrt(jnp.mean(x * x, axis=1, keepdims=True) + eps)
+
+    def forward_kernel(x_ref, y_ref):
+        v = x_ref[...].astype(jnp.float32)
+        y_ref[...] = (v * inv_rms(v)).astype(y_ref.dtype)
+
+    def backward_kernel(x_ref, g_ref, dx_ref):
+        v, g = x_ref[...].astype(jnp.float32), g_ref[...].astype(jnp.float32)
+        r = inv_rms(v)
+        xh = v * r
+        dx_ref[...] = (r * (g - xh * jnp.mean(g * xh, axis=1, keepdims=True))
+                       ).astype(dx_ref.dtype)
+
+    def row_call(kernel, n_inputs, like):
+        m, n = like.shape
+        rows = pl.BlockSpec((bm, n), lambda i: (i, 0))
+        # Each block of rows is used by one step: nothing is reused.
+        return pl.pallas_call(
+            kernel,
+            grid=(pl.cdiv(m, bm),),
+            in_specs=[rows] * n_inputs,
+            out_specs=rows,
+            out_shape=jax.ShapeDtypeStruct(like.shape, like.dtype),
+            interpret=INTERPRET,
+        )
+
+    @jax.custom_vjp
+    def norm(x):
+        return row_call(forward_kernel, 1, x)(x)
+
+    def fwd(x):
+        return norm(x), x
+
+    def bwd(x, g):
+        return (row_call(backward_kernel, 2, x)(x, g),)
+
+    norm.defvjp(fwd, bwd)
+    return norm(x)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "rms_norm_visible", "grade": true, "points": 2}
+course.check("rms_norm", rms_norm)
+
+# %% nbgrader={"grade_id": "rms_norm_hidden", "grade": true, "points": 4}
+# Hidden tests: rows not a multiple of bm, bfloat16, large values, one block of long rows.
+### BEGIN HIDDEN TESTS
+course.check("rms_norm", rms_norm, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 3 — `add_rows_in_place(acc, delta, start, bm)` (3 points)
+#
+# `acc` has shape `(M, N)` and `delta` shape `(R, N)`; return `acc` with `delta` added into
+# rows `start` to `start + R` (exclusive), every other row unchanged. `start`, `R` and `M`
+# are multiples of `bm`.
+#
+# Touch only the updated rows: grid `(R // bm,)`, at most `2 · R · N` elements read from HBM
+# (those rows of `acc`, and `delta`) and `R · N` written. A kernel whose output is a fresh
+# buffer would leave the other rows uninitialised, so the output must be `acc`'s own buffer.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Give `acc` and the output the same BlockSpec, whose index map starts at the block that holds
+# row `start`, and declare that the output *is* input 0. Rows the grid never visits then keep
+# `acc`'s values without being read or written.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# `pl.BlockSpec((bm, n), lambda i: (start // bm + i, 0))` together with
+# `input_output_aliases={0: 0}`
+#
+# </details>
+
+# %% nbgrader={"grade_id": "add_rows_in_place_solution", "solution": true}
+def add_rows_in_place(acc, delta, start, bm):
+    ### BEGIN SOLUTION
+    r, n = delta.shape
+
+    def kernel(acc_ref, delta_ref, out_ref):
+        out_ref[...] = acc_ref[...] + delta_ref[...]
+
+    first = start // bm
+    acc_rows = pl.BlockSpec((bm, n), lambda i: (first + i, 0))
+    # Each updated block is read and written by one step; the rest of acc is never moved.
+    return pl.pallas_call(
+        kernel,
+        grid=(r // bm,),
+        in_specs=[acc_rows, pl.BlockSpec((bm, n), lambda i: (i, 0))],
+        out_specs=acc_rows,
+        out_shape=jax.ShapeDtypeStruct(acc.shape, acc.dtype),
+        input_output_aliases={0: 0},
+        interpret=INTERPRET,
+    )(acc, delta)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "add_rows_in_place_visible", "grade": true, "points": 1}
+course.check("add_rows_in_place", add_rows_in_place)
+
+# %% nbgrader={"grade_id": "add_rows_in_place_hidden", "grade": true, "points": 2}
+# Hidden tests: updates at the first and last rows, bfloat16, larger blocks.
+### BEGIN HIDDEN TESTS
+course.check("add_rows_in_place", add_rows_in_place, hidden=True)
+### END HIDDEN TESTS

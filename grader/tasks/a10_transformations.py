@@ -1,0 +1,156 @@
+"""Assignment 10, transformations: a vmapped kernel, a forward and backward kernel pair behind
+``jax.custom_vjp`` graded through ``jax.vjp``, and an in-place update with
+``input_output_aliases``.
+
+How the backward task is graded, and why not with ``jax.grad`` directly: ``_invoke_rms_norm``
+calls ``jax.vjp(fn, x)`` and applies the pullback to the case's cotangent ``g``, an input of
+the traced program. That is the pullback ``jax.grad`` of ``sum(fn(x) * g)`` runs, but under
+``jax.grad`` the cotangent reaching the backward kernel is ``g`` times the loss's seed, a
+``mul`` computed outside any kernel, and the shared work rules (``core.work_rules``: "kernel
+inputs are your function's inputs", "compute outside kernels") would fail every correct
+solution. The output judged is ``stack([y, dx])``, so the forward kernel's values count too.
+
+The shared rule "kernel inputs are your function's inputs" also rejects a backward kernel that
+reads a residual the forward *kernel* wrote (``pallas_call #0`` feeding ``pallas_call #1``),
+although that is a correct design. The task therefore asks for ``x`` as the only residual,
+with the backward kernel recomputing the row statistic (which also moves fewer bytes); see
+tests/grader/test_transformations_tasks.py for the rejected alternative.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from grader.tasks.core import (
+    Rule,
+    _c,
+    _f32,
+    _nbytes,
+    _struct,
+    _task,
+    block_is,
+    calls_at_least,
+    cdiv,
+    grid_is,
+    read_budget,
+    role_count,
+    total_budget,
+)
+
+A10 = "10_transformations"
+RMS_EPS = 1e-6  # added to the mean square before the reciprocal square root
+
+
+# ----------------------------------------------------------------------------- task 1: vmap
+def _batched_rules(call, case, rules, inputs):
+    (b, m, n), bm = case.arrays["x"], case.params["bm"]
+    rules.append(grid_is(call, (b, cdiv(m, bm))))
+    rules.append(block_is(call, "input", 0, (None, bm, n), "x (batch dimension squeezed)"))
+    rules.append(block_is(call, "input", 1, (1, n), "bias (unbatched: no batch dimension)"))
+    rules.append(read_budget(call, "input", 1, _nbytes((1, n), case.dtype),
+                             "bias (fetched once for the whole batch)"))
+
+
+_task(
+    id="batched_bias_tanh", assignment=A10, title="A kernel for one matrix, vmapped over a batch",
+    kernel_ops=(("tanh",),),
+    reference=lambda x, bias, bm: jnp.tanh(_f32(x) + _f32(bias)).astype(x.dtype),
+    tolerance="reduction",
+    cases=(
+        _c("v0", 10, "float32", {"x": (3, 16, 128), "bias": (1, 128)}, bm=8),
+        _c("h0", 1001, "float32", {"x": (2, 37, 256), "bias": (1, 256)}, True, bm=16),
+        _c("h1", 1002, "bfloat16", {"x": (4, 32, 128), "bias": (1, 128)}, True, bm=8),
+        _c("h2", 1003, "float32", {"x": (5, 8, 384), "bias": (1, 384)}, True, bm=8),
+    ),
+    structure=_struct(_batched_rules),
+)
+
+
+# ----------------------------------------------------------------------------- task 2: custom_vjp
+def _rms_norm_f32(x):
+    x = _f32(x)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + RMS_EPS)
+
+
+def _rms_norm_ref(x, g, bm):
+    """``stack([y, dx])``: the RMS norm and plain JAX's gradient for the cotangent ``g``, both
+    computed in float32 and rounded once to the input's dtype."""
+    y, pullback = jax.vjp(_rms_norm_f32, _f32(x))
+    (dx,) = pullback(_f32(g))
+    return jnp.stack([y, dx]).astype(x.dtype)
+
+
+def _invoke_rms_norm(fn, arrays, params):
+    x, g = arrays
+    y, pullback = jax.vjp(lambda x: fn(x, **params), x)
+    (dx,) = pullback(g)
+    # concatenate, not jnp.stack: the pinned release has a `stack` primitive, which
+    # grader.work does not count among the layout operations
+    return jnp.concatenate([y[None], dx[None]])
+
+
+def _rms_norm_rules(t, case, inputs) -> list[Rule]:
+    (m, n), bm = case.arrays["x"], case.params["bm"]
+    rules = [calls_at_least(t, 2)]
+    if len(t.calls) < 2:
+        rules.append(Rule("backward pass", "a pallas_call of its own (jax.custom_vjp's bwd)",
+                          "no second pallas_call", False))
+        return rules
+    forward, backward = t.calls[0], t.calls[-1]
+    for label, call in (("forward", forward), ("backward", backward)):
+        rules.append(Rule(f"{label} grid", str((cdiv(m, bm),)), str(tuple(call.grid)),
+                          tuple(call.grid) == (cdiv(m, bm),)))
+        rules.append(block_is(call, "output", 0, (bm, n), f"{label} output"))
+    rules.append(role_count(backward, "input", 2, "backward kernel inputs (x and the cotangent)"))
+    rules.append(block_is(backward, "input", 0, (bm, n), "backward input 0"))
+    return rules
+
+
+_task(
+    id="rms_norm", assignment=A10, title="RMS norm: forward and backward kernels via custom_vjp",
+    kernel_ops=(("rsqrt", "sqrt"),),
+    reference=_rms_norm_ref, invoke=_invoke_rms_norm,
+    tolerance="reduction",
+    cases=(
+        _c("v0", 20, "float32", {"x": (16, 128), "g": (16, 128)}, bm=8),
+        _c("h0", 2001, "float32", {"x": (37, 256), "g": (37, 256)}, True, bm=16),
+        _c("h1", 2002, "bfloat16", {"x": (32, 512), "g": (32, 512)}, True, bm=8),
+        _c("h2", 2003, "float32", {"x": (64, 128), "g": (64, 128)}, True, values="large",
+           bm=32),
+        _c("h3", 2004, "float32", {"x": (8, 1024), "g": (8, 1024)}, True, bm=8),
+    ),
+    structure=_rms_norm_rules,
+)
+
+
+# ----------------------------------------------------------------------------- task 3: aliasing
+def _add_rows_ref(acc, delta, start, bm):
+    rows = delta.shape[0]
+    updated = (_f32(acc[start:start + rows]) + _f32(delta)).astype(acc.dtype)
+    return acc.at[start:start + rows].set(updated)
+
+
+def _add_rows_rules(call, case, rules, inputs):
+    (_, n), (r, _) = case.arrays["acc"], case.arrays["delta"]
+    bm = case.params["bm"]
+    rules.append(grid_is(call, (r // bm,)))
+    updated = _nbytes((r, n), case.dtype)
+    rules.extend(total_budget(call, read=2 * updated, write=updated))
+
+
+_task(
+    id="add_rows_in_place", assignment=A10, title="Add rows into a buffer in place",
+    kernel_ops=(("add",),),
+    reference=_add_rows_ref,
+    cases=(
+        _c("v0", 30, "float32", {"acc": (64, 128), "delta": (16, 128)}, start=24, bm=8),
+        _c("h0", 3001, "float32", {"acc": (128, 256), "delta": (32, 256)}, True, start=0,
+           bm=16),
+        _c("h1", 3002, "bfloat16", {"acc": (64, 128), "delta": (8, 128)}, True, start=56,
+           bm=8),
+        _c("h2", 3003, "float32", {"acc": (256, 128), "delta": (64, 128)}, True, start=128,
+           bm=32),
+    ),
+    structure=_struct(_add_rows_rules),
+)

@@ -1,0 +1,232 @@
+"""Assignment 10 (transformations): the reference solutions pass every case, planted wrong
+answers fail with the rule that catches them, judged in one process (``course.check``).
+
+The reference solutions are the instructor notebook's solution cells, executed as written.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jupytext
+import pytest
+from jax.experimental import pallas as pl
+
+from grader import course
+
+NOTEBOOK = (Path(__file__).resolve().parents[2] / "exercises" / "source" / "10_transformations"
+            / "transformations.py")
+EPS = 1e-6
+
+
+@pytest.fixture(autouse=True)
+def learner_side(monkeypatch):
+    monkeypatch.delenv("PALLAS_COURSE_EXCHANGE", raising=False)
+    monkeypatch.delenv("PALLAS_COURSE_REPORT", raising=False)
+
+
+@pytest.fixture(scope="module")
+def solutions() -> dict:
+    """The setup and solution cells of the instructor notebook, run in one namespace."""
+    namespace: dict = {}
+    for cell in jupytext.read(NOTEBOOK).cells:
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "")
+        if grade_id == "setup" or grade_id.endswith("_solution"):
+            exec(compile(cell.source, f"{NOTEBOOK.name}:{grade_id}", "exec"), namespace)
+    return namespace
+
+
+@pytest.mark.parametrize("task", ["batched_bias_tanh", "rms_norm", "add_rows_in_place"])
+@pytest.mark.parametrize("hidden", [False, True], ids=["visible", "hidden"])
+def test_reference_solution_passes(solutions, task, hidden):
+    course.check(task, solutions[task], hidden=hidden, quiet=True)
+
+
+def _fails(task: str, fn, *expected: str) -> str:
+    with pytest.raises(course.CheckFailed) as err:
+        course.check(task, fn, quiet=True)
+    message = str(err.value)
+    for text in expected:
+        assert text in message, message
+    return message
+
+
+# ----------------------------------------------------------------------------- helpers
+def _rows(bm, n):
+    return pl.BlockSpec((bm, n), lambda i: (i, 0))
+
+
+def _row_call(kernel, n_inputs, like, bm, out_shape=None):
+    m, n = like.shape
+    return pl.pallas_call(kernel, grid=(pl.cdiv(m, bm),), in_specs=[_rows(bm, n)] * n_inputs,
+                          out_specs=_rows(bm, n),
+                          out_shape=out_shape or jax.ShapeDtypeStruct(like.shape, like.dtype),
+                          interpret=True)
+
+
+def _inv_rms(v):
+    return jax.lax.rsqrt(jnp.mean(v * v, axis=1, keepdims=True) + EPS)
+
+
+def _forward_kernel(x_ref, y_ref):
+    v = x_ref[...].astype(jnp.float32)
+    y_ref[...] = (v * _inv_rms(v)).astype(y_ref.dtype)
+
+
+def _with_vjp(forward, backward_from_x):
+    """A custom_vjp function from a forward and a backward(x, g) -> dx; residual x."""
+    f = jax.custom_vjp(forward)
+    f.defvjp(lambda x: (f(x), x), lambda x, g: (backward_from_x(x, g),))
+    return f
+
+
+# ----------------------------------------------------------------------------- task 1
+def test_batch_loop_is_not_one_call(solutions):
+    def per_example(x, bias, bm):  # one pallas_call per example instead of vmap's grid axis
+        one = solutions["batched_bias_tanh"]
+        return jnp.concatenate([one(x[b:b + 1], bias, bm) for b in range(x.shape[0])])
+
+    _fails("batched_bias_tanh", per_example, "pallas_call reached", "exactly 1")
+
+
+def test_batched_bias_is_fetched_per_example(solutions):
+    def batched_bias(x, bias, bm):  # bias broadcast to the batch: fetched B times
+        b = jnp.broadcast_to(bias[None], (x.shape[0], *bias.shape))
+        return jax.vmap(lambda x2, b2: solutions["batched_bias_tanh"](x2[None], b2, bm)[0])(x, b)
+
+    _fails("batched_bias_tanh", batched_bias, "bias (unbatched: no batch dimension) block shape")
+
+
+# ----------------------------------------------------------------------------- task 2
+def test_backward_in_plain_jax_fails():
+    def rms_norm(x, bm):
+        def backward(x, g):  # right values, but not a kernel
+            v, gf = x.astype(jnp.float32), g.astype(jnp.float32)
+            r = _inv_rms(v)
+            return (r * (gf - v * r * jnp.mean(gf * v * r, axis=1, keepdims=True))).astype(x.dtype)
+
+        return _with_vjp(lambda x: _row_call(_forward_kernel, 1, x, bm)(x), backward)(x)
+
+    _fails("rms_norm", rms_norm, "structural check failed", "[FAIL] pallas_call reached")
+
+
+def test_wrong_gradient_fails():
+    def rms_norm(x, bm):
+        def backward_kernel(x_ref, g_ref, dx_ref):  # forgets the projection term
+            v = x_ref[...].astype(jnp.float32)
+            dx_ref[...] = (_inv_rms(v) * g_ref[...].astype(jnp.float32)).astype(dx_ref.dtype)
+
+        return _with_vjp(lambda x: _row_call(_forward_kernel, 1, x, bm)(x),
+                         lambda x, g: _row_call(backward_kernel, 2, x, bm)(x, g))(x)
+
+    _fails("rms_norm", rms_norm, "wrong values", "first at [1, ")
+
+
+def test_wrong_forward_fails():
+    def rms_norm(x, bm):  # the forward kernel forgets eps^-1/2 normalisation: y = x
+        def copy_kernel(x_ref, y_ref):
+            y_ref[...] = x_ref[...]
+
+        def backward(x, g):
+            return _row_call(copy_kernel, 1, g, bm)(g)
+
+        return _with_vjp(lambda x: _row_call(copy_kernel, 1, x, bm)(x), backward)(x)
+
+    _fails("rms_norm", rms_norm, "wrong values", "first at [0, ")
+
+
+def test_without_custom_vjp_grad_is_refused():
+    def rms_norm(x, bm):  # a plain pallas_call: reverse mode cannot linearize it
+        return _row_call(_forward_kernel, 1, x, bm)(x)
+
+    _fails("rms_norm", rms_norm, "your function raised", "Linearization failed")
+
+
+@pytest.mark.xfail(strict=True, reason="core.work_rules ('kernel inputs are your function's "
+                   "inputs') rejects an operand that an earlier pallas_call wrote, so a backward "
+                   "kernel reading a residual the forward kernel saved fails although correct")
+def test_residual_written_by_the_forward_kernel_is_correct():
+    def rms_norm(x, bm):
+        m, n = x.shape
+
+        def forward_kernel(x_ref, y_ref, r_ref):  # also saves r for the backward pass
+            v = x_ref[...].astype(jnp.float32)
+            r = _inv_rms(v)
+            y_ref[...] = (v * r).astype(y_ref.dtype)
+            r_ref[...] = r
+
+        def forward_call(x):
+            return pl.pallas_call(
+                forward_kernel, grid=(pl.cdiv(m, bm),), in_specs=[_rows(bm, n)],
+                out_specs=[_rows(bm, n), pl.BlockSpec((bm, 1), lambda i: (i, 0))],
+                out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype),
+                           jax.ShapeDtypeStruct((m, 1), jnp.float32)],
+                interpret=True)(x)
+
+        def backward_kernel(x_ref, r_ref, g_ref, dx_ref):
+            v, r, g = x_ref[...].astype(jnp.float32), r_ref[...], g_ref[...].astype(jnp.float32)
+            xh = v * r
+            dx_ref[...] = (r * (g - xh * jnp.mean(g * xh, axis=1, keepdims=True))
+                           ).astype(dx_ref.dtype)
+
+        def backward(res, g):
+            x, r = res
+            return (pl.pallas_call(
+                backward_kernel, grid=(pl.cdiv(m, bm),),
+                in_specs=[_rows(bm, n), pl.BlockSpec((bm, 1), lambda i: (i, 0)), _rows(bm, n)],
+                out_specs=_rows(bm, n), out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                interpret=True)(x, r, g),)
+
+        @jax.custom_vjp
+        def norm(x):
+            return forward_call(x)[0]
+
+        def fwd(x):
+            y, r = forward_call(x)
+            return y, (x, r)
+
+        norm.defvjp(fwd, backward)
+        return norm(x)
+
+    course.check("rms_norm", rms_norm, quiet=True)
+
+
+# ----------------------------------------------------------------------------- task 3
+def _add_kernel(acc_ref, delta_ref, out_ref):
+    out_ref[...] = acc_ref[...] + delta_ref[...]
+
+
+def _add_rows(acc, delta, start, bm, aliases):
+    r, n = delta.shape
+    acc_rows = pl.BlockSpec((bm, n), lambda i: (start // bm + i, 0))
+    return pl.pallas_call(_add_kernel, grid=(r // bm,), in_specs=[acc_rows, _rows(bm, n)],
+                          out_specs=acc_rows,
+                          out_shape=jax.ShapeDtypeStruct(acc.shape, acc.dtype),
+                          input_output_aliases=aliases, interpret=True)(acc, delta)
+
+
+def test_without_alias_the_other_rows_are_wrong():
+    _fails("add_rows_in_place", functools.partial(_add_rows, aliases={}), "wrong values")
+
+
+def test_copying_every_row_fails_the_traffic_budget():
+    def add_rows_copy(acc, delta, start, bm):  # aliased, but the grid moves every block
+        m, n = acc.shape
+        padded = jnp.zeros_like(acc).at[start:start + delta.shape[0]].set(delta)
+        return pl.pallas_call(_add_kernel, grid=(m // bm,), in_specs=[_rows(bm, n)] * 2,
+                              out_specs=_rows(bm, n),
+                              out_shape=jax.ShapeDtypeStruct(acc.shape, acc.dtype),
+                              input_output_aliases={0: 0}, interpret=True)(acc, padded)
+
+    _fails("add_rows_in_place", add_rows_copy, "[FAIL] grid", "[FAIL] HBM write traffic")
+
+
+def test_update_outside_the_kernel_fails():
+    def add_rows_outside(acc, delta, start, bm):  # kernel adds, XLA writes the rows back
+        rows = _add_rows(acc[start:start + delta.shape[0]], delta, 0, bm, {0: 0})
+        return jax.lax.dynamic_update_slice(acc, rows, (start, 0))
+
+    _fails("add_rows_in_place", add_rows_outside, "[FAIL] result comes from the kernel")
