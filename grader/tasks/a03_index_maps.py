@@ -54,10 +54,10 @@ _task(
     kernel_ops=(("transpose",),),
     reference=lambda x, block: x.T,
     cases=(
-        _c("v0", 6, "float32", {"x": (16, 256)}, block=(8, 128)),
-        _c("h0", 161, "float32", {"x": (40, 300)}, True, block=(16, 128)),
-        _c("h1", 162, "bfloat16", {"x": (128, 256)}, True, block=(128, 128)),
-        _c("h2", 163, "float32", {"x": (24, 16)}, True, block=(8, 8)),
+        _c("v0", 6, "float32", {"x": (256, 384)}, block=(128, 128)),
+        _c("h0", 161, "float32", {"x": (300, 200)}, True, block=(128, 128)),
+        _c("h1", 162, "bfloat16", {"x": (256, 512)}, True, block=(128, 256)),
+        _c("h2", 163, "float32", {"x": (384, 128)}, True, block=(256, 128)),
     ),
     structure=_struct(_transpose_rules),
 )
@@ -79,10 +79,10 @@ _task(
     kernel_ops=(("add",), ("transpose",)),
     reference=lambda x, b: x + x.T,
     cases=(
-        _c("v0", 8, "float32", {"x": (32, 32)}, b=16),
-        _c("h0", 181, "float32", {"x": (37, 37)}, True, b=16),
-        _c("h1", 182, "bfloat16", {"x": (64, 64)}, True, b=32),
-        _c("h2", 183, "float32", {"x": (48, 48)}, True, b=8),
+        _c("v0", 8, "float32", {"x": (256, 256)}, b=128),
+        _c("h0", 181, "float32", {"x": (300, 300)}, True, b=128),
+        _c("h1", 182, "bfloat16", {"x": (256, 256)}, True, b=128),
+        _c("h2", 183, "float32", {"x": (384, 384)}, True, b=128),
     ),
     structure=_struct(_sym_rules),
 )

@@ -35,6 +35,22 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 # Return `x + y` computed by one `pallas_call` with no grid. The output has the shape and dtype
 # of `x`.
 
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# The kernel receives one Ref per input and one for the output, in that order. Without a grid
+# it runs once and every Ref holds a whole array: load both inputs, add, store the result.
+# `out_shape` tells `pl.pallas_call` the output's shape and dtype (a `jax.ShapeDtypeStruct`).
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# Read a whole input with `x_ref[...]`, write the output with `o_ref[...] = value`; the value
+# is the sum of the two reads.
+#
+# </details>
+
 # %% nbgrader={"grade_id": "add_solution", "solution": true}
 def add(x, y):
     ### BEGIN SOLUTION
@@ -61,6 +77,22 @@ course.check("add", add, hidden=True)
 #
 # `op` is a function of two arrays, such as `lambda a, b: a * b` or `jnp.maximum`. Return a
 # function `f(x, y)` that applies `op` elementwise inside one grid-less `pallas_call`.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Write the kernel inside `make_elementwise`, so it closes over `op`, and return a function
+# `f(x, y)` that builds the `pallas_call` for the shapes it receives. `op` is applied to the
+# loaded values inside the kernel, never to the arrays outside it.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The kernel's store applies the captured `op` and keeps the output's dtype:
+# `op(x_ref[...], y_ref[...]).astype(o_ref.dtype)`.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "elementwise_solution", "solution": true}
 def make_elementwise(op):
@@ -91,6 +123,21 @@ course.check("elementwise", make_elementwise, hidden=True)
 #
 # `x` where `x >= 0`, else `slope * x`, in the dtype of `x`. `slope` is a Python float: it can be
 # captured by the kernel as a constant.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# One input Ref, one output Ref, no grid. Load the block, choose between `v` and `slope * v`
+# elementwise, and cast back to the input's dtype (`slope * v` is float32 when `v` is bfloat16).
+# `slope` is a Python float, so the kernel can simply close over it.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# `jnp.where(v >= 0, v, slope * v)` on the loaded value `v`.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "leaky_relu_solution", "solution": true}
 def leaky_relu(x, slope):

@@ -30,6 +30,23 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 # `x + y` with blocks of shape `block = (bm, bn)` and a 2-D grid that covers the whole array,
 # for any `bm, bn` (the shape need not be a multiple of the block).
 
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# One `BlockSpec((bm, bn), ...)` serves both inputs and the output; its index map returns the
+# *block* index, which for a 2-D grid `(i, j)` is simply `(i, j)`. The grid uses `pl.cdiv` so
+# it covers the edges: the out-of-range part of an edge block is padding on reads and dropped
+# on writes, which is harmless for an elementwise add.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The grid counts blocks with `pl.cdiv` in both dimensions, and every operand's index map is
+# `lambda i, j: (i, j)`.
+#
+# </details>
+
 # %% nbgrader={"grade_id": "tiled_add_solution", "solution": true}
 def tiled_add(x, y, block):
     ### BEGIN SOLUTION
@@ -66,6 +83,22 @@ course.check("tiled_add", tiled_add, hidden=True)
 # The sum of each row, shape `(M, 1)`, dtype of `x` (accumulate in float32). Each grid step takes
 # `bm` full rows: block `(bm, N)`, grid `(cdiv(M, bm),)`.
 
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Each step gets `bm` whole rows (block `(bm, N)`, index map `(i, 0)`) and writes a `(bm, 1)`
+# block of the output. Sum along axis 1 in float32 with `keepdims=True` so the shape matches
+# the output block, then cast. Rows past the array's end in the last block are padding; their
+# sums are dropped on the write.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# `jnp.sum(x_ref[...].astype(jnp.float32), axis=1, keepdims=True)`, cast to the output dtype.
+#
+# </details>
+
 # %% nbgrader={"grade_id": "row_sum_solution", "solution": true}
 def row_sum(x, bm):
     ### BEGIN SOLUTION
@@ -100,6 +133,21 @@ course.check("row_sum", row_sum, hidden=True)
 #
 # Softmax along the last axis, same blocks and grid as `row_sum`. Subtract the row maximum
 # before `exp`; compute in float32, return the dtype of `x`.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Same grid and blocks as `row_sum`, with the output block equal to the input block. Every
+# row is whole inside its block, so the softmax needs no communication between steps:
+# subtract the row maximum, exponentiate, divide by the row sum, all in float32, then cast.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# `jnp.exp(v - jnp.max(v, axis=1, keepdims=True))` on the float32 block `v`.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "row_softmax_solution", "solution": true}
 def row_softmax(x, bm):

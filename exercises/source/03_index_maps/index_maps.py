@@ -29,6 +29,21 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 # Return `x.T`. Read `x` in blocks `(bm, bn) = block`, write output blocks `(bn, bm)`; the
 # output's index map sends grid point `(i, j)` to block `(j, i)`. Each input block is read once.
 
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# The grid walks the input's blocks `(i, j)`. The kernel transposes the `(bm, bn)` block it
+# was given; the *output's* index map decides where that `(bn, bm)` result lands: in block
+# row `j`, block column `i`. No element offsets anywhere: index maps return block indices.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The output's spec is `pl.BlockSpec((bn, bm), lambda i, j: (j, i))`.
+#
+# </details>
+
 # %% nbgrader={"grade_id": "transpose_solution", "solution": true}
 def transpose(x, block):
     ### BEGIN SOLUTION
@@ -65,6 +80,22 @@ course.check("transpose", transpose, hidden=True)
 # of `x` and `(1, bn)` of `bias`. Budget: each bias block may be fetched from HBM **once** in
 # total, so order the grid so that consecutive steps use the same bias block.
 
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# The bias block `(1, bn)` depends only on the column block. The pipeline skips a copy
+# when consecutive steps ask for the same block, so make the column-block axis the *outer*
+# grid axis and the row-block axis the inner one: the bias block then stays for a whole
+# column. Both index maps take the grid indices in that new order.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The grid is `(pl.cdiv(n, bn), pl.cdiv(m, bm))` and the bias's index map `lambda j, i: (0, j)`.
+#
+# </details>
+
 # %% nbgrader={"grade_id": "add_bias_solution", "solution": true}
 def add_bias(x, bias, block):
     ### BEGIN SOLUTION
@@ -100,6 +131,21 @@ course.check("add_bias", add_bias, hidden=True)
 #
 # `x + x.T` for a square `x`, with square blocks `(b, b)` and grid `(cdiv(n, b), cdiv(n, b))`.
 # Pass `x` to the `pallas_call` twice, with two different index maps.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Pass `x` to the call twice. The first operand's index map gives step `(i, j)` block `(i, j)`;
+# the second's gives it block `(j, i)`, whose transpose is exactly the `(i, j)` block of
+# `x.T`. The kernel adds the first block to the transpose of the second.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The second operand's index map swaps the grid indices: `lambda i, j: (j, i)`.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "symmetrize_solution", "solution": true}
 def symmetrize(x, b):

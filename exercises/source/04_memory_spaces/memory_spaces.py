@@ -3,7 +3,8 @@
 #
 # Blocks live in VMEM; a `scratch_shapes=[pltpu.VMEM(shape, dtype)]` buffer stays on chip across
 # grid steps. Use `pl.when(pl.program_id(axis) == 0)` to initialise it and
-# `pl.num_programs(axis) - 1` to find the last step. Kernels with scratch use `TPU_INTERPRET`.
+# `pl.num_programs(axis) - 1` to find the last step. Kernels with scratch, and kernels that
+# revisit an output block across grid steps, use `TPU_INTERPRET`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import math
@@ -19,18 +20,41 @@ from grader import course
 from kernelsim.backend import choose
 
 # Compiled on a GPU or TPU, interpreted on a CPU. TPU_INTERPRET is for kernels that use
-# TPU-only features (VMEM/SMEM scratch, scalar prefetch).
+# TPU-only features (VMEM/SMEM scratch, scalar prefetch) or revisit an output block across
+# grid steps (in order on a TPU; a race between parallel programs on a GPU).
 INTERPRET = choose().interpret
 TPU_INTERPRET = choose(tpu_features=True).interpret
 
+# %% [markdown]
+# ## Task 1 — `matmul(a, b, bm, bk, bn)` (3 points)
+#
+# `a @ b` (output dtype of `a`) with grid `(cdiv(M, bm), cdiv(N, bn), K // bk)`, the K axis last,
+# and a float32 VMEM accumulator of shape `(bm, bn)`. `K` is a multiple of `bk`. Budget: `A` is
+# read at most `N / bn` times, `B` at most `M / bm` times, the output written once. The
+# accumulator is scratch, a TPU feature: run with `TPU_INTERPRET`.
 
-def _matmul_call(a, b, bm, bk, bn, epilogue, extra=(), extra_specs=()):
-    m, k = a.shape
-    n = b.shape[1]
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Each grid step `(i, j, kk)` multiplies the `kk`-th `(bm, bk)` block of A's row band `i` by the
+# `kk`-th `(bk, bn)` block of B's column band `j`, and adds the product to the scratch buffer.
+# Zero the scratch at the first K step and store it, cast, into the output block at the last
+# one; the output's index map ignores `kk`, so the block stays on chip for the whole sweep.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# A's index map is `lambda i, j, kk: (i, kk)` and B's is `lambda i, j, kk: (kk, j)`.
+#
+# </details>
 
-    def kernel(a_ref, b_ref, *rest):
-        *extra_refs, o_ref, acc_ref = rest
+# %% nbgrader={"grade_id": "matmul_solution", "solution": true}
+def matmul(a, b, bm, bk, bn):
+    ### BEGIN SOLUTION
+    (m, k), n = a.shape, b.shape[1]
 
+    def kernel(a_ref, b_ref, o_ref, acc_ref):
         @pl.when(pl.program_id(2) == 0)
         def _():
             acc_ref[...] = jnp.zeros_like(acc_ref)
@@ -39,31 +63,18 @@ def _matmul_call(a, b, bm, bk, bn, epilogue, extra=(), extra_specs=()):
 
         @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
         def _():
-            o_ref[...] = epilogue(acc_ref[...], *[r[...] for r in extra_refs]).astype(o_ref.dtype)
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
     return pl.pallas_call(
         kernel,
-        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), k // bk),
+        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), k // bk),  # the output block is reused along K
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)), *extra_specs],
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
         interpret=TPU_INTERPRET,
-    )(a, b, *extra)
-
-# %% [markdown]
-# ## Task 1 — `matmul(a, b, bm, bk, bn)` (3 points)
-#
-# `a @ b` (output dtype of `a`) with grid `(cdiv(M, bm), cdiv(N, bn), K // bk)`, the K axis last,
-# and a float32 VMEM accumulator of shape `(bm, bn)`. `K` is a multiple of `bk`. Budget: `A` is
-# read at most `N / bn` times, `B` at most `M / bm` times, the output written once. The helper
-# above is yours to use or ignore.
-
-# %% nbgrader={"grade_id": "matmul_solution", "solution": true}
-def matmul(a, b, bm, bk, bn):
-    ### BEGIN SOLUTION
-    return _matmul_call(a, b, bm, bk, bn, lambda acc: acc)
+    )(a, b)
     ### END SOLUTION
 
 
@@ -77,20 +88,123 @@ course.check("matmul", matmul, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## Task 2 — `matmul_bias_relu(a, b, bias, bm, bk, bn)` (3 points)
+# ## Task 2 — predict, then run: `predict_matmul_reads(m, k, n, bm, bk, bn, itemsize)` (3 points)
+#
+# Before running anything: how many bytes does the `pallas_call` of Task 1 read from HBM (A and
+# B together) for `A` of shape `(m, k)`, `B` of shape `(k, n)`, blocks `bm, bk, bn` and
+# `itemsize` bytes per element? Return a Python `int`, computed from the sizes alone. The grade
+# compares it with kernelsim's count. Remember the pipeline's rule: a step whose block index for
+# an input equals the previous step's skips the copy; an edge block moves only its in-bounds part.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Walk the grid in order (`kk` fastest) and ask, for each operand, when its block index changes
+# from one step to the next. With more than one K step, every step fetches a new A block and a
+# new B block: one sweep over K reads a whole row band of A, and the `j` loop repeats it. With a
+# single K step, A's block `(i, 0)` stays put while `j` moves. Edge blocks only count their
+# in-bounds bytes, so a full pass over an operand costs exactly its size.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# A's block index is `(i, kk)`: two consecutive steps ask for the same A block only when `kk`
+# cannot change, i.e. when `k // bk == 1`.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "predict_matmul_reads_solution", "solution": true}
+def predict_matmul_reads(m, k, n, bm, bk, bn, itemsize):
+    ### BEGIN SOLUTION
+    k_steps, col_blocks = k // bk, -(-n // bn)
+    a_passes = col_blocks if k_steps > 1 else 1
+    b_passes = 1 if k_steps == col_blocks == 1 else -(-m // bm)
+    return itemsize * (a_passes * m * k + b_passes * k * n)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "predict_matmul_reads_visible", "grade": true, "points": 1}
+course.check("predict_matmul_reads", predict_matmul_reads)
+
+# %% nbgrader={"grade_id": "predict_matmul_reads_hidden", "grade": true, "points": 2}
+# Hidden tests: a single K step, a single column block, edge blocks, bfloat16.
+### BEGIN HIDDEN TESTS
+course.check("predict_matmul_reads", predict_matmul_reads, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Now run it: kernelsim traces your `matmul` from Task 1 on these sizes and counts each
+# operand's fetches and bytes. Where your prediction differs, its per-step table shows which
+# steps skipped a copy.
+
+# %%
+sizes = dict(m=64, k=128, n=512, bm=32, bk=128, bn=128)
+a = jnp.ones((sizes["m"], sizes["k"]), jnp.float32)
+b = jnp.ones((sizes["k"], sizes["n"]), jnp.float32)
+try:
+    predicted = predict_matmul_reads(**sizes, itemsize=4)
+    traced = kernelsim.trace(matmul, a, b, sizes["bm"], sizes["bk"], sizes["bn"])
+    print(f"predicted {predicted:,} B; kernelsim counts {traced.calls[0].hbm_read_bytes:,} B")
+    print(traced)
+except NotImplementedError:
+    print("implement matmul and predict_matmul_reads first")
+
+# %% [markdown]
+# ## Task 3 — `matmul_bias_relu(a, b, bias, bm, bk, bn)` (3 points)
 #
 # `relu(a @ b + bias)` with `bias` of shape `(1, N)`, in **one** `pallas_call`: add the bias and
 # apply the ReLU to the accumulator at the last K step (a fused epilogue), never writing `a @ b`
-# to HBM.
+# to HBM. Start from your Task 1 kernel; the bias is one more input.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Same grid, accumulator and A/B specs as `matmul`. The bias gets a `(1, bn)` block that follows
+# the output's column band and ignores `i` and `kk`, so it is fetched once per column band.
+# Everything new happens at the last K step, in float32, before the one cast to the output
+# dtype: the bias is added once (not once per K step), then the ReLU.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# In the last step's `pl.when`:
+# `jnp.maximum(acc_ref[...] + bias_ref[...].astype(jnp.float32), 0.0)`, with the bias block's
+# index map `lambda i, j, kk: (0, j)`.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "matmul_bias_relu_solution", "solution": true}
 def matmul_bias_relu(a, b, bias, bm, bk, bn):
     ### BEGIN SOLUTION
-    return _matmul_call(
-        a, b, bm, bk, bn,
-        lambda acc, bb: jnp.maximum(acc + bb.astype(jnp.float32), 0.0),
-        extra=(bias,), extra_specs=(pl.BlockSpec((1, bn), lambda i, j, kk: (0, j)),),
-    )
+    (m, k), n = a.shape, b.shape[1]
+
+    def kernel(a_ref, b_ref, bias_ref, o_ref, acc_ref):
+        last = pl.num_programs(2) - 1
+
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == last)
+        def _():
+            biased = acc_ref[...] + bias_ref[...].astype(jnp.float32)
+            o_ref[...] = jnp.maximum(biased, 0.0).astype(o_ref.dtype)
+
+    return pl.pallas_call(
+        kernel,
+        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), k // bk),  # bias block reused across i and K
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+                  pl.BlockSpec((1, bn), lambda i, j, kk: (0, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        interpret=TPU_INTERPRET,
+    )(a, b, bias)
     ### END SOLUTION
 
 
@@ -98,17 +212,40 @@ def matmul_bias_relu(a, b, bias, bm, bk, bn):
 course.check("matmul_bias_relu", matmul_bias_relu)
 
 # %% nbgrader={"grade_id": "matmul_bias_relu_hidden", "grade": true, "points": 2} timeout=120
-# Hidden tests: non-divisible M and N, bfloat16.
+# Hidden tests: non-divisible M and N, bfloat16, and a long all-positive K whose bias brings
+# the results back around zero (the ReLU clips about half of them).
 ### BEGIN HIDDEN TESTS
 course.check("matmul_bias_relu", matmul_bias_relu, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## Task 3 — `sum_all(x, block)` (3 points)
+# ## Task 4 — `sum_all(x, block)` (3 points)
 #
 # The sum of all elements as a float32 array of shape `(1, 1)`. Grid `(cdiv(M, bm), cdiv(N, bn))`
 # over blocks `block = (bm, bn)`; the output block's index map is constant, so it stays on chip
 # and is written back once. Edge blocks hold padding: mask it out (`jax.lax.broadcasted_iota`).
+#
+# Every step adds into the same output block, which is only right when the grid runs in order,
+# as on a TPU; GPU grid programs run in parallel and would race on it, so run this kernel with
+# `TPU_INTERPRET` (`choose(tpu_features=True)`), never compiled for a GPU.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# The output block's index map returns `(0, 0)` for every step, so the `(1, 1)` output stays on
+# chip and works as the accumulator: zero it at the very first step (both program ids 0), then
+# add each block's float32 sum to it. In an edge block, positions past the array's end hold
+# garbage (NaN in interpret mode): build each element's global row and column from the program
+# ids and an iota, and replace out-of-range elements with 0 before summing.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# `pl.when((pl.program_id(0) == 0) & (pl.program_id(1) == 0))` guards the zeroing; the mask is
+# `(rows < m) & (cols < n)`.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "sum_all_solution", "solution": true}
 def sum_all(x, block):
@@ -132,9 +269,9 @@ def sum_all(x, block):
         kernel,
         grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
         in_specs=[pl.BlockSpec((bm, bn), lambda i, j: (i, j))],
-        out_specs=pl.BlockSpec((1, 1), lambda i, j: (0, 0)),
+        out_specs=pl.BlockSpec((1, 1), lambda i, j: (0, 0)),  # one block for every step
         out_shape=jax.ShapeDtypeStruct((1, 1), jnp.float32),
-        interpret=INTERPRET,
+        interpret=TPU_INTERPRET,  # revisits its output block: a race on a GPU
     )(x)
     ### END SOLUTION
 
@@ -143,7 +280,8 @@ def sum_all(x, block):
 course.check("sum_all", sum_all)
 
 # %% nbgrader={"grade_id": "sum_all_hidden", "grade": true, "points": 2}
-# Hidden tests: non-divisible shapes (padding must not be summed), bfloat16.
+# Hidden tests: non-divisible shapes (padding must not be summed), bfloat16, and a long
+# all-positive bfloat16 sum that a bfloat16 running sum loses a third of.
 ### BEGIN HIDDEN TESTS
 course.check("sum_all", sum_all, hidden=True)
 ### END HIDDEN TESTS
