@@ -106,6 +106,9 @@ _course.check(LESSON, "batched_scale_rows", batched_scale_rows, lambda x, w: x *
 #   index, so the pipeline still fetches it once;
 # * outputs are always batched on axis 0.
 #
+# (A batch of size 1 is the exception: the rule drops the batch dimension and calls the
+# kernel unchanged.)
+#
 # kernelsim traces the vmapped function like any other, and shows the grown call.
 
 # %%
@@ -170,8 +173,9 @@ print("one pallas_call with inputs and outputs doubled:",
 # `jax.grad` needs more: JAX *linearizes* the function (splits the known primal values from the
 # linear tangent computation) and then *transposes* the linear part. The JVP rule's single
 # call computes primals and tangents together, so linearization cannot separate them, and the
-# pinned release registers no transpose rule for `pallas_call` (its rules are JVP, batching,
-# dead-code elimination and type checking). `jax.grad` stops with an error:
+# pinned release registers neither a partial-evaluation nor a transpose rule for
+# `pallas_call` (only JVP, batching, dead-code elimination, type checking and lowering).
+# `jax.grad` stops with an error:
 
 # %%
 try:
@@ -371,13 +375,14 @@ fig  # noqa: B018 - a cell's last expression is displayed
 # %% [markdown]
 # What aliasing does *not* do: change JAX's value semantics. `acc` still holds its old values
 # after the call. When the caller still needs them, XLA gives the kernel a copy of `acc` to
-# write into, and that copy is a full read and write again. The saving is real when the old
-# buffer is dead: a temporary inside a jitted function, or an argument donated with
-# `jax.jit(..., donate_argnums=...)` (a KV cache updated every decoding step is the classic
-# case). Aliasing also constrains the other transformations: the pinned release's JVP rule
-# refuses an aliased call (`NotImplementedError`), and its batching rule broadcasts an
-# unbatched aliased input to the batch size before the call, since every example writes its
-# own copy.
+# write into ([XLA aliasing](https://openxla.org/xla/aliasing): an aliased input that is not
+# donated is copied first), and that copy is a full read and write again. The saving is real
+# when the old buffer is dead: a temporary inside a jitted function, or an argument donated
+# with `jax.jit(..., donate_argnums=...)` (a KV cache updated every decoding step is the
+# classic case). Aliasing also constrains the other transformations: the pinned release's
+# JVP rule refuses an aliased call (`NotImplementedError`), and its batching rule broadcasts
+# an unbatched aliased input to the batch size before the call, since every example writes
+# its own copy.
 
 # %% [markdown]
 # ## Check yourself

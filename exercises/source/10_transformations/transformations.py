@@ -44,7 +44,7 @@ INTERPRET = choose().interpret
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `jax.vmap(one, in_axes=(0, None))(x, bias)`
+# `jax.vmap(kernel_for_one_matrix, in_axes=(0, None))`: `x` batched on axis 0, `bias` shared.
 #
 # </details>
 
@@ -134,8 +134,8 @@ course.check("batched_bias_tanh", batched_bias_tanh, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# In the backward kernel, with `xh = x * r`:
-# `r * (g - xh * jnp.mean(g * xh, axis=1, keepdims=True))`
+# In the backward kernel, per row: `proj = jnp.mean(g * xh, axis=1, keepdims=True)` with
+# `xh = x * r`, then `dx = r * (g - xh * proj)`.
 #
 # </details>
 
