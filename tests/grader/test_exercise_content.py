@@ -1,0 +1,226 @@
+"""What every exercise notebook under ``exercises/source/`` must hold (issue 16).
+
+Per graded task (every id in ``grader.tasks`` of that assignment):
+
+- a ``<task>_solution`` cell exists;
+- the cell right before it is the hint cell, in exactly the form ``exercises/README.md`` gives:
+  "Hint 1: the approach", then "Hint 2: the key line", each a collapsible ``<details>`` block
+  with text in it;
+- no line of the solution (stripped of indentation and a trailing comma, 25 characters or more)
+  appears in any hint of the notebook: a hint points the way, it never hands over the code;
+- the solution cell makes the kernel itself: it calls ``pl.pallas_call`` (or
+  ``pltpu.emit_pipeline`` or ``pl.kernel``), and it calls no function of a setup cell (a locked,
+  non-graded cell) that does. A "predict, then run" task (its id starts with ``predict_``)
+  returns a number and makes no kernel; it needs no call.
+
+Every assignment folder is checked, so a new assignment is held to the same rules the moment it
+lands. The last tests plant each kind of violation in a copy of a notebook and show the checks
+catch it, naming the notebook, the cell and the task.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import jupytext
+import pytest
+
+from grader import tasks
+
+REPO = Path(__file__).resolve().parents[2]
+SOURCE = REPO / "exercises" / "source"
+NOTEBOOKS = sorted(p for p in SOURCE.glob("*/*.py") if p.stem == p.parent.name[3:])
+HINTS = re.compile(
+    r"<details><summary>Hint 1: the approach</summary>\n\n(?P<approach>\S.*?)\n\n</details>\n\n"
+    r"<details><summary>Hint 2: the key line</summary>\n\n(?P<key>\S.*?)\n\n</details>",
+    re.DOTALL)
+MAKES_KERNEL = re.compile(r"\bpl\.pallas_call\b|\bpltpu\.emit_pipeline\b|\bpl\.kernel\b")
+SHORTEST_COPIED_LINE = 25
+PREDICTION_PREFIX = "predict_"  # these tasks return a number (grader/tasks: a04's example)
+
+
+def _grade_id(cell) -> str:
+    return cell.metadata.get("nbgrader", {}).get("grade_id", "")
+
+
+def _name(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def _where(path: Path, index: int, cell) -> str:
+    first = cell.source.strip().splitlines()[0] if cell.source.strip() else "(empty)"
+    return f"{_name(path)}: cell {index + 1} ({first[:50]!r})"
+
+
+def _is_setup(cell) -> bool:
+    meta = cell.metadata.get("nbgrader")
+    return cell.cell_type == "code" and meta is not None and not meta.get("grade") and \
+        not meta.get("solution")
+
+
+def _code_lines(source: str) -> list[str]:
+    """The solution's lines as a hint could copy them: stripped, no trailing comma, long."""
+    lines = (line.strip().rstrip(",").strip() for line in source.splitlines())
+    return [line for line in lines
+            if len(line) >= SHORTEST_COPIED_LINE and not line.startswith("###")]
+
+
+def _kernel_helpers(cells) -> dict[str, str]:
+    """Functions that setup cells define and whose body makes a kernel: name -> cell."""
+    helpers = {}
+    for cell in cells:
+        if not _is_setup(cell):
+            continue
+        for node in ast.walk(ast.parse(cell.source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and \
+                    MAKES_KERNEL.search(ast.get_source_segment(cell.source, node) or ""):
+                helpers[node.name] = _grade_id(cell)
+    return helpers
+
+
+def problems(path: Path, task_ids: list[str]) -> list[str]:
+    """Every rule of the module docstring that ``path`` breaks for ``task_ids``, in words."""
+    cells = jupytext.read(path).cells
+    found: list[str] = []
+    by_id = {_grade_id(c): i for i, c in enumerate(cells) if _grade_id(c)}
+    hint_cells = [(i, c) for i, c in enumerate(cells)
+                  if c.cell_type == "markdown" and "<details><summary>Hint" in c.source]
+    helpers = _kernel_helpers(cells)
+    for task in task_ids:
+        i = by_id.get(f"{task}_solution")
+        if i is None:
+            found.append(f"{_name(path)}: task {task!r} has no cell with grade_id "
+                         f"'{task}_solution'")
+            continue
+        solution, where = cells[i], _where(path, i, cells[i])
+        before = cells[i - 1] if i > 0 else None
+        if before is None or before.cell_type != "markdown" or \
+                not HINTS.fullmatch(before.source.strip()):
+            found.append(f"{where}: task {task!r}: the cell before its solution must be the hint "
+                         "cell (Hint 1: the approach, Hint 2: the key line, each in "
+                         "<details>; see exercises/README.md)")
+        for line in _code_lines(solution.source):
+            for j, hint in hint_cells:
+                if line in hint.source:
+                    found.append(f"{_where(path, j, hint)}: task {task!r}: a hint copies the "
+                                 f"solution line {line!r} of {where}")
+        if task.startswith(PREDICTION_PREFIX):
+            continue
+        if not MAKES_KERNEL.search(solution.source):
+            found.append(f"{where}: task {task!r}: the solution cell makes no kernel itself (no "
+                         "pl.pallas_call, pltpu.emit_pipeline or pl.kernel)")
+        used = {n.id for n in ast.walk(ast.parse(solution.source)) if isinstance(n, ast.Name)}
+        for name in sorted(used & set(helpers)):
+            found.append(f"{where}: task {task!r}: the solution calls {name}(), a kernel that "
+                         f"setup cell {helpers[name]!r} ships to every learner: make the task a "
+                         "change to it, or move it into the solution")
+    return found
+
+
+def _task_ids(assignment: str) -> list[str]:
+    return [t.id for t in tasks.TASKS if t.assignment == assignment]
+
+
+def test_every_assignment_with_tasks_has_a_notebook():
+    have = {p.parent.name for p in NOTEBOOKS}
+    assert set(tasks.ASSIGNMENTS) <= have, f"no notebook for {set(tasks.ASSIGNMENTS) - have}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.parent.name for p in NOTEBOOKS])
+def test_notebook_hints_and_kernels(path):
+    found = problems(path, _task_ids(path.parent.name))
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.parent.name for p in NOTEBOOKS])
+def test_every_solution_cell_belongs_to_a_task(path):
+    cells = jupytext.read(path).cells
+    ids = set(_task_ids(path.parent.name))
+    stray = [f"{_where(path, i, c)}: {_grade_id(c)!r} names no task of grader.tasks"
+             for i, c in enumerate(cells)
+             if _grade_id(c).endswith("_solution") and _grade_id(c)[:-9] not in ids]
+    assert not stray, "\n".join(stray)
+
+
+def test_sum_all_and_scratch_kernels_run_on_the_tpu_interpreter():
+    """Assignment 04's kernels keep state across grid steps (scratch, or sum_all's output
+    block): on a GPU they would race or not lower, so every one runs with TPU_INTERPRET, which
+    the setup cell takes from ``choose(tpu_features=True)``."""
+    path = SOURCE / "04_memory_spaces" / "memory_spaces.py"
+    cells = jupytext.read(path).cells
+    setup = next(c for c in cells if _grade_id(c) == "setup")
+    assert "TPU_INTERPRET = choose(tpu_features=True).interpret" in setup.source
+    for task in _task_ids("04_memory_spaces"):
+        cell = next(c for c in cells if _grade_id(c) == f"{task}_solution")
+        settings = re.findall(r"interpret=(\w+)", cell.source)
+        assert all(s == "TPU_INTERPRET" for s in settings), (task, settings)
+
+
+# ----------------------------------------------------------------------- planted violations
+A1 = SOURCE / "01_first_kernel" / "first_kernel.py"
+HELPER = '''
+
+def _add_call(x, y):
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] + y_ref[...]
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x, y)
+'''
+
+
+@pytest.fixture
+def plant(tmp_path):
+    """A copy of assignment 01's notebook with ``change`` applied to its text."""
+    def make(change) -> Path:
+        target = tmp_path / "first_kernel.py"
+        target.write_text(change(A1.read_text()))
+        return target
+    return make
+
+
+def _add_solution_body(text: str) -> tuple[int, int]:
+    start = text.index("    ### BEGIN SOLUTION\n", text.index('"add_solution"'))
+    return start, text.index("    ### END SOLUTION\n", start)
+
+
+def test_planted_missing_hint_is_named(plant):
+    def drop_hint(text):
+        hint = text.index("# %% [markdown]\n# <details><summary>Hint 1")
+        return text[:hint] + text[text.index('# %% nbgrader={"grade_id": "add_solution"'):]
+    found = problems(plant(drop_hint), ["add"])
+    assert len(found) == 1 and "first_kernel.py: cell " in found[0] and \
+        "task 'add'" in found[0] and "hint cell" in found[0], found
+
+
+def test_planted_hint_with_one_summary_is_named(plant):
+    found = problems(plant(lambda t: t.replace("Hint 2: the key line", "Hint 2", 1)), ["add"])
+    assert any("task 'add'" in f and "hint cell" in f for f in found), found
+
+
+def test_planted_copied_line_is_named(plant):
+    line = "return pl.pallas_call("
+    assert len(line) < SHORTEST_COPIED_LINE  # short lines are allowed; the long one below is not
+    copied = "o_ref[...] = x_ref[...] + y_ref[...]"
+    found = problems(plant(lambda t: t.replace("the value\n# is the sum of the two reads.",
+                                               f"the value\n# is `{copied}`.", 1)), ["add"])
+    assert any("task 'add'" in f and repr(copied) in f and "copies the solution line" in f
+               for f in found), found
+
+
+def test_planted_setup_helper_is_named(plant):
+    def helper(text):
+        text = text.replace("TPU_INTERPRET = choose(tpu_features=True).interpret\n",
+                            "TPU_INTERPRET = choose(tpu_features=True).interpret\n" + HELPER, 1)
+        start, end = _add_solution_body(text)
+        return text[:start] + "    ### BEGIN SOLUTION\n    return _add_call(x, y)\n" + text[end:]
+    found = problems(plant(helper), ["add"])
+    assert any("task 'add'" in f and "makes no kernel itself" in f for f in found), found
+    assert any("_add_call()" in f and "setup cell 'setup'" in f for f in found), found
+
+
+def test_planted_missing_solution_cell_is_named(plant):
+    path = plant(lambda t: t.replace('"add_solution"', '"add_answer"'))
+    assert problems(path, ["add"]) == [f"{path}: task 'add' has no cell with grade_id "
+                                       "'add_solution'"]
