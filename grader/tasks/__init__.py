@@ -19,6 +19,7 @@ MODULES = (
     "a05_scalar_prefetch",
     "a06_performance",
     "a07_flash_attention",
+    "a09_debugging",
     "a10_transformations",
 )
 for _name in MODULES:

@@ -1,0 +1,163 @@
+"""Assignment 09 ("find the bug"): the buggy kernels the notebook ships fail grading, the
+reference solutions pass, and the hints' key lines are fixes too.
+
+The kernels are taken from the notebook source itself (its setup, ``*_buggy`` and
+``*_solution`` cells), so what is tested is what learners get.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jupytext
+import numpy as np
+import pytest
+
+import kernelsim
+from grader import course, tasks
+
+NOTEBOOK = (Path(__file__).resolve().parents[2] / "exercises" / "source" / "09_debugging" /
+            "debugging.py")
+TASKS = [t.id for t in tasks.TASKS if t.assignment == "09_debugging"]
+
+
+@pytest.fixture(autouse=True)
+def learner_side(monkeypatch):
+    monkeypatch.delenv("PALLAS_COURSE_EXCHANGE", raising=False)
+    monkeypatch.delenv("PALLAS_COURSE_REPORT", raising=False)
+
+
+def _cells() -> dict[str, str]:
+    """grade_id -> source of every code cell with nbgrader metadata."""
+    nb = jupytext.read(NOTEBOOK)
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
+            if c.cell_type == "code" and "nbgrader" in c.metadata}
+
+
+@pytest.fixture(scope="module")
+def notebook() -> dict:
+    """The notebook's setup, buggy and solution cells, executed into one namespace."""
+    cells = _cells()
+    namespace: dict = {}
+    for grade_id, source in cells.items():
+        if grade_id == "setup" or grade_id.endswith(("_buggy", "_solution")):
+            exec(compile(source, f"{NOTEBOOK.name}:{grade_id}", "exec"), namespace)
+    return namespace
+
+
+def _hints(task: str) -> str:
+    """The text of the two hints placed before ``task``'s solution cell."""
+    text = NOTEBOOK.read_text()
+    before = text[:text.index(f'"grade_id": "{task}_solution"')]
+    return before[before.rindex("Hint 1: the approach"):]
+
+
+def _hint_key_line(task: str) -> str:
+    """The first code span of the 'key line' hint of ``task``."""
+    hint = _hints(task)
+    return re.search(r"`([^`]+)`", hint[hint.index("Hint 2: the key line"):]).group(1)
+
+
+def test_every_task_has_a_buggy_cell_a_hint_and_a_solution():
+    cells = _cells()
+    assert len(TASKS) == 4
+    for task in TASKS:
+        assert {f"{task}_buggy", f"{task}_solution", f"{task}_visible", f"{task}_hidden"} \
+            <= set(cells), task
+        hints = _hints(task)
+        for line in cells[f"{task}_solution"].splitlines():
+            code = line.split("#")[0].strip()
+            assert len(code) < 20 or code not in hints, f"{task}: a hint copies {code!r}"
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_shipped_buggy_kernel_fails_visible_and_hidden(task, notebook):
+    buggy = notebook[f"{task}_buggy"]
+    for hidden in (False, True):
+        with pytest.raises(course.CheckFailed) as failed:
+            course.check(task, buggy, hidden=hidden, quiet=True)
+        # the bug is found by values, except the block shape only the TPU lowering rejects
+        expected = "structural check failed" if task == "pool_rows" else "wrong values"
+        assert expected in str(failed.value), (task, hidden, str(failed.value))
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_reference_solution_passes(task, notebook):
+    course.check(task, notebook[task], quiet=True)
+    course.check(task, notebook[task], hidden=True, quiet=True)
+
+
+def test_every_case_exposes_the_bug_in_values(notebook):
+    """Each case on its own, visible or hidden, gives wrong values with the buggy kernel
+    (``pool_rows`` aside: its bug is a block shape, right values and a failed structure)."""
+    from grader import refs
+
+    refdir = refs.course_root() / "refs"
+    manifest = refs.load_manifest(refdir)
+    for entry in manifest["cases"].values():
+        if entry["task"] not in TASKS or entry["task"] == "pool_rows":
+            continue
+        inputs, expected, params = refs.load_case(refdir, entry)
+        got = notebook[f"{entry['task']}_buggy"](*map(jnp.asarray, inputs.values()), **params)
+        assert course.compare(got, expected, entry["rtol"], entry["atol"], None) is not None, \
+            entry
+
+
+def test_the_key_line_hints_fix_the_bugs(notebook):
+    """The hint's line, put into the buggy kernel, passes every case (roll_rows: a negative
+    modulus in the index map, which kernelsim and both interpreters must agree on)."""
+    roll_rows = _replace(notebook, "roll_rows",
+                         "lambda i: ((i + shift) % n_blocks, 0)",
+                         _hint_key_line("roll_rows").removeprefix("The input's index map: "))
+    course.check("roll_rows", roll_rows, hidden=True, quiet=True)
+    column_max = _replace(notebook, "column_max",
+                          "block = jnp.where(rows <= m, x_ref[...], -jnp.inf)",
+                          _hint_key_line("column_max"))
+    course.check("column_max", column_max, hidden=True, quiet=True)
+
+
+def _replace(notebook: dict, task: str, old: str, new: str):
+    source = _cells()[f"{task}_buggy"]
+    assert old in source, (task, old)
+    namespace = dict(notebook)
+    exec(source.replace(old, new), namespace)
+    return namespace[f"{task}_buggy"]
+
+
+def test_plausible_wrong_fixes_fail(notebook):
+    """Zeroing the accumulator at every step, or masking the edge with 0 instead of -inf,
+    passes some cases and fails the hidden ones."""
+    every_step = _replace(notebook, "row_sums", "o_ref[...] += ",
+                          "o_ref[...] = jnp.zeros_like(o_ref)\n    o_ref[...] += ")
+    with pytest.raises(course.CheckFailed, match="wrong values"):
+        course.check("row_sums", every_step, quiet=True)
+    zero_fill = _replace(notebook, "column_max",
+                         "block = jnp.where(rows <= m, x_ref[...], -jnp.inf)",
+                         "block = jnp.where(rows < m, x_ref[...], 0.0)")
+    course.check("column_max", zero_fill, quiet=True)
+    with pytest.raises(course.CheckFailed, match=r"wrong values for case h2"):
+        course.check("column_max", zero_fill, hidden=True, quiet=True)
+
+
+def test_the_tpu_lowering_rejects_only_the_buggy_blocks(notebook):
+    x = jax.ShapeDtypeStruct((64, 256), jnp.float32)
+    err = kernelsim.tpu_lowering_error(
+        functools.partial(notebook["pool_rows_buggy"], interpret=False), x)
+    assert err is not None and "divisible by 8 and 128" in err, err
+    assert kernelsim.tpu_lowering_error(
+        functools.partial(notebook["pool_rows"], interpret=False), x) is None
+
+
+def test_solutions_use_blocks_the_tpu_lowering_accepts(notebook):
+    """kernelsim's TPU lint (the lowering's block-shape rule, output revisits) has nothing to
+    say about the other solutions, which run interpreted whatever the caller asks."""
+    x = np.zeros((64, 256), np.float32)
+    calls = {"roll_rows": dict(bm=16, shift=1), "row_sums": dict(bm=8, bn=128),
+             "column_max": dict(bm=16)}
+    for task, params in calls.items():
+        trace = kernelsim.trace(functools.partial(notebook[task], **params), x)
+        assert not trace.calls[0].warnings, (task, trace.calls[0].warnings)
