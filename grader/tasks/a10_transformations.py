@@ -61,7 +61,7 @@ _task(
         _c("v0", 10, "float32", {"x": (3, 16, 128), "bias": (1, 128)}, bm=8),
         _c("h0", 1001, "float32", {"x": (2, 37, 256), "bias": (1, 256)}, True, bm=16),
         _c("h1", 1002, "bfloat16", {"x": (4, 32, 128), "bias": (1, 128)}, True, bm=8),
-        _c("h2", 1003, "float32", {"x": (5, 8, 384), "bias": (1, 384)}, True, bm=8),
+        _c("h2", 1003, "float32", {"x": (5, 8, 512), "bias": (1, 512)}, True, bm=8),
     ),
     structure=_struct(_batched_rules),
 )
