@@ -121,9 +121,10 @@ def _invoke_prediction(fn, arrays, params):
                           interpret=choose().interpret)()
 
 
-def _prediction_rules(call, case, rules, inputs):
-    rules.append(Rule("answer", "one integer (bytes)", str(tuple(call.grid) or "one step"),
-                      tuple(call.grid) == ()))
+def _prediction_structure(t, case, inputs) -> list[Rule]:
+    k = len(t.calls)
+    return [Rule("kernels run", "only the grader's, which writes your answer (predict from the "
+                 "sizes; run nothing)", f"{k} pallas_call(s)", k == 1)]
 
 
 _mm = dict(bm=16, bk=128, bn=128)
@@ -157,7 +158,7 @@ _task(
         _c("h2", 0, "float32", {}, True, m=40, k=384, n=300, bm=16, bk=128, bn=128, itemsize=4),
         _c("h3", 0, "float32", {}, True, m=128, k=512, n=256, bm=64, bk=128, bn=128, itemsize=2),
     ),
-    structure=_struct(_prediction_rules),
+    structure=_prediction_structure,
 )
 _task(
     id="matmul_bias_relu", assignment=A4, title="Fused bias + ReLU epilogue",

@@ -173,3 +173,14 @@ def test_prediction_cases_catch_plausible_formulas(prediction, caught_by):
 def test_prediction_must_be_an_int():
     with pytest.raises(course.CheckFailed, match="return a Python int"):
         course.check("predict_matmul_reads", lambda **p: jnp.asarray(every_step_fetches(**p)))
+
+
+def test_prediction_that_runs_a_kernel_fails():
+    def runs_a_kernel(**sizes):
+        def copy(x_ref, o_ref):
+            o_ref[...] = x_ref[...]
+        x = jnp.zeros((8, 128), jnp.float32)
+        pl.pallas_call(copy, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True)(x)
+        return every_step_fetches(**sizes)
+    with pytest.raises(course.CheckFailed, match=r"kernels run: required only the grader's"):
+        course.check("predict_matmul_reads", runs_a_kernel)
