@@ -82,7 +82,7 @@ course.check("batched_bias_tanh", batched_bias_tanh, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## Task 2 — `rms_norm(x, bm)` with its own backward kernel (6 points)
+# ## Task 2 — `rms_norm(x, bm)` with its own backward kernel (3 points)
 #
 # The RMS norm of each row of `x` (shape `(M, N)`):
 #
@@ -186,10 +186,10 @@ def rms_norm(x, bm):
     ### END SOLUTION
 
 
-# %% nbgrader={"grade_id": "rms_norm_visible", "grade": true, "points": 2}
+# %% nbgrader={"grade_id": "rms_norm_visible", "grade": true, "points": 1}
 course.check("rms_norm", rms_norm)
 
-# %% nbgrader={"grade_id": "rms_norm_hidden", "grade": true, "points": 4}
+# %% nbgrader={"grade_id": "rms_norm_hidden", "grade": true, "points": 2}
 # Hidden tests: rows not a multiple of bm, bfloat16, large values, one block of long rows.
 ### BEGIN HIDDEN TESTS
 course.check("rms_norm", rms_norm, hidden=True)
