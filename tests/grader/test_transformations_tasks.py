@@ -101,6 +101,17 @@ def test_batched_bias_is_fetched_per_example(solutions):
     _fails("batched_bias_tanh", batched_bias, "bias (unbatched: no batch dimension) block shape")
 
 
+@pytest.mark.xfail(strict=True, reason="verdict.compare computes int(b) for each output block "
+                   "dim; vmap's output block has a squeezed (None) dim, so a wrong answer raises "
+                   "TypeError (under grading: status 'crashed', the whole notebook scores 0) "
+                   "instead of failing with 'wrong values'")
+def test_wrong_values_of_a_vmapped_kernel_are_reported(solutions):
+    def doubled(x, bias, bm):
+        return solutions["batched_bias_tanh"](x, bias, bm) * 2
+
+    _fails("batched_bias_tanh", doubled, "wrong values")
+
+
 # ----------------------------------------------------------------------------- task 2
 def test_backward_in_plain_jax_fails():
     def rms_norm(x, bm):
