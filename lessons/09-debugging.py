@@ -51,6 +51,8 @@ from kernelsim.backend import choose
 
 LESSON = "09-debugging"
 _course.versions()
+# Error messages below embed jaxprs, which JAX colours with terminal codes inside a notebook.
+jax.config.update("jax_pprint_use_color", False)
 keys = jax.random.split(jax.random.key(9), 4)
 run = choose(tpu_features=False, gpu_ok=True)
 
@@ -283,9 +285,10 @@ finally:
 # %% [markdown]
 # Read the report from the top: the buffer (`'vmem'`, then the interpreter's ids for it), the
 # elements concerned (`[()]`: the whole buffer), then the two accesses, each with who made it
-# and where. The write comes from a DMA (a thread id of its own), at the line that started the
-# copy; the read comes from the core `(0, 0)`, at the line that read `buf`. Moving
-# `copy.wait()` above the read orders the two, and the detector is silent:
+# and where. The write comes from a DMA (a thread id of its own, numbered from 100 in the
+# pinned release), at the line that started the copy; the read comes from the core `(0, 0)`,
+# at the line that read `buf`. Moving `copy.wait()` above the read orders the two, and the
+# detector is silent:
 
 # %%
 def read_after_wait_kernel(x_hbm, o_ref, buf, sem):
