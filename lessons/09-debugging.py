@@ -444,10 +444,11 @@ t_bias.show()
 # 4. `pl.debug_print` the scalar that decides the suspicious step (an index, a mask count);
 # 5. before a chip sees it, `kernelsim.tpu_lowering_error` with `interpret=False`.
 #
-# [Assignment 9](../exercises/) hands you four broken kernels to fix: a roll whose index map
+# [Assignment 9](../exercises/) hands you five broken kernels to fix: a roll whose index map
 # points the wrong way (`roll_rows`), row sums whose accumulator is never initialised
-# (`row_sums`), a column maximum whose ragged-edge mask is off by one (`column_max`) and a
-# pooling kernel whose blocks the TPU lowering rejects (`pool_rows`).
+# (`row_sums`), a column maximum whose ragged-edge mask is off by one (`column_max`), a
+# pooling kernel whose blocks the TPU lowering rejects (`pool_rows`) and lesson 5's
+# hand-made double buffering with a read that races its DMA (`chunk_sum`).
 
 # %% [markdown]
 # ## Check yourself

@@ -5,6 +5,8 @@ has a visible case that exposes its bug and hidden cases that expose it again on
 (``tests/grader/test_debugging_tasks.py`` runs the shipped buggy kernels and sees each fail).
 The bug in ``pool_rows`` is a block shape only the TPU lowering rejects: interpret mode computes
 the right values with it, so a structural rule mirroring that lowering check catches it.
+``chunk_sum`` is graded with TPU interpret mode's race detector on, so a fix that still races
+fails even where its values happen to be right.
 """
 
 from __future__ import annotations
@@ -87,6 +89,22 @@ def _pool_rules(call, case, rules, inputs):
     rules.extend(total_budget(call, None, _nbytes((m // POOL, n), case.dtype)))
 
 
+def _chunk_sum_rules(call, case, rules, inputs):
+    rules.append(grid_is(call, ()))
+
+
+def _with_race_detector(fn, arrays, params):
+    """Call ``fn`` with ``interpret=`` TPU interpret mode and its race detector where kernels
+    are interpreted; compiled (on a TPU) with the learner's own setting."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    from kernelsim.backend import choose
+
+    if choose(tpu_features=True).interpret is False:
+        return fn(*arrays, **params)
+    return fn(*arrays, **params, interpret=pltpu.InterpretParams(detect_races=True))
+
+
 def _make_column_max(rng, case):
     """``values="negative"``: every element below -1, so padding masked with 0 wins the max."""
     (shape,) = case.arrays.values()
@@ -152,4 +170,18 @@ _task(
         _c("h2", 933, "float32", {"x": (16, 200)}, True),
     ),
     structure=_struct(_pool_rules),
+)
+_task(
+    id="chunk_sum", assignment=A9, title="Find the bug: a read that races its DMA",
+    kernel_ops=(("add",),),
+    reference=lambda x, chunk: jnp.sum(_f32(x).reshape(-1, chunk, x.shape[1]), axis=0),
+    tolerance="reduction",
+    invoke=_with_race_detector,
+    cases=(
+        _c("v0", 94, "float32", {"x": (64, 256)}, chunk=8),
+        _c("h0", 941, "float32", {"x": (128, 128)}, True, chunk=16),
+        _c("h1", 942, "bfloat16", {"x": (64, 256)}, True, chunk=16),
+        _c("h2", 943, "float32", {"x": (8, 128)}, True, chunk=8),
+    ),
+    structure=_struct(_chunk_sum_rules),
 )

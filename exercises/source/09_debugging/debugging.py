@@ -3,9 +3,10 @@
 #
 # Each task hands you a kernel that is wrong, in a locked cell named `<task>_buggy`, with the
 # symptom it shows. Run it, find the bug with the tools of lesson 9 (`pl.debug_print`, TPU
-# interpret mode's NaN fill, kernelsim's step table and heatmap, `kernelsim.tpu_lowering_error`)
-# and write the fixed kernel in the task's solution cell, under the task's own name. Copy the
-# buggy code and change what is wrong; keep its grid and blocks unless the task says otherwise.
+# interpret mode's NaN fill and race detector, kernelsim's step table and heatmap,
+# `kernelsim.tpu_lowering_error`) and write the fixed kernel in the task's solution cell, under
+# the task's own name. Copy the buggy code and change what is wrong; keep its grid and blocks
+# unless the task says otherwise.
 # `course.check("<task>", <task>_buggy)` shows what the grader says about the buggy version.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
@@ -345,4 +346,118 @@ course.check("pool_rows", pool_rows)
 # Hidden tests: a partial last block, bfloat16, rows narrower than 128.
 ### BEGIN HIDDEN TESTS
 course.check("pool_rows", pool_rows, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 5 — `chunk_sum(x, chunk, interpret=TPU_INTERPRET)` (2 points)
+#
+# The float32 sum of the `chunk`-row slices of `x`, shape `(chunk, N)`: lesson 5's hand-made
+# double buffering, `x` left in HBM (`pl.ANY`) and copied chunk by chunk into two VMEM buffers
+# while the previous chunk is added. TPU-only: manual DMAs and semaphores. `M` is a multiple of
+# `chunk`. The grader calls your function with
+# `interpret=pltpu.InterpretParams(detect_races=True)`, so a fix that still races fails.
+#
+# Symptom: NaN with TPU interpret mode's defaults; the right values with
+# `interpret=pltpu.InterpretParams(dma_execution_mode="eager")`. Run it with
+# `interpret=pltpu.InterpretParams(detect_races=True)` and read the two lines the report names
+# (call `pltpu.reset_tpu_interpret_mode_state()` after the error).
+
+# %% nbgrader={"grade_id": "chunk_sum_buggy", "locked": true}
+def chunk_sum_buggy(x, chunk, interpret=TPU_INTERPRET):
+    n_chunks = x.shape[0] // chunk
+
+    def kernel(x_hbm, o_ref, buf, sem):
+        def copy(c, slot):
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(c * chunk, chunk)], buf.at[slot],
+                                         sem.at[slot])
+
+        copy(0, 0).start()
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+        def body(c, carry):
+            slot = c % 2
+
+            @pl.when(c + 1 < n_chunks)
+            def _prefetch_next():
+                copy(c + 1, 1 - slot).start()
+
+            o_ref[...] += buf[slot].astype(jnp.float32)
+            copy(c, slot).wait()
+            return carry
+
+        jax.lax.fori_loop(0, n_chunks, body, 0)
+
+    # No grid: one step streams x from HBM through two VMEM buffers by hand.
+    return pl.pallas_call(
+        kernel,
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        scratch_shapes=[pltpu.VMEM((2, chunk, x.shape[1]), x.dtype),
+                        pltpu.SemaphoreType.DMA((2,))],
+        out_shape=jax.ShapeDtypeStruct((chunk, x.shape[1]), jnp.float32),
+        interpret=interpret,
+    )(x)
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# A DMA's data may land any time between `.start()` and the end of its `.wait()`. The race
+# report names a write by a DMA and a read by the core of the same buffer with nothing
+# ordering them: the kernel reads chunk `c`'s buffer before it has waited for chunk `c`'s
+# copy. The prefetch of chunk `c + 1` into the other buffer is fine where it is.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# `copy(c, slot).wait()` moves above the line that adds `buf[slot]`.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "chunk_sum_solution", "solution": true}
+def chunk_sum(x, chunk, interpret=TPU_INTERPRET):
+    ### BEGIN SOLUTION
+    n_chunks = x.shape[0] // chunk
+
+    def kernel(x_hbm, o_ref, buf, sem):
+        def copy(c, slot):
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(c * chunk, chunk)], buf.at[slot],
+                                         sem.at[slot])
+
+        copy(0, 0).start()
+        o_ref[...] = jnp.zeros_like(o_ref)
+
+        def body(c, carry):
+            slot = c % 2
+
+            @pl.when(c + 1 < n_chunks)
+            def _prefetch_next():
+                copy(c + 1, 1 - slot).start()
+
+            copy(c, slot).wait()  # chunk c has landed in buf[slot] only after this
+            o_ref[...] += buf[slot].astype(jnp.float32)
+            return carry
+
+        jax.lax.fori_loop(0, n_chunks, body, 0)
+
+    # No grid: one step streams x from HBM through two VMEM buffers by hand.
+    return pl.pallas_call(
+        kernel,
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+        scratch_shapes=[pltpu.VMEM((2, chunk, x.shape[1]), x.dtype),
+                        pltpu.SemaphoreType.DMA((2,))],
+        out_shape=jax.ShapeDtypeStruct((chunk, x.shape[1]), jnp.float32),
+        interpret=interpret,
+    )(x)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "chunk_sum_visible", "grade": true, "points": 1}
+course.check("chunk_sum", chunk_sum)
+
+# %% nbgrader={"grade_id": "chunk_sum_hidden", "grade": true, "points": 1}
+# Hidden tests: more and longer chunks, bfloat16, a single chunk; all with the race detector.
+### BEGIN HIDDEN TESTS
+course.check("chunk_sum", chunk_sum, hidden=True)
 ### END HIDDEN TESTS
