@@ -135,8 +135,8 @@ course.check("predict_matmul_reads", predict_matmul_reads, hidden=True)
 
 # %% [markdown]
 # Now run it: kernelsim traces your `matmul` from Task 1 on these sizes and counts each
-# operand's fetches and bytes. Where your prediction differs, its per-step table shows which
-# steps skipped a copy.
+# operand's fetches, skipped copies and bytes. Where your prediction differs, the `fetches` and
+# `skips` columns show which operand you mispredicted.
 
 # %%
 sizes = dict(m=64, k=128, n=512, bm=32, bk=128, bn=128)
