@@ -1,4 +1,10 @@
-"""Assignment 04's adversarial hidden cases each fail a plausible wrong answer (issue 14).
+"""Assignments 01-04: block shapes the TPU accepts, and adversarial cases that bite (issues 14, 16).
+
+Every case of every task in 01-04 uses blocks the TPU lowering accepts: the instructor's
+solution, set to compile instead of interpret, goes through JAX's Mosaic lowering
+(``kernelsim.tpu_lowering_error``, no TPU needed).
+
+Assignment 04's adversarial hidden cases each fail a plausible wrong answer (issue 14).
 
 Each planted answer below fails the hidden case added for it while the honest kernel passes
 that case; the rounding mistakes and the prediction formulas also pass the visible case, so
@@ -8,12 +14,16 @@ only the hidden cases can catch them. Cases run one at a time, as the grader run
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
+import jupytext
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+import kernelsim
 from grader import course, refs, tasks, verdict, work
 
 TPU_INTERPRET = pltpu.InterpretParams()
@@ -35,6 +45,42 @@ def wrong_values(task_id: str, case: str, fn) -> str | None:
     if run.error is not None:
         return run.error
     return verdict.compare(run.output, expected, entry["rtol"], entry["atol"])
+
+
+# ----------------------------------------------------------------------- TPU-accepted blocks
+MINE = ("01_first_kernel", "02_tiling", "03_index_maps", "04_memory_spaces")
+
+
+def _compiled_solutions(assignment: str) -> dict[str, object]:
+    """task id -> the instructor's function, with INTERPRET and TPU_INTERPRET set to compile."""
+    path = next(Path(refs.REPO, "exercises", "source", assignment).glob("*.py"))
+    namespace: dict = {}
+    solutions = {}
+    for cell in jupytext.read(path).cells:
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id", "")
+        if gid == "setup" or gid.endswith("_solution"):
+            before = set(namespace)
+            exec(cell.source, namespace)  # noqa: S102 - the course's own notebook
+            namespace["INTERPRET"] = namespace["TPU_INTERPRET"] = False
+            if gid.endswith("_solution"):
+                (solutions[gid[:-9]],) = [namespace[n] for n in set(namespace) - before]
+    return solutions
+
+
+@pytest.mark.parametrize("assignment", MINE)
+def test_every_case_has_blocks_the_tpu_lowering_accepts(assignment):
+    solutions = _compiled_solutions(assignment)
+    refused = []
+    for task in (t for t in tasks.TASKS if t.assignment == assignment):
+        if task.id.startswith("predict_"):
+            continue  # returns a number; the grader's one-step kernel writes it
+        for case in task.cases:
+            arrays = [jnp.asarray(v) for v in task.inputs(case).values()]
+            error = kernelsim.tpu_lowering_error(
+                lambda *a, t=task, c=case: t.call(solutions[t.id], list(a), c.params), *arrays)
+            if error is not None:
+                refused.append(f"{task.id} case {case.name}: {error.splitlines()[0]}")
+    assert not refused, "\n".join(refused)
 
 
 # ------------------------------------------------------------------------------------ sum_all
