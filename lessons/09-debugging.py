@@ -153,6 +153,9 @@ for name, out in fills.items():
     print(f'uninitialized_memory="{name}": rows holding NaN',
           np.flatnonzero(np.isnan(out).any(axis=1)).tolist(),
           "| rows all zero", np.flatnonzero((out == 0).all(axis=1)).tolist())
+unwritten = list(range(32, 40))  # the partial last block, rows 32..39
+assert np.flatnonzero(np.isnan(fills["nan"]).any(axis=1)).tolist() == unwritten
+assert np.flatnonzero((fills["zero"] == 0).all(axis=1)).tolist() == unwritten
 
 # %% [markdown]
 # A picture of the output makes the unwritten block obvious: every row the grid never reached
@@ -206,6 +209,7 @@ def reverse_row_blocks(x, *, interpret):
 
 clamped = reverse_row_blocks(x, interpret=True)
 print("interpret=True, first row of each output block:", clamped[::8, 0].tolist())
+assert clamped[::8, 0].tolist() == [3, 3, 2, 1]  # the prose below reads these blocks
 logging.disable(logging.ERROR)  # JAX also logs the failing callback's traceback; skip it
 try:
     reverse_row_blocks(x, interpret=pltpu.InterpretParams())
@@ -383,22 +387,23 @@ def bias_add_kernel(x_ref, bias_ref, o_ref):
     o_ref[...] = x_ref[...] + bias_ref[...]
 
 
-def bias_add(x, bias, *, interpret):
+def bias_add(x, bias, *, bias_index_map, interpret):
     # j innermost: the bias block should change with j; x and the output are used once.
     return pl.pallas_call(
         bias_add_kernel,
         grid=(x.shape[0] // 8, x.shape[1] // 128),
         in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, j)),
-                  pl.BlockSpec((1, 128), lambda i, j: (0, i))],  # BUG: (0, j)
+                  pl.BlockSpec((1, 128), bias_index_map)],
         out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
         interpret=interpret,
     )(x, bias)
 
 
+buggy_bias_add = functools.partial(bias_add, bias_index_map=lambda i, j: (0, i))  # BUG
 xb = jax.random.normal(keys[2], (16, 512), jnp.float32)
 bias = jax.random.normal(keys[3], (1, 512), jnp.float32)
-wrong = bias_add(xb, bias, interpret=True) != xb + bias
+wrong = buggy_bias_add(xb, bias, interpret=True) != xb + bias
 print("wrong elements per 128-column block:", wrong.reshape(16, 4, 128).sum(axis=(0, 2)).tolist())
 
 # %% [markdown]
@@ -407,7 +412,7 @@ print("wrong elements per 128-column block:", wrong.reshape(16, 4, 128).sum(axis
 # column block is `i`.
 
 # %%
-t_bias = kernelsim.trace(functools.partial(bias_add, interpret=True), xb, bias)
+t_bias = kernelsim.trace(functools.partial(buggy_bias_add, interpret=True), xb, bias)
 blocks = {}
 for e in t_bias.steps():
     blocks.setdefault((e.step, e.grid_index), {})[e.operand] = e.block_index
@@ -429,6 +434,30 @@ t_bias.heatmap()
 
 # %%
 t_bias.show()
+
+# %% [markdown]
+# The fix is the map `(0, j)`. Checked against the reference, and counted: each bias block is
+# now fetched twice, once per row of the grid, as the grid order explains.
+
+# %%
+fixed_bias_add = functools.partial(bias_add, bias_index_map=lambda i, j: (0, j))
+_course.check(LESSON, "bias_add_fixed", fixed_bias_add, lambda a, b: a + b, (xb, bias), run,
+              rtol=0, atol=0)
+
+
+def bias_fetches(trace):
+    """Fetches of each bias block over the run, by block column."""
+    counts = [0] * 4
+    for e in trace.steps():
+        if e.operand == "bias_ref" and e.action == "fetch":
+            counts[e.block_index[1]] += 1
+    return counts
+
+
+fixed_fetches = bias_fetches(kernelsim.trace(functools.partial(fixed_bias_add, interpret=True),
+                                             xb, bias))
+print("bias fetches per block, wrong map:", bias_fetches(t_bias), "| right map:", fixed_fetches)
+assert bias_fetches(t_bias) == [1, 1, 0, 0] and fixed_fetches == [2, 2, 2, 2]
 
 # %% [markdown]
 # ## Find the bug
