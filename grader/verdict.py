@@ -182,10 +182,12 @@ def compare(got: Any, expected: np.ndarray, rtol: float, atol: float,
            f"{atol + rtol * abs(ef[idx]):.3g}; rtol {rtol:.3g}, atol {atol:.3g}); "
            f"max |diff| {np.nanmax(np.where(np.isnan(diff), np.inf, diff)):.3g}")
     if block is not None and len(block) == len(idx):
-        bidx = tuple(i // max(int(b), 1) for i, b in zip(idx, block, strict=True))
-        nblk = tuple(-(-s // max(int(b), 1)) for s, b in zip(expected.shape, block, strict=True))
+        # a squeezed block dimension (None, pl.Squeezed()) spans one element
+        block = tuple(int(b) if isinstance(b, int | np.integer) and b > 0 else 1 for b in block)
+        bidx = tuple(i // b for i, b in zip(idx, block, strict=True))
+        nblk = tuple(-(-s // b) for s, b in zip(expected.shape, block, strict=True))
         msg += f"; that element lies in output block {bidx} of {nblk} (block shape {block})"
-        if any(i == n - 1 and s % max(int(b), 1)
+        if any(i == n - 1 and s % b
                for i, n, s, b in zip(bidx, nblk, expected.shape, block, strict=True)):
             msg += " -- a partial edge block: check the blocks that overhang the array"
     if block is not None and (picture := _messages.block_map(bad, block)):

@@ -29,7 +29,7 @@ from jax.extend.core import Literal, jaxprs_in_params
 # operations that move or reinterpret data without computing on it
 LAYOUT = frozenset({
     "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose", "slice",
-    "dynamic_slice", "concatenate", "pad", "convert_element_type", "copy", "copy_p",
+    "dynamic_slice", "concatenate", "stack", "pad", "convert_element_type", "copy", "copy_p",
     "device_put", "rev", "bitcast_convert_type", "optimization_barrier", "stop_gradient"})
 # calls whose body is inlined: what flows in and out is the body's
 TRANSPARENT = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",

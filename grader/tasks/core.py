@@ -242,9 +242,11 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
                   "ops after it)", "; ".join(f.origin for f in w.outputs) or "no output",
                   bool(w.outputs) and all(f.kind == "kernel" for f in w.outputs))]
     fed = [f"operand {i} of pallas_call #{c.number}: {f.origin}" for c in w.calls
-           for i, (role, f) in enumerate(c.operands) if role == "input" and f.kind != "input"]
-    rules.append(Rule("kernel inputs are your function's inputs", "the arguments (at most "
-                      "layout ops before the call)", "; ".join(fed) or "they are", not fed))
+           for i, (role, f) in enumerate(c.operands)
+           if role == "input" and f.kind not in ("input", "kernel")]
+    rules.append(Rule("kernel inputs are your function's inputs", "the arguments or an "
+                      "earlier kernel's outputs (at most layout ops between)",
+                      "; ".join(fed) or "they are", not fed))
     budget = max(reference_flops(task, case, inputs), out_elements) // OUTSIDE_SHARE
     ops = f" ({', '.join(w.outside_ops)})" if w.outside_ops else ""
     rules.append(Rule("compute outside kernels", f"<= {budget:,} FLOPs (1/{OUTSIDE_SHARE} of "

@@ -101,10 +101,6 @@ def test_batched_bias_is_fetched_per_example(solutions):
     _fails("batched_bias_tanh", batched_bias, "bias (unbatched: no batch dimension) block shape")
 
 
-@pytest.mark.xfail(strict=True, reason="verdict.compare computes int(b) for each output block "
-                   "dim; vmap's output block has a squeezed (None) dim, so a wrong answer raises "
-                   "TypeError (under grading: status 'crashed', the whole notebook scores 0) "
-                   "instead of failing with 'wrong values'")
 def test_wrong_values_of_a_vmapped_kernel_are_reported(solutions):
     def doubled(x, bias, bm):
         return solutions["batched_bias_tanh"](x, bias, bm) * 2
@@ -157,9 +153,6 @@ def test_without_custom_vjp_grad_is_refused():
     _fails("rms_norm", rms_norm, "your function raised", "Linearization failed")
 
 
-@pytest.mark.xfail(strict=True, reason="core.work_rules ('kernel inputs are your function's "
-                   "inputs') rejects an operand that an earlier pallas_call wrote, so a backward "
-                   "kernel reading a residual the forward kernel saved fails although correct")
 def test_residual_written_by_the_forward_kernel_is_correct():
     def rms_norm(x, bm):
         m, n = x.shape
