@@ -23,8 +23,11 @@
 # 2. say what the escape hatches before Pallas cost, and what Triton showed;
 # 3. explain why Pallas is "JAX plus Refs, a few primitives and `pallas_call`";
 # 4. write a kernel factory, a Python function that returns kernels;
-# 5. list what Pallas refuses on TPU, and why a refusal is a design position;
-# 6. use interpret mode as the reference a compiled kernel must agree with.
+# 5. list what Pallas refuses on TPU, and tell a limit of the hardware from one of today's
+#    lowering;
+# 6. use interpret mode as the reference a compiled kernel must agree with;
+# 7. say what `jax.vmap` does to a `pallas_call` (one more grid axis) and why `jax.grad` needs
+#    a backward kernel of your own.
 #
 # Exercises for this part live in [`../exercises/`](../exercises/).
 
@@ -39,6 +42,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from jax.experimental import pallas as pl
 
+import kernelsim
 from kernelsim.backend import choose
 
 LESSON = "01-why-pallas"
@@ -155,11 +159,12 @@ fig.tight_layout()
 # calls it the primary code-generation route of `torch.compile` in PyTorch 2.0, through
 # TorchInductor.
 #
-# Pointing Triton at a TPU does not work, though. Its programming model is tuned for GPUs; the
-# design document's example is atomics, which exist to settle many concurrent writes to the
-# same memory; on a TPU the grid runs one step after another, so that pattern has no
-# counterpart. What was needed was the same tile-level idea one level higher, abstract enough
-# to compile for both machines.
+# Why not compile Triton for a TPU? The design document grants that Triton's model is already
+# TPU-like — programs on tiles of arrays held in fast memory — but its details are specialised
+# for GPUs, so it cannot be compiled for a TPU directly. Its example is atomics: operations
+# that exist to settle parallel writes to the same memory, which is not how a TPU works. What
+# was needed was the same tile-level idea one level higher, abstract enough to compile for
+# both machines.
 
 # %% [markdown]
 # ## JAX is already an array language
@@ -221,8 +226,8 @@ for label, fn in [("doubled", lambda s: 2 * s), ("exponentiated", jnp.exp)]:
 #
 # Pallas does not remove the custom call; it writes the opaque function for you. Lowering a
 # jitted function for TPU (possible on this CPU: lowering needs no chip) shows the kernel as
-# one `custom_call` to `tpu_custom_call`, carrying the Mosaic program. The `sin` after it stays
-# outside, because XLA does not fuse into a custom call.
+# one `custom_call` to `tpu_custom_call`, carrying the Mosaic program, and the `sin` as a
+# separate operation after it.
 
 # %%
 def add_then_sin(x, y):
@@ -230,9 +235,18 @@ def add_then_sin(x, y):
 
 
 stablehlo = jax.jit(add_then_sin).trace(x, y).lower(lowering_platforms=("tpu",)).as_text()
-print("custom calls:", re.findall(r"custom_call @(\w+)", stablehlo))
+custom_calls = re.findall(r"custom_call @(\w+)", stablehlo)
+print("custom calls:", custom_calls)
 print("sine outside the kernel:", "stablehlo.sine" in stablehlo)
+assert custom_calls == ["tpu_custom_call"] and "stablehlo.sine" in stablehlo
 
+# %% [markdown]
+# This is the program *before* XLA optimises it, so it cannot show whether XLA fuses anything
+# into the kernel; only the compiled TPU program could. What the pinned release offers is
+# narrower: `pltpu.CompilerParams(allow_input_fusion=[...])`, one flag per operand, lets XLA
+# fuse the computation that produces an input into the kernel instead of writing that input
+# to HBM first. JAX only passes the flags to the TPU compiler in the custom call's
+# configuration; the fusing itself happens in XLA.
 # %% [markdown]
 # ## What Pallas refuses, and why
 #
@@ -260,8 +274,14 @@ print("sine outside the kernel:", "stablehlo.sine" in stablehlo)
 # * elementwise operations are not equally cheap: the page ranks `jnp.sin` and `jnp.cos` among
 #   the expensive ones and `jnp.exp` in the middle.
 #
-# These are statements about the machine, not a to-do list: the language does not pretend
-# that every operation costs the same.
+# Read these two ways. Some rules describe the machine and will not change: operations are
+# not equally cheap, and a TPU core moves tiles, not scattered words. Others describe today's
+# lowering, and the docs word them so ("at the moment"): the pinned release already emits
+# real loops (above), lowers `sum`, `max` and `min` over `int32` values (other integer types
+# are refused), and lowers a gather *within* a block along one of its last two dimensions
+# (`jnp.take_along_axis`-style) as an in-register gather. Before working around a refusal,
+# check the release you run. A gather from HBM by data-dependent rows remains the index-map
+# pattern above.
 
 # %% [markdown]
 # ## The correctness promise, and interpret mode as the oracle
@@ -281,6 +301,33 @@ np.testing.assert_allclose(got, jnp.tanh(x + y), rtol=1e-6, atol=1e-6)
 print("interpret=True agrees with plain JAX; on a TPU or GPU, compare interpret=False with it")
 
 # %% [markdown]
+# ## JAX transformations apply to kernels
+#
+# The design document's third argument for living inside JAX: a kernel is a JAX operation, so
+# JAX's transformations apply to it. `jax.vmap` of a `pallas_call` is again one `pallas_call`,
+# with one more grid axis in front: each batch element gets its own grid steps, and each
+# operand's block gains a leading dimension of size one that the kernel never sees (a
+# *squeezed* dimension, lesson 3). The kernel body is untouched.
+
+# %%
+batched = jax.vmap(functools.partial(add_then, elementwise=jnp.exp, interpret=True))
+xs = jnp.stack([x, 2 * x, 3 * x])
+ys = jnp.stack([y, y, y])
+program = jax.make_jaxpr(batched)(xs, ys)
+print("primitives after vmap:", [e.primitive.name for e in program.eqns])
+t_batched = kernelsim.trace(batched, xs, ys)
+print(t_batched)
+assert [e.primitive.name for e in program.eqns] == ["pallas_call"]
+assert t_batched.calls[0].grid == (3,)  # add_then had no grid: vmap added one axis of size 3
+np.testing.assert_allclose(batched(xs, ys), jnp.exp(xs + ys), rtol=1e-6)
+
+# %% [markdown]
+# `jax.grad` is different: differentiating a kernel means a *backward kernel*, and Pallas does
+# not derive one. In the pinned release a `pallas_call` has a forward-mode (`jvp`) rule but no
+# transpose rule, so `jax.grad` fails; you write the backward kernel yourself and attach it
+# with `jax.custom_vjp`. Lesson 10 does both, checked against `jax.grad` of plain JAX.
+
+# %% [markdown]
 # ## What is left to you
 #
 # Everything XLA used to decide silently is now yours to state: which blocks are on chip, in
@@ -297,6 +344,8 @@ print("interpret=True agrees with plain JAX; on a TPU or GPU, compare interpret=
 # 4. What three things does Pallas add to JAX?
 # 5. You need `table[idx]` inside a kernel. What does Pallas offer instead of a gather?
 # 6. What does XLA see of a compiled Pallas kernel, and what can it not do with it?
+# 7. You `jax.vmap` a kernel with no grid over a batch of 3. What does the `pallas_call` look
+#    like afterwards, and what would `jax.grad` need?
 #
 # <details><summary>Answer</summary>
 #
@@ -305,12 +354,18 @@ print("interpret=True agrees with plain JAX; on a TPU or GPU, compare interpret=
 #    algorithm (online softmax) avoids it.
 # 2. The low-level language (C++, CUDA) that even experts find hard for matmul or attention,
 #    and the delay before research techniques land in the compiler.
-# 3. Its model is specialised for GPUs; for example its atomics exist for parallel writes to
-#    shared memory, which the TPU's execution model does not have.
+# 3. Its tile model is already TPU-like, but its details are GPU-specific: for example its
+#    atomics exist to settle parallel writes to the same memory, which is not how a TPU works.
 # 4. Refs, a few new primitives such as `program_id`, and `pallas_call`.
 # 5. Prefetch `idx` as scalars and let an index map turn each one into the block index of the
 #    row to copy (lesson 6).
 # 6. One custom call (`tpu_custom_call` on TPU) wrapping the compiled kernel. XLA schedules it
-#    like any operation but cannot fuse neighbouring operations into it.
+#    like any operation but cannot see inside it; on TPU it may fuse the producers of inputs
+#    you mark with `allow_input_fusion` into it. The lowered StableHLO cannot show fusion
+#    either way: fusion happens later, when XLA compiles.
+# 7. The `pallas_call` gains a leading grid axis of size 3 and every block a squeezed leading
+#    dimension; the kernel body is unchanged. `jax.grad` needs a rule for the backward pass,
+#    which `pallas_call` does not have; you write the backward kernel and attach it with
+#    `jax.custom_vjp` (lesson 10).
 #
 # </details>

@@ -23,7 +23,9 @@
 # 3. apply the TPU's (8, 128) rule for block shapes;
 # 4. handle shapes that the block size does not divide;
 # 5. read kernelsim's per-step table for a tiled add and a tiled matmul;
-# 6. predict how block size changes HBM traffic.
+# 6. predict how block size changes HBM traffic;
+# 7. drop a block dimension with `pl.Squeezed()` (or `None`), so the kernel sees a Ref without
+#    that axis.
 #
 # Rules here: [Grids and BlockSpecs](https://docs.jax.dev/en/latest/pallas/grid_blockspec.html),
 # [software pipelining](https://docs.jax.dev/en/latest/pallas/pipelining.html) and
@@ -84,8 +86,9 @@ _course.check(LESSON, "tiled_add", tiled_add, lambda a, b: a + b, (x, y), run, r
 # %% [markdown]
 # ## Which bytes are on chip
 #
-# On TPU the grid runs sequentially, in row-major order (lesson 4 covers the exception on
-# two-core chips). Before step `s` the pipeline copies the input blocks that
+# On TPU the grid runs sequentially, in row-major order (lesson 4: on megacore chips the
+# compiler may split an axis declared `"parallel"` between two cores). Steps count from 0
+# here and in kernelsim's tables. Before step `s` the pipeline copies the input blocks that
 # step needs from HBM into VMEM; after it, it copies the output block back. While step `s`
 # computes, the copy for step `s + 1` is already under way into a *second* buffer — double
 # buffering — so each pipelined operand holds two blocks of VMEM. An input block whose index
@@ -153,11 +156,58 @@ full_rows = kernelsim.trace(functools.partial(tiled_add, block=(256, 128), inter
 print("block (256, 128), the full row count:", full_rows.calls[0].warnings or "no warning")
 
 # %% [markdown]
-# Narrower dtypes are *packed*: a 32-bit word holds two `bfloat16` or four `int8` values, which
-# JAX's TPU hardware table (`jax/_src/tpu_info.py`) counts as a packing of `32 / bits` along
-# the second-minor dimension. An `(8, 128)` `bfloat16` block passes the check above but fills
-# only half of each packed register; row counts that are multiples of 16 (`bfloat16`) or 32
-# (`int8`) fill them.
+# Narrower dtypes are *packed*: a 32-bit word holds two `bfloat16` or four `int8` values, one
+# above the other along the second-minor dimension, so a full vector register holds a
+# `(16, 128)` `bfloat16` or `(32, 128)` `int8` tile. JAX's TPU hardware table
+# (`jax/_src/tpu_info.py`, `infer_tiling`) computes this packing as `4 // itemsize` values
+# per word. How XLA lays out such an array in HBM depends on the generation: the same file's
+# `get_sublane_tiling` notes that before TPU7x XLA tiles 16-bit arrays by 8 rows by default
+# (a flag makes it 16) and 8-bit arrays by 32. The lowering's check above accepts an `(8, 128)`
+# `bfloat16` block either way; row counts that are multiples of 16 (`bfloat16`) or 32 (`int8`)
+# fit whole packed tiles on every generation.
+
+# %% [markdown]
+# ## Dropping a block dimension: `pl.Squeezed()`
+#
+# A batch of matrices `(batch, M, K)` is usually cut one matrix at a time. A block of shape
+# `(1, 128, K)` would hand the kernel a 3-D Ref of leading size 1; writing `pl.Squeezed()` (or
+# `None`, the same thing) for that dimension instead gives the kernel a 2-D `(128, K)` Ref.
+# The index map still returns one index per array dimension: for a squeezed dimension the
+# index counts single elements, here the batch element. A squeezed dimension also takes that
+# axis out of the (8, 128) rule, which applies to the block's last two dimensions.
+
+# %%
+def batched_matmul_kernel(x_ref, w_ref, o_ref):
+    seen_shapes.append(x_ref.shape)  # recorded at trace time
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+
+
+def batched_matmul(x, w, *, bm=128, interpret):
+    batch, m, k = x.shape
+    n = w.shape[1]
+    # b outer, i inner: w's index never changes, so it is fetched once for the whole grid.
+    return pl.pallas_call(
+        batched_matmul_kernel,
+        grid=(batch, m // bm),
+        in_specs=[pl.BlockSpec((pl.Squeezed(), bm, k), lambda b, i: (b, i, 0)),
+                  pl.BlockSpec((k, n), lambda b, i: (0, 0))],
+        out_specs=pl.BlockSpec((None, bm, n), lambda b, i: (b, i, 0)),
+        out_shape=jax.ShapeDtypeStruct((batch, m, n), jnp.float32),
+        interpret=interpret,
+    )(x, w)
+
+
+seen_shapes = []
+xb = jax.random.normal(keys[2], (3, 256, 128), jnp.float32)
+wb = jax.random.normal(keys[3], (128, 256), jnp.float32)
+_course.check(LESSON, "batched_matmul_squeezed", batched_matmul,
+              lambda a, w: jnp.einsum("bmk,kn->bmn", a, w, precision="highest"), (xb, wb), run,
+              rtol=1e-4, atol=1e-3)
+print("the kernel saw x_ref of shape", seen_shapes[0])
+assert seen_shapes[0] == (128, 128)
+t_batched = kernelsim.trace(functools.partial(batched_matmul, interpret=True), xb, wb)
+print(t_batched)
+assert t_batched.calls[0].operand("w_ref").fetches == 1
 
 # %% [markdown]
 # ## Shapes the block does not divide
@@ -365,6 +415,9 @@ fig.tight_layout()
 # 5. In the panel matmul with `j` innermost, which operand's traffic does `bm` control?
 # 6. A kernel slices 8 rows past the end of its Ref with a `program_id`-dependent start. What
 #    does each interpreter do?
+# 7. An operand of shape `(4, 64, 256)` has the BlockSpec
+#    `pl.BlockSpec((None, 64, 128), lambda b, j: (b, 0, j))`. What shape is its Ref in the
+#    kernel, and which elements does grid point `(2, 1)` get?
 #
 # <details><summary>Answer</summary>
 #
@@ -378,5 +431,7 @@ fig.tight_layout()
 # 5. `B`'s: it is read once per row panel, `M / bm` times.
 # 6. `interpret=True` clamps the start and silently returns other rows; TPU interpret mode
 #    raises an out-of-bounds error (or returns NaN with `out_of_bounds_reads="uninitialized"`).
+# 7. `(64, 128)`: the `None` dimension is squeezed out. It gets `x[2, 0:64, 128:256]` — a
+#    squeezed dimension's index counts elements, the others count blocks.
 #
 # </details>
