@@ -139,6 +139,8 @@ for j_inner in (True, False):
     t = kernelsim.trace(functools.partial(bias_add, j_inner=j_inner, interpret=True), x, bias)
     op = t.calls[0].operand("bias_ref")
     rows.append(["(i, j)" if j_inner else "(j, i)", op.fetches, op.skips, op.hbm_read_bytes])
+    # j innermost: a new bias block at every step; i innermost: once per column of blocks
+    assert op.fetches == ((x.shape[0] // B) * (x.shape[1] // B) if j_inner else x.shape[1] // B)
 show(rows)
 
 # %% [markdown]
@@ -263,7 +265,9 @@ kernelsim.compare(*orders, labels=["j innermost", "i innermost"]).figure()
 #
 # The `k` axis carries a dependency from step to step, so it is declared `"arbitrary"`, via
 # `pltpu.CompilerParams` — a **TPU-only** compiler parameter. On the CPU such a kernel runs
-# in TPU interpret mode.
+# in TPU interpret mode. Without `dimension_semantics` the pinned release's TPU lowering
+# treats every axis as `"arbitrary"`, which is always correct; declaring `i` and `j`
+# `"parallel"` is what gives the compiler the freedom the next section describes.
 
 # %%
 def matmul_acc_kernel(a_ref, b_ref, o_ref):
@@ -297,6 +301,7 @@ _course.check(LESSON, "matmul_k_arbitrary", matmul, jnp.dot, (a2, b2), tpu_run,
               rtol=1e-4, atol=1e-3)
 t_acc = kernelsim.trace(functools.partial(matmul, interpret=True), a2, b2)
 print(t_acc.summary(steps=1))
+assert (t_acc.calls[0].steps, t_acc.calls[0].operand("o_ref").writebacks) == (16, 4)
 
 # %% [markdown]
 # kernelsim's table shows the output with 4 writebacks for 16 steps: one per `(i, j)`. In the
@@ -319,6 +324,10 @@ t_acc.show()
 #   cores.
 # * On one-core chips (v5e, v6e) the grid still runs in order, so a false `"parallel"` goes
 #   unnoticed there — until the kernel runs on a megacore chip.
+# * Two cores do not make a megacore chip. The same table gives TPU7x two TensorCores per
+#   chip but no megacore: each core is its own JAX device (the table calls this "split"
+#   mode), so one `pallas_call` runs on one core and `"parallel"` has no second core to
+#   split over.
 # * `"arbitrary"` axes always run in order on one core.
 #
 # The docs describe `dimension_semantics` as some parallel axes followed by arbitrary ones;
@@ -354,8 +363,8 @@ except ValueError as err:
 #
 # 1. A `(64, 256)` block's index map returns `(3, 1)`. Where does the block start?
 # 2. How does the bias BlockSpec make one bias row serve every row block?
-# 3. For `A` of shape `(4096, 512)` and `B` of shape `(512, 128)`, which panel-matmul order
-#    moves fewer bytes, and why?
+# 3. For `float32` `A` of shape `(4096, 512)` and `B` of shape `(512, 256)`, which panel-matmul
+#    order moves fewer bytes, and why? And with `B` of shape `(512, 128)`?
 # 4. Why does the accumulating matmul not need to write the output at every step?
 # 5. What goes wrong if the `k` axis is declared `"parallel"`, and which interpreter shows it?
 #
@@ -363,9 +372,10 @@ except ValueError as err:
 #
 # 1. At element `(192, 256)`: `3·64` rows, `1·256` columns.
 # 2. Its index map ignores the row index and always returns block row 0.
-# 3. `i` innermost: `B`'s single column panel is then fetched once and reused for every row
-#    panel, and `A` is read once too (there is one column panel, so `N/128 = 1`). With `j`
-#    innermost `B` would be re-read 32 times.
+# 3. `i` innermost: `B` (0.5 MiB) is read once and `A` (8 MiB) `N/128 = 2` times, 16.5 MiB of
+#    input; with `j` innermost `A` is read once but `B` `M/128 = 32` times, 24 MiB. With
+#    `B` of shape `(512, 128)` the orders tie: there is a single column panel, so `B`'s block
+#    index never changes in either order and both read `A` once and `B` once.
 # 4. Its block index `(i, j)` is the same for all consecutive `k` steps, so the block stays on
 #    chip and is written back once, when the index changes.
 # 5. The steps may run in any order, so the `k == 0` initialisation can wipe partial sums.
