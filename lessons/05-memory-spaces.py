@@ -57,18 +57,24 @@ print("kernels in this lesson run:", tpu_run.label)
 #
 # * **HBM** — the chip's main memory: gigabytes, off the core. Arrays passed to a
 #   `pallas_call` live here.
-# * **VMEM** — vector memory on the TensorCore, 16 to 192 MiB depending on the generation;
-#   the kernel's vector and matrix operations take their operands from here. BlockSpec'd
+# * **VMEM** — vector memory on each TensorCore: 16 MiB on v4, 64 MiB on v5p and TPU7x,
+#   128 MiB on v5e and v6e (JAX's TPU hardware table); the kernel's vector and matrix
+#   operations take their operands from here. BlockSpec'd
 #   operands are copied here by default.
 # * **SMEM** — scalar memory: small (1 MiB per core on v4 and later in `tpu_info.py`), read
 #   and written 32 bits at a time by the scalar unit that runs the control flow and computes
 #   addresses. The TPU details page's rule of thumb: data that decides control flow goes here.
 #
-# The compiler also caps how much VMEM one kernel may use, below the capacity;
-# `pltpu.CompilerParams(vmem_limit_bytes=...)` raises that cap for a kernel.
+# The compiler also caps how much VMEM one kernel may use (a *scoped* limit), below the
+# capacity. `pltpu.CompilerParams(vmem_limit_bytes=...)` overrides it for one kernel; the
+# pinned release's docstring adds that this must go with the XLA flag
+# `--xla_tpu_scoped_vmem_limit_kib=N`, `N` KiB above the new limit. JAX itself only writes the
+# number into the kernel's custom call; the TPU compiler, outside JAX, applies it.
 #
-# Sizes per TensorCore, as kernelsim's chip table records them (from JAX's TPU hardware table,
-# `jax/_src/tpu_info.py`, in the pinned release; HBM bandwidth from Google Cloud's pages):
+# kernelsim's chip table: VMEM and SMEM **per TensorCore** (from JAX's TPU hardware table,
+# `jax/_src/tpu_info.py`, in the pinned release), HBM bandwidth **per chip** (Google Cloud's
+# pages). On the two-core megacore chips, v4 and v5p, the two cores share that bandwidth;
+# JAX's table records half of it per core.
 
 # %%
 print(f"{'chip':8}  {'VMEM':>8}  {'SMEM':>6}  {'HBM GB/s':>8}")
@@ -110,11 +116,16 @@ scales = jnp.arange(1, 5, dtype=jnp.float32)
 _course.check(LESSON, "scale_row_blocks", scale_row_blocks,
               lambda s, a: a * jnp.repeat(s, ROWS)[:, None], (scales, x), tpu_run,
               rtol=0, atol=0)
-print(kernelsim.trace(functools.partial(scale_row_blocks, interpret=True), scales, x))
+t_smem = kernelsim.trace(functools.partial(scale_row_blocks, interpret=True), scales, x)
+print(t_smem)
+scales_op = t_smem.calls[0].operand("scales_ref")
+assert (scales_op.operand.memory_space, scales_op.fetches, scales_op.skips) == ("smem", 1, 3)
 
 # %% [markdown]
-# kernelsim lists `scales_ref` in `smem`, with one buffer and one fetch: the whole table
-# arrives before the first step and stays.
+# kernelsim lists `scales_ref` in `smem` with one fetch and three skips: its block is the
+# whole table and its index never changes, so the table arrives before the first step and
+# stays. kernelsim still counts two buffers for it, as for any pipelined operand: the pinned
+# release's lowering forces a single buffer only for such whole-array operands in VMEM.
 
 # %% [markdown]
 # ## Scratch: state that outlives a grid step
@@ -172,6 +183,9 @@ _course.check(LESSON, "matmul_bf16_scratch", matmul_bf16, matmul_bf16_reference,
               tpu_run, rtol=1e-2, atol=0.25)
 t = kernelsim.trace(functools.partial(matmul_bf16, interpret=True), a, b)
 print(t)
+acc_op = t.calls[0].operands[-1]  # scratch comes after the inputs and the output
+assert (acc_op.operand.role, acc_op.operand.memory_space, acc_op.buffers) == ("scratch", "vmem", 1)
+assert acc_op.hbm_read_bytes == acc_op.hbm_write_bytes == 0
 
 # %% [markdown]
 # The accumulator row says `scratch`, `vmem`, one buffer and no HBM traffic: scratch never
@@ -296,6 +310,32 @@ for warning in kernelsim.trace(functools.partial(chunk_sum, interpret=True), x).
 #
 # Manual DMAs are also where new bugs live: forgetting a `.wait()`, overwriting a buffer that
 # is still being read. Test such kernels in TPU interpret mode.
+#
+# One bookkeeping rule catches a whole class of them before anything runs: every `.start()`
+# signals its semaphore once, every `.wait()` consumes one signal (here each copy has the same
+# size), so over the whole kernel each semaphore must be started and waited on equally often.
+# A wait with no signal left blocks forever. Replaying `chunk_sum_kernel`'s schedule in
+# Python counts both per semaphore slot:
+
+# %%
+def semaphore_counts(n_chunks, prefetch_slot):
+    """(starts, waits) per DMA semaphore slot for chunk_sum_kernel's schedule, where
+    ``prefetch_slot(slot)`` is the slot the copy of chunk ``c + 1`` uses."""
+    starts, waits = [1, 0], [0, 0]  # copy(0, 0).start() before the loop
+    for c in range(n_chunks):
+        slot = c % 2
+        if c + 1 < n_chunks:
+            starts[prefetch_slot(slot)] += 1
+        waits[slot] += 1
+    return starts, waits
+
+
+n_chunks = x.shape[0] // CHUNK
+balanced = semaphore_counts(n_chunks, lambda slot: 1 - slot)
+print(f"{n_chunks} chunks; starts per slot {balanced[0]}, waits per slot {balanced[1]}")
+assert balanced[0] == balanced[1]
+# check-yourself 4: reusing `slot` leaves slot 1 one signal short (3 starts, 4 waits)
+assert semaphore_counts(n_chunks, lambda slot: slot) == ([5, 3], [4, 4])
 
 # %% [markdown]
 # ## Check yourself
@@ -314,7 +354,10 @@ for warning in kernelsim.trace(functools.partial(chunk_sum, interpret=True), x).
 #    need; VMEM holds vectors for the vector and matrix units.
 # 3. A scratch buffer is never copied to or from HBM and lives for the whole call; an output
 #    block is written back to HBM when its index changes or the grid ends.
-# 4. The copy of chunk `c + 1` would overwrite the buffer that chunk `c` is being read from.
+# 4. Two things. The copy of chunk `c + 1` would land in the buffer chunk `c` is being read
+#    from — a race. And the semaphores no longer balance: slot 0 is started 5 times and
+#    slot 1 only 3, but each is waited on 4 times, so the last `.wait()` (chunk 7, slot 1)
+#    never returns. The kernel deadlocks, on a chip and in TPU interpret mode alike.
 # 5. `x` is in `pl.ANY`: the pipeline copies nothing for it, and kernelsim does not model the
 #    kernel's own DMAs.
 #
