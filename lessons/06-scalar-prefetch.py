@@ -69,7 +69,7 @@ def show(rows):
 # * the kernel receives `(*prefetch_refs, *input_refs, *output_refs, *scratch_refs)`.
 #
 # Those arrays get no BlockSpec: each sits whole in SMEM for the entire call, so together they
-# must fit in it (1 MiB per core on current chips, lesson 5).
+# must fit in it (1 MiB per core on v4 and later, lesson 5).
 
 # %% [markdown]
 # ## Embedding-row gather
@@ -114,6 +114,8 @@ for e in t.steps(0):
     if e.operand == "row_ref":
         rows.append([e.step, int(ids[e.step]), e.block_index, e.action, e.bytes])
 show(rows)
+row_op = t.calls[0].operand("row_ref")
+assert (row_op.fetches, row_op.skips) == (5, 3)
 
 # %% [markdown]
 # kernelsim evaluated the index map with the real `ids`: eight steps, five row copies, three
@@ -220,14 +222,18 @@ print(t_sparse.summary(steps=2))
 # (kernelsim counts FLOPs as one kernel body per step; it does not evaluate `pl.when`, so
 # its FLOP line includes the padded step the kernel skips.)
 #
-# The viewer shows the mechanism at work; press **End** for the last step, step 7 at grid
-# point `(3, 1)`. The SMEM lane holds the prefetched `counts` and `cols`, with the entries the
-# index maps just read filled in; `x` and `y` keep the block index of step 6, `(3, 0)`, so
-# neither is copied.
+# The viewer shows the mechanism at work; press **End** for the last step, step 7 (steps
+# count from 0) at grid point `(3, 1)`. The SMEM lane holds the prefetched `counts` and
+# `cols`, with the entries the index maps just read filled in; `x` and `y` keep the block
+# indices they had at step 6 (grid point `(3, 0)`), so neither is copied.
 
 # %%
+last_step = {e.operand: e for e in t_sparse.steps(0) if e.step == 7}
+assert last_step["x_ref"].grid_index == (3, 1)
+assert last_step["x_ref"].action == last_step["y_ref"].action == "skip"
 t_sparse.show()
-#
+
+# %% [markdown]
 # Compare with the same kernel given a fully dense pattern (all four blocks in every row): the
 # bytes of `x` follow the number of listed blocks, and `y` is re-read once per listed block.
 
@@ -325,6 +331,9 @@ _course.check(LESSON, "grouped_matmul", grouped_matmul,
               rtol=1e-4, atol=1e-3)
 t_grouped = kernelsim.trace(functools.partial(grouped_matmul, interpret=True), *meta, xg, wg)
 print(t_grouped)
+grouped_call = t_grouped.calls[0]
+assert grouped_call.steps == 7
+assert grouped_call.operand("x_ref").fetches == grouped_call.operand("o_ref").writebacks == 4
 
 # %% [markdown]
 # Seven work items for four row blocks and four groups: `x` is fetched once per row block,
@@ -353,7 +362,12 @@ print(t_grouped)
 #    count as zero).
 # 4. It evaluated the index maps with the actual prefetched `counts` and `cols`.
 # 5. The output block accumulates across its groups; it must stay on chip over consecutive
-#    steps. Coming back to it later would start from a written-back block, which the TPU
-#    pipeline does not read back (and TPU interpret mode rejects).
+#    steps. An output's default revisit mode, `pl.RevisitMode.IMMEDIATE`, allows a block to
+#    come back only at the very next step; coming back later leaves its contents undefined
+#    (the pipeline does not read a written-back block back in). `pl.Buffered(1,
+#    revisit=pl.RevisitMode.ANY)` adds the copies that make a later return correct, at that
+#    cost (the pinned release's lowering refuses `ANY` with double buffering). TPU interpret
+#    mode raises a "Revisited block" error on a later return whatever the mode, unless the
+#    output aliases an input.
 #
 # </details>
