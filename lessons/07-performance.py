@@ -154,6 +154,7 @@ for blk in (128, 256, 512):
     bound = "compute" if cost.compute_seconds >= cost.memory_seconds else "memory"
     rows.append([(blk, blk, blk), f"{call.steps:,}", f"{cost.arithmetic_intensity:.0f}",
                  blk // 2, bound])
+    assert cost.arithmetic_intensity < blk // 2  # the output's bytes pull it below b / s
 show(rows)
 
 # %% [markdown]
@@ -163,8 +164,8 @@ show(rows)
 # on semaphores and runs the scalar bookkeeping. kernelsim charges a constant per step. Its
 # value for TPUs, 0.27 µs, is **derived from the JAX TPU matmul guide's own v5e measurement
 # with 128-blocks** (0.35 µs per step observed, against a 0.08 µs roofline); the chip table
-# records that source. So agreement in the 128-block column below is by construction — the
-# large-block column is not fitted to anything.
+# records that source. So agreement in the 128-block column at `n = 4096` and `8192` below is
+# by construction — the large-block column is not fitted to anything.
 
 # %%
 print(V5E.per_step_seconds, "s per step;", V5E.sources[2])
@@ -176,8 +177,12 @@ print(V5E.per_step_seconds, "s per step;", V5E.sources[2])
 
 # %%
 square_1024 = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
-kernelsim.trace(functools.partial(matmul, interpret=True), square_1024, square_1024,
-                chip="tpu-v5e").timeline()
+t_1024 = kernelsim.trace(functools.partial(matmul, interpret=True), square_1024, square_1024,
+                         chip="tpu-v5e")
+cost_1024 = t_1024.to_dict()["calls"][0]
+assert cost_1024["steps"] == 512
+assert cost_1024["overhead_seconds"] > cost_1024["memory_seconds"] + cost_1024["compute_seconds"]
+t_1024.timeline()
 
 # %% [markdown]
 # ## A block-size sweep, against the published table
@@ -242,7 +247,8 @@ fig.tight_layout()
 
 # %%
 assert 4 < estimates[(128, 128, 128), 8192] < 8
-assert 80 < estimates[(512, 1024, 1024), 8192] < 100
+# the large blocks: about 95 % at every size, against the guide's 91.5, 78 and 8.6 %
+assert all(93 < estimates[(512, 1024, 1024), n] < 97 for n in SIZES)
 
 # %% [markdown]
 # ## Measuring on a real backend
@@ -295,8 +301,12 @@ else:
 # 2. `2·256³ / (2·256²·2 B)` = 128 FLOP/B.
 # 3. The number of steps grows like `n³ / 128³`, and each step's fixed cost (≈ 0.27 µs) is
 #    larger than its copy and compute time, so time per FLOP does not improve with `n`.
-# 4. Its per-step constant was derived from that column. The large-block column was not used
-#    for calibration, so agreement there (≈ 90 %) tests the model.
+# 4. Its per-step constant was derived from that column at `n = 4096` and `8192`, so agreement
+#    there is by construction. The large-block column was not used for calibration, and it
+#    agrees only in part: 95 % against the guide's 91.5 % at `n = 8192`, but 95 % against 78 %
+#    at 4096 and 8.6 % at 1024, where the dispatch cost and the unhidden first copy, which the
+#    model leaves out, matter. One matching point supports the model's account of large
+#    problems; it does not show that kernelsim predicts a given kernel's time.
 # 5. The first call traces and compiles the kernel.
 #
 # </details>
