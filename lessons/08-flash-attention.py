@@ -23,7 +23,9 @@
 # 3. write a Pallas forward kernel with the key/value loop innermost — once as an
 #    `"arbitrary"` grid axis with VMEM scratch, once as a loop inside the kernel;
 # 4. compare kernelsim's traffic with the FlashAttention IO bound;
-# 5. check the kernel against `jax.nn.dot_product_attention`.
+# 5. check the kernel against `jax.nn.dot_product_attention`;
+# 6. make it causal: mask scores inside a block, and skip the key/value blocks above the
+#    diagonal — their work with `pl.when`, their copies with an index map that clamps.
 #
 # Rules here: [Grids and BlockSpecs](https://docs.jax.dev/en/latest/pallas/grid_blockspec.html),
 # [TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html) and
@@ -53,6 +55,13 @@ q = jax.random.normal(kq, (H, N, D), jnp.float32)
 k = jax.random.normal(kk, (H, N, D), jnp.float32)
 v = jax.random.normal(kv, (H, N, D), jnp.float32)
 SCALE = 1 / math.sqrt(D)
+
+
+def show(rows):
+    """Print a list of rows (first row = header) as aligned columns."""
+    widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(str(v).rjust(w) for v, w in zip(r, widths, strict=True)))
 
 
 def attention_reference(q, k, v):
@@ -123,7 +132,8 @@ print("online softmax over 64-key blocks equals the full softmax")
 # stay on chip; `m`, `denom` and `acc` live in VMEM scratch and persist across those steps.
 # `pl.when` initialises them at the first key/value step and writes `acc / denom` at the last.
 # The head axis is squeezed out of the blocks with `None`. VMEM scratch and
-# `pltpu.CompilerParams` make this kernel **TPU-only**.
+# `pltpu.CompilerParams` make this kernel **TPU-only**. The `causal` switch stays off until
+# the section on causal attention below.
 #
 # `m` and `denom` are `(bq, 1)` here for clarity. On TPU a trailing dimension of 1 still
 # occupies whole 128-lane tiles (TPU details, "Array Layouts"), so the kernel that ships with
@@ -131,8 +141,14 @@ print("online softmax over 64-key blocks equals the full softmax")
 # repeated across lanes.
 
 # %%
-def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref):
-    kv_step = pl.program_id(2)
+def last_kv_block(i, bq, bkv):
+    """The last key/value block holding a key at or before query block i's last query."""
+    return (i * bq + bq - 1) // bkv
+
+
+def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, causal):
+    q_block, kv_step = pl.program_id(1), pl.program_id(2)
+    bq, bkv = q_ref.shape[0], k_ref.shape[0]
 
     @pl.when(kv_step == 0)
     def _init():
@@ -140,31 +156,47 @@ def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref):
         denom_ref[...] = jnp.zeros_like(denom_ref)
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    s = jnp.dot(q_ref[...], k_ref[...].T, preferred_element_type=jnp.float32) * SCALE
-    m_prev = m_ref[...]
-    m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
-    p = jnp.exp(s - m_new)
-    alpha = jnp.exp(m_prev - m_new)
-    denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
-    acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p.astype(v_ref.dtype), v_ref[...],
-                                                  preferred_element_type=jnp.float32)
-    m_ref[...] = m_new
+    def fold_in_block():
+        s = jnp.dot(q_ref[...], k_ref[...].T, preferred_element_type=jnp.float32) * SCALE
+        if causal:  # Python `if`: decided at trace time, giving two kernels
+            q_pos = q_block * bq + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+            k_pos = kv_step * bkv + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+            s = jnp.where(k_pos <= q_pos, s, -jnp.inf)
+        m_prev = m_ref[...]
+        m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
+        p = jnp.exp(s - m_new)
+        alpha = jnp.exp(m_prev - m_new)
+        denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
+        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p.astype(v_ref.dtype), v_ref[...],
+                                                      preferred_element_type=jnp.float32)
+        m_ref[...] = m_new
+
+    if causal:  # blocks wholly above the diagonal contribute nothing: skip their work
+        pl.when(kv_step <= last_kv_block(q_block, bq, bkv))(fold_in_block)
+    else:
+        fold_in_block()
 
     @pl.when(kv_step == pl.num_programs(2) - 1)
     def _finalize():
         o_ref[...] = (acc_ref[...] / denom_ref[...]).astype(o_ref.dtype)
 
 
-def flash_attention(q, k, v, *, bq=128, bkv=128, interpret):
+def flash_attention(q, k, v, *, bq=128, bkv=128, causal=False, interpret):
     heads, n, d = q.shape
+
+    def kv_map(h, i, j):
+        # causal: past the query block's last needed key block, repeat that block's index, so
+        # the pipeline sees no change and fetches nothing
+        return h, jnp.minimum(j, last_kv_block(i, bq, bkv)) if causal else j, 0
+
     # kv innermost: the q block, the output block and the m/denom/acc scratch stay on chip while
     # K and V stream past; K and V are re-read once per query block.
     return pl.pallas_call(
-        flash_kernel,
+        functools.partial(flash_kernel, causal=causal),
         grid=(heads, n // bq, n // bkv),
         in_specs=[pl.BlockSpec((None, bq, d), lambda h, i, j: (h, i, 0)),
-                  pl.BlockSpec((None, bkv, d), lambda h, i, j: (h, j, 0)),
-                  pl.BlockSpec((None, bkv, d), lambda h, i, j: (h, j, 0))],
+                  pl.BlockSpec((None, bkv, d), kv_map),
+                  pl.BlockSpec((None, bkv, d), kv_map)],
         out_specs=pl.BlockSpec((None, bq, d), lambda h, i, j: (h, i, 0)),
         scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32),
                         pltpu.VMEM((bq, 1), jnp.float32),
@@ -263,9 +295,7 @@ for bq in (128, 256, 512, 1024):
     sweep.append((bq, total))
     rows.append([bq, 128, f"{total:,}", f"{formula:,}", f"{d['onchip_peak_bytes']:,}",
                  f"{naive / total:.1f}x less"])
-widths = [max(len(str(r[c])) for r in rows) for c in range(len(rows[0]))]
-for r in rows:
-    print("  ".join(str(x).rjust(w) for x, w in zip(r, widths, strict=True)))
+show(rows)
 print(f"naive attention, same shape, optimistic four-pass count: {naive:,} bytes")
 
 # %%
@@ -302,7 +332,77 @@ t_flash.heatmap()
 # the three scratch buffers hold `m`, `denom` and `acc`.
 
 # %%
+step_11 = {e.operand: e for e in t_flash.steps(0) if e.step == 11}
+assert step_11["q_ref"].grid_index == (0, 1, 3)
+assert step_11["q_ref"].action == "skip" and step_11["k_ref"].action == "fetch"
 t_flash.show()
+
+# %% [markdown]
+# ## Causal attention
+#
+# In a decoder, query `t` may attend only to keys `0 … t`: the scores above the diagonal are
+# set to `-inf` before the softmax, so their weights are zero. The plain-JAX reference masks
+# the full score matrix; `jax.nn.dot_product_attention(..., is_causal=True)` agrees with it.
+
+# %%
+def causal_attention_reference(q, k, v):
+    scores = jnp.einsum("hqd,hkd->hqk", q, k, precision="highest") * SCALE
+    visible = jnp.tril(jnp.ones((q.shape[1], k.shape[1]), bool))
+    scores = jnp.where(visible, scores, -jnp.inf)
+    return jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(scores, axis=-1), v, precision="highest")
+
+
+library_causal = jax.nn.dot_product_attention(to_bshd(q)[None], to_bshd(k)[None],
+                                              to_bshd(v)[None], is_causal=True)
+np.testing.assert_allclose(causal_attention_reference(q, k, v), to_bshd(library_causal[0]),
+                           rtol=1e-5, atol=1e-5)
+print("causal reference agrees with jax.nn.dot_product_attention(is_causal=True)")
+
+# %% [markdown]
+# Kernel 1 with `causal=True` handles the diagonal in two ways, one per kind of block:
+#
+# * a block that **straddles** the diagonal is masked inside the kernel: each score's query
+#   and key position come from `program_id` times the block size plus an iota (lesson 3's
+#   ragged mask), and scores with `key > query` become `-inf`;
+# * a block wholly **above** it — its first key after the query block's last query — would
+#   contribute nothing. `pl.when(kv_step <= last_kv_block(...))` skips its work, and the
+#   key/value index map clamps `j` to that same last block, so for the remaining steps the
+#   block index repeats and the pipeline fetches nothing (lesson 6's repeated index).
+#
+# The grid keeps its shape, so the last step still writes `acc / denom`. No row divides by
+# zero or meets `exp(-inf - (-inf))`: key block 0 comes first and holds key 0, which every
+# query sees, so each row's running maximum is finite from the first step on.
+
+# %%
+_course.check(LESSON, "flash_attention_causal",
+              functools.partial(flash_attention, bkv=64, causal=True),
+              causal_attention_reference, (q, k, v), choose(tpu_features=True),
+              rtol=1e-4, atol=1e-5)
+
+# %% [markdown]
+# kernelsim shows the skipped copies. For `N = 1024`, `bq = 256`, `bkv = 128` query block `i`
+# needs key blocks `0 … 2i + 1`: 2, 4, 6 and 8 of the 8, 20 of the grid's 32 key steps. The
+# heatmap counts each `K` block's copies: block 0 by every query block, block 7 by the last
+# one only. (kernelsim's FLOP count does not evaluate `pl.when`, so it still counts the
+# skipped steps' arithmetic.)
+
+# %%
+rows = [["kernel", "K fetches", "K skips", "K bytes", "total HBM bytes"]]
+traces = {}
+for causal in (False, True):
+    traces[causal] = kernelsim.trace(
+        functools.partial(flash_attention, bq=256, bkv=128, causal=causal, interpret=True),
+        shape_1k, shape_1k, shape_1k, chip="tpu-v5e")
+    call = traces[causal].calls[0]
+    k_op = call.operand("k_ref")
+    rows.append(["causal" if causal else "full", k_op.fetches, k_op.skips,
+                 f"{k_op.hbm_read_bytes:,}", f"{call.hbm_read_bytes + call.hbm_write_bytes:,}"])
+show(rows)
+needed = sum(last_kv_block(i, 256, 128) + 1 for i in range(1024 // 256))
+assert needed == 20
+assert traces[True].calls[0].operand("k_ref").fetches == needed
+assert traces[False].calls[0].operand("k_ref").fetches == (1024 // 256) * (1024 // 128)
+traces[True].heatmap()
 
 # %% [markdown]
 # ## Check yourself
@@ -312,6 +412,8 @@ t_flash.show()
 # 3. Why may the key/value axis not be declared `"parallel"` in kernel 1?
 # 4. Kernel 2 has no scratch. Where do `m`, `denom` and `acc` live, and what limits its size?
 # 5. In kernelsim's sweep, what happens to the bytes if you double `bkv` instead of `bq`?
+# 6. The causal kernel keeps its `pl.when` but you drop the clamp from its index map. Is the
+#    result still right, and what changes in kernelsim's table?
 #
 # <details><summary>Answer</summary>
 #
@@ -325,5 +427,8 @@ t_flash.show()
 # 4. In loop carries — values the compiler keeps in registers or VMEM. The whole of one head's
 #    `K` and `V` must fit in VMEM at once (twice, with the default double buffering).
 # 5. Nothing: `K` and `V` are still read once per query block. Only the step count halves.
+# 6. Still right: the skipped steps do no work. But their blocks are fetched anyway — `K`
+#    goes back to 32 fetches instead of 20, the full kernel's bytes for a causal kernel's
+#    arithmetic.
 #
 # </details>
