@@ -145,12 +145,15 @@ _course.check(LESSON, "scaled_add", scaled_add, scaled_add_reference, (x, y), ru
 
 # %% [markdown]
 # A picture of the same thing: kernelsim can run the kernel body at every grid step and record
-# which elements of each Ref it touched (`record_access=True`). At step 2 the program writes
-# only columns 256–383 of the output, although its Ref covers all 512.
+# which elements of each Ref it touched (`record_access=True`). Steps count from 0, like
+# `program_id`: at step 2 the program writes only columns 256–383 of the output, although its
+# Ref covers all 512.
 
 # %%
 t_scaled = kernelsim.trace(functools.partial(scaled_add, interpret=True), x, y,
                            record_access=True)
+writes = [a for a in t_scaled.calls[0].accesses.at(2, "o_ref") if a.kind == "write"]
+assert [a.box[1][:2] for a in writes] == [(2 * CHUNK, CHUNK)]  # columns 256..383 only
 t_scaled.access_figure(2, "o_ref")
 
 # %% [markdown]
