@@ -77,7 +77,7 @@ def show(rows):
 # `out[r] = table[ids[r]]`. Grid step `r` copies row `ids[r]` of the table. A row is one
 # element tall, which the TPU's (8, 128) rule only allows when the dimension is the full
 # array's; so we view the table as `(V, 1, D)` and squeeze the first dimension out of the
-# block with `None`.
+# block with `None` (the same as `pl.Squeezed()`, lesson 3): the kernel sees `(1, D)` Refs.
 
 # %%
 def gather_rows_kernel(ids_ref, row_ref, o_ref):
