@@ -30,7 +30,8 @@ def points(root: Path, assignment: str) -> tuple[float, float]:
               if c.metadata.get("nbgrader", {}).get("grade")]
     first = FIRST_TASK[assignment]
     return (sum(g["points"] for g in graded),
-            sum(g["points"] for g in graded if g["grade_id"].startswith(f"{first}_")))
+            sum(g["points"] for g in graded
+                if g["grade_id"] in (f"{first}_visible", f"{first}_hidden")))
 
 
 # learner cells (solutions) get this many seconds in the test batch instead of 60
