@@ -7,7 +7,7 @@ Data flows one way: captured ``pallas_call`` -> ``model`` (grid, operands, index
 from kernelsim import backend, chips
 from kernelsim.errors import TraceError
 from kernelsim.schedule import StepEvent
-from kernelsim.trace import CallTrace, Trace, run, tpu_lowering_error, trace
+from kernelsim.trace import CallTrace, Trace, gpu_lowering_error, run, tpu_lowering_error, trace
 
 
 def compare(*traces: Trace, labels: list[str] | None = None, call: int = 0):
@@ -17,5 +17,5 @@ def compare(*traces: Trace, labels: list[str] | None = None, call: int = 0):
     return _compare(*traces, labels=labels, call=call)
 
 
-__all__ = ["CallTrace", "StepEvent", "Trace", "TraceError", "backend", "chips", "compare", "run",
-           "tpu_lowering_error", "trace"]
+__all__ = ["CallTrace", "StepEvent", "Trace", "TraceError", "backend", "chips", "compare",
+           "gpu_lowering_error", "run", "tpu_lowering_error", "trace"]

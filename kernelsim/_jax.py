@@ -347,12 +347,13 @@ def _compiled(key: str, program: Any) -> Callable:
     return _SLICE_CACHE[key]
 
 
-def _tpu_mesh(device_kind: str) -> Any:
+def _tpu_mesh(device_kind: str, platform: str = "tpu") -> Any:
     """An abstract one-device mesh of ``device_kind``: what code that asks for the TPU it
-    targets (``pltpu.get_tpu_info()``, ``emit_pipeline``'s tiling) reads while it is traced."""
+    targets (``pltpu.get_tpu_info()``, ``emit_pipeline``'s tiling) reads while it is traced.
+    ``platform="gpu"`` makes the device a GPU of that kind instead."""
     from jax._src import mesh as mesh_lib
 
-    device = mesh_lib.AbstractDevice(device_kind, 1, "tpu")
+    device = mesh_lib.AbstractDevice(device_kind, 1, platform)
     return jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
 
 
@@ -779,6 +780,23 @@ def tpu_lowering_error(fn: Callable, args: tuple, device_kind: str) -> str | Non
     try:
         with jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind)):
             jax.export.export(jax.jit(fn), platforms=["tpu"])(*shapes)
+    except Exception as err:  # noqa: BLE001 - every lowering failure is the answer
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+def gpu_lowering_error(fn: Callable, args: tuple, device_kind: str) -> str | None:
+    """The error JAX's GPU lowering of ``pallas_call`` (Triton) raises for ``fn(*args)``, or
+    None if it lowers.
+
+    Lowers for platform "cuda" under an abstract mesh whose device is the GPU ``device_kind``
+    (e.g. "NVIDIA H100 80GB HBM3"); no GPU is needed and nothing executes. Triton's own
+    compilation to PTX happens later, on a GPU, and is not part of this.
+    """
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
+    try:
+        with jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind, "gpu")):
+            jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",))
     except Exception as err:  # noqa: BLE001 - every lowering failure is the answer
         return f"{type(err).__name__}: {err}"
     return None

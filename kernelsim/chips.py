@@ -82,3 +82,7 @@ def get_chip(name: str) -> Chip:
 # (the default for GPU chips is v5e).
 TPU_DEVICE_KIND = {"tpu-v4": "TPU v4", "tpu-v5e": "TPU v5e", "tpu-v5p": "TPU v5p",
                    "tpu-v6e": "TPU v6e"}
+# The device kind CUDA reports for each GPU (what kernelsim.gpu_lowering_error lowers for; the
+# Triton lowering of pallas_call reads no chip detail from it today).
+GPU_DEVICE_KIND = {"a100": "NVIDIA A100-SXM4-80GB", "h100": "NVIDIA H100 80GB HBM3",
+                   "h200": "NVIDIA H200"}

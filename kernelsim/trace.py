@@ -17,7 +17,7 @@ from typing import Any
 
 from kernelsim import _jax, backend
 from kernelsim.access import AccessLog, PrefetchReads
-from kernelsim.chips import TPU_DEVICE_KIND, Chip, get_chip
+from kernelsim.chips import GPU_DEVICE_KIND, TPU_DEVICE_KIND, Chip, get_chip
 from kernelsim.cost import CallCost, OperandCost, compute
 from kernelsim.errors import TraceError
 from kernelsim.lint import lint
@@ -261,3 +261,15 @@ def tpu_lowering_error(fn: Callable, *args: Any, chip: str = "tpu-v5e") -> str |
     if chip not in TPU_DEVICE_KIND:
         raise TraceError(f"unknown TPU {chip!r}: choose one of {', '.join(TPU_DEVICE_KIND)}")
     return _jax.tpu_lowering_error(fn, args, TPU_DEVICE_KIND[chip])
+
+
+def gpu_lowering_error(fn: Callable, *args: Any, chip: str = "h100") -> str | None:
+    """What JAX's GPU lowering of ``pallas_call`` (Triton) says about ``fn(*args)``: its error,
+    or None.
+
+    Runs the real lowering on any machine (nothing executes), so what Triton's lowering rejects
+    (block sizes that are not powers of two, scalar prefetch, TPU memory spaces) shows up here.
+    """
+    if chip not in GPU_DEVICE_KIND:
+        raise TraceError(f"unknown GPU {chip!r}: choose one of {', '.join(GPU_DEVICE_KIND)}")
+    return _jax.gpu_lowering_error(fn, args, GPU_DEVICE_KIND[chip])

@@ -238,22 +238,6 @@ def test_update_outside_the_kernel_fails():
 
 
 # ----------------------------------------------------------------------------- compiled backends
-def _gpu_lowering_error(fn, args, device_kind: str = "NVIDIA H100") -> str | None:
-    """The error JAX's GPU lowering of ``pallas_call`` (Triton) raises for ``fn(*args)``, or
-    None; under an abstract mesh naming the GPU, so no GPU is needed and nothing executes."""
-    from jax._src import mesh as mesh_lib
-
-    device = mesh_lib.AbstractDevice(device_kind, 1, "gpu")
-    mesh = jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
-    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
-    try:
-        with jax.sharding.use_abstract_mesh(mesh):
-            jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",))
-    except Exception as err:  # noqa: BLE001 - the lowering's error is the answer
-        return f"{type(err).__name__}: {err}"
-    return None
-
-
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
 @pytest.mark.parametrize("task_id", ["batched_bias_tanh", "rms_norm", "add_rows_in_place"])
 def test_reference_solution_lowers_for_tpu_and_gpu(solutions, monkeypatch, task_id):
@@ -270,4 +254,4 @@ def test_reference_solution_lowers_for_tpu_and_gpu(solutions, monkeypatch, task_
             return task.call(solutions[task_id], list(args), case.params)
 
         assert kernelsim.tpu_lowering_error(fn, *arrays) is None, case.name
-        assert _gpu_lowering_error(fn, arrays) is None, case.name
+        assert kernelsim.gpu_lowering_error(fn, *arrays) is None, case.name
