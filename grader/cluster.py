@@ -19,8 +19,12 @@ is there anyway.
 Each Dask worker process grades one submission at a time (start workers with ``--nthreads 1``;
 more threads would wait on the lock below) in a sandbox slot of its own (``grading.claim_slot``,
 as the local pool's), so graders on one machine never share a sandbox uid. Its grading worker
-is kept between tasks: nbgrader starts once per Dask worker, not once per submission. Before a
-batch every Dask worker runs the jail check a local batch runs (``grading.check_jail``).
+is kept between tasks: nbgrader starts once per Dask worker, not once per submission. Every
+Dask worker runs the jail check a local batch runs (``grading.check_jail``) before it grades
+anything: the workers present run it before the batch starts (one failure stops the batch,
+nothing graded), a worker that joins mid-batch runs it before its first submission. A late
+worker that fails it grades nothing: the batch retires it from the cluster, says why, and grades
+its submission elsewhere.
 
 A Dask worker lost mid-task: the scheduler runs the task again on another worker (up to
 ``distributed.scheduler.allowed-failures`` times, then the submission is ``crashed`` with
@@ -45,47 +49,78 @@ from grader import grading
 CONNECT_TIMEOUT = "30s"
 
 _lock = threading.Lock()
-_here: dict = {"slot": None, "lock": None, "worker": None, "key": None}
+_here: dict = {"slot": None, "lock": None, "worker": None, "key": None, "checked": False}
 
 
-def _worker(root: str, db: str | None) -> grading.Worker:
-    """This Dask worker's grading worker for ``root`` and gradebook ``db`` (call under _lock)."""
+class WorkerUnfit(RuntimeError):
+    """This Dask worker cannot grade (no jail, or the course not mounted); ``address`` is its
+    Dask address, for the client to retire it."""
+
+    def __init__(self, address: str, reason: str):
+        super().__init__(f"the Dask worker {address} ({socket.gethostname()}) cannot grade: "
+                         f"{reason}")
+        self.address = address
+
+    def __reduce__(self):  # raised on the worker, unpickled on the client
+        return (_unfit, (self.address, str(self)))
+
+
+def _unfit(address: str, message: str) -> WorkerUnfit:
+    e = WorkerUnfit.__new__(WorkerUnfit)
+    RuntimeError.__init__(e, message)
+    e.address = address
+    return e
+
+
+def _worker(root: str, db: str | None, address: str) -> grading.Worker:
+    """The grading worker of the Dask worker at ``address`` for ``root`` and gradebook ``db``,
+    jail-checked (call under _lock). Raises ``WorkerUnfit`` when this machine cannot grade."""
     if not (Path(root) / "nbgrader_config.py").is_file():  # else: every submission "malformed"
-        raise RuntimeError(f"the course folder {root} is not mounted on the Dask worker at "
-                           f"{socket.gethostname()}")
+        raise WorkerUnfit(address, f"the course folder {root} is not mounted here")
     if _here["slot"] is None:
         _here["slot"], _here["lock"] = grading.claim_slot()
     if _here["key"] != (root, db):  # another course or gradebook: a fresh grading worker
         if _here["worker"] is not None:
             _here["worker"].close()
         _here["worker"] = grading.Worker(Path(root), _here["slot"])
-        _here["key"] = (root, db)
+        _here["key"], _here["checked"] = (root, db), False
     # the grading worker's nbgrader reads the gradebook URL from its environment
     if db:
         os.environ[grading.DB_ENV] = db
     else:
         os.environ.pop(grading.DB_ENV, None)
+    if not _here["checked"]:
+        try:
+            grading.check_jail(_here["worker"])
+        except RuntimeError as e:
+            raise WorkerUnfit(address, str(e)) from None
+        _here["checked"] = True
     return _here["worker"]
 
 
-def preflight(root: str, db: str | None) -> None:
-    """On every Dask worker before a batch, as before a local one: can a jailed kernel there
-    import the course?"""
+def preflight(root: str, db: str | None, dask_worker=None) -> None:
+    """On every Dask worker before a batch (``Client.run`` passes ``dask_worker``), as before a
+    local one: can a jailed kernel there import the course?"""
     with _lock:
-        grading.check_jail(_worker(root, db))
+        _worker(root, db, dask_worker.address)
 
 
 def grade(root: str, student: str, assignment: str, timeout: float, db: str | None) -> dict:
     """Grade one submission on this Dask worker; the record ``grading.grade_one`` returns."""
+    from distributed import get_worker
+
     with _lock:
-        return grading.grade_one(Path(root), student, assignment, timeout, _worker(root, db))
+        return grading.grade_one(Path(root), student, assignment, timeout,
+                                 _worker(root, db, get_worker().address))
 
 
-def graded_on(scheduler: str, root: Path, todo: list[tuple[str, str]],
-              timeout: float) -> Iterator[tuple[str, str, object]]:
+def graded_on(scheduler: str, root: Path, todo: list[tuple[str, str]], timeout: float,
+              log=print) -> Iterator[tuple[str, str, object]]:
     """``(student, assignment, future)`` as each submission is graded on the Dask cluster whose
     scheduler is at ``scheduler``; the future's ``result()`` is ``grade``'s record or raises
-    why the cluster could not grade it."""
+    why the cluster could not grade it. A worker that joined late and cannot grade is retired
+    and its submission graded on another; when no worker can, the batch stops (``--resume``
+    grades what is left)."""
     from distributed import Client, as_completed
 
     try:
@@ -94,15 +129,35 @@ def graded_on(scheduler: str, root: Path, todo: list[tuple[str, str]],
         raise RuntimeError(f"no Dask scheduler answers at {scheduler}: {e}") from None
     db = os.environ.get(grading.DB_ENV)
     batch = uuid.uuid4().hex[:8]
+
+    def submit(student: str, assignment: str, attempt: int):
+        return client.submit(grade, str(root), student, assignment, timeout, db, pure=False,
+                             key=f"grade-{assignment}-{student}-{batch}-{attempt}")
+
     try:
         if todo:
             try:
                 client.run(preflight, str(root), db)
             except Exception as e:  # noqa: BLE001 - any worker's failure stops the batch
                 raise RuntimeError(f"not grading on {scheduler}: {type(e).__name__}: {e}") from e
-        futs = {client.submit(grade, str(root), s, a, timeout, db, pure=False,
-                              key=f"grade-{a}-{s}-{batch}"): (s, a) for s, a in todo}
-        for fut in as_completed(futs):
-            yield (*futs[fut], fut)
+        futs = {submit(s, a, 0): (s, a, 0) for s, a in todo}
+        finished = as_completed(futs)
+        retired: set[str] = set()
+        for fut in finished:
+            s, a, attempt = futs.pop(fut)
+            unfit = fut.exception() if fut.status == "error" else None
+            if isinstance(unfit, WorkerUnfit):
+                if unfit.address not in retired:
+                    retired.add(unfit.address)
+                    log(f"retired {unfit}")
+                    client.retire_workers([unfit.address], close_workers=True)
+                if not set(client.scheduler_info()["workers"]) - retired:
+                    raise RuntimeError(f"not grading on {scheduler}: no Dask worker left that "
+                                       f"can grade; last: {unfit}")
+                again = submit(s, a, attempt + 1)
+                futs[again] = (s, a, attempt + 1)
+                finished.add(again)
+                continue
+            yield s, a, fut
     finally:
         client.close()

@@ -406,7 +406,7 @@ def autograde(root: Path, assignment: str | None = None, workers: int = 1,
     if scheduler:
         from grader import cluster
 
-        finished = cluster.graded_on(scheduler, root, todo, timeout)
+        finished = cluster.graded_on(scheduler, root, todo, timeout, log=log)
     else:
         finished = _graded_locally(root, todo, timeout, workers)
     for s, a, fut in finished:

@@ -173,11 +173,12 @@ class DaskCluster:
             self.close()
             raise
 
-    def add_worker(self, wait: bool = True) -> subprocess.Popen:
+    def add_worker(self, wait: bool = True, wrapper: list[str] = ()) -> subprocess.Popen:
+        """One more worker; ``wrapper`` is a command line it runs under (``wrapper + argv``)."""
         n = len(self.workers)
-        proc = spawn([BIN / "dask", "worker", self.address, "--host", "127.0.0.1", "--nthreads",
-                      "1", "--no-dashboard", "--name", f"w{n}"], self.logs / f"worker{n}.log",
-                     env=self.env)
+        proc = spawn([*wrapper, BIN / "dask", "worker", self.address, "--host", "127.0.0.1",
+                      "--nthreads", "1", "--no-dashboard", "--name", f"w{n}"],
+                     self.logs / f"worker{n}.log", env=self.env)
         self.workers.append(proc)
         if wait:
             self.wait_for_workers(sum(p.poll() is None for p in self.workers))

@@ -128,13 +128,21 @@ def test_dask_and_postgres_grade_like_the_local_pool(local_run, dask_cluster, po
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
         assert not alive, alive
-        dask_cluster.add_worker()  # a replacement machine joins the batch
+        # a machine joins that has not mounted the course folder (a mount namespace hides it
+        # under an empty tmpfs): it must grade nothing and be retired, its submission graded
+        # elsewhere; then a good replacement machine joins
+        unmounted = dask_cluster.add_worker(wait=False, wrapper=[
+            "unshare", "--mount", "--propagation", "private", "sh", "-c",
+            f'mount -t tmpfs none "{course}" && exec "$0" "$@"'])
+        dask_cluster.add_worker(wait=False)
         out, err = batch.communicate(timeout=1200)
     finally:
         if batch.poll() is None:
             batch.kill()
     assert batch.returncode == 3, out + err  # not all "graded": s18 crashed, s19 malformed
     assert f"{N}/{N}" in err and f"on the Dask cluster at {dask_cluster.address}" in out
+    assert f"the course folder {course} is not mounted here" in out, out
+    assert unmounted.wait(timeout=60) is not None  # retired: the worker process ended
 
     ok(pallas(*db, "export", "--to", str(tmp_path / "grades.csv")))
     assert grades(tmp_path / "grades.csv") == expected
