@@ -217,8 +217,9 @@ course.check("rms_norm", rms_norm, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `pl.BlockSpec((bm, n), lambda i: (start // bm + i, 0))` together with
-# `input_output_aliases={0: 0}`
+# `pl.BlockSpec((bm, n), lambda i: (start // bm + i, 0))` for both `acc` and the output, and
+# `pallas_call`'s `input_output_aliases`: a dict from an input's position to the position of
+# the output that takes over its buffer.
 #
 # </details>
 
