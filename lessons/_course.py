@@ -9,11 +9,14 @@ kernel compiled or fell back to interpret mode, seconds (median) for both.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import jax
@@ -58,6 +61,30 @@ def _inline_figures() -> None:
 
 
 _inline_figures()
+
+
+def definitions(lesson: str, *names: str, **constants: Any) -> SimpleNamespace:
+    """The functions ``names`` as lesson ``lesson`` (a file stem such as
+    ``"08-flash-attention"``) defines them, without running any of its cells.
+
+    Executes only that file's top-level imports and the ``def`` statements named, with
+    ``constants`` as extra globals (module constants the functions read, such as a scale), and
+    returns the functions as attributes. Tracebacks point at the other lesson's lines.
+    """
+    path = Path(__file__).with_name(f"{lesson}.py")
+    if not path.is_file():
+        raise FileNotFoundError(f"no lesson {path.name} beside {Path(__file__).name}")
+    tree = ast.parse(path.read_text(), filename=str(path))
+    defs = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+    missing = [n for n in names if n not in defs]
+    if missing:
+        raise KeyError(f"{path.name} defines no top-level function {', '.join(missing)}; "
+                       f"it defines {', '.join(defs)}")
+    imports = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+    module = ast.Module(body=[*imports, *(defs[n] for n in names)], type_ignores=[])
+    namespace: dict[str, Any] = {"__name__": f"lesson_{lesson.replace('-', '_')}", **constants}
+    exec(compile(module, str(path), "exec"), namespace)  # noqa: S102 - the course's own file
+    return SimpleNamespace(**{n: namespace[n] for n in names})
 
 
 def _run(fn: Callable, args: tuple) -> Any:

@@ -1,0 +1,45 @@
+"""``_course.definitions`` gives one lesson another lesson's functions without running it.
+
+Lesson 12 compares JAX's bundled flash attention with lesson 8's kernel; it loads that kernel
+from lesson 8's file instead of keeping a copy. Only the imports and the named ``def``s may run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+LESSONS_DIR = Path(__file__).resolve().parents[2] / "lessons"
+
+
+@pytest.fixture
+def course(monkeypatch):
+    monkeypatch.syspath_prepend(str(LESSONS_DIR))  # lessons import _course, as in JupyterLab
+    spec = importlib.util.spec_from_file_location("_course", LESSONS_DIR / "_course.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_loads_the_named_functions_and_runs_no_cell(course, capsys):
+    capsys.readouterr()
+    lesson8 = course.definitions("08-flash-attention", "last_kv_block", "flash_attention",
+                                 SCALE=0.125)
+    assert capsys.readouterr().out == ""  # lesson 8's cells print; none ran
+    assert lesson8.last_kv_block(1, 256, 128) == 3
+    assert lesson8.flash_attention.__code__.co_filename.endswith("08-flash-attention.py")
+    assert lesson8.flash_attention.__globals__["SCALE"] == 0.125
+    assert "q" not in lesson8.flash_attention.__globals__  # lesson 8's data was never made
+
+
+def test_unknown_function_names_the_file_and_what_it_defines(course):
+    with pytest.raises(KeyError, match=r"08-flash-attention\.py defines no top-level function "
+                                       r"flash_backward.*it defines .*flash_kernel"):
+        course.definitions("08-flash-attention", "flash_attention", "flash_backward")
+
+
+def test_unknown_lesson(course):
+    with pytest.raises(FileNotFoundError, match="no lesson 99-nothing.py"):
+        course.definitions("99-nothing", "f")
