@@ -339,8 +339,8 @@ def course_map_md(ls: list[Lesson], asg: list[Assignment], terms: list[Term]) ->
     lines = [
         "# Course map",
         "",
-        "Eight lessons, each a notebook you can read here or run in JupyterLab, and after most "
-        "of them an assignment that is graded on values *and* on the kernel's block traffic. "
+        f"{len(ls)} lessons, each a notebook you can read here or run in JupyterLab, and after "
+        "most of them an assignment that is graded on values *and* on the kernel's block traffic. "
         "A concept in **bold** is introduced by that lesson; the others it uses again.",
         "",
         "| Lesson | Assignment | Concepts |",
