@@ -21,6 +21,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 # Tolerances, in one table: (rtol, atol) per kind of task and dtype. An element passes when
 # |got - expected| <= atol + rtol * |expected|. Every reference computes in float32 and rounds
@@ -216,6 +218,31 @@ def _struct(fn: Callable[..., None]):
     return structure
 
 
+# ----------------------------------------------------------------------------- race detection
+# TPU interpret mode's race detector keeps a vector clock per core and shares the remaining
+# entries among DMAs: each DMA draws one at random from [cores, vector_clock_size)
+# (jax/_src/pallas/mosaic/interpret/shared_memory.py:918-940). At the default size, twice the
+# cores, every DMA draws the same entry, which orders any two DMAs and hides a race between
+# them (a copy into a buffer that another copy is still reading). With more entries such a
+# race is missed only when both DMAs draw the same one (1 in RACE_CLOCK_SIZE - 1), never
+# reported when there is none.
+RACE_CLOCK_SIZE = 64
+
+
+def with_race_detector(fn: Callable, arrays: list, params: dict) -> Any:
+    """A ``Task.invoke``: call ``fn`` with ``interpret=`` TPU interpret mode and its race
+    detector where kernels are interpreted; compiled (on a TPU) with the learner's own
+    setting."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    from kernelsim.backend import choose
+
+    if choose(tpu_features=True).interpret is False:
+        return fn(*arrays, **params)
+    return fn(*arrays, **params, interpret=pltpu.InterpretParams(
+        detect_races=True, vector_clock_size=RACE_CLOCK_SIZE))
+
+
 # ----------------------------------------------------------------------------- the kernel's work
 OUTSIDE_SHARE = 10  # compute outside kernels: at most 1/OUTSIDE_SHARE of the task's FLOPs
 _REFERENCE_FLOPS: dict[tuple[str, str], int] = {}
@@ -278,3 +305,32 @@ def _task(**kw) -> Task:
 
 def _matmul_ref(a, b, *_, **__):
     return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
+
+
+def tiled_matmul_call(m: int, k: int, n: int, bm: int, bk: int, bn: int, dtype):
+    """The tiled matmul of lesson 7 and assignment 4 for ``(m, k) @ (k, n)`` with blocks ``(bm,
+    bk, bn)``, as a callable of ``(a, b)``: grid ``(cdiv(m, bm), cdiv(n, bn), k // bk)``, K
+    innermost, a float32 ``(bm, bn)`` VMEM accumulator. The grader traces it with kernelsim for
+    the traffic and on-chip footprint of those blocks (a04's prediction, a06's best blocks); it
+    never runs here."""
+
+    def kernel(a_ref, b_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    return pl.pallas_call(
+        kernel,
+        grid=(cdiv(m, bm), cdiv(n, bn), k // bk),  # the output block stays on chip along K
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), dtype),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+    )
