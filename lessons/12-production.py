@@ -406,7 +406,8 @@ assert course_index[0, 7] == 1 and course_fetched[1, 0]
 # Splash attention (`splash_attention_kernel.py`) generalises the diagonal to any mask. Before
 # anything runs, on the host, it cuts the mask into `(block_q, block_kv)` blocks and records per
 # head, query block and key/value step: `block_mask` (0 = all masked, skip; 1 = partly masked;
-# 2 = all visible) and `data_next`, the key/value block that step should have on chip. Those tables are scalar-prefetch operands (lesson 6), in SMEM:
+# 2 = all visible) and `data_next`, the key/value block that step should have on chip. Those
+# tables are scalar-prefetch operands (lesson 6), in SMEM:
 
 # %%
 quote(SPLASH, "num_scalar_prefetch = 3", 1, after="def _splash_attention_forward(")
@@ -642,15 +643,17 @@ print("kernelsim's copies equal TPU interpret mode's, copy for copy, in all",
 #
 # | in the op | lesson |
 # | --- | --- |
+# | a kernel in a jitted function, interpreted on the CPU, checked against plain JAX | 1, 2 |
 # | `Q`/output index maps that ignore the key/value index: resident blocks | 4 |
-# | `(8, 128)`-legal block shapes, a size-1 head block dim, packed `bfloat16` | 3 |
+# | `(8, 128)`-legal block shapes, a size-1 head block dim, double-buffered blocks | 3 |
 # | `"parallel"` batch, head and query axes, an `"arbitrary"` reduction axis last | 4 |
 # | `m`, `l`, `acc` in VMEM scratch; footprint against the VMEM per core | 5 |
 # | index maps that repeat a block to skip copies; splash's tables in SMEM | 6 |
-# | per-step overhead against `block_k_major`; a `pl.CostEstimate` for XLA | 7 |
+# | per-step overhead against `block_k_major`; a `pl.CostEstimate` for the compiler | 7 |
 # | the online softmax, `pl.when` around the work, the causal mask | 8 |
 # | reading a lowering error before the TPU does | 9 |
 # | `custom_vjp`, residuals and their traffic | 10 |
+# | TPU-only features (scratch, scalar prefetch, TPU compiler params): interpreted on GPU | 6, 11 |
 #
 # ## Check yourself
 #
