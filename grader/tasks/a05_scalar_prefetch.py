@@ -13,6 +13,7 @@ from grader.tasks.core import (
     _normal,
     _struct,
     _task,
+    _values,
     block_is,
     cdiv,
     grid_is,
@@ -36,7 +37,8 @@ def _gather_rules(call, case, rules, inputs):
     (_, d), (n,) = case.arrays["table"], case.arrays["ids"]
     rules.append(role_count(call, "scalar_prefetch", 1, "scalar prefetch (ids in SMEM)"))
     rules.append(grid_is(call, (n,)))
-    rules.append(block_is(call, "input", 0, (1, d), "table"))
+    # one row of the table viewed as (V, 1, D): a (1, D) block breaks the TPU's (8, 128) rule
+    rules.append(block_is(call, "input", 0, (None, 1, d), "table (viewed as (V, 1, D))"))
     rules.append(read_budget(call, "input", 0, n * _nbytes((1, d), case.dtype),
                              "table (one row per id, never the whole table)"))
 
@@ -44,13 +46,17 @@ def _gather_rules(call, case, rules, inputs):
 def _make_bsmm(rng, case):
     (m, k), (_, n) = case.arrays["a"], case.arrays["b"]
     bm, bk = case.params["bm"], case.params["bk"]
-    mask = rng.random((m // bm, k // bk)) < 0.5
+    # _density: the share of non-zero blocks (a private param: _invoke_bsmm keeps it from
+    # the learner's function); 0 leaves no non-zero block at all
+    density = case.params.get("_density", 0.5)
+    mask = rng.random((m // bm, k // bk)) < density
     mask[0, :] = False  # a row of blocks with no non-zero block
-    mask[-1, -1] = True
-    a = _normal(rng, (m, k), case.dtype)
+    if density > 0:
+        mask[-1, -1] = True
+    a = _values(rng, (m, k), case)
     full = np.kron(mask, np.ones((bm, bk), bool))
     a = np.where(full, a, np.zeros_like(a))
-    return {"a": a, "b": _normal(rng, (k, n), case.dtype), "block_mask": mask.astype(np.int32)}
+    return {"a": a, "b": _values(rng, (k, n), case), "block_mask": mask.astype(np.int32)}
 
 
 def _bsmm_rules(call, case, rules, inputs):
@@ -127,14 +133,21 @@ _task(
     kernel_ops=(("dot_general",),), host_inputs=1,
     reference=_bsmm_ref, tolerance="reduction", make=_make_bsmm, invoke=_invoke_bsmm,
     cases=(
-        _c("v0", 13, "float32", {"a": (64, 128), "b": (128, 128), "block_mask": (4, 4)},
-           bm=16, bk=32, bn=64),
-        _c("h0", 231, "float32", {"a": (64, 128), "b": (128, 200), "block_mask": (4, 4)},
-           True, bm=16, bk=32, bn=64),
-        _c("h1", 232, "bfloat16", {"a": (128, 256), "b": (256, 128), "block_mask": (4, 4)},
-           True, bm=32, bk=64, bn=128),
-        _c("h2", 233, "float32", {"a": (96, 96), "b": (96, 64), "block_mask": (6, 3)},
-           True, bm=16, bk=32, bn=32),
+        # blocks (bm, 128) and (128, bn): the TPU lowering wants lanes in multiples of 128
+        _c("v0", 13, "float32", {"a": (64, 512), "b": (512, 256), "block_mask": (4, 4)},
+           bm=16, bk=128, bn=128),
+        _c("h0", 231, "float32", {"a": (64, 512), "b": (512, 200), "block_mask": (4, 4)},
+           True, bm=16, bk=128, bn=128),
+        _c("h1", 232, "bfloat16", {"a": (128, 512), "b": (512, 128), "block_mask": (4, 4)},
+           True, bm=32, bk=128, bn=128),
+        _c("h2", 233, "float32", {"a": (96, 384), "b": (384, 256), "block_mask": (6, 3)},
+           True, bm=16, bk=128, bn=128),
+        # all positive, ~7 of 8 K blocks per row: a bfloat16 accumulator's roundings add up
+        _c("h3", 234, "bfloat16", {"a": (128, 1024), "b": (1024, 128), "block_mask": (4, 8)},
+           True, values="positive", bm=32, bk=128, bn=128, _density=0.9),
+        # no non-zero block anywhere: the output is zeros, and every list still needs a step
+        _c("h4", 235, "float32", {"a": (64, 512), "b": (512, 256), "block_mask": (4, 4)},
+           True, bm=16, bk=128, bn=128, _density=0.0),
     ),
     structure=_struct(_bsmm_rules),
 )
@@ -147,13 +160,13 @@ _task(
         _c("v0", 14, "float32", {"x": (64, 32), "w": (6, 32, 128), "group_sizes": (6,)},
            values="skewed", bm=16, bn=128),
         _c("h0", 241, "float32", {"x": (128, 64), "w": (4, 64, 200), "group_sizes": (4,)},
-           True, bm=16, bn=64),
+           True, bm=16, bn=128),
         _c("h1", 242, "bfloat16", {"x": (64, 64), "w": (2, 64, 128), "group_sizes": (2,)},
            True, bm=16, bn=128),
-        _c("h2", 243, "float32", {"x": (96, 32), "w": (5, 32, 64), "group_sizes": (5,)},
-           True, bm=8, bn=32),
-        _c("h3", 244, "float32", {"x": (128, 64), "w": (8, 64, 128), "group_sizes": (8,)},
-           True, values="skewed", bm=16, bn=64),
+        _c("h2", 243, "float32", {"x": (96, 32), "w": (5, 32, 256), "group_sizes": (5,)},
+           True, bm=8, bn=128),
+        _c("h3", 244, "float32", {"x": (128, 64), "w": (8, 64, 256), "group_sizes": (8,)},
+           True, values="skewed", bm=16, bn=128),
     ),
     structure=_struct(_gmm_rules),
 )

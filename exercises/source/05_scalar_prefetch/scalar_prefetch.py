@@ -26,27 +26,53 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 # %% [markdown]
 # ## Task 1 — `gather_rows(table, ids)` (3 points)
 #
-# `table[ids]`: an embedding gather. Grid `(len(ids),)`; step `i` fetches only row `ids[i]`
-# (block `(1, D)`), never the whole table.
+# `table[ids]`: an embedding gather. Grid `(len(ids),)`; step `i` fetches only row `ids[i]`,
+# never the whole table. A block one row tall breaks the TPU's (8, 128) rule unless that
+# dimension is the whole array's, so view the table as `(V, 1, D)` and take blocks
+# `(None, 1, D)`: `None` (or `pl.Squeezed()`) drops the `V` dimension from the kernel's Refs and
+# leaves the full `(1, D)` as the last two (lesson 6, "Embedding-row gather"). The output gets
+# the same view.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# `ids` is the one scalar-prefetch operand of a `pltpu.PrefetchScalarGridSpec`, so every index
+# map receives its SMEM ref after the grid index. The table's index map looks the row up in it;
+# the output's index map uses the grid index itself. The kernel body only copies its block.
+# Reshape the table to `(V, 1, D)` before the call and the result back to `(len(ids), D)` after
+# it: both are layout, no arithmetic.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The table's block index at step `i` is `(ids_ref[i], 0, 0)`: a block is one row, so the row
+# number *is* the block number. The output's is `(i, 0, 0)`.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "gather_rows_solution", "solution": true}
 def gather_rows(table, ids):
     ### BEGIN SOLUTION
-    d = table.shape[1]
+    vocab, dim = table.shape
     n = ids.shape[0]
 
-    def kernel(ids_ref, t_ref, o_ref):
-        o_ref[...] = t_ref[...]
+    def kernel(ids_ref, row_ref, o_ref):
+        del ids_ref  # read by the index map only
+        o_ref[...] = row_ref[...]
 
+    row = (None, 1, dim)  # one table row; the squeezed V dimension keeps (1, D) whole
     spec = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1, grid=(n,),
-        in_specs=[pl.BlockSpec((1, d), lambda i, ids_ref: (ids_ref[i], 0))],
-        out_specs=pl.BlockSpec((1, d), lambda i, ids_ref: (i, 0)),
+        # a repeated id repeats the block index: the pipeline keeps the row and skips the copy
+        in_specs=[pl.BlockSpec(row, lambda i, ids_ref: (ids_ref[i], 0, 0))],
+        out_specs=pl.BlockSpec(row, lambda i, ids_ref: (i, 0, 0)),
     )
-    return pl.pallas_call(
-        kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((n, d), table.dtype),
+    out = pl.pallas_call(
+        kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((n, 1, dim), table.dtype),
         interpret=TPU_INTERPRET,
-    )(jnp.asarray(ids, jnp.int32), table)
+    )(jnp.asarray(ids, jnp.int32), table.reshape(vocab, 1, dim))
+    return out.reshape(n, dim)
     ### END SOLUTION
 
 
@@ -68,6 +94,27 @@ course.check("gather_rows", gather_rows, hidden=True)
 # index, so the pipeline skips the copy) and their counts, and prefetch both. A row of blocks with
 # no non-zero block gives zeros. Budget: `A` reads at most its non-zero blocks once per column
 # block (one block for an empty row).
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Plan on the host with NumPy: for each row of blocks, the indices of its non-zero K blocks,
+# padded to the longest row's length by repeating the last one, and the count of real entries.
+# Flatten the padded table and prefetch it together with the counts. Grid `(row blocks, column
+# blocks, longest list)`: at step `(i, j, s)` both index maps read entry `s` of row `i`'s list.
+# The kernel zeroes a float32 VMEM accumulator at `s == 0`, adds the product of its two blocks
+# only while `s` is below the row's count, and writes the output at the last `s`. An empty row
+# still gets one step (the list is at least one long), so its output block is written: zeros.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# With `width` the padded list length, `a`'s block index at step `(i, j, s)` is
+# `(i, ids[i * width + s])` and `b`'s is `(ids[i * width + s], j)`; the product is added under
+# `pl.when(s < cnt_ref[i])`.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "block_sparse_matmul_solution", "solution": true}
 def block_sparse_matmul(a, b, block_mask, bm, bk, bn):
@@ -118,7 +165,8 @@ def block_sparse_matmul(a, b, block_mask, bm, bk, bn):
 course.check("block_sparse_matmul", block_sparse_matmul)
 
 # %% nbgrader={"grade_id": "block_sparse_matmul_hidden", "grade": true, "points": 2} timeout=120
-# Hidden tests: other masks and shapes, non-divisible N, bfloat16.
+# Hidden tests: other masks and shapes, non-divisible N, bfloat16 (one a long all-positive
+# sum), a mask with no non-zero block.
 ### BEGIN HIDDEN TESTS
 course.check("block_sparse_matmul", block_sparse_matmul, hidden=True)
 ### END HIDDEN TESTS
@@ -130,6 +178,25 @@ course.check("block_sparse_matmul", block_sparse_matmul, hidden=True)
 # multiple of `bm`); group `g` is multiplied by `w[g]` (`w` has shape `(G, K, N)`). Grid
 # `(M // bm, cdiv(N, bn))`; prefetch the group of each row block and let `w`'s index map pick
 # `w[group]` — block `(pl.Squeezed(), K, bn)`.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# On the host, the group of every row block: group `g` covers `group_sizes[g] // bm`
+# consecutive row blocks. Prefetch that array of group ids. `x`'s and the output's index maps do
+# not need it; `w`'s uses it to pick the group's weights, with the group dimension squeezed out
+# of the block. Consecutive row blocks of one group map to the same `w` block, so the pipeline
+# fetches it once per run. The kernel is one matmul with a float32 result, rounded to the
+# output dtype.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The group ids are `np.repeat` of the group numbers by each group's block count, and `w`'s
+# block index at step `(i, j)` is `(gid[i], 0, j)`.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "grouped_matmul_solution", "solution": true}
 def grouped_matmul(x, w, group_sizes, bm, bn):
