@@ -69,10 +69,12 @@ _task(
     kernel_ops=(("dot_general",),),
     reference=_scores_ref, tolerance="reduction",
     cases=(
-        _c("v0", 18, "float32", {"q": (32, 64), "k": (64, 64)}, bq=16, bk=32),
-        _c("h0", 281, "float32", {"q": (40, 64), "k": (100, 64)}, True, bq=16, bk=32),
-        _c("h1", 282, "bfloat16", {"q": (64, 128), "k": (64, 128)}, True, bq=32, bk=32),
-        _c("h2", 283, "float32", {"q": (16, 32), "k": (48, 32)}, True, bq=8, bk=16),
+        # score blocks (bq, bk) are the output's: bk a multiple of 128 (the TPU's lane rule),
+        # every block a power of two (Triton's), so the kernel compiles on both
+        _c("v0", 18, "float32", {"q": (32, 64), "k": (256, 64)}, bq=16, bk=128),
+        _c("h0", 281, "float32", {"q": (40, 64), "k": (300, 64)}, True, bq=16, bk=128),
+        _c("h1", 282, "bfloat16", {"q": (64, 128), "k": (256, 128)}, True, bq=32, bk=128),
+        _c("h2", 283, "float32", {"q": (48, 32), "k": (384, 32)}, True, bq=16, bk=128),
     ),
     structure=_struct(_scores_rules),
 )
@@ -100,6 +102,8 @@ _task(
         _c("h1", 302, "bfloat16", _qkv(128, 128, 128), True, bq=32, bk=32),
         _c("h2", 303, "float32", _qkv(48, 48, 32), True, bq=16, bk=16),
         _c("h3", 304, "float32", _qkv(64, 64, 64), True, values="large", bq=16, bk=16),
+        # bq < bk: every query block ends inside a key block that straddles the diagonal
+        _c("h4", 305, "float32", _qkv(128, 128, 64), True, bq=16, bk=32),
     ),
     structure=_struct(lambda call, case, rules, inputs: _flash_rules(call, case, rules, inputs,
                                                                    causal=True)),

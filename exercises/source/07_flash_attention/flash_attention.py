@@ -7,6 +7,7 @@
 # accumulator in VMEM scratch (the online softmax).
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
+import functools
 import math
 
 import jax
@@ -29,6 +30,24 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 #
 # `q @ k.T / sqrt(d)` in the dtype of `q` (float32 accumulation), grid
 # `(cdiv(Lq, bq), cdiv(Lk, bk))`, output blocks `(bq, bk)`.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Grid step `(i, j)` reads query block `i` and key block `j`, each with all `d` columns, and
+# writes score block `(i, j)`: the query block times the key block transposed, a contraction
+# over `d` with a float32 result, then scaled and rounded to `q`'s dtype. Contract inside the
+# kernel rather than passing `k.T`: a transpose outside is one more pass of `k` through HBM.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# `jax.lax.dot_general` with dimension numbers `(((1,), (1,)), ((), ()))` contracts the last
+# axis of both blocks, `(bq, d) x (bk, d) -> (bq, bk)`; give it
+# `preferred_element_type=jnp.float32`.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "attention_scores_solution", "solution": true}
 def attention_scores(q, k, bq, bk):
@@ -61,73 +80,96 @@ course.check("attention_scores", attention_scores)
 course.check("attention_scores", attention_scores, hidden=True)
 ### END HIDDEN TESTS
 
-# %%
-def _flash(q, k, v, bq, bk, causal):
-    """A flash-attention forward; yours to use, change or ignore."""
+# %% [markdown]
+# ## Task 2 — `flash_attention(q, k, v, bq, bk)` (3 points)
+#
+# The forward pass with grid `(cdiv(Lq, bq), Lk // bk)` (`Lk` is a multiple of `bk`), the key
+# axis last, as in lesson 8's first kernel. Write the body of one grid step in `flash_kernel`
+# and the call in `flash_attention`. Task 3 reuses `flash_kernel` with `causal=True`; leave
+# that branch for then. Budget: the only HBM write is the output, `k` is read once per query
+# block.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Step `(i, j)` folds key block `j` into query block `i`'s state: scores `q k^T * scale` in
+# float32, the new running max (the old one or this block's row max, whichever is larger), the
+# probabilities `exp(s - m_new)`, and the factor `exp(m_old - m_new)` that rescales the old sum
+# and the old accumulator before this block's terms are added. Initialise the state at `j == 0`
+# (max `-inf`, sum and accumulator 0) and write `acc / l` at the last `j`. The query block and
+# the output block keep their index along `j`, so they stay on chip; the scratch is
+# `(bq, 1)`, `(bq, 1)` and `(bq, d)`, float32.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The update, in order: `alpha = exp(m_old - m_new)`, then `l = alpha * l + p.sum(axis=1)` and
+# `acc = alpha * acc + p @ v_block` (with `p` cast to `v`'s dtype and a float32 result), then
+# `m = m_new`.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "flash_attention_solution", "solution": true}
+def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, causal=False):
+    """One grid step (query block i, key block j) of the online softmax.
+
+    q_ref (bq, d), k_ref and v_ref (bk, d), o_ref (bq, d); scratch, float32, kept across the
+    j steps: m_ref (bq, 1) the running row max of the scores, l_ref (bq, 1) the running sum of
+    exp(score - max), acc_ref (bq, d) the unnormalised output. causal: query t sees keys <= t
+    (task 3).
+    """
+    ### BEGIN SOLUTION
+    i, j = pl.program_id(0), pl.program_id(1)
+    (bq, d), bk = q_ref.shape, k_ref.shape[0]
+
+    @pl.when(j == 0)
+    def _init():
+        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    def fold_in_block():
+        s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                preferred_element_type=jnp.float32) / math.sqrt(d)
+        if causal:  # a block straddling the diagonal: hide the keys after each query
+            q_pos = i * bq + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+            k_pos = j * bk + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+            s = jnp.where(k_pos <= q_pos, s, -jnp.inf)
+        m_new = jnp.maximum(m_ref[...], jnp.max(s, axis=1, keepdims=True))
+        p = jnp.exp(s - m_new)
+        alpha = jnp.exp(m_ref[...] - m_new)
+        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
+            p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
+        m_ref[...] = m_new
+
+    if causal:  # a block wholly above the diagonal (first key after the last query) adds nothing
+        pl.when(j * bk <= i * bq + bq - 1)(fold_in_block)
+    else:
+        fold_in_block()
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _finalize():
+        o_ref[...] = (acc_ref[...] / l_ref[...]).astype(o_ref.dtype)
+    ### END SOLUTION
+
+
+def flash_attention(q, k, v, bq, bk):
+    ### BEGIN SOLUTION
     lq, d = q.shape
-    lk = k.shape[0]
-    scale = 1.0 / math.sqrt(d)
-
-    def last_block(i):  # the last key block holding a key <= the block's last query
-        return jnp.minimum((i * bq + bq - 1) // bk, lk // bk - 1)
-
-    def kv_map(i, j):
-        return (jnp.minimum(j, last_block(i)) if causal else j, 0)
-
-    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
-        i, j = pl.program_id(0), pl.program_id(1)
-
-        @pl.when(j == 0)
-        def _():
-            m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
-            l_ref[...] = jnp.zeros_like(l_ref)
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        def step():
-            s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
-                                    preferred_element_type=jnp.float32) * scale
-            if causal:
-                qi = i * bq + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 0)
-                ki = j * bk + jax.lax.broadcasted_iota(jnp.int32, (bq, bk), 1)
-                s = jnp.where(qi >= ki, s, -jnp.inf)
-            m_new = jnp.maximum(m_ref[...], jnp.max(s, axis=1, keepdims=True))
-            p = jnp.exp(s - m_new)
-            alpha = jnp.exp(m_ref[...] - m_new)
-            l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-            acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
-                p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
-            m_ref[...] = m_new
-
-        if causal:
-            pl.when(j <= last_block(i))(step)
-        else:
-            step()
-
-        @pl.when(j == pl.num_programs(1) - 1)
-        def _():
-            o_ref[...] = (acc_ref[...] / l_ref[...]).astype(o_ref.dtype)
-
+    kv = pl.BlockSpec((bk, d), lambda i, j: (j, 0))
+    # j innermost: the q block, the output block and the scratch stay on chip while k and v
+    # stream past; k and v are read once per query block
     return pl.pallas_call(
-        kernel, grid=(pl.cdiv(lq, bq), lk // bk),
-        in_specs=[pl.BlockSpec((bq, d), lambda i, j: (i, 0)),
-                  pl.BlockSpec((bk, d), kv_map), pl.BlockSpec((bk, d), kv_map)],
+        flash_kernel, grid=(pl.cdiv(lq, bq), k.shape[0] // bk),
+        in_specs=[pl.BlockSpec((bq, d), lambda i, j: (i, 0)), kv, kv],
         out_specs=pl.BlockSpec((bq, d), lambda i, j: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((lq, d), q.dtype),
         scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
                         pltpu.VMEM((bq, d), jnp.float32)],
         interpret=TPU_INTERPRET,
     )(q, k, v)
-
-# %% [markdown]
-# ## Task 2 — `flash_attention(q, k, v, bq, bk)` (3 points)
-#
-# The forward pass with grid `(cdiv(Lq, bq), Lk // bk)` (`Lk` is a multiple of `bk`). Budget: the
-# only HBM write is the output, `k` is read once per query block.
-
-# %% nbgrader={"grade_id": "flash_attention_solution", "solution": true}
-def flash_attention(q, k, v, bq, bk):
-    ### BEGIN SOLUTION
-    return _flash(q, k, v, bq, bk, causal=False)
     ### END SOLUTION
 
 
@@ -135,7 +177,7 @@ def flash_attention(q, k, v, bq, bk):
 course.check("flash_attention", flash_attention)
 
 # %% nbgrader={"grade_id": "flash_attention_hidden", "grade": true, "points": 2} timeout=120
-# Hidden tests: non-divisible Lq, bfloat16, other blocks.
+# Hidden tests: non-divisible Lq, bfloat16, other blocks, large logits.
 ### BEGIN HIDDEN TESTS
 course.check("flash_attention", flash_attention, hidden=True)
 ### END HIDDEN TESTS
@@ -143,15 +185,54 @@ course.check("flash_attention", flash_attention, hidden=True)
 # %% [markdown]
 # ## Task 3 — `causal_flash_attention(q, k, v, bq, bk)` (3 points)
 #
-# Query `t` attends to keys `<= t` (`Lq == Lk`). Skip the work above the diagonal *and* its
-# copies: clamp the key/value index map to the last block a query block needs, so the pipeline
-# sees the same block again and skips the fetch. Budget: `k` reads only the blocks at or below
-# the diagonal.
+# Query `t` attends to keys `<= t` (`Lq == Lk`). Lesson 8 builds this kernel in its section
+# "Causal attention"; here `bq` and `bk` may differ. A key block that *straddles* the diagonal
+# is masked inside the kernel: a score whose key comes after its query becomes `-inf` before the
+# max. A block wholly *above* the diagonal adds nothing: skip its work with `pl.when`, and skip
+# its copies by clamping the key/value index map to the last block the query block needs, so
+# the pipeline sees the same block index again and fetches nothing. Write the `causal=True`
+# branch of task 2's `flash_kernel` (the mask and the skip), then the call here. Budget: `k`
+# reads only the blocks at or below the diagonal.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Think in positions, not block numbers: a score's query is `i * bq` plus its row and its key
+# `j * bk` plus its column (`jax.lax.broadcasted_iota` gives rows and columns, as in lesson 3's
+# ragged mask). Query block `i` needs the key blocks up to the one holding its *last* query; with
+# `bq != bk` that is neither `i` nor the block of its first query. Later steps skip the work,
+# and their index map returns that last block instead of `j`. Key block 0 comes first and holds
+# key 0, which every query sees, so no row's max is still `-inf` when it is used.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The last key block query block `i` needs is `(i * bq + bq - 1) // bk`; the key/value block
+# index at step `(i, j)` is the smaller of `j` and that.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "causal_flash_attention_solution", "solution": true}
 def causal_flash_attention(q, k, v, bq, bk):
     ### BEGIN SOLUTION
-    return _flash(q, k, v, bq, bk, causal=True)
+    n, d = q.shape
+
+    def kv_map(i, j):
+        # past query block i's last needed key block, repeat that block's index: the pipeline
+        # sees no change and fetches nothing
+        return jnp.minimum(j, (i * bq + bq - 1) // bk), 0
+
+    kv = pl.BlockSpec((bk, d), kv_map)
+    return pl.pallas_call(
+        functools.partial(flash_kernel, causal=True), grid=(pl.cdiv(n, bq), n // bk),
+        in_specs=[pl.BlockSpec((bq, d), lambda i, j: (i, 0)), kv, kv],
+        out_specs=pl.BlockSpec((bq, d), lambda i, j: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((n, d), q.dtype),
+        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
+                        pltpu.VMEM((bq, d), jnp.float32)],
+        interpret=TPU_INTERPRET,
+    )(q, k, v)
     ### END SOLUTION
 
 
@@ -159,7 +240,7 @@ def causal_flash_attention(q, k, v, bq, bk):
 course.check("causal_flash_attention", causal_flash_attention)
 
 # %% nbgrader={"grade_id": "causal_flash_attention_hidden", "grade": true, "points": 2} timeout=120
-# Hidden tests: other lengths and blocks, bfloat16.
+# Hidden tests: other lengths, bq above and below bk, bfloat16, large logits.
 ### BEGIN HIDDEN TESTS
 course.check("causal_flash_attention", causal_flash_attention, hidden=True)
 ### END HIDDEN TESTS
