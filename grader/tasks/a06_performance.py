@@ -1,25 +1,40 @@
-"""Assignment 06, performance: its tasks, cases and structural rules."""
+"""Assignment 06, performance: its tasks, cases and structural rules.
+
+``matmul_tuned`` is graded on kernelsim's estimated time on a TPU v5e (lesson 7): the
+learner's blocks must come within ``WITHIN`` of the fastest blocks kernelsim finds for the
+case's shape under the case's VMEM budget. The learner's estimate is computed here from the
+trace of their run (its HBM bytes and grid steps), never from anything their function returns.
+"""
 
 from __future__ import annotations
+
+import functools
+import itertools
+import math
 
 import jax
 import jax.numpy as jnp
 
+import kernelsim
 from grader.tasks.core import (
     Rule,
     _c,
+    _dtype,
     _f32,
     _matmul_ref,
     _nbytes,
     _normal,
+    _ops,
     _struct,
     _task,
     calls_exactly,
     cdiv,
     grid_is,
     read_budget,
+    tiled_matmul_call,
     total_budget,
 )
+from kernelsim.chips import CHIPS
 
 A6 = "06_performance"
 
@@ -33,13 +48,76 @@ def _fused_rules_all(t, case, inputs) -> list[Rule]:
     return rules
 
 
+CHIP = CHIPS["tpu-v5e"]
+# How close to the best estimate the learner's blocks must come. kernelsim's model is a few
+# percent to a fifth off a measured v5e (lesson 7: 95 % of peak estimated against 91.5 %
+# measured at n = 8192, 78 % at 4096), so estimates within 10 % of each other are ties. Every
+# case's next distinct blocking is at least 13 % slower than its best (tests/grader/
+# test_adversarial_a04_a06.py): the margin separates "found the best" from "one step off",
+# never two equivalent choices, and 128-blocks miss by 1.6-6x.
+WITHIN = 0.10
+BLOCK_STEP = 128  # candidate block sizes: the multiples of 128 that divide the dimension
+
+
+def estimated_seconds(call, flops: int, dtype: str) -> float:
+    """kernelsim's roofline estimate (kernelsim/cost.py) of one traced call on a TPU v5e, in
+    seconds: max(FLOPs / peak, HBM bytes / bandwidth) + grid steps x per-step cost. The bytes
+    and steps are the trace's; ``flops`` is the product's own 2·M·N·K, which kernelsim's count
+    from a matmul's kernel body matches to within its few elementwise operations per block (and
+    which no pl.CostEstimate in the learner's call can change)."""
+    peak = CHIP.peak_flops_bf16 if dtype == "bfloat16" else CHIP.peak_flops_f32
+    memory = (call.hbm_read_bytes + call.hbm_write_bytes) / CHIP.hbm_bytes_per_second
+    return max(flops / peak, memory) + math.prod(call.grid) * CHIP.per_step_seconds
+
+
+@functools.cache
+def blockings(m: int, k: int, n: int, dtype: str) -> tuple[tuple[float, int, tuple], ...]:
+    """Every candidate blocking of lesson 7's tiled matmul (``tiled_matmul_call``) of ``(m, k)
+    @ (k, n)``, traced by kernelsim: (estimated seconds, on-chip peak bytes, (bm, bk, bn)),
+    fastest first, ties broken by the smaller footprint."""
+    a = jax.ShapeDtypeStruct((m, k), _dtype(dtype))
+    b = jax.ShapeDtypeStruct((k, n), _dtype(dtype))
+
+    def sizes(d):
+        return [s for s in range(BLOCK_STEP, d + 1, BLOCK_STEP) if d % s == 0] or [d]
+
+    found = []
+    for blocks in itertools.product(sizes(m), sizes(k), sizes(n)):
+        call = kernelsim.trace(tiled_matmul_call(m, k, n, *blocks, a.dtype), a, b,
+                               chip=CHIP.name).calls[0]
+        found.append((estimated_seconds(call, 2 * m * n * k, dtype), call.onchip_peak_bytes,
+                      blocks))
+    return tuple(sorted(found))
+
+
+def best_blocks(m: int, k: int, n: int, dtype: str, budget: int) -> tuple[float, tuple, int]:
+    """The fastest blocking whose on-chip peak fits ``budget`` bytes: (estimated seconds,
+    (bm, bk, bn), on-chip peak bytes)."""
+    fitting = [b for b in blockings(m, k, n, dtype) if b[1] <= budget]
+    if not fitting:
+        raise ValueError(f"no blocks of {m}x{k} @ {k}x{n} fit {budget:,} B")
+    seconds, peak, blocks = fitting[0]
+    return seconds, blocks, peak
+
+
 def _tuned_rules(call, case, rules, inputs):
     (m, k), (_, n) = case.arrays["a"], case.arrays["b"]
-    ideal = _nbytes((m, k), case.dtype) + _nbytes((k, n), case.dtype)
-    rules.extend(total_budget(call, 4 * ideal, _nbytes((m, n), case.dtype)))
-    limit = 16 * 2**20
-    rules.append(Rule("on-chip peak", f"<= {limit:,} B (v5e scoped VMEM)",
-                      f"{call.onchip_peak_bytes:,} B", call.onchip_peak_bytes <= limit))
+    budget = case.params["vmem_budget"]
+    rules.append(Rule("on-chip peak", f"<= {budget:,} B (the case's VMEM budget)",
+                      f"{call.onchip_peak_bytes:,} B", call.onchip_peak_bytes <= budget))
+    rules.extend(total_budget(call, None, _nbytes((m, n), case.dtype)))
+    best, blocks, peak = best_blocks(m, k, n, case.dtype, budget)
+    mine = estimated_seconds(call, 2 * m * n * k, case.dtype)
+    shapes = ", ".join(f"{o.name} {tuple(o.block_shape) if o.block_shape else 'whole'}"
+                       for o in _ops(call, "input"))
+    rules.append(Rule(
+        f"estimated time on a {CHIP.name} (kernelsim)",
+        f"<= {(1 + WITHIN) * best * 1e6:.2f} us, within {WITHIN:.0%} of {best * 1e6:.2f} us: "
+        f"the fastest blocks under the budget, (bm, bk, bn) = {blocks}, {peak:,} B on chip",
+        f"{mine * 1e6:.2f} us ({mine / best - 1:+.0%}): {math.prod(call.grid)} steps, "
+        f"{call.hbm_read_bytes + call.hbm_write_bytes:,} B of HBM traffic, "
+        f"{call.onchip_peak_bytes:,} B on chip; blocks {shapes}",
+        mine <= (1 + WITHIN) * best))
 
 
 def _ln_ref(x, gamma, beta, bm):
@@ -49,9 +127,19 @@ def _ln_ref(x, gamma, beta, bm):
     return ((xf - mu) * jax.lax.rsqrt(var + 1e-5) * _f32(gamma) + _f32(beta)).astype(x.dtype)
 
 
+LN_OFFSET = 100  # "offset" rows: N(0, 1) + 100, a common offset a hundred times their spread
+
+
 def _make_ln(rng, case):
+    """x, gamma, beta. With ``values="offset"`` every x is N(0, 1) + LN_OFFSET: the one-pass
+    variance E[x²] - E[x]² then subtracts two float32 numbers near 10⁴ whose rounding (about
+    10⁻³ each) is a large part of the variance (1); the two-pass mean of (x - mean)² only
+    carries the mean's rounding (about 10⁻⁵)."""
     m, n = case.arrays["x"]
-    return {"x": _normal(rng, (m, n), case.dtype), "gamma": _normal(rng, (1, n), case.dtype),
+    x = _normal(rng, (m, n), "float32")
+    if case.values == "offset":
+        x = x + LN_OFFSET
+    return {"x": x.astype(_dtype(case.dtype)), "gamma": _normal(rng, (1, n), case.dtype),
             "beta": _normal(rng, (1, n), case.dtype)}
 
 
@@ -78,15 +166,26 @@ _task(
     ),
     structure=_fused_rules_all,
 )
+_MiB = 2**20
 _task(
-    id="matmul_tuned", assignment=A6, title="Choose matmul blocks within a traffic budget",
+    id="matmul_tuned", assignment=A6,
+    title="Choose matmul blocks for the estimated time under a VMEM budget",
     kernel_ops=(("dot_general",),),
     reference=_matmul_ref, tolerance="reduction",
     cases=(
-        _c("v0", 16, "float32", {"a": (256, 128), "b": (128, 256)}),
-        _c("h0", 261, "float32", {"a": (384, 128), "b": (128, 256)}, True),
-        _c("h1", 262, "bfloat16", {"a": (256, 256), "b": (256, 256)}, True),
-        _c("h2", 263, "float32", {"a": (128, 128), "b": (128, 384)}, True),
+        # the best is (256, 512, 128): a block spanning K reads A once; square 256-blocks are
+        # 14 % slower, 128-blocks almost 5x
+        _c("v0", 16, "bfloat16", {"a": (256, 512), "b": (512, 512)}, vmem_budget=_MiB),
+        _c("h0", 261, "float32", {"a": (256, 512), "b": (512, 256)}, True,
+           vmem_budget=3 * _MiB // 2),
+        _c("h1", 262, "bfloat16", {"a": (384, 512), "b": (512, 512)}, True, vmem_budget=_MiB),
+        # the visible shape with twice the budget: the visible case's blocks are 30 % slower
+        _c("h2", 263, "bfloat16", {"a": (256, 512), "b": (512, 512)}, True,
+           vmem_budget=2 * _MiB),
+        # a tight budget forces 8 K steps over a long all-positive K: a bfloat16 accumulator
+        # loses what the float32 one keeps
+        _c("h3", 264, "bfloat16", {"a": (128, 2048), "b": (2048, 128)}, True, values="positive",
+           vmem_budget=3 * _MiB // 8),
     ),
     structure=_struct(_tuned_rules),
 )
@@ -99,6 +198,8 @@ _task(
         _c("h0", 271, "float32", {"x": (37, 384)}, True, bm=16),
         _c("h1", 272, "bfloat16", {"x": (64, 256)}, True, bm=32),
         _c("h2", 273, "float32", {"x": (16, 128)}, True, bm=16),
+        # rows around 100 (see _make_ln): the one-pass variance E[x²] - E[x]² fails here
+        _c("h3", 274, "float32", {"x": (44, 384)}, True, values="offset", bm=8),
     ),
     structure=_struct(_ln_rules),
 )

@@ -1,8 +1,9 @@
 # %% [markdown]
 # # Assignment 6 — performance
 #
-# On a memory-bound kernel the time is the HBM traffic. kernelsim counts it per operand; these
-# tasks are graded on values **and** on staying within a traffic budget.
+# On a memory-bound kernel the time is the HBM traffic; with small blocks it is also the fixed
+# cost of every grid step (lesson 7). kernelsim counts both: tasks 1 and 3 are graded on values
+# **and** on staying within a traffic budget, task 2 on kernelsim's estimated time on a TPU v5e.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import math
@@ -16,9 +17,11 @@ from jax.experimental.pallas import tpu as pltpu
 import kernelsim
 from grader import course
 from kernelsim.backend import choose
+from kernelsim.chips import CHIPS
 
 # Compiled on a GPU or TPU, interpreted on a CPU. TPU_INTERPRET is for kernels that use
-# TPU-only features (VMEM/SMEM scratch, scalar prefetch).
+# TPU-only features (VMEM/SMEM scratch, scalar prefetch) or keep an output block on chip
+# across grid steps (in order on a TPU; a race between parallel programs on a GPU).
 INTERPRET = choose().interpret
 TPU_INTERPRET = choose(tpu_features=True).interpret
 
@@ -27,6 +30,22 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 #
 # `relu(x + y) * z` in a single `pallas_call` that reads each input once and writes the output
 # once (three separate kernels would move twice as many bytes). Choose the blocks yourself.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# One kernel with three inputs and one output, all four with the same BlockSpec: blocks of
+# full rows, one block per grid step. Each step loads its three blocks, computes the whole
+# expression in VMEM and stores the result once, so no intermediate ever goes to HBM.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The body is one store: `jnp.maximum(x + y, 0) * z` of the three loaded blocks, cast to
+# `o_ref.dtype`; the specs are `[pl.BlockSpec((bm, n), lambda i: (i, 0))] * 3` in, the same out.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "fused_add_relu_mul_solution", "solution": true}
 def fused_add_relu_mul(x, y, z):
@@ -55,28 +74,94 @@ course.check("fused_add_relu_mul", fused_add_relu_mul, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## Task 2 — `matmul_tuned(a, b)` (3 points)
+# ## Task 2 — `matmul_tuned(a, b, vmem_budget)` (3 points)
 #
-# `a @ b` with block sizes of your choice. Budget: HBM reads at most 4 x (bytes of `a` + bytes of
-# `b`), one write of the output, on-chip peak at most 16 MiB. Shapes are multiples of 128.
+# `a @ b` (float32 accumulation, the output in the dtype of `a`) with blocks `(bm, bk, bn)`
+# that you choose for the shape and for `vmem_budget`, the bytes of VMEM the kernel may hold.
+# Shapes are multiples of 128. Start from lesson 7's kernel: K innermost, a float32 VMEM
+# accumulator (a TPU feature: run it with `TPU_INTERPRET`).
+#
+# The grade is kernelsim's **estimated time on a TPU v5e**, as lesson 7 computes it:
+#
+# $$t = \max\Big(\frac{2MNK}{\text{peak FLOP/s}},\ \frac{\text{HBM bytes}}{\text{bandwidth}}\Big)
+# + \text{grid steps} \times \text{per-step cost},$$
+#
+# with the HBM bytes and grid steps of your run's trace and the chip's numbers from
+# `CHIPS["tpu-v5e"]`. It must be within **10 %** of the fastest blocks kernelsim finds for
+# lesson 7's kernel under the budget (each block size a multiple of 128 that divides its
+# dimension). Your kernel's on-chip peak (two buffers per input and output block, plus
+# scratch) must fit `vmem_budget`, and the output is written once. Small square blocks miss:
+# each of their many steps pays the fixed cost and re-reads `A` and `B`. The budgets (1 to 2
+# MiB) are far below a TPU's VMEM so that they bind at sizes that run quickly here.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Write the estimate as a function of `(bm, bk, bn)`, as kernelsim counts it: `A` is read once
+# per column block of the output, or once in all when `bk == K` (its block index then stays the
+# same along `j`: assignment 4, task 2), `B` once per row block (once in all when `bk == K` and
+# `bn == N`), the output written once; the steps are `(M/bm)(N/bn)(K/bk)`. The footprint is
+# two buffers of each block plus the `(bm, bn)` float32 accumulator. Try every candidate that
+# fits the budget and keep the fastest.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# With `v5e = CHIPS["tpu-v5e"]` and `moved` the bytes above, a candidate's estimate is
+# `max(2 * m * n * k / v5e.peak_flops_bf16, moved / v5e.hbm_bytes_per_second)` plus
+# `steps * v5e.per_step_seconds`, and its footprint
+# `2 * itemsize * (bm * bk + bk * bn + bm * bn) + 4 * bm * bn` bytes.
+#
+# </details>
 
 # %% nbgrader={"grade_id": "matmul_tuned_solution", "solution": true}
-def matmul_tuned(a, b):
+def matmul_tuned(a, b, vmem_budget):
     ### BEGIN SOLUTION
-    m, k = a.shape
-    n = b.shape[1]
-    bm, bn = min(m, 256), min(n, 256)
+    (m, k), n = a.shape, b.shape[1]
+    size = a.dtype.itemsize
+    v5e = CHIPS["tpu-v5e"]
+    peak = v5e.peak_flops_bf16 if size == 2 else v5e.peak_flops_f32
 
-    def kernel(a_ref, b_ref, o_ref):
-        o_ref[...] = jnp.dot(a_ref[...], b_ref[...],
-                             preferred_element_type=jnp.float32).astype(o_ref.dtype)
+    def on_chip_bytes(bm, bk, bn):  # double-buffered blocks and the float32 accumulator
+        return 2 * size * (bm * bk + bk * bn + bm * bn) + 4 * bm * bn
+
+    def estimated_seconds(bm, bk, bn):
+        row_blocks, col_blocks, k_steps = m // bm, n // bn, k // bk
+        a_passes = col_blocks if k_steps > 1 else 1  # one K step: A's block stays along j
+        b_passes = 1 if k_steps == col_blocks == 1 else row_blocks
+        moved = size * (a_passes * m * k + b_passes * k * n + m * n)
+        steps = row_blocks * col_blocks * k_steps
+        roofline = max(2 * m * n * k / peak, moved / v5e.hbm_bytes_per_second)
+        return roofline + steps * v5e.per_step_seconds
+
+    def sizes(dim):
+        return [s for s in range(128, dim + 1, 128) if dim % s == 0]
+
+    fitting = [(bm, bk, bn) for bm in sizes(m) for bk in sizes(k) for bn in sizes(n)
+               if on_chip_bytes(bm, bk, bn) <= vmem_budget]
+    bm, bk, bn = min(fitting, key=lambda blocks: estimated_seconds(*blocks))
+
+    def kernel(a_ref, b_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
     return pl.pallas_call(
-        kernel, grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
-        in_specs=[pl.BlockSpec((bm, k), lambda i, j: (i, 0)),
-                  pl.BlockSpec((k, bn), lambda i, j: (0, j))],
-        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((m, n), a.dtype), interpret=INTERPRET,
+        kernel,
+        grid=(m // bm, n // bn, k // bk),  # the output block stays on chip along K
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        interpret=TPU_INTERPRET,
     )(a, b)
     ### END SOLUTION
 
@@ -85,10 +170,29 @@ def matmul_tuned(a, b):
 course.check("matmul_tuned", matmul_tuned)
 
 # %% nbgrader={"grade_id": "matmul_tuned_hidden", "grade": true, "points": 2} timeout=120
-# Hidden tests: other shapes, bfloat16.
+# Hidden tests: other shapes and budgets, float32, and a tight budget over a long all-positive
+# K (a bfloat16 accumulator loses it).
 ### BEGIN HIDDEN TESTS
 course.check("matmul_tuned", matmul_tuned, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# What the grade reads, for the visible case's sizes: kernelsim's trace of your kernel, its
+# three terms on a TPU v5e and its on-chip peak. Change the budget and watch the blocks move.
+
+# %%
+a = jnp.ones((256, 512), jnp.bfloat16)
+b = jnp.ones((512, 512), jnp.bfloat16)
+try:
+    call = kernelsim.trace(matmul_tuned, a, b, 2**20, chip="tpu-v5e").calls[0]
+    cost = call.cost
+    print(f"estimated {call.estimated_seconds * 1e6:.2f} us = max(compute "
+          f"{cost.compute_seconds * 1e6:.2f}, memory {cost.memory_seconds * 1e6:.2f}) + "
+          f"{call.steps} steps x {CHIPS['tpu-v5e'].per_step_seconds * 1e6:.2f} us; "
+          f"on chip {call.onchip_peak_bytes:,} B")
+    print("blocks:", {op.name: op.block_shape for op in call.operands if op.block_shape})
+except NotImplementedError:
+    print("implement matmul_tuned first")
 
 # %% [markdown]
 # ## Task 3 — `layernorm(x, gamma, beta, bm)` (3 points)
@@ -96,6 +200,24 @@ course.check("matmul_tuned", matmul_tuned, hidden=True)
 # `(x - mean) / sqrt(var + 1e-5) * gamma + beta` over the last axis (`gamma`, `beta` of shape
 # `(1, N)`), in float32, returned in the dtype of `x`. One pass: grid `(cdiv(M, bm),)`, `x`
 # read once, `gamma` and `beta` fetched once each (a constant index map), output written once.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# A block holds `bm` whole rows, so each row's statistics are complete inside one step: load
+# the block in float32, take the mean, then the mean of the squared deviations from it (two
+# passes over VMEM, still one over HBM). `gamma` and `beta` get `(1, N)` blocks whose index
+# never changes. Avoid `E[x²] - E[x]²`: for rows with a large common offset it subtracts two
+# big, nearly equal numbers and loses the variance.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# `var = jnp.mean(jnp.square(v - mu), axis=1, keepdims=True)` with `v` the float32 block and
+# `mu` its row means (`keepdims=True`, so both broadcast against the `(bm, N)` block).
+#
+# </details>
 
 # %% nbgrader={"grade_id": "layernorm_solution", "solution": true}
 def layernorm(x, gamma, beta, bm):
@@ -123,7 +245,7 @@ def layernorm(x, gamma, beta, bm):
 course.check("layernorm", layernorm)
 
 # %% nbgrader={"grade_id": "layernorm_hidden", "grade": true, "points": 2}
-# Hidden tests: non-divisible row counts, bfloat16.
+# Hidden tests: non-divisible row counts, bfloat16, and rows with a large common offset.
 ### BEGIN HIDDEN TESTS
 course.check("layernorm", layernorm, hidden=True)
 ### END HIDDEN TESTS
