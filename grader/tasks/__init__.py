@@ -19,8 +19,10 @@ MODULES = (
     "a05_scalar_prefetch",
     "a06_performance",
     "a07_flash_attention",
+    "a08_manual_dma",
     "a09_debugging",
     "a10_transformations",
+    "a11_gpu",
 )
 for _name in MODULES:
     importlib.import_module(f"grader.tasks.{_name}")

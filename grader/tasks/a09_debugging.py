@@ -28,6 +28,7 @@ from grader.tasks.core import (
     grid_is,
     read_budget,
     total_budget,
+    with_race_detector,
 )
 
 A9 = "09_debugging"
@@ -91,18 +92,6 @@ def _pool_rules(call, case, rules, inputs):
 
 def _chunk_sum_rules(call, case, rules, inputs):
     rules.append(grid_is(call, ()))
-
-
-def _with_race_detector(fn, arrays, params):
-    """Call ``fn`` with ``interpret=`` TPU interpret mode and its race detector where kernels
-    are interpreted; compiled (on a TPU) with the learner's own setting."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    from kernelsim.backend import choose
-
-    if choose(tpu_features=True).interpret is False:
-        return fn(*arrays, **params)
-    return fn(*arrays, **params, interpret=pltpu.InterpretParams(detect_races=True))
 
 
 def _make_column_max(rng, case):
@@ -176,7 +165,7 @@ _task(
     kernel_ops=(("add",),),
     reference=lambda x, chunk: jnp.sum(_f32(x).reshape(-1, chunk, x.shape[1]), axis=0),
     tolerance="reduction",
-    invoke=_with_race_detector,
+    invoke=with_race_detector,
     cases=(
         _c("v0", 94, "float32", {"x": (64, 256)}, chunk=8),
         _c("h0", 941, "float32", {"x": (128, 128)}, True, chunk=16),

@@ -1,0 +1,211 @@
+"""Assignment 08, manual DMA: lesson 5's ``pl.ANY`` operands, async copies and DMA semaphores,
+and the same pipeline built by ``pltpu.emit_pipeline``. TPU-only kernels, every case graded in
+TPU interpret mode with its race detector on (``core.with_race_detector``).
+
+All three tasks compute the same thing, ``absmax_scale``: every row divided by its largest
+absolute value (the first step of int8 absmax quantisation), with ``x`` left in HBM.
+
+- ``absmax_dma``: the input is copied by hand, chunk by chunk across the grid steps, into two
+  VMEM buffers; the output is an ordinary pipelined block. Rules from kernelsim's trace: ``x``
+  gets no pipeline fetch (it is in ``pl.ANY``), the kernel's own DMAs read each of its bytes
+  exactly once (so a short last chunk must be copied short, not re-read), and the on-chip
+  footprint is exactly two chunk buffers plus the output's two pipeline buffers (one buffer
+  cannot overlap the next copy with this chunk's work).
+- ``absmax_pipeline``: the same with ``pltpu.emit_pipeline`` inside a one-step kernel; both
+  operands in HBM, the nested pipeline's DMAs read and write each byte once, no scratch of the
+  learner's own.
+- ``absmax_in_place`` ("find the bug"): a fully manual kernel that scales each chunk in its
+  VMEM buffer and copies it back; the shipped version starts the next copy into the buffer an
+  earlier write-back copy is still reading. Its values are right in both of TPU interpret
+  mode's DMA orders; only the race detector reports it.
+
+What kernelsim's trace does not record: the order of a kernel's DMA starts and waits, so "chunk
+c + 1's copy starts before chunk c's work" is not a rule of its own; the footprint rule (two
+buffers) and the race detector (a copy into the buffer being read) stand in for it.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from grader.tasks.core import (
+    Rule,
+    _c,
+    _f32,
+    _nbytes,
+    _ops,
+    _struct,
+    _task,
+    block_is,
+    cdiv,
+    grid_is,
+    total_budget,
+    with_race_detector,
+)
+
+A8 = "08_manual_dma"
+# The TPU that emit_pipeline is traced for where there is none (kernelsim's default chip).
+TRACED_TPU = jax.sharding.AbstractDevice("TPU v5e", 1, "tpu")
+
+
+def absmax_scale(rows):
+    """Each row of ``rows`` divided by its largest absolute value, in float32."""
+    rows = _f32(rows)
+    return rows / jnp.max(jnp.abs(rows), axis=1, keepdims=True)
+
+
+def traced_as_tpu(fn):
+    """``fn``, callable on a machine without a TPU when its kernels use ``pltpu.emit_pipeline``.
+
+    emit_pipeline asks which TPU it targets while it is traced, for the tiling of its copies
+    (``jax/_src/pallas/mosaic/pipeline.py:507`` reaches ``jax/_src/tpu_info.py:562``); on a
+    CPU there is none. ``jax.sharding.use_abstract_mesh`` with a TPU device names one, as
+    ``pltpu.InterpretParams``' docstring says for TPU interpret mode
+    (``jax/_src/pallas/mosaic/interpret/params.py:167-172``). Under an abstract mesh a jitted
+    computation needs its inputs on a concrete device
+    (``jax/_src/interpreters/pxla.py:1049-1055``), so array arguments are put on this
+    machine's first device. On a TPU, ``fn`` itself.
+    """
+    if jax.default_backend() == "tpu":
+        return fn
+    mesh = jax.sharding.AbstractMesh((1,), ("core",), abstract_device=TRACED_TPU)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        device = jax.devices()[0]
+        args = [jax.device_put(a, device) if hasattr(a, "shape") else a for a in args]
+        with jax.sharding.use_abstract_mesh(mesh):
+            return fn(*args, **kwargs)
+
+    return call
+
+
+def _invoke_pipeline(fn, arrays, params):
+    return with_race_detector(traced_as_tpu(fn), arrays, params)
+
+
+def _reference(x, chunk):
+    return absmax_scale(x).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- shared rules
+def _x_left_in_hbm(call, nbytes: int) -> list[Rule]:
+    """x in ``pl.ANY``: no pipeline fetch, and the kernel's own DMAs read each byte once."""
+    ops = _ops(call, "input")
+    if not ops:
+        return [Rule("x left in HBM", "input 0 in pl.ANY", "no input operand", False)]
+    x = ops[0]
+    return [Rule("x left in HBM (memory_space=pl.ANY)", "no pipeline fetches of x",
+                 f"{x.fetches} block fetches", x.fetches == 0),
+            Rule("x HBM reads (the kernel's DMAs)", f"exactly {nbytes:,} B: each byte once",
+                 f"{x.hbm_read_bytes:,} B", x.hbm_read_bytes == nbytes)]
+
+
+def _output_left_in_hbm(call, nbytes: int) -> list[Rule]:
+    """The output in ``pl.ANY``: no pipeline write-back, the kernel's DMAs write it once."""
+    ops = _ops(call, "output")
+    if not ops:
+        return [Rule("output left in HBM", "output 0 in pl.ANY", "no output operand", False)]
+    out = ops[0]
+    return [Rule("output left in HBM (memory_space=pl.ANY)", "no pipeline write-backs",
+                 f"{out.writebacks} write-backs", out.writebacks == 0),
+            Rule("output HBM writes (the kernel's DMAs)", f"exactly {nbytes:,} B: each byte "
+                 "once", f"{out.hbm_write_bytes:,} B", out.hbm_write_bytes == nbytes)]
+
+
+def _footprint(call, nbytes: int, what: str) -> Rule:
+    return Rule("on-chip buffers", f"{nbytes:,} B: {what}", f"{call.onchip_peak_bytes:,} B",
+                call.onchip_peak_bytes == nbytes)
+
+
+def _scratch(call) -> list:
+    return [o for o in call.operands if o.role == "scratch"]
+
+
+# ----------------------------------------------------------------------------- task 1: by hand
+def _dma_rules(call, case, rules, inputs):
+    (m, n), chunk = case.arrays["x"], case.params["chunk"]
+    chunk_bytes = _nbytes((chunk, n), case.dtype)
+    rules.append(grid_is(call, (cdiv(m, chunk),)))
+    rules.extend(_x_left_in_hbm(call, _nbytes((m, n), case.dtype)))
+    rules.append(block_is(call, "output", 0, (chunk, n), "output"))
+    rules.extend(total_budget(call, None, _nbytes((m, n), case.dtype)))
+    rules.append(_footprint(call, 4 * chunk_bytes, f"two ({chunk}, {n}) chunk buffers of "
+                            "scratch for x, and the output block's two pipeline buffers"))
+
+
+# --------------------------------------------------------------------------- task 2: emit_pipeline
+def _pipeline_rules(call, case, rules, inputs):
+    (m, n) = case.arrays["x"]
+    nbytes = _nbytes((m, n), case.dtype)
+    rules.append(grid_is(call, ()))
+    rules.extend(_x_left_in_hbm(call, nbytes))
+    rules.extend(_output_left_in_hbm(call, nbytes))
+    scratch = _scratch(call)
+    rules.append(Rule("scratch_shapes", "none: emit_pipeline allocates its own buffers and "
+                      "semaphores", f"{len(scratch)} scratch operand(s)", not scratch))
+
+
+# ----------------------------------------------------------------------------- task 3: in place
+def _in_place_rules(call, case, rules, inputs):
+    (m, n), chunk = case.arrays["x"], case.params["chunk"]
+    nbytes = _nbytes((m, n), case.dtype)
+    rules.append(grid_is(call, ()))
+    rules.extend(_x_left_in_hbm(call, nbytes))
+    rules.extend(_output_left_in_hbm(call, nbytes))
+    rules.append(_footprint(call, 2 * _nbytes((chunk, n), case.dtype),
+                            f"two ({chunk}, {n}) chunk buffers, each scaled in place"))
+
+
+_task(
+    id="absmax_dma", assignment=A8,
+    title="Double buffering by hand: x in HBM, two VMEM buffers, DMAs across grid steps",
+    kernel_ops=(("reduce_max",),),
+    reference=_reference,
+    invoke=with_race_detector,
+    cases=(
+        # three chunks, the last one short (8 rows)
+        _c("v0", 80, "float32", {"x": (40, 256)}, chunk=16),
+        _c("h0", 801, "float32", {"x": (64, 128)}, True, chunk=16),
+        # a short last chunk of 16 bfloat16 rows (one packed tile)
+        _c("h1", 802, "bfloat16", {"x": (80, 256)}, True, chunk=32),
+        # one chunk: no next copy to start
+        _c("h2", 803, "float32", {"x": (16, 384)}, True, chunk=16),
+        # five chunks, an odd count, the last one short
+        _c("h3", 804, "float32", {"x": (72, 128)}, True, chunk=16),
+    ),
+    structure=_struct(_dma_rules),
+)
+_task(
+    id="absmax_pipeline", assignment=A8,
+    title="The same pipeline with pltpu.emit_pipeline inside the kernel",
+    kernel_ops=(("reduce_max",),),
+    reference=_reference,
+    invoke=_invoke_pipeline,
+    cases=(
+        _c("v0", 81, "float32", {"x": (40, 256)}, chunk=16),
+        _c("h0", 811, "float32", {"x": (64, 128)}, True, chunk=16),
+        _c("h1", 812, "bfloat16", {"x": (80, 256)}, True, chunk=32),
+        _c("h2", 813, "float32", {"x": (16, 384)}, True, chunk=16),
+    ),
+    structure=_struct(_pipeline_rules),
+)
+_task(
+    id="absmax_in_place", assignment=A8,
+    title="Find the bug: a copy into a buffer its write-back is still reading",
+    kernel_ops=(("reduce_max",),),
+    reference=_reference,
+    invoke=with_race_detector,
+    cases=(
+        # every case has at least five chunks: the race is at chunks 1 .. n-2, and each of
+        # them is a separate chance for the detector (see core.RACE_CLOCK_SIZE)
+        _c("v0", 82, "float32", {"x": (96, 256)}, chunk=16),
+        _c("h0", 821, "float32", {"x": (40, 128)}, True, chunk=8),
+        _c("h1", 822, "bfloat16", {"x": (160, 256)}, True, chunk=32),
+        _c("h2", 823, "float32", {"x": (128, 384)}, True, chunk=16),
+    ),
+    structure=_struct(_in_place_rules),
+)

@@ -1,0 +1,324 @@
+"""Assignment 08 (manual DMA): the instructor's kernels pass, lower for TPU on every case, and
+plausible wrong answers fail with a message that says what is wrong.
+
+The kernels come from the notebook source itself (setup, ``*_buggy`` and ``*_solution`` cells);
+planted mistakes are made by editing that source, so what is tested is what learners get.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import jupytext
+import numpy as np
+import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import kernelsim
+from grader import course, refs, tasks, verdict
+from grader.tasks.a08_manual_dma import absmax_scale, traced_as_tpu
+from grader.tasks.core import RACE_CLOCK_SIZE
+
+pytestmark = pytest.mark.interpret
+
+NOTEBOOK = (Path(__file__).resolve().parents[2] / "exercises" / "source" / "08_manual_dma" /
+            "manual_dma.py")
+TASKS = [t.id for t in tasks.TASKS if t.assignment == "08_manual_dma"]
+
+
+@pytest.fixture(autouse=True)
+def learner_side(monkeypatch):
+    monkeypatch.delenv("PALLAS_COURSE_EXCHANGE", raising=False)
+    monkeypatch.delenv("PALLAS_COURSE_REPORT", raising=False)
+
+
+def _cells() -> dict[str, str]:
+    """grade_id -> source of every code cell with nbgrader metadata."""
+    nb = jupytext.read(NOTEBOOK)
+    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
+            if c.cell_type == "code" and "nbgrader" in c.metadata}
+
+
+def _run_cells(**settings) -> dict:
+    """The setup, buggy and solution cells executed into one namespace (``settings`` replace
+    setup's names, e.g. ``TPU_INTERPRET=False`` to compile)."""
+    namespace: dict = {}
+    for grade_id, source in _cells().items():
+        if grade_id == "setup" or grade_id.endswith(("_buggy", "_solution")):
+            exec(compile(source, f"{NOTEBOOK.name}:{grade_id}", "exec"), namespace)
+            if grade_id == "setup":
+                namespace.update(settings)
+    return namespace
+
+
+@pytest.fixture(scope="module")
+def notebook() -> dict:
+    return _run_cells()
+
+
+def _planted(notebook: dict, cell: str, *edits: tuple[str, str], name: str | None = None):
+    """The function that cell ``cell`` defines, with each ``(old, new)`` edit made to its
+    source (each ``old`` must be there)."""
+    source = _cells()[cell]
+    for old, new in edits:
+        assert old in source, (cell, old)
+        source = source.replace(old, new)
+    namespace = dict(notebook)
+    exec(compile(source, f"planted {cell}", "exec"), namespace)
+    return namespace[name or cell.removesuffix("_solution")]
+
+
+def _fails(task: str, fn, expected: str, hidden: bool = False) -> str:
+    with pytest.raises(course.CheckFailed) as failed:
+        course.check(task, fn, hidden=hidden, quiet=True)
+    message = str(failed.value)
+    assert expected in message, message
+    return message
+
+
+def test_every_task_has_a_solution_and_tests():
+    cells = _cells()
+    assert TASKS == ["absmax_dma", "absmax_pipeline", "absmax_in_place"]
+    for task in TASKS:
+        assert {f"{task}_solution", f"{task}_visible", f"{task}_hidden"} <= set(cells), task
+    assert "absmax_in_place_buggy" in cells
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_the_reference_solution_passes(task, notebook):
+    course.check(task, notebook[task], quiet=True)
+    course.check(task, notebook[task], hidden=True, quiet=True)
+
+
+def test_every_solution_case_lowers_for_tpu():
+    """JAX's TPU lowering accepts every solution on every case's shapes and dtype (manual
+    DMAs across grid steps, a short last copy, the nested pipeline): the notebook's cells run
+    again with kernels set to compile."""
+    compiled = _run_cells(TPU_INTERPRET=False)
+    for task in TASKS:
+        for case in tasks.get(task).cases:
+            (shape,) = case.arrays.values()
+            dtype = jnp.bfloat16 if case.dtype == "bfloat16" else jnp.float32
+            fn = functools.partial(compiled[task], **case.params)
+            error = kernelsim.tpu_lowering_error(fn, jax.ShapeDtypeStruct(shape, dtype))
+            assert error is None, (task, case.name, error)
+
+
+def test_the_grader_runs_every_task_with_the_race_detector(notebook):
+    seen = []
+
+    def records_interpret(x, chunk, interpret=None):
+        seen.append(interpret)
+        return notebook["absmax_dma"](x, chunk, interpret=interpret)
+
+    course.check("absmax_dma", records_interpret, quiet=True)
+    assert seen and all(p.detect_races and p.vector_clock_size == RACE_CLOCK_SIZE
+                        for p in seen), seen
+    assert {tasks.get(t).invoke is not None for t in TASKS} == {True}
+
+
+# ------------------------------------------------------------------ task 1: double buffering
+def test_a_short_last_chunk_is_copied_short(notebook):
+    """kernelsim counts the kernel's own copies: the visible case's three chunks move 16, 16
+    and 8 rows, x.nbytes in all, and the pipeline fetches nothing of x."""
+    x = jnp.zeros((40, 256), jnp.float32)
+    call = kernelsim.trace(functools.partial(notebook["absmax_dma"], chunk=16), x).calls[0]
+    assert [c.bytes for c in call.call.body_copies] == [16 * 256 * 4] * 2 + [8 * 256 * 4]
+    assert call.operand("x_hbm").fetches == 0
+    assert call.operand("x_hbm").hbm_read_bytes == x.nbytes
+
+
+def test_one_buffer_without_overlap_fails_the_footprint(notebook):
+    """Copy chunk c at step c and wait for it at once: right values and no race, but only one
+    chunk buffer, so nothing overlaps the copy."""
+    sequential = _planted(
+        notebook, "absmax_dma_solution",
+        ("pltpu.VMEM((2, chunk, n), x.dtype)", "pltpu.VMEM((1, chunk, n), x.dtype)"),
+        ("slot = i % 2", "slot = 0"),
+        ("buf[c % 2]", "buf[0]"),
+        ("@pl.when(c == 0)\n        def _first():\n            on_chunk_copy(0, ",
+         "@pl.when(c >= 0)\n        def _first():\n            on_chunk_copy(c, "),
+        ("@pl.when(c + 1 < n_chunks)", "@pl.when(c < 0)"))
+    message = _fails("absmax_dma", sequential, "structural check failed")
+    assert "on-chip buffers: required 65,536 B: two (16, 256) chunk buffers" in message, message
+    assert "found 49,152 B" in message, message
+
+
+def test_one_buffer_with_the_next_copy_in_flight_races(notebook):
+    one_buffer = _planted(
+        notebook, "absmax_dma_solution",
+        ("pltpu.VMEM((2, chunk, n), x.dtype)", "pltpu.VMEM((1, chunk, n), x.dtype)"),
+        ("slot = i % 2", "slot = 0"), ("buf[c % 2]", "buf[0]"))
+    _fails("absmax_dma", one_buffer, "RACE DETECTED")
+
+
+def test_reading_before_the_wait_races(notebook):
+    early_read = _planted(
+        notebook, "absmax_dma_solution",
+        ("        on_chunk_copy(c, lambda copy: copy.wait())\n"
+         "        o_ref[...] = absmax_scale(buf[c % 2]).astype(o_ref.dtype)\n",
+         "        o_ref[...] = absmax_scale(buf[c % 2]).astype(o_ref.dtype)\n"
+         "        on_chunk_copy(c, lambda copy: copy.wait())\n"))
+    _fails("absmax_dma", early_read, "RACE DETECTED")
+
+
+def test_a_full_size_last_copy_reads_past_the_array(notebook):
+    full_last = _planted(notebook, "absmax_dma_solution",
+                         ("action(chunk_copy(i, last_rows))", "action(chunk_copy(i, chunk))"))
+    _fails("absmax_dma", full_last, "Out-of-bounds read")
+
+
+def test_a_grid_that_drops_the_short_chunk_gives_wrong_values(notebook):
+    floor_grid = _planted(notebook, "absmax_dma_solution",
+                          ("n_chunks = pl.cdiv(m, chunk)", "n_chunks = m // chunk"),
+                          ("last_rows = m - (n_chunks - 1) * chunk", "last_rows = chunk"))
+    _fails("absmax_dma", floor_grid, "wrong values for case v0")
+
+
+def _pipelined_by_blockspec(x, chunk, interpret=None):
+    """The right values with x and the output both pipelined by BlockSpecs: no manual DMA."""
+    m, n = x.shape
+
+    def kernel(x_ref, o_ref):
+        o_ref[...] = absmax_scale(x_ref[...]).astype(o_ref.dtype)
+
+    return pl.pallas_call(
+        kernel, grid=(pl.cdiv(m, chunk),),
+        in_specs=[pl.BlockSpec((chunk, n), lambda c: (c, 0))],
+        out_specs=pl.BlockSpec((chunk, n), lambda c: (c, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=interpret)(x)
+
+
+@pytest.mark.parametrize("task", ["absmax_dma", "absmax_pipeline"])
+def test_a_blockspec_pipeline_for_x_fails_the_hbm_rule(task):
+    message = _fails(task, _pipelined_by_blockspec, "structural check failed")
+    assert "x left in HBM (memory_space=pl.ANY): required no pipeline fetches of x; " \
+        "found 3 block fetches" in message, message
+
+
+# ------------------------------------------------------------------ task 2: emit_pipeline
+def test_emit_pipeline_needs_a_tpu_to_trace_for(notebook):
+    """Without a TPU, tracing emit_pipeline fails on the chip query; ``traced_as_tpu`` names a
+    TPU v5e for the trace and the kernel runs in TPU interpret mode."""
+    x = jax.random.normal(jax.random.key(0), (40, 256), jnp.float32)
+    if jax.default_backend() != "tpu":
+        with pytest.raises(ValueError, match="Unsupported TPU device kind"):
+            notebook["absmax_pipeline"](x, 16)
+    got = traced_as_tpu(notebook["absmax_pipeline"])(x, 16)
+    np.testing.assert_array_equal(got, absmax_scale(x))
+
+
+def test_the_nested_pipeline_copies_each_byte_once_each_way(notebook):
+    x = jnp.zeros((40, 256), jnp.float32)
+    call = kernelsim.trace(functools.partial(notebook["absmax_pipeline"], chunk=16),
+                           x).calls[0]
+    routes = sorted((c.src_space, c.dst_space, c.bytes) for c in call.call.body_copies)
+    chunk, tail = 16 * 256 * 4, 8 * 256 * 4
+    assert routes == sorted([("any", "vmem", chunk)] * 2 + [("any", "vmem", tail)] +
+                            [("vmem", "any", chunk)] * 2 + [("vmem", "any", tail)])
+    assert (call.hbm_read_bytes, call.hbm_write_bytes) == (x.nbytes, x.nbytes)
+
+
+def _structure(task: str, case: str, fn) -> list[str]:
+    """The failed structural rules of ``task`` on ``case`` for ``fn``'s kernelsim trace."""
+    task_ = tasks.get(task)
+    c = next(c for c in task_.cases if c.name == case)
+    (shape,) = c.arrays.values()
+    x = jnp.zeros(shape, jnp.bfloat16 if c.dtype == "bfloat16" else jnp.float32)
+    trace = kernelsim.trace(functools.partial(fn, **c.params), x)
+    rules = task_.structure(verdict.facts_from_dict(trace.to_dict()), c, {})
+    return [str(r) for r in rules if not r.ok]
+
+
+def test_copies_by_hand_are_not_the_nested_pipeline(notebook):
+    """Task 3's kernel is right for task 2 where the chunks divide M, and moves the same
+    bytes; the scratch it allocates itself is what tells it from emit_pipeline."""
+    failed = _structure("absmax_pipeline", "h0", notebook["absmax_in_place"])
+    assert failed == ["[FAIL] scratch_shapes: required none: emit_pipeline allocates its own "
+                      "buffers and semaphores; found 3 scratch operand(s)"], failed
+    assert _structure("absmax_pipeline", "h0", notebook["absmax_pipeline"]) == []
+
+
+def test_task_1_is_not_task_2(notebook):
+    message = _fails("absmax_pipeline", notebook["absmax_dma"], "structural check failed")
+    assert "grid: required (); found (3,)" in message, message
+
+
+# ------------------------------------------------------------------ task 3: find the bug
+def test_the_buggy_kernel_has_right_values_in_both_dma_orders(notebook):
+    """Every case: the interpreter's eager and on-wait copies both give the right values, so
+    only the race detector can see the bug."""
+    refdir = refs.course_root() / "refs"
+    entries = [e for e in refs.load_manifest(refdir)["cases"].values()
+               if e["task"] == "absmax_in_place"]
+    assert len(entries) == 4
+    for entry in entries:
+        inputs, expected, params = refs.load_case(refdir, entry)
+        for mode in ("eager", "on_wait"):
+            got = notebook["absmax_in_place_buggy"](
+                *map(jnp.asarray, inputs.values()), **params,
+                interpret=pltpu.InterpretParams(dma_execution_mode=mode))
+            assert course.compare(got, expected, entry["rtol"], entry["atol"], None) is None, \
+                (entry["case"], mode)
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_the_shipped_buggy_kernel_fails_with_a_race(notebook, hidden):
+    message = _fails("absmax_in_place", notebook["absmax_in_place_buggy"], "RACE DETECTED",
+                     hidden=hidden)
+    assert "_prefetch_next" in message, message
+
+
+def test_the_default_race_clock_misses_a_race_between_two_copies(notebook):
+    """Why the grader widens the detector's vector clocks (core.RACE_CLOCK_SIZE): with the
+    default size every DMA shares one clock entry and this race goes unreported."""
+    x = jax.random.normal(jax.random.key(0), (96, 256), jnp.float32)
+    got = notebook["absmax_in_place_buggy"](
+        x, 16, interpret=pltpu.InterpretParams(detect_races=True))
+    np.testing.assert_array_equal(got, absmax_scale(x))
+    with pytest.raises(Exception, match="RACE DETECTED"):
+        notebook["absmax_in_place_buggy"](
+            x, 16, interpret=pltpu.InterpretParams(detect_races=True,
+                                                   vector_clock_size=RACE_CLOCK_SIZE))
+    pltpu.reset_tpu_interpret_mode_state()
+
+
+def _hint_key_line(task: str) -> str:
+    text = NOTEBOOK.read_text()
+    before = text[:text.index(f'"grade_id": "{task}_solution"')]
+    return before[before.rindex("Hint 2: the key line"):]
+
+
+def test_the_key_line_hint_fixes_the_bug(notebook):
+    """Moving the wait for the previous copy out above the next copy in, as hint 2 says."""
+    hint = _hint_key_line("absmax_in_place")
+    assert re.search(r"`_previous_written`.*moves above\s*#?\s*`_prefetch_next`", hint,
+                     re.DOTALL), hint
+    prefetch = ("            @pl.when(c + 1 < n_chunks)\n"
+                "            def _prefetch_next():\n"
+                "                copy_in(c + 1, 1 - slot).start()\n\n")
+    written = ("            @pl.when(c > 0)\n"
+               "            def _previous_written():\n"
+               "                copy_out(c - 1, 1 - slot).wait()\n\n")
+    fixed = _planted(notebook, "absmax_in_place_buggy", (prefetch + written, written + prefetch))
+    course.check("absmax_in_place", fixed, hidden=True, quiet=True)
+
+
+def test_waiting_too_late_still_races(notebook):
+    """A plausible half fix: the wait moved below chunk c's own wait, still after the copy in
+    of chunk c + 1 has started."""
+    written_then_own_wait = ("            @pl.when(c > 0)\n"
+                        "            def _previous_written():\n"
+                        "                copy_out(c - 1, 1 - slot).wait()\n\n"
+                        "            copy_in(c, slot).wait()\n")
+    late = _planted(notebook, "absmax_in_place_buggy",
+                    (written_then_own_wait, "            copy_in(c, slot).wait()\n\n"
+                     "            @pl.when(c > 0)\n"
+                     "            def _previous_written():\n"
+                     "                copy_out(c - 1, 1 - slot).wait()\n"))
+    _fails("absmax_in_place", late, "RACE DETECTED")
