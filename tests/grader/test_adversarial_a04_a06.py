@@ -1,6 +1,7 @@
 """Assignments 04, 06 and 10: kernels that keep state across grid steps run on the TPU
-interpreter, assignment 06's block choice is graded on kernelsim's estimated time, and its
-adversarial hidden cases catch plausible mistakes (issues 14 and 16).
+interpreter, assignment 06's block choice is graded on kernelsim's estimated time, its cases
+lower for a TPU and a GPU, and its adversarial hidden cases catch plausible mistakes (issues 14
+and 16).
 
 - Every solution kernel of 04, 06 and 10 that keeps state across grid steps (scratch, or an
   output block kernelsim sees kept on chip from one step to the next) runs with
@@ -132,6 +133,33 @@ def test_a_sum_all_labelled_for_the_gpu_is_caught():
     found = stateful_kernels_on_plain_interpreter("04_memory_spaces", cells)
     assert len(found) == 1 and found[0].startswith("sum_all: keeps output") and \
         "['INTERPRET']" in found[0], found
+
+
+# ------------------------------------------------------------- assignment 06 compiles
+@pytest.mark.parametrize("lowering", ["tpu", "gpu"])
+def test_every_a06_case_has_blocks_the_lowering_accepts(lowering):
+    """Each solution, set to compile, goes through JAX's lowering on every case: Mosaic for a
+    TPU (every kernel), Triton for a GPU (the kernels that compile there: TPU_INTERPRET ones
+    stay interpreted on a GPU). Triton takes only power-of-two blocks."""
+    cells = _solution_cells("06_performance")
+    namespace = _run_cells({"setup": cells["setup"]})
+    namespace["INTERPRET"] = False
+    if lowering == "tpu":
+        namespace["TPU_INTERPRET"] = False
+    lower = kernelsim.tpu_lowering_error if lowering == "tpu" else kernelsim.gpu_lowering_error
+    refused = []
+    for task in (t for t in tasks.TASKS if t.assignment == "06_performance"):
+        source = cells[f"{task.id}_solution"]
+        if lowering == "gpu" and "interpret=TPU_INTERPRET" in source:
+            continue
+        exec(compile(source, task.id, "exec"), namespace)  # noqa: S102 - the course's notebook
+        for case in task.cases:
+            arrays = [jnp.asarray(v) for v in task.inputs(case).values()]
+            error = lower(lambda *a, t=task, c=case: t.call(namespace[t.id], list(a), c.params),
+                          *arrays)
+            if error is not None:
+                refused.append(f"{task.id} case {case.name}: {error.splitlines()[0]}")
+    assert not refused, "\n".join(refused)
 
 
 # ----------------------------------------------------------------------- matmul_tuned
