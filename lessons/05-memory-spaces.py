@@ -23,17 +23,20 @@
 # 3. keep state across grid steps in a VMEM scratch buffer;
 # 4. leave an operand in HBM with `pl.ANY` and move it yourself with
 #    `pltpu.make_async_copy` and DMA semaphores;
-# 5. judge when manual copies are worth the effort.
+# 5. let `pltpu.emit_pipeline` build the same pipeline inside a kernel;
+# 6. judge when manual copies are worth the effort.
 #
 # Everything in this lesson except the first section is **TPU-only**: SMEM operands, scratch
-# shapes from `pltpu`, async copies and semaphores. On this CPU the kernels run in TPU
-# interpret mode (`pltpu.InterpretParams()`), which simulates the memory spaces and the DMAs.
+# shapes from `pltpu`, async copies, semaphores and `emit_pipeline`. On this CPU the kernels
+# run in TPU interpret mode (`pltpu.InterpretParams()`), which simulates the memory spaces and
+# the DMAs.
 # Rules here: [TPU details](https://docs.jax.dev/en/latest/pallas/tpu/details.html),
 # [TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html) and
 # [software pipelining](https://docs.jax.dev/en/latest/pallas/pipelining.html).
-# Matching exercises: [`../exercises/`](../exercises/).
+# Matching exercises: [`../exercises/`](../exercises/), assignment 8 above all.
 
 # %%
+import contextlib
 import functools
 
 import _course
@@ -285,12 +288,97 @@ jax.block_until_ready(checked(x))
 print("race detector finished")
 
 # %% [markdown]
-# kernelsim sees only what the pipeline moves, so for this kernel it warns that manual DMAs
-# are not counted:
+# The detector orders events with vector clocks: one entry per core, the rest shared by the
+# DMAs, each DMA drawing one at random from `[cores, vector_clock_size)`. At the default size,
+# twice the number of cores, every DMA of a one-core kernel draws the same entry, and any two
+# copies look ordered: a race between two *copies* (one writing a buffer that another is still
+# reading) goes unreported. `InterpretParams(detect_races=True, vector_clock_size=64)` gives
+# the DMAs 63 entries, and such a race is then missed only when both copies draw the same one.
+# Task 3 of [assignment 8](../exercises/08_manual_dma/) is a race of that kind.
+
+# %% [markdown]
+# kernelsim interprets the kernel body, on zero-filled data, to find the copies it starts, and
+# adds them to the table: `x_hbm` gets no pipeline fetch, yet all its 512 KiB are read, by the
+# eight chunk copies.
 
 # %%
-for warning in kernelsim.trace(functools.partial(chunk_sum, interpret=True), x).calls[0].warnings:
-    print("kernelsim:", warning)
+t_manual = kernelsim.trace(functools.partial(chunk_sum, interpret=True), x)
+print(t_manual)
+manual = t_manual.calls[0]
+assert manual.operand("x_hbm").fetches == 0
+assert manual.operand("x_hbm").hbm_read_bytes == x.nbytes
+assert [c.bytes for c in manual.call.body_copies] == [CHUNK * x.shape[1] * 4] * 8
+
+# %% [markdown]
+# ## A pipeline inside the kernel: `pltpu.emit_pipeline`
+#
+# The copy helper, the first `.start()`, the prefetch under `pl.when`, the wait and the slot
+# arithmetic above are what the BlockSpec pipeline does for a grid. `pltpu.emit_pipeline(body,
+# grid=..., in_specs=..., out_specs=...)` writes them for you *inside* a kernel: it returns a
+# function of HBM refs that runs its own grid in order, allocates two VMEM buffers per operand
+# and issues the copies and waits with semaphores of its own, while `body` sees one block of
+# each operand, as a `pallas_call` kernel does. Its docstring: "the same semantics as
+# pallas_call but is meant to be called inside pallas_call for nesting grids"
+# ([`emit_pipeline`](https://docs.jax.dev/en/latest/_autosummary/jax.experimental.pallas.tpu.emit_pipeline.html)).
+# Here it replaces every copy of `chunk_sum_kernel`: zeroing the output stays the kernel's,
+# adding a chunk is the body.
+
+# %%
+def chunk_sum_pipelined_kernel(x_hbm, o_ref):
+    o_ref[...] = jnp.zeros_like(o_ref)
+
+    def add_chunk(x_ref):  # one (CHUNK, N) block of x, already in VMEM
+        o_ref[...] += x_ref[...]
+
+    pltpu.emit_pipeline(add_chunk, grid=(x_hbm.shape[0] // CHUNK,),
+                        in_specs=[pl.BlockSpec((CHUNK, x_hbm.shape[1]), lambda c: (c, 0))])(x_hbm)
+
+
+# %% [markdown]
+# `emit_pipeline` asks which TPU it targets while it is traced (the tiling of its copies). On
+# a TPU the chip answers. Anywhere else `jax.sharding.use_abstract_mesh` with a TPU device
+# names one, the way `pltpu.InterpretParams`' docstring says to choose the TPU that interpret
+# mode simulates; here a TPU v5e.
+
+# %%
+def traced_for_tpu():
+    """A context naming the TPU to trace for: none needed on a TPU, a v5e elsewhere."""
+    if jax.default_backend() == "tpu":
+        return contextlib.nullcontext()
+    v5e = jax.sharding.AbstractDevice("TPU v5e", 1, "tpu")
+    return jax.sharding.use_abstract_mesh(
+        jax.sharding.AbstractMesh((1,), ("core",), abstract_device=v5e))
+
+
+def chunk_sum_pipelined(x, *, interpret):
+    # No grid: one step; emit_pipeline streams x from HBM through its own two VMEM buffers.
+    with traced_for_tpu():
+        return pl.pallas_call(
+            chunk_sum_pipelined_kernel,
+            in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+            out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+            out_shape=jax.ShapeDtypeStruct((CHUNK, x.shape[1]), x.dtype),
+            interpret=interpret,
+        )(x)
+
+
+_course.check(LESSON, "chunk_sum_emit_pipeline", chunk_sum_pipelined, chunk_sum_reference,
+              (x,), tpu_run, rtol=1e-5, atol=1e-5)
+
+# %% [markdown]
+# kernelsim counts its copies as it counted the hand-written ones: the same eight 64 KiB reads
+# of `x`. It does not count the buffers `emit_pipeline` allocates inside the kernel body, so
+# the on-chip column holds `o_ref` alone, where the hand-written kernel showed its two chunk
+# buffers as scratch.
+
+# %%
+t_pipelined = kernelsim.trace(functools.partial(chunk_sum_pipelined, interpret=True), x)
+print(t_pipelined)
+pipelined = t_pipelined.calls[0]
+assert sorted(c.bytes for c in pipelined.call.body_copies) == \
+    sorted(c.bytes for c in manual.call.body_copies)
+assert pipelined.hbm_read_bytes == manual.hbm_read_bytes == x.nbytes
+assert pipelined.onchip_peak_bytes == pipelined.operand("o_ref").onchip_bytes
 
 # %% [markdown]
 # ## When manual copies pay off
@@ -345,7 +433,10 @@ assert semaphore_counts(n_chunks, lambda slot: slot) == ([5, 3], [4, 4])
 # 3. What is the difference between a scratch buffer and an output block?
 # 4. In `chunk_sum_kernel`, what would go wrong if `copy(c + 1, 1 - slot)` used `slot`
 #    instead?
-# 5. Why does kernelsim report no HBM reads for `x` in `chunk_sum`?
+# 5. kernelsim shows no fetch of `x_hbm` in `chunk_sum`, yet 524,288 bytes read. Where do
+#    those bytes come from?
+# 6. What is left for `chunk_sum_pipelined_kernel` to do itself, and why is zeroing `o_ref`
+#    not part of `add_chunk`?
 #
 # <details><summary>Answer</summary>
 #
@@ -358,7 +449,10 @@ assert semaphore_counts(n_chunks, lambda slot: slot) == ([5, 3], [4, 4])
 #    from — a race. And the semaphores no longer balance: slot 0 is started 5 times and
 #    slot 1 only 3, but each is waited on 4 times, so the last `.wait()` (chunk 7, slot 1)
 #    never returns. The kernel deadlocks, on a chip and in TPU interpret mode alike.
-# 5. `x` is in `pl.ANY`: the pipeline copies nothing for it, and kernelsim does not model the
-#    kernel's own DMAs.
+# 5. `x` is in `pl.ANY`, so the pipeline copies nothing for it; the bytes are the eight chunk
+#    copies the kernel body starts, which kernelsim finds by interpreting the body.
+# 6. Only the arithmetic: `add_chunk` adds one block, and the output starts at zero once,
+#    before the pipeline runs. Zeroing inside `add_chunk` would run at every one of its grid
+#    steps and keep only the last chunk.
 #
 # </details>
