@@ -22,6 +22,7 @@ MODULES = (
     "a08_manual_dma",
     "a09_debugging",
     "a10_transformations",
+    "a11_gpu",
 )
 for _name in MODULES:
     importlib.import_module(f"grader.tasks.{_name}")
