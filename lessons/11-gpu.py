@@ -440,7 +440,9 @@ assert on_gpu is None and "atomic_rmw" in on_tpu
 # * scalar prefetch and dynamic grid bounds;
 # * scratch operands — so no VMEM accumulators and no DMA semaphores;
 # * TPU compiler parameters: `pltpu.CompilerParams` raises "Compiler params for platform tpu
-#   cannot be used for gpu lowering".
+#   cannot be used for gpu lowering" — once a TPU lowering has run in the process, since JAX
+#   registers the TPU rule when it first lowers for a TPU; before that, the same kernel stops
+#   at a bare `AssertionError`, like the Mosaic GPU parameters below.
 #
 # It does *not* look at a BlockSpec's memory space: every operand becomes a global-memory
 # pointer, so `pl.ANY` or `pltpu.SMEM` on an input lowers and means nothing there.
@@ -504,8 +506,9 @@ assert refusal.startswith("ValueError: Failed to infer a possible set of layouts
 # `kernelsim.tpu_lowering_error(fn, *args, chip="tpu-v5e")` and
 # `kernelsim.gpu_lowering_error(fn, *args, chip="h100")` run JAX's real lowerings, Mosaic TPU
 # and CUDA, on this CPU and return the error, or `None`. Nothing executes and no chip is
-# needed. The table lowers representative kernels of the course (the ones above, and a
-# scalar-prefetch gather, a manual DMA and JAX's bundled TPU flash attention) for both, and
+# needed. The table lowers representative kernels of the course (the ones above, a
+# scalar-prefetch gather, a manual DMA, JAX's bundled TPU flash attention, and three small
+# probes of the Triton lowering's indifference to memory spaces and grid rank) for both, and
 # says why when one is refused. Each row states what it expects, and the cell asserts it.
 
 
@@ -583,6 +586,43 @@ def copy_by_dma(x, *, interpret):
         interpret=interpret)(x)
 
 
+def scale_kernel(s_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[...] * s_ref[0]
+
+
+def scale_by_smem_scalar(s, x, *, interpret):
+    """x times a scalar that lesson 5 would keep in SMEM."""
+    whole = pl.BlockSpec(x.shape, lambda: (0, 0))
+    # one step: the whole array, and the scalar in SMEM
+    return pl.pallas_call(
+        scale_kernel, in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), whole],
+        out_specs=whole, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        interpret=interpret)(s, x)
+
+
+def copy_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+def read_any_directly(x, *, interpret):
+    """Reads a pl.ANY operand with x_ref[...]: a pointer on a GPU, an HBM ref on a TPU."""
+    # one step: the whole array, read straight from where it lies
+    return pl.pallas_call(
+        copy_kernel, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(x.shape, lambda: (0, 0)),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=interpret)(x)
+
+
+def copy_4d_grid(x, *, interpret):
+    """A copy over a 4-D grid: one (8, 128) tile per program, the two batch dims squeezed."""
+    spec = pl.BlockSpec((None, None, 8, 128), lambda a, b, i, j: (a, b, i, j))
+    # every block is read once and written once
+    return pl.pallas_call(
+        copy_kernel, grid=(x.shape[0], x.shape[1], x.shape[2] // 8, x.shape[3] // 128),
+        in_specs=[spec], out_specs=spec, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        interpret=interpret)(x)
+
+
 REASONS = {  # what a refusal says -> the rule it breaks, in a few words
     "whose size is a power of 2": "load/store size not a power of 2",
     "divisible by 8 and 128": "block breaks the (8, 128) rule",
@@ -593,6 +633,7 @@ REASONS = {  # what a refusal says -> the rule it breaks, in a few words
     "atomic_rmw": "no atomics",
     "mpmd_map requires the mesh": "not a TPU kernel (Mosaic GPU)",
     "Failed to infer a possible set of layouts": "register layouts",
+    "Loads are only allowed on VMEM and SMEM": "loads from pl.ANY (HBM)",
 }
 
 
@@ -631,6 +672,11 @@ rows = [  # name, function, arguments, expected on TPU, expected on GPU
     ("row gather, scalar prefetch", gather_rows,
      (jnp.array([3, 0, 2, 1], jnp.int32), jnp.zeros((32, 128))), OK, "no scalar prefetch"),
     ("copy by manual DMA", copy_by_dma, (jnp.zeros((8, 128)),), OK, NO_SCRATCH),
+    ("read a pl.ANY input directly", read_any_directly, (jnp.zeros((8, 128)),),
+     "loads from pl.ANY (HBM)", OK),
+    ("scale by a scalar in SMEM", scale_by_smem_scalar, (jnp.ones((1,)), jnp.zeros((8, 128))),
+     OK, OK),
+    ("copy over a 4-D grid", copy_4d_grid, (jnp.zeros((2, 2, 16, 128)),), OK, OK),
     ("flash attention (JAX's TPU op)", bundled_tpu_flash_attention, (q, q, q), OK,
      "TPU compiler params"),
 ]
@@ -780,8 +826,9 @@ assert "shared memory" in footprint_warning
 #    `x_ref[:, pl.ds(c * 128, 128)]` in a loop. The TPU lowering accepts the block as it is.
 # 4. It refuses the scratch ("scratch memory not implemented"), scalar prefetch and
 #    `pltpu.CompilerParams` ("Compiler params for platform tpu cannot be used for gpu
-#    lowering"). The SMEM input lowers, its memory space ignored, and so does a 4-D grid (the
-#    leading axes are folded into the three CUDA launch dimensions).
+#    lowering", or a bare `AssertionError` before any TPU lowering has run). The SMEM input
+#    lowers, its memory space ignored, and so does a 4-D grid (the leading axes are folded
+#    into the three CUDA launch dimensions).
 # 5. 512 stores of a 64 KiB block: 32 MiB, 8 times the 4 MiB output. But the stores race,
 #    so the result is wrong as well as slow; atomics would make it right at the price of
 #    zero-initialisation and an unfixed summation order.
