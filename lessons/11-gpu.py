@@ -311,6 +311,7 @@ _course.check(LESSON, "chunk_sum_owned_mgpu", chunk_sum_owned_mgpu, chunk_sum_re
 
 # %%
 BM, BN, BK = 64, 128, 32  # GPU-safe matmul blocks: small tiles, every size a power of two
+HIGHEST = jax.lax.Precision.HIGHEST  # float32 products in float32 on every backend
 
 
 def matmul_revisiting_kernel(a_ref, b_ref, o_ref):
@@ -318,7 +319,8 @@ def matmul_revisiting_kernel(a_ref, b_ref, o_ref):
     def _zero():
         o_ref[...] = jnp.zeros_like(o_ref)
 
-    o_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+    o_ref[...] += jnp.dot(a_ref[...], b_ref[...], precision=HIGHEST,
+                          preferred_element_type=jnp.float32)
 
 
 def matmul_revisiting(a, b, *, bm=128, bn=128, bk=128, compiler_params=None, interpret):
@@ -340,7 +342,7 @@ def matmul_revisiting(a, b, *, bm=128, bn=128, bk=128, compiler_params=None, int
 def matmul_gpu_safe_kernel(a_ref, b_ref, o_ref, *, bk):
     def add_chunk(c, acc):
         chunk = pl.ds(c * bk, bk)
-        return acc + jnp.dot(a_ref[:, chunk], b_ref[chunk, :],
+        return acc + jnp.dot(a_ref[:, chunk], b_ref[chunk, :], precision=HIGHEST,
                              preferred_element_type=jnp.float32)
 
     acc = jax.lax.fori_loop(0, a_ref.shape[1] // bk, add_chunk,
@@ -379,6 +381,11 @@ _course.check(LESSON, "matmul_gpu_safe", matmul_gpu_safe, jnp.dot, (a, b), run,
 # fori-loop form); the accumulator is the loop's carried value. The revisiting matmul runs
 # in TPU interpret mode (`tpu_run`) off a TPU because of its `pltpu.CompilerParams`: the
 # section after next shows what a GPU says to them.
+#
+# Both dots pass `precision=HIGHEST`. At the default precision the Triton lowering
+# multiplies float32 operands in TF32, 10 mantissa bits (`DEFAULT` and `HIGH` are its
+# `_TF32_PRECISIONS`); interpret mode computes in float32 either way, so a kernel can match
+# its reference here and miss it by about `1e-3` relative on a GPU.
 
 # %% [markdown]
 # ## Atomics: many programs, one block

@@ -12,7 +12,10 @@ does (the values, kernelsim's trace and the work facts come from that call), the
 Triton lowering, run on this machine (no GPU; nothing executes). A refusal is raised as the
 function's error, so the verdict names it. The learner's functions take ``interpret=`` for
 this. An interpreted ``pallas_call`` lowers on any platform, so before asking, the wrapper
-checks that every ``pallas_call`` the compiled variant reaches has ``interpret=False``.
+checks that every ``pallas_call`` the compiled variant reaches has ``interpret=False``. It also
+refuses a float32 ``jnp.dot`` below HIGHEST precision in a kernel: interpret mode computes it in
+float32, but the Triton lowering turns DEFAULT into TF32, which a GPU would miss the
+tolerance with.
 
 Lowering is not compiling: Triton's PTX compilation happens on a GPU. The cases keep each
 loop step's tiles small (at most 40 KiB of A and B chunks) so that the instructor's solutions
@@ -27,6 +30,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as _pltriton  # noqa: F401 - see below
 from jax.extend.core import jaxprs_in_params
@@ -51,15 +55,33 @@ class InterpretIgnored(Exception):
     """The learner's function made an interpreted ``pallas_call`` when asked to compile."""
 
 
-def _interpret_settings(program) -> list:
-    """The ``interpret=`` of every ``pallas_call`` in ``program``, nested jaxprs included."""
-    found = []
+class Tf32OnGpu(Exception):
+    """The learner's kernel multiplies float32 at a precision Triton computes in TF32."""
+
+
+def _eqns(program):
+    """Every equation of ``program``, nested jaxprs (loops, kernel bodies) included."""
     for eqn in _open(program).eqns:
-        if eqn.primitive.name == "pallas_call":
-            found.append(eqn.params["interpret"])
+        yield eqn
         for sub in jaxprs_in_params(eqn.params):
-            found += _interpret_settings(sub)
-    return found
+            yield from _eqns(sub)
+
+
+def _ieee_float32(precision) -> bool:
+    """Whether the Triton lowering multiplies float32 at ``precision`` in IEEE float32: only
+    at HIGHEST for both operands (or the F32_F32_F32 algorithm); DEFAULT and HIGH are TF32
+    (jax/_src/pallas/triton/lowering.py, ``_TF32_PRECISIONS`` and the dot_general rule)."""
+    return precision in ((lax.Precision.HIGHEST, lax.Precision.HIGHEST),
+                         lax.DotAlgorithmPreset.F32_F32_F32)
+
+
+def _tf32_dots(program) -> int:
+    """How many float32 dot_generals inside the kernels of ``program`` a GPU computes in TF32."""
+    kernels = [e.params["jaxpr"] for e in _eqns(program) if e.primitive.name == "pallas_call"]
+    return sum(1 for kernel in kernels for e in _eqns(kernel)
+               if e.primitive.name == "dot_general"
+               and e.invars[0].aval.dtype == jnp.float32
+               and not _ieee_float32(e.params["precision"]))
 
 
 def _lowered_for_gpu(fn, arrays, params):
@@ -67,12 +89,18 @@ def _lowered_for_gpu(fn, arrays, params):
     JAX's Triton lowering of ``pallas_call``."""
     out = fn(*arrays, **params)
     compiled = functools.partial(fn, **params, interpret=False)
-    settings = _interpret_settings(jax.make_jaxpr(compiled)(*arrays))
-    if any(s is not False for s in settings):
+    program = jax.make_jaxpr(compiled)(*arrays)
+    if any(e.params["interpret"] is not False for e in _eqns(program)
+           if e.primitive.name == "pallas_call"):
         raise InterpretIgnored(
             "called with interpret=False, your function still made an interpreted "
             "pallas_call: pass its interpret argument on to pl.pallas_call(interpret=...), so "
             "that the grader can lower your kernel for a GPU")
+    if _tf32_dots(program):
+        raise Tf32OnGpu(
+            "your kernel multiplies float32 at the default precision, which the Triton "
+            "lowering computes in TF32 (10 mantissa bits) on a GPU, far outside this task's "
+            "tolerance: pass precision=jax.lax.Precision.HIGHEST to jnp.dot")
     error = kernelsim.gpu_lowering_error(compiled, *arrays, chip="h100")
     if error is not None:
         first = error.splitlines()[0][:400]

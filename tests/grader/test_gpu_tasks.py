@@ -5,8 +5,9 @@ catches them, judged as the grader judges (``course.check`` in one process).
 The planted answers are the mistakes lesson 11 is about: the TPU shape of a reduction (a grid
 axis over K that revisits the output block, which interpret mode computes correctly and both
 lowerings accept), a load whose size is not a power of two, TPU compiler parameters, a
-kernel that ignores ``interpret=``, a bfloat16 running total, and predictions that count the
-TPU pipeline's skipped copies or ignore edge blocks.
+kernel that ignores ``interpret=``, a float32 product at the default precision (TF32 on a
+GPU), a bfloat16 running total, and predictions that count the TPU pipeline's skipped copies
+or ignore edge blocks.
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ def matmul_revisiting(a, b, bm, bn, bk, interpret=True, scratch=False, compiler_
         def _zero():
             target[...] = jnp.zeros_like(target)
 
-        target[...] += jnp.dot(a_ref[...], b_ref[...],
+        target[...] += jnp.dot(a_ref[...], b_ref[...], precision=jax.lax.Precision.HIGHEST,
                                preferred_element_type=jnp.float32).astype(target.dtype)
         if scratch:
             @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
@@ -217,16 +218,17 @@ def test_a_scratch_accumulator_fails_the_triton_lowering():
 
 
 def matmul_gpu_shape(a, b, bm, bn, bk, interpret=True, input_dtype_acc=False,
-                     compiler_params=None):
-    """The GPU shape (grid (i, j), a loop over K), with two planted choices: an accumulator
-    in the inputs' dtype, and compiler parameters."""
+                     compiler_params=None, precision=jax.lax.Precision.HIGHEST):
+    """The GPU shape (grid (i, j), a loop over K), with three planted choices: an accumulator
+    in the inputs' dtype, compiler parameters and the dot's precision."""
     (m, k), n = a.shape, b.shape[1]
     acc_dtype = a.dtype if input_dtype_acc else jnp.float32
 
     def kernel(a_ref, b_ref, o_ref):
         def body(c, acc):
             ks = pl.ds(c * bk, bk)
-            product = jnp.dot(a_ref[:, ks], b_ref[ks, :], preferred_element_type=jnp.float32)
+            product = jnp.dot(a_ref[:, ks], b_ref[ks, :], precision=precision,
+                              preferred_element_type=jnp.float32)
             return acc + product.astype(acc_dtype)
 
         acc = jax.lax.fori_loop(0, k // bk, body, jnp.zeros((bm, bn), acc_dtype))
@@ -255,6 +257,16 @@ def test_tpu_compiler_parameters_fail_the_triton_lowering():
     # before that the pinned release stops at a bare assert, which the grader explains
     assert ("Compiler params for platform tpu cannot be used for gpu lowering" in message
             or "no GPU lowering rule for this pallas_call's compiler_params" in message), message
+
+
+def test_a_float32_product_at_default_precision_is_refused():
+    """Interpret mode computes it in float32 and passes the values; the Triton lowering would
+    compute it in TF32 on a GPU, so the check refuses it before the values count."""
+    default = functools.partial(matmul_gpu_shape, precision=None)
+    assert _wrong_values("gpu_matmul", "v0", default).startswith("Tf32OnGpu")
+    _fails("gpu_matmul", default, "Tf32OnGpu", "precision=jax.lax.Precision.HIGHEST")
+    # bfloat16 inputs are not affected: the bfloat16 cases pass with the default precision
+    assert _wrong_values("gpu_matmul", "h0", default) is None
 
 
 def test_a_bfloat16_accumulator_fails_the_long_positive_case():
