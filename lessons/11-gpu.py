@@ -31,7 +31,7 @@
 # 5. read kernelsim's `gpu` model: nothing is reused between programs, and a revisited output
 #    block costs one HBM write per program.
 #
-# Everything here runs on this CPU: kernels in interpret mode, lowerings for TPU and CUDA
+# Everything here runs on a CPU: kernels in interpret mode, lowerings for TPU and CUDA
 # without either chip. On a GPU the GPU-safe kernels compile; TPU-only ones run in TPU
 # interpret mode there.
 # Rules here: the [Pallas quickstart](https://docs.jax.dev/en/latest/pallas/quickstart.html)
@@ -479,9 +479,9 @@ for label, params in [("pltpu.CompilerParams", tpu_params),
 # %% [markdown]
 # Mosaic GPU's own rules are largely about register layouts. Every array value in a kernel is
 # held in registers in some *layout* (which of the 128 lanes of a warpgroup holds which
-# elements); Mosaic GPU propagates layouts forward from the operations that create the
-# values, and an operation it cannot give a consistent layout is refused (the reference's
-# "Array layouts"). A column sum, `jnp.sum(..., axis=0)` of a `(16, 128)` tile loaded from
+# elements); Mosaic GPU infers the layouts from the operations that make and use the values,
+# and refuses a kernel for which it finds no consistent set (the reference's "Array
+# layouts"). A column sum, `jnp.sum(..., axis=0)` of a `(16, 128)` tile loaded from
 # GMEM, is one. JAX's bundled Mosaic GPU attention, for its part, asks for query and key
 # blocks that are multiples of 64 (`jax/experimental/pallas/ops/gpu/attention_mgpu.py`).
 
