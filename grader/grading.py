@@ -10,8 +10,9 @@ Statuses (one JSON file per submission under ``<root>/status/<assignment>/<stude
 written atomically, so a batch can be resumed and read while it runs): graded; timeout (a cell,
 the kernel's CPU limit or the whole submission ran out of time); crashed (the kernel died or
 ran out of memory, or nbgrader failed); malformed (not a readable notebook); tampered (the
-grading code was changed from inside the kernel, or test cells were edited, deleted, duplicated
-or reordered, which nbgrader undoes before grading); missing (no submission).
+notebook's code changed the grading code in the grader's own run of it, or test cells were
+edited, deleted, duplicated or reordered, which nbgrader undoes before grading); missing (no
+submission).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ SUBMISSION_TIMEOUT = 900  # seconds for one whole submission (cells have their o
 # nbgrader process reads it through nbgrader_config.py
 DB_ENV = "PALLAS_COURSE_DB"
 SLOT_LOCKS = Path(tempfile.gettempdir()) / "pallas-course-slots"  # which slots are in use
-MAX_SLOTS = 256
+MAX_SLOTS = sandbox.SLOTS  # each slot has its own uids
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -200,8 +201,7 @@ class Worker:
                                       else max(deadline - time.monotonic(), 0.01))
             except queue.Empty:
                 self.close()
-                uid = sandbox.sandbox_uid(self.slot)
-                if uid is not None:  # a kernel the killed worker left behind
+                for uid in sandbox.slot_uids(self.slot):  # what the killed worker left
                     sandbox.kill_uid(uid)
                 return {"success": False, "killed": "timeout", "error": f"ran past {timeout:.0f} s",
                         "log": ""}

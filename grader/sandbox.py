@@ -33,6 +33,10 @@ Status = Literal["ok", "failed", "timeout", "memory", "disk", "crashed"]
 Isolation = Literal["jail", "rlimits"]
 
 SANDBOX_UID_BASE = 61000  # uid SANDBOX_UID_BASE + slot runs slot's submission when root
+# a slot's second uid (BASE + SLOTS + slot) runs the grader's own run of the notebook
+# (grader.replay) beside the learner's kernel: neither can signal, limit or kill the other
+SLOTS = 256
+ROLES = ("kernel", "replay")
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,17 @@ def isolation() -> Isolation:
     return "rlimits"
 
 
-def sandbox_uid(slot: int) -> int | None:
-    """The uid a jailed run in ``slot`` uses; None without a jail."""
-    return SANDBOX_UID_BASE + slot if isolation() == "jail" else None
+def sandbox_uid(slot: int, role: str = "kernel") -> int | None:
+    """The uid a jailed run in ``slot`` uses for ``role`` (one of ``ROLES``); None without a
+    jail."""
+    if not 0 <= slot < SLOTS:
+        raise ValueError(f"sandbox slot {slot} is outside 0..{SLOTS - 1}")
+    return SANDBOX_UID_BASE + ROLES.index(role) * SLOTS + slot if isolation() == "jail" else None
+
+
+def slot_uids(slot: int) -> list[int]:
+    """Every uid jailed runs of ``slot`` use (empty without a jail)."""
+    return [u for role in ROLES if (u := sandbox_uid(slot, role)) is not None]
 
 
 def default_readable() -> list[Path]:
@@ -201,13 +213,14 @@ class _Reader(threading.Thread):
 
 
 def confine(argv: Sequence[str], workdir: Path, limits: Limits, slot: int = 0,
-            readable: Sequence[Path] | None = None) -> tuple[list[str], int | None]:
+            readable: Sequence[Path] | None = None,
+            role: str = "kernel") -> tuple[list[str], int | None]:
     """``argv`` behind prlimit (and the jail, when available), ready to start in ``workdir``.
 
-    Prepares ``workdir`` for the slot's uid and kills what an earlier run in this slot left.
-    Returns the command line and the uid it will run as (None without a jail).
+    Prepares ``workdir`` for the uid of the slot's ``role`` and kills what an earlier run of
+    that uid left. Returns the command line and the uid it will run as (None without a jail).
     """
-    uid = sandbox_uid(slot)
+    uid = sandbox_uid(slot, role)
     prepare_workdir(workdir, uid)
     if uid is not None:
         kill_uid(uid)  # leftovers of an earlier run in this slot must not count against it
@@ -223,6 +236,76 @@ def child_env(workdir: Path) -> dict[str, str]:
             "PYTHONDONTWRITEBYTECODE": "1", "TMPDIR": str(workdir)}
 
 
+class Confined:
+    """A confined child that is running (``start``); ``wait`` enforces the wall-clock and disk
+    limits until it ends and returns its ``Outcome``."""
+
+    def __init__(self, proc: subprocess.Popen, uid: int | None, workdir: Path, limits: Limits,
+                 stdout_bytes: int):
+        self.proc, self.uid, self.workdir, self.limits = proc, uid, workdir, limits
+        self.started = time.monotonic()
+        self.readers = [_Reader(proc.stdout, stdout_bytes),
+                        _Reader(proc.stderr, limits.output_bytes)]
+        for r in self.readers:
+            r.start()
+
+    def feed(self, stdin: bytes) -> None:
+        """Write ``stdin`` and close it, from a thread: the child may read it only later."""
+        def write() -> None:
+            try:
+                self.proc.stdin.write(stdin)
+                self.proc.stdin.close()
+            except (BrokenPipeError, ValueError, OSError):
+                pass
+        threading.Thread(target=write, daemon=True).start()
+
+    def wait(self) -> Outcome:
+        proc, limits, workdir = self.proc, self.limits, self.workdir
+        verdict: tuple[Status, str] | None = None
+        while proc.poll() is None:
+            elapsed = time.monotonic() - self.started
+            if elapsed > limits.wall_seconds:
+                verdict = ("timeout", f"ran past the wall-clock limit of {limits.wall_seconds:g} s")
+            elif disk_usage(workdir) > limits.disk_bytes:
+                verdict = ("disk", f"wrote more than {limits.disk_bytes:,} bytes to disk")
+            if verdict:
+                break
+            time.sleep(0.1)
+        kill_all(proc.pid, self.uid)
+        proc.wait()
+        for r in self.readers:
+            r.join(timeout=5)
+        wall = time.monotonic() - self.started
+        stdout, stderr = bytes(self.readers[0].data), bytes(self.readers[1].data)
+        code = normalize_exit(proc.returncode, self.uid is not None)
+        if verdict is None:
+            verdict = classify(code, stderr, limits)
+        for r, name in zip(self.readers, ("stdout", "stderr"), strict=True):
+            if r.dropped:
+                verdict = (verdict[0], verdict[1] + f"; {name} beyond {r.cap:,} bytes was dropped")
+        return Outcome(verdict[0], code, stdout, stderr, wall, verdict[1],
+                       "jail" if self.uid is not None else "rlimits")
+
+
+def start(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
+          env: Mapping[str, str] | None = None, stdin: bool = False, slot: int = 0,
+          readable: Sequence[Path] | None = None, role: str = "kernel",
+          stdout_bytes: int | None = None) -> Confined:
+    """Start ``argv`` in ``workdir`` under ``limits`` and return at once (``Confined.wait``).
+
+    stdin: keep a pipe to the child's stdin for ``Confined.feed`` (else it reads end of file).
+    stdout_bytes: how much of stdout to keep (default ``limits.output_bytes``).
+    """
+    workdir = Path(workdir).resolve()
+    argv, uid = confine(argv, workdir, limits, slot, readable, role)
+    proc = subprocess.Popen(
+        argv, cwd=workdir, env={**child_env(workdir), **(env or {})},
+        stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    return Confined(proc, uid, workdir, limits,
+                    limits.output_bytes if stdout_bytes is None else stdout_bytes)
+
+
 def run(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
         env: Mapping[str, str] | None = None, stdin: bytes | None = None,
         slot: int = 0, readable: Sequence[Path] | None = None) -> Outcome:
@@ -231,47 +314,11 @@ def run(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
     readable: folders the jailed child may read (default: the Python installation and venv).
     slot: which concurrent run this is (0, 1, ...): each slot has its own uid.
     """
-    workdir = Path(workdir).resolve()
-    argv, uid = confine(argv, workdir, limits, slot, readable)
-    start = time.monotonic()
-    proc = subprocess.Popen(
-        argv, cwd=workdir, env={**child_env(workdir), **(env or {})},
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    readers = [_Reader(proc.stdout, limits.output_bytes),
-               _Reader(proc.stderr, limits.output_bytes)]
-    for r in readers:
-        r.start()
+    child = start(argv, workdir, limits, env=env, stdin=stdin is not None, slot=slot,
+                  readable=readable)
     if stdin is not None:
-        try:
-            proc.stdin.write(stdin)
-            proc.stdin.close()
-        except BrokenPipeError:
-            pass
-    verdict: tuple[Status, str] | None = None
-    while proc.poll() is None:
-        elapsed = time.monotonic() - start
-        if elapsed > limits.wall_seconds:
-            verdict = ("timeout", f"ran past the wall-clock limit of {limits.wall_seconds:g} s")
-        elif disk_usage(workdir) > limits.disk_bytes:
-            verdict = ("disk", f"wrote more than {limits.disk_bytes:,} bytes to disk")
-        if verdict:
-            break
-        time.sleep(0.1)
-    kill_all(proc.pid, uid)
-    proc.wait()
-    for r in readers:
-        r.join(timeout=5)
-    wall = time.monotonic() - start
-    stdout, stderr = bytes(readers[0].data), bytes(readers[1].data)
-    code = normalize_exit(proc.returncode, uid is not None)
-    if verdict is None:
-        verdict = classify(code, stderr, limits)
-    if readers[0].dropped or readers[1].dropped:
-        verdict = (verdict[0], verdict[1] + f"; output beyond {limits.output_bytes:,} bytes "
-                   "was dropped")
-    return Outcome(verdict[0], code, stdout, stderr, wall, verdict[1],
-                   "jail" if uid is not None else "rlimits")
+        child.feed(stdin)
+    return child.wait()
 
 
 def normalize_exit(code: int | None, jailed: bool) -> int | None:
