@@ -1,32 +1,38 @@
-"""How long kernelsim.trace takes, against one TPU-interpret-mode run of the same kernel.
+"""How long kernelsim.trace takes, against running the same kernel in TPU interpret mode.
 
 Table 1: a 1024^3 f32 matmul with 128^3 blocks (512 steps) and a 4096^3 one (32,768 steps).
 Trace times are the median of 5 runs in this process after one warm-up; the interpret-mode
 run is one call (its first, including compilation, which is what a learner waits for).
-Table 2 ("real code"): JAX's bundled TPU Pallas ops as tests/kernelsim/test_bundled_ops.py
-builds them: the *cold* trace (the first in this process for that op) against one run of the
-op with every pallas_call in TPU interpret mode (``kernelsim.run(..., interpret=
-InterpretParams())``, whose own analysis is a few ms of it).
-Usage: python bench/trace_speed.py [--no-interpret]
+
+Table 2 ("real code"): JAX's bundled TPU Pallas ops (tests/kernelsim/test_bundled_ops.py) and
+the kernels transcribed from JAX's Pallas tests (tests/kernelsim/test_jax_test_kernels.py),
+each measured *cold*: every number comes from a fresh Python process that imports JAX, builds
+the case's function and operands, and then times exactly one thing -- either
+``kernelsim.trace(fn, *args)``, or ``fn(*args)`` under ``pltpu.force_tpu_interpret_mode()``
+(the function as its author wrote it, jitted or not, with every pallas_call interpreted; its
+outputs awaited). The two never share a process, so neither warms a cache for the other.
+``--repeat N`` takes each number N times, each in a fresh process, and reports the median.
+Cases interpret mode cannot run on a CPU (emit_pipeline needs a TPU device kind) are traced
+and listed, but have no speedup.
+
+Usage: python bench/trace_speed.py [--no-interpret] [--only SUBSTRING] [--repeat N]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-from jax.experimental.pallas import tpu as pltpu
-
-import kernelsim
-from kernelsim import examples as ex
-
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT / "tests" / "kernelsim"))
 from _report import write  # noqa: E402
 
 
@@ -43,10 +49,14 @@ def _time(fn, repeat: int) -> tuple[float, float]:
     return first, statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--no-interpret", action="store_true", help="skip the interpreter run")
-    args = parser.parse_args()
+def matmul_table(interpret: bool) -> None:
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental.pallas import tpu as pltpu
+
+    import kernelsim
+    from kernelsim import examples as ex
+
     rows = []
     for n in (1024, 4096):
         x = jnp.zeros((n, n), jnp.float32)
@@ -55,7 +65,7 @@ def main() -> None:
         steps = kernelsim.trace(fn, x, x).calls[0].steps
         row = {"matmul": f"{n}^3 / 128^3", "steps": steps, "trace_first_s": first,
                "trace_median_s": median, "interpret_s": None, "speedup": None}
-        if n == 1024 and not args.no_interpret:
+        if n == 1024 and interpret:
             xr = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
             run = functools.partial(ex.matmul, bm=128, bk=128, bn=128,
                                     interpret=pltpu.InterpretParams())
@@ -65,31 +75,117 @@ def main() -> None:
             row["speedup"] = row["interpret_s"] / median
         rows.append(row)
     write("trace_speed", rows, {"goals": {"speedup_1024": ">= 100", "trace_4096_s": "<= 2"}})
-    if not args.no_interpret:
-        real_code()
 
 
-def real_code() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "kernelsim"))
+def _suite() -> dict[str, tuple[str, object]]:
+    """case name -> (where it comes from, builder returning (fn, args))."""
     from test_bundled_ops import TPU_OPS
+    from test_jax_test_kernels import CASES
 
-    rows = []
-    for name, build in TPU_OPS.items():
-        fn, args = build()
+    suite = {f"op:{name}": ("jax op", build) for name, build in TPU_OPS.items()}
+    suite.update({f"test:{name}": ("jax test", build) for name, (build, _) in CASES.items()})
+    return suite
+
+
+def measure_one(case: str, what: str) -> dict:
+    """In this (fresh) process: build ``case`` and time one trace or one interpreted run."""
+    import jax
+    from jax.experimental.pallas import tpu as pltpu
+
+    _, build = _suite()[case]
+    if what == "trace":
+        import kernelsim
+
+        fn, args = _built(build)
         t0 = time.perf_counter()
         kernelsim.trace(fn, *args)
-        cold = time.perf_counter() - t0
+        return {"seconds": time.perf_counter() - t0}
+    # pl.pallas_call reads the forced mode when the call is made, so build inside it too
+    with pltpu.force_tpu_interpret_mode():
+        fn, args = _built(build)
         t0 = time.perf_counter()
-        jax.block_until_ready(kernelsim.run(fn, *args, interpret=pltpu.InterpretParams())[0])
-        interpret = time.perf_counter() - t0
-        rows.append({"op": name, "trace_cold_s": cold, "interpret_s": interpret,
-                     "speedup": interpret / cold})
-    speedups = sorted(r["speedup"] for r in rows)
-    median = statistics.median(speedups)
-    rows.append({"op": "median", "trace_cold_s": None, "interpret_s": None, "speedup": median})
+        try:
+            jax.block_until_ready(fn(*args))
+        except Exception as err:  # noqa: BLE001 - reported as "cannot interpret here"
+            lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+            return {"seconds": None, "error": (lines[-1] if lines else type(err).__name__)}
+    return {"seconds": time.perf_counter() - t0}
+
+
+def _built(build):
+    """``build()``'s function and operands, the operands computed before any timing."""
+    import jax
+
+    fn, args = build()
+    jax.block_until_ready([a for a in jax.tree_util.tree_leaves(args)
+                           if isinstance(a, jax.Array)])
+    return fn, args
+
+
+def _in_fresh_process(case: str, what: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", case, what], cwd=ROOT,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH":
+                                                              str(ROOT)})
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
+    if out.returncode or not lines:
+        return {"seconds": None, "error": (out.stderr.strip().splitlines() or ["?"])[-1]}
+    return json.loads(lines[-1])
+
+
+def _median_cold(case: str, what: str, repeat: int) -> dict:
+    """The median of ``repeat`` cold measurements, each in its own fresh process."""
+    runs = [_in_fresh_process(case, what) for _ in range(repeat)]
+    times = [r["seconds"] for r in runs if r["seconds"] is not None]
+    if len(times) < len(runs):
+        return next(r for r in runs if r["seconds"] is None)
+    return {"seconds": statistics.median(times)}
+
+
+def real_code_table(only: str | None, repeat: int) -> None:
+    rows = []
+    for case, (source, _) in _suite().items():
+        if only and only not in case:
+            continue
+        traced = _median_cold(case, "trace", repeat)
+        if traced["seconds"] is None:
+            raise SystemExit(f"{case}: kernelsim.trace failed: {traced['error']}")
+        interp = _median_cold(case, "interpret", repeat)
+        speedup = None if interp["seconds"] is None else interp["seconds"] / traced["seconds"]
+        rows.append({"case": case, "source": source, "trace_cold_s": traced["seconds"],
+                     "interpret_cold_s": interp["seconds"], "speedup": speedup,
+                     "note": interp.get("error", "")[:60]})
+        print(f"  {case}: trace {traced['seconds']:.3f} s, interpret "
+              f"{interp['seconds'] if interp['seconds'] is None else round(interp['seconds'], 3)}"
+              f" s", flush=True)
+    speedups = sorted(r["speedup"] for r in rows if r["speedup"] is not None)
+    summary = {"cases": len(rows), "compared": len(speedups),
+               "median_speedup": statistics.median(speedups) if speedups else None,
+               "slowest_speedup": speedups[0] if speedups else None,
+               "slower_than_interpreting": sum(s < 1 for s in speedups)}
+    rows.append({"case": "median", "source": "", "trace_cold_s": None, "interpret_cold_s": None,
+                 "speedup": summary["median_speedup"], "note": f"{len(speedups)} compared"})
     write("trace_speed_real_code", rows,
           {"goals": {"median_speedup": ">= 20", "slowest_speedup": "> 1"},
-           "slowest_speedup": speedups[0]})
+           "cold_runs_per_number": repeat, **summary})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--no-interpret", action="store_true",
+                        help="only table 1's trace times (no interpreter, no real-code table)")
+    parser.add_argument("--only", help="real-code cases whose name contains this")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="fresh processes per real-code number (the median is reported)")
+    parser.add_argument("--child", nargs=2, metavar=("CASE", "WHAT"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(measure_one(*args.child)))
+        return
+    if not args.only:
+        matmul_table(not args.no_interpret)
+    if not args.no_interpret:
+        real_code_table(args.only, args.repeat)
 
 
 if __name__ == "__main__":

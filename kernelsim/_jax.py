@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import threading
+import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,14 +21,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import config as jax_config
 from jax._src import core as jax_core
 from jax._src.pallas import core as pallas_core
+from jax._src.pallas import mpmd
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpret
 from jax._src.state import indexing
+from jax._src.state import types as state_types
 from jax._src.state.discharge import discharge_state
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernelsim import _lax_numpy
 from kernelsim.errors import TraceError
 from kernelsim.model import BlockDim, BodyCopy, KernelCall, MemorySpace, Operand
 
@@ -91,23 +96,31 @@ class Captured:
 _capture_lock = threading.Lock()
 # pallas_call's own impl jits the primitive for the current backend; captured calls run through it.
 _ORIGINAL_IMPL = pl.pallas_call_p.impl
+_ORIGINAL_MESH_IMPL = mpmd.mpmd_map_p.impl
 
 
 @contextlib.contextmanager
 def capturing(handler: Callable[[tuple, dict], Any]) -> Iterator[None]:
-    """Route every eager ``pallas_call`` to ``handler(args, params)`` while the block runs.
+    """Route every eager ``pallas_call`` to ``handler(args, params)`` while the block runs, and
+    every ``pl.kernel``/``pl.core_map`` (``mpmd_map``) with the pallas_call params it runs as
+    (``mesh_kernel_params``).
 
     Runs the block under ``jax.disable_jit()`` so calls inside ``jit``, ``scan``, ``cond`` and
     ``custom_vjp`` arrive one by one with concrete operands (``vmap`` arrives as the batched
     call with one more grid axis).
     """
+    def mesh_kernel(*args, **params):
+        return handler(args, mesh_kernel_params([jax.typeof(a) for a in args], params))
+
     with _capture_lock:
         pl.pallas_call_p.def_impl(lambda *args, **params: handler(args, params))
+        mpmd.mpmd_map_p.def_impl(mesh_kernel)
         try:
             with jax.disable_jit():
                 yield
         finally:
             pl.pallas_call_p.def_impl(_ORIGINAL_IMPL)
+            mpmd.mpmd_map_p.def_impl(_ORIGINAL_MESH_IMPL)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,18 +144,129 @@ _CALL_PRIMITIVES = frozenset({
 
 
 def _call_body(eqn: Any) -> Any | None:
-    """The jaxpr a call-like eqn runs on its operands one to one, if it is one."""
+    """The jaxpr a call-like eqn runs on its operands one to one, if it is one.
+
+    ``run_state`` (``pl.run_state``, the usual home of ``pl.core_map``) counts as one: its
+    body with the state discharged takes the refs' initial values and returns their final
+    ones, as the primitive's own impl evaluates it (jax/_src/state/discharge.py).
+    """
+    p = eqn.params
+    if eqn.primitive.name == "run_state" and all(p["is_initialized"]):
+        return _discharged(p["jaxpr"])
     if eqn.primitive.name not in _CALL_PRIMITIVES:
         return None
-    p = eqn.params
     body = p.get("jaxpr", p.get("call_jaxpr", p.get("fun_jaxpr")))
     return body if isinstance(body, _JAXPR_TYPES) else None
 
 
+@functools.lru_cache(maxsize=256)
+def _discharged(jaxpr: Any) -> Any:
+    return discharge_state(_closed(_open(jaxpr), _consts(jaxpr)))
+
+
+def _is_kernel(eqn: Any) -> bool:
+    """A ``pallas_call``, or a ``pl.kernel``/``pl.core_map`` (the ``mpmd_map`` primitive)."""
+    return eqn.primitive is pl.pallas_call_p or eqn.primitive is mpmd.mpmd_map_p
+
+
+class MeshKernelParams(dict):
+    """The pallas_call params that model a ``pl.kernel``; ``mpmd_params`` are its own
+    ``mpmd_map`` params, which is what runs when kernelsim executes it."""
+
+    mpmd_params: dict[str, Any]
+
+
+_MESH_PARAMS: dict[int, tuple[Any, dict]] = {}
+
+
+def _kernel_params(eqn: Any) -> dict[str, Any]:
+    """The pallas_call params of a kernel eqn (``mesh_kernel_params`` for an ``mpmd_map``)."""
+    if eqn.primitive is pl.pallas_call_p:
+        return eqn.params
+    hit = _MESH_PARAMS.get(id(eqn))
+    if hit is None or hit[0] is not eqn:
+        if len(_MESH_PARAMS) >= 1024:
+            _MESH_PARAMS.clear()
+        hit = _MESH_PARAMS[id(eqn)] = (eqn, mesh_kernel_params([v.aval for v in eqn.invars],
+                                                                eqn.params))
+    return hit[1]
+
+
+def mesh_kernel_params(in_avals: list, params: dict[str, Any]) -> dict[str, Any]:
+    """The pallas_call that a ``pl.kernel``/``pl.core_map`` (an ``mpmd_map`` of ``params``
+    over operands of types ``in_avals``) runs as.
+
+    Built as JAX builds it to run such a kernel on a CPU, i.e. in interpret mode
+    (jax/_src/pallas/mpmd.py, ``_mpmd_map_fallback_lowering``, the same in jax 0.10.2 and
+    0.12.0.1): the mesh's axes become the grid -- one step per TensorCore -- every operand is
+    a whole array in its own memory space (the mesh's default, ANY, unless it names one), and
+    the kernel's trailing refs are its scratch. Only TensorCore meshes with one body are
+    modelled; the grid axis gets the mesh's dimension semantics (parallel: the cores run at
+    once) and closed-over scalars are passed in SMEM, as the TPU lowering does. When kernelsim
+    executes the kernel it runs the ``mpmd_map`` itself (``execute``).
+    """
+    jaxprs, meshes = params["jaxprs"], params["meshes"]
+    label = params.get("name") or "pl.kernel"
+    if len(jaxprs) != 1 or params.get("external_meshes"):
+        raise TraceError(
+            f"{label!r}: a pl.kernel with several bodies or meshes (MPMD, e.g. SparseCore "
+            "subcores beside TensorCores) is not modelled by kernelsim; one body on a "
+            "TensorCore mesh (pltpu.create_tensorcore_mesh) is.")
+    (jaxpr,), (mesh,) = jaxprs, meshes
+    if type(mesh).__name__ != "TensorCoreMesh":
+        raise TraceError(
+            f"{label!r}: pl.kernel on a {type(mesh).__name__} is not modelled by kernelsim "
+            "(it models TPU TensorCores: use pltpu.create_tensorcore_mesh).")
+    out_avals = list(params["out_avals"])
+    nin = len(in_avals)
+    nscratch = len(jaxpr.invars) - nin - len(out_avals)
+
+    def spec(aval: Any) -> Any:
+        if isinstance(aval, jax_core.ShapedArray) and not aval.shape:
+            # a closed-over scalar: the TPU lowering passes it in SMEM on a TensorCore
+            # (mosaic/pallas_call_registration.py, ``_rewrite_jaxpr_for_lowering``)
+            return pl.BlockSpec(memory_space=pltpu.SMEM)
+        space = getattr(aval, "memory_space", None)
+        own = (isinstance(aval, jax_core.ShapedArray) and space is not None
+               and not isinstance(space, jax_core.MemorySpace))
+        return pl.BlockSpec(memory_space=space if own else mesh.default_memory_space)
+
+    def array(aval: Any) -> Any:
+        return aval.inner_aval if isinstance(aval, state_types.AbstractRef) else aval
+
+    scratch = [v.aval for v in jaxpr.invars[len(jaxpr.invars) - nscratch:]] if nscratch else []
+    grid_spec = pl.GridSpec(
+        grid=tuple(mesh.shape.items()),
+        in_specs=tuple(spec(array(a)) for a in in_avals),
+        out_specs=tuple(spec(a) for a in out_avals),
+        scratch_shapes=tuple(pallas_core.MemoryRef(a.inner_aval, a.memory_space)
+                             for a in scratch))
+    _, grid_mapping = pallas_core.get_grid_mapping(
+        grid_spec, [array(v.aval) for v in jaxpr.invars[:nin]],
+        jax.tree_util.tree_structure(tuple(range(nin))), [f"arg{i}" for i in range(nin)],
+        [array(v.aval) for v in jaxpr.invars[nin:nin + len(out_avals)]],
+        jax.tree_util.tree_structure(tuple(range(len(out_avals)))),
+        [f"out{i}" for i in range(len(out_avals))], debug=params.get("debug", False))
+    compiler_params = params.get("compiler_params") or pltpu.CompilerParams()
+    modelled = MeshKernelParams({
+        "jaxpr": jaxpr, "grid_mapping": grid_mapping, "mesh": mesh,
+        "input_output_aliases": tuple(params["input_output_aliases"].items()),
+        "debug": params.get("debug", False), "interpret": params["interpret"],
+        "compiler_params": dataclasses.replace(
+            compiler_params, dimension_semantics=tuple(mesh.dimension_semantics)),
+        "cost_estimate": params.get("cost_estimate"), "out_avals": tuple(out_avals),
+        "metadata": params.get("metadata"), "name": params.get("name")})
+    modelled.mpmd_params = dict(params)
+    return modelled
+
+
 @functools.lru_cache(maxsize=4096)
 def _has_pallas_call(jaxpr: Any) -> bool:
+    """``jaxpr`` reaches a kernel (a pallas_call or a pl.kernel) somewhere."""
     for eqn in _open(jaxpr).eqns:
-        if eqn.primitive is pl.pallas_call_p:
+        # jax <= 0.10: pl.core_map is its own primitive, a pallas_call once its run_state
+        # is discharged (which is how the walk sees it)
+        if _is_kernel(eqn) or eqn.primitive.name == "core_map":
             return True
         if any(_has_pallas_call(j) for j, _ in _sub_jaxprs(eqn)):
             return True
@@ -150,51 +274,70 @@ def _has_pallas_call(jaxpr: Any) -> bool:
 
 
 def _schedule_operands(eqn: Any) -> range:
-    """Operand positions of a pallas_call eqn its schedule needs: dynamic grid bounds and
+    """Operand positions of a kernel eqn its schedule needs: dynamic grid bounds and
     scalar-prefetch values (operands are ``*consts, *grid bounds, *prefetch, *inputs``)."""
-    gm = eqn.params["grid_mapping"]
+    gm = _kernel_params(eqn)["grid_mapping"]
     end = len(eqn.invars) - gm.num_inputs
     return range(end - gm.num_index_operands - gm.num_dynamic_grid_bounds, end)
 
 
+def _body_value_operands(eqn: Any, bodies: bool) -> list[int]:
+    """Operand positions of a pallas_call eqn whose contents its interpreted body reads for
+    a DMA, an index or a branch (``_BodyNeeds``): the inputs, which follow the prefetch."""
+    params = _kernel_params(eqn)
+    kernel = params["jaxpr"]
+    if not (bodies or _has_body_dma(kernel)):
+        return []
+    gm = params["grid_mapping"]
+    needs = _body_needs(kernel)
+    refs = _open(kernel).invars[gm.num_index_operands:gm.num_index_operands + gm.num_inputs]
+    first = len(eqn.invars) - gm.num_inputs
+    return [first + k for k, v in enumerate(refs)
+            if (needs.contents(v) if _is_ref(v) else needs.value(v))]
+
+
 @functools.lru_cache(maxsize=4096)
-def _needed(jaxpr: Any, out_needed: tuple[bool, ...]) -> tuple[tuple[bool, ...], frozenset,
-                                                                 frozenset]:
+def _needed(jaxpr: Any, out_needed: tuple[bool, ...], bodies: bool = False
+            ) -> tuple[tuple[bool, ...], frozenset, frozenset]:
     """Which invars of ``jaxpr`` the walk must know, which eqns (ids) it must evaluate, and
     which vars it must know (``live``).
 
     A value is needed when a pallas_call's schedule operand, a control-flow eqn around a
-    pallas_call, or a needed output depends on it.
+    pallas_call, or a needed output depends on it -- or an input whose contents the kernel
+    body's DMAs or indices read (``_body_value_operands``; for every kernel when ``bodies``,
+    else for kernels that start DMAs, the only ones whose body is interpreted by default).
     """
     j = _open(jaxpr)
     live: set = {v for v, n in zip(j.outvars, out_needed, strict=True)
                  if n and not isinstance(v, jax_core.Literal)}
     evaluate: set = set()
     for eqn in reversed(j.eqns):
-        if eqn.primitive is pl.pallas_call_p:
-            picks = [eqn.invars[i] for i in _schedule_operands(eqn)]
+        if _is_kernel(eqn):
+            picks = [eqn.invars[i] for i in (*_schedule_operands(eqn),
+                                              *_body_value_operands(eqn, bodies))]
         else:
             outs = tuple(v in live for v in eqn.outvars)
             if not any(outs) and not any(_has_pallas_call(s) for s, _ in _sub_jaxprs(eqn)):
                 continue
             evaluate.add(id(eqn))
-            picks = [v for v, n in zip(eqn.invars, _operands_needed(eqn, outs), strict=True) if n]
+            needed = _operands_needed(eqn, outs, bodies)
+            picks = [v for v, n in zip(eqn.invars, needed, strict=True) if n]
         live.update(v for v in picks if not isinstance(v, jax_core.Literal))
     return tuple(v in live for v in j.invars), frozenset(evaluate), frozenset(live)
 
 
-def _operands_needed(eqn: Any, outs: tuple[bool, ...]) -> tuple[bool, ...]:
+def _operands_needed(eqn: Any, outs: tuple[bool, ...], bodies: bool) -> tuple[bool, ...]:
     """Which operands of ``eqn`` are needed, given which of its outputs are."""
     p, name = eqn.params, eqn.primitive.name
     body = _call_body(eqn)
     if body is not None and _has_pallas_call(body):
-        return _needed(body, outs)[0]
+        return _needed(body, outs, bodies)[0]
     if name == "scan" and _has_pallas_call(p["jaxpr"]):
         consts, carry, _ = _scan_operands(p, list(range(len(eqn.invars))))
         ncarry = len(carry)
         carry_out = list(outs[:ncarry])
         while True:  # a carry is needed in every iteration once any iteration needs it
-            ins = _needed(p["jaxpr"], (*carry_out, *outs[ncarry:]))[0]
+            ins = _needed(p["jaxpr"], (*carry_out, *outs[ncarry:]), bodies)[0]
             more = [a or b for a, b in zip(carry_out, ins[len(consts):len(consts) + ncarry],
                                            strict=True)]
             if more == carry_out:
@@ -205,15 +348,15 @@ def _operands_needed(eqn: Any, outs: tuple[bool, ...]) -> tuple[bool, ...]:
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         carry_out = list(outs)
         while True:  # the predicate decides the trip count, so it is always needed
-            cond_in = _needed(p["cond_jaxpr"], (True,))[0]
-            body_in = _needed(p["body_jaxpr"], tuple(carry_out))[0]
+            cond_in = _needed(p["cond_jaxpr"], (True,), bodies)[0]
+            body_in = _needed(p["body_jaxpr"], tuple(carry_out), bodies)[0]
             carry_in = [a or b for a, b in zip(cond_in[cn:], body_in[bn:], strict=True)]
             more = [a or b for a, b in zip(carry_out, carry_in, strict=True)]
             if more == carry_out:
                 return (*cond_in[:cn], *body_in[:bn], *carry_in)
             carry_out = more
     if name == "cond" and any(_has_pallas_call(b) for b in p["branches"]):
-        per_branch = [_needed(b, outs)[0] for b in p["branches"]]
+        per_branch = [_needed(b, outs, bodies)[0] for b in p["branches"]]
         return (True, *(any(col) for col in zip(*per_branch, strict=True)))
     if any(_has_pallas_call(s) for s, _ in _sub_jaxprs(eqn)):
         raise TraceError(f"a pallas_call inside {name!r} is not supported by kernelsim's "
@@ -225,12 +368,13 @@ def _operands_needed(eqn: Any, outs: tuple[bool, ...]) -> tuple[bool, ...]:
 class _CallFinder:
     """Walks a jaxpr in program order, collecting pallas_calls and computing needed values."""
 
-    def __init__(self) -> None:
+    def __init__(self, bodies: bool) -> None:
         self.found: list[Captured] = []
+        self.bodies = bodies
 
     def walk(self, jaxpr: Any, consts: list, args: list, out_needed: tuple[bool, ...]) -> list:
         j = _open(jaxpr)
-        _, evaluate, live = _needed(jaxpr, out_needed)
+        _, evaluate, live = _needed(jaxpr, out_needed, self.bodies)
         env: dict[Any, Any] = dict(zip(j.constvars, consts, strict=True))
         env.update(zip(j.invars, args, strict=True))
 
@@ -245,11 +389,11 @@ class _CallFinder:
                 plain.clear()
 
         for eqn in j.eqns:
-            if eqn.primitive is pl.pallas_call_p:
+            if _is_kernel(eqn):
                 flush()
-                self.found.append(Captured(tuple(read(v) for v in eqn.invars), eqn.params))
-                outs = [jnp.zeros(v.aval.shape, v.aval.dtype) if v in live else _UNKNOWN
-                        for v in eqn.outvars]
+                self.found.append(Captured(tuple(read(v) for v in eqn.invars),
+                                           _kernel_params(eqn)))
+                outs = [_zeros(v.aval) if v in live else _UNKNOWN for v in eqn.outvars]
             elif id(eqn) not in evaluate:
                 continue
             elif not any(_has_pallas_call(sub) for sub, _ in _sub_jaxprs(eqn)):
@@ -281,8 +425,8 @@ class _CallFinder:
             if p["reverse"]:
                 ys.reverse()
             stacked = [_UNKNOWN if not ys or any(y[k] is _UNKNOWN for y in ys)
-                       else jnp.stack([y[k] for y in ys]) for k in range(len(eqn.outvars)
-                                                                        - len(carry))]
+                       else np.stack([np.asarray(y[k]) for y in ys])
+                       for k in range(len(eqn.outvars) - len(carry))]
             return carry + stacked
         if name == "while" and (_has_pallas_call(p["body_jaxpr"]) or
                                 _has_pallas_call(p["cond_jaxpr"])):
@@ -307,11 +451,20 @@ class _CallFinder:
         return value
 
 
-def _run_slice(eqns: list, live: frozenset, read: Callable[[Any], Any]) -> dict:
-    """Run consecutive eqns as one compiled program; the values of their outputs in ``live``.
+def _zeros(aval: Any) -> Any:
+    """Zeros standing in for a kernel output: numpy (no dispatch) unless the dtype is JAX's own."""
+    try:
+        return np.zeros(aval.shape, np.dtype(aval.dtype))
+    except TypeError:
+        return jnp.zeros(aval.shape, aval.dtype)
 
-    One compilation for the whole slice (cached by the slice's text and input types), instead
-    of one per primitive as an op-by-op evaluation would pay.
+
+def _run_slice(eqns: list, live: frozenset, read: Callable[[Any], Any]) -> dict:
+    """Run consecutive eqns as one program; the values of their outputs in ``live``.
+
+    First in numpy (``_numpy_eval``: no compilation, which is most of what a cold trace would
+    otherwise pay); a slice numpy cannot evaluate runs as one compiled program instead (cached
+    by the slice's text and input types), not one compilation per primitive.
     """
     defined = {v for e in eqns for v in e.outvars}
     inputs = list(dict.fromkeys(v for e in eqns for v in e.invars
@@ -321,18 +474,105 @@ def _run_slice(eqns: list, live: frozenset, read: Callable[[Any], Any]) -> dict:
     values = [read(v) for v in inputs]
     if any(v is _UNKNOWN for v in values):  # _needed marks every input of a needed eqn
         raise AssertionError("kernelsim: a needed value was not computed")
-    program = jax_core.Jaxpr([], inputs, outputs, eqns,
-                             jax_core.join_effects(*(e.effects for e in eqns)))
     try:
-        results = _compiled(str(program), program)(*values)
-    except Exception as err:  # noqa: BLE001 - any failure here is kernelsim's to explain
-        names = ", ".join(sorted({e.primitive.name for e in eqns}))
-        raise TraceError(
-            f"kernelsim needs values computed by {names} (they feed a scalar-prefetch operand, "
-            "a grid bound or the control flow around a pallas_call) but could not compute "
-            f"them: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
-        ) from err
+        slice_ = types.SimpleNamespace(constvars=[], invars=inputs, eqns=eqns, outvars=outputs)
+        results = _numpy_eval(slice_, [], values)
+    except _lax_numpy.Unsupported:
+        results = None
+    if results is None:
+        program = jax_core.Jaxpr([], inputs, outputs, eqns,
+                                 jax_core.join_effects(*(e.effects for e in eqns)))
+        try:
+            results = _compiled(str(program), program)(*values)
+        except Exception as err:  # noqa: BLE001 - any failure here is kernelsim's to explain
+            names = ", ".join(sorted({e.primitive.name for e in eqns}))
+            raise TraceError(
+                f"kernelsim needs values computed by {names} (they feed a scalar-prefetch "
+                "operand, a grid bound or the control flow around a pallas_call) but could not "
+                f"compute them: {type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''}") from err
     return dict(zip(outputs, results, strict=True))
+
+
+# How many primitive applications one numpy evaluation may make before it gives the slice to
+# XLA (a long while_loop runs faster compiled than op by op in Python).
+_NUMPY_BUDGET = 20_000
+
+
+def _numpy_eval(jaxpr: Any, consts: list, args: list, budget: list | None = None) -> list:
+    """Evaluate ``jaxpr`` on concrete values with numpy (``kernelsim._lax_numpy``'s rules).
+
+    Understands nested calls (jit, custom_jvp/vjp, checkpoint), ``cond``, ``while``, ``scan``
+    and hijax primitives (through their ``expand``). Raises ``_lax_numpy.Unsupported`` for
+    anything else, for operands of a dtype it does not model, or past ``_NUMPY_BUDGET``
+    primitive applications; the caller then asks XLA.
+    """
+    budget = [_NUMPY_BUDGET] if budget is None else budget
+    j = _open(jaxpr)
+    env: dict[Any, Any] = dict(zip(j.constvars, (np.asarray(c) for c in consts), strict=True))
+    env.update(zip(j.invars, (np.asarray(a) for a in args), strict=True))
+
+    def read(v: Any) -> Any:
+        return _literal(v) if isinstance(v, jax_core.Literal) else env[v]
+
+    for eqn in j.eqns:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _lax_numpy.Unsupported("too long for op-by-op evaluation")
+        vals = [read(v) for v in eqn.invars]
+        outs = _numpy_eqn(eqn, vals, budget)
+        env.update(zip(eqn.outvars, outs, strict=True))
+    return [read(v) for v in j.outvars]
+
+
+def _numpy_eqn(eqn: Any, vals: list, budget: list) -> list:
+    """One eqn of ``_numpy_eval``: its outputs, as a list."""
+    name, p = eqn.primitive.name, eqn.params
+    body = _call_body(eqn)
+    if body is not None:
+        return _numpy_eval(body, _consts(body), vals, budget)
+    if name == "cond":
+        branches = p["branches"]
+        b = branches[int(np.clip(int(vals[0]), 0, len(branches) - 1))]
+        return _numpy_eval(b, _consts(b), vals[1:], budget)
+    if name == "while":
+        cn, bn = p["cond_nconsts"], p["body_nconsts"]
+        cc, bc, carry = vals[:cn], vals[cn:cn + bn], vals[cn + bn:]
+        cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
+        while bool(_numpy_eval(cj, _consts(cj), cc + carry, budget)[0]):
+            carry = _numpy_eval(bj, _consts(bj), bc + carry, budget)
+        return carry
+    if name == "scan":
+        consts, carry, xs = _scan_operands(p, vals)
+        ys = []
+        order = range(p["length"] - 1, -1, -1) if p["reverse"] else range(p["length"])
+        for i in order:
+            out = _numpy_eval(p["jaxpr"], _consts(p["jaxpr"]), consts + carry + [x[i] for x in xs],
+                              budget)
+            carry, y = out[:len(carry)], out[len(carry):]
+            ys.append(y)
+        if p["reverse"]:
+            ys.reverse()
+        nys = len(eqn.outvars) - len(carry)
+        if not ys:
+            return carry + [np.zeros(v.aval.shape, v.aval.dtype) for v in eqn.outvars[len(carry):]]
+        return carry + [np.stack([y[k] for y in ys]) for k in range(nys)]
+    if name == "call_hi_primitive":
+        prim = p["_prim"]  # primitives hash by their params alone: the types complete the key
+        expanded = _hi_expansion(prim, tuple(prim.in_avals_flat), tuple(prim.out_avals_flat))
+        return _numpy_eval(expanded, _consts(expanded), vals, budget)
+    return _lax_numpy.apply(name, vals, p, [v.aval for v in eqn.outvars])
+
+
+@functools.lru_cache(maxsize=256)
+def _hi_expansion(prim: Any, in_avals: tuple, out_avals: tuple) -> Any:
+    """The jaxpr of a hijax primitive's ``expand`` (jax >= 0.12: e.g. ``jnp.searchsorted``)
+    for operands of types ``in_avals``."""
+    try:
+        closed = jax.make_jaxpr(prim.expand)(*prim.in_avals)
+    except Exception as e:  # noqa: BLE001 - not expandable here: XLA evaluates it
+        raise _lax_numpy.Unsupported(f"hijax primitive {type(prim).__name__}") from e
+    return closed
 
 
 _SLICE_CACHE: dict[str, Callable] = {}
@@ -369,11 +609,14 @@ def _is_python_data(value: Any) -> bool:
     return True
 
 
-def find_calls(fn: Callable, args: tuple, device_kind: str) -> list[Captured]:
+def find_calls(fn: Callable, args: tuple, device_kind: str,
+               bodies: bool = False) -> list[Captured]:
     """Every pallas_call ``fn(*args)`` makes, in program order, found in its jaxpr.
 
     device_kind: the TPU to present to code that asks which one it runs on (e.g. "TPU v5e");
     only used if tracing on this machine's own device fails for that reason.
+    bodies: every kernel body will be interpreted (``record_access``), so compute the inputs
+    each one reads values from; otherwise only for kernels that start DMAs.
     Raises ``NeedsExecution`` when ``fn`` cannot be traced to a jaxpr (it branches in Python on
     array values); the caller then runs it eagerly instead.
     """
@@ -392,7 +635,7 @@ def find_calls(fn: Callable, args: tuple, device_kind: str) -> list[Captured]:
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
             jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as e:
         raise NeedsExecution(str(e)) from e
-    finder = _CallFinder()
+    finder = _CallFinder(bodies)
     flat = jax.tree_util.tree_leaves([a for i, a in enumerate(args) if i not in static])
     finder.walk(_open(closed), _consts(closed), list(flat),
                 (False,) * len(_open(closed).outvars))
@@ -405,7 +648,14 @@ def zeros_for(params: dict[str, Any]) -> list[jax.Array]:
 
 
 def execute(args: tuple, params: dict[str, Any], interpret: Any) -> list[jax.Array]:
-    """Run the captured call, with ``interpret`` replacing its interpret setting when not None."""
+    """Run the captured call, with ``interpret`` replacing its interpret setting when not None.
+
+    A ``pl.kernel`` runs as itself (its ``mpmd_map``), not as the pallas_call that models it.
+    """
+    if isinstance(params, MeshKernelParams):
+        own = params.mpmd_params
+        return _ORIGINAL_MESH_IMPL(*args, **(own if interpret is None
+                                             else {**own, "interpret": interpret}))
     if interpret is not None:
         params = {**params, "interpret": interpret}
     return _ORIGINAL_IMPL(*args, **params)
@@ -417,8 +667,11 @@ def in_row_major_order(params: dict[str, Any]) -> dict[str, Any]:
     TPU interpret mode visits the coordinates of "parallel" axes in a random permutation (to
     expose order-dependent kernels); a single TensorCore runs them in row-major order, which is
     the order kernelsim models. Marking them arbitrary makes the interpreter use that order.
+    (A ``pl.kernel`` takes no dimension semantics: it runs as it is.)
     """
     cp = params.get("compiler_params")
+    if isinstance(params, MeshKernelParams):
+        return params
     if getattr(cp, "dimension_semantics", None) is None:
         return params
     return {**params, "compiler_params": dataclasses.replace(cp, dimension_semantics=None)}
@@ -488,26 +741,8 @@ class _NotScalar(Exception):
     """The index map does more than scalar integer arithmetic and prefetch reads."""
 
 
-def _c_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """XLA's division: integers truncate toward zero (numpy's // floors)."""
-    if np.issubdtype(np.result_type(a, b), np.integer):
-        q = np.abs(a) // np.abs(b)
-        return np.where((a < 0) != (b < 0), -q, q).astype(np.result_type(a, b))
-    return a / b
-
-
-_SCALAR_OPS: dict[str, Callable] = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": _c_div, "rem": np.fmod,
-    "max": np.maximum, "min": np.minimum, "neg": np.negative, "abs": np.abs, "sign": np.sign,
-    "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
-    "gt": np.greater, "ge": np.greater_equal, "and": np.bitwise_and, "or": np.bitwise_or,
-    "not": np.invert, "xor": np.bitwise_xor, "floor": np.floor, "ceil": np.ceil,
-    "shift_left": np.left_shift, "shift_right_arithmetic": np.right_shift,
-    "clamp": lambda lo, x, hi: np.clip(x, lo, hi),
-    "select_n": lambda which, *cases: np.choose(np.asarray(which, np.int32), cases),
-    "integer_pow": None, "convert_element_type": None, "get": None,
-    "squeeze": lambda x: x, "reshape": lambda x: x, "broadcast_in_dim": lambda x: x,
-}
+# Ops whose scalar form is the identity on a value batched over grid steps.
+_SCALAR_IDENTITY = frozenset({"squeeze", "reshape", "broadcast_in_dim", "convert_element_type"})
 
 
 def _scalar_program(jaxpr: Any, args: list[np.ndarray],
@@ -515,9 +750,9 @@ def _scalar_program(jaxpr: Any, args: list[np.ndarray],
     """Evaluate an index map over every grid step at once with numpy (no compilation).
 
     Each grid index is an int32 array over the steps; prefetch refs are their arrays. Only
-    scalar integer arithmetic, prefetch reads with integer indices and nested calls are
-    understood (XLA's semantics: int32 wraps, division truncates); anything else raises
-    ``_NotScalar`` and the caller evaluates the map with JAX instead. ``grid``: the extents
+    scalar arithmetic (``_lax_numpy``'s elementwise rules, XLA's semantics), prefetch reads
+    with integer indices and nested calls are understood; anything else raises ``_NotScalar``
+    and the caller evaluates the map with JAX instead. ``grid``: the extents
     ``pl.num_programs`` reads.
     """
     j = _open(jaxpr)
@@ -525,36 +760,47 @@ def _scalar_program(jaxpr: Any, args: list[np.ndarray],
     env.update(zip(j.invars, args, strict=True))
 
     def read(v: Any) -> Any:
-        return np.asarray(v.val) if isinstance(v, jax_core.Literal) else env[v]
+        return _literal(v) if isinstance(v, jax_core.Literal) else env[v]
 
-    with np.errstate(over="ignore"):
-        for eqn in j.eqns:
-            name, p = eqn.primitive.name, eqn.params
-            vals = [read(v) for v in eqn.invars]
-            body = _call_body(eqn)
-            if body is not None:
-                outs = _scalar_program(body, vals, grid)
-            elif name == "num_programs" and p["axis"] < len(grid):
-                outs = [np.int32(grid[p["axis"]])]
-            elif name == "get":
-                indexer = jax.tree_util.tree_unflatten(p["tree"], vals[1:])
-                index = [ix for t in indexer for ix in t.indices]
-                if len(indexer) != 1 or any(isinstance(ix, indexing.Slice) for ix in index):
-                    raise _NotScalar(name)
-                ref = vals[0]  # XLA clamps a dynamic index into range; so does this
-                outs = [ref[tuple(np.clip(np.asarray(ix), 0, n - 1)
-                                  for ix, n in zip(index, ref.shape, strict=False))]]
-            elif name not in _SCALAR_OPS or any(getattr(v.aval, "shape", ()) != ()
-                                               for v in eqn.outvars):
+    for eqn in j.eqns:
+        name, p = eqn.primitive.name, eqn.params
+        vals = [read(v) for v in eqn.invars]
+        body = _call_body(eqn)
+        if body is not None:
+            outs = _scalar_program(body, vals, grid)
+        elif name == "num_programs" and p["axis"] < len(grid):
+            outs = [np.int32(grid[p["axis"]])]
+        elif name == "get":
+            indexer = jax.tree_util.tree_unflatten(p["tree"], vals[1:])
+            index = [ix for t in indexer for ix in t.indices]
+            if len(indexer) != 1 or any(isinstance(ix, indexing.Slice) for ix in index):
                 raise _NotScalar(name)
-            elif name == "convert_element_type":
-                outs = [vals[0].astype(np.dtype(p["new_dtype"]))]
-            elif name == "integer_pow":
-                outs = [vals[0] ** p["y"]]
-            else:
-                outs = [_SCALAR_OPS[name](*vals)]
-            env.update(zip(eqn.outvars, outs, strict=True))
+            ref = vals[0]  # XLA clamps a dynamic index into range; so does this
+            outs = [ref[tuple(np.clip(np.asarray(ix), 0, n - 1)
+                              for ix, n in zip(index, ref.shape, strict=False))]]
+        elif any(getattr(v.aval, "shape", ()) != () for v in eqn.outvars):
+            raise _NotScalar(name)
+        elif name in _SCALAR_IDENTITY and name != "convert_element_type":
+            outs = vals
+        else:
+            # Elementwise rules broadcast, so one call covers every grid step at once.
+            try:
+                if name not in _lax_numpy.ELEMENTWISE:
+                    raise _lax_numpy.Unsupported(name)
+                outs = _lax_numpy.apply(name, [np.asarray(x) for x in vals], p,
+                                        [v.aval for v in eqn.outvars], check_shapes=False)
+            except _lax_numpy.Unsupported as e:
+                raise _NotScalar(name) from e
+        env.update(zip(eqn.outvars, outs, strict=True))
     return [read(v) for v in j.outvars]
+
+
+def _literal(v: Any) -> np.ndarray:
+    """A jaxpr literal as a numpy value of its own dtype (a Python int literal stays int32)."""
+    try:
+        return np.asarray(v.val, dtype=np.dtype(v.aval.dtype))
+    except TypeError:  # an extended dtype: keep the value as JAX made it
+        return v.val
 
 
 def _evaluate(bm: Any, grid: tuple[int, ...], grid_points: np.ndarray,
@@ -614,6 +860,8 @@ def _operand_names(params: dict[str, Any]) -> list[str]:
 def with_operand_names(params: dict[str, Any]) -> dict[str, Any]:
     """``params`` whose kernel jaxpr carries the operand names kernelsim uses, so the TPU
     interpreter reports its copies under the same names (it says "unknown" otherwise)."""
+    if isinstance(params, MeshKernelParams):  # runs as its mpmd_map, whose jaxpr is the same
+        return params
     jaxpr = params["jaxpr"]
     names = tuple(_operand_names(params))
     if tuple(jaxpr.debug_info.arg_names or ()) == names:
@@ -651,6 +899,10 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     call.flops_per_step, call.matmul_dtypes = count_flops(params["jaxpr"])
     limit = getattr(params.get("compiler_params"), "vmem_limit_bytes", None)
     call.vmem_limit_bytes = None if limit is None else int(limit)
+    # input_output_aliases index the inputs after the scalar prefetch operands
+    # (jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py, ``oi_alias_map``)
+    call.aliases = {names[nprefetch + nin + o]: names[i]
+                    for i, o in params.get("input_output_aliases", ())}
     ce = params.get("cost_estimate")
     if ce is not None:
         call.cost_estimate_flops = int(ce.flops)
@@ -670,6 +922,13 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
                 f"pallas_call {name!r}, operand {bm.origin}: pl.Buffered({buffers!r}) is an "
                 "(input, output) pair, which only emit_pipeline accepts; a pallas_call "
                 "BlockSpec takes one int buffer count.")
+        revisit = getattr(getattr(bm.pipeline_mode, "revisit", None), "value", None)
+        if revisit == "any" and buffers > 1:
+            # jax/_src/pallas/mosaic/lowering.py raises this LoweringException for such a block
+            call.notes.append(
+                f"operand {bm.origin}: RevisitMode.ANY is not supported with double buffering "
+                f"(pl.Buffered({buffers}, revisit=...)); Mosaic's lowering rejects it: use "
+                "pl.Buffered(1, revisit=pl.RevisitMode.ANY).")
         trivial = bool(bm.has_trivial_window())
         # Mosaic forces single buffering for a trivial window in VMEM, whatever the BlockSpec
         # asked (jax/_src/pallas/mosaic/lowering.py, "Force single-buffering pipelining for
@@ -679,7 +938,8 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
         call.operands.append(Operand(
             names[nprefetch + k], role, tuple(aval.shape), str(aval.dtype),
             _itemsize(aval.dtype), space, dims, int(buffers),
-            _evaluate(bm, grid, points, prefetch_vals), trivial_window=trivial))
+            _evaluate(bm, grid, points, prefetch_vals), trivial_window=trivial,
+            revisit_any=revisit == "any" and role == "output"))
     for j, aval in enumerate(gm.scratch_avals):
         space = _memory_space(aval)
         inner = getattr(aval, "inner_aval", aval)
@@ -794,8 +1054,12 @@ def gpu_lowering_error(fn: Callable, args: tuple, device_kind: str) -> str | Non
     compilation to PTX happens later, on a GPU, and is not part of this.
     """
     shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
+    # jax <= 0.10 lowers a pallas_call without compiler params to Mosaic GPU unless this flag
+    # is off (and Mosaic GPU needs a GPU jaxlib); from 0.11 pallas_call on GPU is Triton only.
+    use_mosaic_gpu = getattr(jax_config, "jax_pallas_use_mosaic_gpu", None)
     try:
-        with jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind, "gpu")):
+        with (jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind, "gpu")),
+              use_mosaic_gpu(False) if use_mosaic_gpu is not None else contextlib.nullcontext()):
             jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",))
     except Exception as err:  # noqa: BLE001 - every lowering failure is the answer
         return f"{type(err).__name__}: {err}"
@@ -994,6 +1258,7 @@ def _ref_array(aval: Any) -> np.ndarray:
 _IDENTITY = ("multiple_of", "pjit_dce", "optimization_barrier")
 # Effects on semaphores and waits for DMAs: no data moves, nothing to record.
 _IGNORED = ("debug_callback", "debug_print", "dma_wait", "semaphore_signal", "semaphore_wait")
+_REF_EFFECTS = ("get", "swap", "addupdate", "dma_start", "run_scoped")
 
 
 def _has_body_dma(jaxpr: Any) -> bool:
@@ -1002,31 +1267,216 @@ def _has_body_dma(jaxpr: Any) -> bool:
                any(_has_body_dma(j) for j, _ in _sub_jaxprs(eqn)) for eqn in _open(jaxpr).eqns)
 
 
-class _Interpreter:
-    """Runs a kernel jaxpr eagerly on concrete values, recording every ref read and write and
-    every DMA the body starts."""
+@functools.lru_cache(maxsize=4096)
+def _has_ref_effect(jaxpr: Any) -> bool:
+    """``jaxpr`` reads, writes, allocates or copies a ref somewhere."""
+    return any(eqn.primitive.name in _REF_EFFECTS or
+               any(_has_ref_effect(j) for j, _ in _sub_jaxprs(eqn)) for eqn in _open(jaxpr).eqns)
 
-    def __init__(self, grid: tuple[int, ...], sink: list):
-        self.grid, self.sink = grid, sink
+
+def _is_ref(v: Any) -> bool:
+    return not isinstance(v, jax_core.Literal) and isinstance(getattr(v, "aval", None),
+                                                               state_types.AbstractRef)
+
+
+class _BodyNeeds:
+    """Which values of a kernel body decide what kernelsim records, so only those are computed.
+
+    Needed from the start: the indices of every ref read and write, every operand of a DMA
+    other than its refs (slice starts and sizes), branch predicates and loop conditions.
+    Then, transitively: the operands of any eqn whose result is needed; the contents of a ref
+    a needed value is read from (which needs every value written into it, and the source of
+    every DMA into it). Refs are tracked by alias class: a ref passed into a branch, loop or
+    call is the same ref inside (union-find over ref vars). Everything else -- the block
+    arithmetic that is the kernel's actual work -- is never evaluated.
+    """
+
+    def __init__(self, jaxpr: Any):
+        self._parent: dict[Any, Any] = {}
+        self._edges: list[tuple[Any, Any]] = []  # (a, b): if a is needed, b is needed
+        self._seeds: list[Any] = []
+        self._scanned: set[int] = set()
+        self._keep: list[Any] = []  # scanned jaxprs stay alive, so their ids stay unique
+        self._scan(_open(jaxpr))
+        graph: dict[Any, list[Any]] = {}
+        for a, b in self._edges:
+            graph.setdefault(self._node(a), []).append(self._node(b))
+        needed: set[Any] = set()
+        todo = [self._node(x) for x in self._seeds]
+        while todo:
+            n = todo.pop()
+            if n not in needed:
+                needed.add(n)
+                todo.extend(graph.get(n, ()))
+        self._needed = needed
+
+    def value(self, v: Any) -> bool:
+        """The value of var ``v`` must be computed."""
+        return not isinstance(v, jax_core.Literal) and v in self._needed
+
+    def contents(self, ref: Any) -> bool:
+        """The data held by ref var ``ref`` (and every alias of it) must be tracked."""
+        return ("ref", self._find(ref)) in self._needed
+
+    # -- union-find over ref vars
+    def _find(self, v: Any) -> Any:
+        root = v
+        while self._parent.get(root, root) is not root:
+            root = self._parent[root]
+        while v is not root:
+            self._parent[v], v = root, self._parent.get(v, v)
+        return root
+
+    def _node(self, x: Any) -> Any:
+        return ("ref", self._find(x[1])) if isinstance(x, tuple) else x
+
+    def _need(self, a: Any, b: Any) -> None:
+        if isinstance(b, jax_core.Literal) or isinstance(a, jax_core.Literal):
+            return
+        self._edges.append((("ref", a) if _is_ref(a) else a, ("ref", b) if _is_ref(b) else b))
+
+    def _bind(self, inner: list, outer: list) -> None:
+        """Sub-jaxpr inputs ``inner`` receive ``outer``: one ref, or a value needing its source."""
+        for a, b in zip(inner, outer, strict=True):
+            if isinstance(b, jax_core.Literal):
+                continue
+            if _is_ref(a) or _is_ref(b):
+                ra, rb = self._find(a), self._find(b)
+                if ra is not rb:
+                    self._parent[ra] = rb
+            else:
+                self._need(a, b)
+
+    def _results(self, outer: list, inner: list) -> None:
+        for a, b in zip(outer, inner, strict=True):
+            self._need(a, b)
+
+    def _seed(self, vs: Any) -> None:
+        self._seeds.extend(("ref", v) if _is_ref(v) else v for v in vs
+                           if not isinstance(v, jax_core.Literal))
+
+    def _scan(self, j: Any) -> None:
+        if id(j) in self._scanned:  # a shared sub-jaxpr: its own edges are recorded once
+            return
+        self._scanned.add(id(j))
+        self._keep.append(j)
+        for eqn in j.eqns:
+            self._eqn(eqn)
+
+    def _eqn(self, eqn: Any) -> None:
+        name, p, ins, outs = eqn.primitive.name, eqn.params, eqn.invars, eqn.outvars
+        if name in ("get", "swap", "addupdate"):
+            nval = 0 if name == "get" else 1
+            self._seed(ins[1 + nval:])
+            if nval:
+                self._need(ins[0], ins[1])
+            for o in outs:
+                self._need(o, ins[0])
+        elif name == "dma_start":
+            refs = [v for v in ins if _is_ref(v)]  # flattened as src, dst, dst_sem, src_sem
+            self._seed(v for v in ins if not _is_ref(v))
+            if len(refs) >= 2:
+                self._need(refs[1], refs[0])
+        elif name == "cond":
+            self._seed(ins[:1])
+            for b in p["branches"]:
+                bj = _open(b)
+                self._bind(bj.invars, ins[1:])
+                self._results(outs, bj.outvars)
+                self._scan(bj)
+        elif name == "while":
+            cn, bn = p["cond_nconsts"], p["body_nconsts"]
+            cj, bj = _open(p["cond_jaxpr"]), _open(p["body_jaxpr"])
+            carry = ins[cn + bn:]
+            self._bind(cj.invars[:cn], ins[:cn])
+            self._bind(bj.invars[:bn], ins[cn:cn + bn])
+            self._seed(cj.outvars)
+            for k, c in enumerate(carry):
+                for inner in (cj.invars[cn + k], bj.invars[bn + k]):
+                    self._bind([inner], [c])
+                    self._bind([inner], [bj.outvars[k]])
+                self._results([outs[k]], [bj.outvars[k]])
+                self._need(outs[k], c)
+            self._scan(cj)
+            self._scan(bj)
+        elif name == "scan":
+            body = _open(p["jaxpr"])
+            consts, carry, xs = _scan_operands(p, list(ins))
+            nc, ncarry = len(consts), len(carry)
+            self._bind(body.invars[:nc], consts)
+            for k, c in enumerate(carry):
+                self._bind([body.invars[nc + k]], [c])
+                self._bind([body.invars[nc + k]], [body.outvars[k]])
+                self._results([outs[k]], [body.outvars[k]])
+                self._need(outs[k], c)
+            self._bind(body.invars[nc + ncarry:], xs)
+            self._results(outs[ncarry:], body.outvars[ncarry:])
+            self._scan(body)
+        elif name == "run_scoped":
+            inner = _open(p["jaxpr"])
+            self._bind(inner.constvars, ins)
+            self._results(outs, inner.outvars)
+            self._scan(inner)
+        elif (body := _call_body(eqn)) is not None:
+            bj = _open(body)
+            self._bind(bj.invars, ins)
+            self._results(outs, bj.outvars)
+            self._scan(bj)
+        elif name in _IGNORED or name == "semaphore_read":
+            return
+        elif _sub_jaxprs(eqn):  # a construct kernelsim does not look into: everything it uses
+            self._seed(ins)
+        else:
+            for o in outs:
+                for i in ins:
+                    self._need(o, i)
+
+
+@functools.lru_cache(maxsize=256)
+def _body_needs(jaxpr: Any) -> _BodyNeeds:
+    return _BodyNeeds(jaxpr)
+
+
+_SKIP = object()  # a value no recorded fact depends on: never computed
+
+
+class _Interpreter:
+    """Runs a kernel jaxpr on concrete values, recording ref reads and writes (if ``record``)
+    and every DMA the body starts. Only what ``_BodyNeeds`` marks is computed, in numpy where
+    ``_lax_numpy`` can (JAX otherwise)."""
+
+    def __init__(self, grid: tuple[int, ...], sink: list, needs: _BodyNeeds, record: bool,
+                 grid_names: tuple | None = None):
+        self.grid, self.sink, self.needs, self.recording = grid, sink, needs, record
+        self.grid_names = tuple(grid_names or ())
         self.copies: list[BodyCopy] = []
         self.step, self.grid_index, self.order, self.scoped = 0, (), 0, 0
 
-    def _dma_end(self, end: Any, what: str) -> tuple[_Ref, int]:
-        """The ref and element count of one end of a DMA (a ref or a sliced view of one)."""
+    def _dma_end(self, end: Any, what: str) -> tuple[_Ref, np.ndarray]:
+        """The ref and flat element ids of one end of a DMA (a ref or a sliced view of one)."""
         ref, transforms = (end, ()) if isinstance(end, _Ref) else (end.ref, end.transforms)
         if not isinstance(ref, _Ref):
             raise TraceError(f"a DMA {what} kernelsim cannot follow ({type(ref).__name__})")
         ids, _ = _select(ref.data.shape, tuple(transforms))
-        return ref, int(ids.size)
+        return ref, ids
 
-    def dma(self, vals: list, tree: Any) -> None:
-        src, dst, *_ = jax.tree_util.tree_unflatten(tree, vals)
-        src_ref, count = self._dma_end(src, "source")
-        dst_ref, _ = self._dma_end(dst, "destination")
+    def dma(self, eqn: Any, vals: list) -> None:
+        src, dst, *_ = jax.tree_util.tree_unflatten(eqn.params["tree"], vals)
+        src_ref, src_ids = self._dma_end(src, "source")
+        dst_ref, dst_ids = self._dma_end(dst, "destination")
         self.copies.append(BodyCopy(self.step, src_ref.name, dst_ref.name, src_ref.space,
-                                    dst_ref.space, count * src_ref.data.itemsize))
+                                    dst_ref.space, int(src_ids.size) * src_ref.data.itemsize))
+        dst_var = [v for v in eqn.invars if _is_ref(v)][1]
+        if self.needs.contents(dst_var) and src_ids.size == dst_ids.size:
+            flat = dst_ref.data.reshape(-1)
+            data = src_ref.data.reshape(-1)[src_ids.reshape(-1)].astype(flat.dtype)
+            if eqn.params.get("add"):
+                data = data + flat[dst_ids.reshape(-1)]
+            flat[dst_ids.reshape(-1)] = data
 
     def record(self, ref: _Ref, kind: str, ids: np.ndarray, box: tuple | None) -> None:
+        if not self.recording:
+            return
         from kernelsim.access import Access
 
         points = None
@@ -1042,13 +1492,15 @@ class _Interpreter:
         env: dict[Any, Any] = {}
 
         def read(v):
-            return v.val if isinstance(v, jax_core.Literal) else env[v]
+            return _literal(v) if isinstance(v, jax_core.Literal) else env.get(v, _SKIP)
 
         for v, x in zip(jaxpr.constvars, consts, strict=True):
             env[v] = x
         for v, x in zip(jaxpr.invars, args, strict=True):
             env[v] = x
         for eqn in jaxpr.eqns:
+            if not self._wanted(eqn):
+                continue
             outs = self.eqn(eqn, [read(v) for v in eqn.invars])
             if not eqn.primitive.multiple_results:
                 outs = [outs]
@@ -1056,42 +1508,66 @@ class _Interpreter:
                 env[v] = x
         return [read(v) for v in jaxpr.outvars]
 
+    def _wanted(self, eqn: Any) -> bool:
+        """The eqn has a needed result, touches a ref, or contains something that does."""
+        return (any(self.needs.value(v) for v in eqn.outvars)
+                or any(_is_ref(v) for v in eqn.invars)
+                or eqn.primitive.name in _REF_EFFECTS
+                or any(_has_ref_effect(j) for j, _ in _sub_jaxprs(eqn)))
+
+    def _computed(self, eqn: Any, vals: list) -> list:
+        """``vals`` of a needed eqn (each one was marked needed, so each was computed)."""
+        if any(v is _SKIP for v in vals):
+            raise AssertionError(f"kernelsim: an operand of {eqn.primitive.name!r} that a "
+                                 "recorded fact depends on was not computed")
+        return vals
+
     def eqn(self, eqn: Any, vals: list) -> Any:
         name, p = eqn.primitive.name, eqn.params
         if name == "dma_start":
-            self.dma(vals, p["tree"])
+            self.dma(eqn, self._computed(eqn, vals))
             return []
         if name == "semaphore_read":
             return np.int32(0)
         if name in ("get", "swap", "addupdate"):
             ref = vals[0]
             nval = 0 if name == "get" else 1
-            transforms = jax.tree_util.tree_unflatten(p["tree"], vals[1 + nval:])
+            reads = name != "addupdate" and self.needs.value(eqn.outvars[0])
+            writes = name != "get" and self.needs.contents(eqn.invars[0])
+            if not (self.recording or reads or writes):
+                return [] if name == "addupdate" else _SKIP
+            transforms = jax.tree_util.tree_unflatten(
+                p["tree"], self._computed(eqn, vals[1 + nval:]))
             ids, box = _select(ref.data.shape, transforms)
-            flat = ref.data.reshape(-1)
-            old = flat[ids]
             if name in ("get", "addupdate"):
                 self.record(ref, "read", ids, box)
+            out = _SKIP
+            if reads:
+                out = ref.data.reshape(-1)[ids].reshape(eqn.outvars[0].aval.shape)
             if name != "get":
-                new = np.broadcast_to(np.asarray(vals[1], ref.data.dtype), ids.shape)
-                flat[ids] = old + new if name == "addupdate" else new
+                if writes:
+                    flat = ref.data.reshape(-1)
+                    new = np.broadcast_to(np.asarray(self._computed(eqn, vals[1:2])[0],
+                                                     ref.data.dtype), ids.shape)
+                    flat[ids] = flat[ids] + new if name == "addupdate" else new
                 self.record(ref, "write", ids, box)
-            if name == "addupdate":
-                return []
-            return old.reshape(eqn.outvars[0].aval.shape)
+            return [] if name == "addupdate" else out
         if name == "program_id":
             return np.int32(self.grid_index[p["axis"]])
         if name == "num_programs":
             return np.int32(self.grid[p["axis"]])
+        if name == "axis_index" and p["axis_name"] in self.grid_names:  # a named grid / mesh
+            return np.int32(self.grid_index[self.grid_names.index(p["axis_name"])])
         if name == "cond":
             branches = p["branches"]
-            b = branches[int(np.clip(int(vals[0]), 0, len(branches) - 1))]
+            index = int(self._computed(eqn, vals[:1])[0])
+            b = branches[int(np.clip(index, 0, len(branches) - 1))]
             return self.run(_open(b), _consts(b), vals[1:])
         if name == "while":
             cn, bn = p["cond_nconsts"], p["body_nconsts"]
             cc, bc, carry = vals[:cn], vals[cn:cn + bn], vals[cn + bn:]
             cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
-            while bool(self.run(_open(cj), _consts(cj), cc + carry)[0]):
+            while bool(self._computed(eqn, self.run(_open(cj), _consts(cj), cc + carry))[0]):
                 carry = self.run(_open(bj), _consts(bj), bc + carry)
             return carry
         if name == "scan":
@@ -1101,15 +1577,20 @@ class _Interpreter:
             ys = []
             order = range(length - 1, -1, -1) if p["reverse"] else range(length)
             for i in order:
-                out = self.run(_open(body), _consts(body), consts + carry + [x[i] for x in xs])
+                step_xs = [x if x is _SKIP else x[i] for x in xs]
+                out = self.run(_open(body), _consts(body), consts + carry + step_xs)
                 carry, y = out[:ncarry], out[ncarry:]
                 ys.append(y)
             if p["reverse"]:
                 ys.reverse()
-            nys = len(eqn.outvars) - ncarry
-            stacked = [np.stack([np.asarray(y[k]) for y in ys]) if ys else
-                       np.zeros(eqn.outvars[ncarry + k].aval.shape,
-                                eqn.outvars[ncarry + k].aval.dtype) for k in range(nys)]
+            stacked = []
+            for k, v in enumerate(eqn.outvars[ncarry:]):
+                if not self.needs.value(v):
+                    stacked.append(_SKIP)
+                elif ys:
+                    stacked.append(np.stack([np.asarray(y[k]) for y in ys]))
+                else:
+                    stacked.append(np.zeros(v.aval.shape, v.aval.dtype))
             return carry + stacked
         if name == "run_scoped":
             inner = p["jaxpr"]
@@ -1131,7 +1612,27 @@ class _Interpreter:
             raise TraceError(
                 f"access recording does not support {name!r} on refs (supported: ref reads "
                 "and writes, pl.when/cond, fori_loop/while, scan, run_scoped)")
-        return eqn.primitive.bind(*vals, **p)
+        vals = self._computed(eqn, vals)
+        try:
+            outs = _numpy_eqn(eqn, [np.asarray(v) for v in vals], [_NUMPY_BUDGET])
+        except _lax_numpy.Unsupported:
+            outs = eqn.primitive.bind(*vals, **p)
+            outs = [np.asarray(o) for o in (outs if eqn.primitive.multiple_results else [outs])]
+        return outs if eqn.primitive.multiple_results else outs[0]
+
+
+def _block_of(value: np.ndarray, op: Operand, step: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The block of input ``value`` that ``op``'s index map selects at ``step``, shaped as the
+    kernel's ref (``shape``); the part outside the array is zeros."""
+    block = np.zeros(tuple(d.size for d in op.block_dims), value.dtype)
+    src, dst = [], []
+    for dim, index, extent in zip(op.block_dims, op.block_indices[step], op.shape, strict=True):
+        start = int(dim.start(np.int64(index)))
+        lo, hi = max(start, 0), min(start + dim.size, extent)
+        src.append(slice(lo, max(hi, lo)))
+        dst.append(slice(lo - start, lo - start + max(hi - lo, 0)))
+    block[tuple(dst)] = value[tuple(src)]
+    return block.reshape(shape)
 
 
 def needs_body_interpretation(params: dict[str, Any]) -> bool:
@@ -1139,13 +1640,16 @@ def needs_body_interpretation(params: dict[str, Any]) -> bool:
     return _has_body_dma(params["jaxpr"])
 
 
-def interpret_body(params: dict[str, Any], call: KernelCall) -> tuple[Any, list[BodyCopy]]:
-    """Run the kernel body at every grid step on zero blocks: its ``AccessLog`` and the DMAs it
-    starts.
+def interpret_body(params: dict[str, Any], call: KernelCall, args: tuple | None = None,
+                   record: bool = True) -> tuple[Any, list[BodyCopy]]:
+    """Run the kernel body at every grid step: its ``AccessLog`` (empty unless ``record``) and
+    the DMAs it starts.
 
-    Scalar-prefetch refs hold their real values; scratch refs keep their contents from step
-    to step; input and output blocks are zeros at every step (so indices and DMA slices must
-    not depend on block data).
+    Only the values that decide indices, DMAs and control flow are computed (``_BodyNeeds``).
+    Scalar-prefetch refs hold their real values and scratch refs keep their contents from
+    step to step. An input whose contents such a value reads (e.g. a DMA size in an SMEM
+    block) holds its real block at each step when ``args`` (the call's operands) has it, and
+    an HBM/ANY input the whole array; other input and output blocks are zeros.
     """
     from kernelsim.access import AccessLog
 
@@ -1156,24 +1660,42 @@ def interpret_body(params: dict[str, Any], call: KernelCall) -> tuple[Any, list[
     if len(jaxpr.invars) != len(call.operands):
         raise TraceError(f"pallas_call {call.name!r}: {len(jaxpr.invars)} kernel refs but "
                          f"{len(call.operands)} operands")
-    refs = []
-    for v, op in zip(jaxpr.invars, call.operands, strict=True):
-        data = _ref_array(v.aval)
+    needs = _body_needs(jaxpr)
+    gm = params["grid_mapping"]
+    inputs = (list(args[len(args) - gm.num_inputs:]) if args is not None
+              else [_UNKNOWN] * gm.num_inputs)
+    refs, blocks, fresh = [], [], []  # blocks: (ref, input value, operand) refilled per step
+    for i, (v, op) in enumerate(zip(jaxpr.invars, call.operands, strict=True)):
+        if not _is_ref(v):  # a scalar a pl.kernel closes over: the kernel gets its value
+            value = inputs[i - gm.num_index_operands]
+            refs.append(_SKIP if value is _UNKNOWN else np.asarray(value))
+            continue
+        ref = _Ref(op.name, op.memory_space, _ref_array(v.aval))
+        refs.append(ref)
         if op.role == "scalar_prefetch":
-            data = np.array(op.value, copy=True).reshape(data.shape)
-        refs.append(_Ref(op.name, op.memory_space, data))
-    fresh = [r for r, op in zip(refs, call.operands, strict=True)
-             if op.role in ("input", "output")]
+            ref.data = np.array(op.value, copy=True).reshape(ref.data.shape)
+            continue
+        value = _UNKNOWN
+        if op.role == "input" and needs.contents(v):
+            value = inputs[i - gm.num_index_operands]
+        if value is not _UNKNOWN and not op.pipelined:  # HBM/ANY: the whole array, kept
+            ref.data = np.array(value, copy=True).reshape(ref.data.shape)
+        elif value is not _UNKNOWN:
+            blocks.append((ref, np.asarray(value), op))
+        elif op.role in ("input", "output") and op.pipelined:
+            fresh.append(ref)
     sink: list = []
-    interp = _Interpreter(call.grid, sink)
+    interp = _Interpreter(call.grid, sink, needs, record, gm.grid_names)
     for step, point in enumerate(call.grid_indices()):
         for r in fresh:
             r.data.fill(0)
+        for r, value, op in blocks:
+            r.data = _block_of(value, op, step, r.data.shape)
         interp.step, interp.grid_index, interp.order, interp.scoped = (
             step, tuple(int(g) for g in point), 0, 0)
         with jax.disable_jit():
             interp.run(_open(jaxpr), [], refs)
-    shapes = {r.name: r.data.shape for r in refs}
+    shapes = {r.name: r.data.shape for r in refs if isinstance(r, _Ref)}
     for a in sink:
         shapes.setdefault(a.operand, a.shape)
     return AccessLog(call.steps, shapes, sink), interp.copies

@@ -19,7 +19,8 @@ from kernelsim.schedule import FETCH, KEEP, SKIP, WRITEBACK, CallSchedule
 @dataclass(frozen=True)
 class OperandCost:
     """Totals for one operand over the whole call (bytes are HBM bytes: the pipeline's copies
-    plus the DMAs the kernel body starts to or from this operand)."""
+    plus the DMAs the kernel body starts to or from this operand). An output's ``fetches``
+    are its ``RevisitMode.ANY`` read-backs (none otherwise)."""
 
     operand: Operand
     fetches: int
@@ -119,12 +120,14 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         elif sched is None:
             costs.append(OperandCost(op, 0, 0, 0, 0, read, write, onchip, buffers))
         else:
-            moved = int(sched.moved_bytes.sum())
+            restored = int(sched.restored_bytes.sum())  # RevisitMode.ANY read-backs
+            moved = int(sched.moved_bytes.sum()) - restored
             is_in = op.role == "input"
             costs.append(OperandCost(
-                op, sched.count(FETCH), sched.count(SKIP), sched.count(WRITEBACK),
-                sched.count(KEEP), (moved if is_in else 0) + read,
-                (0 if is_in else moved) + write, onchip, buffers))
+                op, sched.count(FETCH) + int(sched.restores.sum()), sched.count(SKIP),
+                sched.count(WRITEBACK), sched.count(KEEP),
+                (moved if is_in else restored) + read, (0 if is_in else moved) + write,
+                onchip, buffers))
     read = sum(c.hbm_read_bytes for c in costs)
     write = sum(c.hbm_write_bytes for c in costs)
     edge_padding = sum(int((s.padded_moved_bytes - s.moved_bytes).sum())

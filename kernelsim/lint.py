@@ -6,17 +6,18 @@ Each message names the operand and the rule; the rules' sources:
   two dims divisible by (8, 128) or whole; the dtype-dependent 1-D rule; pl.ANY/HBM blocks whole
   with a zero index map); https://docs.jax.dev/en/latest/pallas/tpu/details.html explains it.
 - parallel after arbitrary, output revisits: same page, "Multicore / Pipelining" sections, and
-  the TPU interpreter's revisit check (jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py).
+  the TPU interpreter's revisit check (jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py);
+  an output with ``RevisitMode.ANY`` may revisit (its restores are modelled, kernelsim.schedule),
+  but only single-buffered: ``RevisitMode.ANY is not supported with double buffering``
+  (jax/_src/pallas/mosaic/lowering.py, the window params' ``revisit_mode``).
 """
 
 from __future__ import annotations
 
-import numpy as np
-
 from kernelsim.chips import Chip
 from kernelsim.cost import CallCost
 from kernelsim.model import KernelCall, Operand
-from kernelsim.schedule import CallSchedule
+from kernelsim.schedule import CallSchedule, revisit_steps
 
 # TPU vreg geometry the block-shape rule uses: sublanes x lanes of 32-bit words (the same on
 # every chip kernelsim models; jax/_src/tpu_info.py num_sublanes / num_lanes).
@@ -57,18 +58,8 @@ def _block_shape_problem(op: Operand) -> str | None:
 
 
 def _revisits(op: Operand) -> list[int]:
-    """Block indices of ``op`` (by step) that come back after another block was visited."""
-    starts = op.block_indices
-    change = np.flatnonzero(np.any(starts[1:] != starts[:-1], axis=1)) + 1
-    runs = np.concatenate([[0], change])
-    seen: dict[tuple, int] = {}
-    steps = []
-    for first in runs:
-        key = tuple(starts[first])
-        if key in seen:
-            steps.append(int(first))
-        seen[key] = int(first)
-    return steps
+    """Steps at which a block of ``op`` comes back after another block was visited."""
+    return revisit_steps(op.block_indices).tolist()
 
 
 def lint(call: KernelCall, schedule: CallSchedule, cost: CallCost, chip: Chip) -> list[str]:
@@ -100,16 +91,20 @@ def lint(call: KernelCall, schedule: CallSchedule, cost: CallCost, chip: Chip) -
                 f"grid axis {late[0]} is {sem[late[0]]!r} but comes after 'arbitrary' axis "
                 f"{first_arbitrary}: parallel axes must be a prefix of the grid "
                 "(dimension_semantics=" + repr(sem) + ").")
+    copied = {n for c in call.body_copies for n in (c.src, c.dst)}
+    for out, inp in call.aliases.items():  # one HBM buffer under two names
+        if out in copied or inp in copied:
+            copied |= {out, inp}
     for op in call.operands:
         if (op.role in ("input", "output") and op.memory_space in ("any", "hbm")
-                and not any(op.name in (c.src, c.dst) for c in call.body_copies)):
+                and op.name not in copied):
             warnings.append(f"operand {op.name!r} stays in {op.memory_space.upper()} and "
                             "neither the pipeline nor the kernel body copies it: is it used?")
         if tpu and op.role in ("input", "output") and (msg := _block_shape_problem(op)):
             warnings.append(msg)
         if not op.pipelined:
             continue
-        if op.role == "output" and (steps := _revisits(op)):
+        if op.role == "output" and not op.revisit_any and (steps := _revisits(op)):
             block = tuple(int(v) for v in op.block_indices[steps[0]])
             warnings.append(
                 f"output {op.name!r} revisits block {block} non-consecutively (first again at "

@@ -57,6 +57,9 @@ class Operand:
         (JAX's ``BlockMapping.has_trivial_window``): Mosaic single-buffers such a VMEM block.
     buffer_count: on-chip buffers the TPU pipeline allocates (``pl.Buffered(n)``, 2 by default,
         1 for a trivial window), as the adapter read it from JAX.
+    revisit_any: an output with ``pl.Buffered(..., revisit=pl.RevisitMode.ANY)``: a block that
+        comes back after another was visited is read back from HBM first (see
+        ``kernelsim.schedule``).
     """
 
     name: str
@@ -70,6 +73,7 @@ class Operand:
     block_indices: np.ndarray | None = None
     value: np.ndarray | None = None
     trivial_window: bool = False
+    revisit_any: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -126,6 +130,7 @@ class KernelCall:
     body_copies: the DMAs the kernel body starts, in step and program order (empty unless the
         body has any; the pipeline's own copies are the schedule's).
     vmem_limit_bytes: the call's ``pltpu.CompilerParams(vmem_limit_bytes=...)``, if given.
+    aliases: output name -> the input whose HBM buffer it reuses (``input_output_aliases``).
     """
 
     name: str
@@ -139,6 +144,7 @@ class KernelCall:
     notes: list[str] = field(default_factory=list)
     body_copies: list[BodyCopy] = field(default_factory=list)
     vmem_limit_bytes: int | None = None
+    aliases: dict[str, str] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:

@@ -10,6 +10,15 @@ last step; otherwise it is *kept* on chip. Operands in ``pl.ANY``/HBM get no aut
 ``gpu`` (one program per grid point, as the Triton lowering emits): every step loads every
 input block and stores every output block; nothing is reused between programs.
 
+``RevisitMode.ANY`` (an output's ``pl.Buffered(1, revisit=pl.RevisitMode.ANY)``): an output
+block may come back after other blocks were visited, and the pipeline "will insert additional
+DMAs as needed to restore the buffer state" (``RevisitMode``'s docstring,
+jax/_src/pallas/core.py). jax passes the mode on to Mosaic (``revisit_mode`` in
+jax/_src/pallas/mosaic/lowering.py), whose schedule is not public; kernelsim models the
+restore the docstring describes: at every step where such a block comes back, one read of
+the block from HBM (``restores``), besides the usual write-backs. TPU interpret mode does not
+implement the mode (it rejects the revisit), so nothing checks this copy for copy.
+
 Edge blocks of non-divisible shapes: each copy carries two sizes. ``block_bytes`` counts only
 the in-bounds part -- the bytes of the array that exist in HBM, which is what the totals use,
 because no byte outside the array is read from or written to it. ``padded_moved_bytes`` counts
@@ -55,21 +64,35 @@ class OperandSchedule:
 
     actions: int8 codes indexing ``ACTIONS``.
     block_bytes: in-bounds bytes of the block at each step (what a copy would move).
+    restores: bool, outputs with ``RevisitMode.ANY`` only: the block is read back from HBM
+        at this step because it comes back after another block (all False otherwise).
     """
 
     operand: Operand
     actions: np.ndarray
     block_bytes: np.ndarray
+    restores: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.restores is None:
+            self.restores = np.zeros(self.actions.shape[0], bool)
 
     @property
     def moved_bytes(self) -> np.ndarray:
-        """In-bounds HBM bytes moved at each step."""
-        return np.where(self.moving, self.block_bytes, 0)
+        """In-bounds HBM bytes moved at each step (restore reads included)."""
+        return (np.where(self.moving, self.block_bytes, 0)
+                + np.where(self.restores, self.block_bytes, 0))
+
+    @property
+    def restored_bytes(self) -> np.ndarray:
+        """In-bounds HBM bytes read back at each step (``RevisitMode.ANY`` restores)."""
+        return np.where(self.restores, self.block_bytes, 0)
 
     @property
     def padded_moved_bytes(self) -> np.ndarray:
         """Bytes moved at each step counting the whole (edge-padded) block buffer."""
-        return np.where(self.moving, self.operand.block_buffer_bytes, 0)
+        return (np.where(self.moving, self.operand.block_buffer_bytes, 0)
+                + np.where(self.restores, self.operand.block_buffer_bytes, 0))
 
     @property
     def moving(self) -> np.ndarray:
@@ -152,16 +175,20 @@ class CallSchedule:
                        f"{[s.operand.name for s in self.operands]}")
 
     def events(self) -> list[StepEvent]:
-        """Every event, ordered by step, then operand (pallas_call order)."""
+        """Every event, ordered by step, then operand (pallas_call order). An output's
+        ``RevisitMode.ANY`` restore is a "fetch" event just before its own event."""
         grid_index = [tuple(int(v) for v in row) for row in self.call.grid_indices()]
         per_operand = [
             (s, [tuple(int(v) for v in row) for row in s.operand.block_indices],
-             s.moved_bytes.tolist())
+             (s.moved_bytes - s.restored_bytes).tolist(), s.restored_bytes.tolist())
             for s in self.operands
         ]
         events = []
         for step in range(self.call.steps):
-            for sched, blocks, moved in per_operand:
+            for sched, blocks, moved, restored in per_operand:
+                if sched.restores[step]:
+                    events.append(StepEvent(step, grid_index[step], sched.operand.name,
+                                            blocks[step], "fetch", restored[step]))
                 events.append(StepEvent(step, grid_index[step], sched.operand.name,
                                         blocks[step], ACTIONS[sched.actions[step]], moved[step]))
         return events
@@ -190,6 +217,23 @@ def _block_bytes(call: KernelCall, op: Operand) -> np.ndarray:
         inside = np.minimum(start + dim.size, extent) - np.maximum(start, 0)
         extent_bytes *= np.clip(inside, 0, None)
     return extent_bytes
+
+
+def revisit_steps(starts: np.ndarray) -> np.ndarray:
+    """Steps at which a block comes back after another block was visited in between (int64).
+
+    ``starts``: [steps, ndim] start indices per step; consecutive steps on one block are one
+    visit.
+    """
+    change = np.flatnonzero(np.any(starts[1:] != starts[:-1], axis=1)) + 1
+    seen: set[tuple] = {tuple(starts[0])} if starts.shape[0] else set()
+    steps = []
+    for first in change:
+        key = tuple(starts[first])
+        if key in seen:
+            steps.append(int(first))
+        seen.add(key)
+    return np.array(steps, np.int64)
 
 
 def _changed(starts: np.ndarray, shift: int) -> np.ndarray:
@@ -226,5 +270,8 @@ def build(call: KernelCall, model: Model) -> CallSchedule:
         else:
             moves = _changed(starts, +1) if model == "tpu" else np.ones(call.steps, bool)
             actions = np.where(moves, WRITEBACK, KEEP)
-        scheds.append(OperandSchedule(op, actions.astype(np.int8), block_bytes))
+        restores = np.zeros(call.steps, bool)
+        if op.revisit_any and op.role == "output" and model == "tpu":
+            restores[revisit_steps(starts)] = True
+        scheds.append(OperandSchedule(op, actions.astype(np.int8), block_bytes, restores))
     return CallSchedule(call, model, scheds)

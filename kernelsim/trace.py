@@ -165,7 +165,8 @@ def _analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: bo
         call = _jax.to_model(c.args, c.params)
         accesses = None
         if record_access or _jax.needs_body_interpretation(c.params):
-            accesses, call.body_copies = _jax.interpret_body(c.params, call)
+            accesses, call.body_copies = _jax.interpret_body(c.params, call, c.args,
+                                                             record=record_access)
         schedule = build(call, model)
         cost = compute(schedule, chip)
         warnings = call.notes + lint(call, schedule, cost, chip)
@@ -222,7 +223,8 @@ def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
     """
     model_, chip_ = _resolve(model, chip)
     try:
-        captured = _jax.find_calls(fn, args, TPU_DEVICE_KIND.get(chip_.name, "TPU v5e"))
+        captured = _jax.find_calls(fn, args, TPU_DEVICE_KIND.get(chip_.name, "TPU v5e"),
+                                   bodies=record_access)
     except _jax.NeedsExecution:
         _, captured = _collect(fn, args, lambda a, p: _jax.zeros_for(p))
     if not captured:

@@ -4,9 +4,12 @@ The code around a kernel is not executed unless a schedule needs its value (a sc
 operand, a dynamic grid bound, a loop's trip count or a branch predicate).
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -100,3 +103,59 @@ def test_python_branch_on_an_array_value_falls_back_to_running_the_function():
         return _copy(x)
 
     assert kernelsim.trace(fn, ROWS).calls[0].grid == (1,)
+
+
+def _copy_leading_rows(n_ref, x_hbm, o_hbm, sem):
+    """Copy the first ``n_ref[0, 0]`` rows of row block i: the DMA's size is block data."""
+    rows = pl.ds(pl.program_id(0) * 8, n_ref[0, 0])
+    pltpu.async_copy(x_hbm.at[rows], o_hbm.at[rows], sem).wait()
+
+
+def leading_rows(counts, x):
+    """Row block i of ``x`` keeps its first ``counts[i]`` rows (the rest stays zero)."""
+    table = jnp.zeros((8 * counts.shape[0], 128), jnp.int32).at[::8, 0].set(counts)
+    return pl.pallas_call(
+        _copy_leading_rows, grid=(counts.shape[0],),
+        in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0), memory_space=pltpu.SMEM),
+                  pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY), scratch_shapes=[pltpu.SemaphoreType.DMA],
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(table, x)
+
+
+def test_dma_size_read_from_an_input_block_is_computed_from_the_wrapper():
+    """The size table is built inside the jitted wrapper; x's values decide nothing."""
+    data_calls = []
+    data = _counted(data_calls)
+    counts = jnp.array([3, 8, 0, 5], jnp.int32)
+    t = kernelsim.trace(jax.jit(lambda c, x: leading_rows(c, data(x))), counts, ROWS)
+    copies = t.calls[0].call.body_copies
+    assert [(c.step, c.bytes) for c in copies] == [(i, int(n) * 128 * 4)
+                                                   for i, n in enumerate(counts)]
+    assert t.calls[0].operand("x_hbm").hbm_read_bytes == 16 * 128 * 4
+    assert data_calls == []
+
+
+def _dma_after_host_math(x_hbm, o_ref, scratch, sem, *, size_from_host):
+    """A DMA whose size is a constant or comes from host code (pure_callback) in the body."""
+    host = _counted(CALLBACKS)
+    block = host(scratch[...])  # block arithmetic nothing recorded depends on
+    scratch[...] = block
+    size = host(jnp.full((1,), 4, jnp.int32))[0] if size_from_host else 4
+    pltpu.async_copy(x_hbm.at[pl.ds(0, size)], o_ref.at[pl.ds(0, size)], sem).wait()
+
+
+CALLBACKS: list = []
+
+
+@pytest.mark.parametrize("size_from_host, evaluated", [(False, 0), (True, 2)])
+def test_body_values_nothing_recorded_depends_on_are_never_computed(size_from_host, evaluated):
+    CALLBACKS.clear()
+    kernel = functools.partial(_dma_after_host_math, size_from_host=size_from_host)
+    fn = pl.pallas_call(kernel, grid=(2,), in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                        out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)),
+                        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32),
+                                        pltpu.SemaphoreType.DMA],
+                        out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
+    t = kernelsim.trace(fn, ROWS)
+    assert [c.bytes for c in t.calls[0].call.body_copies] == [4 * 128 * 4] * 2
+    assert len(CALLBACKS) == evaluated  # one host call per step, only when a DMA needs it

@@ -136,3 +136,15 @@ def test_jvp_of_a_kernel_is_checked_under_positional_operand_names():
                                     (t, t)), x, t)
     _assert_exact(v)
     assert [c.operand for c in v.checks] == ["in0", "in1", "in2", "in3", "out0", "out1"]
+
+
+def test_dma_sized_by_block_data_matches_the_interpreter():
+    """Each step copies as many rows as its SMEM block says (tests/kernelsim/test_capture.py)."""
+    from test_capture import ROWS, leading_rows
+
+    counts = jnp.array([3, 8, 0, 5], jnp.int32)
+    v = verify(jax.jit(leading_rows), counts, ROWS)
+    assert v.ok, v.report()
+    assert v.body_dma_checks[0].interpreter_bytes == [1536, 2560, 4096]  # the 0-row copy: no bytes
+    assert [c.bytes for c in v.trace.calls[0].call.body_copies] == [1536, 4096, 0, 2560]
+    assert v.trace.calls[0].warnings == []

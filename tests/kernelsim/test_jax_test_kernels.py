@@ -932,6 +932,93 @@ def parallel_arbitrary_semantics():
     return fn, (jnp.zeros((1,), jnp.int32),)
 
 
+# ------------------------------------------- pl.kernel / pl.core_map (the mpmd_map primitive)
+# From jax-ml/jax main at cec06d1 (after 0.11.0; the 0.12.0.1 wheel ships no tests). The mesh
+# is made with create_tensorcore_mesh, which both supported releases have.
+
+
+# jax tests/pallas/tpu_pallas_interpret_test.py InterpretTest.test_core_map
+def core_map(num_cores):
+    mesh = pltpu.create_tensorcore_mesh("x", num_cores=num_cores)
+
+    @jax.jit
+    def f(x):
+        y = jnp.zeros_like(x)
+
+        def inner(refs):
+            x_ref, y_ref = refs
+
+            @pl.core_map(mesh)
+            def _():
+                slc_size = 16 // num_cores
+
+                def alloc(x_vmem_ref, y_vmem_ref, dma_sem, sem):
+                    for i in range(num_cores):  # a barrier: the cores run at once
+                        pl.semaphore_signal(sem, 1, core_index=i)
+                    pl.semaphore_wait(sem, num_cores)
+                    slc = pl.ds(jax.lax.axis_index("x") * slc_size, slc_size)
+                    pltpu.async_copy(x_ref.at[slc], x_vmem_ref, dma_sem).wait()
+                    y_vmem_ref[...] = x_vmem_ref[...] + jax.lax.axis_index("x") + 1
+                    pltpu.async_copy(y_vmem_ref, y_ref.at[slc], dma_sem).wait()
+
+                pl.run_scoped(alloc, pltpu.VMEM((slc_size, 128), x_ref.dtype),
+                              pltpu.VMEM((slc_size, 128), y_ref.dtype),
+                              pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.REGULAR)
+
+        _, y = pl.run_state(inner)((x, y))
+        return y
+
+    return f, (_iota((16, 128), jnp.int32),)
+
+
+# jax tests/pallas/tpu_pallas_state_test.py CoreMapTest.test_kernel_helper_basic
+def kernel_helper_basic():
+    def body(x_ref, o_ref):
+        pltpu.sync_copy(x_ref, o_ref)
+
+    x = _iota((8, 128), jnp.int32)
+    mesh = pltpu.create_tensorcore_mesh("x", num_cores=1)
+    return pl.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=mesh), (x,)
+
+
+# jax tests/pallas/tpu_pallas_state_test.py CoreMapTest.test_can_query_core_index
+def kernel_core_index():
+    mesh = pltpu.create_tensorcore_mesh("x", num_cores=2)
+    slc_size = 16 // 2
+
+    @jax.jit
+    def f(x):
+        @functools.partial(
+            pl.kernel, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=mesh,
+            scratch_types=[pltpu.VMEM((slc_size, 128), x.dtype),
+                           pltpu.VMEM((slc_size, 128), x.dtype), pltpu.SemaphoreType.DMA])
+        def kernel(x_ref, y_ref, x_vmem_ref, y_vmem_ref, sem):
+            slc = pl.ds(jax.lax.axis_index("x") * slc_size, slc_size)
+            pltpu.async_copy(x_ref.at[slc], x_vmem_ref, sem).wait()
+            y_vmem_ref[...] = x_vmem_ref[...] + jax.lax.axis_index("x")
+            pltpu.async_copy(y_vmem_ref, y_ref.at[slc], sem).wait()
+
+        return kernel(x)
+
+    return f, (_iota((16, 128), jnp.int32),)
+
+
+# jax tests/pallas/tpu_pallas_state_test.py CoreMapTest.test_capture_scalar (TensorCore mesh)
+def kernel_capture_scalar():
+    mesh = pltpu.create_tensorcore_mesh("x", num_cores=1)
+
+    @jax.jit
+    def f(x, i):
+        @functools.partial(pl.kernel, mesh=mesh,
+                           out_type=jax.ShapeDtypeStruct((1, *x.shape[1:]), jnp.int32))
+        def kernel(x_ref, out_ref):
+            pltpu.sync_copy(x_ref.at[i], out_ref.at[jax.lax.axis_index("x")])
+
+        return kernel(x)
+
+    return f, (_iota((4, 8, 128), jnp.int32), jnp.int32(2))
+
+
 # ---------------------------------------------------------------- pallas_test.py
 
 
@@ -1151,6 +1238,13 @@ CASES = {
     "dynamic_grid_and_aliasing": (dynamic_grid_and_aliasing, True),
     "transposed_output_aliasing": (transposed_output_aliasing, True),
     "parallel_arbitrary_semantics": (parallel_arbitrary_semantics, True),
+    "core_map_one_core": (functools.partial(core_map, 1), True),
+    "core_map_two_cores": (functools.partial(core_map, 2), True),
+    "kernel_helper_basic": (kernel_helper_basic, True),
+    "kernel_core_index": (kernel_core_index, True),
+    # TPU interpret mode on a CPU misreads the closed-over scalar as a buffer id (its
+    # fallback lowering skips the TPU lowering's scalar rewrite): trace only.
+    "kernel_capture_scalar": (kernel_capture_scalar, False),
     "block_spec_with_padding": (block_spec_with_padding, True),
     "block_spec_mapped_dimension": (block_spec_mapped_dimension, True),
     "block_spec_element_high_padding": (block_spec_element_high_padding, True),
@@ -1167,11 +1261,7 @@ CASES = {
 
 # Where kernelsim fails today: name -> the exact failure (the lead removes an entry once fixed).
 TRACE_XFAIL: dict[str, str] = {}
-VERIFY_XFAIL = {
-    "dynamic_dma_on_2nd_minor": (
-        "call 0  vmem -> hbm body DMA  model 1 copies 0 B | interpreter 1 copies 2,560 B  "
-        "MISMATCH (DMA of pl.ds(index[0], size[0]) rows, size read from an SMEM input)"),
-}
+VERIFY_XFAIL: dict[str, str] = {}
 
 
 def _runs_memory_space_constraint_eagerly() -> bool:

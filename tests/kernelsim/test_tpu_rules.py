@@ -136,3 +136,41 @@ def test_buffer_count_follows_the_trivial_window_rule(index_map, mode, buffers):
 def test_unknown_tpu_is_named():
     with pytest.raises(kernelsim.TraceError, match="tpu-v5e"):
         kernelsim.tpu_lowering_error(lambda x: x, np.zeros(1), chip="tpu-v9")
+
+
+def _revisiting_reduction(buffers):
+    """JAX's test_block_reduction_with_non_immediate_revisit (tests/pallas/tpu_pallas_test.py):
+    output block j comes back every third step, accumulated with RevisitMode.ANY."""
+    def body(x_ref, o_ref):
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += x_ref[...]
+
+    out_spec = pl.BlockSpec((8, 128), lambda i, j: (0, j),
+                            pipeline_mode=pl.Buffered(buffers, revisit=pl.RevisitMode.ANY))
+    return pl.pallas_call(body, grid=(3, 3), out_specs=out_spec,
+                          in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, j))],
+                          out_shape=jax.ShapeDtypeStruct((8, 3 * 128), jnp.float32))
+
+
+def test_revisit_any_reads_back_each_block_that_comes_back():
+    x = jnp.zeros((24, 384), jnp.float32)
+    call = kernelsim.trace(_revisiting_reduction(1), x).calls[0]
+    out = call.operand("o_ref")
+    # steps 0-2 visit blocks 0, 1, 2 first; steps 3-8 come back to one each: 6 read-backs
+    assert (out.fetches, out.writebacks) == (6, 9)
+    assert (out.hbm_read_bytes, out.hbm_write_bytes) == (6 * 4096, 9 * 4096)
+    assert [e.step for e in call.schedule.events() if e.operand == "o_ref"
+            and e.action == "fetch"] == [3, 4, 5, 6, 7, 8]
+    assert call.warnings == []  # the revisit is what the mode is for
+    assert kernelsim.tpu_lowering_error(_revisiting_reduction(1), x) is None
+
+
+def test_revisit_any_with_double_buffering_is_refused_as_mosaic_refuses_it():
+    x = jnp.zeros((24, 384), jnp.float32)
+    (w,) = kernelsim.trace(_revisiting_reduction(2), x).calls[0].warnings
+    assert "RevisitMode.ANY is not supported with double buffering" in w
+    assert "RevisitMode.ANY is not supported with double buffering" in (
+        kernelsim.tpu_lowering_error(_revisiting_reduction(2), x))
