@@ -76,7 +76,9 @@ class Comparison:
         bars.set_xlim(0, max(max(est), max(comp), max(mem), 1e-12) * 1.45)  # room for labels
         bars.invert_yaxis()
         bars.set_xlabel("seconds", fontsize=FONT)
-        bars.legend(fontsize=FONT, loc="lower right")
+        # below the axes: inside, the legend would cover the estimate labels of the bars
+        bars.legend(fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2,
+                    frameon=False)
         bars.set_title("roofline estimate", fontsize=FONT + 1)
         return fig
 

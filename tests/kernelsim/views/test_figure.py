@@ -178,18 +178,26 @@ def _drawn_texts(fig) -> list[tuple[str, object, float]]:
     return drawn
 
 
+def _intersect(ba, bb) -> bool:
+    return min(ba.x1, bb.x1) - max(ba.x0, bb.x0) > 1 and min(ba.y1, bb.y1) - max(ba.y0, bb.y0) > 1
+
+
 def _overlaps(drawn, fig) -> list[tuple[str, str]]:
-    """Pairs of drawn texts whose boxes intersect by more than 1 px, and texts off the
-    figure."""
+    """Pairs of drawn texts whose boxes intersect by more than 1 px, texts off the figure, and
+    texts drawn over a legend they are not part of."""
     edge = fig.bbox
     out = [(a, "figure edge") for a, b, _ in drawn
            if b.x0 < edge.x0 - 1 or b.x1 > edge.x1 + 1 or b.y0 < edge.y0 - 1
            or b.y1 > edge.y1 + 1]
     for i, (a, ba, _) in enumerate(drawn):
         for b, bb, _ in drawn[i + 1:]:
-            if min(ba.x1, bb.x1) - max(ba.x0, bb.x0) > 1 and \
-                    min(ba.y1, bb.y1) - max(ba.y0, bb.y0) > 1:
+            if _intersect(ba, bb):
                 out.append((a, b))
+    renderer = fig.canvas.get_renderer()
+    for legend in [a.get_legend() for a in fig.axes if a.get_legend()] + fig.legends:
+        own = {t.get_text() for t in legend.get_texts()}
+        box = legend.get_window_extent(renderer)
+        out += [(a, "legend") for a, ba, _ in drawn if a not in own and _intersect(ba, box)]
     return out
 
 
@@ -202,6 +210,11 @@ def _figures(mm_trace, gather_trace):
         "gather heatmap": gather_trace.heatmap(), "seven operands heatmap": crowded.heatmap(),
         "timeline": mm_trace.timeline(),
         "compare": kernelsim.compare(mm_trace, crowded, labels=["matmul", "sum"]).figure(),
+        # a last estimate half the longest, and long labels: a legend in the lower right
+        # covered that bar's label
+        "compare, half last": kernelsim.compare(
+            mm_trace, mm_trace, kernelsim.trace(matmul, jnp.ones((256, 512)), jnp.ones((512, 512))),
+            labels=["lesson 8", "JAX op, bk_major 128", "JAX op, bk_major 512"]).figure(),
         "access": kernelsim.trace(gather_rows, jnp.array([3, 1, 1, 0], jnp.int32),
                                   jnp.zeros((32, 128)), record_access=True)
         .access_figure(2, "o_ref"),
