@@ -119,7 +119,7 @@ for n in lengths:
     linear.append(4 * n * D * 4)
     square_bytes.append(n * n * 4)
 
-fig, ax = plt.subplots(figsize=(5.5, 3.2))
+fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH, 3.6))
 ax.plot(lengths, estimated, marker="o", label="XLA's \"bytes accessed\" (CPU)")
 ax.plot(lengths, square_bytes, linestyle="--", label="one N × N f32 matrix")
 ax.plot(lengths, linear, linestyle=":", color="black", label="q, k, v, output once")
@@ -128,7 +128,7 @@ ax.set_yscale("log")
 ax.set_xlabel("N (sequence length), d = 64")
 ax.set_ylabel("bytes")
 ax.set_title("naive attention: memory traffic grows like N²")
-ax.legend(fontsize=8)
+ax.legend()
 fig.tight_layout()
 
 # %% [markdown]

@@ -390,7 +390,7 @@ for r in rows:
     print("  ".join(v.rjust(w) for v, w in zip(r, widths, strict=True)))
 
 # %%
-fig, ax = plt.subplots(figsize=(5, 3))
+fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH, 3.4))
 ax.plot([128, 256, 512, 1024], [t / 2**20 for t in traffic], marker="o")
 ax.set_xscale("log", base=2)
 ax.set_xlabel("bm (rows of A per block)")

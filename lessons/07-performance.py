@@ -219,18 +219,18 @@ for cfg in CONFIGS:
 show(rows)
 
 # %%
-fig, ax = plt.subplots(figsize=(6, 3.5))
+fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH, 4))
 for cfg in CONFIGS:
     ax.plot(SIZES, [estimates[cfg, n] for n in SIZES], marker="o", label=f"kernelsim {cfg}")
 for cfg, pcts in PUBLISHED.items():
     ax.plot(SIZES, pcts, linestyle="--", marker="x", color="black", alpha=0.6)
-    ax.annotate(f"published {cfg}", (SIZES[-1], pcts[-1]), fontsize=7,
+    ax.annotate(f"published {cfg}", (SIZES[-1], pcts[-1]),
                 xytext=(-120, 6), textcoords="offset points")
 ax.set_xscale("log", base=2)
 ax.set_xlabel("n (square bf16 matmul n × n × n)")
 ax.set_ylabel("% of v5e bf16 peak")
 ax.set_ylim(0, 105)
-ax.legend(fontsize=7, loc="center right")
+ax.legend(loc="center right")
 fig.tight_layout()
 
 # %% [markdown]

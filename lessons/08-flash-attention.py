@@ -299,7 +299,7 @@ show(rows)
 print(f"naive attention, same shape, optimistic four-pass count: {naive:,} bytes")
 
 # %%
-fig, ax = plt.subplots(figsize=(5, 3))
+fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH, 3.4))
 ax.plot([b for b, _ in sweep], [t / 2**20 for _, t in sweep], marker="o", label="kernelsim")
 ax.axhline(naive / 2**20, color="gray", linestyle="--", label="naive, four passes over N²")
 ax.axhline(s_bytes * 4 * NB * DB / 2**20, color="black", linestyle=":",
@@ -308,7 +308,7 @@ ax.set_xscale("log", base=2)
 ax.set_yscale("log")
 ax.set_xlabel("bq (query rows per block)")
 ax.set_ylabel("HBM traffic (MiB)")
-ax.legend(fontsize=7)
+ax.legend()
 fig.tight_layout()
 
 # %% [markdown]

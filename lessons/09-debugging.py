@@ -162,11 +162,11 @@ assert np.flatnonzero((fills["zero"] == 0).all(axis=1)).tolist() == unwritten
 # is NaN with the default fill, and an innocent-looking zero with the other one.
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(7.9, 2.6), sharey=True)
+fig, axes = plt.subplots(1, 2, figsize=(_course.FIGURE_WIDTH, 2.8), sharey=True)
 for ax, (name, out) in zip(axes, fills.items(), strict=True):
     shown = np.where(np.isnan(out), 1.0, np.where(out == 0, 0.5, 0.0))
     ax.imshow(shown, aspect="auto", cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
-    ax.set_title(f'uninitialized_memory="{name}"', fontsize=9)
+    ax.set_title(f'uninitialized_memory="{name}"')
     ax.set_xlabel("column")
 axes[0].set_ylabel("row (black: NaN, grey: 0)")
 for ax in axes:

@@ -360,7 +360,7 @@ for label, (read, write) in moved.items():
     print(f"{label:8s}: HBM read {read:,} B, write {write:,} B")
 assert moved["aliased"] == (2 * R * N * 4, R * N * 4)
 
-fig, ax = plt.subplots(figsize=(6, 2.2))
+fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH, 2.6))
 for row, (read, write) in enumerate(moved.values()):
     ax.barh(row, read / 1024, color="tab:blue", label="read" if row == 0 else None)
     ax.barh(row, write / 1024, left=read / 1024, color="tab:orange",

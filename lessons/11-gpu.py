@@ -48,6 +48,7 @@ import contextlib
 import functools
 import logging
 import re
+import textwrap
 import warnings
 
 import _course
@@ -698,17 +699,17 @@ for name, on_tpu, on_gpu in table:
     print(f"{name:{width}}  {on_tpu:31}  {on_gpu}")
 
 # %%
-fig = Figure(figsize=(9, 0.42 * len(table) + 0.8))
+fig = Figure(figsize=(_course.FIGURE_WIDTH, 0.5 * len(table) + 0.8))
 ax = fig.subplots()
 for r, (_, *verdicts) in enumerate(table):
     for c, text in enumerate(verdicts):
         ax.add_patch(Rectangle((c, r), 1, 1, color="#c7e9c0" if text == OK else "#fcbba1"))
-        ax.text(c + 0.5, r + 0.5, text, ha="center", va="center", fontsize=8)
+        ax.text(c + 0.5, r + 0.5, textwrap.fill(text, 20), ha="center", va="center")
 ax.set_xlim(0, 2)
 ax.set_ylim(len(table), 0)
 ax.set_xticks([0.5, 1.5], ["TPU lowering (v5e)", "GPU lowering (H100)"])
 ax.xaxis.tick_top()
-ax.set_yticks([r + 0.5 for r in range(len(table))], [t[0] for t in table], fontsize=8)
+ax.set_yticks([r + 0.5 for r in range(len(table))], [t[0] for t in table])
 ax.tick_params(length=0)
 fig.tight_layout()
 fig  # noqa: B018 - a cell's last expression is displayed
@@ -762,16 +763,16 @@ assert revisiting.hbm_write_bytes == 8 * safe.hbm_write_bytes
 # the stores per output block under the GPU model:
 
 # %%
-fig = Figure(figsize=(8, 3.4), layout="constrained")
+fig = Figure(figsize=(_course.FIGURE_WIDTH, 3.8), layout="constrained")
 axes = fig.subplots(1, 2)
 for ax, (label, t) in zip(axes, gpu_traces.items(), strict=True):
     sched = next(s for s in t.calls[0].schedule.operands if s.operand.name == "o_ref")
     counts = sched.transfer_counts()
     im = ax.imshow(counts, cmap="Oranges", vmin=0, vmax=8)
     for (r, c), n in np.ndenumerate(counts):
-        ax.text(c, r, int(n), ha="center", va="center", fontsize=7,
+        ax.text(c, r, int(n), ha="center", va="center",
                 color="white" if n > 4 else "black")
-    ax.set_title(f"{label}\nstores per output block", fontsize=9)
+    ax.set_title(f"{label}\nstores per output block")
     ax.set_xlabel("block col")
     ax.set_ylabel("block row")
 fig.colorbar(im, ax=axes, shrink=0.8, label="stores")

@@ -374,22 +374,21 @@ def k_schedule(trace, operand):
     return index, fetched
 
 
-fig, axes = plt.subplots(1, 2, figsize=(9, 2.6), sharey=True)
+fig, axes = plt.subplots(1, 2, figsize=(_course.FIGURE_WIDTH, 3.2), sharey=True)
 for ax, (label, trace, operand) in zip(
-        axes, [("lesson 8: repeat the last needed block", t_course_causal, "k_ref"),
-               ("JAX op: repeat block 0", t_op_causal, "args[0]")], strict=True):
+        axes, [("lesson 8:\nrepeat the last needed block", t_course_causal, "k_ref"),
+               ("JAX op:\nrepeat block 0", t_op_causal, "args[0]")], strict=True):
     index, fetched = k_schedule(trace, operand)
     needed = np.array([[j <= lesson8.last_kv_block(i, 256, 128) for j in range(index.shape[1])]
                        for i in range(index.shape[0])])
     ax.imshow(np.where(fetched, 2, np.where(needed, 1, 0)), cmap="Blues", vmin=0, vmax=2.5)
     for (i, j), block in np.ndenumerate(index):
-        ax.text(j, i, block, ha="center", va="center", fontsize=8,
+        ax.text(j, i, block, ha="center", va="center",
                 color="white" if fetched[i, j] else "black")
-    ax.set_title(label, fontsize=9)
+    ax.set_title(label)
     ax.set_xlabel("key/value step j")
 axes[0].set_ylabel("query block i")
-fig.suptitle("K block per step (dark: copied; light: needed, already on chip; white: skipped)",
-             fontsize=9)
+fig.suptitle("K block per step (dark: copied; light: needed, already on chip; white: skipped)")
 fig.tight_layout()
 op_index, op_fetched = k_schedule(t_op_causal, "args[0]")
 assert op_index[0, 2] == 0 and op_fetched[0, 2] and not op_fetched[1, 0]  # row 1's block 0

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from kernelsim.backend import Execution, platform
+from kernelsim.views.figure import DPI, FONT, WIDTH
 
 RECORD_ENV = "PALLAS_COURSE_RECORD"
 
@@ -43,16 +44,26 @@ def versions() -> None:
               "messages may no longer hold)")
 
 
-def _inline_figures() -> None:
-    """Let a bare matplotlib ``Figure`` (what kernelsim's views return) display as a PNG when
-    it ends a notebook cell.
+# A lesson's own figures follow kernelsim's figure rules (kernelsim/views/figure.py): at most
+# FIGURE_WIDTH inches wide at 72 dpi, so the site's ~570 px output column shows them at their
+# natural size, never scaled down, and no text below FONT points.
+FIGURE_WIDTH = WIDTH
+
+
+def _figures() -> None:
+    """Set the lessons' figure style, and let a bare matplotlib ``Figure`` (what kernelsim's
+    views return) display as a PNG when it ends a notebook cell.
 
     The inline backend registers its PNG formatter for ``Figure`` only once pyplot has loaded
     the backend module, which normally happens at the first ``plt.subplots()``. Load it now.
-    Outside a notebook (a script, the Agg backend) this does nothing.
+    Outside a notebook (a script, the Agg backend) only the style is set.
     """
     import matplotlib
 
+    matplotlib.rcParams.update({
+        "figure.dpi": DPI, "font.size": FONT, "axes.titlesize": FONT + 1,
+        "axes.labelsize": FONT, "xtick.labelsize": FONT, "ytick.labelsize": FONT,
+        "legend.fontsize": FONT, "figure.titlesize": FONT + 1})
     backend = matplotlib.get_backend()
     if "inline" in backend:
         import matplotlib.pyplot as plt
@@ -60,7 +71,7 @@ def _inline_figures() -> None:
         plt.switch_backend(backend)
 
 
-_inline_figures()
+_figures()
 
 
 def definitions(lesson: str, *names: str, **constants: Any) -> SimpleNamespace:

@@ -72,3 +72,22 @@ def test_lesson_executes(path: Path, record_property):
     record_property("seconds", round(elapsed, 1))
     print(f"{path.name}: executed in {elapsed:.1f} s", file=sys.stderr)
     assert elapsed <= TIME_LIMIT_S, f"{path.name} took {elapsed:.0f} s (limit {TIME_LIMIT_S} s)"
+
+
+FIGSIZE = re.compile(r"figsize=\((?P<width>[0-9.]+)")
+FONTSIZE = re.compile(r"fontsize=(?P<size>[0-9.]+)")
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=IDS)
+def test_lesson_figures_follow_the_figure_rules(path: Path):
+    """A lesson's own figures are no wider than kernelsim's (the site shows them unscaled) and
+    have no text below kernelsim's smallest size; ``_course`` sets both as the defaults, so a
+    lesson only breaks them by naming a number."""
+    from kernelsim.views.figure import FONT, WIDTH
+
+    source = path.read_text()
+    wide = [m.group(0) for m in FIGSIZE.finditer(source) if float(m.group("width")) > WIDTH]
+    small = [m.group(0) for m in FONTSIZE.finditer(source) if float(m.group("size")) < FONT]
+    assert not wide, f"{path.name}: figures wider than {WIDTH} in: {wide} (use " \
+        "_course.FIGURE_WIDTH)"
+    assert not small, f"{path.name}: text below {FONT} pt: {small} (leave the size to _course)"
