@@ -388,7 +388,8 @@ for ax, (label, trace, operand) in zip(
     ax.set_title(label)
     ax.set_xlabel("key/value step j")
 axes[0].set_ylabel("query block i")
-fig.suptitle("K block per step (dark: copied; light: needed, already on chip; white: skipped)")
+fig.suptitle("K block per step (dark: copied; light: needed, already on chip; "
+             "white: skipped)")
 fig.tight_layout()
 op_index, op_fetched = k_schedule(t_op_causal, "args[0]")
 assert op_index[0, 2] == 0 and op_fetched[0, 2] and not op_fetched[1, 0]  # row 1's block 0
