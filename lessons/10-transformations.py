@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # Lesson 10 — Transformations: `vmap`, `grad` and in-place updates
+# # Lesson 10 — Transformations: vmap, grad and in-place updates
 #
 # **Learning objectives.** After this lesson you can
 #

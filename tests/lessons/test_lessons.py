@@ -39,6 +39,9 @@ def test_lesson_structure(path: Path):
     text = _markdown(nb)
     assert path.read_text().startswith("# ---\n# jupyter:"), f"{path.name}: no jupytext header"
     assert nb.metadata.get("kernelspec", {}).get("name") == "python3", path.name
+    title = next((line for line in text.splitlines() if line.startswith("# ")), "")
+    assert title and "`" not in title, \
+        f"{path.name}: the H1 {title!r} holds code; the site's page title drops code spans"
     assert "**Learning objectives.**" in text, f"{path.name}: no learning objectives"
     assert text.find("**Learning objectives.**") < text.find("##"), \
         f"{path.name}: learning objectives must come first"
