@@ -870,6 +870,46 @@ def with_operand_names(params: dict[str, Any]) -> dict[str, Any]:
     return {**params, "jaxpr": jaxpr.replace(debug_info=info)}
 
 
+def _scoped_peak(jaxpr: Any) -> dict[str, int]:
+    """Per on-chip memory space, the most bytes ``pl.run_scoped`` allocations in ``jaxpr``
+    hold at once: nested scopes add up, sequential ones and branches take the larger."""
+    peak: dict[str, int] = {}
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "run_scoped":
+            inner = _open(eqn.params["jaxpr"])
+            here = dict(_scoped_peak(inner))
+            for v in inner.invars:
+                space = _memory_space(v.aval)
+                if space in ("vmem", "smem"):
+                    here[space] = here.get(space, 0) + _ref_array(v.aval).nbytes
+        else:
+            here = {}
+            for sub, _ in _sub_jaxprs(eqn):
+                for space, n in _scoped_peak(sub).items():
+                    here[space] = max(here.get(space, 0), n)
+        for space, n in here.items():
+            peak[space] = max(peak.get(space, 0), n)
+    return peak
+
+
+def _window_moves(bm: Any, grid: tuple[int, ...]) -> bool:
+    """The index map of ``bm`` may return different blocks over ``grid``: one of its outputs
+    depends on a grid index of extent > 1, or on a scalar-prefetch ref (whose entries may
+    differ), as far as the jaxpr's data flow shows."""
+    j = _open(bm.index_map_jaxpr)
+    deps: dict[Any, set[int]] = {v: {i} for i, v in enumerate(j.invars)}
+    for eqn in j.eqns:
+        used = set().union(*(deps.get(v, set()) for v in eqn.invars
+                             if not isinstance(v, jax_core.Literal)))
+        if eqn.primitive.name == "num_programs":  # reads an extent, not an index
+            used = set()
+        for v in eqn.outvars:
+            deps[v] = used
+    reached = set().union(*(deps.get(v, set()) for v in j.outvars[:len(bm.block_shape)]
+                            if not isinstance(v, jax_core.Literal)))
+    return any(i >= len(grid) or grid[i] > 1 for i in reached)
+
+
 def _concrete_grid(name: str, gm: Any, leading: tuple) -> tuple[int, ...]:
     """The grid with each dynamic bound read from its operand (the last ``leading`` ones)."""
     bounds = iter(leading[len(leading) - gm.num_dynamic_grid_bounds:])
@@ -897,6 +937,8 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     prefetch_vals = [np.asarray(a) for a in operand_args[:nprefetch]]
     call = KernelCall(name, grid, _dimension_semantics(params, len(grid)), [])
     call.flops_per_step, call.matmul_dtypes = count_flops(params["jaxpr"])
+    scoped = _scoped_peak(_open(params["jaxpr"]))
+    call.scoped_vmem_bytes, call.scoped_smem_bytes = scoped.get("vmem", 0), scoped.get("smem", 0)
     limit = getattr(params.get("compiler_params"), "vmem_limit_bytes", None)
     call.vmem_limit_bytes = None if limit is None else int(limit)
     # input_output_aliases index the inputs after the scalar prefetch operands
@@ -932,8 +974,13 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
         trivial = bool(bm.has_trivial_window())
         # Mosaic forces single buffering for a trivial window in VMEM, whatever the BlockSpec
         # asked (jax/_src/pallas/mosaic/lowering.py, "Force single-buffering pipelining for
-        # trivial windowing in VMEM"); any other block keeps its buffer count.
-        if trivial and space == "vmem":
+        # trivial windowing in VMEM"). A block with no pipeline mode whose index map reads no
+        # grid index of extent > 1 loads one window, and Mosaic's compiler single-buffers it
+        # too: JAX's test_automatic_single_buffering (tests/pallas/tpu_pallas_test.py) compiles
+        # such 10 MiB blocks where two 10 MiB buffers exceed the scoped VMEM limit. Any other
+        # block keeps its buffer count.
+        if space == "vmem" and (trivial or (bm.pipeline_mode is None
+                                            and not _window_moves(bm, grid))):
             buffers = 1
         call.operands.append(Operand(
             names[nprefetch + k], role, tuple(aval.shape), str(aval.dtype),

@@ -46,7 +46,8 @@ class CallCost:
     """Totals for one call.
 
     onchip_peak_bytes: VMEM + SMEM held at once (the pipeline allocates every buffer for the
-        whole call, so the peak is the sum).
+        whole call, so the peak is the sum), with the kernel body's ``run_scoped`` allocations
+        at their peak (``KernelCall.scoped_vmem_bytes``; emit_pipeline's buffers among them).
     hbm_read_bytes / hbm_write_bytes: in-bounds bytes (edge blocks count only the part inside
         the array); hbm_padded_bytes: reads plus writes with every pipeline copy counted as its
         whole block buffer, as TPU interpret mode copies it (see ``kernelsim.schedule``).
@@ -132,8 +133,10 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
     write = sum(c.hbm_write_bytes for c in costs)
     edge_padding = sum(int((s.padded_moved_bytes - s.moved_bytes).sum())
                        for s in schedule.operands)
-    vmem = sum(c.onchip_bytes for c in costs if c.operand.memory_space == "vmem")
-    smem = sum(c.onchip_bytes for c in costs if c.operand.memory_space == "smem")
+    vmem = call.scoped_vmem_bytes + sum(c.onchip_bytes for c in costs
+                                        if c.operand.memory_space == "vmem")
+    smem = call.scoped_smem_bytes + sum(c.onchip_bytes for c in costs
+                                        if c.operand.memory_space == "smem")
     if call.cost_estimate_flops is not None:
         flops, source = int(call.cost_estimate_flops), "pl.CostEstimate"
     else:

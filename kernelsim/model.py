@@ -131,6 +131,9 @@ class KernelCall:
         body has any; the pipeline's own copies are the schedule's).
     vmem_limit_bytes: the call's ``pltpu.CompilerParams(vmem_limit_bytes=...)``, if given.
     aliases: output name -> the input whose HBM buffer it reuses (``input_output_aliases``).
+    scoped_vmem_bytes / scoped_smem_bytes: the most VMEM / SMEM the kernel body's
+        ``pl.run_scoped`` allocations hold at once (``emit_pipeline`` allocates its buffers
+        that way), on top of the pipeline's buffers and the scratch operands.
     """
 
     name: str
@@ -145,6 +148,8 @@ class KernelCall:
     body_copies: list[BodyCopy] = field(default_factory=list)
     vmem_limit_bytes: int | None = None
     aliases: dict[str, str] = field(default_factory=dict)
+    scoped_vmem_bytes: int = 0
+    scoped_smem_bytes: int = 0
 
     @property
     def steps(self) -> int:

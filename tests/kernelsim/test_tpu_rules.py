@@ -174,3 +174,97 @@ def test_revisit_any_with_double_buffering_is_refused_as_mosaic_refuses_it():
     assert "RevisitMode.ANY is not supported with double buffering" in w
     assert "RevisitMode.ANY is not supported with double buffering" in (
         kernelsim.tpu_lowering_error(_revisiting_reduction(2), x))
+
+
+MiB = 1 << 20
+
+
+def _one_window(grid, index_map, mib, mode=None, prefetch=0):
+    """An output of (100 MiB,) int8 written in (mib MiB,) blocks, as JAX's
+    test_automatic_single_buffering (tests/pallas/tpu_pallas_test.py) builds its cases."""
+    kw = {} if mode is None else {"pipeline_mode": mode}
+    spec = pl.BlockSpec((mib * MiB,), index_map, **kw)
+    out = jax.ShapeDtypeStruct((100 * MiB,), jnp.int8)
+    if not prefetch:
+        return pl.pallas_call(lambda o_ref: None, grid=grid, out_specs=spec, out_shape=out), ()
+    assert prefetch == 2
+    grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, grid=grid, out_specs=spec)
+    scalars = (jnp.zeros((1,), jnp.int32),) * 2
+    return pl.pallas_call(lambda s0_ref, s1_ref, o_ref: None, grid_spec=grid_spec,
+                          out_shape=out), scalars
+
+
+@pytest.mark.parametrize("chip, mib", [("tpu-v5e", 10), ("tpu-v6e", 20)])
+@pytest.mark.parametrize("grid, index_map, mode, prefetch, fits", [
+    ((4, 1), lambda i, j: (j,), None, 0, True),      # only a size-1 grid axis: one window
+    ((1, 4), lambda i, j: (i,), None, 0, True),
+    ((4, 1), lambda i, j: (j + i,), None, 0, False),  # four windows: two buffers, too many
+    ((4, 1), lambda i, j: (j + i,), pl.Buffered(1), 0, True),
+    ((4, 1), lambda i, j, *_: (j + i,), None, 2, False),  # prefetch refs are not grid axes
+])
+def test_automatic_single_buffering_as_jax_tests_it(chip, mib, grid, index_map, mode,
+                                                    prefetch, fits):
+    """Where JAX's test compiles, kernelsim counts one buffer and says nothing; where it
+    expects "Ran out of memory", kernelsim counts two and warns about the scoped limit."""
+    fn, args = _one_window(grid, index_map, mib, mode, prefetch)
+    call = kernelsim.trace(fn, *args, chip=chip).calls[0]
+    assert call.operand("o_ref").buffers == (1 if fits else 2)
+    assert call.cost.vmem_bytes == (1 if fits else 2) * mib * MiB
+    scoped = [w for w in call.warnings if "scoped VMEM" in w]
+    assert bool(scoped) != fits
+    if scoped:
+        assert "stated neither in JAX's source nor in its docs" in scoped[0]
+
+
+def test_scoped_allocations_count_at_their_peak():
+    """Nested run_scoped buffers are live together; sequential ones reuse the space."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+        def add_through(ref):  # x passes through the buffer's first rows into o
+            ref[pl.ds(0, 8), :] = x_ref[...]
+            o_ref[...] += ref[pl.ds(0, 8), :]
+
+        def outer(a):  # 4 KiB, and inside it 8 KiB: 12 KiB at once
+            add_through(a)
+            pl.run_scoped(add_through, pltpu.VMEM((16, 128), jnp.float32))
+
+        def count(s):
+            s[0] = 1
+            o_ref[...] += s[0].astype(jnp.float32)
+
+        pl.run_scoped(outer, pltpu.VMEM((8, 128), jnp.float32))
+        pl.run_scoped(add_through, pltpu.VMEM((20, 128), jnp.float32))  # 10 KiB, afterwards
+        pl.run_scoped(count, pltpu.SMEM((64,), jnp.int32))
+
+    x = jnp.zeros((8, 128), jnp.float32)
+    fn = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))
+    call = kernelsim.trace(fn, x).calls[0]
+    assert (call.call.scoped_vmem_bytes, call.call.scoped_smem_bytes) == (12 * 1024, 256)
+    assert call.cost.vmem_bytes == 12 * 1024 + 2 * x.nbytes  # + the whole-array x and o
+    assert call.cost.smem_bytes == 256
+
+
+def test_emit_pipeline_buffers_are_on_chip():
+    """JAX's PallasCallMultipleBufferedPipelineTest.test_copy: Buffered(4) in, Buffered(2) out
+    of (128, 128) int32 blocks, allocated by emit_pipeline with run_scoped: 6 x 64 KiB."""
+    from test_jax_test_kernels import emit_pipeline_multiple_buffered_copy
+
+    fn, args = emit_pipeline_multiple_buffered_copy()
+    call = kernelsim.trace(fn, *args).calls[0]
+    assert call.call.scoped_vmem_bytes == 6 * 128 * 128 * 4
+    assert call.cost.vmem_bytes == 6 * 128 * 128 * 4  # its operands stay in ANY
+
+
+def test_vmem_limit_bytes_replaces_the_default_scoped_limit():
+    spec = pl.BlockSpec((10 * MiB,), lambda i, j: (j + i,))
+
+    def fn(limit):
+        params = pltpu.CompilerParams(vmem_limit_bytes=limit)
+        return pl.pallas_call(lambda o_ref: None, grid=(4, 1), out_specs=spec,
+                              compiler_params=params,
+                              out_shape=jax.ShapeDtypeStruct((100 * MiB,), jnp.int8))
+
+    assert kernelsim.trace(fn(32 * MiB)).calls[0].warnings == []
+    (w,) = kernelsim.trace(fn(16 * MiB)).calls[0].warnings
+    assert "exceeds the call's vmem_limit_bytes 16,777,216 B" in w
