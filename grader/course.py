@@ -90,16 +90,13 @@ def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
     the message, never the grader's code. Known Pallas errors get a one-line hint
     (``grader.messages``).
 
-    While a submission is graded (``$PALLAS_COURSE_EXCHANGE`` is set) the cases come from the
-    grader at the moment the test cell runs and the results go back to it: the comparison
-    happens in the grader's own process, which holds the references.
+    While a submission is graded (``$PALLAS_COURSE_GRADING`` is set) this does nothing: the
+    grader runs the notebook again in a fresh process of its own, runs each test cell's checks
+    there itself and compares the results in its own process, which holds the references
+    (``grader.trusted``, ``grader.replay``).
     """
     __tracebackhide__ = True  # debuggers (%debug) skip this frame
-    exchange = os.environ.get("PALLAS_COURSE_EXCHANGE")
-    if exchange:
-        from grader import exchange as _exchange
-
-        _exchange.answer(Path(exchange), task_id, fn, hidden)
+    if os.environ.get("PALLAS_COURSE_GRADING"):
         return
     record: dict[str, Any] = {"task": task_id, "hidden": hidden, "passed": False}
     try:

@@ -1,19 +1,26 @@
-"""The files through which a jailed kernel and the grader trade cases and answers.
+"""What the grader and its own run of a notebook (``grader.replay``) send each other.
 
-Before a test cell runs, the grader writes ``request.json`` and the cases' *inputs* (never the
-expected outputs) into a folder the jail sees read-only; they are deleted when the cell ends,
-so no learner cell that runs earlier can read them. ``course.check`` in the kernel runs the
-learner's function on them and writes ``answer-<task>-<hidden|visible>.json`` (+ ``.npz`` of
-outputs) into its working folder. The grader reads the answer without following links, with
-size limits and without unpickling, and decides the verdict itself (``grader.verdict``).
+**The job** (grader to replay, on the replay's stdin, read whole before any learner code runs):
+one JSON line, then the cases' *inputs* (never the expected outputs) as one ``.npz``. The line
+holds the channel key, the code cells to run (source, time limit, and for a test cell its
+``course.check`` calls) and, per check, the cases: names, parameters and which arrays of the
+``.npz`` are their inputs.
+
+**The answer channel** (replay to grader): the replay's stdout, which the harness takes for
+itself before any learner code runs (learner prints go to stderr). It carries frames: a 4-byte
+length, a 32-byte HMAC-SHA256 tag under the job's key, and a payload: one JSON object, a NUL
+byte and, for a check, the ``.npz`` of its outputs. The grader reads the frames once the run
+has ended, without unpickling, under size limits, and refuses the whole channel when a tag is
+wrong or a frame is cut short: bytes the harness did not write mean learner code wrote to it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import json
-import os
-import stat
+import struct
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -22,174 +29,164 @@ import numpy as np
 
 from grader import refs as _refs
 
-REQUEST = "request.json"
-MAX_ANSWER_BYTES = 256 << 20  # outputs of one check, uncompressed
+MAX_JOB_BYTES = 512 << 20  # every input of one notebook's checks, compressed
+MAX_CHANNEL_BYTES = 256 << 20  # everything one replay may answer
 MAX_OUTPUT_BYTES = 16 << 20  # one case's output: far above any task's, far below the limits
+MAX_CHECK_BYTES = 32 << 20  # the outputs of one check's cases together (real: ~1 MiB)
 MAX_ERROR_CHARS = 2000  # of one error message in an answer
+_HEADER = struct.Struct(">I32s")  # payload length, tag
 
 
 class AnswerError(Exception):
-    """An answer file is missing, stale or not what ``course.check`` writes."""
+    """The channel or a message on it is not what the harness writes."""
 
 
 class AnswerTooLarge(AnswerError):
-    """An answer that is too big to read: a wrong answer of that task, not tampering."""
+    """Outputs too big to read: a wrong answer of that task, not tampering."""
 
 
-def answer_name(task_id: str, hidden: bool) -> str:
-    return f"answer-{task_id}-{'hidden' if hidden else 'visible'}"
+# ----------------------------------------------------------------------------- the job
+def job_bytes(key: bytes, cells: list[dict], refdir: Path
+              ) -> tuple[bytes, dict[tuple[str, bool], tuple[list[dict], list[tuple]]]]:
+    """The job for ``cells`` (dicts with ``index``, ``id``, ``source``, ``timeout`` and
+    ``checks``: ``[[task, hidden, function expression], ...]`` for a test cell, else empty).
 
-
-# ----------------------------------------------------------------------------- grader side
-def write_request(request_dir: Path, nonce: str, checks: list[tuple[str, bool]],
-                  refdir: Path) -> dict[tuple[str, bool], tuple[list[dict], list[tuple]]]:
-    """Write the inputs of every ``(task, hidden)`` check of one cell; return what was loaded.
-
-    Returns per check the manifest entries and ``(entry, inputs, expected, params)`` per case.
+    Returns the bytes and, per ``(task, hidden)``, the manifest entries and
+    ``(entry, inputs, expected, params)`` per case, for the verdict.
     """
     manifest = _refs.load_manifest(refdir)
     loaded: dict[tuple[str, bool], tuple[list[dict], list[tuple]]] = {}
-    request: dict[str, Any] = {"nonce": nonce, "checks": []}
-    for n, (task_id, hidden) in enumerate(checks):
-        entries = [e for e in manifest["cases"].values()
-                   if e["task"] == task_id and e["hidden"] == hidden]
-        cases = [(e, *_refs.load_case(refdir, e)) for e in entries]
-        loaded[(task_id, hidden)] = (entries, cases)
-        arrays, described = {}, []
-        for i, (e, inputs, _, params) in enumerate(cases):
-            keys = []
-            for name, a in inputs.items():
-                stored, dtype = _refs.to_storable(a)
-                arrays[f"c{i}_{name}"] = stored
-                keys.append([name, f"c{i}_{name}", dtype])
-            described.append({"case": e["case"], "inputs": keys,
-                              "params": {k: _refs.jsonable(v) for k, v in params.items()}})
-        file = f"inputs-{n}.npz"
-        _refs.write_npz(request_dir / file, arrays)
-        request["checks"].append({"task": task_id, "hidden": hidden, "file": file,
-                                  "cases": described})
-    (request_dir / REQUEST).write_text(json.dumps(request))
-    return loaded
+    arrays: dict[str, np.ndarray] = {}
+    described: dict[str, list[dict]] = {}
+    for cell in cells:
+        for task_id, hidden, _ in cell["checks"]:
+            if (task_id, hidden) in loaded:
+                continue
+            entries = [e for e in manifest["cases"].values()
+                       if e["task"] == task_id and e["hidden"] == hidden]
+            cases = [(e, *_refs.load_case(refdir, e)) for e in entries]
+            loaded[(task_id, hidden)] = (entries, cases)
+            tag = check_key(task_id, hidden)
+            described[tag] = []
+            for i, (e, inputs, _, params) in enumerate(cases):
+                keys = []
+                for name, a in inputs.items():
+                    stored, dtype = _refs.to_storable(a)
+                    arrays[f"{tag}/{i}/{name}"] = stored
+                    keys.append([name, f"{tag}/{i}/{name}", dtype])
+                described[tag].append({"case": e["case"], "inputs": keys,
+                                       "params": {k: _refs.jsonable(v)
+                                                  for k, v in params.items()}})
+    header = json.dumps({"key": key.hex(), "cells": cells, "cases": described}).encode()
+    return header + b"\n" + npz_bytes(arrays), loaded
 
 
-def clear_request(request_dir: Path) -> None:
-    for p in request_dir.iterdir():
-        p.unlink()
+def check_key(task_id: str, hidden: bool) -> str:
+    return f"{task_id}/{'hidden' if hidden else 'visible'}"
 
 
-def read_no_follow(folder: Path, name: str, limit: int, consume: bool = False) -> bytes:
-    """The bytes of regular file ``folder/name``; links and oversized files are refused.
+def read_job(stream) -> tuple[dict, dict[str, np.ndarray]]:
+    """The job's header and input arrays, from the whole of ``stream`` (in the replay)."""
+    data = stream.read(MAX_JOB_BYTES + 1)
+    if len(data) > MAX_JOB_BYTES:
+        raise AnswerError(f"the job is larger than {MAX_JOB_BYTES:,} bytes")
+    line, _, blob = data.partition(b"\n")
+    job = json.loads(line)
+    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    return job, arrays
 
-    consume: delete the file once read, so that nothing can hand the same bytes in again.
-    """
-    dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
+
+def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as zf:
+        for k in sorted(arrays):
+            one = io.BytesIO()
+            np.lib.format.write_array(one, np.ascontiguousarray(arrays[k]), allow_pickle=False)
+            zf.writestr(f"{k}.npy", one.getvalue())
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------- the channel
+def frame(key: bytes, message: dict, blob: bytes = b"") -> bytes:
+    """One frame of the answer channel: ``message`` (JSON) and ``blob`` under ``key``."""
+    payload = json.dumps(message, default=str).encode() + b"\0" + blob
+    tag = hmac.new(key, payload, hashlib.sha256).digest()
+    return _HEADER.pack(len(payload), tag) + payload
+
+
+def read_channel(data: bytes, key: bytes) -> tuple[list[tuple[dict, bytes]], str | None]:
+    """Every ``(message, blob)`` on the channel up to the first byte that is not a frame the
+    harness wrote under ``key``, and what that byte is (None when there is none). A frame cut
+    short is expected of a run that was stopped while writing; a wrong tag is not."""
+    out, at = [], 0
+    while at < len(data):
+        if len(data) - at < _HEADER.size:
+            return out, "the channel ends inside a frame"
+        size, tag = _HEADER.unpack_from(data, at)
+        payload = data[at + _HEADER.size:at + _HEADER.size + size]
+        if len(payload) != size:
+            return out, "the channel ends inside a frame"
+        if not hmac.compare_digest(tag, hmac.new(key, payload, hashlib.sha256).digest()):
+            return out, f"the bytes at {at:,} are not a frame the harness wrote (wrong tag)"
+        head, sep, blob = payload.partition(b"\0")
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
-        except FileNotFoundError:
-            raise AnswerError("no answer was written") from None
-        except OSError as e:
-            raise AnswerError(f"{name} could not be opened ({e.strerror})") from None
-        with os.fdopen(fd, "rb") as f:
-            st = os.fstat(f.fileno())
-            if not stat.S_ISREG(st.st_mode):
-                raise AnswerError(f"{name} is not a regular file")
-            if st.st_size > limit:
-                raise AnswerTooLarge(f"{name} is {st.st_size:,} bytes (limit {limit:,})")
-            data = f.read(limit + 1)[:limit]
-        if consume:
-            os.unlink(name, dir_fd=dfd)
-        return data
-    finally:
-        os.close(dfd)
+            message = json.loads(head) if sep else None
+        except (ValueError, UnicodeDecodeError):
+            message = None
+        if not isinstance(message, dict):
+            return out, f"the frame at byte {at:,} holds no message"
+        out.append((message, blob))
+        at += _HEADER.size + size
+    return out, None
 
 
-def read_answer(workdir: Path, nonce: str, task_id: str, hidden: bool) -> dict[str, Any]:
-    """The kernel's answer to one check: outputs (arrays), errors, trace dict, summary."""
-    base = answer_name(task_id, hidden)
+def outputs_of(blob: bytes, dtypes: Any) -> dict[str, np.ndarray]:
+    """The output arrays of a check's message (no pickles; unpacked size limited)."""
+    if not blob:
+        return {}
+    if not isinstance(dtypes, dict):
+        raise AnswerError("the answer's dtypes are not a mapping")
     try:
-        meta = json.loads(read_no_follow(workdir, base + ".json", 16 << 20, consume=True))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise AnswerError(f"the answer is not JSON ({e})") from None
-    if not isinstance(meta, dict) or meta.get("nonce") != nonce:
-        raise AnswerError("the answer does not belong to this test cell (wrong nonce)")
-    raw = read_no_follow(workdir, base + ".npz", MAX_ANSWER_BYTES, consume=True)
-    outputs: dict[str, np.ndarray] = {}
-    dtypes = meta.get("dtypes") or {}
-    try:
-        with zipfile.ZipFile(io.BytesIO(raw)) as zf:
-            if sum(i.file_size for i in zf.infolist()) > MAX_ANSWER_BYTES:
-                raise AnswerTooLarge("the outputs unpack to more than "
-                                     f"{MAX_ANSWER_BYTES:,} bytes")
-        with np.load(io.BytesIO(raw), allow_pickle=False) as z:
-            for k in z.files:
-                outputs[k] = _refs.from_storable(z[k], str(dtypes.get(k, z[k].dtype)))
+        with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+            if sum(i.file_size for i in zf.infolist()) > MAX_CHANNEL_BYTES:
+                raise AnswerTooLarge(f"the outputs unpack to more than {MAX_CHANNEL_BYTES:,} "
+                                     "bytes")
+        with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+            return {k: _refs.from_storable(z[k], str(dtypes.get(k, z[k].dtype))) for k in z.files}
     except AnswerError:
         raise
     except Exception as e:  # noqa: BLE001 - anything unreadable is a broken answer
         raise AnswerError(f"the outputs are unreadable ({type(e).__name__}: {e})") from None
-    errors = meta.get("errors") or {}
-    if not isinstance(errors, dict):
-        raise AnswerError("the answer's errors are not a mapping")
+
+
+def answer_of(message: dict, blob: bytes) -> dict[str, Any]:
+    """A check's answer: outputs (arrays), errors, and per case the trace and work facts."""
     per_case = {}
-    for key in ("traces", "trace_errors", "work"):
-        if not isinstance(meta.get(key) or {}, dict):
+    for key in ("errors", "traces", "trace_errors", "work", "dtypes"):
+        value = message.get(key) or {}
+        if not isinstance(value, dict):
             raise AnswerError(f"the answer's {key} are not a mapping")
-        per_case[key] = meta.get(key) or {}
-    return {"outputs": outputs, "errors": {str(k): str(v) for k, v in errors.items()},
-            **per_case, "summary": str(meta.get("summary") or "")}
+        per_case[key] = value
+    return {"outputs": outputs_of(blob, per_case.pop("dtypes")),
+            **per_case, "errors": {str(k): str(v) for k, v in per_case["errors"].items()}}
 
 
-# ----------------------------------------------------------------------------- kernel side
-def answer(request_dir: Path, task_id: str, fn, hidden: bool) -> None:
-    """Run ``fn`` on the request's cases for this check and write the answer (in the kernel)."""
-    import jax.numpy as jnp
-
-    from grader import tasks, work
-
-    kind = "hidden" if hidden else "visible"
-    try:
-        request = json.loads((request_dir / REQUEST).read_text())
-    except FileNotFoundError:
-        print(f"{task_id}: only test cells are graded; this {kind} check is not one of them")
-        return
-    check = next((c for c in request["checks"]
-                  if c["task"] == task_id and c["hidden"] == hidden), None)
-    if check is None:
-        print(f"{task_id}: this test cell does not grade a {kind} check of {task_id!r}")
-        return
-    with np.load(request_dir / check["file"], allow_pickle=False) as z:
-        cases = [(c["case"],
-                  [jnp.asarray(_refs.from_storable(z[key], dtype)) for _, key, dtype
-                   in c["inputs"]],
-                  {k: _refs.unjson(v) for k, v in c["params"].items()})
-                 for c in check["cases"]]
-    task = tasks.get(task_id)
-    stored, dtypes, errors = {}, {}, {}
-    traces, trace_errors, work_facts, summary = {}, {}, {}, None
-    for name, arrays, params in cases:
-        run = work.run_case(task, fn, arrays, params)
-        if run.error is not None:
-            errors[name] = run.error[:MAX_ERROR_CHARS]
-            continue
-        traces[name], trace_errors[name], work_facts[name] = run.trace, run.trace_error, run.work
-        summary = summary or run.summary
+def encode_outputs(outputs: dict[str, Any], budget: int = MAX_CHECK_BYTES
+                   ) -> tuple[bytes, dict[str, str], dict[str, str]]:
+    """``(npz, dtypes, errors)`` for one check's outputs per case; an output that is not a
+    numeric array of a sensible size (or beyond ``budget`` bytes in all) becomes that case's
+    error instead."""
+    stored, dtypes, errors, total = {}, {}, {}, 0
+    for name, value in outputs.items():
         try:
-            stored[name], dtypes[name] = _refs.to_storable(np.asarray(run.output))
-            if stored[name].dtype == object:
+            a, dtype = _refs.to_storable(np.asarray(value))
+            if a.dtype == object:
                 raise TypeError("an object array")
-            if stored[name].nbytes > MAX_OUTPUT_BYTES:
-                raise ValueError(f"shape {stored[name].shape}, {stored[name].nbytes:,} bytes: "
-                                 f"more than the {MAX_OUTPUT_BYTES:,} any case needs")
+            if a.nbytes > MAX_OUTPUT_BYTES or total + a.nbytes > min(budget, MAX_CHECK_BYTES):
+                raise ValueError(f"shape {a.shape}, {a.nbytes:,} bytes: more than the "
+                                 f"{MAX_OUTPUT_BYTES:,} any case needs")
+            stored[name], dtypes[name], total = a, dtype, total + a.nbytes
         except Exception as e:  # noqa: BLE001
-            stored.pop(name, None)
-            dtypes.pop(name, None)
             errors[name] = f"the result is not a numeric array of a sensible size ({e})"
-    base = answer_name(task_id, hidden)
-    _refs.write_npz(Path(base + ".npz"), stored)
-    tmp = Path(base + ".json.tmp")
-    tmp.write_text(json.dumps({"nonce": request["nonce"], "dtypes": dtypes, "errors": errors,
-                               "traces": traces, "trace_errors": trace_errors,
-                               "work": work_facts, "summary": summary}, default=str))
-    os.replace(tmp, base + ".json")
-    print(f"{task_id}: {len(cases)} {kind} case(s) run; the grader compares the results")
+    return npz_bytes(stored), dtypes, errors

@@ -1,175 +1,230 @@
-"""Tamper evidence: fingerprints of the code a grade depends on, taken inside the kernel.
+"""Tamper evidence inside the grader's own run of a notebook (``grader.replay``).
 
-The grader runs ``fingerprints`` in the jailed kernel (sent as source text, so replacing this
-module in the kernel changes nothing) once when the kernel starts, before any learner code, and
-again before each test cell, and compares the two. A learner cell that replaced a function of
-numpy, jax, Pallas, kernelsim or the course's checks, a builtin, a module in ``sys.modules``
-or IPython's error display shows up as a difference, and the submission's status becomes
-``tampered``. Values never depend on this: they are compared outside the kernel; this catches
-the attempts to fake the structural check or hide an error.
+That run is a fresh Python process in the jail. Its harness imports everything it uses, starts
+JAX, takes a ``Snapshot`` and arms a ``Guard`` before any learner code runs; then it runs the
+learner's cells and, per check, the learner's function (they must run there to be judged).
+These two catch learner code that tries to change how the facts are made:
+
+- ``Snapshot.changes`` compares, by identity (not by name or by a digest that a replacement
+  could imitate), every attribute of every module that was loaded before learner code, every
+  entry of ``sys.modules``, the attributes of those modules' classes, the shell's methods and
+  event hooks, and the signal handlers, with what they are now. A module loaded later may only
+  hold functions defined in the installed packages or the course. The harness calls it at
+  every check, after the facts are made and before they are sent.
+- ``Guard`` is an audit hook (PEP 578): it refuses what would let learner code run, or see the
+  harness, while the facts are made (threads, ``fork``, trace, profile and monitoring
+  callbacks) and refuses and reports what only an attack does: another audit hook, the garbage
+  collector's object graph, ctypes, replacing a function's code, ``/proc/*/mem``.
+
+What this does not cover is said in ``grader.replay``.
 """
 
 from __future__ import annotations
 
-import inspect
+import operator
+import re
+import signal
+import sys
+import types
+from pathlib import Path
 
-from grader.tasks import MODULES as TASK_MODULES
-
-# modules whose every function and method is fingerprinted
-MODULES = ("grader.course", "grader.exchange", "grader.tasks", "grader.tasks.core",
-           *(f"grader.tasks.{name}" for name in TASK_MODULES), "grader.refs", "grader.verdict",
-           "grader.work",
-           "kernelsim", "kernelsim._jax", "kernelsim.model", "kernelsim.schedule",
-           "kernelsim.cost", "kernelsim.trace", "kernelsim.errors", "kernelsim.lint")
-# single objects elsewhere that checks and error reporting go through
-OBJECTS = (
-    "builtins.print", "builtins.isinstance", "builtins.open", "builtins.__import__",
-    "builtins.getattr", "builtins.len", "builtins.repr", "builtins.compile", "builtins.exec",
-    "builtins.AssertionError", "builtins.Exception",
-    "numpy.asarray", "numpy.array", "numpy.allclose", "numpy.isclose", "numpy.array_equal",
-    "numpy.testing.assert_allclose", "numpy.testing.assert_array_equal", "numpy.save",
-    "numpy.load", "numpy.savez", "numpy.lib.format.write_array", "json.dumps", "json.dump",
-    "json.loads", "os.replace", "os.open", "os.write", "zipfile.ZipFile.writestr",
-    "pathlib.Path.write_text", "pathlib.Path.write_bytes", "pathlib.Path.read_text",
-    "pathlib.Path.open",
-    "jax.device_get", "jax.jit", "jax.numpy.asarray", "jax.numpy.array", "jax.make_jaxpr",
-    "jax.extend.core.jaxpr_as_fun", "jax.extend.core.jaxprs_in_params",
-    "jax.experimental.pallas.pallas_call", "jax.experimental.pallas.BlockSpec",
-    "IPython.core.interactiveshell.InteractiveShell.showtraceback",
-    "IPython.core.interactiveshell.InteractiveShell.run_cell",
-    "ipykernel.zmqshell.ZMQInteractiveShell._showtraceback",
-)
-SHELL_METHODS = ("showtraceback", "_showtraceback", "showsyntaxerror", "run_cell",
-                 "run_cell_async", "run_code", "_run_cell")
+# attributes that honest code reassigns (IPython's last result and error, its builtins)
+VOLATILE = {
+    "sys": {"last_type", "last_value", "last_traceback", "last_exc", "ps1", "ps2"},
+    "builtins": {"_", "__", "___", "get_ipython", "exit", "quit", "display"},
+}
+# events that let learner code run, or look at the harness, while the facts are made: refused
+REFUSED = {
+    "_thread.start_new_thread": "starting a thread",
+    "os.fork": "os.fork", "os.forkpty": "os.forkpty",
+    "sys.settrace": "sys.settrace", "sys.setprofile": "sys.setprofile",
+    "sys.monitoring.register_callback": "sys.monitoring callbacks",
+}
+# events only an attack on the grading needs: refused and reported as tampering
+ATTACKS = {
+    "sys.addaudithook": "added an audit hook",
+    "gc.get_referrers": "walked the object graph (gc.get_referrers)",
+    "gc.get_referents": "walked the object graph (gc.get_referents)",
+    "gc.get_objects": "listed every object (gc.get_objects)",
+}
+_PROC_MEM = re.compile(r"^/proc/(self|thread-self|\d+)(/task/\d+)?/mem$")
 
 
-def fingerprints(modules, objects, shell_methods) -> dict:
-    """``{name: fingerprint}`` for the functions of ``modules`` and for ``objects``.
-
-    Self-contained (imports inside, no module globals) because the grader sends its source to
-    the kernel. A Python function's fingerprint digests its bytecode, names and constants,
-    nested code included; a builtin's is its module and qualified name; a module's its file.
-    """
-    import builtins
-    import hashlib
-    import importlib
-    import sys
-    import types
-
-    def code_digest(code) -> str:
-        h = hashlib.sha256(code.co_code)
-        h.update(repr(code.co_names).encode())
-        for c in code.co_consts:
-            if isinstance(c, types.CodeType):
-                h.update(code_digest(c).encode())
-            elif isinstance(c, frozenset):
-                h.update(repr(sorted(map(repr, c))).encode())
-            else:
-                h.update(repr(c).encode())
-        return h.hexdigest()[:16]
-
-    def fingerprint(obj) -> str:
-        code = getattr(obj, "__code__", None)
-        if isinstance(code, types.CodeType):
-            return "py:" + code_digest(code)
-        if isinstance(obj, types.BuiltinFunctionType | type):
-            return f"c:{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', '?')}"
-        if isinstance(obj, types.ModuleType):
-            return f"module:{obj.__name__}"
-        return f"other:{type(obj).__module__}.{type(obj).__qualname__}"
-
-    def resolve(dotted):
-        parts = dotted.split(".")
-        for cut in range(len(parts), 0, -1):
-            try:
-                obj = importlib.import_module(".".join(parts[:cut]))
-            except ImportError:
-                continue
-            for attr in parts[cut:]:
-                obj = getattr(obj, attr)
-            return obj
-        raise ImportError(dotted)
-
-    out: dict[str, str] = {}
-    for name in modules:
-        try:
-            mod = importlib.import_module(name)
-        except Exception as e:  # noqa: BLE001
-            out[f"module {name}"] = f"missing:{type(e).__name__}"
-            continue
-        key = f"module {name}"  # a function may share the dotted name of its module
-        out[key] = f"file:{getattr(mod, '__file__', None)}"
-        if sys.modules.get(name) is not mod:
-            out[key] += ":replaced"
-        for attr, obj in sorted(vars(mod).items()):
-            if isinstance(obj, types.ModuleType) and obj.__name__.startswith(name + "."):
-                continue  # a submodule: present once something imported it
-            if isinstance(obj, types.FunctionType | types.ModuleType):
-                out[f"{name}.{attr}"] = fingerprint(obj)
-            elif isinstance(obj, type) and obj.__module__ == name:
-                for meth, fn in sorted(vars(obj).items()):
-                    fn = getattr(fn, "__func__", fn)
-                    if isinstance(fn, types.FunctionType):
-                        out[f"{name}.{attr}.{meth}"] = fingerprint(fn)
-            elif isinstance(obj, list) and attr == "TASKS":  # the course's task table
-                for task in obj:
-                    for field in ("invoke", "structure", "reference", "make"):
-                        fn = getattr(task, field, None)
-                        if fn is not None:
-                            out[f"{name}.TASKS.{task.id}.{field}"] = fingerprint(fn)
-    for name in objects:
-        try:
-            out[name] = fingerprint(resolve(name))
-        except Exception as e:  # noqa: BLE001
-            out[name] = f"missing:{type(e).__name__}"
-    for name in ("numpy", "numpy.testing", "jax", "jax.numpy", "json", "builtins"):
-        mod = sys.modules.get(name)
-        out[f"sys.modules[{name}]"] = f"file:{getattr(mod, '__file__', None)}"
-    out["builtins"] = "same" if sys.modules.get("builtins") is builtins else "replaced"
-    shell = None
-    get_ipython = getattr(builtins, "get_ipython", None)
-    if get_ipython is not None:
-        try:
-            shell = get_ipython()
-        except Exception:  # noqa: BLE001
-            shell = None
-    for m in shell_methods:  # ipykernel sets some on the instance itself: fingerprint them
-        if shell is not None and m in vars(shell):
-            out[f"shell.{m}"] = fingerprint(getattr(vars(shell)[m], "__func__", vars(shell)[m]))
-    # IPython event hooks run learner code around every cell, test cells included (e.g. to
-    # patch the grading code for the cell and restore it before the next probe); hooks that
-    # come from installed packages (matplotlib's figure flush) are not the learner's
-    installed = tuple({sys.prefix, sys.base_prefix, sys.exec_prefix})
-    events = getattr(getattr(shell, "events", None), "callbacks", None)
-    for event, callbacks in sorted(events.items() if isinstance(events, dict) else ()):
-        for cb in callbacks:
-            fn = getattr(cb, "__func__", cb)
-            where = getattr(getattr(fn, "__code__", None), "co_filename", "")
-            if not where.startswith(installed):
-                out[f"IPython {event} hook {fingerprint(fn)}"] = "registered"
-    return out
+def course_roots() -> tuple[str, ...]:
+    """Where the course's own code lives (``grader/``, ``kernelsim/``)."""
+    repo = Path(__file__).resolve().parents[1]
+    return tuple(f"{repo / name}/" for name in ("grader", "kernelsim"))
 
 
-def probe_source(result_path: str) -> str:
-    """Code for the kernel: compute the fingerprints, write them as JSON, leave no names."""
-    return (inspect.getsource(fingerprints)
-            + f"\nimport json as __pc_json\nwith open({result_path!r}, 'w') as __pc_f:\n"
-            f"    __pc_json.dump(fingerprints({MODULES!r}, {OBJECTS!r}, {SHELL_METHODS!r}),"
-            " __pc_f)\n"
-            "del fingerprints, __pc_json, __pc_f\n")
+def trusted_roots() -> tuple[str, ...]:
+    """Where trusted code lives: the Python installation, the venv and the course's code."""
+    installed = {str(Path(r).resolve()) + "/" for r in (sys.prefix, sys.base_prefix,
+                                                        sys.exec_prefix)}
+    return (*sorted(installed), *course_roots())
 
 
-def differences(expected: dict, found: dict) -> list[str]:
-    """Human-readable differences, e.g. ``numpy.testing.assert_allclose was replaced``."""
-    out = []
-    for name in sorted(set(expected) | set(found)):
-        e, f = expected.get(name), found.get(name)
-        if e == f:
-            continue
-        if f is None:
-            out.append(f"{name} was removed")
-        elif e is None:
-            out.append(f"{name} was added")
+def defined_in(obj, roots: tuple[str, ...]) -> bool:
+    """Whether a function (or method, or partial of one) was compiled from a file under
+    ``roots``; anything that is not a Python function counts as defined there."""
+    while True:
+        if isinstance(obj, types.MethodType):
+            obj = obj.__func__
+        elif hasattr(obj, "func") and hasattr(obj, "args") and hasattr(obj, "keywords"):
+            obj = obj.func  # functools.partial
         else:
-            out.append(f"{name} was replaced")
+            break
+    code = getattr(obj, "__code__", None) if isinstance(obj, types.FunctionType) else None
+    return code is None or code.co_filename.startswith(roots)
+
+
+def _callable(v) -> bool:
+    return callable(v) and not isinstance(v, types.ModuleType)
+
+
+def _code(v) -> bool:
+    return callable(v) or isinstance(v, types.ModuleType)
+
+
+class Snapshot:
+    """The process's code as it is now (``changes`` compares later states with it).
+
+    ``shell``: the IPython shell learner cells run in (its methods and event hooks are part of
+    the snapshot); ``skip``: module names that are the learner's (``__main__``).
+    """
+
+    def __init__(self, shell=None, skip=("__main__", "__mp_main__")):
+        self.shell, self.skip = shell, set(skip)
+        self.roots, self.ours = trusted_roots(), course_roots()
+        self.modules: dict[str, tuple[types.ModuleType, dict | None]] = {}
+        self.classes: dict[str, tuple[type, dict]] = {}
+        for name, mod in list(sys.modules.items()):
+            self._take(name, mod)
+        # top-level names of installed packages: a module the learner adds under one of them
+        # would be imported in place of the real one
+        self.packages = {name.partition(".")[0] for name, (mod, _) in self.modules.items()
+                         if self._installed(mod)}
+        self.shell_methods = {k: v for k, v in vars(shell).items() if _callable(v)} \
+            if shell is not None else {}
+        events = getattr(getattr(shell, "events", None), "callbacks", None) or {}
+        self.hooks = {event: list(cbs) for event, cbs in events.items()}
+        self.signals = {s: signal.getsignal(s) for s in signal.valid_signals()}
+
+    def _take(self, name: str, mod) -> None:
+        if name in self.skip:
+            return
+        attrs = getattr(mod, "__dict__", None)
+        attrs = dict(attrs) if isinstance(attrs, dict) else None  # typing.io is a class
+        self.modules[name] = (mod, attrs)
+        if attrs is None:
+            return
+        for attr, value in attrs.items():
+            if isinstance(value, type) and value.__module__ == name:
+                self.classes[f"{name}.{attr}"] = (value, dict(vars(value)))
+
+    def _installed(self, mod) -> bool:
+        """Loaded from a file (or a namespace folder) of the installed packages or the course,
+        or built into Python."""
+        where = getattr(mod, "__file__", None)
+        if where:
+            return str(where).startswith(self.roots)
+        if getattr(getattr(mod, "__spec__", None), "origin", None) in ("built-in", "frozen"):
+            return True
+        paths = list(getattr(mod, "__path__", None) or ())
+        return bool(paths) and all(str(p).startswith(self.roots) for p in paths)
+
+    def _ours(self, mod) -> bool:
+        """A module of the course's own code, whose data is compared too (JAX keeps state in
+        module globals: only its code is)."""
+        return str(getattr(mod, "__file__", "")).startswith(self.ours)
+
+    def changes(self) -> list[str]:
+        """What differs from the snapshot, as ``grader.work.facts was replaced``; modules
+        loaded since are checked for learner-defined functions, then taken into it."""
+        out: list[str] = []
+        for name, (mod, attrs) in self.modules.items():
+            if sys.modules.get(name) is not mod:
+                out.append(f"sys.modules[{name!r}] was "
+                           + ("removed" if name not in sys.modules else "replaced"))
+                continue
+            if attrs is not None:
+                out += _compare(name, attrs, vars(mod), VOLATILE.get(name, ()),
+                                self._ours(mod))
+        for name, (cls, attrs) in self.classes.items():
+            out += _compare(name, attrs, vars(cls), (), self._ours(sys.modules.get(
+                cls.__module__)))
+        for name, mod in list(sys.modules.items()):
+            if name in self.modules or name in self.skip:
+                continue
+            if not self._installed(mod):  # the learner's own module, unless it takes the
+                if name.partition(".")[0] in self.packages:  # name of an installed one
+                    out.append(f"sys.modules[{name!r}] is not a module of the installed "
+                               "packages")
+                continue
+            out += [f"{name}.{attr} is defined outside the installed packages"
+                    for attr, value in list(getattr(mod, "__dict__", {}).items())
+                    if isinstance(value, types.FunctionType)
+                    and not defined_in(value, self.roots)]
+            self._take(name, mod)
+        if self.shell is not None:
+            now = {k: v for k, v in vars(self.shell).items() if _callable(v)}
+            out += [f"the shell's {k} was replaced" for k in now
+                    if self.shell_methods.get(k, now) is not now[k] or k not in self.shell_methods]
+            events = getattr(getattr(self.shell, "events", None), "callbacks", None) or {}
+            for event, cbs in sorted(events.items()):
+                for cb in cbs:
+                    if not any(cb is known for known in self.hooks.get(event, ())):
+                        out.append(f"an IPython {event} hook "
+                                   f"({getattr(cb, '__qualname__', type(cb).__name__)}) was "
+                                   "registered")
+        for s, handler in self.signals.items():
+            if signal.getsignal(s) is not handler:
+                out.append(f"a handler for {signal.Signals(s).name} was installed")
+        return out
+
+
+def _compare(name: str, before: dict, now: dict, volatile, data: bool) -> list[str]:
+    """Attributes replaced, removed or added (callables only) between ``before`` and ``now``;
+    without ``data``, only attributes that hold or now hold code or a module count."""
+    if now.keys() == before.keys() and all(map(operator.is_, now.values(), before.values())):
+        return []  # nothing rebound (same keys, in order, same objects): checked in C
+    out = []
+    for attr, value in before.items():
+        if attr in volatile or not (data or _code(value) or _code(now.get(attr))):
+            continue
+        if attr not in now:
+            out.append(f"{name}.{attr} was removed")
+        elif now[attr] is not value:
+            out.append(f"{name}.{attr} was replaced")
+    for attr in now.keys() - before.keys():
+        if attr not in volatile and _callable(now[attr]):
+            out.append(f"{name}.{attr} was added")
     return out
+
+
+class Guard:
+    """An audit hook that, once ``armed``, refuses ``REFUSED`` events (``RuntimeError``) and
+    refuses and records ``ATTACKS``, ctypes, a function's code replaced and opening
+    ``/proc/*/mem`` (``found``, for the report)."""
+
+    def __init__(self):
+        self.armed = False
+        self.found: list[str] = []
+
+    def __call__(self, event: str, args: tuple) -> None:
+        if not self.armed:
+            return
+        if event in REFUSED:
+            raise RuntimeError(f"{REFUSED[event]} is not allowed while the grader runs your "
+                               "notebook")
+        attack = ATTACKS.get(event)
+        if attack is None and event.startswith("ctypes."):
+            attack = f"used ctypes ({event})"
+        elif attack is None and event == "object.__setattr__" and len(args) >= 2 \
+                and args[1] == "__code__":
+            attack = f"replaced the code of {getattr(args[0], '__qualname__', '?')}"
+        elif attack is None and event == "open" and args and \
+                isinstance(args[0], str | bytes) and _PROC_MEM.match(str(args[0])):
+            attack = f"opened {args[0]!s}"
+        if attack is not None:
+            self.found.append(attack)
+            raise RuntimeError(f"{attack}: not allowed while the grader runs your notebook")

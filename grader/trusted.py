@@ -4,28 +4,28 @@
 grader (this process) drives the notebook cell by cell as nbgrader does, but the kernel runs in
 ``grader.sandbox``'s jail: its own namespaces, a uid of its own, a filesystem that holds no
 references, no instructor notebooks, no gradebook and no other submission, and limits on CPU
-seconds, memory, processes, file size, disk and output. Test cells (restored from the gradebook
-by nbgrader before this runs) are graded here:
+seconds, memory, processes, file size, disk and output. That kernel's run is what the learner
+sees (outputs, feedback); its ``course.check`` calls do nothing. The facts a grade is decided
+from come from the grader's own run of the same cells (``FreshRun``, ``grader.replay``): a
+fresh Python process in the same jail under another uid, started beside the kernel, where the
+harness imports and fingerprints its code before any learner code runs, runs the cells, runs
+each test cell's checks itself and answers over a channel the kernel never has.
 
-1. an integrity probe runs in the kernel (``grader.integrity``); a difference from the
-   fingerprints it took when the kernel started (a replaced function, a learner-defined IPython
-   event hook) marks the submission ``tampered`` and fails the cell;
-2. the cell's cases (inputs only) are written where the jail can read them;
-3. the cell runs; ``course.check`` in the kernel runs the learner's function once per case
-   (``grader.work.run_case``) and writes the outputs, the trace and the work facts of that run;
-4. the inputs are deleted and the probe runs again (a change made during the cell voids its
-   answer); the answer is read once and deleted, without trusting it (no links, no pickle,
-   size limits), and ``grader.verdict`` decides; a failing verdict is added to the cell as an
-   error, and ``VerdictGrades`` scores the cell from the verdict alone, so nothing the kernel
-   prints, displays or writes to stderr changes a score.
+When both runs have ended, each test cell's checks are decided here (``grader.verdict``),
+against references the jail never sees: a failing verdict is added to the cell as an error and
+``VerdictGrades`` scores the cell from the verdict alone, so nothing either run prints,
+displays or writes changes a score. What the fresh run found (changed grading code, a refused
+hook, bytes on its channel it did not write) marks the submission ``tampered``; checks after
+it are not graded.
 
-Each notebook's findings (tampering, a dead kernel, a limit) are appended to ``REPORTS`` for
-the worker, which turns them into the submission's status.
+Each notebook's findings (tampering, a dead kernel or run, a limit) are appended to ``REPORTS``
+for the worker, which turns them into the submission's status.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import os
 import secrets
@@ -45,13 +45,14 @@ from nbgrader import utils as nbgrader_utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
 from traitlets import Integer
 
-from grader import exchange, integrity, messages, refs, sandbox, verdict
+from grader import exchange, messages, refs, replay, sandbox, verdict
 
 REPORTS: list[dict] = []  # one per executed notebook, read and cleared by grader.worker
 
 
-def checks_in(cell) -> list[tuple[str, bool]]:
-    """The ``course.check("task", fn[, hidden=True])`` calls of a test cell, in order."""
+def checks_in(cell) -> list[tuple[str, bool, str]]:
+    """The ``course.check("task", fn[, hidden=True])`` calls of a test cell, in order, as
+    ``(task, hidden, the source of fn)``."""
     nbg = cell.get("metadata", {}).get("nbgrader", {})
     if cell.get("cell_type") != "code" or not nbg.get("grade"):
         return []
@@ -68,7 +69,10 @@ def checks_in(cell) -> list[tuple[str, bool]]:
                 and isinstance(node.args[0].value, str)):
             hidden = next((k.value.value for k in node.keywords if k.arg == "hidden"
                            and isinstance(k.value, ast.Constant)), False)
-            out.append((node.args[0].value, bool(hidden)))
+            fn = node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "fn"), None)
+            out.append((node.args[0].value, bool(hidden),
+                        ast.unparse(fn) if fn is not None else "None"))
     return out
 
 
@@ -79,7 +83,6 @@ class JailRun:
     slot: int
     limits: sandbox.Limits
     workdir: Path
-    requests: Path
     uid: int | None = None
     pid: int | None = None
     killed: str | None = None  # why the watcher killed the kernel
@@ -87,21 +90,7 @@ class JailRun:
 
     @classmethod
     def create(cls, slot: int, limits: sandbox.Limits) -> JailRun:
-        base = Path(tempfile.gettempdir()) / "pallas-course-jails"
-        base.mkdir(mode=0o711, exist_ok=True)
-        st = os.lstat(base)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            raise RuntimeError(f"{base} is not a directory owned by this user and writable by "
-                               "it alone; remove it and grade again")
-        name = f"{slot}-{secrets.token_hex(6)}"
-        requests = base / f"{name}.requests"
-        requests.mkdir(mode=0o755)  # the grader's; the jail sees it read-only
-        return cls(slot, limits, base / name, requests)
-
-    def readable(self) -> list[Path]:
-        # the code the kernel imports, and nothing else of the repository
-        return [*sandbox.default_readable(), refs.REPO / "grader", refs.REPO / "kernelsim",
-                self.requests]
+        return cls(slot, limits, jail_folder(slot))
 
     def watch(self) -> None:
         """Kill the kernel when its folder outgrows the disk limit (checked every 0.2 s)."""
@@ -119,27 +108,52 @@ class JailRun:
         self.stop.set()
         self.kill()
         shutil.rmtree(self.workdir, ignore_errors=True)
-        shutil.rmtree(self.requests, ignore_errors=True)
 
 
-# what a grading kernel imports: without it every test cell would fail, and every grade be 0
+def jail_folder(slot: int, suffix: str = "") -> Path:
+    """A new folder name for one jailed run (created by ``sandbox``), under a base only this
+    user can write to."""
+    base = Path(tempfile.gettempdir()) / "pallas-course-jails"
+    base.mkdir(mode=0o711, exist_ok=True)
+    st = os.lstat(base)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise RuntimeError(f"{base} is not a directory owned by this user and writable by "
+                           "it alone; remove it and grade again")
+    return base / f"{slot}-{secrets.token_hex(6)}{suffix}"
+
+
+def readable() -> list[Path]:
+    """What a jailed run may read: the Python installation, the venv, and of the repository
+    only the code the kernel imports."""
+    return [*sandbox.default_readable(), refs.REPO / "grader", refs.REPO / "kernelsim"]
+
+
+def grading_env(fresh: bool = False) -> dict[str, str]:
+    """The environment of a grading kernel (``fresh``: of the grader's own run) on top of
+    ``sandbox.child_env``: ``course.check`` does nothing in either (the fresh run checks by
+    itself); the fresh run draws no figures and skips ``breakpoint()``."""
+    env = {"PALLAS_COURSE_GRADING": "1", "NBGRADER_EXECUTION": "autograde"}
+    return {**env, "MPLBACKEND": "Agg", "PYTHONBREAKPOINT": "0"} if fresh else env
+
+
+# what a grading kernel and the fresh run import: without it every test cell would fail, and
+# every grade be 0
 PREFLIGHT = ("import ipykernel, jax, jax.experimental.pallas, numpy, kernelsim, grader.course, "
-             "grader.exchange, grader.tasks")
+             "grader.replay, grader.tasks")
 
 
 def preflight(limits: sandbox.Limits, slot: int = 0) -> str | None:
-    """None when a jailed Python, set up as a grading kernel is, imports the course; else why.
+    """None when a jailed Python, set up as the grading runs are, imports the course; else why.
 
     Run once before a batch: a jail that cannot see the venv or the course would otherwise
     grade every submission 0 with status ``graded``.
     """
-    run = JailRun.create(slot, limits)
+    workdir = jail_folder(slot, "-preflight")
     try:
-        out = sandbox.run([sys.executable, "-c", PREFLIGHT], run.workdir, limits, slot=slot,
-                          readable=run.readable(),
-                          env={"PALLAS_COURSE_EXCHANGE": str(run.requests)})
+        out = sandbox.run([sys.executable, "-c", PREFLIGHT], workdir, limits, slot=slot,
+                          readable=readable(), env=grading_env(fresh=True))
     finally:
-        run.cleanup()
+        shutil.rmtree(workdir, ignore_errors=True)
     if out.status == "ok":
         return None
     tail = out.stderr.decode(errors="replace").strip().splitlines()[-1:] or [out.reason]
@@ -168,13 +182,11 @@ class JailedKernelManager(AsyncKernelManager):
         # would take for an orphaned kernel; bwrap --die-with-parent covers that case instead
         cmd = [*super().format_kernel_cmd(extra_arguments), "--IPKernelApp.parent_handle=0"]
         argv, self.jail.uid = sandbox.confine(cmd, self.jail.workdir, self.jail.limits,
-                                              self.jail.slot, self.jail.readable())
+                                              self.jail.slot, readable())
         return argv
 
     async def _async_launch_kernel(self, kernel_cmd, **kw):
-        kw["env"] = {**sandbox.child_env(self.jail.workdir),
-                     "PALLAS_COURSE_EXCHANGE": str(self.jail.requests),
-                     "NBGRADER_EXECUTION": "autograde"}
+        kw["env"] = {**sandbox.child_env(self.jail.workdir), **grading_env()}
         kw["cwd"] = str(self.jail.workdir)
         if self.jail.uid is not None:
             os.chown(self.connection_file, self.jail.uid, self.jail.uid)
@@ -227,8 +239,112 @@ def _error(ename: str, message: str) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=message, traceback=[message])
 
 
+STARTUP_SECONDS = 120  # the fresh run's imports and JAX start, beyond its cells' time limits
+
+
+@dataclass
+class Replayed:
+    """What the fresh run answered: per check ``(cell index, task, hidden)`` its message and
+    outputs; per learner cell the error it raised there; and why checks without an answer
+    were not graded (``stopped``), with ``timed_out`` when that was a time limit."""
+
+    answers: dict[tuple[int, str, bool], tuple[dict, bytes]] = field(default_factory=dict)
+    cell_errors: dict[int, str] = field(default_factory=dict)
+    tampered: list[str] = field(default_factory=list)
+    died: str | None = None
+    stopped: str | None = None
+    timed_out: bool = False
+
+
+class FreshRun:
+    """The grader's own run of a notebook's code cells (``grader.replay``), started at once in
+    the jail under the slot's second uid; ``finish`` waits for it and reads its answers."""
+
+    def __init__(self, cells, slot: int, limits: sandbox.Limits, timeout_of):
+        last = max((i for i, c in enumerate(cells) if checks_in(c)), default=-1)
+        self.cells = [{"index": i, "id": _gid(c, i), "source": c.source,
+                       "timeout": timeout_of(c) or limits.cpu_seconds,
+                       "checks": [list(x) for x in checks_in(c)]}
+                      for i, c in enumerate(cells[:last + 1]) if c.cell_type == "code"]
+        self.key = secrets.token_bytes(32)
+        job, self.loaded = exchange.job_bytes(self.key, self.cells, refs.course_root() / "refs")
+        wall = STARTUP_SECONDS + sum(c["timeout"] for c in self.cells)
+        self.workdir = jail_folder(slot, "-fresh")
+        self.child = sandbox.start(
+            [sys.executable, "-m", "grader.replay"], self.workdir,
+            dataclasses.replace(limits, wall_seconds=wall), env=grading_env(fresh=True),
+            stdin=True, slot=slot, readable=readable(), role="replay",
+            stdout_bytes=exchange.MAX_CHANNEL_BYTES)
+        self.child.feed(job)
+
+    def _expected(self) -> list[tuple]:
+        """The frames the harness sends, in order, when nothing stops it."""
+        out: list[tuple] = []
+        for c in self.cells:
+            out += [("check", c["index"], t, h) for t, h, _ in c["checks"]] if c["checks"] \
+                else [("cell", c["index"])]
+        return out
+
+    def _read(self, frames: list[tuple[dict, bytes]], got: Replayed) -> tuple[int, bool, str]:
+        """Fill ``got`` from the frames; returns how many of the expected frames came, whether
+        the last one (``done``) did, and a frame that is out of order ('' if none)."""
+        expected, position, done = self._expected(), 0, False
+        for message, blob in frames:
+            kind = message.get("kind")
+            if done:
+                return position, done, "a frame after the last one"
+            if kind == "done":
+                done = True
+            elif kind == "tampered" and not got.tampered:
+                got.tampered += [str(r) for r in message.get("reasons") or ["(no reason)"]]
+            else:
+                here = expected[position] if position < len(expected) else None
+                key = (kind, message.get("cell"),
+                       *((message.get("task"), message.get("hidden")) if kind == "check" else ()))
+                if got.tampered or key != here:
+                    return position, done, f"a {kind!r} frame out of order"
+                position += 1
+                if kind == "cell" and message.get("error"):
+                    got.cell_errors[key[1]] = str(message["error"])
+                elif kind == "check":
+                    got.answers[key[1:]] = (message, blob)
+        return position, done, ""
+
+    def finish(self) -> Replayed:
+        try:
+            outcome = self.child.wait()
+        finally:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        frames, problem = exchange.read_channel(outcome.stdout, self.key)
+        got = Replayed()
+        position, done, disorder = self._read(frames, got)
+        cut = problem == "the channel ends inside a frame"  # stopped while writing
+        if disorder or (problem and not cut):
+            got.tampered.append("the grader's run of this notebook sent bytes its harness did "
+                                f"not write: {disorder or problem}")
+        elif outcome.returncode == replay.CHANNEL_CLOSED:
+            got.tampered.append("code in the notebook closed the grader's answer channel")
+        if got.tampered:
+            got.stopped = ("the grading code was changed before or while this test ran "
+                           f"({'; '.join(got.tampered[:3])})")
+        elif not done:
+            expected = self._expected()
+            running = next((c["id"] for c in self.cells if position < len(expected)
+                            and c["index"] == expected[position][1]), "the end of the notebook")
+            dropped = "stdout beyond" in outcome.reason
+            why = (f"answered more than {exchange.MAX_CHANNEL_BYTES:,} bytes" if dropped
+                   else outcome.reason)
+            got.stopped = f"the grader's run of your notebook {why} while running {running}"
+            got.timed_out = outcome.status == "timeout"
+            if not (got.timed_out or dropped):
+                tail = outcome.stderr.decode(errors="replace").strip().splitlines()[-1:]
+                got.died = got.stopped + (f" ({tail[0][:300]})" if tail else "")
+        return got
+
+
 class TrustedExecute(Execute):
-    """nbgrader's Execute with a jailed kernel and verdicts decided in this process."""
+    """nbgrader's Execute with a jailed kernel, the grader's own fresh run of the notebook and
+    verdicts decided in this process."""
 
     cpu_seconds = Integer(900, help="CPU seconds for one notebook's kernel").tag(config=True)
     memory_bytes = Integer(8 << 30, help="address space of the kernel (bytes)").tag(config=True)
@@ -250,8 +366,8 @@ class TrustedExecute(Execute):
         self.report = {"notebook": notebook, "tampered": [], "died": None, "limit": None,
                        "isolation": sandbox.isolation()}
         self._output_sizes: dict[int, int] = {}
-        self._tampering: list[str] = []
         watcher = threading.Thread(target=self.jail.watch, daemon=True)
+        fresh = None
         try:
             # what nbconvert's ExecutePreprocessor.preprocess does, with our kernel manager
             NotebookClient.__init__(self, nb, JailedKernelManager(self.jail, config=self.config))
@@ -260,11 +376,12 @@ class TrustedExecute(Execute):
             # grade id -> whether every check of that test cell passed; VerdictGrades scores it
             self.verdicts = self.resources.setdefault("pallas_course", {}).setdefault(
                 "verdicts", {})
+            # the grader's own run starts first and runs beside the kernel (another uid)
+            fresh = FreshRun(self.nb.cells, slot, self.limits(), self._get_timeout)
             with self.setup_kernel():
                 info = self.wait_for_reply(self.kc.kernel_info())
                 self.nb.metadata["language_info"] = info["content"]["language_info"]
                 watcher.start()
-                self._baseline = self._fingerprints()
                 dead = None
                 for index, cell in enumerate(self.nb.cells):
                     if dead is not None:
@@ -284,7 +401,8 @@ class TrustedExecute(Execute):
             self.set_widgets_metadata()
         finally:
             self.jail.cleanup()
-            self.report["tampered"] = list(dict.fromkeys(self._tampering))
+            if fresh is not None:
+                self._judge_all(fresh.finish(), fresh.loaded)
             REPORTS.append(self.report)
         return self.nb, self.resources
 
@@ -324,85 +442,72 @@ class TrustedExecute(Execute):
         return super().output(outs, msg, display_id, cell_index)
 
     # ------------------------------------------------------------------ test cells
-    def preprocess_cell(self, cell, resources, index):
-        checks = checks_in(cell)
-        if not checks:
-            return super().preprocess_cell(cell, resources, index)
-        self._probe()
-        nonce = secrets.token_hex(8)
-        loaded = exchange.write_request(self.jail.requests, nonce, checks,
-                                        refs.course_root() / "refs")
-        try:
-            cell, resources = super().preprocess_cell(cell, resources, index)
-        finally:
-            exchange.clear_request(self.jail.requests)
-        self._probe()  # again: a change made during the cell voids the answer it produced
-        self.verdicts[_gid(cell, index)] = self._judge(cell, nonce, checks, loaded)
-        return cell, resources
+    def _judge_all(self, got: Replayed, loaded) -> None:
+        """Decide every test cell's checks from the fresh run's answers."""
+        self.report["tampered"] = list(dict.fromkeys(got.tampered))
+        if got.died:
+            self.report["died"] = "; ".join(x for x in (self.report["died"], got.died) if x)
+        for index, cell in enumerate(self.nb.cells):
+            checks = checks_in(cell)
+            if checks:
+                self.verdicts[_gid(cell, index)] = self._judge(cell, index, checks, loaded, got)
 
-    def _fingerprints(self) -> dict | None:
-        """``integrity.fingerprints`` as the kernel computes them; None if it could not."""
-        name = f"probe-{secrets.token_hex(6)}.json"
-        msg_id = self.kc.execute(integrity.probe_source(str(self.jail.workdir / name)),
-                                 silent=True, store_history=False, allow_stdin=False)
-        try:
-            self.wait_for_reply(msg_id)
-            return json.loads(exchange.read_no_follow(self.jail.workdir, name, 4 << 20,
-                                                      consume=True))
-        except DeadKernelError:
-            raise
-        except Exception:  # noqa: BLE001
-            return None
+    def _differences(self, got: Replayed, before: int) -> str:
+        """The learner cells before cell ``before`` that raised in the fresh run but not in the
+        kernel: what the learner does not see in their feedback otherwise."""
+        notes = [f"{_gid(self.nb.cells[i], i)} raised {err}" for i, err in got.cell_errors.items()
+                 if i < before and not any(o.get("output_type") == "error"
+                                           for o in self.nb.cells[i].get("outputs", []))]
+        return ("\n(in the grader's run of your notebook, " + "; ".join(notes[:3])
+                + "; in your kernel it did not)") if notes else ""
 
-    def _probe(self) -> None:
-        """Fingerprint the grading code in the kernel again; record what learner cells changed."""
-        found = self._fingerprints()
-        if found is None or self._baseline is None:
-            self._tampering.append("the integrity check could not run in the kernel")
-            return
-        self._tampering += integrity.differences(self._baseline, found)
-
-    def _judge(self, cell, nonce: str, checks, loaded) -> bool:
+    def _judge(self, cell, index: int, checks, loaded, got: Replayed) -> bool:
         """Decide every check of a test cell; add the grader's messages; True when all pass."""
-        errored = any(o.get("output_type") == "error" for o in cell.outputs)
         failures, notes = [], []
-        for task_id, hidden in checks:
+        for task_id, hidden, _ in checks:
             kind = "hidden" if hidden else "visible"
             entries, cases = loaded[(task_id, hidden)]
-            if self._tampering:
-                failures.append(f"{task_id}: not graded: the grading code was changed before "
-                                f"or while this test ran ({'; '.join(self._tampering[:3])})")
+            message, blob = got.answers.get((index, task_id, hidden), (None, b""))
+            if message is None:
+                failures.append(("CellTimeoutError" if got.timed_out else "CheckFailed",
+                                 f"{task_id}: not graded: {got.stopped or 'no answer'}"))
+                continue
+            if message.get("timeout"):
+                failures.append(("CellTimeoutError", f"{task_id}: the {kind} check ran past the "
+                                 f"test cell's time limit of {self._get_timeout(cell)} s"))
+                continue
+            if message.get("failed"):
+                failures.append(("CheckFailed", f"{task_id}: {message['failed']}"
+                                 + self._differences(got, index)))
                 continue
             try:
-                answer = exchange.read_answer(self.jail.workdir, nonce, task_id, hidden)
+                answer = exchange.answer_of(message, blob)
                 results = [verdict.case_result(
                     e, inputs, expected, params, answer["outputs"].get(e["case"]),
                     answer["errors"].get(e["case"]) or (None if e["case"] in answer["outputs"]
                                                         else "no result for this case"),
                     answer["traces"].get(e["case"]), answer["trace_errors"].get(e["case"]),
                     answer["work"].get(e["case"])) for e, inputs, expected, params in cases]
-            except exchange.AnswerTooLarge as e:
-                failures.append(f"{task_id}: the {kind} check's answer is too large to be "
-                                f"right ({e})")
-                continue
             except (exchange.AnswerError, ValueError) as e:
-                if not errored:  # no error explains the silence: the check was bypassed
-                    self._tampering.append(f"the {kind} check of {task_id} sent no valid "
-                                           f"answer ({e})")
-                failures.append(f"{task_id}: the {kind} check did not report to the grader "
-                                f"({e})")
+                # the harness wrote this frame (its tag is right): a harness that sends what
+                # it cannot have made was changed
+                self.report["tampered"].append(f"the {kind} check of {task_id} sent an answer "
+                                               f"the harness does not write ({e})")
+                failures.append(("CheckFailed", f"{task_id}: the {kind} check's answer could "
+                                 f"not be read ({e})"))
                 continue
             v = verdict.decide(task_id, results)
             if v.passed:
                 notes.append(f"{task_id}: {len(entries)} {kind} case(s) passed (checked by "
                              f"the grader); structure: {'; '.join(v.checked)}\n")
             else:
-                failures.append(messages.annotate(v.message))  # + hints
+                failures.append(("CheckFailed", messages.annotate(v.message)
+                                 + self._differences(got, index)))
         if notes:
             cell.outputs.append(NotebookNode(output_type="stream", name="stdout",
                                              text="".join(notes)))
-        for message in failures:
-            cell.outputs.append(_error("CheckFailed", message))
+        for ename, message in failures:
+            cell.outputs.append(_error(ename, message))
         return not failures
 
 

@@ -193,33 +193,61 @@ class CaseRun:
     work: dict | None = None
 
 
-def run_case(task: Any, fn: Any, arrays: list, params: dict) -> CaseRun:
-    """Trace ``fn`` once on the case into a program; execute that program for the values and
-    kernelsim's trace, and read the work facts from it. Nothing the function does differently
-    when traced can differ between what is judged: it is the same run.
+@dataclass
+class Traced:
+    """The learner's function traced on one case: the program and its traced arguments, or the
+    error tracing raised (``error``)."""
 
-    ``task.host_inputs`` trailing arrays reach the function as NumPy arrays (host planning).
-    """
+    program: Any = None
+    traced: list | None = None
+    error: str | None = None
+
+
+def trace_case(task: Any, fn: Any, arrays: list, params: dict) -> Traced:
+    """Trace ``fn`` once on the case into a program (``jax.make_jaxpr``): the only step that
+    runs the learner's Python. ``task.host_inputs`` trailing arrays reach the function as NumPy
+    arrays (host planning); the others are traced."""
+    import jax
+    import numpy as np
+
+    split = len(arrays) - task.host_inputs
+    traced, host = list(arrays[:split]), [np.asarray(a) for a in arrays[split:]]
+    try:
+        program = jax.make_jaxpr(lambda *a: task.call(fn, [*a, *host], params))(*traced)
+    except TRACING_ERRORS as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return Traced(error=f"{type(e).__name__}: {first} -- {TRACED}")
+    except Exception as e:  # noqa: BLE001 - the learner's error is the verdict
+        return Traced(error=f"{type(e).__name__}: {e}")
+    return Traced(program, traced)
+
+
+def run_traced(t: Traced) -> CaseRun:
+    """Execute a traced program for the values and kernelsim's trace, and read the work facts
+    from it: what is judged all comes from this one program."""
     import jax
     import numpy as np
     from jax.extend.core import jaxpr_as_fun
 
     import kernelsim
 
-    split = len(arrays) - task.host_inputs
-    traced, host = list(arrays[:split]), [np.asarray(a) for a in arrays[split:]]
+    if t.error is not None:
+        return CaseRun(error=t.error)
     try:
-        program = jax.make_jaxpr(lambda *a: task.call(fn, [*a, *host], params))(*traced)
-        execute = jaxpr_as_fun(program)
+        execute = jaxpr_as_fun(t.program)
         try:
-            outs, trace = kernelsim.run(execute, *traced, interpret=None)
-            run = CaseRun(trace=trace.to_dict(), summary=trace.summary(), work=facts(program))
+            outs, trace = kernelsim.run(execute, *t.traced, interpret=None)
+            run = CaseRun(trace=trace.to_dict(), summary=trace.summary(), work=facts(t.program))
         except kernelsim.TraceError as e:  # no pallas_call: the values are still judged
-            outs, run = execute(*traced), CaseRun(trace_error=str(e))
+            outs, run = execute(*t.traced), CaseRun(trace_error=str(e))
         run.output = np.asarray(jax.device_get(outs[0] if len(outs) == 1 else tuple(outs)))
-    except TRACING_ERRORS as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return CaseRun(error=f"{type(e).__name__}: {first} -- {TRACED}")
     except Exception as e:  # noqa: BLE001 - the learner's error is the verdict
         return CaseRun(error=f"{type(e).__name__}: {e}")
     return run
+
+
+def run_case(task: Any, fn: Any, arrays: list, params: dict) -> CaseRun:
+    """Trace ``fn`` once on the case into a program; execute that very program for the values
+    and kernelsim's trace, and read the work facts from it. Nothing the function does
+    differently when traced can differ between what is judged: it is the same run."""
+    return run_traced(trace_case(task, fn, arrays, params))

@@ -5,7 +5,7 @@ leaky_relu, each 1 visible + 2 hidden) and adds one thing that used to change it
 
 1. scoring hijack: a wrong ``add`` that emits an ``execute_result`` while test cells run;
 2. the kernel only copies what jnp computed;
-3. the work facts forged by IPython hooks around each cell; an unfingerprinted writer patched;
+3. the work facts forged by IPython hooks around each cell; the writer of the answers patched;
 5. correct work marked down: stderr during test cells; one oversized wrong output;
 6. a learner-raised ``metadata.timeout`` on a test cell;
 8. feedback: learner script and event-handler HTML; the page's scores against the gradebook.
@@ -70,10 +70,10 @@ SUBMISSIONS = {
                               "get_ipython().events.register('pre_run_cell', _forge)\n"
                               "get_ipython().events.register('post_run_cell', _restore)\n"),
                        0, "tampered", "pre_run_cell hook"),
-    # 3: a path the probe's report is written through, once left unfingerprinted: the probe
-    # cannot report, which is tampering too
+    # 3: a writer the answers once went through: the grader's run of the notebook sees it
+    # replaced before it makes any fact
     "patch_json_dump": (_after("add_solution", "import json\njson.dump = lambda *a, **k: None\n"),
-                        0, "tampered", "the integrity check could not run"),
+                        0, "tampered", "json.dump was replaced"),
 }
 
 
@@ -181,9 +181,9 @@ def test_preflight_passes_with_the_course_in_the_jail():
 def test_preflight_names_what_the_jail_cannot_import(monkeypatch):
     if sandbox.isolation() != "jail":
         pytest.skip("without the jail every folder is readable")
-    readable = trusted.JailRun.readable
-    monkeypatch.setattr(trusted.JailRun, "readable",
-                        lambda self: [p for p in readable(self) if p.name != "kernelsim"])
+    readable = trusted.readable
+    monkeypatch.setattr(trusted, "readable",
+                        lambda: [p for p in readable() if p.name != "kernelsim"])
     why = trusted.preflight(trusted.TrustedExecute().limits())
     assert "cannot import the course" in why and "kernelsim" in why, why
 

@@ -1,16 +1,15 @@
-"""The trusted side of grading without nbgrader: verdicts, the answer files, fingerprints."""
+"""The trusted side of grading without nbgrader: verdicts, facts, the test cells' checks."""
 
 from __future__ import annotations
 
 import json
-import os
 
 import jax.numpy as jnp
 import nbformat
 import numpy as np
 import pytest
 
-from grader import exchange, integrity, refs, tasks, trusted, verdict
+from grader import refs, trusted, verdict
 from grader.grading import test_cell_changes as cell_changes
 from kernelsim import examples
 
@@ -103,72 +102,12 @@ def test_decide_values_then_structure():
     assert not v.passed and "grid" in v.message
 
 
-def test_answer_round_trip_and_refusals(tmp_path, monkeypatch):
-    """The kernel side (``answer``) and the grader side (``read_answer``) in one process."""
-    requests, work = tmp_path / "requests", tmp_path / "work"
-    requests.mkdir()
-    work.mkdir()
-    refdir = refs.REPO / "exercises" / "refs"
-    loaded = exchange.write_request(requests, "n1", [("add", True)], refdir)
-    monkeypatch.chdir(work)
-    exchange.answer(requests, "add", lambda x, y: examples.add(x, y, block=x.shape, interpret=True),
-                    True)
-    got = exchange.read_answer(work, "n1", "add", True)
-    entries, cases = loaded[("add", True)]
-    assert set(got["outputs"]) == {e["case"] for e in entries}
-    for e, _, expected, _ in cases:
-        assert verdict.compare(got["outputs"][e["case"]], expected, e["rtol"], e["atol"]) is None
-    assert all(t["calls"] for t in got["traces"].values()), "a trace per case came back"
-    assert all(w["outputs"][0]["kind"] == "kernel" for w in got["work"].values())
-    # read once: the files are gone, so an answer cannot be handed in again
-    with pytest.raises(exchange.AnswerError, match="no answer was written"):
-        exchange.read_answer(work, "n1", "add", True)
-    exchange.answer(requests, "add", lambda x, y: examples.add(x, y, block=x.shape, interpret=True),
-                    True)
-    with pytest.raises(exchange.AnswerError, match="nonce"):
-        exchange.read_answer(work, "other", "add", True)
-    exchange.answer(requests, "add", lambda x, y: examples.add(x, y, block=x.shape, interpret=True),
-                    True)
-    base = exchange.answer_name("add", True)
-    os.replace(work / f"{base}.json", tmp_path / "real.json")
-    os.symlink(tmp_path / "real.json", work / f"{base}.json")
-    with pytest.raises(exchange.AnswerError, match="could not be opened"):
-        exchange.read_answer(work, "n1", "add", True)
-    # the inputs are in the request, never the expected outputs
-    with np.load(requests / "inputs-0.npz") as z:
-        assert not any("expected" in k for k in z.files)
-    exchange.clear_request(requests)
-    assert list(requests.iterdir()) == []
-
-
-def test_fingerprints_notice_a_patch(monkeypatch):
-    import numpy.testing
-
-    args = (integrity.MODULES, integrity.OBJECTS, integrity.SHELL_METHODS)
-    before = integrity.fingerprints(*args)
-    assert integrity.differences(before, integrity.fingerprints(*args)) == []
-    monkeypatch.setattr(numpy.testing, "assert_allclose", lambda *a, **k: None)
-    monkeypatch.setattr(tasks, "get", lambda *a: None)
-    diff = integrity.differences(before, integrity.fingerprints(*args))
-    assert "numpy.testing.assert_allclose was replaced" in diff
-    assert "grader.tasks.get was replaced" in diff
-
-
-def test_probe_source_runs_standalone(tmp_path):
-    out = tmp_path / "probe.json"
-    namespace: dict = {}
-    exec(integrity.probe_source(str(out)), namespace)  # noqa: S102 - our own probe
-    found = json.loads(out.read_text())
-    assert found["grader.course.check"].startswith("py:")
-    assert "fingerprints" not in namespace, "the probe leaves no names behind"
-
-
 def test_checks_in_reads_only_graded_cells():
     cell = nbformat.v4.new_code_cell('course.check("add", add)\ncourse.check("add", add, '
                                      'hidden=True)')
     assert trusted.checks_in(cell) == []
     cell.metadata["nbgrader"] = {"grade": True, "points": 1}
-    assert trusted.checks_in(cell) == [("add", False), ("add", True)]
+    assert trusted.checks_in(cell) == [("add", False, "add"), ("add", True, "add")]
     cell.source = "course.check(("
     assert trusted.checks_in(cell) == []
 

@@ -1,0 +1,320 @@
+"""The grader's own run of a notebook (issue 14, class 3): facts made where the learner's
+kernel cannot reach, and learner code in that run unable to change how they are made.
+
+The channel, snapshot, guard and run-time Python checks are tested in isolation; then small
+notebooks (one ``add`` task, its visible check) go through ``trusted.FreshRun`` in the jail,
+each trying one way to forge the facts.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import types
+
+import jax
+import jax.numpy as jnp
+import jupytext
+import nbformat
+import pytest
+from jax.experimental import pallas as pl
+
+from grader import exchange, grading, integrity, refs, replay, sandbox, trusted, verdict
+
+KEY = b"k" * 32
+
+
+# ----------------------------------------------------------------------------- the channel
+def test_channel_frames_round_trip_and_refuse_what_the_harness_did_not_write():
+    blob, dtypes, errors = exchange.encode_outputs(
+        {"v0": jnp.ones((8, 128), jnp.bfloat16), "v1": [[object()]]})
+    assert errors.keys() == {"v1"} and "sensible size" in errors["v1"]
+    data = exchange.frame(KEY, {"kind": "check", "dtypes": dtypes}, blob) + \
+        exchange.frame(KEY, {"kind": "done"})
+    frames, problem = exchange.read_channel(data, KEY)
+    assert problem is None and [m["kind"] for m, _ in frames] == ["check", "done"]
+    answer = exchange.answer_of(frames[0][0], frames[0][1])
+    assert str(answer["outputs"]["v0"].dtype) == "bfloat16"
+    # another key (learner code that does not hold the harness's), a cut, trailing junk
+    assert "wrong tag" in exchange.read_channel(data, b"x" * 32)[1]
+    assert exchange.read_channel(data[:-3], KEY) == (frames[:1], "the channel ends inside a "
+                                                                 "frame")
+    forged = exchange.read_channel(data + b"\0\0\0\4" + b"0" * 36, KEY)
+    assert len(forged[0]) == 2 and "wrong tag" in forged[1]
+
+
+def test_job_holds_inputs_and_never_the_expected_outputs():
+    cells = [{"index": 3, "id": "add_hidden", "source": "", "timeout": 5,
+              "checks": [["add", True, "add"]]}]
+    data, loaded = exchange.job_bytes(KEY, cells, refs.REPO / "exercises" / "refs")
+    job, arrays = exchange.read_job(io.BytesIO(data))
+    assert bytes.fromhex(job["key"]) == KEY and job["cells"] == cells
+    entries, cases = loaded[("add", True)]
+    assert [c["case"] for c in job["cases"]["add/hidden"]] == [e["case"] for e in entries]
+    assert not any("expected" in k for k in arrays)
+    assert len(arrays) == sum(len(inputs) for _, inputs, _, _ in cases)
+
+
+# ----------------------------------------------------------------------------- the snapshot
+def test_snapshot_notices_replaced_added_and_removed_code(monkeypatch):
+    from grader import work
+
+    shell = types.SimpleNamespace(events=types.SimpleNamespace(callbacks={"pre_run_cell": []}))
+    snap = integrity.Snapshot(shell)
+    assert snap.changes() == []
+    monkeypatch.setattr(work, "facts", lambda program: {})
+    monkeypatch.setattr(work, "LAYOUT", frozenset())  # a constant of the course counts too
+    monkeypatch.setattr(work, "len", lambda x: 0, raising=False)  # shadows a builtin there
+    monkeypatch.setattr(verdict.Verdict, "__init__", lambda self, *a: None)
+    monkeypatch.setattr(json, "dumps", lambda *a, **k: "{}")
+    monkeypatch.setitem(sys.modules, "grader.refs", types.ModuleType("grader.refs"))
+    monkeypatch.setitem(sys.modules, "jax._lazy", types.ModuleType("jax._lazy"))
+    monkeypatch.setitem(sys.modules, "learners_own", types.ModuleType("learners_own"))
+    monkeypatch.setattr(shell, "showtraceback", lambda *a: None, raising=False)
+    shell.events.callbacks["pre_run_cell"].append(lambda info: None)
+    monkeypatch.setattr(signal, "getsignal", lambda s: "learner" if s == signal.SIGVTALRM
+                        else signal.Handlers.SIG_DFL)
+    found = snap.changes()
+    for line in ("grader.work.facts was replaced", "grader.work.LAYOUT was replaced",
+                 "grader.work.len was added", "grader.verdict.Verdict.__init__ was replaced",
+                 "json.dumps was replaced", "sys.modules['grader.refs'] was replaced",
+                 "sys.modules['jax._lazy'] is not a module of the installed packages",
+                 "the shell's showtraceback was replaced",
+                 "an IPython pre_run_cell hook (",
+                 "a handler for SIGVTALRM was installed"):
+        assert any(f.startswith(line) for f in found), (line, found)
+    assert not any("learners_own" in f for f in found)
+    monkeypatch.undo()
+    shell.events.callbacks["pre_run_cell"].clear()
+    assert snap.changes() == []
+
+
+def test_snapshot_refuses_learner_functions_in_a_module_loaded_later(monkeypatch):
+    snap = integrity.Snapshot()
+    late = types.ModuleType("kernelsim._late")
+    late.__file__ = str(refs.REPO / "kernelsim" / "_late.py")
+    exec(compile("def honest():\n    pass\n", late.__file__, "exec"), vars(late))  # noqa: S102
+    late.forged = eval("lambda: 0")  # noqa: S307 - compiled from "<string>": not the course's
+    monkeypatch.setitem(sys.modules, "kernelsim._late", late)
+    assert snap.changes() == ["kernelsim._late.forged is defined outside the installed packages"]
+    late.forged = late.honest  # taken into the snapshot at first sight: compared from then on
+    assert snap.changes() == ["kernelsim._late.forged was replaced"]
+
+
+# ----------------------------------------------------------------------------- the guard
+GUARD_SCRIPT = r"""
+import ctypes, gc, json, os, sys, threading
+from grader import integrity
+guard = integrity.Guard()
+sys.addaudithook(guard)
+guard.armed = True
+out = {}
+def attempt(name, f):
+    try:
+        f()
+        out[name] = "allowed"
+    except RuntimeError as e:
+        out[name] = str(e)
+attempt("thread", lambda: threading.Thread(target=print).start())
+attempt("fork", os.fork)
+attempt("settrace", lambda: sys.settrace(None))
+attempt("gc", gc.get_objects)
+attempt("ctypes", lambda: ctypes.string_at(id(out), 8))
+def f():
+    pass
+attempt("code", lambda: setattr(f, "__code__", (lambda: 1).__code__))
+attempt("mem", lambda: open("/proc/self/mem", "rb"))
+attempt("hook", lambda: sys.addaudithook(lambda *a: None))  # refused, silently
+attempt("open", lambda: open(os.devnull).close())
+print(json.dumps({"out": out, "found": guard.found}))
+"""
+
+
+def test_guard_refuses_threads_fork_and_tracing_and_reports_attacks():
+    got = json.loads(subprocess.run([sys.executable, "-c", GUARD_SCRIPT], capture_output=True,
+                                    text=True, check=True, cwd=refs.REPO).stdout)
+    out, found = got["out"], got["found"]
+    for name in ("thread", "fork", "settrace"):
+        assert "not allowed while the grader runs your notebook" in out[name], out
+    assert out["open"] == "allowed" and out["hook"] == "allowed"
+    assert found[0] == "listed every object (gc.get_objects)" and \
+        found[1].startswith("used ctypes (ctypes.") and \
+        found[-3:] == ["replaced the code of f", "opened /proc/self/mem", "added an audit hook"], \
+        found
+
+
+# ----------------------------------------------------------------------------- run-time Python
+def _program(fn):
+    return jax.make_jaxpr(fn)(jnp.ones((8, 128)))
+
+
+def _kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2
+
+
+def _double(x):
+    return pl.pallas_call(_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          interpret=True)(x)
+
+
+def test_programs_that_would_run_learner_python_are_refused():
+    from jax.extend.core import Primitive
+
+    known, roots = replay.known_primitives(), integrity.trusted_roots()
+
+    def at_run_time(fn):
+        return replay.python_at_run_time(_program(fn), known, roots)
+
+    assert at_run_time(_double) is None
+    assert at_run_time(lambda x: (jax.debug.print("x {}", x), _double(x))[1]) is None
+    learner = types.FunctionType(compile("def numpy_double(x):\n    return x * 2\n",
+                                         "<ipython-input-1>", "exec").co_consts[0], {})
+    callback = at_run_time(lambda x: jax.pure_callback(
+        learner, jax.ShapeDtypeStruct(x.shape, x.dtype), x))
+    assert "numpy_double" in callback and "pure_callback" in callback
+    assert "numpy_double" in at_run_time(lambda x: (jax.debug.callback(learner, x), x)[1])
+    truthy = type("Truthy", (), {"__bool__": types.FunctionType(compile(
+        "def __bool__(self):\n    return True\n", "<ipython-input-2>", "exec").co_consts[0], {})})
+    found = at_run_time(lambda x: pl.pallas_call(
+        _kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=truthy())(x))
+    assert "your own class Truthy" in found and "interpret=" in found, found
+    mine = Primitive("my_add")
+    mine.def_impl(lambda x: x)
+    mine.def_abstract_eval(lambda x: x)
+    assert "my_add" in at_run_time(mine.bind)
+
+
+# ----------------------------------------------------------------------------- fresh runs
+SETUP = ("import jax\nimport jax.numpy as jnp\nfrom jax.experimental import pallas as pl\n"
+         "from grader import course\n")
+HONEST_ADD = ("def add(x, y):\n    def kernel(x_ref, y_ref, o_ref):\n"
+              "        o_ref[...] = x_ref[...] + y_ref[...]\n"
+              "    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, "
+              "x.dtype), interpret=True)(x, y)\n")
+LIMITS = sandbox.Limits(cpu_seconds=300, memory_bytes=8 << 30, processes=256)
+
+
+def _cells(*learner: str):
+    test = nbformat.v4.new_code_cell('course.check("add", add)', metadata={
+        "nbgrader": {"grade": True, "grade_id": "add_visible", "points": 1}})
+    return [nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(HONEST_ADD),
+            *(nbformat.v4.new_code_cell(code) for code in learner), test]
+
+
+@pytest.fixture(scope="module")
+def slot():
+    number, lock = grading.claim_slot()  # a slot (uids) no other grader on this machine uses
+    yield number
+    os.close(lock)
+
+
+def _fresh(slot, *learner: str, timeout: int = 60):
+    """The fresh run of the honest add notebook with ``learner`` cells after the solution;
+    ``timeout``: the learner cells' time limit (the test cell has 60 s)."""
+    cells = _cells(*learner)
+    run = trusted.FreshRun(cells, slot, LIMITS,
+                           lambda cell: 60 if trusted.checks_in(cell) else timeout)
+    return run.finish(), run.loaded
+
+
+def _verdict(got, loaded):
+    (message, blob), = got.answers.values()
+    assert message["failed"] is None, message
+    answer = exchange.answer_of(message, blob)
+    _, cases = loaded[("add", False)]
+    return verdict.decide("add", [verdict.case_result(
+        e, i, x, p, answer["outputs"].get(e["case"]), answer["errors"].get(e["case"]),
+        answer["traces"].get(e["case"]), answer["trace_errors"].get(e["case"]),
+        answer["work"].get(e["case"])) for e, i, x, p in cases])
+
+
+def test_honest_notebook_is_judged_from_the_fresh_run(slot):
+    got, loaded = _fresh(slot)
+    assert (got.tampered, got.died, got.stopped, got.cell_errors) == ([], None, None, {})
+    assert _verdict(got, loaded).passed
+
+
+def test_threads_fork_and_tracing_are_refused_in_the_fresh_run(slot):
+    got, loaded = _fresh(slot, "import threading\nthreading.Thread(target=print).start()",
+                         "import os\nos.fork()", "import sys\nsys.settrace(lambda *a: None)")
+    assert got.tampered == [] and len(got.cell_errors) == 3, got
+    assert all("not allowed while the grader runs your notebook" in e
+               for e in got.cell_errors.values()), got.cell_errors
+    assert _verdict(got, loaded).passed  # refused, so nothing changed: add is still judged
+
+
+# each: learner code after the honest add cell, and a word of the tampering found
+FORGERIES = {
+    # installed while the function is traced; it would remove itself when the harness calls it
+    "self_restoring_patch": (
+        "import kernelsim\n_run = kernelsim.run\n"
+        "def _forged(*a, **k):\n    kernelsim.run = _run\n    return _run(*a, **k)\n"
+        "_add = add\ndef add(x, y):\n    kernelsim.run = _forged\n    return _add(x, y) * 2\n",
+        "kernelsim.run was replaced"),
+    "walk_the_harness": ("import gc\n_add = add\n"
+                         "def add(x, y):\n    gc.get_objects()\n    return _add(x, y)\n",
+                         "listed every object"),
+    "write_the_channel": (
+        "import os, struct\nfor fd in range(3, 64):\n    try:\n"
+        "        os.write(fd, struct.pack('>I32s', 4, b'0' * 32) + b'{}\\0x')\n"
+        "    except OSError:\n        pass\n", "bytes its harness did not write"),
+    "swap_code": ("import grader.work\n"
+                  "grader.work.facts.__code__ = (lambda program: {}).__code__\n",
+                  "replaced the code of facts"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FORGERIES))
+def test_forging_the_facts_in_the_fresh_run_is_tampering(slot, name):
+    code, word = FORGERIES[name]
+    got, _ = _fresh(slot, code)
+    assert any(word in t for t in got.tampered), got
+    assert got.answers == {} and "grading code was changed" in got.stopped
+
+
+def test_a_callback_to_learner_python_fails_the_check(slot):
+    got, _ = _fresh(slot, "_add = add\ndef add(x, y):\n    return jax.pure_callback("
+                          "lambda a, b: a + b, jax.ShapeDtypeStruct(x.shape, x.dtype), x, y)\n")
+    (message, _), = got.answers.values()
+    assert got.tampered == [] and "calls your Python function" in message["failed"]
+
+
+def test_time_limits_and_a_dead_run(slot):
+    got, loaded = _fresh(slot, "while True:\n    pass\n", timeout=3)
+    (err,) = got.cell_errors.values()
+    assert err.startswith("TimeLimit") and _verdict(got, loaded).passed
+    got, _ = _fresh(slot, "import os\nos._exit(3)\n")
+    assert got.answers == {} and "exited with status 3 while running cell #2" in got.died, got
+
+
+def test_learner_code_cannot_read_the_job_or_print_on_the_channel(slot):
+    got, loaded = _fresh(slot, "import sys\nprint('{\"kind\": \"done\"}')\n"
+                               "assert sys.stdin.read() == ''\n")
+    assert got.cell_errors == {} and got.tampered == []
+    assert _verdict(got, loaded).passed
+
+
+# ----------------------------------------------------------------------------- the notebooks
+def test_every_test_cell_holds_only_checks():
+    """What the fresh run runs of a test cell is its ``course.check`` calls: any other line
+    would run in the kernel only."""
+    import ast
+
+    for source in sorted((refs.REPO / "exercises" / "source").glob("*/*.py")):
+        for cell in jupytext.read(source).cells:
+            if not trusted.checks_in(cell):
+                continue
+            body = ast.parse(cell.source).body
+            assert len(body) == len(trusted.checks_in(cell)), (source.name, cell.source)
+
+
+def test_course_check_does_nothing_in_a_grading_run(monkeypatch, capsys):
+    from grader import course
+
+    monkeypatch.setenv("PALLAS_COURSE_GRADING", "1")
+    assert course.check("add", None) is None
+    assert capsys.readouterr().out == ""
