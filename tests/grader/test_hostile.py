@@ -3,7 +3,9 @@
 Assignment 01 has three tasks (add, elementwise, leaky_relu), each worth 1 visible + 2 hidden
 points: 9 in all. Each hostile submission below starts from the instructor's solution, so its
 correct grade follows from which tasks its attack breaks: a wrong ``add`` forfeits 3 points,
-tampering with the grading code forfeits every test cell run after it.
+tampering with the grading code forfeits every test cell run after it. The facts come from
+the grader's own run of the notebook (``grader.replay``), so an attack on the learner's kernel
+alone changes nothing (``kernel_only_forgery``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,40 @@ REPO = Path(__file__).resolve().parents[2]
 A = "01_first_kernel"
 NB = "first_kernel.ipynb"
 WRONG_ADD = "_right_add = add\nadd = lambda x, y: _right_add(x, y) * 2\n"
+# the learner's kernel (ipykernel), or the grader's own run of the notebook
+IN_KERNEL = "import sys\nif 'ipykernel' in sys.modules:\n"
+IN_FRESH_RUN = "import sys\nif 'ipykernel' not in sys.modules:\n"
+# class 3: attempts to forge the facts, each with a wrong add that the forgery would pass
+TRACE_TIME_PATCH = (  # installed while add is traced; it removes itself once used
+    "import kernelsim\n_run = kernelsim.run\n"
+    "def _forged(*a, **k):\n    kernelsim.run = _run\n    return _run(*a, **k)\n"
+    "_right_add = add\ndef add(x, y):\n    kernelsim.run = _forged\n"
+    "    return _right_add(x, y) * 2\n")
+PATCH_FROM_THREAD = (  # the honest kernel's run in place of the wrong one's, now and then
+    WRONG_ADD + "import threading, time, grader.tasks, grader.work\n"
+    "_real = grader.work.run_traced\n"
+    "def _honest(t):\n    return _real(grader.work.trace_case(grader.tasks.get('add'), _right_add,"
+    " t.traced, {{}}))\n"
+    "def _flip():\n    while True:\n        grader.work.run_traced = _honest\n"
+    "        time.sleep(0.001)\n        grader.work.run_traced = _real\n"
+    "threading.Thread(target=_flip, daemon=True).start()\n")
+FORGE_CHANNEL = (IN_FRESH_RUN + "    import os, struct\n    for fd in range(3, 64):\n"
+                 "        try:\n            os.write(fd, struct.pack('>I32s', 17, b'0' * 32) + "
+                 "b'{{\"kind\": \"done\"}}\\0')\n        except OSError:\n            pass\n")
+KERNEL_ONLY_FORGERY = (  # what used to forge the kernel's answers: nothing reads them now
+    WRONG_ADD + IN_KERNEL + "    import json, pathlib\n    from grader import course\n"
+    "    course.check = lambda *a, **k: print(a[0] + ': 1 visible case(s) passed')\n"
+    "    json.dump = lambda *a, **k: None\n"
+    "    pathlib.Path.write_text = lambda self, *a, **k: 0\n")
+LEFTOVER_ANSWERS = (  # an old grading kernel's answer files, handed in again
+    WRONG_ADD + "import json\nfor kind in ('visible', 'hidden'):\n"
+    "    open(f'answer-add-{{kind}}.json', 'w').write(json.dumps({{'nonce': 'x', 'errors': {{}},"
+    " 'traces': {{}}, 'work': {{}}}}))\n    open(f'answer-add-{{kind}}.npz', 'wb').write(b'')\n")
+TRACED_DECOY = (  # a kernel for the tracer, the right answer in plain jnp otherwise
+    "def add(x, y):\n    if type(x).__name__.endswith('Tracer'):\n"
+    "        def zeros(x_ref, y_ref, o_ref):\n            o_ref[...] = jnp.zeros_like(x_ref)\n"
+    "        return pl.pallas_call(zeros, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),"
+    " interpret=INTERPRET)(x, y)\n    return x + y\n")
 
 
 def _cell(nb, gid):
@@ -137,6 +173,23 @@ CORPUS = {
                      9, "graded", ""),
     "hang_on_input": (_after("leaky_relu_solution", "del leaky_relu\ninput('password? ')\n"),
                       6, "graded", ""),
+    # class 3: forging the facts the grader judges
+    "trace_time_patch": (_after("add_solution", TRACE_TIME_PATCH), 0, "tampered",
+                         "kernelsim.run was replaced"),
+    "patch_from_thread": (_after("add_solution", PATCH_FROM_THREAD), 6, "graded", ""),
+    "forge_answer_channel": (_after("add_solution", FORGE_CHANNEL), 0, "tampered",
+                             "bytes its harness did not write"),
+    "kernel_only_forgery": (_after("add_solution", KERNEL_ONLY_FORGERY), 6, "graded", ""),
+    "leftover_answer_files": (_after("add_solution", LEFTOVER_ANSWERS), 6, "graded", ""),
+    "patch_json_and_pathlib": (_after("add_solution", WRONG_ADD + "import json, pathlib\n"
+                                      "json.dump = lambda *a, **k: None\n"
+                                      "pathlib.Path.read_text = lambda self, *a, **k: ''\n"),
+                               0, "tampered", "json.dump was replaced"),
+    "traced_decoy": (_after("add_solution", TRACED_DECOY), 6, "graded", ""),
+    "walk_the_harness": (_after("add_solution", "import gc\n_right_add = add\n"
+                                "def add(x, y):\n    gc.get_objects()\n"
+                                "    return _right_add(x, y)\n"), 0, "tampered",
+                         "listed every object"),
 }
 HONEST = ("honest_1", "honest_2")
 # without the jail these would reach the grader's own processes (kill -1 as root, no process
@@ -269,8 +322,7 @@ def test_flooded_output_is_capped(hostile):
 
 def test_no_process_of_a_sandbox_uid_survives(hostile):
     for slot in range(2):
-        uid = sandbox.sandbox_uid(slot)
-        if uid is not None:
+        for uid in sandbox.slot_uids(slot):
             assert sandbox._pids_of_uid(uid) == []
 
 
