@@ -2,9 +2,12 @@
 
 ``trace`` traces the user's function to a jaxpr and finds every pallas_call in it; of the code
 around the kernels it computes only what a schedule needs (scalar-prefetch values, dynamic grid
-bounds, loop trip counts and branch predicates). Index maps are evaluated, kernel bodies never
-run: a scalar-prefetch value that depends on an *earlier pallas_call's output* is computed from
-zeros there; use ``run`` for those. A function that cannot be traced to a jaxpr (Python control
+bounds, loop trip counts and branch predicates). Index maps are evaluated; a kernel body is
+interpreted only as far as its DMAs (or, with ``record_access``, its ref accesses) need -- their
+indices, sizes and predicates, never the block arithmetic. A value that depends on an *earlier
+pallas_call's output* (a prefetch operand, a DMA size) is computed from zeros there; use ``run``
+for those. ``pl.kernel`` / ``pl.core_map`` kernels are analysed as the pallas_call they run as
+(one grid step per TensorCore). A function that cannot be traced to a jaxpr (Python control
 flow on array values) is run op by op instead, with each pallas_call replaced by zeros.
 ``run`` executes the function op by op and analyses each call as it is made.
 """
@@ -217,9 +220,10 @@ def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
         program per grid point, nothing reused). chip: a name in ``kernelsim.chips.CHIPS``.
     strict: raise ``TraceError`` instead of collecting warnings.
     record_access: also interpret each kernel body at every grid step and record its ref
-        reads and writes (``CallTrace.accesses``, see ``kernelsim.access``). The body runs on
-        zero-filled blocks with the real scalar-prefetch values, so indices must not depend
-        on block data. Costs one eager kernel evaluation per step.
+        reads and writes (``CallTrace.accesses``, see ``kernelsim.access``). Indices come from
+        the real scalar-prefetch values and, where they read block data (an index stored in
+        an SMEM block), from the real input blocks; the block arithmetic is not evaluated.
+        Costs one interpretation of the body's index arithmetic per step.
     """
     model_, chip_ = _resolve(model, chip)
     try:

@@ -159,3 +159,25 @@ def test_body_values_nothing_recorded_depends_on_are_never_computed(size_from_ho
     t = kernelsim.trace(fn, ROWS)
     assert [c.bytes for c in t.calls[0].call.body_copies] == [4 * 128 * 4] * 2
     assert len(CALLBACKS) == evaluated  # one host call per step, only when a DMA needs it
+
+
+def _row_from_table(idx_ref, x_ref, o_ref):
+    """Copy the row of x that this step's SMEM block names (the index is block data)."""
+    o_ref[...] = x_ref[pl.ds(idx_ref[0, 0], 1), :]
+
+
+def test_recorded_accesses_use_indices_read_from_input_blocks():
+    """The table of row indices is built inside the wrapper, so the walk must compute it."""
+    def fn(picks, x):
+        table = jnp.zeros((16, 128), jnp.int32).at[::8, 0].set(picks)
+        return pl.pallas_call(
+            _row_from_table, grid=(2,),
+            in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0), memory_space=pltpu.SMEM),
+                      pl.BlockSpec((8, 128), lambda i: (0, 0))],
+            out_specs=pl.BlockSpec((1, 128), lambda i: (i, 0)),
+            out_shape=jax.ShapeDtypeStruct((2, 128), jnp.float32))(table, x)
+
+    picks = jnp.array([5, 2], jnp.int32)
+    log = kernelsim.trace(jax.jit(fn), picks, ROWS[:8], record_access=True).calls[0].accesses
+    reads = [a for a in log.accesses if a.operand == "x_ref" and a.kind == "read"]
+    assert [(a.step, a.box[0]) for a in reads] == [(0, (5, 1, 1)), (1, (2, 1, 1))]
