@@ -1,6 +1,7 @@
 """Grading throughput: `pallas-course autograde` with 1 and 2 workers vs bare `nbgrader autograde`.
 
-pallas-course runs each notebook in a jailed kernel and judges the test cells outside it; the
+pallas-course runs each notebook in a jailed kernel and, beside it, in the grader's own fresh
+run (``grader/replay.py``), which makes the facts; the test cells are judged outside both. The
 bare run is nbgrader's own Execute on the same notebooks, unjailed, with the checks inside the
 kernel: the ratio is what isolation and the trusted verdict cost. 20 submissions of assignment
 01 (the instructor notebook under 20 student ids) in a temporary course copy. Prints a table
