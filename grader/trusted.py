@@ -336,9 +336,8 @@ class FreshRun:
                    else outcome.reason)
             got.stopped = f"the grader's run of your notebook {why} while running {running}"
             got.timed_out = outcome.status == "timeout"
-            if not (got.timed_out or dropped):
-                tail = outcome.stderr.decode(errors="replace").strip().splitlines()[-1:]
-                got.died = got.stopped + (f" ({tail[0][:300]})" if tail else "")
+            if not (got.timed_out or dropped):  # its stderr is the learner's: not in a reason
+                got.died = got.stopped
         return got
 
 

@@ -315,6 +315,15 @@ def test_secrets_were_not_readable(hostile):
     assert "SECRETS [] []" in out, out
 
 
+def test_verdicts_come_from_the_grader_s_own_run(hostile):
+    # the kernel's forged check printed "passed"; the grader's run judged the wrong add
+    forged = _autograded(hostile, "kernel_only_forgery")
+    assert "add: 1 visible case(s) passed" in forged and "add: wrong values for case" in forged
+    # the thread ran in the kernel but was refused in the grader's run: the message says so
+    assert "starting a thread is not allowed" in _autograded(hostile, "patch_from_thread")
+    assert "in your kernel it did not" in _autograded(hostile, "patch_from_thread")
+
+
 def test_flooded_output_is_capped(hostile):
     assert len(_autograded(hostile, "output_flood")) < 3 << 20
     assert "was dropped by the grader" in _autograded(hostile, "output_flood")
