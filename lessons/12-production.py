@@ -493,15 +493,17 @@ quote(FLASH, "block_k_repeats, rem = divmod(block_k, MIN_BLOCK_SIZE)", 5)
 
 # %% [markdown]
 # The VMEM footprint follows from the BlockSpecs and scratch (lesson 5): two buffers for each
-# pipelined block, one for each scratch array. kernelsim's on-chip peak is that sum. Bigger
-# blocks buy fewer steps with VMEM: tpu-v5e has 128 MiB per core, and the compiler's scoped
-# limit below that is what a kernel really gets unless `vmem_limit_bytes` raises it. The op
-# sets no `vmem_limit_bytes`.
+# pipelined block (one when its grid axis has a single step: the block never moves, and Mosaic
+# gives it one buffer), one for each scratch array. kernelsim's on-chip peak is that sum.
+# Bigger blocks buy fewer steps with VMEM: tpu-v5e has 128 MiB per core, and the compiler's
+# scoped limit below it is what a kernel gets unless `vmem_limit_bytes` raises it; the op sets none.
 
 # %%
-def footprint(bq, bk_major, d=DB, s=2):
-    """VMEM bytes: q, k, v, o blocks double-buffered (s bytes/element), f32 m, l, acc."""
-    return 2 * s * (bq * d + 2 * bk_major * d + bq * d) + 4 * (2 * bq * 128 + bq * d)
+def footprint(bq, bk_major, n=NB, d=DB, s=2):
+    """VMEM bytes: q, k, v, o blocks (s bytes/element), two buffers each unless their grid
+    axis has one step; f32 m, l, acc scratch."""
+    q_bufs, kv_bufs = (1 if n == b else 2 for b in (bq, bk_major))
+    return s * d * (2 * q_bufs * bq + 2 * kv_bufs * bk_major) + 4 * (2 * bq * 128 + bq * d)
 
 
 rows = [["block_q", "block_k_major", "steps", "on-chip peak", "estimate on tpu-v5e"]]
