@@ -9,8 +9,9 @@ absolute value (the first step of int8 absmax quantisation), with ``x`` left in 
   VMEM buffers; the output is an ordinary pipelined block. Rules from kernelsim's trace: ``x``
   gets no pipeline fetch (it is in ``pl.ANY``), the kernel's own DMAs read each of its bytes
   exactly once (so a short last chunk must be copied short, not re-read), and the on-chip
-  footprint is exactly two chunk buffers plus the output's two pipeline buffers (one buffer
-  cannot overlap the next copy with this chunk's work).
+  footprint is exactly two chunk buffers (one cannot overlap the next copy with this chunk's
+  work) plus the output's pipeline buffers (two; one when the grid has a single step, as
+  Mosaic allocates it).
 - ``absmax_pipeline``: the same with ``pltpu.emit_pipeline`` inside a one-step kernel; both
   operands in HBM, the nested pipeline's DMAs read and write each byte once, no scratch of the
   learner's own.
@@ -133,8 +134,12 @@ def _dma_rules(call, case, rules, inputs):
     rules.extend(_x_left_in_hbm(call, _nbytes((m, n), case.dtype)))
     rules.append(block_is(call, "output", 0, (chunk, n), "output"))
     rules.extend(total_budget(call, None, _nbytes((m, n), case.dtype)))
-    rules.append(_footprint(call, 4 * chunk_bytes, f"two ({chunk}, {n}) chunk buffers of "
-                            "scratch for x, and the output block's two pipeline buffers"))
+    # the output block moves with the grid, so it gets two buffers; with one step it never
+    # moves and Mosaic gives it one (kernelsim mirrors that)
+    out_buffers = 2 if cdiv(m, chunk) > 1 else 1
+    rules.append(_footprint(call, (2 + out_buffers) * chunk_bytes,
+                            f"two ({chunk}, {n}) chunk buffers of scratch for x, and the output "
+                            f"block's {out_buffers} pipeline buffer(s)"))
 
 
 # --------------------------------------------------------------------------- task 2: emit_pipeline
