@@ -14,11 +14,9 @@ only the hidden cases can catch them. Cases run one at a time, as the grader run
 
 from __future__ import annotations
 
-from pathlib import Path
-
+import gradertools
 import jax
 import jax.numpy as jnp
-import jupytext
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -27,12 +25,6 @@ import kernelsim
 from grader import course, refs, tasks, verdict, work
 
 TPU_INTERPRET = pltpu.InterpretParams()
-
-
-@pytest.fixture(autouse=True)
-def learner_side(monkeypatch):
-    monkeypatch.delenv("PALLAS_COURSE_EXCHANGE", raising=False)
-    monkeypatch.delenv("PALLAS_COURSE_REPORT", raising=False)
 
 
 def wrong_values(task_id: str, case: str, fn) -> str | None:
@@ -53,18 +45,7 @@ MINE = ("01_first_kernel", "02_tiling", "03_index_maps", "04_memory_spaces")
 
 def _compiled_solutions(assignment: str) -> dict[str, object]:
     """task id -> the instructor's function, with INTERPRET and TPU_INTERPRET set to compile."""
-    path = next(Path(refs.REPO, "exercises", "source", assignment).glob("*.py"))
-    namespace: dict = {}
-    solutions = {}
-    for cell in jupytext.read(path).cells:
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id", "")
-        if gid == "setup" or gid.endswith("_solution"):
-            before = set(namespace)
-            exec(cell.source, namespace)  # noqa: S102 - the course's own notebook
-            namespace["INTERPRET"] = namespace["TPU_INTERPRET"] = False
-            if gid.endswith("_solution"):
-                (solutions[gid[:-9]],) = [namespace[n] for n in set(namespace) - before]
-    return solutions
+    return gradertools.solutions(assignment, **gradertools.COMPILED)
 
 
 @pytest.mark.parametrize("assignment", MINE)

@@ -16,11 +16,10 @@ runs them (``grader.work.run_case``), judged with the task's tolerance.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
+import gradertools
 import jax
 import jax.numpy as jnp
-import jupytext
 import numpy as np
 import pytest
 from jax.experimental import pallas as pl
@@ -28,16 +27,10 @@ from jax.experimental.pallas import tpu as pltpu
 from test_adversarial_a01_a04 import wrong_values
 
 import kernelsim
-from grader import course, refs, tasks
+from grader import course, tasks
 
 TPU_INTERPRET = pltpu.InterpretParams()
 MINE = ("05_scalar_prefetch", "07_flash_attention")
-
-
-@pytest.fixture(autouse=True)
-def learner_side(monkeypatch):
-    monkeypatch.delenv("PALLAS_COURSE_EXCHANGE", raising=False)
-    monkeypatch.delenv("PALLAS_COURSE_REPORT", raising=False)
 
 
 def _fails(task_id: str, fn, *expected: str) -> str:
@@ -53,17 +46,10 @@ def _fails(task_id: str, fn, *expected: str) -> str:
 def _solutions(assignment: str) -> tuple[dict, dict[str, str]]:
     """The instructor notebook's setup and solution cells run in one namespace with kernels set
     to compile, and task id -> the source of its solution cell."""
-    path = next(Path(refs.REPO, "exercises", "source", assignment).glob("*.py"))
-    namespace: dict = {}
-    sources = {}
-    for cell in jupytext.read(path).cells:
-        gid = cell.metadata.get("nbgrader", {}).get("grade_id", "")
-        if gid == "setup" or gid.endswith("_solution"):
-            exec(compile(cell.source, f"{path.name}:{gid}", "exec"), namespace)  # noqa: S102
-            namespace["INTERPRET"] = namespace["TPU_INTERPRET"] = False
-            if gid != "setup":
-                sources[gid.removesuffix("_solution")] = cell.source
-    return namespace, sources
+    sources = {gid.removesuffix("_solution"): source
+               for gid, source in gradertools.cells(assignment).items()
+               if gid.endswith("_solution")}
+    return gradertools.run(assignment, **gradertools.COMPILED), sources
 
 
 def _compiled_for_gpu(source: str) -> bool:

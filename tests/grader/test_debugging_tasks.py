@@ -9,44 +9,25 @@ from __future__ import annotations
 
 import functools
 import re
-from pathlib import Path
 
+import gradertools
 import jax
 import jax.numpy as jnp
-import jupytext
 import numpy as np
 import pytest
 
 import kernelsim
 from grader import course, tasks
 
-NOTEBOOK = (Path(__file__).resolve().parents[2] / "exercises" / "source" / "09_debugging" /
-            "debugging.py")
-TASKS = [t.id for t in tasks.TASKS if t.assignment == "09_debugging"]
-
-
-@pytest.fixture(autouse=True)
-def learner_side(monkeypatch):
-    monkeypatch.delenv("PALLAS_COURSE_EXCHANGE", raising=False)
-    monkeypatch.delenv("PALLAS_COURSE_REPORT", raising=False)
-
-
-def _cells() -> dict[str, str]:
-    """grade_id -> source of every code cell with nbgrader metadata."""
-    nb = jupytext.read(NOTEBOOK)
-    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
-            if c.cell_type == "code" and "nbgrader" in c.metadata}
+ASSIGNMENT = "09_debugging"
+NOTEBOOK = gradertools.notebook(ASSIGNMENT)
+TASKS = [t.id for t in tasks.TASKS if t.assignment == ASSIGNMENT]
 
 
 @pytest.fixture(scope="module")
 def notebook() -> dict:
     """The notebook's setup, buggy and solution cells, executed into one namespace."""
-    cells = _cells()
-    namespace: dict = {}
-    for grade_id, source in cells.items():
-        if grade_id == "setup" or grade_id.endswith(("_buggy", "_solution")):
-            exec(compile(source, f"{NOTEBOOK.name}:{grade_id}", "exec"), namespace)
-    return namespace
+    return gradertools.run(ASSIGNMENT, ("_buggy", "_solution"))
 
 
 def _hint_key_line(task: str) -> str:
@@ -58,7 +39,7 @@ def _hint_key_line(task: str) -> str:
 
 def test_every_task_has_a_buggy_cell_a_solution_and_tests():
     """(The hint cells' form is tests/grader/test_exercise_content.py's to check.)"""
-    cells = _cells()
+    cells = gradertools.cells(ASSIGNMENT)
     assert len(TASKS) == 5
     for task in TASKS:
         assert {f"{task}_buggy", f"{task}_solution", f"{task}_visible", f"{task}_hidden"} \
@@ -114,7 +95,7 @@ def test_the_key_line_hints_fix_the_bugs(notebook):
 
 
 def _replace(notebook: dict, task: str, old: str, new: str):
-    source = _cells()[f"{task}_buggy"]
+    source = gradertools.cells(ASSIGNMENT)[f"{task}_buggy"]
     assert old in source, (task, old)
     namespace = dict(notebook)
     exec(source.replace(old, new), namespace)
@@ -148,7 +129,7 @@ def test_the_tpu_lowering_rejects_only_the_buggy_blocks(notebook):
 def test_every_solution_lowers_for_tpu():
     """JAX's TPU lowering accepts every solution (blocks, scratch, DMAs, revisited outputs):
     the notebook's cells run again with kernels set to compile."""
-    cells = _cells()
+    cells = gradertools.cells(ASSIGNMENT)
     namespace: dict = {}
     exec(compile(cells["setup"], "setup", "exec"), namespace)
     namespace.update(INTERPRET=False, TPU_INTERPRET=False)

@@ -13,11 +13,10 @@ or ignore edge blocks.
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
+import gradertools
 import jax
 import jax.numpy as jnp
-import jupytext
 import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
@@ -25,26 +24,16 @@ from jax.experimental.pallas import tpu as pltpu
 import kernelsim
 from grader import course, refs, tasks, verdict, work
 
-NOTEBOOK = Path(__file__).resolve().parents[2] / "exercises" / "source" / "11_gpu" / "gpu.py"
+ASSIGNMENT = "11_gpu"
+NOTEBOOK = gradertools.notebook(ASSIGNMENT)
 TASKS = ["gpu_row_sums", "gpu_matmul", "predict_gpu_reads"]
 pytestmark = pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
-
-
-@pytest.fixture(autouse=True)
-def learner_side(monkeypatch):
-    monkeypatch.delenv("PALLAS_COURSE_EXCHANGE", raising=False)
-    monkeypatch.delenv("PALLAS_COURSE_REPORT", raising=False)
 
 
 @pytest.fixture(scope="module")
 def solutions() -> dict:
     """The setup and solution cells of the instructor notebook, run in one namespace."""
-    namespace: dict = {}
-    for cell in jupytext.read(NOTEBOOK).cells:
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "")
-        if grade_id == "setup" or grade_id.endswith("_solution"):
-            exec(compile(cell.source, f"{NOTEBOOK.name}:{grade_id}", "exec"), namespace)
-    return namespace
+    return gradertools.run(ASSIGNMENT)
 
 
 @pytest.mark.parametrize("task", TASKS)

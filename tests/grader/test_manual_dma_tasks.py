@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import functools
 import re
-from pathlib import Path
 
+import gradertools
 import jax
 import jax.numpy as jnp
-import jupytext
 import numpy as np
 import pytest
 from jax.experimental import pallas as pl
@@ -26,34 +25,15 @@ from grader.tasks.core import RACE_CLOCK_SIZE
 
 pytestmark = pytest.mark.interpret
 
-NOTEBOOK = (Path(__file__).resolve().parents[2] / "exercises" / "source" / "08_manual_dma" /
-            "manual_dma.py")
-TASKS = [t.id for t in tasks.TASKS if t.assignment == "08_manual_dma"]
-
-
-@pytest.fixture(autouse=True)
-def learner_side(monkeypatch):
-    monkeypatch.delenv("PALLAS_COURSE_EXCHANGE", raising=False)
-    monkeypatch.delenv("PALLAS_COURSE_REPORT", raising=False)
-
-
-def _cells() -> dict[str, str]:
-    """grade_id -> source of every code cell with nbgrader metadata."""
-    nb = jupytext.read(NOTEBOOK)
-    return {c.metadata["nbgrader"]["grade_id"]: c.source for c in nb.cells
-            if c.cell_type == "code" and "nbgrader" in c.metadata}
+ASSIGNMENT = "08_manual_dma"
+NOTEBOOK = gradertools.notebook(ASSIGNMENT)
+TASKS = [t.id for t in tasks.TASKS if t.assignment == ASSIGNMENT]
 
 
 def _run_cells(**settings) -> dict:
     """The setup, buggy and solution cells executed into one namespace (``settings`` replace
     setup's names, e.g. ``TPU_INTERPRET=False`` to compile)."""
-    namespace: dict = {}
-    for grade_id, source in _cells().items():
-        if grade_id == "setup" or grade_id.endswith(("_buggy", "_solution")):
-            exec(compile(source, f"{NOTEBOOK.name}:{grade_id}", "exec"), namespace)
-            if grade_id == "setup":
-                namespace.update(settings)
-    return namespace
+    return gradertools.run(ASSIGNMENT, ("_buggy", "_solution"), **settings)
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +44,7 @@ def notebook() -> dict:
 def _planted(notebook: dict, cell: str, *edits: tuple[str, str], name: str | None = None):
     """The function that cell ``cell`` defines, with each ``(old, new)`` edit made to its
     source (each ``old`` must be there)."""
-    source = _cells()[cell]
+    source = gradertools.cells(ASSIGNMENT)[cell]
     for old, new in edits:
         assert old in source, (cell, old)
         source = source.replace(old, new)
@@ -82,7 +62,7 @@ def _fails(task: str, fn, expected: str, hidden: bool = False) -> str:
 
 
 def test_every_task_has_a_solution_and_tests():
-    cells = _cells()
+    cells = gradertools.cells(ASSIGNMENT)
     assert TASKS == ["absmax_dma", "absmax_pipeline", "absmax_in_place"]
     for task in TASKS:
         assert {f"{task}_solution", f"{task}_visible", f"{task}_hidden"} <= set(cells), task

@@ -7,37 +7,25 @@ The reference solutions are the instructor notebook's solution cells, executed a
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
+import gradertools
 import jax
 import jax.numpy as jnp
-import jupytext
 import pytest
 from jax.experimental import pallas as pl
 
 import kernelsim
 from grader import course
 
-NOTEBOOK = (Path(__file__).resolve().parents[2] / "exercises" / "source" / "10_transformations"
-            / "transformations.py")
+ASSIGNMENT = "10_transformations"
+NOTEBOOK = gradertools.notebook(ASSIGNMENT)
 EPS = 1e-6
-
-
-@pytest.fixture(autouse=True)
-def learner_side(monkeypatch):
-    monkeypatch.delenv("PALLAS_COURSE_EXCHANGE", raising=False)
-    monkeypatch.delenv("PALLAS_COURSE_REPORT", raising=False)
 
 
 @pytest.fixture(scope="module")
 def solutions() -> dict:
     """The setup and solution cells of the instructor notebook, run in one namespace."""
-    namespace: dict = {}
-    for cell in jupytext.read(NOTEBOOK).cells:
-        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "")
-        if grade_id == "setup" or grade_id.endswith("_solution"):
-            exec(compile(cell.source, f"{NOTEBOOK.name}:{grade_id}", "exec"), namespace)
-    return namespace
+    return gradertools.run(ASSIGNMENT)
 
 
 @pytest.mark.parametrize("task", ["batched_bias_tanh", "rms_norm", "add_rows_in_place"])

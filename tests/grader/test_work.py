@@ -65,12 +65,6 @@ def honest_only_when_traced(x, y):  # a kernel for kernelsim, plain jnp otherwis
     return x + y
 
 
-@pytest.fixture(autouse=True)
-def learner_side(monkeypatch):
-    monkeypatch.delenv("PALLAS_COURSE_EXCHANGE", raising=False)
-    monkeypatch.delenv("PALLAS_COURSE_REPORT", raising=False)
-
-
 def test_honest_kernel_passes(capsys):
     course.check("add", honest)
     out = capsys.readouterr().out
