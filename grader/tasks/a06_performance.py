@@ -52,9 +52,10 @@ CHIP = CHIPS["tpu-v5e"]
 # How close to the best estimate the learner's blocks must come. kernelsim's model is a few
 # percent to a fifth off a measured v5e (lesson 7: 95 % of peak estimated against 91.5 %
 # measured at n = 8192, 78 % at 4096), so estimates within 10 % of each other are ties. Every
-# case's next distinct blocking is at least 13 % slower than its best (tests/grader/
-# test_adversarial_a04_a06.py): the margin separates "found the best" from "one step off",
-# never two equivalent choices, and 128-blocks miss by 1.6-6x.
+# case's next distinct blocking under its budget is at least 13 % slower than its best (v0:
+# 13.6 %, the hidden cases 24-68 %; tests/grader/test_adversarial_a04_a06.py), with blocks
+# that never move single-buffered as Mosaic does: the margin separates "found the best" from
+# "one step off", never two equivalent choices, and 128-blocks miss by 1.6-6.8x.
 WITHIN = 0.10
 BLOCK_STEP = 128  # candidate block sizes: the multiples of 128 that divide the dimension
 
@@ -173,15 +174,18 @@ _task(
     kernel_ops=(("dot_general",),),
     reference=_matmul_ref, tolerance="reduction",
     cases=(
-        # the best is (256, 512, 128): a block spanning K reads A once; square 256-blocks are
-        # 14 % slower, 128-blocks almost 5x
+        # the best is (256, 512, 128), 768 KiB on chip: a block spanning K reads A once, and
+        # A's block never moves (one buffer); square 256-blocks fill the budget and are 14 %
+        # slower, 128-blocks almost 5x
         _c("v0", 16, "bfloat16", {"a": (256, 512), "b": (512, 512)}, vmem_budget=_MiB),
+        # float32: the visible case's blocks need 1,441,792 B, over the budget
         _c("h0", 261, "float32", {"a": (256, 512), "b": (512, 256)}, True,
-           vmem_budget=3 * _MiB // 2),
+           vmem_budget=5 * _MiB // 4),
         _c("h1", 262, "bfloat16", {"a": (384, 512), "b": (512, 512)}, True, vmem_budget=_MiB),
-        # the visible shape with twice the budget: the visible case's blocks are 30 % slower
-        _c("h2", 263, "bfloat16", {"a": (256, 512), "b": (512, 512)}, True,
-           vmem_budget=2 * _MiB),
+        # the visible case with K doubled: the best, (256, 1024, 128), still spans K; the
+        # visible case's blocks fit but read A four times and are 90 % slower
+        _c("h2", 263, "bfloat16", {"a": (256, 1024), "b": (1024, 512)}, True,
+           vmem_budget=5 * _MiB // 4),
         # a tight budget forces 8 K steps over a long all-positive K: a bfloat16 accumulator
         # loses what the float32 one keeps
         _c("h3", 264, "bfloat16", {"a": (128, 2048), "b": (2048, 128)}, True, values="positive",
