@@ -67,7 +67,8 @@ expected = absmax_scale(x).astype(x.dtype)  # the plain-JAX reference every task
 # Graded on values (race detector on) and on kernelsim's trace of your kernel: no pipeline
 # fetch of `x` and exactly `x.nbytes` read from it (each byte once, by your copies), output
 # block `(chunk, N)`, and on-chip buffers of exactly two chunks plus the output block's
-# pipeline buffers (two, or one when the grid has a single step). Try `absmax_dma(x, 16, interpret=RACES)` against `expected`, and
+# pipeline buffers (two, or one when the grid has a single step). Try
+# `absmax_dma(x, 16, interpret=RACES)` against `expected`, and
 # `print(kernelsim.trace(functools.partial(absmax_dma, chunk=16), x))`.
 
 # %% [markdown]
