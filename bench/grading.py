@@ -1,11 +1,11 @@
 """Grading throughput: `pallas-course autograde` with 1 and 2 workers vs bare `nbgrader autograde`.
 
-pallas-course runs each notebook in a jailed kernel and, beside it, in the grader's own fresh
-run (``grader/replay.py``), which makes the facts; the test cells are judged outside both. The
-bare run is nbgrader's own Execute on the same notebooks, unjailed, with the checks inside the
-kernel: the ratio is what isolation and the trusted verdict cost. 20 submissions of assignment
-01 (the instructor notebook under 20 student ids) in a temporary course copy. Prints a table
-and writes bench/results/grading.json.
+pallas-course runs each notebook once, in the grader's own jailed run of it
+(``grader/replay.py``), which makes the facts and the outputs; the test cells are judged outside
+it. The bare run is nbgrader's own Execute on the same notebooks in a Jupyter kernel, unjailed,
+with the checks inside the kernel: the ratio is what isolation and the trusted verdict cost.
+20 submissions of assignment 01 (the instructor notebook under 20 student ids) in a temporary
+course copy. Prints a table and writes bench/results/grading.json.
 
 Then the same batch on a Dask cluster on this machine (``autograde --scheduler``: a scheduler
 and 1 or 2 ``dask worker --nthreads 1`` processes, started before the clock runs, as a class's
@@ -183,8 +183,8 @@ def main() -> None:
               f"{r['ratio_to_bare']:12.2f} {r['cpu_ratio_to_bare']:11.2f}")
     out = REPO / "bench" / "results" / "grading.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    # a submission is the kernel and the grader's own run at once, so one worker keeps more
-    # than one core busy: the term is costed in CPU seconds, not one worker's wall time
+    # JAX's threads can keep more than one core busy for one submission: the term is costed in
+    # CPU seconds, not one worker's wall time
     model = term_model(rows[0]["machine_cpu_s_per_submission"], rows[3]["wall_s"] / N)
     for r in rows[3:]:
         speedup = r.get("speedup_vs_1_worker")

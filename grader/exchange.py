@@ -1,17 +1,22 @@
-"""What the grader and its own run of a notebook (``grader.replay``) send each other.
+"""What the grader and its run of a notebook (``grader.replay``) send each other.
 
 **The job** (grader to replay, on the replay's stdin, read whole before any learner code runs):
 one JSON line, then the cases' *inputs* (never the expected outputs) as one ``.npz``. The line
-holds the channel key, the code cells to run (source, time limit, and for a test cell its
-``course.check`` calls) and, per check, the cases: names, parameters and which arrays of the
-``.npz`` are their inputs.
+holds the channel key, the bytes of output kept per cell, the code cells to run (source, time
+limit, and for a test cell its ``course.check`` calls) and, per check, the cases: names,
+parameters and which arrays of the ``.npz`` are their inputs.
 
 **The answer channel** (replay to grader): the replay's stdout, which the harness takes for
-itself before any learner code runs (learner prints go to stderr). It carries frames: a 4-byte
-length, a 32-byte HMAC-SHA256 tag under the job's key, and a payload: one JSON object, a NUL
-byte and, for a check, the ``.npz`` of its outputs. The grader reads the frames once the run
-has ended, without unpickling, under size limits, and refuses the whole channel when a tag is
-wrong or a frame is cut short: bytes the harness did not write mean learner code wrote to it.
+itself before any learner code runs (learner prints are caught as the cells' outputs). It
+carries frames: a 4-byte length, a 32-byte HMAC-SHA256 tag under the job's key, and a payload:
+one JSON object, a NUL byte and, for a check, the ``.npz`` of its outputs. The grader reads the
+frames once the run has ended, without unpickling, under size limits, and refuses the whole
+channel when a tag is wrong or a frame is cut short: bytes the harness did not write mean
+learner code wrote to it.
+
+**Cell outputs** travel in the frames as nbformat outputs. They are learner display data:
+``notebook_outputs`` rebuilds each as a well-formed nbformat output, caps them per cell again,
+and the grader never reads them for a grade.
 """
 
 from __future__ import annotations
@@ -20,14 +25,19 @@ import hashlib
 import hmac
 import io
 import json
+import re
 import struct
 import zipfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from grader import refs as _refs
+
+if TYPE_CHECKING:  # imported where outputs are rebuilt, in the grader: importing nbformat
+    # imports jsonschema's format checkers, ~2 s, which every grading run would pay at start
+    from nbformat.notebooknode import NotebookNode
 
 MAX_JOB_BYTES = 512 << 20  # every input of one notebook's checks, compressed
 MAX_CHANNEL_BYTES = 256 << 20  # everything one replay may answer
@@ -46,10 +56,11 @@ class AnswerTooLarge(AnswerError):
 
 
 # ----------------------------------------------------------------------------- the job
-def job_bytes(key: bytes, cells: list[dict], refdir: Path
+def job_bytes(key: bytes, cells: list[dict], refdir: Path, output_bytes: int
               ) -> tuple[bytes, dict[tuple[str, bool], tuple[list[dict], list[tuple]]]]:
     """The job for ``cells`` (dicts with ``index``, ``id``, ``source``, ``timeout`` and
-    ``checks``: ``[[task, hidden, function expression], ...]`` for a test cell, else empty).
+    ``checks``: ``[[task, hidden, function expression], ...]`` for a test cell, else empty);
+    ``output_bytes``: the output kept per cell.
 
     Returns the bytes and, per ``(task, hidden)``, the manifest entries and
     ``(entry, inputs, expected, params)`` per case, for the verdict.
@@ -77,7 +88,8 @@ def job_bytes(key: bytes, cells: list[dict], refdir: Path
                 described[tag].append({"case": e["case"], "inputs": keys,
                                        "params": {k: _refs.jsonable(v)
                                                   for k, v in params.items()}})
-    header = json.dumps({"key": key.hex(), "cells": cells, "cases": described}).encode()
+    header = json.dumps({"key": key.hex(), "output_bytes": output_bytes, "cells": cells,
+                         "cases": described}).encode()
     return header + b"\n" + npz_bytes(arrays), loaded
 
 
@@ -190,3 +202,118 @@ def encode_outputs(outputs: dict[str, Any], budget: int = MAX_CHECK_BYTES
         except Exception as e:  # noqa: BLE001
             errors[name] = f"the result is not a numeric array of a sensible size ({e})"
     return npz_bytes(stored), dtypes, errors
+
+
+# ----------------------------------------------------------------------------- cell outputs
+_MIME = re.compile(r"^[\w.+-]+/[\w.+-]+$")
+_JSON_MIME = re.compile(r"^application/(.*\+)?json$")
+
+
+def dropped_notice(limit: int) -> dict:
+    """The piece that ends a cell's outputs past ``limit`` bytes. Display data, not a stream:
+    nbgrader's LimitOutput drops every stream after a cell's first 1,000 lines, and a flood
+    has more."""
+    return {"output_type": "display_data", "metadata": {},
+            "data": {"text/plain": f"[output beyond {limit:,} bytes was dropped by the grader]"}}
+
+
+def piece_size(piece: dict) -> int:
+    """What an output piece counts against its cell's limit: a stream's text as JSON (so
+    many small writes count about what the kernel's batched messages did), anything else
+    all of its JSON."""
+    if piece.get("output_type") == "stream" and isinstance(piece.get("text"), str):
+        return len(json.dumps(piece["text"]))
+    return len(json.dumps(piece, default=str))
+
+
+def _text(value) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        return "".join(value)
+    return None
+
+
+def _bundle(data) -> dict:
+    """A mime bundle with only what nbformat allows: text per mime type, JSON for JSON types."""
+    if not isinstance(data, dict):
+        return {}
+    out = {}
+    for mime, value in data.items():
+        if isinstance(mime, str) and _MIME.match(mime):
+            value = value if _JSON_MIME.match(mime) else _text(value)
+            if value is not None:
+                out[mime] = value
+    return out
+
+
+def _output(piece) -> NotebookNode | None:
+    """``piece`` rebuilt as an nbformat output (or a ``clear_output`` or
+    ``update_display_data`` instruction); None when it is not one."""
+    from nbformat.notebooknode import NotebookNode
+
+    if not isinstance(piece, dict):
+        return None
+    kind = piece.get("output_type")
+    if kind == "stream" and piece.get("name") in ("stdout", "stderr"):
+        text = _text(piece.get("text"))
+        return None if text is None else NotebookNode(output_type=kind, name=piece["name"],
+                                                      text=text)
+    if kind in ("display_data", "execute_result", "update_display_data"):
+        metadata = piece.get("metadata")
+        out = NotebookNode(output_type=kind, data=NotebookNode(_bundle(piece.get("data"))),
+                           metadata=NotebookNode(metadata if isinstance(metadata, dict) else {}))
+        if kind == "execute_result":
+            out.execution_count = None  # the grader numbers the cells
+        if isinstance(piece.get("display_id"), str):
+            out.display_id = piece["display_id"]
+        return out
+    if kind == "error":
+        trace = piece.get("traceback")
+        return NotebookNode(output_type=kind, ename=str(piece.get("ename")),
+                            evalue=str(piece.get("evalue")),
+                            traceback=[str(x) for x in trace] if isinstance(trace, list) else [])
+    if kind == "clear_output":
+        return NotebookNode(output_type=kind, wait=bool(piece.get("wait")))
+    return None
+
+
+def notebook_outputs(pieces, limit: int, displays: dict[str, list[NotebookNode]]
+                     ) -> list[NotebookNode]:
+    """One cell's outputs from the pieces its frames carried, as nbclient would have made them
+    from a kernel's messages: at most ``limit`` bytes (then a notice), ``clear_output`` applied
+    (with ``wait``: at the next output), display updates applied to every output of that
+    display id in the notebook so far (``displays``, shared by the notebook's cells)."""
+    outputs: list[NotebookNode] = []
+    size, clear_next = 0, False
+    for piece in pieces if isinstance(pieces, list) else []:
+        out = _output(piece)
+        if out is None:
+            continue
+        size += piece_size(piece)
+        if size > limit:
+            outputs.append(_output(dropped_notice(limit)))
+            break
+        kind = out.output_type
+        if kind == "clear_output":
+            if out.wait:
+                clear_next = True
+            else:
+                outputs.clear()
+            continue
+        display_id = out.pop("display_id", None)
+        if kind == "update_display_data":
+            for shown in displays.get(display_id, []):
+                shown.data, shown.metadata = out.data, out.metadata
+            continue
+        if clear_next:
+            outputs.clear()
+            clear_next = False
+        if display_id is not None and kind == "display_data":
+            displays.setdefault(display_id, []).append(out)
+        if kind == "stream" and outputs and outputs[-1].output_type == "stream" \
+                and outputs[-1].name == out.name:
+            outputs[-1].text += out.text
+        else:
+            outputs.append(out)
+    return outputs

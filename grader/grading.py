@@ -1,18 +1,18 @@
 """The grading side of ``pallas-course``: release, collect, autograde, feedback, export, check.
 
 Every nbgrader step runs in a child process (``grader.worker``). Autograde keeps one worker
-process per slot for the whole batch; inside it, each notebook's learner code runs in a jailed
-kernel under limits and the test cells are judged in the worker (``grader.trusted``), so a
-submission that kills its kernel, loops, exhausts memory or patches the checks never takes the
-batch down or changes another grade.
+process per slot for the whole batch; inside it, each notebook is executed once, by the
+grader's own run of it in the jail under limits, and the test cells are judged in the worker
+(``grader.trusted``), so a submission that kills that run, loops, exhausts memory or patches
+the checks never takes the batch down or changes another grade.
 
 Statuses (one JSON file per submission under ``<root>/status/<assignment>/<student>.json``,
 written atomically, so a batch can be resumed and read while it runs): graded; timeout (a cell,
-the kernel's CPU limit or the whole submission ran out of time); crashed (the kernel died or
-ran out of memory, or nbgrader failed); malformed (not a readable notebook); tampered (the
-notebook's code changed the grading code in the grader's own run of it, or test cells were
-edited, deleted, duplicated or reordered, which nbgrader undoes before grading); missing (no
-submission).
+the run's CPU or wall-clock limit or the whole submission ran out of time); crashed (the run
+died, ran out of memory or hit the disk or file-size limit, or nbgrader failed); malformed (not
+a readable notebook); tampered (the notebook's code changed the grading code in the grader's
+run of it, or test cells were edited, deleted, duplicated or reordered, which nbgrader undoes
+before grading); missing (no submission).
 """
 
 from __future__ import annotations
@@ -151,8 +151,8 @@ def _scores(root: Path) -> dict[tuple[str, str], tuple[float, float]]:
 class Worker:
     """A long-lived ``grader.worker serve`` process: nbgrader starts once, not per submission.
 
-    ``slot`` picks the sandbox uid of the kernels it starts, so concurrent workers never share
-    one. A job that runs past its time kills the process (and its kernel); the next job starts
+    ``slot`` picks the sandbox uid of the runs it starts, so concurrent workers never share
+    one. A job that runs past its time kills the process (and its run); the next job starts
     a fresh one.
     """
 
@@ -166,7 +166,7 @@ class Worker:
         self.stderr = tempfile.TemporaryFile()
         self.lines = queue.Queue()
         env = {**_env(self.root), "PALLAS_COURSE_SLOT": str(self.slot)}
-        # it dies with the thread that started it (and its jailed kernel with it: bwrap
+        # it dies with the thread that started it (and its jailed run with it: bwrap
         # --die-with-parent): a grader or Dask worker killed mid-job leaves no autograde running
         # beside the one that grades the submission again
         die = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
@@ -201,7 +201,8 @@ class Worker:
                                       else max(deadline - time.monotonic(), 0.01))
             except queue.Empty:
                 self.close()
-                for uid in sandbox.slot_uids(self.slot):  # what the killed worker left
+                uid = sandbox.sandbox_uid(self.slot)
+                if uid is not None:  # what the killed worker's run left
                     sandbox.kill_uid(uid)
                 return {"success": False, "killed": "timeout", "error": f"ran past {timeout:.0f} s",
                         "log": ""}
@@ -230,7 +231,7 @@ class Worker:
 def claim_slot() -> tuple[int, int]:
     """A sandbox slot (a uid of its own) that no other grader on this machine holds, and the fd
     whose lock holds it until closed or until this process ends, however it ends: concurrent
-    batches and Dask workers on one machine never kill each other's kernels."""
+    batches and Dask workers on one machine never kill each other's runs."""
     SLOT_LOCKS.mkdir(mode=0o700, exist_ok=True)
     for slot in range(MAX_SLOTS):
         fd = os.open(SLOT_LOCKS / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
@@ -244,7 +245,7 @@ def claim_slot() -> tuple[int, int]:
 
 
 def check_jail(worker: Worker) -> None:
-    """Stop before grading anything when a jailed kernel could not import the course."""
+    """Stop before grading anything when a jailed run could not import the course."""
     res = worker.run("preflight", timeout=300)
     if not res.get("success"):
         raise RuntimeError(f"not grading: {res.get('error') or 'the jail check failed'}")
@@ -320,7 +321,6 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float,
                    for c in test_cell_changes(root / "release" / assignment / nb.name, nb)]
         tampered = list(dict.fromkeys(t for r in reports for t in r.get("tampered", [])))
         died = [r["died"] for r in reports if r.get("died")]
-        limit = [r["limit"] for r in reports if r.get("limit")]
         if res.get("killed") == "timeout":
             rec.update(status="timeout", detail=f"the whole submission {res['error']}")
         elif not res.get("success"):
@@ -328,8 +328,8 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float,
             rec.update(status="crashed", detail=_cause(log) or
                        str(res.get("error") or "nbgrader failed")[:500], log=log[-3000:])
         elif died:
-            cpu = any("CPU limit" in x for x in limit)
-            rec.update(status="timeout" if cpu else "crashed", detail="; ".join(died))
+            late = any(r.get("timed_out") for r in reports)  # a CPU or wall-clock limit
+            rec.update(status="timeout" if late else "crashed", detail="; ".join(died))
         elif res.get("timeouts"):
             cells = res["timeouts"]
             rec.update(status="timeout", detail=f"{len(cells)} cell(s) ran past the per-cell time "

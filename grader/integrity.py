@@ -63,9 +63,17 @@ def trusted_roots() -> tuple[str, ...]:
     return (*sorted(installed), *course_roots())
 
 
+def _frozen(filename: str) -> bool:
+    """``<frozen abc>``: code of a module frozen into Python (abc, genericpath, ...)."""
+    name = filename[len("<frozen "):-1] if filename.startswith("<frozen ") else None
+    spec = getattr(sys.modules.get(name or ""), "__spec__", None)
+    return name is not None and filename.endswith(">") and getattr(spec, "origin", None) == "frozen"
+
+
 def defined_in(obj, roots: tuple[str, ...]) -> bool:
     """Whether a function (or method, or partial of one) was compiled from a file under
-    ``roots``; anything that is not a Python function counts as defined there."""
+    ``roots`` or is frozen into Python; anything that is not a Python function counts as
+    defined there."""
     while True:
         if isinstance(obj, types.MethodType):
             obj = obj.__func__
@@ -74,7 +82,17 @@ def defined_in(obj, roots: tuple[str, ...]) -> bool:
         else:
             break
     code = getattr(obj, "__code__", None) if isinstance(obj, types.FunctionType) else None
-    return code is None or code.co_filename.startswith(roots)
+    return code is None or code.co_filename.startswith(roots) or _frozen(code.co_filename)
+
+
+def installed_function(obj, roots: tuple[str, ...]) -> bool:
+    """A Python function of an installed module, found under its own name there (pyplot's
+    ``_draw_all_if_interactive``, which importing pyplot registers as an IPython hook)."""
+    if not isinstance(obj, types.FunctionType) or not defined_in(obj, roots):
+        return False
+    where = sys.modules.get(getattr(obj, "__module__", None) or "")
+    return str(getattr(where, "__file__", "")).startswith(roots) and \
+        getattr(where, obj.__name__, None) is obj
 
 
 def _callable(v) -> bool:
@@ -172,7 +190,10 @@ class Snapshot:
             events = getattr(getattr(self.shell, "events", None), "callbacks", None) or {}
             for event, cbs in sorted(events.items()):
                 for cb in cbs:
-                    if not any(cb is known for known in self.hooks.get(event, ())):
+                    # hooks run around learner cells, never while a check runs: one that an
+                    # installed package registers (importing pyplot does) is not tampering
+                    if not any(cb is known for known in self.hooks.get(event, ())) \
+                            and not installed_function(cb, self.roots):
                         out.append(f"an IPython {event} hook "
                                    f"({getattr(cb, '__qualname__', type(cb).__name__)}) was "
                                    "registered")

@@ -33,10 +33,7 @@ Status = Literal["ok", "failed", "timeout", "memory", "disk", "crashed"]
 Isolation = Literal["jail", "rlimits"]
 
 SANDBOX_UID_BASE = 61000  # uid SANDBOX_UID_BASE + slot runs slot's submission when root
-# a slot's second uid (BASE + SLOTS + slot) runs the grader's own run of the notebook
-# (grader.replay) beside the learner's kernel: neither can signal, limit or kill the other
 SLOTS = 256
-ROLES = ("kernel", "replay")
 
 
 @dataclass(frozen=True)
@@ -82,17 +79,11 @@ def isolation() -> Isolation:
     return "rlimits"
 
 
-def sandbox_uid(slot: int, role: str = "kernel") -> int | None:
-    """The uid a jailed run in ``slot`` uses for ``role`` (one of ``ROLES``); None without a
-    jail."""
+def sandbox_uid(slot: int) -> int | None:
+    """The uid a jailed run in ``slot`` uses; None without a jail."""
     if not 0 <= slot < SLOTS:
         raise ValueError(f"sandbox slot {slot} is outside 0..{SLOTS - 1}")
-    return SANDBOX_UID_BASE + ROLES.index(role) * SLOTS + slot if isolation() == "jail" else None
-
-
-def slot_uids(slot: int) -> list[int]:
-    """Every uid jailed runs of ``slot`` use (empty without a jail)."""
-    return [u for role in ROLES if (u := sandbox_uid(slot, role)) is not None]
+    return SANDBOX_UID_BASE + slot if isolation() == "jail" else None
 
 
 def default_readable() -> list[Path]:
@@ -213,14 +204,13 @@ class _Reader(threading.Thread):
 
 
 def confine(argv: Sequence[str], workdir: Path, limits: Limits, slot: int = 0,
-            readable: Sequence[Path] | None = None,
-            role: str = "kernel") -> tuple[list[str], int | None]:
+            readable: Sequence[Path] | None = None) -> tuple[list[str], int | None]:
     """``argv`` behind prlimit (and the jail, when available), ready to start in ``workdir``.
 
-    Prepares ``workdir`` for the uid of the slot's ``role`` and kills what an earlier run of
-    that uid left. Returns the command line and the uid it will run as (None without a jail).
+    Prepares ``workdir`` for the slot's uid and kills what an earlier run of that uid left.
+    Returns the command line and the uid it will run as (None without a jail).
     """
-    uid = sandbox_uid(slot, role)
+    uid = sandbox_uid(slot)
     prepare_workdir(workdir, uid)
     if uid is not None:
         kill_uid(uid)  # leftovers of an earlier run in this slot must not count against it
@@ -289,7 +279,7 @@ class Confined:
 
 def start(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
           env: Mapping[str, str] | None = None, stdin: bool = False, slot: int = 0,
-          readable: Sequence[Path] | None = None, role: str = "kernel",
+          readable: Sequence[Path] | None = None,
           stdout_bytes: int | None = None) -> Confined:
     """Start ``argv`` in ``workdir`` under ``limits`` and return at once (``Confined.wait``).
 
@@ -297,7 +287,7 @@ def start(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
     stdout_bytes: how much of stdout to keep (default ``limits.output_bytes``).
     """
     workdir = Path(workdir).resolve()
-    argv, uid = confine(argv, workdir, limits, slot, readable, role)
+    argv, uid = confine(argv, workdir, limits, slot, readable)
     proc = subprocess.Popen(
         argv, cwd=workdir, env={**child_env(workdir), **(env or {})},
         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,

@@ -1,25 +1,27 @@
 """Autograde with the learner's code in a jail and the verdict outside it.
 
-``TrustedExecute`` replaces nbgrader's ``Execute`` (see ``exercises/nbgrader_config.py``). The
-grader (this process) drives the notebook cell by cell as nbgrader does, but the kernel runs in
-``grader.sandbox``'s jail: its own namespaces, a uid of its own, a filesystem that holds no
-references, no instructor notebooks, no gradebook and no other submission, and limits on CPU
-seconds, memory, processes, file size, disk and output. That kernel's run is what the learner
-sees (outputs, feedback); its ``course.check`` calls do nothing. The facts a grade is decided
-from come from the grader's own run of the same cells (``FreshRun``, ``grader.replay``): a
-fresh Python process in the same jail under another uid, started beside the kernel, where the
-harness imports and fingerprints its code before any learner code runs, runs the cells, runs
-each test cell's checks itself and answers over a channel the kernel never has.
+``TrustedExecute`` replaces nbgrader's ``Execute`` (see ``exercises/nbgrader_config.py``). It
+starts no kernel: a submission's notebook is executed once, by the grader's own run of it
+(``FreshRun``, ``grader.replay``), a fresh Python process in ``grader.sandbox``'s jail: its own
+namespaces, a uid of the worker's slot, a filesystem that holds no references, no instructor
+notebooks, no gradebook and no other submission, and limits on CPU and wall seconds, memory,
+processes, file size, disk and output per cell. Its harness imports and fingerprints its code
+before any learner code runs, runs the code cells in order under their time limits, runs each
+test cell's checks itself and answers over a channel of its own: per cell what it showed
+(nbformat outputs, capped per cell) and per check the facts a grade is decided from.
 
-When both runs have ended, each test cell's checks are decided here (``grader.verdict``),
-against references the jail never sees: a failing verdict is added to the cell as an error and
-``VerdictGrades`` scores the cell from the verdict alone, so nothing either run prints,
-displays or writes changes a score. What the fresh run found (changed grading code, a refused
-hook, bytes on its channel it did not write) marks the submission ``tampered``; checks after
-it are not graded.
+When the run has ended, the notebook's code cells get those outputs and execution counts (as
+nbclient would have set them from a kernel), and each test cell's checks are decided here
+(``grader.verdict``), against references the jail never sees: a failing verdict is added to the
+cell as an error and ``VerdictGrades`` scores the cell from the verdict alone, so nothing the
+run prints, displays or writes changes a score. What the run found (changed grading code, a
+refused hook, bytes on its channel it did not write) marks the submission ``tampered``; checks
+after it are not graded. A kernel's run gave two things this one does not: widget state (no
+comm exists without a kernel: a widget shows its text form) and per-cell timing metadata
+(which ``ClearMetadataPreprocessor`` removed anyway).
 
-Each notebook's findings (tampering, a dead kernel or run, a limit) are appended to ``REPORTS``
-for the worker, which turns them into the submission's status.
+Each notebook's findings (tampering, a dead run, a limit) are appended to ``REPORTS`` for the
+worker, which turns them into the submission's status.
 """
 
 from __future__ import annotations
@@ -28,18 +30,15 @@ import ast
 import dataclasses
 import json
 import os
+import platform
 import secrets
 import shutil
 import stat
 import sys
 import tempfile
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from jupyter_client.manager import AsyncKernelManager
-from nbclient import NotebookClient
-from nbclient.exceptions import CellTimeoutError, DeadKernelError
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils as nbgrader_utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
@@ -48,6 +47,12 @@ from traitlets import Integer
 from grader import exchange, messages, refs, replay, sandbox, verdict
 
 REPORTS: list[dict] = []  # one per executed notebook, read and cleared by grader.worker
+# what ipykernel reports for this Python (the notebook's metadata.language_info)
+LANGUAGE_INFO = {"name": "python", "version": platform.python_version(),
+                 "mimetype": "text/x-python",
+                 "codemirror_mode": {"name": "ipython", "version": sys.version_info[0]},
+                 "pygments_lexer": "ipython3", "nbconvert_exporter": "python",
+                 "file_extension": ".py"}
 
 
 def checks_in(cell) -> list[tuple[str, bool, str]]:
@@ -76,40 +81,6 @@ def checks_in(cell) -> list[tuple[str, bool, str]]:
     return out
 
 
-@dataclass
-class JailRun:
-    """The folders and identity of one jailed kernel (one notebook)."""
-
-    slot: int
-    limits: sandbox.Limits
-    workdir: Path
-    uid: int | None = None
-    pid: int | None = None
-    killed: str | None = None  # why the watcher killed the kernel
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    @classmethod
-    def create(cls, slot: int, limits: sandbox.Limits) -> JailRun:
-        return cls(slot, limits, jail_folder(slot))
-
-    def watch(self) -> None:
-        """Kill the kernel when its folder outgrows the disk limit (checked every 0.2 s)."""
-        while not self.stop.wait(0.2):
-            if sandbox.disk_usage(self.workdir) > self.limits.disk_bytes:
-                self.killed = f"wrote more than {self.limits.disk_bytes:,} bytes to disk"
-                self.kill()
-                return
-
-    def kill(self) -> None:
-        if self.pid is not None:
-            sandbox.kill_all(self.pid, self.uid)
-
-    def cleanup(self) -> None:
-        self.stop.set()
-        self.kill()
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-
 def jail_folder(slot: int, suffix: str = "") -> Path:
     """A new folder name for one jailed run (created by ``sandbox``), under a base only this
     user can write to."""
@@ -124,21 +95,17 @@ def jail_folder(slot: int, suffix: str = "") -> Path:
 
 def readable() -> list[Path]:
     """What a jailed run may read: the Python installation, the venv, and of the repository
-    only the code the kernel imports."""
+    only the code the run imports."""
     return [*sandbox.default_readable(), refs.REPO / "grader", refs.REPO / "kernelsim"]
 
 
-def grading_env(fresh: bool = False) -> dict[str, str]:
-    """The environment of a grading kernel (``fresh``: of the grader's own run) on top of
-    ``sandbox.child_env``: ``course.check`` does nothing in either (the fresh run checks by
-    itself); the fresh run draws no figures and skips ``breakpoint()``."""
-    env = {"PALLAS_COURSE_GRADING": "1", "NBGRADER_EXECUTION": "autograde"}
-    return {**env, "MPLBACKEND": "Agg", "PYTHONBREAKPOINT": "0"} if fresh else env
-
-
-# what a grading kernel and the fresh run import: without it every test cell would fail, and
-# every grade be 0
-PREFLIGHT = ("import ipykernel, jax, jax.experimental.pallas, numpy, kernelsim, grader.course, "
+# the environment of the grader's run on top of ``sandbox.child_env``: ``course.check`` in a
+# learner cell does nothing (the harness checks by itself), figures are drawn off screen (the
+# harness shows them as PNG), ``breakpoint()`` is skipped
+GRADING_ENV = {"PALLAS_COURSE_GRADING": "1", "NBGRADER_EXECUTION": "autograde",
+               "MPLBACKEND": "Agg", "PYTHONBREAKPOINT": "0"}
+# what the grader's run imports: without it every test cell would fail, and every grade be 0
+PREFLIGHT = ("import jax, jax.experimental.pallas, numpy, kernelsim, grader.course, "
              "grader.replay, grader.tasks")
 
 
@@ -151,7 +118,7 @@ def preflight(limits: sandbox.Limits, slot: int = 0) -> str | None:
     workdir = jail_folder(slot, "-preflight")
     try:
         out = sandbox.run([sys.executable, "-c", PREFLIGHT], workdir, limits, slot=slot,
-                          readable=readable(), env=grading_env(fresh=True))
+                          readable=readable(), env=GRADING_ENV)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if out.status == "ok":
@@ -160,38 +127,6 @@ def preflight(limits: sandbox.Limits, slot: int = 0) -> str | None:
     return (f"the grading jail ({out.isolation}) cannot import the course with {sys.executable}:"
             f" it {out.reason}: {tail[0][:500]}. Nothing was graded; check that the venv and "
             "the repository are readable by other users (grader/sandbox.py)")
-
-
-class JailedKernelManager(AsyncKernelManager):
-    """An ipykernel started behind ``sandbox.confine``, reached over Unix sockets (ipc)."""
-
-    def __init__(self, run: JailRun, **kw):
-        run.workdir.mkdir(mode=0o700)
-        super().__init__(kernel_name="python3", transport="ipc",
-                         ip=str(run.workdir / "kernel"), **kw)
-        self.jail = run
-        self.connection_file = str(run.workdir / "kernel.json")
-
-    async def _async_pre_start_kernel(self, **kw):
-        # SIGINT to the jail's outer process would kill it; ask ipykernel to interrupt itself
-        self.kernel_spec.interrupt_mode = "message"
-        return await super()._async_pre_start_kernel(**kw)
-
-    def format_kernel_cmd(self, extra_arguments=None):
-        # parent_handle=0: in its pid namespace the kernel's parent is pid 1, which ipykernel
-        # would take for an orphaned kernel; bwrap --die-with-parent covers that case instead
-        cmd = [*super().format_kernel_cmd(extra_arguments), "--IPKernelApp.parent_handle=0"]
-        argv, self.jail.uid = sandbox.confine(cmd, self.jail.workdir, self.jail.limits,
-                                              self.jail.slot, readable())
-        return argv
-
-    async def _async_launch_kernel(self, kernel_cmd, **kw):
-        kw["env"] = {**sandbox.child_env(self.jail.workdir), **grading_env()}
-        kw["cwd"] = str(self.jail.workdir)
-        if self.jail.uid is not None:
-            os.chown(self.connection_file, self.jail.uid, self.jail.uid)
-        await super()._async_launch_kernel(kernel_cmd, **kw)
-        self.jail.pid = self.provisioner.process.pid
 
 
 def _gid(cell, index: int) -> str:
@@ -239,41 +174,53 @@ def _error(ename: str, message: str) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=message, traceback=[message])
 
 
-STARTUP_SECONDS = 120  # the fresh run's imports and JAX start, beyond its cells' time limits
+STARTUP_SECONDS = 120  # the run's imports and JAX start, beyond its cells' time limits
+
+
+def _code_cells(cells) -> list[tuple[int, NotebookNode]]:
+    """The cells a kernel would execute, with their indices: code with a non-empty source
+    (nbclient skips the others)."""
+    return [(i, c) for i, c in enumerate(cells) if c.cell_type == "code" and c.source.strip()]
 
 
 @dataclass
 class Replayed:
-    """What the fresh run answered: per check ``(cell index, task, hidden)`` its message and
-    outputs; per learner cell the error it raised there; and why checks without an answer
-    were not graded (``stopped``), with ``timed_out`` when that was a time limit."""
+    """What the grader's run answered: per check ``(cell index, task, hidden)`` its message
+    and outputs; per cell index the output pieces it sent, and the error it raised; the cells
+    that ran past their time limit; and why the cells and checks without an answer did not
+    run (``stopped``, at cell ``stopped_at``), with ``timed_out`` when that was a time limit
+    and ``died`` when the run did not end by itself."""
 
     answers: dict[tuple[int, str, bool], tuple[dict, bytes]] = field(default_factory=dict)
+    outputs: dict[int, list] = field(default_factory=dict)
     cell_errors: dict[int, str] = field(default_factory=dict)
+    timeouts: set[int] = field(default_factory=set)
     tampered: list[str] = field(default_factory=list)
     died: str | None = None
     stopped: str | None = None
+    stopped_at: int | None = None
     timed_out: bool = False
+    limit: str | None = None
 
 
 class FreshRun:
-    """The grader's own run of a notebook's code cells (``grader.replay``), started at once in
-    the jail under the slot's second uid; ``finish`` waits for it and reads its answers."""
+    """The grader's run of a notebook's code cells (``grader.replay``), started at once in the
+    jail under a uid of the slot; ``finish`` waits for it and reads its answers."""
 
     def __init__(self, cells, slot: int, limits: sandbox.Limits, timeout_of):
-        last = max((i for i, c in enumerate(cells) if checks_in(c)), default=-1)
         self.cells = [{"index": i, "id": _gid(c, i), "source": c.source,
                        "timeout": timeout_of(c) or limits.cpu_seconds,
                        "checks": [list(x) for x in checks_in(c)]}
-                      for i, c in enumerate(cells[:last + 1]) if c.cell_type == "code"]
+                      for i, c in _code_cells(cells)]
         self.key = secrets.token_bytes(32)
-        job, self.loaded = exchange.job_bytes(self.key, self.cells, refs.course_root() / "refs")
+        job, self.loaded = exchange.job_bytes(self.key, self.cells, refs.course_root() / "refs",
+                                              limits.output_bytes)
         wall = STARTUP_SECONDS + sum(c["timeout"] for c in self.cells)
         self.workdir = jail_folder(slot, "-fresh")
         self.child = sandbox.start(
             [sys.executable, "-m", "grader.replay"], self.workdir,
-            dataclasses.replace(limits, wall_seconds=wall), env=grading_env(fresh=True),
-            stdin=True, slot=slot, readable=readable(), role="replay",
+            dataclasses.replace(limits, wall_seconds=wall), env=GRADING_ENV,
+            stdin=True, slot=slot, readable=readable(),
             stdout_bytes=exchange.MAX_CHANNEL_BYTES)
         self.child.feed(job)
 
@@ -304,8 +251,13 @@ class FreshRun:
                 if got.tampered or key != here:
                     return position, done, f"a {kind!r} frame out of order"
                 position += 1
+                pieces = message.get("outputs")
+                got.outputs.setdefault(key[1], []).extend(
+                    pieces if isinstance(pieces, list) else [])
                 if kind == "cell" and message.get("error"):
                     got.cell_errors[key[1]] = str(message["error"])
+                if kind == "cell" and message.get("timeout"):
+                    got.timeouts.add(key[1])
                 elif kind == "check":
                     got.answers[key[1:]] = (message, blob)
         return position, done, ""
@@ -329,28 +281,31 @@ class FreshRun:
                            f"({'; '.join(got.tampered[:3])})")
         elif not done:
             expected = self._expected()
-            running = next((c["id"] for c in self.cells if position < len(expected)
-                            and c["index"] == expected[position][1]), "the end of the notebook")
+            got.stopped_at = expected[position][1] if position < len(expected) else None
+            running = next((c["id"] for c in self.cells if c["index"] == got.stopped_at),
+                           "the end of the notebook")
             dropped = "stdout beyond" in outcome.reason
             why = (f"answered more than {exchange.MAX_CHANNEL_BYTES:,} bytes" if dropped
-                   else outcome.reason)
-            got.stopped = f"the grader's run of your notebook {why} while running {running}"
+                   else outcome.reason)  # its stderr is the learner's: never in a reason
             got.timed_out = outcome.status == "timeout"
-            if not (got.timed_out or dropped):  # its stderr is the learner's: not in a reason
-                got.died = got.stopped
+            verb = "was stopped" if got.timed_out else "died"
+            got.stopped = got.died = (f"the grader's run of your notebook {verb} while running "
+                                      f"{running}: it {why}")
+            if outcome.status in ("timeout", "memory", "disk"):
+                got.limit = outcome.reason
         return got
 
 
 class TrustedExecute(Execute):
-    """nbgrader's Execute with a jailed kernel, the grader's own fresh run of the notebook and
-    verdicts decided in this process."""
+    """nbgrader's Execute without a kernel: the grader's own run of the notebook in the jail
+    executes it, its outputs fill the notebook and verdicts are decided in this process."""
 
-    cpu_seconds = Integer(900, help="CPU seconds for one notebook's kernel").tag(config=True)
-    memory_bytes = Integer(8 << 30, help="address space of the kernel (bytes)").tag(config=True)
-    processes = Integer(512, help="processes and threads of the kernel's uid").tag(config=True)
-    file_bytes = Integer(64 << 20, help="largest file the kernel may write (bytes)"
+    cpu_seconds = Integer(900, help="CPU seconds for one notebook's run").tag(config=True)
+    memory_bytes = Integer(8 << 30, help="address space of the run (bytes)").tag(config=True)
+    processes = Integer(512, help="processes and threads of the run's uid").tag(config=True)
+    file_bytes = Integer(64 << 20, help="largest file the run may write (bytes)"
                          ).tag(config=True)
-    disk_bytes = Integer(256 << 20, help="bytes the kernel may leave on disk").tag(config=True)
+    disk_bytes = Integer(256 << 20, help="bytes the run may leave on disk").tag(config=True)
     output_bytes = Integer(1 << 20, help="output kept per cell (bytes)").tag(config=True)
 
     def limits(self) -> sandbox.Limits:
@@ -360,105 +315,56 @@ class TrustedExecute(Execute):
 
     def preprocess(self, nb, resources=None, km=None):
         slot = int(os.environ.get("PALLAS_COURSE_SLOT", "0"))
-        self.jail = JailRun.create(slot, self.limits())
-        notebook = (resources or {}).get("nbgrader", {}).get("notebook", "")
+        self.nb, self.resources = nb, resources if resources is not None else {}
+        notebook = self.resources.get("nbgrader", {}).get("notebook", "")
         self.report = {"notebook": notebook, "tampered": [], "died": None, "limit": None,
-                       "isolation": sandbox.isolation()}
-        self._output_sizes: dict[int, int] = {}
-        watcher = threading.Thread(target=self.jail.watch, daemon=True)
-        fresh = None
+                       "timed_out": False, "isolation": sandbox.isolation()}
+        # grade id -> whether every check of that test cell passed; VerdictGrades scores it
+        self.verdicts = self.resources.setdefault("pallas_course", {}).setdefault("verdicts", {})
         try:
-            # what nbconvert's ExecutePreprocessor.preprocess does, with our kernel manager
-            NotebookClient.__init__(self, nb, JailedKernelManager(self.jail, config=self.config))
-            self.reset_execution_trackers()
-            self._check_assign_resources(resources)
-            # grade id -> whether every check of that test cell passed; VerdictGrades scores it
-            self.verdicts = self.resources.setdefault("pallas_course", {}).setdefault(
-                "verdicts", {})
-            # the grader's own run starts first and runs beside the kernel (another uid)
-            fresh = FreshRun(self.nb.cells, slot, self.limits(), self._get_timeout)
-            with self.setup_kernel():
-                info = self.wait_for_reply(self.kc.kernel_info())
-                self.nb.metadata["language_info"] = info["content"]["language_info"]
-                watcher.start()
-                dead = None
-                for index, cell in enumerate(self.nb.cells):
-                    if dead is not None:
-                        self._not_run(cell, dead)
-                        continue
-                    try:
-                        self.preprocess_cell(cell, resources, index)
-                    except DeadKernelError:
-                        dead = self._death(cell, index)
-                        self._not_run(cell, dead)
-                    except CellTimeoutError:
-                        # no reply and no output within the cell's time: the kernel's message
-                        # loop is broken (e.g. a patched builtin); nothing after it can run
-                        dead = self.report["died"] = (
-                            f"the kernel stopped answering while running {_gid(cell, index)}")
-                        self._not_run(cell, dead)
-            self.set_widgets_metadata()
+            fresh = FreshRun(nb.cells, slot, self.limits(), self._get_timeout)
+            got = fresh.finish()
+            self.report.update(tampered=list(dict.fromkeys(got.tampered)), died=got.died,
+                               limit=got.limit, timed_out=got.timed_out)
+            self._fill(got)
+            self._judge_all(got, fresh.loaded)
         finally:
-            self.jail.cleanup()
-            if fresh is not None:
-                self._judge_all(fresh.finish(), fresh.loaded)
             REPORTS.append(self.report)
-        return self.nb, self.resources
-
-    # ------------------------------------------------------------------ dead kernels
-    def _death(self, cell, index: int) -> str:
-        gid = _gid(cell, index)
-        if self.jail.killed:
-            why = self.jail.killed
-            self.report["limit"] = why
-        else:
-            proc = self.km.provisioner.process if self.km and self.km.provisioner else None
-            code = sandbox.normalize_exit(proc.poll() if proc else None, self.jail.uid is not None)
-            status, why = sandbox.classify(code, b"", self.jail.limits) if code is not None \
-                else ("crashed", "stopped answering")
-            if status == "timeout":
-                self.report["limit"] = why
-        self.report["died"] = f"the kernel died while running {gid}: it {why}"
-        return self.report["died"]
-
-    @staticmethod
-    def _not_run(cell, why: str) -> None:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade") and \
-                cell.get("cell_type") == "code":
-            cell.outputs = [*cell.get("outputs", []), _error("KernelDied", why)]
+        nb.metadata["language_info"] = dict(LANGUAGE_INFO)
+        return nb, self.resources
 
     # ------------------------------------------------------------------ outputs
-    def output(self, outs, msg, display_id, cell_index):
-        size = len(json.dumps(msg.get("content", {}), default=str))
-        total = self._output_sizes.get(cell_index, 0) + size
-        self._output_sizes[cell_index] = total
-        if total > self.output_bytes:
-            if total - size <= self.output_bytes:
-                outs.append(NotebookNode(output_type="stream", name="stderr",
-                                         text=f"[output beyond {self.output_bytes:,} bytes "
-                                              "was dropped by the grader]\n"))
-            return None
-        return super().output(outs, msg, display_id, cell_index)
+    def _fill(self, got: Replayed) -> None:
+        """Give every code cell the run reached its outputs and execution count, as nbclient
+        does from a kernel's messages; a cell that ran past its time limit gets the error
+        nbgrader adds for one, the cell the run stopped in says why."""
+        displays: dict[str, list] = {}
+        for cell in self.nb.cells:
+            if cell.cell_type == "code":
+                cell.outputs, cell.execution_count = [], None
+        for count, (index, cell) in enumerate(_code_cells(self.nb.cells), start=1):
+            if index not in got.outputs:
+                if index == got.stopped_at and not checks_in(cell):
+                    cell.outputs.append(_error("GradingStopped", got.stopped))
+                continue
+            cell.execution_count = count
+            cell.outputs = exchange.notebook_outputs(got.outputs[index], self.output_bytes,
+                                                     displays)
+            for out in cell.outputs:
+                if out.output_type == "execute_result":
+                    out.execution_count = count
+            if index in got.timeouts:
+                cell.outputs.append(_error(
+                    "CellTimeoutError", f"{_gid(cell, index)} ran past its time limit of "
+                    f"{self._get_timeout(cell)} s and was interrupted"))
 
     # ------------------------------------------------------------------ test cells
     def _judge_all(self, got: Replayed, loaded) -> None:
-        """Decide every test cell's checks from the fresh run's answers."""
-        self.report["tampered"] = list(dict.fromkeys(got.tampered))
-        if got.died:
-            self.report["died"] = "; ".join(x for x in (self.report["died"], got.died) if x)
+        """Decide every test cell's checks from the run's answers."""
         for index, cell in enumerate(self.nb.cells):
             checks = checks_in(cell)
             if checks:
                 self.verdicts[_gid(cell, index)] = self._judge(cell, index, checks, loaded, got)
-
-    def _differences(self, got: Replayed, before: int) -> str:
-        """The learner cells before cell ``before`` that raised in the fresh run but not in the
-        kernel: what the learner does not see in their feedback otherwise."""
-        notes = [f"{_gid(self.nb.cells[i], i)} raised {err}" for i, err in got.cell_errors.items()
-                 if i < before and not any(o.get("output_type") == "error"
-                                           for o in self.nb.cells[i].get("outputs", []))]
-        return ("\n(in the grader's run of your notebook, " + "; ".join(notes[:3])
-                + "; in your kernel it did not)") if notes else ""
 
     def _judge(self, cell, index: int, checks, loaded, got: Replayed) -> bool:
         """Decide every check of a test cell; add the grader's messages; True when all pass."""
@@ -476,8 +382,7 @@ class TrustedExecute(Execute):
                                  f"test cell's time limit of {self._get_timeout(cell)} s"))
                 continue
             if message.get("failed"):
-                failures.append(("CheckFailed", f"{task_id}: {message['failed']}"
-                                 + self._differences(got, index)))
+                failures.append(("CheckFailed", f"{task_id}: {message['failed']}"))
                 continue
             try:
                 answer = exchange.answer_of(message, blob)
@@ -500,8 +405,7 @@ class TrustedExecute(Execute):
                 notes.append(f"{task_id}: {len(entries)} {kind} case(s) passed (checked by "
                              f"the grader); structure: {'; '.join(v.checked)}\n")
             else:
-                failures.append(("CheckFailed", messages.annotate(v.message)
-                                 + self._differences(got, index)))
+                failures.append(("CheckFailed", messages.annotate(v.message)))
         if notes:
             cell.outputs.append(NotebookNode(output_type="stream", name="stdout",
                                              text="".join(notes)))

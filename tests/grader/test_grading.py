@@ -164,7 +164,7 @@ def test_feedback_and_export(course, tmp_path):
     reason = {(r["student_id"], r["assignment"]): r["reason"] for r in rows}
     assert "add_solution" in reason[("loop", "01_first_kernel")]
     assert st[("loop", "01_first_kernel")] == "timeout"
-    assert "kernel died" in reason[("dies", "01_first_kernel")]
+    assert "run of your notebook died" in reason[("dies", "01_first_kernel")]
     assert st[("dies", "01_first_kernel")] == "crashed"
     assert "not a valid notebook" in reason[("junk", "01_first_kernel")]
 
@@ -178,7 +178,8 @@ def test_timeout_and_crash_do_not_stop_the_batch(course):
     assert loop["seconds"] < 120
     dies = res[("dies", "01_first_kernel")]
     assert dies["status"] == "crashed"
-    assert dies["detail"].startswith("the kernel died while running add_solution"), dies
+    assert dies["detail"].startswith("the grader's run of your notebook died while running "
+                                     "add_solution"), dies
     inst = res[("inst", "01_first_kernel")]
     assert inst["status"] == "graded" and inst["score"] == inst["max_score"] == 9
 

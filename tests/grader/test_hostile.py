@@ -3,9 +3,9 @@
 Assignment 01 has three tasks (add, elementwise, leaky_relu), each worth 1 visible + 2 hidden
 points: 9 in all. Each hostile submission below starts from the instructor's solution, so its
 correct grade follows from which tasks its attack breaks: a wrong ``add`` forfeits 3 points,
-tampering with the grading code forfeits every test cell run after it. The facts come from
-the grader's own run of the notebook (``grader.replay``), so an attack on the learner's kernel
-alone changes nothing (``kernel_only_forgery``).
+tampering with the grading code forfeits every test cell run after it. A notebook is executed
+once, by the grader's own run of it (``grader.replay``), which makes the facts, so code that
+forges only where a Jupyter kernel runs it changes nothing (``kernel_only_forgery``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 A = "01_first_kernel"
 NB = "first_kernel.ipynb"
 WRONG_ADD = "_right_add = add\nadd = lambda x, y: _right_add(x, y) * 2\n"
-# the learner's kernel (ipykernel), or the grader's own run of the notebook
+# a Jupyter kernel (the learner's own JupyterLab; grading starts none), or the grader's run
 IN_KERNEL = "import sys\nif 'ipykernel' in sys.modules:\n"
 IN_FRESH_RUN = "import sys\nif 'ipykernel' not in sys.modules:\n"
 # class 3: attempts to forge the facts, each with a wrong add that the forgery would pass
@@ -49,7 +49,7 @@ PATCH_FROM_THREAD = (  # the honest kernel's run in place of the wrong one's, no
 FORGE_CHANNEL = (IN_FRESH_RUN + "    import os, struct\n    for fd in range(3, 64):\n"
                  "        try:\n            os.write(fd, struct.pack('>I32s', 17, b'0' * 32) + "
                  "b'{{\"kind\": \"done\"}}\\0')\n        except OSError:\n            pass\n")
-KERNEL_ONLY_FORGERY = (  # what used to forge the kernel's answers: nothing reads them now
+KERNEL_ONLY_FORGERY = (  # forges course.check where a kernel runs it: grading runs none
     WRONG_ADD + IN_KERNEL + "    import json, pathlib\n    from grader import course\n"
     "    course.check = lambda *a, **k: print(a[0] + ': 1 visible case(s) passed')\n"
     "    json.dump = lambda *a, **k: None\n"
@@ -120,7 +120,7 @@ CORPUS = {
     # a builtin the kernel's own message loop needs: the kernel stops answering
     "break_the_kernel": (_after("add_solution", "import builtins\n"
                                 "builtins.isinstance = lambda *a: True\n"), 0, "crashed",
-                         "stopped answering while running add_solution"),
+                         "died while running add_solution"),
     "patch_sys_modules": (_after("add_solution", "import sys, types\n"
                                  "sys.modules['numpy.testing'] = types.ModuleType('numpy.testing')"
                                  "\n"), 0, "tampered", "numpy.testing"),
@@ -147,7 +147,7 @@ CORPUS = {
     # killing the grading
     "sys_exit": (_after("add_solution", "import sys\nsys.exit(0)\n"), 9, "graded", ""),
     "os_exit": (_after("add_solution", "import os\nos._exit(3)\n"), 0, "crashed",
-                "kernel died while running add_solution"),
+                "died while running add_solution: it exited with status 3"),
     # every process it may signal: its parent and, with pid -1, all others it can reach
     "signal_everyone": (_after("leaky_relu_solution",
                                "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n"
@@ -316,12 +316,12 @@ def test_secrets_were_not_readable(hostile):
 
 
 def test_verdicts_come_from_the_grader_s_own_run(hostile):
-    # the kernel's forged check printed "passed"; the grader's run judged the wrong add
+    # the forgery waits for a Jupyter kernel, which grading never starts: the grader's run
+    # judged the wrong add, and nothing printed "passed"
     forged = _autograded(hostile, "kernel_only_forgery")
-    assert "add: 1 visible case(s) passed" in forged and "add: wrong values for case" in forged
-    # the thread ran in the kernel but was refused in the grader's run: the message says so
+    assert "add: wrong values for case" in forged and "add: 1 visible case(s)" not in forged
+    # the thread was refused in the grader's run: the failing check says so
     assert "starting a thread is not allowed" in _autograded(hostile, "patch_from_thread")
-    assert "in your kernel it did not" in _autograded(hostile, "patch_from_thread")
 
 
 def test_flooded_output_is_capped(hostile):
@@ -331,8 +331,8 @@ def test_flooded_output_is_capped(hostile):
 
 def test_no_process_of_a_sandbox_uid_survives(hostile):
     for slot in range(2):
-        for uid in sandbox.slot_uids(slot):
-            assert sandbox._pids_of_uid(uid) == []
+        uid = sandbox.sandbox_uid(slot)
+        assert uid is None or sandbox._pids_of_uid(uid) == []
 
 
 def _kill_processes_mentioning(text: str) -> int:
