@@ -6,12 +6,15 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from grader.tasks.core import (
+    Case,
     Rule,
     _c,
     _f32,
     _nbytes,
+    _normal,
     _struct,
     _task,
     block_is,
@@ -64,6 +67,22 @@ def _flash_rules(call, case, rules, inputs, causal=False):
 
 
 _qkv = lambda lq, lk, d: {"q": (lq, d), "k": (lk, d), "v": (lk, d)}  # noqa: E731
+LOGIT_SCALE = 6  # "large" cases: q and k are 6 N(0, 1), so scores are 36 N(0, 1) (see below)
+
+
+def _attention_inputs(rng: np.random.Generator, case: Case) -> dict[str, np.ndarray]:
+    """q, k, v drawn N(0, 1), or for a "large" case q and k scaled by ``LOGIT_SCALE``: a score
+    q.k / sqrt(d) is then 36 N(0, 1), so most query rows have one above 88.7, where float32 exp
+    overflows unless the row's max is subtracted first. The scores stay below a few hundred,
+    where a float32 rounding is ~1e-5: the reference and any correct order of summation agree
+    within the tolerance. (Inputs of 30 N(0, 1) + 60 made scores of ~3e4, whose rounding alone
+    moved a near-tied softmax, and the output, by up to 0.2.) v stays N(0, 1)."""
+    scale = {"q": LOGIT_SCALE, "k": LOGIT_SCALE} if case.values == "large" else {}
+    return {name: np.asarray((_normal(rng, shape, "float32") * scale.get(name, 1))
+                             .astype(jnp.bfloat16 if case.dtype == "bfloat16" else case.dtype))
+            for name, shape in case.arrays.items()}
+
+
 _task(
     id="attention_scores", assignment=A7, title="Tiled scaled scores q @ k.T / sqrt(d)",
     kernel_ops=(("dot_general",),),
@@ -81,7 +100,7 @@ _task(
 _task(
     id="flash_attention", assignment=A7, title="Flash-attention forward (online softmax)",
     kernel_ops=(("dot_general",), ("exp",)),
-    reference=_attn_ref, tolerance="attention",
+    reference=_attn_ref, tolerance="attention", make=_attention_inputs,
     cases=(
         _c("v0", 19, "float32", _qkv(32, 128, 64), bq=16, bk=32),
         _c("h0", 291, "float32", _qkv(40, 128, 64), True, bq=16, bk=32),
@@ -95,7 +114,7 @@ _task(
     id="causal_flash_attention", assignment=A7, title="Causal flash attention, skipping blocks",
     kernel_ops=(("dot_general",), ("exp",)),
     reference=lambda q, k, v, bq, bk: _attn_ref(q, k, v, bq, bk, causal=True),
-    tolerance="attention",
+    tolerance="attention", make=_attention_inputs,
     cases=(
         _c("v0", 20, "float32", _qkv(64, 64, 64), bq=16, bk=16),
         _c("h0", 301, "float32", _qkv(96, 96, 64), True, bq=32, bk=16),

@@ -55,8 +55,9 @@ class Case:
     params: dict[str, Any] = field(default_factory=dict)
     hidden: bool = False
     # how the inputs are drawn: "normal" N(0, 1); "large" 30 N(0, 1) + 60 (exp overflows
-    # without the max subtracted); "positive" U[0, 1) (long sums grow: bfloat16 accumulation
-    # loses them); "skewed" group sizes (empty groups, one group with almost every row)
+    # without the max subtracted; attention scales q and k instead, see a07_flash_attention);
+    # "positive" U[0, 1) (long sums grow: bfloat16 accumulation loses them); "skewed" group
+    # sizes (empty groups, one group with almost every row)
     values: str = "normal"
 
 
