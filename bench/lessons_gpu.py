@@ -39,6 +39,10 @@ LESSONS = ROOT / "lessons"
 EXERCISES = ROOT / "exercises" / "source"
 RECORD_ENV = "PALLAS_COURSE_RECORD"  # same name as lessons/_course.py
 TIMEOUT_S = 900  # per cell
+# Triton's refusal of a block whose size is not a power of two. Hidden cases hold such shapes
+# on purpose (a whole (5, 7) array, ragged rows): they are graded where grading runs, on the
+# CPU (grader/sandbox.py sets JAX_PLATFORMS=cpu), so on a GPU this is expected, not a failure.
+TRITON_SHAPE_REFUSAL = "Pallas Triton lowering currently requires"
 
 # Put first in each exercise notebook: records where each kernel ran, per course.check call.
 _PROBE = '''
@@ -112,7 +116,7 @@ def _lesson_rows(record: Path) -> list[dict]:
         rows.append({"notebook": r["lesson"], "kernel": r["kernel"],
                      "ran": ("compiled" if r["compiled"] else
                              "fell back to interpret" if r["fell_back"] else "interpret"),
-                     "passed": True,  # _course.check raises on a wrong result
+                     "passed": True, "expected": True,  # _course.check raises when wrong
                      "kernel_ms": round(1e3 * r["kernel_seconds"], 3),
                      "reference_ms": round(1e3 * r["reference_seconds"], 3),
                      "detail": r["label"]})
@@ -123,8 +127,11 @@ def _exercise_rows(stem: str, record: Path) -> list[dict]:
     rows = []
     for line in record.read_text().splitlines() if record.exists() else []:
         r = json.loads(line)
+        graded_on_cpu = r["hidden"] and TRITON_SHAPE_REFUSAL in (r["error"] or "")
         rows.append({"notebook": stem, "kernel": r["task"] + (" (hidden)" if r["hidden"] else ""),
-                     "ran": " + ".join(r["ran"]) or "no kernel", "passed": r["passed"],
+                     "ran": ("refused by Triton (graded on the CPU)" if graded_on_cpu
+                             else " + ".join(r["ran"]) or "no kernel"),
+                     "passed": r["passed"], "expected": r["passed"] or graded_on_cpu,
                      "kernel_ms": None, "reference_ms": None, "detail": r["error"] or ""})
     return rows
 
@@ -161,15 +168,19 @@ def main(argv: list[str]) -> int:
         print("no kernel records: did every notebook fail?", file=sys.stderr)
         return 1
     import jax
+    import jaxlib
 
     summary = {k: sum(r["ran"] == k for r in rows) for k in sorted({r["ran"] for r in rows})}
     write("lessons_gpu", rows, {
-        "jax": jax.__version__, "backend": jax.default_backend(),
+        "jax": jax.__version__, "jaxlib": jaxlib.__version__, "backend": jax.default_backend(),
         "devices": [d.device_kind for d in jax.devices()],
         "notebooks": runs, "summary": summary,
-        "failed": [f"{r['notebook']}: {r['kernel']}" for r in rows if not r["passed"]]})
-    return 1 if any(r["error"] or r["error_cells"] for r in runs) or \
-        not all(r["passed"] for r in rows) else 0
+        "failed": [f"{r['notebook']}: {r['kernel']}" for r in rows if not r["expected"]]})
+    # a lesson fails on any error; an exercise notebook's failed checks are its error cells,
+    # judged row by row
+    lessons_failed = any(r["error"] or r["error_cells"] for r in runs if r["notebook"][2] == "-")
+    return 1 if lessons_failed or any(r["error"] for r in runs) or \
+        not all(r["expected"] for r in rows) else 0
 
 
 if __name__ == "__main__":

@@ -203,17 +203,26 @@ class Traced:
     error: str | None = None
 
 
+# A dot traced without a precision takes this one (lax.canonicalize_precision): float32
+# products in float32 on every backend, as the references computed them. At JAX's default a
+# GPU multiplies float32 in TF32, XLA's dots (interpret mode's too) and Triton's alike, and a
+# right kernel would fail a learner's check on a GPU that the grader's CPU passes. Assignment
+# 11, where TF32 is the lesson, judges the default precision itself (grader/tasks/a11_gpu.py).
+MATMUL_PRECISION = "highest"
+
+
 def trace_case(task: Any, fn: Any, arrays: list, params: dict) -> Traced:
-    """Trace ``fn`` once on the case into a program (``jax.make_jaxpr``): the only step that
-    runs the learner's Python. ``task.host_inputs`` trailing arrays reach the function as NumPy
-    arrays (host planning); the others are traced."""
+    """Trace ``fn`` once on the case into a program (``jax.make_jaxpr``), at
+    ``MATMUL_PRECISION``: the only step that runs the learner's Python. ``task.host_inputs``
+    trailing arrays reach the function as NumPy arrays (host planning); the others are traced."""
     import jax
     import numpy as np
 
     split = len(arrays) - task.host_inputs
     traced, host = list(arrays[:split]), [np.asarray(a) for a in arrays[split:]]
     try:
-        program = jax.make_jaxpr(lambda *a: task.call(fn, [*a, *host], params))(*traced)
+        with jax.default_matmul_precision(MATMUL_PRECISION):
+            program = jax.make_jaxpr(lambda *a: task.call(fn, [*a, *host], params))(*traced)
     except TRACING_ERRORS as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return Traced(error=f"{type(e).__name__}: {first} -- {TRACED}")

@@ -308,6 +308,7 @@ print("interpret=True, step 1 read rows:", clamped[16:, 0].astype(int).tolist())
 logging.disable(logging.ERROR)  # JAX also logs the failing callback's traceback; skip it
 try:
     shifted_rows(rows_iota, interpret=pltpu.InterpretParams())
+    jax.effects_barrier()  # a GPU reports the interpreter's error here, not at the call
 except Exception as err:  # noqa: BLE001 - the interpreter's IndexError arrives wrapped
     print("TPU interpret mode raised:",
           next(line for line in str(err).splitlines() if "Out-of-bounds" in line).strip())

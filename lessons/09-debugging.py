@@ -213,6 +213,7 @@ assert clamped[::8, 0].tolist() == [3, 3, 2, 1]  # the prose below reads these b
 logging.disable(logging.ERROR)  # JAX also logs the failing callback's traceback; skip it
 try:
     reverse_row_blocks(x, interpret=pltpu.InterpretParams())
+    jax.effects_barrier()  # a GPU reports the interpreter's error here, not at the call
 except Exception as err:  # noqa: BLE001 - the interpreter's IndexError arrives wrapped
     print("TPU interpret mode:", interpreter_error(err, "Out-of-bounds"))
     pltpu.reset_tpu_interpret_mode_state()
@@ -278,6 +279,7 @@ for mode in ("on_wait", "eager"):
 logging.disable(logging.ERROR)
 try:
     read_before_wait(x, pltpu.InterpretParams(detect_races=True))
+    jax.effects_barrier()
 except Exception as err:  # noqa: BLE001 - the detector's RuntimeError arrives wrapped
     text = str(err)
     report = text[text.index("RACE DETECTED"):].splitlines()

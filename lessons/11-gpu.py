@@ -383,10 +383,10 @@ _course.check(LESSON, "matmul_gpu_safe", matmul_gpu_safe, jnp.dot, (a, b), run,
 # in TPU interpret mode (`tpu_run`) off a TPU because of its `pltpu.CompilerParams`: the
 # section after next shows what a GPU says to them.
 #
-# Both dots pass `precision=HIGHEST`. At the default precision the Triton lowering
-# multiplies float32 operands in TF32, 10 mantissa bits (`DEFAULT` and `HIGH` are its
-# `_TF32_PRECISIONS`); interpret mode computes in float32 either way, so a kernel can match
-# its reference here and miss it by about `1e-3` relative on a GPU.
+# Both dots pass `precision=HIGHEST`. At JAX's default precision the Triton lowering
+# multiplies float32 in TF32, 10 mantissa bits (`DEFAULT` and `HIGH` are its
+# `_TF32_PRECISIONS`), as XLA's dots on a GPU do, interpret mode's too; a CPU multiplies in
+# float32. (The course's `_course` sets `"highest"` as the default, so its checks agree.)
 
 # %% [markdown]
 # ## Atomics: many programs, one block

@@ -33,12 +33,22 @@ RECORD_ENV = "PALLAS_COURSE_RECORD"
 # each statement with the source lines it was checked against.
 CHECKED_JAX = "0.12.0.1"
 
+# Every float32 matmul of a lesson (kernels, references, library calls) multiplies in float32.
+# JAX's default precision lets a GPU multiply float32 in TF32 (10 mantissa bits): XLA's dots,
+# so also a kernel run in interpret mode on a GPU, and the Triton lowering's dots
+# (jax/_src/pallas/triton/lowering.py, _TF32_PRECISIONS). A kernel and its reference would
+# then differ by ~1e-3 relative on a GPU and agree on a CPU (seen on an H200, bench/README.md).
+# A dot without a precision takes this one when it is traced (lax.canonicalize_precision).
+MATMUL_PRECISION = "highest"
+jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
+
 
 def versions() -> None:
     """Print the running JAX release and backend, and the release the lessons were checked
     against; say so when the two differ."""
     print(f"JAX {jax.__version__} on {jax.default_backend()}; the pinned release, which the "
-          f"lessons were checked against: JAX {CHECKED_JAX}")
+          f"lessons were checked against: JAX {CHECKED_JAX}; float32 matmuls at precision "
+          f"{MATMUL_PRECISION!r}")
     if jax.__version__ != CHECKED_JAX:
         print("  (a different release: statements about lowering details, defaults and error "
               "messages may no longer hold)")
@@ -120,12 +130,13 @@ def check(lesson: str, name: str, kernel: Callable, reference: Callable, args: t
     A kernel meant to compile that the present backend rejects is rerun in interpret mode, and
     the label says so; a wrong result always raises.
     """
+    def jitted(ran: Execution) -> Callable:
+        # a new function per execution: jit caches by function, and would hand the fallback
+        # the executable that just failed
+        return jax.jit(lambda *a: kernel(*a, interpret=ran.interpret))
+
     ran = execution
-
-    def compiled(*a):
-        return kernel(*a, interpret=ran.interpret)
-
-    fn = jax.jit(compiled)
+    fn = jitted(ran)
     try:
         out = _run(fn, args)
     except Exception as err:  # noqa: BLE001 - any lowering error means "fall back"
@@ -135,7 +146,7 @@ def check(lesson: str, name: str, kernel: Callable, reference: Callable, args: t
             type(err).__name__
         ran = Execution(True, f"interpret mode on {platform().upper()} "
                               f"(compiling failed: {reason})")
-        fn = jax.jit(compiled)
+        fn = jitted(ran)
         out = _run(fn, args)
     ref_fn = jax.jit(reference)
     expected = _run(ref_fn, args)

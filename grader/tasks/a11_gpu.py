@@ -89,7 +89,8 @@ def _lowered_for_gpu(fn, arrays, params):
     JAX's Triton lowering of ``pallas_call``."""
     out = fn(*arrays, **params)
     compiled = functools.partial(fn, **params, interpret=False)
-    program = jax.make_jaxpr(compiled)(*arrays)
+    with jax.default_matmul_precision(None):  # JAX's default, not the check's (grader.work)
+        program = jax.make_jaxpr(compiled)(*arrays)
     if any(e.params["interpret"] is not False for e in _eqns(program)
            if e.primitive.name == "pallas_call"):
         raise InterpretIgnored(
