@@ -496,7 +496,8 @@ quote(FLASH, "block_k_repeats, rem = divmod(block_k, MIN_BLOCK_SIZE)", 5)
 # pipelined block (one when its grid axis has a single step: the block never moves, and Mosaic
 # gives it one buffer), one for each scratch array. kernelsim's on-chip peak is that sum.
 # Bigger blocks buy fewer steps with VMEM: tpu-v5e has 128 MiB per core, and the compiler's
-# scoped limit below it is what a kernel gets unless `vmem_limit_bytes` raises it; the op sets none.
+# scoped limit below it is what a kernel gets unless `vmem_limit_bytes` (with the XLA flag of
+# lesson 5) raises it; the op sets none.
 
 # %%
 def footprint(bq, bk_major, n=NB, d=DB, s=2):
