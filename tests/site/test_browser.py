@@ -110,6 +110,29 @@ def test_printed_tables_never_wrap(browser, base_url, width):
         context.close()
 
 
+SHRUNK_FIGURES = """() => [...document.querySelectorAll('.jp-OutputArea-output > img')]
+    .filter(img => img.naturalWidth > 0 && img.getBoundingClientRect().width
+                   < img.naturalWidth - 1)
+    .map(img => [img.naturalWidth, Math.round(img.getBoundingClientRect().width)])"""
+PAGE_WIDTH = "() => document.documentElement.scrollWidth"
+
+
+def test_figures_keep_their_size_on_a_phone(browser, base_url):
+    """At 390 px a figure scaled to the column would show its 11 px labels at ~5 px: figures
+    keep their natural size inside an output that scrolls sideways, and the page itself does
+    not get wider than the screen."""
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    try:
+        page = context.new_page()
+        for stem in ("03-tiling", "07-performance", "09-debugging"):
+            page.goto(f"{base_url}lessons/{stem}/", wait_until="networkidle")
+            assert page.locator(".jp-OutputArea-output > img").count() > 0, stem
+            assert page.evaluate(SHRUNK_FIGURES) == [], stem
+            assert page.evaluate(PAGE_WIDTH) <= 390, stem
+    finally:
+        context.close()
+
+
 def test_lessons_show_no_raw_array_dumps(built_site):
     for p in LESSONS:
         page = (built_site / "lessons" / p.stem / "index.html").read_text()
