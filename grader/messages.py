@@ -54,7 +54,9 @@ HINTS: tuple[Hint, ...] = (
     _hint("reads-output", r"got nan",
           "NaN in the output: in interpret mode an output buffer starts as NaN. Did the kernel "
           "read an output ref (o_ref[...]) before writing it, or leave part of it unwritten? "
-          "Accumulate in a value or a scratch ref, then write the output."),
+          "Accumulate in a value or a scratch ref, then write the output. Or did a value "
+          "overflow? float32 exp is inf above 88.7, and inf - inf or inf / inf is NaN: "
+          "subtract the row's max before exp."),
     _hint("kernel-arity", r"\w+\(\) takes \d+ positional arguments? but \d+ were given",
           "if that function is your kernel: it receives one ref per input, then one per output "
           "(then any scratch refs), e.g. def kernel(x_ref, y_ref, o_ref)."),
