@@ -20,7 +20,8 @@ from grader import tasks as _tasks
 
 @dataclass(frozen=True)
 class OperandFacts:
-    """One operand of a traced pallas_call: what the structural rules read (bytes, counts)."""
+    """One operand of a traced pallas_call: what the structural rules read (bytes, counts,
+    its shape and memory space)."""
 
     name: str
     role: str
@@ -29,6 +30,11 @@ class OperandFacts:
     writebacks: int
     hbm_read_bytes: int
     hbm_write_bytes: int
+    shape: tuple[int, ...] = ()  # the whole array's
+    memory_space: str = ""  # one of MEMORY_SPACES: where the block (or the array) lives
+
+
+MEMORY_SPACES = ("vmem", "smem", "hbm", "any", "semaphore")  # kernelsim.model.MemorySpace
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,12 @@ class TraceFacts:
     calls: tuple[CallFacts, ...]
 
 
+def _bool(v: Any, what: str) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{what} is {type(v).__name__}, not true or false")
+    return v
+
+
 def _int(v: Any, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise ValueError(f"{what} is {type(v).__name__}, not an integer")
@@ -61,6 +73,12 @@ def _shape(v: Any, what: str, squeezed: bool = False) -> tuple:
     if not isinstance(v, list | tuple):
         raise ValueError(f"{what} is {type(v).__name__}, not a list")
     return tuple(None if squeezed and x is None else _int(x, what) for x in v)
+
+
+def _memory_space(v: Any) -> str:
+    if v not in MEMORY_SPACES:
+        raise ValueError(f"memory_space is {v!r}, not one of {', '.join(MEMORY_SPACES)}")
+    return v
 
 
 def facts_from_dict(d: Any) -> TraceFacts:
@@ -78,7 +96,9 @@ def facts_from_dict(d: Any) -> TraceFacts:
             fetches=_int(o.get("fetches"), "fetches"),
             writebacks=_int(o.get("writebacks"), "writebacks"),
             hbm_read_bytes=_int(o.get("hbm_read_bytes"), "hbm_read_bytes"),
-            hbm_write_bytes=_int(o.get("hbm_write_bytes"), "hbm_write_bytes"))
+            hbm_write_bytes=_int(o.get("hbm_write_bytes"), "hbm_write_bytes"),
+            shape=_shape(o.get("shape"), "shape"),
+            memory_space=_memory_space(o.get("memory_space")))
             for o in c["operands"] if isinstance(o, dict))
         calls.append(CallFacts(
             name=str(c.get("name")), grid=_shape(c.get("grid"), "grid"), operands=ops,
@@ -100,12 +120,14 @@ class Flow:
 @dataclass(frozen=True)
 class KernelWork:
     """One pallas_call as its jaxpr shows it: the kernel body's primitives, where each
-    operand comes from (scalar prefetch and inputs, in order), inputs the body never reads."""
+    operand comes from (scalar prefetch and inputs, in order), inputs the body never reads,
+    and whether the body is the course's own code (``grader.work.COURSE_CODE``)."""
 
     number: int
     primitives: frozenset[str]
     operands: tuple[tuple[str, Flow], ...]  # (role, flow)
     unread: tuple[int, ...]
+    course_kernel: bool = False
 
 
 @dataclass(frozen=True)
@@ -148,7 +170,8 @@ def work_from_dict(d: Any) -> WorkFacts:
             _int(c.get("number"), "number"), frozenset(_strings(c.get("primitives"), "primitives")),
             tuple((str(o.get("role")) if isinstance(o, dict) else "", _flow(o))
                   for o in c["operands"]),
-            tuple(_int(i, "unread") for i in c["unread"])))
+            tuple(_int(i, "unread") for i in c["unread"]),
+            _bool(c.get("course_kernel"), "course_kernel")))
     return WorkFacts(tuple(_flow(o) for o in d["outputs"]), tuple(calls),
                      _int(d.get("outside_flops"), "outside_flops"),
                      _strings(d.get("outside_ops"), "outside_ops"))

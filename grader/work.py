@@ -10,8 +10,10 @@ data through it:
 - where each operand of each ``pallas_call`` comes from, the same way (a decoy ``zeros`` is a
   constant; ``x * 2`` fed in is a computation outside the kernel);
 - the FLOPs computed outside kernels;
-- per ``pallas_call``: the primitives its kernel uses (nested loops and branches included) and
-  which of its inputs the kernel body never touches.
+- per ``pallas_call``: the primitives its kernel uses (nested loops and branches included),
+  which of its inputs the kernel body never touches, and where its kernel body was defined:
+  in the course's own code (``grader/``, ``kernelsim/``: a shipped example or reference
+  kernel) or not.
 
 The grader judges these (``grader.verdict`` with ``grader.tasks`` rules); nothing here imports
 ``jax._src``: only a jaxpr's public attributes (``eqns``, ``invars``, ``params``) are read.
@@ -20,6 +22,7 @@ The grader judges these (``grader.verdict`` with ``grader.tasks`` rules); nothin
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +39,10 @@ TRANSPARENT = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_
                          "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint"})
 # precedence when several origins meet in one layout operation (pad(kernel out, 0.0): kernel)
 _RANK = {"computed": 3, "kernel": 2, "input": 1, "constant": 0}
+# the course's own code, whose kernels (kernelsim's examples, the tasks' helpers) a submission
+# may not hand in as its own
+COURSE_CODE = tuple(os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir, d))
+                    + os.sep for d in ("grader", "kernelsim"))
 
 
 @dataclass(frozen=True)
@@ -97,13 +104,22 @@ def _used(jaxpr: Any) -> set[int]:
         {id(v) for v in j.outvars if not isinstance(v, Literal)}
 
 
+def kernel_file(kernel: Any) -> str:
+    """The file a kernel body was defined in, from its jaxpr's debug info ("name at file:line";
+    '' when it names none)."""
+    where = (getattr(_open(kernel).debug_info, "func_src_info", None) or "").rpartition(" at ")[2]
+    return where.rpartition(":")[0]
+
+
 def _call_facts(eqn: Any, number: int, operand_origins: list[Origin]) -> dict:
     gm = eqn.params["grid_mapping"]
     n_idx, n_in = int(gm.num_index_operands), int(gm.num_inputs)
     kernel = eqn.params["jaxpr"]
     used = _used(kernel)
     refs = _open(kernel).invars
+    source = kernel_file(kernel)
     return {"number": number,
+            "course_kernel": bool(source) and os.path.realpath(source).startswith(COURSE_CODE),
             "primitives": sorted(primitives(kernel)),
             "operands": [{"role": "scalar_prefetch" if i < n_idx else "input",
                           "from": str(o), "kind": o.kind}

@@ -129,7 +129,7 @@ _task(
     id="predict_matmul_reads", assignment=A4,
     title="Predict the HBM bytes matmul reads, then run kernelsim",
     reference=lambda **p: np.full((1, 1), matmul_read_bytes(**p), np.int32),
-    invoke=_invoke_prediction,
+    invoke=_invoke_prediction, own_kernels=False,
     cases=(
         _c("v0", 0, "float32", {}, m=32, k=256, n=256, bm=16, bk=128, bn=128, itemsize=4),
         # one K step: A's block stays the same across the j steps
@@ -178,4 +178,68 @@ _task(
         _c("h3", 214, "bfloat16", {"x": (12288, 16)}, True, values="positive", block=(16, 16)),
     ),
     structure=_struct(_sum_rules),
+)
+
+
+# --------------------------------------------------------------------------- a table in SMEM
+def _make_affine(rng, case: Case) -> dict[str, np.ndarray]:
+    """x as drawn, and the float32 ``(M // bm, 2)`` table: per row block a scale (magnitude in
+    [0.5, 2), either sign) and a shift (N(0, 1)), so a table read at the wrong row or column,
+    or with scale and shift swapped, is visibly wrong."""
+    blocks = case.arrays["table"][0]
+    x = _values(rng, case.arrays["x"], case)
+    scale = rng.uniform(0.5, 2.0, blocks) * rng.choice((-1.0, 1.0), blocks)
+    shift = rng.standard_normal(blocks)
+    return {"x": x, "table": np.stack([scale, shift], axis=1).astype(np.float32)}
+
+
+def _affine_ref(x, table, bm):
+    per_row = jnp.repeat(table, bm, axis=0)  # row r takes the entry of its block r // bm
+    return (_f32(x) * per_row[:, :1] + per_row[:, 1:]).astype(x.dtype)
+
+
+def _affine_rules(call, case, rules, inputs):
+    (m, n), bm, table = case.arrays["x"], case.params["bm"], tuple(case.arrays["table"])
+    rules.append(grid_is(call, (m // bm,)))
+    ins = _ops(call, "input")
+    x_at = next((i for i, o in enumerate(ins) if tuple(o.shape) == (m, n)), None)
+    t_at = next((i for i, o in enumerate(ins) if tuple(o.shape) == table), None)
+    if x_at is None:
+        rules.append(Rule("x as a kernel input", f"an input of shape {(m, n)}",
+                          f"inputs of shapes {[tuple(o.shape) for o in ins]}", False))
+    else:
+        rules.append(block_is(call, "input", x_at, (bm, n), "x"))
+        rules.append(read_budget(call, "input", x_at, _nbytes((m, n), case.dtype),
+                                 "x (read once)"))
+    if t_at is None:
+        rules.append(Rule("table as a kernel input", f"an input of shape {table}",
+                          f"inputs of shapes {[tuple(o.shape) for o in ins]}", False))
+    else:
+        space = ins[t_at].memory_space
+        rules.append(Rule("table memory space", "smem (pl.BlockSpec(memory_space=pltpu.SMEM)): "
+                          "scalars are read from SMEM", f"{space} ({ins[t_at].name})",
+                          space == "smem"))
+        rules.append(block_is(call, "input", t_at, table, "table (whole)"))
+        rules.append(read_budget(call, "input", t_at, _nbytes(table, "float32"),
+                                 "table (copied in once)"))
+    rules.extend(total_budget(call, None, _nbytes((m, n), case.dtype)))
+
+
+_task(
+    id="affine_row_blocks", assignment=A4,
+    title="Per-row-block scale and shift, read as scalars from a table in SMEM",
+    kernel_ops=(("mul",),),
+    # "exact": the kernel's own multiply and add in float32, rounded once. A compiler that fuses
+    # them into one FMA (TPU interpret mode on a CPU does) is off by at most half an ulp of
+    # x * scale: under 4.8e-7 while |x * scale| < 16 (at most 8.2 in these cases)
+    reference=_affine_ref, make=_make_affine, tolerance="exact",
+    cases=(
+        _c("v0", 12, "float32", {"x": (64, 256), "table": (4, 2)}, bm=16),
+        _c("h0", 221, "float32", {"x": (128, 384), "table": (16, 2)}, True, bm=8),
+        _c("h1", 222, "bfloat16", {"x": (64, 256), "table": (4, 2)}, True, bm=16),
+        # two big blocks: one table row per 128 rows
+        _c("h2", 223, "float32", {"x": (256, 128), "table": (2, 2)}, True, bm=128),
+        _c("h3", 224, "bfloat16", {"x": (512, 256), "table": (32, 2)}, True, bm=16),
+    ),
+    structure=_struct(_affine_rules),
 )

@@ -225,7 +225,7 @@ _task(
     id="predict_gpu_reads", assignment=A11,
     title="Predict the HBM bytes the GPU model counts for gpu_matmul, then run kernelsim",
     reference=lambda **p: np.full((1, 1), gpu_matmul_read_bytes(**p), np.int32),
-    invoke=_invoke_prediction,
+    invoke=_invoke_prediction, own_kernels=False,
     cases=(
         _c("v0", 0, "float32", {}, m=64, k=384, n=128, bm=32, bn=128, itemsize=4),
         # several column blocks: A's band is read once per column block

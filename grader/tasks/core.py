@@ -29,8 +29,9 @@ from jax.experimental.pallas import tpu as pltpu
 # once to the output dtype; one ulp is 2**-24 (6e-8) relative in float32, 2**-8 (3.9e-3) in
 # bfloat16.
 TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
-    # the kernel performs the reference's own IEEE operations: float32 results are equal;
-    # bfloat16 may differ by the one rounding of an intermediate a kernel keeps in float32
+    # the kernel performs the reference's own IEEE operations: float32 results are equal, or
+    # half an ulp apart where a compiler fuses a multiply and an add (an FMA); bfloat16 may
+    # differ by the one rounding of an intermediate a kernel keeps in float32
     "exact": {"float32": (1e-6, 1e-6), "bfloat16": (2**-7, 1e-6)},
     # sums in another order (row sums, softmax, layernorm, matmul over K <= 1024): float32
     # partial sums drift by about sqrt(n) ulps, under 1e-4; bfloat16: the float32 result,
@@ -92,6 +93,9 @@ class Task:
     host_inputs: int = 0
     # what the kernel body must compute: per group, one of these primitives
     kernel_ops: tuple[tuple[str, ...], ...] = ()
+    # every kernel must be the learner's own, not one of the course's code; False where the
+    # task's ``invoke`` runs a kernel of its own (a prediction written out by the grader)
+    own_kernels: bool = True
 
     def inputs(self, case: Case) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(case.seed)
@@ -288,6 +292,11 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
     unread = [f"input {i} of pallas_call #{c.number}" for c in w.calls for i in c.unread]
     rules.append(Rule("every kernel input is read", "each input's ref used in the kernel body",
                       "; ".join(f"{u} is never read" for u in unread) or "all are", not unread))
+    if task.own_kernels:
+        shipped = [f"pallas_call #{c.number}" for c in w.calls if c.course_kernel]
+        rules.append(Rule("kernels are your own", "kernel bodies written in your notebook",
+                          "; ".join(f"{s} runs a kernel of the course's own code (grader/, "
+                                    "kernelsim/)" for s in shipped) or "they are", not shipped))
     return rules
 
 

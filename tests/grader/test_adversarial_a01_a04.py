@@ -10,6 +10,9 @@ Each planted answer below fails the hidden case added for it while the honest ke
 that case; the rounding mistakes and the prediction formulas also pass the visible case, so
 only the hidden cases can catch them. Cases run one at a time, as the grader runs them
 (``grader.work.run_case``), judged with the task's tolerance.
+
+``affine_row_blocks`` (lesson 5's "place an operand in SMEM"): a table left in VMEM gets every
+value right and fails on its memory space; a scale and shift read swapped fail the values.
 """
 
 from __future__ import annotations
@@ -211,3 +214,41 @@ def test_prediction_that_runs_a_kernel_fails():
         return every_step_fetches(**sizes)
     with pytest.raises(course.CheckFailed, match=r"kernels run: required only the grader's"):
         course.check("predict_matmul_reads", runs_a_kernel)
+
+
+# -------------------------------------------------------------------------- affine_row_blocks
+def _affine_row_blocks(table_spec=None, swap_scale_and_shift=False):
+    """A per-row-block scale and shift, right by default (the table whole in SMEM);
+    ``table_spec`` replaces the table's BlockSpec, the switch reads its columns swapped."""
+    scale_col, shift_col = (1, 0) if swap_scale_and_shift else (0, 1)
+
+    def affine_row_blocks(x, table, bm):
+        m, n = x.shape
+
+        def kernel(table_ref, x_ref, o_ref):
+            i = pl.program_id(0)
+            o_ref[...] = (x_ref[...].astype(jnp.float32) * table_ref[i, scale_col]
+                          + table_ref[i, shift_col]).astype(o_ref.dtype)
+
+        spec = pl.BlockSpec(memory_space=pltpu.SMEM) if table_spec is None else table_spec(table)
+        return pl.pallas_call(
+            kernel, grid=(m // bm,),
+            in_specs=[spec, pl.BlockSpec((bm, n), lambda i: (i, 0))],
+            out_specs=pl.BlockSpec((bm, n), lambda i: (i, 0)),
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=TPU_INTERPRET,
+        )(table, x)
+    return affine_row_blocks
+
+
+def test_affine_row_blocks_needs_the_table_in_smem_and_its_columns_in_order():
+    course.check("affine_row_blocks", _affine_row_blocks(), quiet=True)
+    course.check("affine_row_blocks", _affine_row_blocks(), hidden=True, quiet=True)
+    in_vmem = _affine_row_blocks(table_spec=lambda t: pl.BlockSpec(t.shape, lambda i: (0, 0)))
+    assert wrong_values("affine_row_blocks", "v0", in_vmem) is None  # right values, wrong place
+    with pytest.raises(course.CheckFailed, match=r"\[FAIL\] table memory space: required smem "
+                       r"\(pl\.BlockSpec\(memory_space=pltpu\.SMEM\)\).*found vmem \(table_ref\)"):
+        course.check("affine_row_blocks", in_vmem)
+    swapped = _affine_row_blocks(swap_scale_and_shift=True)
+    for case in ("v0", "h1"):
+        found = wrong_values("affine_row_blocks", case, swapped)
+        assert found is not None and "elements differ" in found, (case, found)

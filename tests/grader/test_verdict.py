@@ -74,7 +74,7 @@ def _whole_call(grid=()):
 HONEST_ADD_WORK = {
     "outputs": [{"from": "pallas_call #0", "kind": "kernel"}], "outside_flops": 0,
     "outside_ops": [], "calls": [{"number": 0, "primitives": ["add", "get", "swap"],
-                                  "unread": [], "operands": [
+                                  "unread": [], "course_kernel": False, "operands": [
                                       {"role": "input", "from": "inputs", "kind": "input"}] * 2}]}
 
 

@@ -69,7 +69,8 @@ def test_honest_kernel_passes(capsys):
     course.check("add", honest)
     out = capsys.readouterr().out
     for rule in ("result comes from the kernel", "kernel inputs are your function's inputs",
-                 "compute outside kernels", "kernel computes add", "every kernel input is read"):
+                 "compute outside kernels", "kernel computes add", "every kernel input is read",
+                 "kernels are your own"):
         assert f"{rule} ok" in out
 
 
@@ -98,3 +99,13 @@ def test_outside_flops_are_counted_against_the_task():
                        r"[\d,]+ FLOPs \(1/10 of the task's\); found [\d,]+ FLOPs "
                        r"\(dot_general\)"):
         course.check("matmul", matmul_outside)
+
+
+def test_a_kernel_the_course_ships_is_not_the_learners():
+    from kernelsim import examples  # kernelsim's own tiled add: right values, right grid
+
+    with pytest.raises(course.CheckFailed) as e:
+        course.check("tiled_add", lambda x, y, block: examples.add(x, y, block, interpret=True))
+    assert "[FAIL] kernels are your own: required kernel bodies written in your notebook; " \
+           "found pallas_call #0 runs a kernel of the course's own code" in str(e.value), \
+        str(e.value)

@@ -4,7 +4,8 @@
 # Blocks live in VMEM; a `scratch_shapes=[pltpu.VMEM(shape, dtype)]` buffer stays on chip across
 # grid steps. Use `pl.when(pl.program_id(axis) == 0)` to initialise it and
 # `pl.num_programs(axis) - 1` to find the last step. Kernels with scratch, and kernels that
-# revisit an output block across grid steps, use `TPU_INTERPRET`.
+# revisit an output block across grid steps, use `TPU_INTERPRET`. So do kernels with an operand
+# in SMEM (`pl.BlockSpec(memory_space=pltpu.SMEM)`), a small array read as scalars.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import math
@@ -284,4 +285,66 @@ course.check("sum_all", sum_all)
 # all-positive bfloat16 sum that a bfloat16 running sum loses a third of.
 ### BEGIN HIDDEN TESTS
 course.check("sum_all", sum_all, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 5 — `affine_row_blocks(x, table, bm)` (3 points)
+#
+# A scale and a shift per row block: every row of row block `i` (rows `i * bm` up to
+# `(i + 1) * bm`) becomes `x * table[i, 0] + table[i, 1]`. `table` is a small float32 array of
+# shape `(M // bm, 2)`, one `(scale, shift)` row per block; `M` is a multiple of `bm`. The output
+# has `x`'s dtype: compute in float32 and round once. Grid `(M // bm,)`; `x` and the output move
+# in `(bm, N)` row blocks, each read or written once.
+#
+# Place the whole table in SMEM with `pl.BlockSpec(memory_space=pltpu.SMEM)` (the grade checks
+# its memory space) and read its entries as scalars in the kernel. SMEM is a TPU-only memory
+# space, so run this kernel with `TPU_INTERPRET`, as lesson 5 does.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Lesson 5's `scale_row_blocks` reads one scale per block from a 1-D table; here each block
+# reads two numbers from its row of a 2-D table. A BlockSpec with a memory space and no block
+# shape or index map hands the kernel the whole array for the whole call, so every step sees
+# the full table and picks its own row with its program id. Indexing an SMEM ref with integers
+# gives a scalar, which broadcasts over the float32 block.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The table's entry in `in_specs` is `pl.BlockSpec(memory_space=pltpu.SMEM)`; in the body,
+# `table_ref[pl.program_id(0), 0]` is this block's scale and column 1 holds its shift.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "affine_row_blocks_solution", "solution": true}
+def affine_row_blocks(x, table, bm):
+    ### BEGIN SOLUTION
+    m, n = x.shape
+
+    def kernel(x_ref, table_ref, o_ref):
+        i = pl.program_id(0)
+        scale, shift = table_ref[i, 0], table_ref[i, 1]
+        o_ref[...] = (x_ref[...].astype(jnp.float32) * scale + shift).astype(o_ref.dtype)
+
+    return pl.pallas_call(
+        kernel,
+        grid=(m // bm,),  # every step reuses the one copy of the table in SMEM
+        in_specs=[pl.BlockSpec((bm, n), lambda i: (i, 0)),
+                  pl.BlockSpec(memory_space=pltpu.SMEM)],
+        out_specs=pl.BlockSpec((bm, n), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
+        interpret=TPU_INTERPRET,  # SMEM is a TPU memory space
+    )(x, table)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "affine_row_blocks_visible", "grade": true, "points": 1}
+course.check("affine_row_blocks", affine_row_blocks)
+
+# %% nbgrader={"grade_id": "affine_row_blocks_hidden", "grade": true, "points": 2}
+# Hidden tests: more and taller row blocks, bfloat16 (computed in float32, rounded once).
+### BEGIN HIDDEN TESTS
+course.check("affine_row_blocks", affine_row_blocks, hidden=True)
 ### END HIDDEN TESTS
