@@ -48,9 +48,9 @@ c.Autograde.create_student = True
 # (grader/trusted.py: RestoreTestCells). Otherwise nbgrader's default list.
 c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, RestoreTestCells,
                                       OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
-# Learner code runs in a jailed kernel; test cells are judged in the grader's own process and
-# scored from those verdicts, never from what the cell printed (grader/trusted.py). Same list
-# as nbgrader's default with Execute and SaveAutoGrades replaced.
+# Learner code runs in the grader's own jailed run of the notebook; test cells are judged in the
+# grader's process and scored from those verdicts, never from what the cell printed
+# (grader/trusted.py). Same list as nbgrader's default with Execute and SaveAutoGrades replaced.
 c.Autograde.autograde_preprocessors = [TrustedExecute, IgnorePattern, ClearMetadataPreprocessor,
                                        LimitOutput, VerdictGrades, AssignLatePenalties,
                                        CheckCellMetadata]

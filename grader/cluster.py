@@ -29,7 +29,7 @@ its submission elsewhere.
 A Dask worker lost mid-task: the scheduler runs the task again on another worker (up to
 ``distributed.scheduler.allowed-failures`` times, then the submission is ``crashed`` with
 Dask's reason). The lost worker's grading process dies with it (``setpriv --pdeathsig`` in
-``grading.Worker``) and its jailed kernel with that (``bwrap --die-with-parent``), so no
+``grading.Worker``) and its jailed run with that (``bwrap --die-with-parent``), so no
 second autograde of the submission runs beside the new one; nbgrader's ``autograde --force``
 replaces a submission's grades and the gradebook's unique keys forbid a second row, so grading
 a submission twice never duplicates a grade.
@@ -100,7 +100,7 @@ def _worker(root: str, db: str | None, address: str) -> grading.Worker:
 
 def preflight(root: str, db: str | None, dask_worker=None) -> None:
     """On every Dask worker before a batch (``Client.run`` passes ``dask_worker``), as before a
-    local one: can a jailed kernel there import the course?"""
+    local one: can a jailed Python there import the course?"""
     with _lock:
         _worker(root, db, dask_worker.address)
 

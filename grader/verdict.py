@@ -3,8 +3,8 @@
 Inputs: the learner's outputs per case (arrays), the errors their function raised, and the
 kernelsim trace of their function as ``Trace.to_dict()`` produced it. Nothing here runs learner
 code, so the same functions serve ``pallas-course check`` on a learner's machine (everything in
-one process) and grading, where the outputs and the trace come out of the jailed kernel as
-files and the references never go in (``grader.trusted``).
+one process) and grading, where the outputs and the trace come out of the grader's jailed run
+of the notebook over its answer channel and the references never go in (``grader.trusted``).
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 It reads jobs as JSON lists, one per stdin line, until end of input: ``["generate", A...]``,
 ``["autograde", A, STUDENT]``, ``["feedback", A[, STUDENT]]``, ``["export", FILE]``,
-``["preflight"]`` (can a jailed kernel import the course). Each runs
+``["preflight"]`` (can a jailed Python import the course). Each runs
 real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON
 line (prefixed ``@@RESULT``) with the outcome; ``grading.Worker`` is the other end. Learner code
-never runs in this process: autograde executes it in a jailed kernel (``grader.trusted``).
+never runs in this process: autograde executes it in a jailed run (``grader.trusted``).
 
 Gradebook safety: every ``nbgrader.api.Gradebook`` session in this process holds an exclusive
 ``fcntl`` lock on ``<root>/gradebook.db.lock`` from construction to ``close()``. nbgrader opens
