@@ -1,5 +1,5 @@
 """Assignment 09 ("find the bug"): the buggy kernels the notebook ships fail grading, the
-reference solutions pass, and the hints' key lines are fixes too.
+reference solutions and other right fixes pass, and each key hint points at the buggy line.
 
 The kernels are taken from the notebook source itself (its setup, ``*_buggy`` and
 ``*_solution`` cells), so what is tested is what learners get.
@@ -13,8 +13,10 @@ import re
 import gradertools
 import jax
 import jax.numpy as jnp
+import jupytext
 import numpy as np
 import pytest
+from test_exercise_content import key_hints
 
 import kernelsim
 from grader import course, tasks
@@ -30,11 +32,16 @@ def notebook() -> dict:
     return gradertools.run(ASSIGNMENT, ("_buggy", "_solution"))
 
 
-def _hint_key_line(task: str) -> str:
-    """The first code span of the 'key line' hint placed before ``task``'s solution cell."""
-    text = NOTEBOOK.read_text()
-    before = text[:text.index(f'"grade_id": "{task}_solution"')]
-    return re.search(r"`([^`]+)`", before[before.rindex("Hint 2: the key line"):]).group(1)
+# What each key hint ("Hint 2: the key line") must point at, quoted from the buggy cell: the line
+# to change, or the statements whose order is wrong. The hint names it and says what is wrong;
+# that it never writes the fix is tests/grader/test_exercise_content.py's to check.
+BUGGY_LINES = {
+    "roll_rows": ("lambda i: ((i + shift) % n_blocks, 0)",),
+    "row_sums": ("o_ref[...] +=",),
+    "column_max": ("block = jnp.where(rows <= m, x_ref[...], -jnp.inf)",),
+    "pool_rows": ("(4, n)", "(1, n)"),
+    "chunk_sum": ("buf[slot]", ".wait()"),
+}
 
 
 def test_every_task_has_a_buggy_cell_a_solution_and_tests():
@@ -81,16 +88,28 @@ def test_every_case_exposes_the_bug_in_values(notebook):
             entry
 
 
-def test_the_key_line_hints_fix_the_bugs(notebook):
-    """The hint's line, put into the buggy kernel, passes every case (roll_rows: a negative
-    modulus in the index map, which kernelsim and both interpreters must agree on)."""
+def test_the_key_line_hints_point_at_the_buggy_line():
+    keys = key_hints(jupytext.read(NOTEBOOK).cells)
+    cells = gradertools.cells(ASSIGNMENT)
+    assert set(BUGGY_LINES) == set(TASKS)
+    for task, lines in BUGGY_LINES.items():
+        key = re.sub(r"\s+", " ", keys[task][1])
+        for line in lines:
+            assert line in cells[f"{task}_buggy"], (task, line)
+            assert f"`{line}`" in key, (task, line, key)
+
+
+def test_other_right_fixes_pass(notebook):
+    """Fixes other than the reference's pass every case: roll_rows with a negative modulus in
+    the index map, which kernelsim and both interpreters must agree on, and column_max with the
+    comparison changed in place."""
     roll_rows = _replace(notebook, "roll_rows",
                          "lambda i: ((i + shift) % n_blocks, 0)",
-                         _hint_key_line("roll_rows").removeprefix("The input's index map: "))
+                         "lambda i: ((i - shift) % n_blocks, 0)")
     course.check("roll_rows", roll_rows, hidden=True, quiet=True)
     column_max = _replace(notebook, "column_max",
                           "block = jnp.where(rows <= m, x_ref[...], -jnp.inf)",
-                          _hint_key_line("column_max"))
+                          "block = jnp.where(rows < m, x_ref[...], -jnp.inf)")
     course.check("column_max", column_max, hidden=True, quiet=True)
 
 

@@ -8,6 +8,14 @@ Per graded task (every id in ``grader.tasks`` of that assignment):
   with text in it;
 - no line of the solution (stripped of indentation and a trailing comma, 25 characters or more)
   appears in any hint of the notebook: a hint points the way, it never hands over the code;
+- "Hint 2: the key line" names the line to write or change and what it must express, never the
+  line itself: it holds no code line of the notebook's solution regions (``### BEGIN SOLUTION``
+  to ``### END SOLUTION``; 12 characters or more, whitespace ignored, so a re-wrapped or
+  re-spaced copy counts), no ``lambda`` or ``def`` of them, and no code span that *is* one of
+  their lambdas' bodies or the value a solution line assigns or returns (the line without its
+  name). In a "find the bug" task (one with a ``<task>_buggy`` cell) the fix is one line, so
+  its key hint quotes only the buggy cell: every code span beyond a bare name is text of that
+  cell, and at least one is, to point at the line to change;
 - the solution cell makes the kernel itself: it calls ``pl.pallas_call`` (or
   ``pltpu.emit_pipeline`` or ``pl.kernel``), and it calls no function of a setup cell (a locked,
   non-graded cell) that does. A "predict, then run" task (its id starts with ``predict_``)
@@ -21,7 +29,10 @@ catch it, naming the notebook, the cell and the task.
 from __future__ import annotations
 
 import ast
+import io
 import re
+import textwrap
+import tokenize
 from pathlib import Path
 
 import jupytext
@@ -38,6 +49,13 @@ HINTS = re.compile(
     re.DOTALL)
 MAKES_KERNEL = re.compile(r"\bpl\.pallas_call\b|\bpltpu\.emit_pipeline\b|\bpl\.kernel\b")
 SHORTEST_COPIED_LINE = 25
+SHORTEST_KEY_LINE_COPY = 12  # Hint 2 is held closer: the fix of a bug can be a short line
+SOLUTION_REGION = re.compile(r"^[ \t]*### BEGIN SOLUTION[ \t]*\n(.*?)^[ \t]*### END SOLUTION",
+                             re.MULTILINE | re.DOTALL)
+CODE_SPAN = re.compile(r"`([^`]+)`")
+BARE_NAME = re.compile(r"[\w.]+")  # `x_ref`, `pl.when`, `_prefetch_next`, `0`: naming, not code
+BUGGY_SUFFIX = "_buggy"
+OPENER = {")": "(", "]": "[", "}": "{"}
 PREDICTION_PREFIX = "predict_"  # these tasks return a number (grader/tasks: a04's example)
 
 
@@ -67,6 +85,98 @@ def _code_lines(source: str) -> list[str]:
             if len(line) >= SHORTEST_COPIED_LINE and not line.startswith("###")]
 
 
+def key_hints(cells) -> dict[str, tuple[int, str]]:
+    """task -> (index of its hint cell, text of its "Hint 2: the key line"), for every solution
+    cell whose previous cell is a well-formed hint cell."""
+    found = {}
+    for i, cell in enumerate(cells):
+        task = _grade_id(cell).removesuffix("_solution")
+        if task == _grade_id(cell) or i == 0 or cells[i - 1].cell_type != "markdown":
+            continue
+        match = HINTS.fullmatch(cells[i - 1].source.strip())
+        if match:
+            found[task] = (i - 1, match["key"])
+    return found
+
+
+def _squash(text: str) -> str:
+    return re.sub(r"\s+", "", text)
+
+
+def _without_unmatched_closers(line: str) -> str:
+    """A continuation line as a hint could copy it: no trailing comma, nor the brackets that
+    close what earlier lines opened (``pl.BlockSpec(memory_space=pltpu.SMEM)],``)."""
+    line = line.rstrip(",").rstrip()
+    while line and line[-1] in OPENER and line.count(line[-1]) > line.count(OPENER[line[-1]]):
+        line = line[:-1].rstrip(",").rstrip()
+    return line
+
+
+def _comment_free_lines(source: str) -> list[str]:
+    """``source``'s lines without their comments (a ``#`` inside a string stays)."""
+    lines = source.splitlines()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            row, col = token.start
+            lines[row - 1] = lines[row - 1][:col]
+    return lines
+
+
+def solution_code(cells) -> tuple[dict[str, str], dict[str, str]]:
+    """What a key-line hint must not hold, from the solution regions of every cell:
+    (squashed text -> the line, def or lambda as written; AST dump -> the lambda, lambda body
+    or value of a solution line, unparsed)."""
+    texts, trees = {}, {}
+    for cell in cells:
+        if cell.cell_type != "code":
+            continue
+        for match in SOLUTION_REGION.finditer(cell.source):
+            region = textwrap.dedent(match[1])
+            for line in _comment_free_lines(region):
+                line = _without_unmatched_closers(line.strip())
+                if len(line) >= SHORTEST_KEY_LINE_COPY:
+                    texts[_squash(line)] = line
+            for node in ast.walk(ast.parse(region)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    header = f"def {node.name}({ast.unparse(node.args)})"
+                    texts[_squash(header)] = header
+                elif isinstance(node, ast.Lambda):
+                    texts[_squash(ast.unparse(node))] = ast.unparse(node)
+                    trees[ast.dump(node)] = ast.unparse(node)
+                    if len(ast.unparse(node.body)) >= SHORTEST_KEY_LINE_COPY:
+                        trees[ast.dump(node.body)] = ast.unparse(node.body)
+                if isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Return |
+                              ast.Expr) and node.value is not None and \
+                        len(ast.unparse(node.value)) >= SHORTEST_KEY_LINE_COPY:
+                    trees[ast.dump(node.value)] = ast.unparse(node.value)
+    return texts, trees
+
+
+def _span_trees(span: str) -> list[ast.AST]:
+    """The expressions a code span is, as a whole (a statement's value for ``x = ...``), and
+    every lambda inside it; nothing where the span is not Python."""
+    try:
+        body = [ast.parse(span.strip(), mode="eval").body]
+    except SyntaxError:
+        try:
+            body = [getattr(node, "value", None) for node in ast.parse(span.strip()).body]
+        except SyntaxError:
+            return []
+    body = [node for node in body if node is not None]
+    return body + [node for top in body for node in ast.walk(top)
+                   if isinstance(node, ast.Lambda) and node is not top]
+
+
+def key_hint_copies(key: str, texts: dict[str, str], trees: dict[str, str]) -> list[str]:
+    """The solution code that the key hint ``key`` holds (see ``solution_code``)."""
+    squashed = _squash(key.replace("`", ""))
+    found = [line for text, line in texts.items() if text in squashed]
+    for span in CODE_SPAN.findall(key):
+        found += [trees[ast.dump(node)] for node in _span_trees(span)
+                  if ast.dump(node) in trees]
+    return list(dict.fromkeys(found))
+
+
 def _kernel_helpers(cells) -> dict[str, str]:
     """Functions that setup cells define and whose body makes a kernel: name -> cell."""
     helpers = {}
@@ -88,6 +198,8 @@ def problems(path: Path, task_ids: list[str]) -> list[str]:
     hint_cells = [(i, c) for i, c in enumerate(cells)
                   if c.cell_type == "markdown" and "<details><summary>Hint" in c.source]
     helpers = _kernel_helpers(cells)
+    keys = key_hints(cells)
+    texts, trees = solution_code(cells)
     for task in task_ids:
         i = by_id.get(f"{task}_solution")
         if i is None:
@@ -106,6 +218,13 @@ def problems(path: Path, task_ids: list[str]) -> list[str]:
                 if line in hint.source:
                     found.append(f"{_where(path, j, hint)}: task {task!r}: a hint copies the "
                                  f"solution line {line!r} of {where}")
+        if task in keys:
+            j, key = keys[task]
+            for code in key_hint_copies(key, texts, trees):
+                found.append(f"{_where(path, j, cells[j])}: task {task!r}: Hint 2 hands over "
+                             f"solution code {code!r}: name the line and what it must express")
+            if f"{task}{BUGGY_SUFFIX}" in by_id:
+                found += _bug_hint_problems(path, cells, j, key, task, by_id)
         if task.startswith(PREDICTION_PREFIX):
             continue
         if not MAKES_KERNEL.search(solution.source):
@@ -116,6 +235,20 @@ def problems(path: Path, task_ids: list[str]) -> list[str]:
             found.append(f"{where}: task {task!r}: the solution calls {name}(), a kernel that "
                          f"setup cell {helpers[name]!r} ships to every learner: make the task a "
                          "change to it, or move it into the solution")
+    return found
+
+
+def _bug_hint_problems(path, cells, j, key, task, by_id) -> list[str]:
+    """A find-the-bug task's key hint quotes the buggy cell, and nothing but it."""
+    buggy_id = f"{task}{BUGGY_SUFFIX}"
+    buggy = _squash(cells[by_id[buggy_id]].source)
+    spans = CODE_SPAN.findall(key)
+    found = [f"{_where(path, j, cells[j])}: task {task!r}: Hint 2 writes code that cell "
+             f"{buggy_id!r} does not hold, {span!r}: quote the buggy line, not the fix"
+             for span in spans if not BARE_NAME.fullmatch(span) and _squash(span) not in buggy]
+    if not any(_squash(span) in buggy for span in spans):
+        found.append(f"{_where(path, j, cells[j])}: task {task!r}: Hint 2 quotes nothing of cell "
+                     f"{buggy_id!r}: it must point at the line to change")
     return found
 
 
@@ -172,10 +305,11 @@ def _add_call(x, y):
 
 @pytest.fixture
 def plant(tmp_path):
-    """A copy of assignment 01's notebook with ``change`` applied to its text."""
-    def make(change) -> Path:
-        target = tmp_path / "first_kernel.py"
-        target.write_text(change(A1.read_text()))
+    """A copy of assignment 01's notebook (or of ``source``) with ``change`` applied to its
+    text."""
+    def make(change, source: Path = A1) -> Path:
+        target = tmp_path / source.name
+        target.write_text(change(source.read_text()))
         return target
     return make
 
@@ -224,3 +358,52 @@ def test_planted_missing_solution_cell_is_named(plant):
     path = plant(lambda t: t.replace('"add_solution"', '"add_answer"'))
     assert problems(path, ["add"]) == [f"{path}: task 'add' has no cell with grade_id "
                                        "'add_solution'"]
+
+
+ADD_KEY_HINT = "the value\n# is the sum of the two reads."
+
+
+def test_planted_short_or_rewrapped_solution_line_in_the_key_hint_is_named(plant):
+    short = "v = x_ref[...]"  # leaky_relu's solution: shorter than the rule for every hint
+    assert len(short) < SHORTEST_COPIED_LINE
+    found = problems(plant(lambda t: t.replace(ADD_KEY_HINT, f"the value\n# is `{short}`.")),
+                     ["add"])
+    assert any("task 'add'" in f and "Hint 2 hands over solution code" in f and repr(short) in f
+               for f in found), found
+    rewrapped = "the value\n# is `o_ref[...]=x_ref[...]\n# + y_ref[...]`."
+    found = problems(plant(lambda t: t.replace(ADD_KEY_HINT, rewrapped)), ["add"])
+    assert any("Hint 2 hands over" in f and "'o_ref[...] = x_ref[...] + y_ref[...]'" in f
+               for f in found), found
+
+
+def test_planted_line_without_its_name_in_the_key_hint_is_named(plant):
+    value = "op(x_ref[...], y_ref[...]).astype(o_ref.dtype)"  # elementwise's store, unassigned
+    found = problems(plant(lambda t: t.replace(ADD_KEY_HINT, f"the value\n# is `{value}`.")),
+                     ["add"])
+    assert any("Hint 2 hands over" in f and repr(value) in f for f in found), found
+
+
+def test_planted_lambda_in_the_key_hint_is_named(plant):
+    tiling = SOURCE / "02_tiling" / "tiling.py"
+    hint = "gives them back,\n# unchanged, as the block index."
+    assert hint in tiling.read_text()
+    found = problems(plant(lambda t: t.replace(hint, "is\n# `lambda i,j:(i, j)`."), tiling),
+                     ["tiled_add"])
+    assert any("task 'tiled_add'" in f and "Hint 2 hands over" in f and
+               "'lambda i, j: (i, j)'" in f for f in found), found
+
+
+def test_planted_fix_in_a_find_the_bug_key_hint_is_named(plant):
+    """Assignment 09's roll_rows: a fix written out is caught although the reference solution
+    spells it differently, and so is a hint that quotes nothing of the buggy cell."""
+    debugging = SOURCE / "09_debugging" / "debugging.py"
+    text = debugging.read_text()
+    start = text.index("# The input's index map, `lambda i: ((i + shift)")
+    end = text.index("\n#\n# </details>", start)
+    fix = "`lambda i: ((i - shift) % n_blocks, 0)`"
+    found = problems(plant(lambda t: t[:start] + f"# The input's index map: {fix}." + t[end:],
+                           debugging), ["roll_rows"])
+    assert any("task 'roll_rows'" in f and "does not hold" in f and fix[1:-1] in f
+               for f in found), found
+    assert any("task 'roll_rows'" in f and "quotes nothing of cell 'roll_rows_buggy'" in f
+               for f in found), found

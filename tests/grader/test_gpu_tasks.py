@@ -287,7 +287,7 @@ def test_a_prediction_that_ignores_edge_blocks_fails_only_hidden():
     _fails("predict_gpu_reads", _ignores_edges, "wrong values for case h1", hidden=True)
 
 
-def test_every_prediction_case_matches_the_formula_the_hints_give(solutions):
+def test_every_prediction_case_matches_the_notebooks_formula(solutions):
     """The reference is kernelsim's GPU-model count of the task's BlockSpecs; the notebook's
     formula (a read once per grid column, b once per grid row) must agree on every case."""
     task = tasks.get("predict_gpu_reads")

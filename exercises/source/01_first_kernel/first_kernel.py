@@ -89,8 +89,8 @@ course.check("add", add, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The kernel's store applies the captured `op` and keeps the output's dtype:
-# `op(x_ref[...], y_ref[...]).astype(o_ref.dtype)`.
+# The kernel is one store into `o_ref[...]`: the captured `op` applied to the two loaded inputs,
+# then `.astype(o_ref.dtype)`, since `op` may return a dtype other than the output's.
 #
 # </details>
 
@@ -135,7 +135,9 @@ course.check("elementwise", make_elementwise, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `jnp.where(v >= 0, v, slope * v)` on the loaded value `v`.
+# `jnp.where(condition, a, b)` takes `a` where the condition holds and `b` elsewhere, elementwise.
+# With `v` the loaded block, the condition is that `v` is not negative; cast the result with
+# `.astype(o_ref.dtype)`.
 #
 # </details>
 

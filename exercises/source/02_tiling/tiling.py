@@ -42,8 +42,9 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The grid counts blocks with `pl.cdiv` in both dimensions, and every operand's index map is
-# `lambda i, j: (i, j)`.
+# The grid counts blocks with `pl.cdiv` in both dimensions. One `pl.BlockSpec((bm, bn), ...)` serves
+# both inputs and the output: its index map takes the two grid indices and gives them back,
+# unchanged, as the block index.
 #
 # </details>
 
@@ -95,7 +96,9 @@ course.check("tiled_add", tiled_add, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `jnp.sum(x_ref[...].astype(jnp.float32), axis=1, keepdims=True)`, cast to the output dtype.
+# Cast the loaded block to `jnp.float32` first, then `jnp.sum` along axis 1 with `keepdims=True`: a
+# `(bm, N)` block gives `(bm, 1)`, the output block's shape. The store casts back with
+# `.astype(o_ref.dtype)`.
 #
 # </details>
 
@@ -145,7 +148,9 @@ course.check("row_sum", row_sum, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `jnp.exp(v - jnp.max(v, axis=1, keepdims=True))` on the float32 block `v`.
+# With `v` the float32 block, take every row statistic along axis 1 with `keepdims=True`, so its
+# `(bm, 1)` result broadcasts against `v`: subtract the row max from `v`, apply `jnp.exp`, divide by
+# the row sums of that, then cast to `o_ref.dtype`.
 #
 # </details>
 

@@ -40,7 +40,9 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The output's spec is `pl.BlockSpec((bn, bm), lambda i, j: (j, i))`.
+# Only the output's spec differs from the input's: its block shape is `(bn, bm)`, and its index map
+# sends grid step `(i, j)` to block row `j`, block column `i`. The kernel stores the `.T` of its
+# input block.
 #
 # </details>
 
@@ -92,7 +94,9 @@ course.check("transpose", transpose, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The grid is `(pl.cdiv(n, bn), pl.cdiv(m, bm))` and the bias's index map `lambda j, i: (0, j)`.
+# The grid lists the column blocks first, `pl.cdiv(n, bn)` of them, then the `pl.cdiv(m, bm)` row
+# blocks, so every index map now receives `j` before `i`. The bias's map returns block row 0 and
+# column block `j`; `x`'s and the output's still return row block `i`, column block `j`.
 #
 # </details>
 
@@ -143,7 +147,9 @@ course.check("add_bias", add_bias, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The second operand's index map swaps the grid indices: `lambda i, j: (j, i)`.
+# All three specs have blocks `(b, b)` over a square grid of `pl.cdiv(n, b)` blocks each way. The
+# first input's and the output's index maps return the grid indices as they come; the second input's
+# returns the same two in the opposite order, and the kernel adds the `.T` of that block.
 #
 # </details>
 

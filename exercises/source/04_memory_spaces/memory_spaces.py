@@ -46,7 +46,9 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# A's index map is `lambda i, j, kk: (i, kk)` and B's is `lambda i, j, kk: (kk, j)`.
+# Every index map takes the three grid indices `i`, `j`, `kk`. A's returns row block `i` and column
+# block `kk`; B's returns row block `kk` and column block `j`; the output's returns `i` and `j` and
+# ignores `kk`. The grid's last axis has `k // bk` steps, so `kk` runs fastest.
 #
 # </details>
 
@@ -110,8 +112,10 @@ course.check("matmul", matmul, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# A's block index is `(i, kk)`: two consecutive steps ask for the same A block only when `kk`
-# cannot change, i.e. when `k // bk == 1`.
+# Count passes: how many times does the whole grid read all of A, and all of B? For a small grid,
+# say two row blocks and two column blocks, write out A's block index `(i, kk)` and B's `(kk, j)`
+# step by step, once with two K steps and once with one, and mark every step that asks for the same
+# block as the step before. Then try one K step with a single column block.
 #
 # </details>
 
@@ -170,9 +174,9 @@ except NotImplementedError:
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# In the last step's `pl.when`:
-# `jnp.maximum(acc_ref[...] + bias_ref[...].astype(jnp.float32), 0.0)`, with the bias block's
-# index map `lambda i, j, kk: (0, j)`.
+# All of it happens in the last K step's `pl.when`, before the one cast: add the bias block, cast to
+# float32, to the accumulator, then take `jnp.maximum` with 0. The bias's `(1, bn)` block is block
+# row 0 and column block `j`, whatever `i` and `kk` are.
 #
 # </details>
 
@@ -243,8 +247,10 @@ course.check("matmul_bias_relu", matmul_bias_relu, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `pl.when((pl.program_id(0) == 0) & (pl.program_id(1) == 0))` guards the zeroing; the mask is
-# `(rows < m) & (cols < n)`.
+# Traced conditions combine with `&`, each in parentheses (Python's `and` fails on traced values).
+# The zeroing's `pl.when` needs both program ids equal to 0. The mask needs each element's global
+# row below `m` and global column below `n`: `jax.lax.broadcasted_iota` along axis 0 and axis 1,
+# offset by `i * bm` and `j * bn`. `jnp.where` puts 0 everywhere else.
 #
 # </details>
 
@@ -313,8 +319,10 @@ course.check("sum_all", sum_all, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The table's entry in `in_specs` is `pl.BlockSpec(memory_space=pltpu.SMEM)`; in the body,
-# `table_ref[pl.program_id(0), 0]` is this block's scale and column 1 holds its shift.
+# The table's entry in `in_specs` is a `pl.BlockSpec` given only `memory_space=pltpu.SMEM`: no block
+# shape and no index map, so the kernel sees the whole table. In the body, index the table's ref
+# with two integers, this step's program id and a column: column 0 holds the block's scale, column 1
+# its shift.
 #
 # </details>
 

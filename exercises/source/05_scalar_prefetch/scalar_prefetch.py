@@ -46,8 +46,9 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The table's block index at step `i` is `(ids_ref[i], 0, 0)`: a block is one row, so the row
-# number *is* the block number. The output's is `(i, 0, 0)`.
+# The table's index map receives the grid index `i` and the prefetched ref. Its first block index is
+# entry `i` of that ref: a block is one row, so the row number *is* the block number; the other two
+# are 0. The output's index map puts `i` itself where the table's puts the looked-up row.
 #
 # </details>
 
@@ -110,9 +111,10 @@ course.check("gather_rows", gather_rows, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# With `width` the padded list length, `a`'s block index at step `(i, j, s)` is
-# `(i, ids[i * width + s])` and `b`'s is `(ids[i * width + s], j)`; the product is added under
-# `pl.when(s < cnt_ref[i])`.
+# The flat table holds the padded lists one after another, `width` entries each (`width` the padded
+# length), so entry `s` of row block `i`'s list sits at one position you can compute from `i`,
+# `width` and `s`. `a`'s block index is row block `i` and that entry; `b`'s is that entry and column
+# block `j`. The product is added under a `pl.when` that compares `s` with row `i`'s count.
 #
 # </details>
 
@@ -193,8 +195,9 @@ course.check("block_sparse_matmul", block_sparse_matmul, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The group ids are `np.repeat` of the group numbers by each group's block count, and `w`'s
-# block index at step `(i, j)` is `(gid[i], 0, j)`.
+# The group ids come from `np.repeat`: each group number repeated as many times as its group has row
+# blocks, so entry `i` is row block `i`'s group. `w`'s index map reads that entry of the prefetched
+# ref for the squeezed group axis, then block 0 along K and column block `j`.
 #
 # </details>
 

@@ -43,7 +43,8 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 # <details><summary>Hint 2: the key line</summary>
 #
 # The body is one store: `jnp.maximum(x + y, 0) * z` of the three loaded blocks, cast to
-# `o_ref.dtype`; the specs are `[pl.BlockSpec((bm, n), lambda i: (i, 0))] * 3` in, the same out.
+# `o_ref.dtype`. One `pl.BlockSpec((bm, n), ...)` of whole rows, whose index map sends step `i` to
+# row block `i`, serves all four operands: a list of it three times in, the same spec out.
 #
 # </details>
 
@@ -110,10 +111,11 @@ course.check("fused_add_relu_mul", fused_add_relu_mul, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# With `v5e = CHIPS["tpu-v5e"]` and `moved` the bytes above, a candidate's estimate is
-# `max(2 * m * n * k / v5e.peak_flops_bf16, moved / v5e.hbm_bytes_per_second)` plus
-# `steps * v5e.per_step_seconds`, and its footprint `itemsize` times the sum over the three
-# blocks of (buffers × elements), plus `4 * bm * bn` bytes for the accumulator.
+# The chip's numbers are attributes of the `CHIPS` entry `"tpu-v5e"`: the peak for the input dtype
+# (`peak_flops_bf16` or `peak_flops_f32`), `hbm_bytes_per_second` and `per_step_seconds`. Put them
+# into the task's formula as a function of the blocks, with Hint 1's passes for the HBM bytes. The
+# footprint is, per block, its buffer count times its elements times `itemsize`, plus `4 * bm * bn`
+# bytes for the float32 accumulator.
 #
 # </details>
 
@@ -222,8 +224,10 @@ except NotImplementedError:
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `var = jnp.mean(jnp.square(v - mu), axis=1, keepdims=True)` with `v` the float32 block and
-# `mu` its row means (`keepdims=True`, so both broadcast against the `(bm, N)` block).
+# Both statistics are row means of the float32 block `v`, by `jnp.mean` along axis 1 with
+# `keepdims=True`: first of `v` itself, giving `mu`, then of the squared deviations from `mu`. Both
+# are `(bm, 1)` and broadcast against the `(bm, N)` block; normalise with `jax.lax.rsqrt` of the
+# variance plus the task's epsilon.
 #
 # </details>
 

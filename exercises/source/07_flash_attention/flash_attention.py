@@ -43,9 +43,10 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `jax.lax.dot_general` with dimension numbers `(((1,), (1,)), ((), ()))` contracts the last
-# axis of both blocks, `(bq, d) x (bk, d) -> (bq, bk)`; give it
-# `preferred_element_type=jnp.float32`.
+# `jax.lax.dot_general` takes the two blocks and dimension numbers
+# `((contracting_a, contracting_b), (batch_a, batch_b))`, each a tuple of axes. Here both blocks
+# contract their axis 1, `d`, and there are no batch axes, so `(bq, d)` and `(bk, d)` give
+# `(bq, bk)`. Its `preferred_element_type` asks for the float32 result.
 #
 # </details>
 
@@ -104,9 +105,10 @@ course.check("attention_scores", attention_scores, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The update, in order: `alpha = exp(m_old - m_new)`, then `l = alpha * l + p.sum(axis=1)` and
-# `acc = alpha * acc + p @ v_block` (with `p` cast to `v`'s dtype and a float32 result), then
-# `m = m_new`.
+# The order is what goes wrong. Compute the rescale factor from `m_ref` *before* it is overwritten
+# with the new max; multiply both `l_ref` and `acc_ref` by it, then add this block's row sums of `p`
+# to the first and the product of `p` (cast to `v`'s dtype, float32 result) with the value block to
+# the second; store the new max last.
 #
 # </details>
 
@@ -208,8 +210,9 @@ course.check("flash_attention", flash_attention, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The last key block query block `i` needs is `(i * bq + bq - 1) // bk`; the key/value block
-# index at step `(i, j)` is the smaller of `j` and that.
+# With `bq` 4 and `bk` 2, query block 1 holds queries 4 to 7, and its last query, 7, lies in key
+# block 3. Write that block number for query block `i` as an integer expression of `i`, `bq` and
+# `bk`; the key and value index maps return the smaller of `j` and that block.
 #
 # </details>
 

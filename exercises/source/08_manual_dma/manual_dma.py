@@ -86,9 +86,10 @@ expected = absmax_scale(x).astype(x.dtype)  # the plain-JAX reference every task
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The copy of `rows` rows of chunk `i`:
-# `pltpu.make_async_copy(x_hbm.at[pl.ds(i * chunk, rows)], into, sem.at[i % 2])`, where
-# `into = buf.at[i % 2, pl.ds(0, rows)]`.
+# The helper returns `pltpu.make_async_copy(src, dst, sem)` on three `.at[...]` views: rows
+# `i * chunk` onwards of `x_hbm`, `rows` of them (a `pl.ds`), into the first `rows` rows of buffer
+# `i % 2` of `buf`, signalling entry `i % 2` of `sem`. `rows` is a Python int, so each size gives a
+# copy of its own.
 #
 # </details>
 
@@ -187,8 +188,9 @@ course.check("absmax_dma", absmax_dma, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `pltpu.emit_pipeline(body, grid=(pl.cdiv(m, chunk),), in_specs=[block], out_specs=[block])`
-# returns the pipeline; the kernel calls it on its two HBM refs.
+# `pltpu.emit_pipeline` takes the per-block function, then as keywords a `grid` of `cdiv(M, chunk)`
+# steps, and `in_specs` and `out_specs`, each a list of one `(chunk, n)` BlockSpec whose index map
+# sends step `c` to row block `c`. It returns a function; the kernel calls that on its two HBM refs.
 #
 # </details>
 
@@ -307,8 +309,9 @@ def absmax_in_place_buggy(x, chunk, interpret=TPU_INTERPRET):
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The `_previous_written` block (the wait for `copy_out(c - 1, 1 - slot)`) moves above
-# `_prefetch_next`.
+# In `body`, the start inside `_prefetch_next` writes buffer `1 - slot`, and only the wait inside
+# `_previous_written` says that chunk `c - 1`'s copy out has finished reading that buffer. Check
+# which of the two blocks runs first in each iteration.
 #
 # </details>
 

@@ -68,7 +68,9 @@ def roll_rows_buggy(x, bm, shift):
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The input's index map: `lambda i: ((i - shift) % n_blocks, 0)`.
+# The input's index map, `lambda i: ((i + shift) % n_blocks, 0)`, reads the block `shift` below.
+# With 4 blocks and a shift of 1, output block 0 must hold input block 3 and output block 1 input
+# block 0: work out which expression of `i`, `shift` and `n_blocks` gives that, wrapping round.
 #
 # </details>
 
@@ -138,7 +140,10 @@ def row_sums_buggy(x, bm, bn):
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `@pl.when(pl.program_id(1) == 0)`, on a function that zeroes `o_ref`, placed before the `+=`.
+# The line to change is the kernel's `o_ref[...] +=`: at the first column step of each row block it
+# reads an output block nothing has written. Ahead of it the kernel needs a store of zeros into
+# `o_ref`, under a `pl.when` whose condition holds only where the program id along grid axis 1
+# (`pl.program_id`) is 0.
 #
 # </details>
 
@@ -227,7 +232,9 @@ def column_max_buggy(x, bm):
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `block = jnp.where(rows < m, x_ref[...], -jnp.inf)`
+# The mask, `block = jnp.where(rows <= m, x_ref[...], -jnp.inf)`: its comparison keeps row `m`, one
+# past the array's last row. With 10 rows and blocks of 4, the last block holds rows 8 to 11: which
+# of them are in the array, and which comparison with `m` keeps exactly those?
 #
 # </details>
 
@@ -311,8 +318,10 @@ def pool_rows_buggy(x, interpret=INTERPRET):
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `sum(x_ref[pl.ds(r, 8, stride=4), :].astype(jnp.float32) for r in range(4)) / 4`, with
-# blocks `(32, n)` in and `(8, n)` out.
+# The two BlockSpecs: blocks `(4, n)` in and `(1, n)` out break the TPU's rule on the second-to-last
+# dimension. Keep the kernel's idea, each output row the mean of 4 input rows, but give each step 8
+# output rows from 32 input rows; inside, the 8 rows at position `r` of their group are one `pl.ds`
+# read with a `stride` of 4, for each `r` from 0 to 3.
 #
 # </details>
 
@@ -410,7 +419,9 @@ def chunk_sum_buggy(x, chunk, interpret=TPU_INTERPRET):
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `copy(c, slot).wait()` moves above the line that adds `buf[slot]`.
+# The loop body's line that adds `buf[slot]` into `o_ref` reads chunk `c`'s buffer. Of the
+# statements in `body`, only the `.wait()` on chunk `c`'s copy says that chunk has landed: check
+# which of the two runs first.
 #
 # </details>
 

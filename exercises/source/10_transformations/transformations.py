@@ -44,7 +44,9 @@ INTERPRET = choose().interpret
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `jax.vmap(kernel_for_one_matrix, in_axes=(0, None))`: `x` batched on axis 0, `bias` shared.
+# `jax.vmap` maps `one` over the axes that `in_axes` names, one entry per argument: 0 for `x`, whose
+# examples lie along its first axis, and `None` for `bias`, which every example shares unbatched.
+# Then call the mapped function on `x` and `bias`.
 #
 # </details>
 
@@ -134,8 +136,9 @@ course.check("batched_bias_tanh", batched_bias_tanh, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# In the backward kernel, per row: `proj = jnp.mean(g * xh, axis=1, keepdims=True)` with
-# `xh = x * r`, then `dx = r * (g - xh * proj)`.
+# In the backward kernel the task's sum over `j`, divided by `N`, is a row mean: `jnp.mean` along
+# axis 1 with `keepdims=True` of `g` times `xh` (`xh` being the float32 rows times `r`), so the
+# result is `(bm, 1)` and broadcasts against the block in the task's formula for `dx`.
 #
 # </details>
 
@@ -217,9 +220,11 @@ course.check("rms_norm", rms_norm, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `pl.BlockSpec((bm, n), lambda i: (start // bm + i, 0))` for both `acc` and the output, and
-# `pallas_call`'s `input_output_aliases`: a dict from an input's position to the position of
-# the output that takes over its buffer.
+# `acc` and the output share one `pl.BlockSpec((bm, n), ...)` whose index map sends step `i` to the
+# block `i` places after the one holding row `start` (a multiple of `bm`, so that block's number is
+# a whole division); `delta`'s sends step `i` to its block `i`. Then `pallas_call`'s
+# `input_output_aliases`: a dict from an input's position to the position of the output that takes
+# over its buffer.
 #
 # </details>
 

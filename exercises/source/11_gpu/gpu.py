@@ -62,8 +62,9 @@ INTERPRET = choose().interpret
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The loop's body reads `x_ref[:, pl.ds(c * bk, bk)]` for chunk `c`, and the loop is
-# `jax.lax.fori_loop(0, k // bk, body, jnp.zeros((bm, 1), jnp.float32))`.
+# The loop is `jax.lax.fori_loop` over the `k // bk` chunks, carrying the running `(bm, 1)` float32
+# total from a start of zeros. Iteration `c` reads all rows of the band and `bk` columns from column
+# `c * bk`: a `pl.ds` slice on the second axis of `x_ref`.
 #
 # </details>
 
@@ -133,8 +134,9 @@ course.check("gpu_row_sums", gpu_row_sums, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `jnp.dot(a_ref[:, ks], b_ref[ks, :], ...)` with `ks = pl.ds(c * bk, bk)`: one slice picks
-# the columns of the one band and the rows of the other.
+# Chunk `c` of K is one `pl.ds` slice, `bk` long from `c * bk`: it picks the columns of `a`'s band
+# and the rows of `b`'s band. The `jnp.dot` of the two chunks, with a float32 result, is added to
+# the `(bm, bn)` carry of the `fori_loop`.
 #
 # </details>
 
@@ -198,8 +200,11 @@ course.check("gpu_matmul", gpu_matmul, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `a` is read once per column of the grid, `cdiv(n, bn)` times, and `b` once per row of the
-# grid, `cdiv(m, bm)` times.
+# Every band of `a` is read by the same number of programs, so `a` costs that many passes of its
+# size; likewise `b`. Count them on a small grid first: with `m` twice `bm` and `n` three times
+# `bn`, the grid is 2 rows by 3 columns of programs; how many read `a`'s first row band, and how
+# many `b`'s first column band? Then say how each count follows from the sizes, edge blocks
+# included.
 #
 # </details>
 
