@@ -156,7 +156,7 @@ def main(argv: list[str]) -> int:
         futures = [(stem, is_ex, pool.submit(run_notebook, str(path), str(records[stem]), is_ex))
                    for stem, path, is_ex in notebooks]
         for stem, is_ex, fut in futures:
-            run = {"notebook": stem, **fut.result()}
+            run = {"notebook": stem, "exercise": is_ex, **fut.result()}
             runs.append(run)
             print(f"{stem}: {run['seconds']:.1f} s"
                   + (f"  FAILED {run['error']}" if run["error"] else "")
@@ -178,7 +178,7 @@ def main(argv: list[str]) -> int:
         "failed": [f"{r['notebook']}: {r['kernel']}" for r in rows if not r["expected"]]})
     # a lesson fails on any error; an exercise notebook's failed checks are its error cells,
     # judged row by row
-    lessons_failed = any(r["error"] or r["error_cells"] for r in runs if r["notebook"][2] == "-")
+    lessons_failed = any(r["error"] or r["error_cells"] for r in runs if not r["exercise"])
     return 1 if lessons_failed or any(r["error"] for r in runs) or \
         not all(r["expected"] for r in rows) else 0
 

@@ -144,7 +144,7 @@ class Capture:
         self.current = Outputs(0)
 
 
-def _bundle(data) -> dict:
+def _json_bundle(data) -> dict:
     """A mime bundle as JSON: bytes (images) in base64, as a kernel sends them."""
     return {str(k): base64.b64encode(v).decode("ascii") if isinstance(v, bytes) else v
             for k, v in (data or {}).items()}
@@ -183,7 +183,7 @@ class Publisher(DisplayPublisher):
     def publish(self, data, metadata=None, source=None, *, transient=None, update=False,
                 **kwargs) -> None:
         piece = {"output_type": "update_display_data" if update else "display_data",
-                 "data": _bundle(data), "metadata": metadata or {}}
+                 "data": _json_bundle(data), "metadata": metadata or {}}
         display_id = (transient or {}).get("display_id")
         if display_id is not None:
             piece["display_id"] = str(display_id)
@@ -201,7 +201,7 @@ class ResultHook(DisplayHook):
 
     def write_format_data(self, format_dict, md_dict=None) -> None:
         self.shell.display_pub.capture.current.add(
-            {"output_type": "execute_result", "data": _bundle(format_dict),
+            {"output_type": "execute_result", "data": _json_bundle(format_dict),
              "metadata": md_dict or {}, "execution_count": self.prompt_count})
 
     def finish_displayhook(self) -> None:

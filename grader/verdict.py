@@ -30,8 +30,8 @@ class OperandFacts:
     writebacks: int
     hbm_read_bytes: int
     hbm_write_bytes: int
-    shape: tuple[int, ...] = ()  # the whole array's
-    memory_space: str = ""  # one of MEMORY_SPACES: where the block (or the array) lives
+    shape: tuple[int, ...]  # the whole array's
+    memory_space: str  # one of MEMORY_SPACES: where the block (or the array) lives
 
 
 MEMORY_SPACES = ("vmem", "smem", "hbm", "any", "semaphore")  # kernelsim.model.MemorySpace
@@ -127,7 +127,7 @@ class KernelWork:
     primitives: frozenset[str]
     operands: tuple[tuple[str, Flow], ...]  # (role, flow)
     unread: tuple[int, ...]
-    course_kernel: bool = False
+    course_kernel: bool
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from grader.tasks.core import (
     Case,
     Rule,
     _c,
+    _dtype,
     _f32,
     _nbytes,
     _normal,
@@ -79,7 +80,7 @@ def _attention_inputs(rng: np.random.Generator, case: Case) -> dict[str, np.ndar
     moved a near-tied softmax, and the output, by up to 0.2.) v stays N(0, 1)."""
     scale = {"q": LOGIT_SCALE, "k": LOGIT_SCALE} if case.values == "large" else {}
     return {name: np.asarray((_normal(rng, shape, "float32") * scale.get(name, 1))
-                             .astype(jnp.bfloat16 if case.dtype == "bfloat16" else case.dtype))
+                             .astype(_dtype(case.dtype)))
             for name, shape in case.arrays.items()}
 
 
