@@ -62,7 +62,7 @@ site: $(STAMP)
 	$(PY) -m grader.cli build-site
 
 test: $(STAMP) system-packages lint
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=20
 	$(MAKE) --no-print-directory test-jax JAX=$(COMPAT_JAX) PYTHON_FOR_JAX="$(COMPAT_PYTHON)" \
 	  JAX_VENV=.venv-compat
 
