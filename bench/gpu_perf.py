@@ -123,7 +123,7 @@ def _matmul_family(dtype, label):
         cfg = dict(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages, group=group)
         fam.cases.append(Case(fam.name, "matmul_triton", "triton", cfg,
                               functools.partial(_dry_blocks(gk.matmul_triton), **cfg)))
-    if dtype == jnp.bfloat16:  # WGMMA on 16-bit inputs; f32 would need tf32 operands
+    if dtype == jnp.bfloat16:  # tf32 WGMMA needs B K-major ("Only f16 WGMMA supports transposes")
         for tm, tn, tk, stages in [(128, 128, 64, 4), (128, 128, 64, 5), (64, 256, 64, 4)]:
             cfg = dict(tm=tm, tn=tn, tk=tk, stages=stages)
             fam.cases.append(Case(fam.name, "matmul_mgpu", "mosaic_gpu", cfg,
