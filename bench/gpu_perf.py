@@ -5,9 +5,10 @@ time, timed; the XLA path it competes with (cuBLAS through ``jnp.dot``, cuDNN th
 ``jax.nn.dot_product_attention(implementation="cudnn")``, XLA's own ``jnp.sum`` and
 ``lax.ragged_dot``) timed the same way. Reports achieved TFLOP/s or GB/s, the fraction of the
 chip's peak (datasheet and measured ceilings, below), the ratio to XLA, and kernelsim's
-roofline estimate (``kernelsim.trace(..., model="gpu", chip="h200")``) beside the measured
-time with the calibration factor measured / estimated that closes the gap. JAX's bundled
-Mosaic GPU ops (``jax.experimental.pallas.ops.gpu``) run beside the course's kernels as the
+roofline estimate (``kernelsim.trace(..., model="gpu", chip="h200")``; for Mosaic GPU kernels
+``kernelsim.gpu.analyse``, which also gives their shared memory) beside the measured time,
+with the calibration factor measured / estimated that closes the gap. JAX's bundled Mosaic GPU
+ops (``jax.experimental.pallas.ops.gpu``) run beside the course's kernels as the
 reference of what Mosaic GPU reaches.
 
 Every kernel fails softly: a compile or check error is recorded in its row and the run goes
@@ -69,7 +70,7 @@ class Case:
     backend: str  # "triton", "mosaic_gpu" or "xla"
     config: dict[str, Any]
     build: Callable[..., Any]  # (*args, interpret) -> output
-    traced: bool = True  # kernelsim can trace it (a pallas_call)
+    traced: bool = True  # kernelsim models it (a pallas_call, or a plgpu.kernel)
     bundled: bool = False  # one of JAX's bundled ops, not the course's
     lowers_in_dry_run: bool = True
 
@@ -127,11 +128,10 @@ def _matmul_family(dtype, label):
         for tm, tn, tk, stages in [(128, 128, 64, 4), (128, 128, 64, 5), (64, 256, 64, 4)]:
             cfg = dict(tm=tm, tn=tn, tk=tk, stages=stages)
             fam.cases.append(Case(fam.name, "matmul_mgpu", "mosaic_gpu", cfg,
-                                  functools.partial(_dry_blocks(gk.matmul_mgpu), **cfg),
-                                  traced=False))
+                                  functools.partial(_dry_blocks(gk.matmul_mgpu), **cfg)))
         fam.cases.append(Case(fam.name, "hopper_matmul_mgpu (JAX bundled)", "mosaic_gpu",
                               dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4),
-                              _bundled_matmul, traced=False, bundled=True,
+                              _bundled_matmul, bundled=True,
                               lowers_in_dry_run=False))
     return fam
 
@@ -155,11 +155,10 @@ def _attention_family(seq):
     for bq, bk, stages in [(64, 64, 2), (64, 128, 2), (64, 64, 3)]:
         cfg = dict(bq=bq, bk=bk, stages=stages)
         fam.cases.append(Case(fam.name, "flash_mgpu", "mosaic_gpu", cfg,
-                              functools.partial(_dry_blocks(gk.flash_mgpu), **cfg),
-                              traced=False))
+                              functools.partial(_dry_blocks(gk.flash_mgpu), **cfg)))
     fam.cases.append(Case(fam.name, "attention_mgpu (JAX bundled)", "mosaic_gpu",
                           dict(block_q=64, block_kv=128, max_concurrent_steps=2),
-                          _bundled_attention, traced=False, bundled=True,
+                          _bundled_attention, bundled=True,
                           lowers_in_dry_run=False))
     return fam
 
@@ -208,7 +207,7 @@ def _grouped_family():
     fam.cases.append(Case(fam.name, "ragged_dot_mgpu (JAX bundled)", "mosaic_gpu",
                           dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4,
                                grid_block_n=8),
-                          _bundled_ragged_dot, traced=False, bundled=True,
+                          _bundled_ragged_dot, bundled=True,
                           lowers_in_dry_run=False))
     return fam
 
@@ -222,8 +221,7 @@ def _warp_specialized_family():
     for tm, tn, tk, stages in [(128, 128, 64, 3), (64, 256, 64, 3)]:
         cfg = dict(tm=tm, tn=tn, tk=tk, stages=stages)
         fam.cases.append(Case(fam.name, "matmul_mgpu_ws", "mosaic_gpu", cfg,
-                              functools.partial(_dry_blocks(gk.matmul_mgpu_ws), **cfg),
-                              traced=False))
+                              functools.partial(_dry_blocks(gk.matmul_mgpu_ws), **cfg)))
     return fam
 
 
@@ -313,8 +311,16 @@ def _peak(fam: Family, chip) -> dict[str, float]:
 
 
 def _kernelsim(case: Case, args: tuple) -> dict[str, Any]:
-    """kernelsim's GPU-model estimate of the case's kernel at these sizes."""
+    """kernelsim's GPU-model estimate of the case's kernel at these sizes: ``kernelsim.trace``
+    for a pallas_call (Triton), ``kernelsim.gpu.analyse`` for a Mosaic GPU kernel."""
     fn = functools.partial(case.build, interpret=False)
+    if case.backend == "mosaic_gpu":
+        k = kernelsim.gpu.analyse(fn, *args, chip=CHIP)[0]
+        return {"estimated_s": k.estimated_seconds, "compute_s": k.compute_seconds,
+                "memory_s": k.memory_seconds, "hbm_bytes": k.gmem_read_bytes
+                + k.gmem_write_bytes, "flops": k.flops, "programs": k.ctas,
+                "smem_bytes": k.smem_bytes, "tma_loads_per_cta": k.count("tma_load"),
+                "bound": "compute" if k.compute_seconds >= k.memory_seconds else "memory"}
     t = kernelsim.trace(fn, *args, model="gpu", chip=CHIP)
     c = t.calls[0]
     return {"estimated_s": c.estimated_seconds, "compute_s": c.cost.compute_seconds,
