@@ -67,14 +67,17 @@ class GpuEvent:
     and shared memory (``src``/``dst`` name the refs, ``barrier`` the barrier a load completes
     on); ``load``/``store`` move them between global memory and registers; ``barrier_wait``
     waits on ``barrier``; ``wgmma`` performs ``flops``. step: the iteration of each enclosing
-    loop (outermost first; ``()`` outside loops). conditional: under a branch whose predicate
-    kernelsim could not evaluate (the event is listed as if the branch ran).
+    loop (outermost first; ``()`` outside loops); loop: which loop of the body, numbered in
+    program order from 0 (-1 outside loops; ``emit_pipeline``'s prologue, which fills the
+    first slots, is one loop and its steady state the next). conditional: under a branch
+    whose predicate kernelsim could not evaluate (the event is listed as if the branch ran).
     """
 
     order: int
     warpgroup: int
     kind: str
     step: tuple[int, ...] = ()
+    loop: int = -1
     src: str = ""
     dst: str = ""
     barrier: str = ""
@@ -132,7 +135,7 @@ class GpuKernel:
                              "dtype": a.dtype, "bytes": a.bytes} for a in self.allocations],
             "smem_bytes": self.smem_bytes, "barriers": self.barriers,
             "events": [{"order": e.order, "warpgroup": e.warpgroup, "kind": e.kind,
-                        "step": list(e.step), "src": e.src, "dst": e.dst,
+                        "step": list(e.step), "loop": e.loop, "src": e.src, "dst": e.dst,
                         "barrier": e.barrier, "bytes": e.bytes, "flops": e.flops,
                         "conditional": e.conditional} for e in self.events],
             "events_dropped": self.events_dropped,
@@ -262,6 +265,8 @@ class _Walker:
         self.allocations: list[Allocation] = []
         self.dropped = 0
         self.order = 0
+        self.loops = 0  # loops entered so far, for numbering them
+        self.loop = -1  # the innermost loop being walked
         self.totals = Counter()
 
     # values -------------------------------------------------------------------------------
@@ -277,7 +282,7 @@ class _Walker:
         if len(self.events) >= MAX_EVENTS:
             self.dropped += 1
             return
-        self.events.append(GpuEvent(self.order, self.warpgroup, kind, step,
+        self.events.append(GpuEvent(self.order, self.warpgroup, kind, step, self.loop,
                                     conditional=conditional, **kw))
         self.order += 1
 
@@ -373,15 +378,24 @@ class _Walker:
             nc, ncarry = len(list(groups[0])), len(list(groups[1]))
         consts, carry = ins[:nc], ins[nc:nc + ncarry]
         xs = [_UNKNOWN] * (len(ins) - nc - ncarry)
+        outer, self.loop, self.loops = self.loop, self.loops, self.loops + 1
         for i in range(p["length"]):
             outs = self.run(p["jaxpr"].jaxpr, consts + carry + xs, step + (i,), conditional)
             carry = outs[:ncarry]
+        self.loop = outer
         return carry + [_UNKNOWN] * (len(eqn.outvars) - ncarry)
 
     def while_(self, eqn, ins, step, conditional, cap: int = 1 << 16):
         p = eqn.params
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
         cconsts, bconsts, carry = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
+        outer, self.loop, self.loops = self.loop, self.loops, self.loops + 1
+        try:
+            return self._iterate(p, cconsts, bconsts, carry, step, conditional, cap)
+        finally:
+            self.loop = outer
+
+    def _iterate(self, p, cconsts, bconsts, carry, step, conditional, cap):
         for i in range(cap):
             (go,) = self.run(p["cond_jaxpr"].jaxpr, cconsts + carry, step, conditional)
             if go is _UNKNOWN:  # one iteration, marked: the trip count depends on data
