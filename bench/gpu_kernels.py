@@ -119,13 +119,18 @@ def matmul_mgpu(a, b, *, tm=128, tn=128, tk=64, stages=4, interpret=False):
         def accumulate(acc_ref):
             def step(_, a_smem, b_smem):
                 plgpu.wgmma(acc_ref, a_smem, b_smem)
-                plgpu.wgmma_wait(1)  # the previous step's WGMMA is done: its slot may refill
+                plgpu.wgmma_wait(1)  # the previous step's WGMMA is done, this one may run on
 
-            # the pipeline walks K in order; (i, j) picks this CTA's row band and column band
+            # the pipeline walks K in order; (i, j) picks this CTA's row band and column band.
+            # delay_release=1: a slot is refilled one step late, once the WGMMA reading it has
+            # finished (without it the refill races the WGMMA still in flight: wrong values
+            # on the H200, bench/recorded/gpu_perf-h200.json, first run)
             plgpu.emit_pipeline(
                 step, grid=(k // tk,), max_concurrent_steps=stages,
-                in_specs=[plgpu.BlockSpec((tm, tk), lambda kk: (i, kk), transforms=in_tr),
-                          plgpu.BlockSpec((tk, tn), lambda kk: (kk, j), transforms=in_tr)],
+                in_specs=[plgpu.BlockSpec((tm, tk), lambda kk: (i, kk), transforms=in_tr,
+                                          delay_release=1),
+                          plgpu.BlockSpec((tk, tn), lambda kk: (kk, j), transforms=in_tr,
+                                          delay_release=1)],
             )(a_gmem, b_gmem)
             return acc_ref[...]
 

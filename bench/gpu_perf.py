@@ -129,9 +129,9 @@ def _matmul_family(dtype, label):
             cfg = dict(tm=tm, tn=tn, tk=tk, stages=stages)
             fam.cases.append(Case(fam.name, "matmul_mgpu", "mosaic_gpu", cfg,
                                   functools.partial(_dry_blocks(gk.matmul_mgpu), **cfg)))
-        fam.cases.append(Case(fam.name, "hopper_matmul_mgpu (JAX bundled)", "mosaic_gpu",
-                              dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4),
-                              _bundled_matmul, bundled=True,
+        cfg = dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4)
+        fam.cases.append(Case(fam.name, "hopper_matmul_mgpu (JAX bundled)", "mosaic_gpu", cfg,
+                              functools.partial(_bundled_matmul, **cfg), bundled=True,
                               lowers_in_dry_run=False))
     return fam
 
@@ -156,9 +156,9 @@ def _attention_family(seq):
         cfg = dict(bq=bq, bk=bk, stages=stages)
         fam.cases.append(Case(fam.name, "flash_mgpu", "mosaic_gpu", cfg,
                               functools.partial(_dry_blocks(gk.flash_mgpu), **cfg)))
-    fam.cases.append(Case(fam.name, "attention_mgpu (JAX bundled)", "mosaic_gpu",
-                          dict(block_q=64, block_kv=128, max_concurrent_steps=2),
-                          _bundled_attention, bundled=True,
+    cfg = dict(block_q=64, block_kv=128, max_concurrent_steps=2)
+    fam.cases.append(Case(fam.name, "attention_mgpu (JAX bundled)", "mosaic_gpu", cfg,
+                          functools.partial(_bundled_attention, **cfg), bundled=True,
                           lowers_in_dry_run=False))
     return fam
 
@@ -204,10 +204,9 @@ def _grouped_family():
         cfg = dict(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages)
         fam.cases.append(Case(fam.name, "grouped_matmul_triton", "triton", cfg,
                               functools.partial(_dry_blocks(gk.grouped_matmul_triton), **cfg)))
-    fam.cases.append(Case(fam.name, "ragged_dot_mgpu (JAX bundled)", "mosaic_gpu",
-                          dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4,
-                               grid_block_n=8),
-                          _bundled_ragged_dot, bundled=True,
+    cfg = dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, grid_block_n=8)
+    fam.cases.append(Case(fam.name, "ragged_dot_mgpu (JAX bundled)", "mosaic_gpu", cfg,
+                          functools.partial(_bundled_ragged_dot, **cfg), bundled=True,
                           lowers_in_dry_run=False))
     return fam
 
