@@ -98,10 +98,13 @@ def _wgmma_transforms(minor_elems, dtype):
             plgpu.SwizzleTransform(swizzle))
 
 
-def matmul_mgpu(a, b, *, tm=128, tn=128, tk=64, stages=4, interpret=False):
+def matmul_mgpu(a, b, *, tm=128, tn=128, tk=64, stages=4, delay_release=1, interpret=False):
     """``a @ b`` with one warpgroup per CTA: CTA (i, j) pipelines the K axis through shared
     memory (``stages`` TMA copies in flight), WGMMA accumulates the ``(tm, tn)`` block in
-    registers, and the block leaves by TMA from shared memory."""
+    registers, and the block leaves by TMA from shared memory.
+
+    delay_release: steps a slot waits before it is refilled; 0 races the WGMMA still in flight
+        (kept as a parameter so lesson 16 and kernelsim's tests can show that race)."""
     m, k = a.shape
     n = b.shape[1]
     dtype = a.dtype
@@ -128,9 +131,9 @@ def matmul_mgpu(a, b, *, tm=128, tn=128, tk=64, stages=4, interpret=False):
             plgpu.emit_pipeline(
                 step, grid=(k // tk,), max_concurrent_steps=stages,
                 in_specs=[plgpu.BlockSpec((tm, tk), lambda kk: (i, kk), transforms=in_tr,
-                                          delay_release=1),
+                                          delay_release=delay_release),
                           plgpu.BlockSpec((tk, tn), lambda kk: (kk, j), transforms=in_tr,
-                                          delay_release=1)],
+                                          delay_release=delay_release)],
             )(a_gmem, b_gmem)
             return acc_ref[...]
 

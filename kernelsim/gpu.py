@@ -18,6 +18,12 @@ rule: a ``run_scoped`` holds the sum of its SMEM allocations, each rounded up to
 (the maximum); a reduction reserves ``CompilerParams.reduction_scratch_bytes``; barriers take
 8 bytes each (``MBARRIER_BYTES``), counted as the lowering counts them. The total is the
 ``smem_bytes`` the lowering checks against the 227 KiB a block may use.
+
+One hazard is checked: a TMA copy that refills a pipeline slot which a WGMMA may still be
+reading -- one that an explicit ``plgpu.wgmma_wait(n)`` with ``n > 0`` left in flight (the
+race behind wrong values of the course's pipelined matmul on an H200; GPU interpret mode runs
+WGMMA synchronously and cannot show it). WGMMAs with no wait after them are not judged: how
+the lowering orders those is not modelled.
 """
 
 from __future__ import annotations
@@ -268,6 +274,11 @@ class _Walker:
         self.loops = 0  # loops entered so far, for numbering them
         self.loop = -1  # the innermost loop being walked
         self.totals = Counter()
+        # shared-memory (buffer, slot)s each WGMMA reads, oldest first: issued since the last
+        # wgmma_wait (pending), and those an explicit wgmma_wait(n > 0) left in flight
+        self.pending: list[set[tuple[str, int]]] = []
+        self.inflight: list[set[tuple[str, int]]] = []
+        self.hazards: list[str] = []
 
     # values -------------------------------------------------------------------------------
 
@@ -338,7 +349,11 @@ class _Walker:
         elif name in ("wgmma", "wgmma_ref"):
             self.wgmma(eqn, ins, step, conditional)
         elif name == "wgmma_wait":
+            n, issued = p.get("n", 0), self.inflight + self.pending
+            self.inflight, self.pending = (issued[len(issued) - n:] if n else []), []
             self.emit("wgmma_wait", step, conditional)
+        elif name == "wgmma_accumulator_deref":  # reading the accumulator waits for all
+            self.inflight, self.pending = [], []
         elif name == "commit_smem":
             self.emit("commit_smem", step, conditional)
         elif name == "wait_smem_to_gmem":
@@ -418,6 +433,13 @@ class _Walker:
         nbytes = (_nbytes(_transformed_shape(gmem, tree, leaves), gmem.dtype)
                   if isinstance(gmem, _Ref) else 0)
         if load:
+            slot = _slot(dst, p["dst_transforms_treedef"], rest[n_src:n_src + n_dst])
+            if slot is not None and any((dst.name, slot) in group for group in self.inflight):
+                self.hazards.append(
+                    f"loop {self.loop} step {step[-1] if step else '-'}: a TMA copy refills "
+                    f"{dst.name} slot {slot} while a WGMMA issued earlier may still read it "
+                    "(a wgmma_wait(n > 0) left it in flight): refill one step later "
+                    "(plgpu.BlockSpec(..., delay_release=1)) or wait for it (wgmma_wait(0))")
             barrier = _name(ins[2]) if p.get("has_barrier") else ""
             self.emit("tma_load", step, conditional, src=_name(src), dst=_name(dst),
                       barrier=barrier, bytes=nbytes)
@@ -436,6 +458,17 @@ class _Walker:
             shape = _transformed_shape(_Ref("a", "smem", shape, a.dtype), trees[1],
                                        ins[skip:skip + trees[1].num_leaves])
         k = math.prod(shape) // m  # a tiled SMEM ref keeps its (m, k) elements, not its shape
+        reads = set()
+        skip = 3
+        for ref, tree in zip(ins[1:3], trees[1:], strict=True):
+            n_leaves = tree.num_leaves if tree is not None else 0
+            if trees[0] is not None and skip == 3:
+                skip += trees[0].num_leaves
+            slot = _slot(ref, tree, ins[skip:skip + n_leaves])
+            if slot is not None:
+                reads.add((ref.name, slot))
+            skip += n_leaves
+        self.pending.append(reads)
         self.emit("wgmma", step, conditional, flops=2 * m * n * k)
 
 
@@ -459,6 +492,24 @@ def _transformed_shape(ref, treedef, leaves) -> tuple[int, ...]:
     except Exception:  # noqa: BLE001 - a transform kernelsim cannot size: the whole ref
         return ref.shape
     return shape
+
+
+def _slot(ref, treedef, leaves) -> int | None:
+    """The slot of a multi-buffered allocation a ref transform selects (``smem.at[slot]``: an
+    integer index on the first axis), when kernelsim knows its value; else None."""
+    if not isinstance(ref, _Ref) or treedef is None:
+        return None
+    unknown = [np.int32(0) for _ in leaves]
+    values = [u if v is _UNKNOWN or not np.isscalar(v) else np.int32(v)
+              for u, v in zip(unknown, leaves, strict=True)]
+    try:  # the indexer may follow layout transforms (unswizzle, untile), which select nothing
+        indexer = next((t for t in treedef.unflatten(values) if hasattr(t, "indices")), None)
+    except Exception:  # noqa: BLE001 - transforms kernelsim cannot read: no slot
+        return None
+    index = indexer.indices[0] if indexer is not None else None
+    if index is None or any(index is u for u in unknown) or not np.isscalar(index):
+        return None
+    return int(index)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -499,7 +550,7 @@ def _kernel(eqn, chip: Chip, cta) -> GpuKernel:
     io = [_Ref(f"in{i}" if i < len(jaxpr.invars) - len(p["out_avals"]) else
                f"out{i - (len(jaxpr.invars) - len(p['out_avals']))}", "gmem",
                tuple(v.aval.shape), v.aval.dtype) for i, v in enumerate(jaxpr.invars)]
-    events, allocations, dropped, totals = [], [], 0, Counter()
+    events, allocations, dropped, totals, hazards = [], [], 0, Counter(), []
     for wg in range(threads):
         walker = _Walker(coords, getattr(mesh, "thread_name", None), wg)
         walker.run(jaxpr, io)
@@ -507,11 +558,13 @@ def _kernel(eqn, chip: Chip, cta) -> GpuKernel:
         allocations = allocations or walker.allocations
         dropped += walker.dropped
         totals += walker.totals
+        hazards += walker.hazards
     ctas = math.prod(grid) * max(1, math.prod(getattr(mesh, "cluster", ()) or ()))
     read = ctas * (totals["tma_load:bytes"] + totals["load:bytes"])
     write = ctas * (totals["tma_store:bytes"] + totals["store:bytes"])
     flops = ctas * totals["wgmma:flops"]
-    warnings = []
+    warnings = hazards[:1] + ([f"... and {len(hazards) - 1} more such refills"]
+                              if len(hazards) > 1 else [])
     if smem_total > chip.vmem_bytes:
         warnings.append(f"shared memory {smem_total:,} B per CTA exceeds {chip.name}'s "
                         f"{chip.vmem_bytes:,} B: fewer pipeline stages or smaller tiles.")

@@ -260,8 +260,10 @@ assert kernelsim.gpu.analyse(big, wide, chip="h200")[0].warnings
 # `a` from shared memory or registers, and both tiles must be laid out as the tensor cores
 # read them: the BlockSpecs carry `plgpu.TilingTransform` and `plgpu.SwizzleTransform`
 # (`plgpu.find_swizzle` picks the widest swizzle a row allows). WGMMA is asynchronous:
-# `plgpu.wgmma_wait(1)` waits until at most one is still running, so the previous step's
-# slot may be refilled while this step's multiply runs.
+# `plgpu.wgmma_wait(1)` waits until at most one is still running, so this step's multiply
+# runs on while the next tiles arrive. But its slot is still being read, so the pipeline may
+# refill only the *previous* step's slot: `plgpu.BlockSpec(..., delay_release=1)` delays
+# each refill by one step.
 #
 # The course's Mosaic GPU matmul (`bench/gpu_kernels.py`, the kernel the H200 benchmark
 # times) puts the three parts together: one CTA per `(tm, tn)` output tile, an
@@ -278,6 +280,21 @@ matmul = functools.partial(gpu_kernels.matmul_mgpu, tm=64, tn=64, tk=64, stages=
 _course.check(LESSON, "matmul_mgpu", matmul,
               lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype),
               (a, b), mgpu_run, rtol=2e-2, atol=2e-2)
+
+# %% [markdown]
+# Leave `delay_release` out and the kernel is still right here: GPU interpret mode runs each
+# WGMMA to completion before the next line. On an H200 the first run of the benchmark gave
+# wrong values for exactly that version (relative errors 0.19 and 0.06 for two `(128, 128)`
+# configurations), while a `(64, 256)` one happened to pass. kernelsim follows which slot
+# each WGMMA reads and which slot each TMA copy fills, and names the race without a GPU:
+
+# %%
+racing = functools.partial(gpu_kernels.matmul_mgpu, tm=128, tn=128, tk=64, stages=3,
+                           delay_release=0, interpret=False)
+(racing_kernel,) = kernelsim.gpu.analyse(racing, a, b, chip="h200")
+print("\n".join(racing_kernel.warnings))
+assert "delay_release=1" in racing_kernel.warnings[0]
+assert not kernelsim.gpu.analyse(functools.partial(matmul, interpret=False), a, b)[0].warnings
 
 # %% [markdown]
 # GPU interpret mode runs WGMMA with both operands in shared memory, which this kernel
@@ -356,9 +373,15 @@ else:
 # %% [markdown]
 # What to read in it: the ratio to XLA says how close a Pallas kernel comes to the vendor
 # library; the calibration factor (measured / estimated) says how far kernelsim's roofline
-# is from the chip. For the matmuls kernelsim's memory term counts every CTA's bands as HBM
-# traffic, which L2 serves in part on the chip, so the factor is below 1 there; for the
-# memory-bound row sums the estimate is the bandwidth bound itself.
+# is from the chip. The first run (2026-12-04; the record names the releases) gave, for
+# `4096³` bfloat16: cuBLAS 767 TFLOP/s, the warp-specialized Mosaic GPU matmul 752 (98 % of
+# it), the Triton matmul 680 (89 %); for attention at sequence 4096 and 16384, cuDNN 618 and
+# 671 TFLOP/s, the Mosaic GPU flash attention 79 % and 76 % of it, the Triton one 70 % and
+# 69 %. The matmuls' factors are below 1 (0.5 to 0.6 for Triton): kernelsim counts every
+# program's bands as HBM traffic, which L2 serves in part. The row sums run at 4.2 TB/s, the
+# estimate being the 4.8 TB/s bound (factor 1.1). The grouped matmul's factor, 0.01, is the
+# model's limit, not the kernel's: its expert table is one whole-array operand, which the GPU
+# model charges to every program, while each program loads one column band of one expert.
 
 # %% [markdown]
 # ## What changes from the TPU model

@@ -129,3 +129,19 @@ def test_over_the_limit_is_a_warning():
     fn = functools.partial(gk.matmul_mgpu, tm=128, tn=256, tk=64, stages=4)
     (kernel,) = gpu.analyse(fn, S((1024, 1024), BF16), S((1024, 1024), BF16), chip="h200")
     assert kernel.smem_bytes > 227 * 1024 and "exceeds" in kernel.warnings[0]
+
+
+def test_a_refill_racing_an_in_flight_wgmma_is_a_warning():
+    """The race the first H200 run found (wrong values from the 128x128 pipelined matmul): after
+    wgmma_wait(1) the step's WGMMA may still read its slot, which the pipeline refills at once
+    unless the BlockSpecs delay the release by a step. GPU interpret mode runs WGMMA
+    synchronously and cannot show it; kernelsim follows the slots and says so."""
+    racing = functools.partial(gk.matmul_mgpu, tm=128, tn=128, tk=64, stages=3,
+                               delay_release=0)
+    (kernel,) = gpu.analyse(racing, MM, MM, chip="h200")
+    assert "refills" in kernel.warnings[0] and "delay_release=1" in kernel.warnings[0]
+    assert "loop 1 step 0" in kernel.warnings[0]  # the first refill of the steady state
+    refills = 2 * (512 // 64 - 3)  # A and B, every step that refills a slot
+    assert kernel.warnings[1] == f"... and {refills - 1} more such refills"
+    fixed = functools.partial(gk.matmul_mgpu, tm=128, tn=128, tk=64, stages=3)
+    assert not gpu.analyse(fixed, MM, MM, chip="h200")[0].warnings
