@@ -54,10 +54,13 @@ def _grouped_ids(lin, rows, cols, group):
 # Matmul, Triton
 
 
-def matmul_triton_kernel(a_ref, b_ref, o_ref, *, bk):
+def matmul_triton_kernel(a_ref, b_ref, o_ref, *, bk, b_transposed):
     def step(kk, acc):
         a = a_ref[:, pl.ds(kk * bk, bk)]
-        b = b_ref[pl.ds(kk * bk, bk), :]
+        if b_transposed:  # b_ref holds B's column band as (bn, K): K-major
+            b = b_ref[:, pl.ds(kk * bk, bk)].T
+        else:
+            b = b_ref[pl.ds(kk * bk, bk), :]
         return acc + jnp.dot(a, b, preferred_element_type=jnp.float32)
 
     acc = lax.fori_loop(0, a_ref.shape[1] // bk, step, jnp.zeros(o_ref.shape, jnp.float32))
@@ -65,18 +68,22 @@ def matmul_triton_kernel(a_ref, b_ref, o_ref, *, bk):
 
 
 def matmul_triton(a, b, *, bm=128, bn=128, bk=64, group=8, num_warps=4, num_stages=3,
-                  interpret=False):
+                  b_transposed=False, interpret=False):
     """``a @ b``: program p owns output block ``_grouped_ids(p)`` and loops over K in ``bk``
-    chunks; A's row band and B's column band are pointers until the loop loads a chunk."""
+    chunks; A's row band and B's column band are pointers until the loop loads a chunk.
+
+    b_transposed: ``b`` is given as Bᵀ, shape (N, K), so B's chunks are K-major, the operand
+    layout float32 (TF32) tensor-core instructions read without a transpose."""
     m, k = a.shape
-    n = b.shape[1]
+    n = b.shape[0] if b_transposed else b.shape[1]
     rows, cols = m // bm, n // bn
     ids = functools.partial(_grouped_ids, rows=rows, cols=cols, group=group)
+    b_spec = (pl.BlockSpec((bn, k), lambda p: (ids(p)[1], 0)) if b_transposed else
+              pl.BlockSpec((k, bn), lambda p: (0, ids(p)[1])))
     return pl.pallas_call(
-        functools.partial(matmul_triton_kernel, bk=bk),
+        functools.partial(matmul_triton_kernel, bk=bk, b_transposed=b_transposed),
         grid=(rows * cols,),
-        in_specs=[pl.BlockSpec((bm, k), lambda p: (ids(p)[0], 0)),
-                  pl.BlockSpec((k, bn), lambda p: (0, ids(p)[1]))],
+        in_specs=[pl.BlockSpec((bm, k), lambda p: (ids(p)[0], 0)), b_spec],
         out_specs=pl.BlockSpec((bm, bn), lambda p: ids(p)),
         out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
         compiler_params=pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages),
@@ -98,10 +105,13 @@ def _wgmma_transforms(minor_elems, dtype):
             plgpu.SwizzleTransform(swizzle))
 
 
-def matmul_mgpu(a, b, *, tm=128, tn=128, tk=64, stages=4, interpret=False):
+def matmul_mgpu(a, b, *, tm=128, tn=128, tk=64, stages=4, delay_release=1, interpret=False):
     """``a @ b`` with one warpgroup per CTA: CTA (i, j) pipelines the K axis through shared
     memory (``stages`` TMA copies in flight), WGMMA accumulates the ``(tm, tn)`` block in
-    registers, and the block leaves by TMA from shared memory."""
+    registers, and the block leaves by TMA from shared memory.
+
+    delay_release: steps a slot waits before it is refilled; 0 races the WGMMA still in flight
+        (kept as a parameter so lesson 16 and kernelsim's tests can show that race)."""
     m, k = a.shape
     n = b.shape[1]
     dtype = a.dtype
@@ -119,13 +129,18 @@ def matmul_mgpu(a, b, *, tm=128, tn=128, tk=64, stages=4, interpret=False):
         def accumulate(acc_ref):
             def step(_, a_smem, b_smem):
                 plgpu.wgmma(acc_ref, a_smem, b_smem)
-                plgpu.wgmma_wait(1)  # the previous step's WGMMA is done: its slot may refill
+                plgpu.wgmma_wait(1)  # the previous step's WGMMA is done, this one may run on
 
-            # the pipeline walks K in order; (i, j) picks this CTA's row band and column band
+            # the pipeline walks K in order; (i, j) picks this CTA's row band and column band.
+            # delay_release=1: a slot is refilled one step late, once the WGMMA reading it has
+            # finished (without it the refill races the WGMMA still in flight: wrong values
+            # on the H200, bench/recorded/gpu_perf-h200.json, first run)
             plgpu.emit_pipeline(
                 step, grid=(k // tk,), max_concurrent_steps=stages,
-                in_specs=[plgpu.BlockSpec((tm, tk), lambda kk: (i, kk), transforms=in_tr),
-                          plgpu.BlockSpec((tk, tn), lambda kk: (kk, j), transforms=in_tr)],
+                in_specs=[plgpu.BlockSpec((tm, tk), lambda kk: (i, kk), transforms=in_tr,
+                                          delay_release=delay_release),
+                          plgpu.BlockSpec((tk, tn), lambda kk: (kk, j), transforms=in_tr,
+                                          delay_release=delay_release)],
             )(a_gmem, b_gmem)
             return acc_ref[...]
 

@@ -5,9 +5,10 @@ time, timed; the XLA path it competes with (cuBLAS through ``jnp.dot``, cuDNN th
 ``jax.nn.dot_product_attention(implementation="cudnn")``, XLA's own ``jnp.sum`` and
 ``lax.ragged_dot``) timed the same way. Reports achieved TFLOP/s or GB/s, the fraction of the
 chip's peak (datasheet and measured ceilings, below), the ratio to XLA, and kernelsim's
-roofline estimate (``kernelsim.trace(..., model="gpu", chip="h200")``) beside the measured
-time with the calibration factor measured / estimated that closes the gap. JAX's bundled
-Mosaic GPU ops (``jax.experimental.pallas.ops.gpu``) run beside the course's kernels as the
+roofline estimate (``kernelsim.trace(..., model="gpu", chip="h200")``; for Mosaic GPU kernels
+``kernelsim.gpu.analyse``, which also gives their shared memory) beside the measured time,
+with the calibration factor measured / estimated that closes the gap. JAX's bundled Mosaic GPU
+ops (``jax.experimental.pallas.ops.gpu``) run beside the course's kernels as the
 reference of what Mosaic GPU reaches.
 
 Every kernel fails softly: a compile or check error is recorded in its row and the run goes
@@ -69,7 +70,7 @@ class Case:
     backend: str  # "triton", "mosaic_gpu" or "xla"
     config: dict[str, Any]
     build: Callable[..., Any]  # (*args, interpret) -> output
-    traced: bool = True  # kernelsim can trace it (a pallas_call)
+    traced: bool = True  # kernelsim models it (a pallas_call, or a plgpu.kernel)
     bundled: bool = False  # one of JAX's bundled ops, not the course's
     lowers_in_dry_run: bool = True
 
@@ -123,15 +124,19 @@ def _matmul_family(dtype, label):
         cfg = dict(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages, group=group)
         fam.cases.append(Case(fam.name, "matmul_triton", "triton", cfg,
                               functools.partial(_dry_blocks(gk.matmul_triton), **cfg)))
+    if dtype == jnp.float32:  # the first H200 run: 70-80 TFLOP/s with B row-major
+        for bk, stages in [(32, 3), (64, 3)]:
+            cfg = dict(bm=128, bn=128, bk=bk, num_warps=4, num_stages=stages, group=8)
+            fam.cases.append(Case(fam.name, "matmul_triton, B K-major (transpose timed)",
+                                  "triton", cfg, functools.partial(_k_major_b, **cfg)))
     if dtype == jnp.bfloat16:  # tf32 WGMMA needs B K-major ("Only f16 WGMMA supports transposes")
         for tm, tn, tk, stages in [(128, 128, 64, 4), (128, 128, 64, 5), (64, 256, 64, 4)]:
             cfg = dict(tm=tm, tn=tn, tk=tk, stages=stages)
             fam.cases.append(Case(fam.name, "matmul_mgpu", "mosaic_gpu", cfg,
-                                  functools.partial(_dry_blocks(gk.matmul_mgpu), **cfg),
-                                  traced=False))
-        fam.cases.append(Case(fam.name, "hopper_matmul_mgpu (JAX bundled)", "mosaic_gpu",
-                              dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4),
-                              _bundled_matmul, traced=False, bundled=True,
+                                  functools.partial(_dry_blocks(gk.matmul_mgpu), **cfg)))
+        cfg = dict(tile_m=128, tile_n=128, tile_k=64, max_concurrent_steps=4)
+        fam.cases.append(Case(fam.name, "hopper_matmul_mgpu (JAX bundled)", "mosaic_gpu", cfg,
+                              functools.partial(_bundled_matmul, **cfg), bundled=True,
                               lowers_in_dry_run=False))
     return fam
 
@@ -155,11 +160,10 @@ def _attention_family(seq):
     for bq, bk, stages in [(64, 64, 2), (64, 128, 2), (64, 64, 3)]:
         cfg = dict(bq=bq, bk=bk, stages=stages)
         fam.cases.append(Case(fam.name, "flash_mgpu", "mosaic_gpu", cfg,
-                              functools.partial(_dry_blocks(gk.flash_mgpu), **cfg),
-                              traced=False))
-    fam.cases.append(Case(fam.name, "attention_mgpu (JAX bundled)", "mosaic_gpu",
-                          dict(block_q=64, block_kv=128, max_concurrent_steps=2),
-                          _bundled_attention, traced=False, bundled=True,
+                              functools.partial(_dry_blocks(gk.flash_mgpu), **cfg)))
+    cfg = dict(block_q=64, block_kv=128, max_concurrent_steps=2)
+    fam.cases.append(Case(fam.name, "attention_mgpu (JAX bundled)", "mosaic_gpu", cfg,
+                          functools.partial(_bundled_attention, **cfg), bundled=True,
                           lowers_in_dry_run=False))
     return fam
 
@@ -205,10 +209,9 @@ def _grouped_family():
         cfg = dict(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages)
         fam.cases.append(Case(fam.name, "grouped_matmul_triton", "triton", cfg,
                               functools.partial(_dry_blocks(gk.grouped_matmul_triton), **cfg)))
-    fam.cases.append(Case(fam.name, "ragged_dot_mgpu (JAX bundled)", "mosaic_gpu",
-                          dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4,
-                               grid_block_n=8),
-                          _bundled_ragged_dot, traced=False, bundled=True,
+    cfg = dict(block_m=128, block_n=128, block_k=64, max_concurrent_steps=4, grid_block_n=8)
+    fam.cases.append(Case(fam.name, "ragged_dot_mgpu (JAX bundled)", "mosaic_gpu", cfg,
+                          functools.partial(_bundled_ragged_dot, **cfg), bundled=True,
                           lowers_in_dry_run=False))
     return fam
 
@@ -222,8 +225,7 @@ def _warp_specialized_family():
     for tm, tn, tk, stages in [(128, 128, 64, 3), (64, 256, 64, 3)]:
         cfg = dict(tm=tm, tn=tn, tk=tk, stages=stages)
         fam.cases.append(Case(fam.name, "matmul_mgpu_ws", "mosaic_gpu", cfg,
-                              functools.partial(_dry_blocks(gk.matmul_mgpu_ws), **cfg),
-                              traced=False))
+                              functools.partial(_dry_blocks(gk.matmul_mgpu_ws), **cfg)))
     return fam
 
 
@@ -235,6 +237,11 @@ def families() -> list[Family]:
 
 # ---------------------------------------------------------------------------------------------
 # Kernels that are not the course's: XLA and JAX's bundled Mosaic GPU ops
+
+
+def _k_major_b(a, b, interpret, **cfg):
+    """The Triton matmul fed Bᵀ (XLA's transpose of B is part of the timed call)."""
+    return _dry_blocks(gk.matmul_triton)(a, b.T, b_transposed=True, interpret=interpret, **cfg)
 
 
 def _cudnn_attention(q, k, v, interpret):
@@ -313,8 +320,16 @@ def _peak(fam: Family, chip) -> dict[str, float]:
 
 
 def _kernelsim(case: Case, args: tuple) -> dict[str, Any]:
-    """kernelsim's GPU-model estimate of the case's kernel at these sizes."""
+    """kernelsim's GPU-model estimate of the case's kernel at these sizes: ``kernelsim.trace``
+    for a pallas_call (Triton), ``kernelsim.gpu.analyse`` for a Mosaic GPU kernel."""
     fn = functools.partial(case.build, interpret=False)
+    if case.backend == "mosaic_gpu":
+        k = kernelsim.gpu.analyse(fn, *args, chip=CHIP)[0]
+        return {"estimated_s": k.estimated_seconds, "compute_s": k.compute_seconds,
+                "memory_s": k.memory_seconds, "hbm_bytes": k.gmem_read_bytes
+                + k.gmem_write_bytes, "flops": k.flops, "programs": k.ctas,
+                "smem_bytes": k.smem_bytes, "tma_loads_per_cta": k.count("tma_load"),
+                "bound": "compute" if k.compute_seconds >= k.memory_seconds else "memory"}
     t = kernelsim.trace(fn, *args, model="gpu", chip=CHIP)
     c = t.calls[0]
     return {"estimated_s": c.estimated_seconds, "compute_s": c.cost.compute_seconds,

@@ -4,7 +4,7 @@ Data flows one way: captured ``pallas_call`` -> ``model`` (grid, operands, index
 ``schedule`` (per-step events) -> ``cost`` (bytes, footprint, roofline) -> views.
 """
 
-from kernelsim import backend, chips
+from kernelsim import backend, chips, gpu
 from kernelsim.errors import TraceError
 from kernelsim.schedule import StepEvent
 from kernelsim.trace import CallTrace, Trace, gpu_lowering_error, run, tpu_lowering_error, trace
@@ -17,5 +17,5 @@ def compare(*traces: Trace, labels: list[str] | None = None, call: int = 0):
     return _compare(*traces, labels=labels, call=call)
 
 
-__all__ = ["CallTrace", "StepEvent", "Trace", "TraceError", "backend", "chips", "compare",
+__all__ = ["CallTrace", "StepEvent", "Trace", "TraceError", "backend", "chips", "compare", "gpu",
            "gpu_lowering_error", "run", "tpu_lowering_error", "trace"]

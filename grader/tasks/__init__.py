@@ -23,6 +23,7 @@ MODULES = (
     "a09_debugging",
     "a10_transformations",
     "a11_gpu",
+    "a15_mosaic_gpu",
 )
 for _name in MODULES:
     importlib.import_module(f"grader.tasks.{_name}")

@@ -28,7 +28,7 @@ import numpy as np
 from kernelsim.chips import CHIPS
 from kernelsim.cost import compute
 from kernelsim.schedule import build
-from kernelsim.trace import DEFAULT_CHIP
+from kernelsim.trace import DEFAULT_CHIP, MEMORY_SPACES
 from kernelsim.views import palette as pal
 from kernelsim.views.data import block_rects, panel_dims, panel_extent
 
@@ -89,7 +89,7 @@ def _model_data(ct: CallTrace, model: str, chips: list[str], shown: np.ndarray) 
     return {"operands": ops, "cumulative": _typed(schedule.cumulative_bytes[shown], "f64"),
             "total_bytes": int(schedule.cumulative_bytes[-1]) if ct.steps else 0,
             "costs": costs, "default_chip": DEFAULT_CHIP[model] if DEFAULT_CHIP[model] in costs
-            else chips[0]}
+            else chips[0], "memory_spaces": [dict(s) for s in MEMORY_SPACES[model]]}
 
 
 def _windowed(ct: CallTrace, shown: np.ndarray) -> list[dict]:

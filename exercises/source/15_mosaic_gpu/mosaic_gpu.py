@@ -1,0 +1,243 @@
+# %% [markdown]
+# # Assignment 15 — Mosaic GPU
+#
+# Lesson 16 built Mosaic GPU kernels from three parts: a TMA copy into shared memory that
+# completes on a barrier, `plgpu.emit_pipeline` keeping several copies in flight, and WGMMA
+# adding into an accumulator held in registers. A Hopper kernel lives or dies by what those
+# parts allocate and move: 227 KiB of shared memory per CTA, 255 registers per thread, and the
+# bytes its copies pull from global memory. Predict each from the sizes alone, then let
+# `kernelsim.gpu` (whose shared-memory count is the Mosaic GPU lowering's own) check you.
+#
+# The graded answers are Python `int`s. The kernels of lesson 16 run at the end of the
+# notebook in GPU interpret mode, checked against plain JAX, so you can watch the numbers
+# you predicted. (They are not graded: the grader judges `pallas_call`s, and `plgpu.kernel`
+# is another primitive in the pinned release.)
+
+# %% nbgrader={"grade_id": "setup", "locked": true}
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import kernelsim
+from grader import course
+
+# %% [markdown]
+# ## Task 1 — predict: `predict_staging_smem(rows, cols, itemsize)` (3 points)
+#
+# A kernel stages one `(rows, cols)` tile per CTA: `plgpu.copy_gmem_to_smem` into a
+# `plgpu.SMEM((rows, cols), dtype)` scratch buffer, completing on one `plgpu.Barrier()`, then
+# a wait, and the tile goes back by `plgpu.copy_smem_to_gmem`. `itemsize` is the bytes per
+# element. How many bytes of shared memory does the Mosaic GPU lowering allocate per CTA?
+#
+# The lowering's rules (`_estimate_resources` in `jax/_src/pallas/mosaic_gpu/lowering.py`):
+# every shared-memory allocation is rounded up to a multiple of 1024 bytes, and each barrier
+# takes 8 bytes, after the buffers.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Two allocations: the tile and the barrier. Size the tile in bytes, round it up to the next
+# multiple of 1024 (a size that already is one stays), then add what one barrier costs.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The return line rounds the tile's byte count up with a ceiling division by 1024, times 1024,
+# and adds the barrier's 8 bytes. Try it on the visible case: a 32 KiB tile gives 32,776.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "predict_staging_smem_solution", "solution": true}
+def predict_staging_smem(rows, cols, itemsize):
+    ### BEGIN SOLUTION
+    tile = rows * cols * itemsize
+    return -(-tile // 1024) * 1024 + 8
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "predict_staging_smem_visible", "grade": true, "points": 1}
+course.check("predict_staging_smem", predict_staging_smem)
+
+# %% nbgrader={"grade_id": "predict_staging_smem_hidden", "grade": true, "points": 2}
+# Hidden tests: a tile that is not a whole number of KiB, bfloat16 tiles.
+### BEGIN HIDDEN TESTS
+course.check("predict_staging_smem", predict_staging_smem, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 2 — predict: `predict_pipeline_smem(tm, tn, stages, itemsize)` (3 points)
+#
+# Lesson 16's `fold_tiles`: one `plgpu.emit_pipeline` over `(tm, tn)` input tiles with
+# `max_concurrent_steps=stages` (the loop has more steps than that), the running total as its
+# carry, and one `(tm, tn)` output tile in shared memory for the copy back. How many bytes of
+# shared memory per CTA?
+#
+# What the pipeline allocates: for its input, **one** buffer of `stages` slots (shape
+# `(stages, tm, tn)`), and one barrier per slot. Same rounding rules as task 1.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Three things to add: the pipeline's buffer, the output tile, the barriers. The buffer is one
+# allocation holding every slot, so it is rounded up once, as a whole; the output tile is
+# rounded up on its own.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# With a helper that rounds a byte count up to 1024, the return line adds the rounded size of
+# the slots buffer (`stages` tiles), the rounded size of one output tile, and 8 bytes per
+# stage. The visible case, three 32 KiB slots and a 32 KiB output tile, gives 131,096.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "predict_pipeline_smem_solution", "solution": true}
+def predict_pipeline_smem(tm, tn, stages, itemsize):
+    ### BEGIN SOLUTION
+    def rounded(nbytes):
+        return -(-nbytes // 1024) * 1024
+
+    tile = tm * tn * itemsize
+    return rounded(stages * tile) + rounded(tile) + 8 * stages
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "predict_pipeline_smem_visible", "grade": true, "points": 1}
+course.check("predict_pipeline_smem", predict_pipeline_smem)
+
+# %% nbgrader={"grade_id": "predict_pipeline_smem_hidden", "grade": true, "points": 2}
+# Hidden tests: one stage, bfloat16 tiles, tiles under a KiB.
+### BEGIN HIDDEN TESTS
+course.check("predict_pipeline_smem", predict_pipeline_smem, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 3 — predict: `predict_accumulator_registers(tm, tn)` (3 points)
+#
+# `pl.run_scoped(body, plgpu.ACC((tm, tn), jnp.float32))` gives one warpgroup a WGMMA
+# accumulator in registers. A warpgroup is 128 threads and a register holds 32 bits. How many
+# registers does the accumulator take **per thread**? (A thread has at most 255; past that the
+# compiler spills to local memory, or the tile is split over more warpgroups.)
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# The accumulator's elements are spread evenly over the warpgroup's threads, one float32 per
+# register.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The return line divides the accumulator's element count by the number of threads in a
+# warpgroup. A `(128, 128)` tile gives 128.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "predict_accumulator_registers_solution", "solution": true}
+def predict_accumulator_registers(tm, tn):
+    ### BEGIN SOLUTION
+    return tm * tn // 128
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "predict_accumulator_registers_visible", "grade": true, "points": 1}
+course.check("predict_accumulator_registers", predict_accumulator_registers)
+
+# %% nbgrader={"grade_id": "predict_accumulator_registers_hidden", "grade": true, "points": 2}
+# Hidden tests: smaller and wider tiles, one over the limit.
+### BEGIN HIDDEN TESTS
+course.check("predict_accumulator_registers", predict_accumulator_registers, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 4 — predict: `predict_matmul_tma_bytes(m, n, k, tm, tn, tk, itemsize)` (3 points)
+#
+# Lesson 16's WGMMA matmul for `(m, k) @ (k, n)`: one CTA per `(tm, tn)` output tile, and in
+# each CTA an `emit_pipeline` over K that TMA-copies one `(tm, tk)` tile of A and one
+# `(tk, tn)` tile of B per step. How many bytes do all the TMA copies of the launch read
+# from global memory? (The sizes divide evenly; no CTA shares a copy with another.)
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Count one CTA first: its number of steps, times the bytes of the two tiles it copies per
+# step. Then multiply by the number of CTAs. Check yourself against the single-CTA case: A
+# and B are each read exactly once.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The return line multiplies three counts: the CTAs (output tiles in M times output tiles in
+# N), the pipeline steps per CTA (K over its tile), and the bytes of one A tile plus one B
+# tile. The visible case gives 4,194,304.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "predict_matmul_tma_bytes_solution", "solution": true}
+def predict_matmul_tma_bytes(m, n, k, tm, tn, tk, itemsize):
+    ### BEGIN SOLUTION
+    ctas = (m // tm) * (n // tn)
+    per_step = (tm * tk + tk * tn) * itemsize
+    return ctas * (k // tk) * per_step
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "predict_matmul_tma_bytes_visible", "grade": true, "points": 1}
+course.check("predict_matmul_tma_bytes", predict_matmul_tma_bytes)
+
+# %% nbgrader={"grade_id": "predict_matmul_tma_bytes_hidden", "grade": true, "points": 2}
+# Hidden tests: one CTA, a wide tile, float32 with a short tk.
+### BEGIN HIDDEN TESTS
+course.check("predict_matmul_tma_bytes", predict_matmul_tma_bytes, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Now run it
+#
+# Lesson 16's staging kernel, run in GPU interpret mode (compiled on a GPU) and checked
+# against plain JAX; then kernelsim's count of its shared memory against your prediction.
+# Change the sizes and run again.
+
+# %%
+ROWS = 64
+run_here = None if jax.default_backend() == "gpu" else plgpu.InterpretGPUParams()
+
+
+def scale_rows(x, s, interpret=run_here):
+    m, n = x.shape
+
+    @functools.partial(
+        plgpu.kernel, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(m // ROWS,), grid_names=("rows",),
+        scratch_types=dict(tile=plgpu.SMEM((ROWS, n), x.dtype), landed=plgpu.Barrier()),
+        interpret=interpret)
+    def kernel(x_gmem, o_gmem, tile, landed):
+        rows = pl.ds(jax.lax.axis_index("rows") * ROWS, ROWS)
+        plgpu.copy_gmem_to_smem(x_gmem.at[rows], tile, landed)
+        plgpu.barrier_wait(landed)
+        tile[...] = tile[...] * s
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(tile, o_gmem.at[rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    return kernel(x)
+
+
+x = jax.random.normal(jax.random.key(15), (256, 128), jnp.float32)
+np.testing.assert_allclose(scale_rows(x, 3.0), 3.0 * x, rtol=1e-6)
+(staged,) = kernelsim.gpu.analyse(functools.partial(scale_rows, s=3.0, interpret=None), x)
+try:
+    print(f"kernelsim: {staged.smem_bytes:,} B of shared memory per CTA; you predicted "
+          f"{predict_staging_smem(ROWS, 128, 4):,} B")
+    print(f"a (128, 256) float32 accumulator: you predicted "
+          f"{predict_accumulator_registers(128, 256)} registers per thread (limit 255)")
+except NotImplementedError:
+    print("implement predict_staging_smem and predict_accumulator_registers first")

@@ -1,0 +1,190 @@
+"""Assignment 15, Mosaic GPU: predict what a Mosaic GPU kernel allocates and moves -- the shared
+memory of a TMA staging tile and its barrier, of an ``emit_pipeline``'s stages, the registers of
+a WGMMA accumulator, and the bytes a WGMMA matmul's TMA copies read -- then run kernelsim.
+
+Every answer is graded against ``kernelsim.gpu`` on a kernel of the shape the task describes
+(built here, traced, never run). kernelsim's shared-memory count is the Mosaic GPU lowering's
+own (``tests/kernelsim/test_gpu_model.py`` compares the two on the course's kernels and JAX's
+bundled ops). Kernels the learner writes with ``plgpu.kernel`` are checked against plain JAX in
+the notebook but not graded: the grader judges the ``pallas_call``\\s a function makes, and in
+the pinned release ``plgpu.kernel`` binds another primitive (``mpmd_map``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import kernelsim
+from grader.tasks.a04_memory_spaces import _invoke_prediction, _prediction_structure
+from grader.tasks.core import _c, _task
+
+A15 = "15_mosaic_gpu"
+DTYPES = {2: jnp.bfloat16, 4: jnp.float32}
+WARPGROUP_THREADS = 128
+PIPELINE_STEPS = 8  # the pipelines here are at least this long: emit_pipeline keeps every stage
+
+
+def _analyse(kernel, *shapes):
+    (k,) = kernelsim.gpu.analyse(kernel, *shapes)
+    return k
+
+
+def _answer(value: int) -> np.ndarray:
+    return np.full((1, 1), value, np.int32)
+
+
+# ----------------------------------------------------------------- task 1: a staged tile
+def staging_smem_bytes(rows, cols, itemsize) -> int:
+    """Shared memory per CTA of a kernel that stages one ``(rows, cols)`` tile by TMA onto one
+    barrier, waits, and sends it back (lesson 16's ``scale_rows``)."""
+    dtype = DTYPES[itemsize]
+
+    @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((rows, cols), dtype),
+                       scratch_types=dict(tile=plgpu.SMEM((rows, cols), dtype),
+                                          landed=plgpu.Barrier()))
+    def kernel(x_gmem, o_gmem, tile, landed):
+        plgpu.copy_gmem_to_smem(x_gmem, tile, landed)
+        plgpu.barrier_wait(landed)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(tile, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    return _analyse(kernel, jax.ShapeDtypeStruct((rows, cols), dtype)).smem_bytes
+
+
+_task(
+    id="predict_staging_smem", assignment=A15,
+    title="Predict the shared memory of a TMA-staged tile and its barrier",
+    reference=lambda **p: _answer(staging_smem_bytes(**p)),
+    invoke=_invoke_prediction, own_kernels=False,
+    cases=(
+        _c("v0", 0, "float32", {}, rows=64, cols=128, itemsize=4),
+        # a tile that is not a whole number of KiB: the lowering rounds it up
+        _c("h0", 0, "float32", {}, True, rows=8, cols=40, itemsize=2),
+        _c("h1", 0, "float32", {}, True, rows=128, cols=256, itemsize=2),
+        _c("h2", 0, "float32", {}, True, rows=64, cols=100, itemsize=4),
+    ),
+    structure=_prediction_structure,
+)
+
+
+# ----------------------------------------------------------------- task 2: pipeline stages
+def pipeline_smem_bytes(tm, tn, stages, itemsize) -> int:
+    """Shared memory per CTA of lesson 16's ``fold_tiles``: an ``emit_pipeline`` over
+    ``(tm, tn)`` tiles with ``stages`` concurrent steps, and one ``(tm, tn)`` output tile."""
+    dtype = DTYPES[itemsize]
+    n = tn * PIPELINE_STEPS
+
+    @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((tm, tn), dtype),
+                       scratch_types=dict(o_smem=plgpu.SMEM((tm, tn), dtype)))
+    def kernel(x_gmem, o_gmem, o_smem):
+        def step(_, x_smem, total):
+            return total + x_smem[...]
+
+        o_smem[...] = plgpu.emit_pipeline(
+            step, grid=(PIPELINE_STEPS,), max_concurrent_steps=stages,
+            in_specs=[plgpu.BlockSpec((tm, tn), lambda j: (0, j))],
+            init_carry=jnp.zeros((tm, tn), dtype))(x_gmem)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    return _analyse(kernel, jax.ShapeDtypeStruct((tm, n), dtype)).smem_bytes
+
+
+_task(
+    id="predict_pipeline_smem", assignment=A15,
+    title="Predict the shared memory an emit_pipeline's stages take",
+    reference=lambda **p: _answer(pipeline_smem_bytes(**p)),
+    invoke=_invoke_prediction, own_kernels=False,
+    cases=(
+        _c("v0", 0, "float32", {}, tm=64, tn=128, stages=3, itemsize=4),
+        _c("h0", 0, "float32", {}, True, tm=64, tn=128, stages=1, itemsize=4),
+        _c("h1", 0, "float32", {}, True, tm=128, tn=64, stages=4, itemsize=2),
+        # tiles under a KiB: an input's slots are one allocation, rounded up as a whole
+        _c("h2", 0, "float32", {}, True, tm=8, tn=32, stages=2, itemsize=2),
+    ),
+    structure=_prediction_structure,
+)
+
+
+# ----------------------------------------------------------------- task 3: the accumulator
+def accumulator_registers(tm, tn) -> int:
+    """32-bit registers per thread that one warpgroup's float32 ``plgpu.ACC((tm, tn))``
+    takes: the accumulator's bytes (kernelsim's "regs" allocation) over 128 threads."""
+
+    @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((tm, tn), jnp.float32))
+    def kernel(o_gmem):
+        def zero(acc_ref):
+            o_gmem[...] = acc_ref[...]
+
+        pl.run_scoped(zero, plgpu.ACC((tm, tn), jnp.float32))
+
+    k = _analyse(kernel)
+    acc = sum(a.bytes for a in k.allocations if a.space == "regs")
+    return acc // (4 * WARPGROUP_THREADS)
+
+
+_task(
+    id="predict_accumulator_registers", assignment=A15,
+    title="Predict the registers a WGMMA accumulator takes per thread",
+    reference=lambda **p: _answer(accumulator_registers(**p)),
+    invoke=_invoke_prediction, own_kernels=False,
+    cases=(
+        _c("v0", 0, "float32", {}, tm=128, tn=128),
+        _c("h0", 0, "float32", {}, True, tm=64, tn=64),
+        _c("h1", 0, "float32", {}, True, tm=64, tn=256),
+        # more than a thread's 255 registers: why one warpgroup stops at (128, 128)
+        _c("h2", 0, "float32", {}, True, tm=128, tn=256),
+    ),
+    structure=_prediction_structure,
+)
+
+
+# ----------------------------------------------------------------- task 4: the matmul's copies
+def matmul_tma_read_bytes(m, n, k, tm, tn, tk, itemsize) -> int:
+    """Global-memory bytes the TMA copies of lesson 16's WGMMA matmul read in the whole
+    launch: one CTA per ``(tm, tn)`` output tile, an ``emit_pipeline`` over K copying an A and
+    a B tile per step."""
+    dtype = DTYPES[itemsize]
+
+    @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((m, n), dtype),
+                       grid=(m // tm, n // tn), grid_names=("m", "n"))
+    def kernel(a_gmem, b_gmem, o_gmem):
+        i, j = jax.lax.axis_index("m"), jax.lax.axis_index("n")
+
+        def step(_, a_smem, b_smem):
+            pass  # the copies are the question; what the step computes is not
+
+        plgpu.emit_pipeline(
+            step, grid=(k // tk,), max_concurrent_steps=2,
+            in_specs=[plgpu.BlockSpec((tm, tk), lambda kk: (i, kk)),
+                      plgpu.BlockSpec((tk, tn), lambda kk: (kk, j))])(a_gmem, b_gmem)
+
+    return _analyse(kernel, jax.ShapeDtypeStruct((m, k), dtype),
+                    jax.ShapeDtypeStruct((k, n), dtype)).gmem_read_bytes
+
+
+_task(
+    id="predict_matmul_tma_bytes", assignment=A15,
+    title="Predict the bytes a WGMMA matmul's TMA copies read",
+    reference=lambda **p: _answer(matmul_tma_read_bytes(**p)),
+    invoke=_invoke_prediction, own_kernels=False,
+    cases=(
+        _c("v0", 0, "float32", {}, m=512, n=512, k=512, tm=128, tn=128, tk=64, itemsize=2),
+        # one CTA: each operand read once
+        _c("h0", 0, "float32", {}, True, m=128, n=128, k=1024, tm=128, tn=128, tk=64,
+           itemsize=2),
+        _c("h1", 0, "float32", {}, True, m=1024, n=256, k=256, tm=64, tn=256, tk=64,
+           itemsize=2),
+        _c("h2", 0, "float32", {}, True, m=2048, n=2048, k=512, tm=128, tn=128, tk=32,
+           itemsize=4),
+    ),
+    structure=_prediction_structure,
+)

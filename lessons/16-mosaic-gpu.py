@@ -1,0 +1,432 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Lesson 16 — Mosaic GPU: TMA, barriers, pipelines and WGMMA
+#
+# **Learning objectives.** After this lesson you can
+#
+# 1. stage a tile from global to shared memory with a TMA copy that completes on a barrier,
+#    wait for it, and send a result back to global memory through shared memory;
+# 2. pipeline a sequential loop with `plgpu.emit_pipeline`, and say how many copies are in
+#    flight and how much shared memory its stages take;
+# 3. multiply tiles on the tensor cores with `plgpu.wgmma`, the accumulator in registers
+#    (`plgpu.ACC`);
+# 4. read kernelsim's Mosaic GPU model (`kernelsim.gpu`): one CTA's TMA copies, barrier waits
+#    and WGMMAs, and its shared memory as the lowering allocates it, against the 227 KiB a
+#    CTA may use;
+# 5. say what changes from the TPU model: no BlockSpec pipeline around the kernel, no scalar
+#    prefetch, a grid of concurrent CTAs, atomics.
+#
+# Lesson 11 met Mosaic GPU through toy kernels that read global memory straight into
+# registers. Here are the parts that make a Hopper kernel fast, each run on this CPU in GPU
+# interpret mode and each lowered for CUDA from this CPU; where the interpreter cannot run a
+# feature, the lesson says so and shows its structure through kernelsim instead.
+# Rules here: the Mosaic GPU [quickstart](https://docs.jax.dev/en/latest/pallas/gpu/quickstart.html),
+# [reference](https://docs.jax.dev/en/latest/pallas/gpu/reference.html) and
+# [pipelining guide](https://docs.jax.dev/en/latest/pallas/gpu/pipelining.html).
+# Matching exercises: [`../exercises/`](../exercises/) (assignment `15_mosaic_gpu`).
+
+# %%
+import functools
+import json
+import re
+import sys
+from pathlib import Path
+
+import _course
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.mosaic.gpu import core as mgpu_core
+from jax.experimental.pallas import mosaic_gpu as plgpu
+
+import kernelsim
+from kernelsim.backend import Execution, platform
+
+LESSON = "16-mosaic-gpu"
+ROOT = Path(_course.__file__).resolve().parents[1]
+_course.versions()
+# Mosaic GPU kernels: compiled on a GPU, in GPU interpret mode anywhere else
+mgpu_run = Execution(False, "compiled for GPU") if platform() == "gpu" else Execution(
+    plgpu.InterpretGPUParams(), f"GPU interpret mode on {platform().upper()}")
+
+
+def gpu_interpret(interpret):
+    """``interpret=True`` (the course's fallback) means GPU interpret mode for these kernels."""
+    return plgpu.InterpretGPUParams() if interpret is True else (interpret or None)
+
+
+def lowering_smem_bytes(fn, *args):
+    """Shared memory the Mosaic GPU lowering allocates for ``fn``'s kernel, in bytes: with its
+    limit set to 0 B the lowering refuses the kernel and names what it needs (nothing runs)."""
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    with mgpu_core.artificial_shared_memory_limit(0):
+        try:
+            jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",))
+        except ValueError as err:
+            return int(re.search(r"smem_bytes=(\d+)", str(err)).group(1))
+    return 0
+
+
+def cuda_lowering_error(fn, *args):
+    """What JAX's Mosaic GPU lowering says about ``fn(*args)`` for CUDA: its error, or None."""
+    shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in args]
+    try:
+        jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",))
+    except Exception as err:  # noqa: BLE001 - the error is the answer
+        return f"{type(err).__name__}: {str(err).splitlines()[0]}"
+    return None
+
+
+def event_table(kernel, limit=12):
+    """One CTA's events as kernelsim.gpu lists them, one line each."""
+    for e in kernel.events[:limit]:
+        where = f"loop {e.loop} step {e.step[-1]}" if e.step else "outside loops"
+        what = f"{e.src} -> {e.dst}" if e.src else ""
+        print(f"  wg{e.warpgroup} {e.kind:14} {where:18} {what:18} {e.barrier:9} "
+              f"{e.bytes or '':>7} {e.flops or ''}")
+    if len(kernel.events) > limit:
+        print(f"  ... {len(kernel.events) - limit} more")
+
+
+# %% [markdown]
+# ## Memory on a Hopper GPU, and who moves it
+#
+# A Mosaic GPU kernel (`plgpu.kernel`) receives its operands in **global memory** (GMEM,
+# the HBM). The grid is the CUDA grid: each point is one CTA (a thread block) on one SM,
+# and the CTAs run at the same time in no promised order. A CTA has **shared memory**
+# (SMEM, up to 227 KiB on an H100 or H200) and each of its warpgroups (4 warps, 128 threads,
+# the "thread" of Pallas' GPU model) has **registers**. Nothing moves by itself: there is no
+# BlockSpec pipeline around the kernel as on a TPU. The kernel moves tiles with the **TMA**,
+# the copy engine that takes a whole tile between global and shared memory in one
+# instruction; a copy into shared memory completes on a **barrier**, which the kernel waits
+# on before it reads the tile.
+#
+# The first kernel does exactly that, once per CTA: copy a `(64, n)` band of rows into
+# shared memory, wait, scale it, and send it back by TMA. `commit_smem` makes the kernel's
+# own stores to shared memory visible to the copy engine before the copy starts, and
+# `wait_smem_to_gmem(0)` keeps the CTA alive until its last copy out has finished.
+
+# %%
+ROWS = 64
+
+
+def scale_rows(x, s, *, interpret):
+    """``x * s``: CTA i stages rows [64·i, 64·i + 64) through shared memory."""
+    m, n = x.shape
+
+    @functools.partial(
+        plgpu.kernel, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(m // ROWS,), grid_names=("rows",),
+        scratch_types=dict(tile=plgpu.SMEM((ROWS, n), x.dtype), landed=plgpu.Barrier()),
+        interpret=gpu_interpret(interpret))
+    def kernel(x_gmem, o_gmem, tile, landed):
+        rows = pl.ds(jax.lax.axis_index("rows") * ROWS, ROWS)
+        plgpu.copy_gmem_to_smem(x_gmem.at[rows], tile, landed)  # TMA: GMEM -> SMEM
+        plgpu.barrier_wait(landed)  # the tile has landed
+        tile[...] = tile[...] * s  # SMEM -> registers -> SMEM
+        plgpu.commit_smem()  # our stores, visible to the TMA
+        plgpu.copy_smem_to_gmem(tile, o_gmem.at[rows])  # TMA: SMEM -> GMEM
+        plgpu.wait_smem_to_gmem(0)
+
+    return kernel(x)
+
+
+x = jax.random.normal(jax.random.key(16), (256, 128), jnp.float32)
+_course.check(LESSON, "scale_rows", functools.partial(scale_rows, s=3.0),
+              lambda x: 3.0 * x, (x,), mgpu_run, rtol=1e-6, atol=1e-6)
+
+# %% [markdown]
+# `kernelsim.gpu.analyse(fn, *args, chip=...)` traces the function (nothing runs) and walks
+# one CTA's body in program order: the events below are CTA 0's. It also sums the shared
+# memory the kernel allocates with the Mosaic GPU lowering's own rules (each allocation
+# rounded up to 1024 bytes, 8 bytes per barrier), which the cell checks against the
+# lowering itself.
+
+# %%
+compiled_scale = functools.partial(scale_rows, s=3.0, interpret=False)
+(scale_kernel,) = kernelsim.gpu.analyse(compiled_scale, x, chip="h200")
+print(f"grid {scale_kernel.grid}, {scale_kernel.num_threads} warpgroup per CTA, shared memory "
+      f"{scale_kernel.smem_bytes:,} B ({scale_kernel.barriers} barrier)")
+event_table(scale_kernel)
+assert [e.kind for e in scale_kernel.events] == [
+    "tma_load", "barrier_wait", "commit_smem", "tma_store", "wait_tma_store"]
+assert scale_kernel.smem_bytes == lowering_smem_bytes(compiled_scale, x) == 64 * 128 * 4 + 8
+
+# %% [markdown]
+# ## A pipeline: `plgpu.emit_pipeline`
+#
+# One copy, then one wait, leaves the SM idle while the tile travels. A loop over many
+# tiles should keep several copies in flight: while the kernel adds tile `j`, tiles `j + 1`
+# and `j + 2` are already on their way. `plgpu.emit_pipeline(body, grid=..., in_specs=...,
+# max_concurrent_steps=S)` builds that loop inside the kernel. Its grid, unlike the kernel's,
+# runs **in order**; each input gets `S` slots in shared memory, and each slot its barrier.
+#
+# The kernel folds a row band's column tiles into one: `o[i, c] = Σ_j x[i, j·tn + c]`. The
+# running total is the pipeline's carry, held in registers from step to step.
+
+# %%
+def fold_tiles(x, *, tm, tn, stages, interpret):
+    """Sum of the ``tn``-wide column tiles of each ``tm``-row band, ``stages`` copies ahead."""
+    m, n = x.shape
+
+    @functools.partial(
+        plgpu.kernel, out_type=jax.ShapeDtypeStruct((m, tn), x.dtype),
+        grid=(m // tm,), grid_names=("rows",),
+        scratch_types=dict(o_smem=plgpu.SMEM((tm, tn), x.dtype)),
+        interpret=gpu_interpret(interpret))
+    def kernel(x_gmem, o_gmem, o_smem):
+        rows = pl.ds(jax.lax.axis_index("rows") * tm, tm)
+
+        def step(_, x_smem, total):  # x_smem: this step's slot, already landed
+            return total + x_smem[...]
+
+        # the pipeline walks this band's column tiles in order, `stages` of them in flight
+        total = plgpu.emit_pipeline(
+            step, grid=(n // tn,), max_concurrent_steps=stages,
+            in_specs=[plgpu.BlockSpec((tm, tn), lambda j: (0, j))],
+            init_carry=jnp.zeros((tm, tn), x.dtype),
+        )(x_gmem.at[rows])
+        o_smem[...] = total
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[rows])
+        plgpu.wait_smem_to_gmem(0)
+
+    return kernel(x)
+
+
+def fold_tiles_reference(x, tn=128):
+    return x.reshape(x.shape[0], -1, tn).sum(axis=1)
+
+
+wide = jax.random.normal(jax.random.key(17), (128, 1024), jnp.float32)
+fold = functools.partial(fold_tiles, tm=64, tn=128, stages=3)
+_course.check(LESSON, "fold_tiles", fold, fold_tiles_reference, (wide,), mgpu_run,
+              rtol=1e-5, atol=1e-5)
+
+# %% [markdown]
+# kernelsim's events show the pipeline's shape. A first loop (the prologue) starts `S = 3`
+# copies before anything waits; then each step of the second loop waits for its slot's
+# barrier, adds, and refills the slot it just freed with the tile `S` steps ahead, until
+# none is left. Every TMA copy here moves one `(64, 128)` float32 tile, 32 KiB.
+
+# %%
+compiled_fold = functools.partial(fold, interpret=False)
+(fold_kernel,) = kernelsim.gpu.analyse(compiled_fold, wide, chip="h200")
+event_table(fold_kernel, limit=9)
+loads = [e for e in fold_kernel.events if e.kind == "tma_load"]
+first_wait = next(e.order for e in fold_kernel.events if e.kind == "barrier_wait")
+assert len(loads) == 1024 // 128 and {e.bytes for e in loads} == {64 * 128 * 4}
+assert sum(e.order < first_wait for e in loads) == 3  # S copies in flight before the 1st wait
+
+# %% [markdown]
+# Shared memory is where the stages cost: each input takes `S` slots of one tile, plus one
+# barrier per slot, plus the output tile. The table sweeps `S` for this kernel and checks
+# kernelsim's count against the lowering's at each; past 227 KiB the lowering refuses the
+# kernel (it asks the device for the limit, and assumes 227 KiB when none is attached).
+
+# %%
+print(" S   kernelsim    lowering")
+for stages in (1, 2, 3, 4, 6):
+    f = functools.partial(fold_tiles, tm=64, tn=128, stages=stages, interpret=False)
+    (k,) = kernelsim.gpu.analyse(f, wide, chip="h200")
+    lowered = lowering_smem_bytes(f, wide)
+    print(f"{stages:2}  {k.smem_bytes:9,} B {lowered:9,} B")
+    assert k.smem_bytes == lowered == (stages + 1) * 64 * 128 * 4 + 8 * stages
+big = functools.partial(fold_tiles, tm=128, tn=128, stages=4, interpret=False)
+print("tm=128, S=4:", cuda_lowering_error(big, wide))
+assert "exceeds available shared memory" in cuda_lowering_error(big, wide)
+assert kernelsim.gpu.analyse(big, wide, chip="h200")[0].warnings
+
+# %% [markdown]
+# ## WGMMA: the tensor cores, the accumulator in registers
+#
+# On Hopper a warpgroup multiplies tiles with **WGMMA**: `plgpu.wgmma(acc_ref, a, b)` adds
+# `a @ b` into an accumulator that lives in the warpgroup's registers, allocated with
+# `pl.run_scoped(..., plgpu.ACC((tm, tn), jnp.float32))`. `b` is read from shared memory,
+# `a` from shared memory or registers, and both tiles must be laid out as the tensor cores
+# read them: the BlockSpecs carry `plgpu.TilingTransform` and `plgpu.SwizzleTransform`
+# (`plgpu.find_swizzle` picks the widest swizzle a row allows). WGMMA is asynchronous:
+# `plgpu.wgmma_wait(1)` waits until at most one is still running, so this step's multiply
+# runs on while the next tiles arrive. But its slot is still being read, so the pipeline may
+# refill only the *previous* step's slot: `plgpu.BlockSpec(..., delay_release=1)` delays
+# each refill by one step.
+#
+# The course's Mosaic GPU matmul (`bench/gpu_kernels.py`, the kernel the H200 benchmark
+# times) puts the three parts together: one CTA per `(tm, tn)` output tile, an
+# `emit_pipeline` over K that TMA-copies an A and a B tile per step, one WGMMA per step, and
+# the accumulator sent back through shared memory:
+
+# %%
+sys.path.insert(0, str(ROOT / "bench"))
+import gpu_kernels  # noqa: E402 - the benchmark's kernels, beside the course
+
+a = jax.random.normal(jax.random.key(18), (256, 256), jnp.bfloat16)
+b = jax.random.normal(jax.random.key(19), (256, 256), jnp.bfloat16)
+matmul = functools.partial(gpu_kernels.matmul_mgpu, tm=64, tn=64, tk=64, stages=2)
+_course.check(LESSON, "matmul_mgpu", matmul,
+              lambda a, b: jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype),
+              (a, b), mgpu_run, rtol=2e-2, atol=2e-2)
+
+# %% [markdown]
+# Leave `delay_release` out and the kernel is still right here: GPU interpret mode runs each
+# WGMMA to completion before the next line. On an H200 the first run of the benchmark gave
+# wrong values for exactly that version (relative errors 0.19 and 0.06 for two `(128, 128)`
+# configurations), while a `(64, 256)` one happened to pass. kernelsim follows which slot
+# each WGMMA reads and which slot each TMA copy fills, and names the race without a GPU:
+
+# %%
+racing = functools.partial(gpu_kernels.matmul_mgpu, tm=128, tn=128, tk=64, stages=3,
+                           delay_release=0, interpret=False)
+(racing_kernel,) = kernelsim.gpu.analyse(racing, a, b, chip="h200")
+print("\n".join(racing_kernel.warnings))
+assert "delay_release=1" in racing_kernel.warnings[0]
+assert not kernelsim.gpu.analyse(functools.partial(matmul, interpret=False), a, b)[0].warnings
+
+# %% [markdown]
+# GPU interpret mode runs WGMMA with both operands in shared memory, which this kernel
+# uses. It does not implement an `a` operand in registers: the flash-attention kernel of
+# the benchmark feeds its softmax probabilities to the second WGMMA from registers on a GPU,
+# and from shared memory (`p_in_smem=True`) when interpreted. So that case is shown here
+# by its structure only, and its lowering for CUDA.
+#
+# At the benchmark's size, `4096³` in bfloat16, kernelsim counts one CTA's copies and
+# multiplies and the whole launch's bytes and FLOPs. Without reuse between CTAs (the model
+# has no L2 cache) each CTA reads its whole A row band and B column band, so the model's
+# bytes are an upper bound and its estimate is memory-bound, while cuBLAS, with L2 serving
+# the repeats, is compute-bound.
+
+# %%
+big_a = jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16)
+production = functools.partial(gpu_kernels.matmul_mgpu, tm=128, tn=128, tk=64, stages=4,
+                               interpret=False)
+(mm_kernel,) = kernelsim.gpu.analyse(production, big_a, big_a, chip="h200")
+print(f"{mm_kernel.ctas} CTAs, shared memory {mm_kernel.smem_bytes:,} B per CTA; per CTA "
+      f"{mm_kernel.count('tma_load')} TMA loads, {mm_kernel.count('wgmma')} WGMMAs")
+print(f"launch: {mm_kernel.gmem_read_bytes / 2**30:.2f} GiB read, "
+      f"{mm_kernel.flops / 1e9:.0f} GFLOP; estimate {mm_kernel.estimated_seconds * 1e6:.0f} us"
+      f" (compute {mm_kernel.compute_seconds * 1e6:.0f} us, memory "
+      f"{mm_kernel.memory_seconds * 1e6:.0f} us)")
+assert mm_kernel.flops == 2 * 4096 ** 3 and mm_kernel.count("wgmma") == 4096 // 64
+assert mm_kernel.smem_bytes == lowering_smem_bytes(production, big_a, big_a)
+qkv = jax.ShapeDtypeStruct((1, 4096, 16, 128), jnp.bfloat16)
+attention = functools.partial(gpu_kernels.flash_mgpu, bq=64, bk=64, stages=2, interpret=False)
+print("flash_mgpu (P from registers) lowers for CUDA:",
+      cuda_lowering_error(attention, qkv, qkv, qkv) is None)
+assert cuda_lowering_error(attention, qkv, qkv, qkv) is None
+
+# %% [markdown]
+# A `(128, 256)` tile would hold 128 KiB of float32 accumulator in one warpgroup's 128
+# threads, 256 registers each against a limit of 255; the benchmark's warp-specialized
+# kernel (`matmul_mgpu_ws`) splits a `(256, 128)` tile over two compute warpgroups instead,
+# with a third issuing the TMA copies. kernelsim lists each warpgroup's events:
+
+# %%
+ws = functools.partial(gpu_kernels.matmul_mgpu_ws, tm=128, tn=128, tk=64, stages=3,
+                       interpret=False)
+(ws_kernel,) = kernelsim.gpu.analyse(ws, big_a, big_a, chip="h200")
+for wg in range(ws_kernel.num_threads):
+    kinds = sorted({e.kind for e in ws_kernel.events if e.warpgroup == wg})
+    print(f"warpgroup {wg}: {', '.join(kinds)}")
+assert "tma_load" in {e.kind for e in ws_kernel.events if e.warpgroup == 2}
+assert "wgmma" not in {e.kind for e in ws_kernel.events if e.warpgroup == 2}
+
+# %% [markdown]
+# ## Measured on an H200
+#
+# `bench/gpu_perf.py` times these kernels and the Triton ones of lesson 11's shape at
+# production sizes against XLA (cuBLAS for `jnp.dot`, cuDNN for
+# `jax.nn.dot_product_attention`), checks each against plain JAX on the GPU, and puts
+# kernelsim's estimate beside each measured time. Its record, when a run on an H200 has
+# been made, is `bench/recorded/gpu_perf-h200.json`; the cell reads it.
+
+# %%
+record = ROOT / "bench" / "recorded" / "gpu_perf-h200.json"
+if not record.exists():
+    print("pending: no H200 run is recorded yet (bench/recorded/gpu_perf-h200.json); "
+          "`python bench/gpu_perf.py --dry-run` checks and lowers every kernel on a CPU")
+else:
+    recorded = json.loads(record.read_text())
+    print(f"{recorded['devices'][0]}, jax {recorded['jax']} on jaxlib {recorded['jaxlib']}")
+    for family, s in recorded["summary"].items():
+        xla = s["xla_s"]
+        print(f"{family}: XLA {xla * 1e3:.3f} ms" if xla else f"{family}: XLA did not run")
+        for name, k in s["kernels"].items():
+            est, cal = k["kernelsim_estimated_s"], k["calibration"]
+            print(f"  {name:34} {k['seconds'] * 1e3:8.3f} ms"
+                  + (f"  {k['of_xla']:.0%} of XLA" if k["of_xla"] else "")
+                  + (f"  kernelsim {est * 1e3:.3f} ms (x{cal:.2f})" if est and cal else ""))
+
+# %% [markdown]
+# What to read in it: the ratio to XLA says how close a Pallas kernel comes to the vendor
+# library; the calibration factor (measured / estimated) says how far kernelsim's roofline
+# is from the chip. The first run (2026-12-04; the record names the releases) gave, for
+# `4096³` bfloat16: cuBLAS 767 TFLOP/s, the warp-specialized Mosaic GPU matmul 752 (98 % of
+# it), the Triton matmul 680 (89 %); for attention at sequence 4096 and 16384, cuDNN 618 and
+# 671 TFLOP/s, the Mosaic GPU flash attention 79 % and 76 % of it, the Triton one 70 % and
+# 69 %. The matmuls' factors are below 1 (0.5 to 0.6 for Triton): kernelsim counts every
+# program's bands as HBM traffic, which L2 serves in part. The row sums run at 4.2 TB/s, the
+# estimate being the 4.8 TB/s bound (factor 1.1). The grouped matmul's factor, 0.01, is the
+# model's limit, not the kernel's: its expert table is one whole-array operand, which the GPU
+# model charges to every program, while each program loads one column band of one expert.
+
+# %% [markdown]
+# ## What changes from the TPU model
+#
+# * **No pipeline around the kernel.** A TPU `pallas_call` copies each step's blocks into
+#   VMEM for you; a Mosaic GPU kernel gets global-memory refs and copies what it needs, by
+#   TMA or by plain loads into registers. `emit_pipeline` is the closest thing, and you call
+#   it inside the kernel.
+# * **A parallel grid.** The kernel's grid is the CUDA grid: CTAs run concurrently in no
+#   promised order, so each output tile belongs to one CTA (lesson 11). Sequential work is a
+#   loop inside the CTA; only `emit_pipeline`'s own grid runs in order.
+# * **No scalar prefetch.** There is no SMEM of scalars feeding index maps before the kernel
+#   starts. A kernel that needs data-dependent indices loads them itself (from a global
+#   ref into registers, or by TMA into shared memory) and computes its slices with `pl.ds`.
+# * **Atomics.** Where several CTAs must update one location, `plgpu.atomic_add` (and
+#   `atomic_max`, `atomic_min`, ...) does it in global memory; on a TPU the grid runs in
+#   order and the lowering refuses atomics (lesson 11).
+
+# %% [markdown]
+# ## Check yourself
+#
+# 1. A kernel copies a tile into shared memory with `plgpu.copy_gmem_to_smem(src, dst,
+#    barrier)` and reads `dst[...]` right after it. What is missing, and what would it read?
+# 2. `emit_pipeline` with `max_concurrent_steps=4` over 2 inputs of `(128, 64)` bfloat16
+#    tiles: how much shared memory do the slots take, and how many barriers?
+# 3. Why does kernelsim's memory estimate for the `4096³` matmul come out above the
+#    measured time of cuBLAS?
+# 4. Why does the course's single-warpgroup matmul stop at `(128, 128)` tiles?
+# 5. On a TPU an embedding lookup reads its row indices through scalar prefetch. What does a
+#    Mosaic GPU kernel do instead?
+#
+# <details><summary>Answer</summary>
+#
+# 1. The wait: `plgpu.barrier_wait(barrier)` before the read. Without it the read races the
+#    copy and may see the tile's old contents.
+# 2. Each input takes 4 slots of `128 · 64 · 2` = 16 KiB, so 2 · 64 KiB = 128 KiB (each
+#    allocation rounded up to 1024 bytes, which these already are), and one barrier per
+#    slot: 4 barriers of 8 bytes.
+# 3. The model reuses nothing between CTAs: each CTA's A row band and B column band count
+#    as HBM reads (2 GiB at 128 tiles). On the chip the L2 cache serves most of those
+#    repeats, so the kernel is compute-bound and faster than the memory estimate.
+# 4. Its float32 accumulator lives in one warpgroup's registers: `(128, 128)` is 64 KiB, 128
+#    registers per thread; `(128, 256)` would need 256, more than the 255 a thread has.
+#    Larger tiles split the accumulator over more warpgroups.
+# 5. It reads the indices itself, from a global-memory ref (into registers) or by TMA into
+#    shared memory, and slices the table with `pl.ds` from those values.
+#
+# </details>
