@@ -373,13 +373,16 @@ else:
 # %% [markdown]
 # What to read in it: the ratio to XLA says how close a Pallas kernel comes to the vendor
 # library; the calibration factor (measured / estimated) says how far kernelsim's roofline
-# is from the chip. The first run (2026-12-04; the record names the releases) gave, for
-# `4096³` bfloat16: cuBLAS 767 TFLOP/s, the warp-specialized Mosaic GPU matmul 752 (98 % of
-# it), the Triton matmul 680 (89 %); for attention at sequence 4096 and 16384, cuDNN 618 and
-# 671 TFLOP/s, the Mosaic GPU flash attention 79 % and 76 % of it, the Triton one 70 % and
-# 69 %. The matmuls' factors are below 1 (0.5 to 0.6 for Triton): kernelsim counts every
-# program's bands as HBM traffic, which L2 serves in part. The row sums run at 4.2 TB/s, the
-# estimate being the 4.8 TB/s bound (factor 1.1). The grouped matmul's factor, 0.01, is the
+# is from the chip. The recorded run (2026-12-04; the record names the releases) gave, for
+# `4096³` bfloat16: cuBLAS 752 TFLOP/s, the warp-specialized Mosaic GPU matmul 749 (100 %
+# of it), the single-warpgroup one 688 (91 %), the Triton matmul 680 (90 %); for attention at
+# sequence 4096 and 16384, cuDNN 598 and 670 TFLOP/s, the Mosaic GPU flash attention 81 % and
+# 76 % of it, the Triton one 71 % and 69 %. An earlier run found the single-warpgroup matmul
+# *wrong* at 4 and 5 pipeline stages (errors of 0.19 and 0.06): a TMA copy refilled a slot
+# that a still-running WGMMA was reading, the race kernelsim now warns about (above). The
+# matmuls' factors are below 1 (0.5 to 0.6): kernelsim counts every program's
+# bands as HBM traffic, which L2 serves in part. The row sums run at 4.4 TB/s, the estimate
+# being the 4.8 TB/s bound (factor 1.1). The grouped matmul's factor, 0.01, is the
 # model's limit, not the kernel's: its expert table is one whole-array operand, which the GPU
 # model charges to every program, while each program loads one column band of one expert.
 
