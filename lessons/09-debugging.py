@@ -98,7 +98,12 @@ _ = jax.block_until_ready(pl.pallas_call(
 #
 # On a TPU the same call lowers to the chip's own logging, and the pinned release's lowering is
 # strict: values go in positionally, either all scalars (32-bit integers or floats when `fmt`
-# has `{}` placeholders) or a single vector after a format string that ends in `{}`.
+# has `{}` placeholders) or a single vector after a format string that ends in `{}`. The
+# lines reach you only when the TPU compiler records them: JAX's debugging guide asks for the
+# compiler option `xla_tpu_enable_log_recorder` (for example
+# `jax.jit(f, compiler_options={"xla_tpu_enable_log_recorder": "true"})`); without it a
+# compiled print is silent. On a GPU the Triton lowering refuses any `{}` placeholder: the
+# format string is printed as it is, before the values, so a GPU print has no `{}`.
 # Interpret mode accepts anything `jax.debug.print` does, so ask the TPU lowering before
 # relying on a print there. `kernelsim.tpu_lowering_error` runs JAX's TPU lowering on this CPU
 # and returns its error, or `None`:
