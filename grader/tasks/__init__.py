@@ -23,6 +23,7 @@ MODULES = (
     "a09_debugging",
     "a10_transformations",
     "a11_gpu",
+    "a12_kernel_api",
 )
 for _name in MODULES:
     importlib.import_module(f"grader.tasks.{_name}")
