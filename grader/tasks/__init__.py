@@ -24,6 +24,7 @@ MODULES = (
     "a10_transformations",
     "a11_gpu",
     "a12_kernel_api",
+    "a14_production_kernels",
 )
 for _name in MODULES:
     importlib.import_module(f"grader.tasks.{_name}")
