@@ -61,8 +61,10 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 LESSON = "14-across-chips"
 _course.versions()
-on_tpu = jax.default_backend() == "tpu"
-devices = jax.devices()[:DEVICES]
+# Four TPU chips if there are; otherwise four CPU devices (also beside a GPU, whose devices
+# cannot run TPU copies), with the kernels in TPU interpret mode.
+on_tpu = jax.default_backend() == "tpu" and jax.device_count() >= DEVICES
+devices = (jax.devices() if on_tpu else jax.devices("cpu"))[:DEVICES]
 assert len(devices) == DEVICES, f"{len(devices)} devices: restart the kernel (flag above)"
 print(f"{len(devices)} devices: {[str(d) for d in devices]}")
 # Remote copies need TPU interpret mode off a TPU; the race detector checks every DMA.
@@ -116,6 +118,10 @@ _course.check(LESSON, "double_per_device", double_per_device, lambda a: 2.0 * a,
 # kernel signal its neighbours on a barrier semaphore (`pltpu.get_barrier_semaphore`, with a
 # `collective_id` in `pltpu.CompilerParams`) before the first remote copy, so that no copy
 # lands on a chip whose kernel has not started; interpret mode starts all four together.
+# JAX ships a teaching version of this collective,
+# `jax.experimental.pallas.ops.tpu.all_gather`: it starts with that barrier and sends half of
+# each shard each way round the ring, so the links in both directions carry data at every
+# step.
 
 # %%
 def ring_all_gather_kernel(x_ref, o_ref, send_sems, recv_sems):
