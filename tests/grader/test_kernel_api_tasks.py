@@ -143,3 +143,19 @@ def test_parallel_instead_of_core_parallel_fails(notebook):
                          "dimension_semantics=(pltpu.PARALLEL,)"))
     _fails("matmul_bias_relu_cores", parallel, "core_parallel")
 
+
+
+def test_kernelsim_copies_equal_tpu_interpret_mode(notebook):
+    """The solutions' DMAs as kernelsim models them equal those TPU interpret mode performs."""
+    from kernelsim.verify import verify
+
+    x = jax.device_put(jax.random.normal(jax.random.key(4), (64, 256), jnp.float32))
+    assert verify(functools.partial(notebook["softmax_in_parts"], parts=4,
+                                    interpret=True), x).ok
+    a, b = (jax.device_put(jax.random.normal(jax.random.key(i), s, jnp.float32))
+            for i, s in ((5, (384, 256)), (6, (256, 256))))
+    bias = jax.device_put(jax.random.normal(jax.random.key(7), (1, 256), jnp.float32))
+    fn = notebook["traced_as_tpu"](functools.partial(
+        notebook["matmul_bias_relu_cores"], bm=128, bk=128, bn=128, interpret=True))
+    checked = verify(fn, a, b, bias)
+    assert checked.ok, checked.report()

@@ -112,3 +112,14 @@ def test_writing_the_new_row_into_the_first_row_fails(notebook):
     first_row = _planted(notebook, "kv_cache_append_solution",
                          ("row = pos_ref[pl.program_id(0)] % page_size", "row = 0"))
     _fails("kv_cache_append", first_row, "kv_cache_append")
+
+
+@pytest.mark.parametrize("task", ["int8_matmul_per_channel", "kv_cache_append"])
+def test_kernelsim_copies_equal_tpu_interpret_mode(task):
+    """The solutions' DMAs as kernelsim models them equal those TPU interpret mode performs."""
+    from kernelsim.verify import verify
+
+    interpreted = gradertools.run(ASSIGNMENT, TPU_INTERPRET=True)
+    arrays, params = _inputs(task, "v0")
+    checked = verify(functools.partial(interpreted[task], **params), *arrays)
+    assert checked.ok, checked.report()
