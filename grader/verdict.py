@@ -43,6 +43,7 @@ class CallFacts:
 
     name: str
     grid: tuple[int, ...]
+    dimension_semantics: tuple[str, ...]  # one per grid axis, as kernelsim names them
     operands: tuple[OperandFacts, ...]
     hbm_read_bytes: int
     hbm_write_bytes: int
@@ -75,6 +76,12 @@ def _shape(v: Any, what: str, squeezed: bool = False) -> tuple:
     return tuple(None if squeezed and x is None else _int(x, what) for x in v)
 
 
+def _names(v: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(v, list | tuple) or not all(isinstance(x, str) for x in v):
+        raise ValueError(f"{what} is not a list of names")
+    return tuple(v)
+
+
 def _memory_space(v: Any) -> str:
     if v not in MEMORY_SPACES:
         raise ValueError(f"memory_space is {v!r}, not one of {', '.join(MEMORY_SPACES)}")
@@ -101,7 +108,9 @@ def facts_from_dict(d: Any) -> TraceFacts:
             memory_space=_memory_space(o.get("memory_space")))
             for o in c["operands"] if isinstance(o, dict))
         calls.append(CallFacts(
-            name=str(c.get("name")), grid=_shape(c.get("grid"), "grid"), operands=ops,
+            name=str(c.get("name")), grid=_shape(c.get("grid"), "grid"),
+            dimension_semantics=_names(c.get("dimension_semantics"), "dimension_semantics"),
+            operands=ops,
             hbm_read_bytes=_int(c.get("hbm_read_bytes"), "hbm_read_bytes"),
             hbm_write_bytes=_int(c.get("hbm_write_bytes"), "hbm_write_bytes"),
             onchip_peak_bytes=_int(c.get("onchip_peak_bytes"), "onchip_peak_bytes")))

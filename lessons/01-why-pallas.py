@@ -145,8 +145,8 @@ fig.tight_layout()
 #
 # The [Pallas design document](https://docs.jax.dev/en/latest/pallas/design/design.html) gives
 # two reasons this is not enough. The first is the language: C++ and, on GPUs, CUDA, which the
-# authors call too low-level for many machine-learning kernels — even experts struggle to write
-# a fast matmul or multi-head attention that way.
+# authors call, arguably, too low-level for many machine-learning kernels — even experts
+# struggle to write a fast matmul or multi-head attention that way.
 #
 # The second is time: new systems research reaches XLA only after a while, and users want it
 # sooner. A kernel lets you get ahead; the compiler may absorb the idea later.
@@ -164,7 +164,8 @@ fig.tight_layout()
 # for GPUs, so it cannot be compiled for a TPU directly. Its example is atomics: operations
 # that exist to settle parallel writes to the same memory, which is not how a TPU works. What
 # was needed was the same tile-level idea one level higher, abstract enough to compile for
-# both machines.
+# both machines (lesson 11 shows which of the course's kernels the GPU lowering of the pinned
+# release accepts, and why the others are refused).
 
 # %% [markdown]
 # ## JAX is already an array language

@@ -202,7 +202,7 @@ print("written columns equal x:", bool((partial[:, :2 * CHUNK] == x[:, :2 * CHUN
 #
 # The quickstart presents Mosaic GPU (Hopper and newer) as the GPU backend. In the pinned
 # release `pl.pallas_call` no longer reaches it; Mosaic GPU kernels are written with
-# `plgpu.kernel` (from `jax.experimental.pallas.mosaic_gpu`), which this course does not cover.
+# `plgpu.kernel` (from `jax.experimental.pallas.mosaic_gpu`), which lesson 11 introduces.
 #
 # Interpret mode knows nothing about the hardware's limits, so a kernel that passes here may
 # still be rejected by a compiler — lesson 3 shows the TPU's block-shape rule.

@@ -97,9 +97,11 @@ _course.check(LESSON, "tiled_add", tiled_add, lambda a, b: a + b, (x, y), run, r
 #
 # The buffer count is per operand: `pl.BlockSpec(..., pipeline_mode=pl.Buffered(n))`, default
 # 2 ([TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html)).
-# `pl.Buffered(1)` halves the footprint and gives up the overlap; the pinned release's TPU
-# lowering picks it by itself for a VMEM operand whose block is the whole array and whose index
-# map returns only zeros.
+# `pl.Buffered(1)` halves the footprint and gives up the overlap. Two cases get one buffer
+# without asking: the pinned release's TPU lowering forces it for a VMEM operand whose block is
+# the whole array and whose index map returns only zeros; and Mosaic's compiler single-buffers
+# a block with no `pipeline_mode` whose index never moves during the grid (JAX's own test
+# `test_automatic_single_buffering` relies on it; kernelsim counts both).
 #
 # kernelsim evaluates the index maps (never the kernel body) and lists these copies step by
 # step. `bufs` is the number of VMEM buffers per operand, `on-chip B` their bytes.
@@ -173,8 +175,10 @@ print("block (256, 128), the full row count:", full_rows.calls[0].warnings or "n
 # `(1, 128, K)` would hand the kernel a 3-D Ref of leading size 1; writing `pl.Squeezed()` (or
 # `None`, the same thing) for that dimension instead gives the kernel a 2-D `(128, K)` Ref.
 # The index map still returns one index per array dimension: for a squeezed dimension the
-# index counts single elements, here the batch element. A squeezed dimension also takes that
-# axis out of the (8, 128) rule, which applies to the block's last two dimensions.
+# index counts single elements, here the batch element. The (8, 128) rule still sees a
+# squeezed dimension: the TPU lowering counts it as a block dimension of size 1. Squeezing a
+# leading dimension, as here, is free; squeezing one of the last two is refused unless the
+# array itself has size 1 there (the next cell asks the lowering).
 
 # %%
 def batched_matmul_kernel(x_ref, w_ref, o_ref):
@@ -208,6 +212,35 @@ assert seen_shapes[0] == (128, 128)
 t_batched = kernelsim.trace(functools.partial(batched_matmul, interpret=True), xb, wb)
 print(t_batched)
 assert t_batched.calls[0].operand("w_ref").fetches == 1
+
+
+# %% [markdown]
+# Now one row at a time: `(None, 128)` on a `(64, 128)` array squeezes the second-to-last
+# dimension. Interpret mode runs it; the TPU lowering sees a block of 1 × 128, and 1 is neither
+# a multiple of 8 nor the array's 64. kernelsim's lint applies the same rule, so it warns
+# without a TPU.
+
+# %%
+def scale_rows_kernel(x_ref, o_ref):
+    o_ref[...] = 2.0 * x_ref[...]  # x_ref is (128,): the row dimension was squeezed
+
+
+def scale_rows(x, *, interpret):
+    row = pl.BlockSpec((None, x.shape[1]), lambda i: (i, 0))  # one row per step
+    return pl.pallas_call(
+        scale_rows_kernel, grid=(x.shape[0],), in_specs=[row], out_specs=row,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=interpret,
+    )(x)
+
+
+xs = jax.random.normal(keys[0], (64, 128), jnp.float32)
+np.testing.assert_array_equal(scale_rows(xs, interpret=True), 2.0 * xs)
+squeezed_error = kernelsim.tpu_lowering_error(functools.partial(scale_rows, interpret=False), xs)
+squeezed_lint = kernelsim.trace(functools.partial(scale_rows, interpret=True), xs).calls[0]
+print("TPU lowering:", squeezed_error.splitlines()[0][:150])
+print("kernelsim:", squeezed_lint.warnings[0])
+assert squeezed_error.startswith("ValueError") and "divisible by 8 and 128" in squeezed_error
+assert any("second-to-last dim 1" in w for w in squeezed_lint.warnings)
 
 # %% [markdown]
 # ## Shapes the block does not divide
@@ -264,8 +297,11 @@ def column_sums(x, *, masked, interpret):
 
 unmasked = column_sums(xr, masked=False, interpret=True)
 print("unmasked: NaN in the result:", bool(np.isnan(unmasked).any()))
+# On a GPU this one is interpreted: the Triton lowering wants power-of-two array sizes, and
+# 384 columns are not (lesson 11).
 _course.check(LESSON, "column_sums_masked", lambda a, interpret: column_sums(
-    a, masked=True, interpret=interpret), lambda a: a.sum(axis=0), (xr,), run,
+    a, masked=True, interpret=interpret), lambda a: a.sum(axis=0), (xr,),
+    choose(tpu_features=False, gpu_ok=False),
     rtol=1e-5, atol=1e-4)
 
 # %% [markdown]
@@ -345,8 +381,11 @@ def panel_matmul(a, b, *, bm=128, bn=128, interpret):
 
 a = jax.random.normal(keys[0], (256, 256), jnp.float32)
 b = jax.random.normal(keys[1], (256, 256), jnp.float32)
+# On a GPU this one is interpreted: Triton stages both 256-deep panels in shared memory, over
+# the limit of an H200 (bench/recorded/lessons_gpu-h200.json).
 _course.check(LESSON, "panel_matmul", panel_matmul,
-              lambda a, b: jnp.dot(a, b, precision="highest"), (a, b), run,
+              lambda a, b: jnp.dot(a, b, precision="highest"), (a, b),
+              choose(tpu_features=False, gpu_ok=False),
               rtol=1e-4, atol=1e-3)
 
 # %%

@@ -130,7 +130,8 @@ assert (row_op.fetches, row_op.skips) == (5, 3)
 # listed block by the matching row panel of `y`. Rows have different numbers of nonzeros, so
 # each row's list is padded to the same length **by repeating its last entry**. A repeated
 # block index means no copy (the block is already on chip), and `pl.when(k < counts[i])`
-# skips the arithmetic: padding costs neither bytes nor FLOPs. The
+# skips the arithmetic: padding costs neither bytes nor FLOPs, only one grid step each (the
+# fixed per-step overhead lesson 7 counts). The
 # [sparse kernels page](https://docs.jax.dev/en/latest/pallas/tpu/sparse.html) builds its
 # block-sparse examples on the same mechanism.
 
@@ -259,7 +260,8 @@ show(rows)
 # Group boundaries need not fall on row-block boundaries, so a row block may belong to two or
 # more groups. We make a list of *work items* — pairs `(row block, group)` that overlap — and
 # run one grid step per item. Each step masks the rows outside its group. Items are sorted by
-# row block, so an output block is visited in consecutive steps and written back once.
+# row block, so an output block is visited in consecutive steps and written back once, when
+# its index changes or the grid ends.
 
 # %%
 def work_items(sizes, block):

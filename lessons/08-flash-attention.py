@@ -138,7 +138,9 @@ print("online softmax over 64-key blocks equals the full softmax")
 # `m` and `denom` are `(bq, 1)` here for clarity. On TPU a trailing dimension of 1 still
 # occupies whole 128-lane tiles (TPU details, "Array Layouts"), so the kernel that ships with
 # JAX (`jax.experimental.pallas.ops.tpu.flash_attention`) keeps them `(bq, 128)`, the value
-# repeated across lanes.
+# repeated across lanes. kernelsim's on-chip figures below count the two `(bq, 1)` buffers
+# at their logical size, `bq × 4` bytes each; in VMEM each takes `bq × 128 × 4` bytes, so add
+# `2 × bq × 127 × 4` bytes (254 KiB at `bq = 256`) for the kernel as written.
 
 # %%
 def last_kv_block(i, bq, bkv):

@@ -25,7 +25,10 @@
 # 3. catch a DMA race with `detect_races=True` and read the report;
 # 4. read a TPU lowering error about a block shape, from `kernelsim.tpu_lowering_error` and
 #    kernelsim's warnings;
-# 5. find a wrong index map in kernelsim's step table and heatmap.
+# 5. find a wrong index map in kernelsim's step table and heatmap;
+# 6. check a kernel's assumptions with `checkify` around it and `pl.debug_check` inside it,
+#    and say where each one fires;
+# 7. profile a kernel on a TPU or GPU and read its trace beside kernelsim's estimate.
 #
 # Every kernel here is wrong on purpose, and every tool runs on this CPU. A compiled kernel
 # with the same bug would return plausible garbage, or nothing at all.
@@ -98,7 +101,12 @@ _ = jax.block_until_ready(pl.pallas_call(
 #
 # On a TPU the same call lowers to the chip's own logging, and the pinned release's lowering is
 # strict: values go in positionally, either all scalars (32-bit integers or floats when `fmt`
-# has `{}` placeholders) or a single vector after a format string that ends in `{}`.
+# has `{}` placeholders) or a single vector after a format string that ends in `{}`. The
+# lines reach you only when the TPU compiler records them: JAX's debugging guide asks for the
+# compiler option `xla_tpu_enable_log_recorder` (for example
+# `jax.jit(f, compiler_options={"xla_tpu_enable_log_recorder": "true"})`); without it a
+# compiled print is silent. On a GPU the Triton lowering refuses any `{}` placeholder: the
+# format string is printed as it is, before the values, so a GPU print has no `{}`.
 # Interpret mode accepts anything `jax.debug.print` does, so ask the TPU lowering before
 # relying on a print there. `kernelsim.tpu_lowering_error` runs JAX's TPU lowering on this CPU
 # and returns its error, or `None`:
@@ -460,6 +468,147 @@ fixed_fetches = bias_fetches(kernelsim.trace(functools.partial(fixed_bias_add, i
                                              xb, bias))
 print("bias fetches per block, wrong map:", bias_fetches(t_bias), "| right map:", fixed_fetches)
 assert bias_fetches(t_bias) == [1, 1, 0, 0] and fixed_fetches == [2, 2, 2, 2]
+
+# %% [markdown]
+# ## Checking assumptions: `checkify` around a kernel, `pl.debug_check` inside
+#
+# Many kernel bugs are bad inputs: a page table entry past the end of the cache, a negative
+# length. Two tools state such assumptions, and they fire in different places.
+#
+# `jax.experimental.checkify` works on the JAX code *around* a kernel. `checkify.check(pred,
+# msg)` in the wrapper, and `checkify.checkify(f)` turns the function into one that returns an
+# error value beside its result, even under `jit`; `err.throw()` raises it. The program still
+# runs to the end, so the wrapper also keeps the kernel safe (here by clamping). Inside a kernel
+# body the pinned release cannot use it: `pallas_call` has no checkify rule, so a
+# `checkify.check` in a kernel fails while tracing ("Cannot abstractly evaluate a
+# checkify.check which was not functionalized").
+
+# %%
+from jax.experimental import checkify  # noqa: E402 - introduced here
+
+
+def gather_row_kernel(ids_ref, row_ref, o_ref):
+    del ids_ref  # used by the index map only
+    o_ref[...] = row_ref[...]
+
+
+def gather_rows_checked(table, ids, *, interpret):
+    # the assumption the kernel's index map relies on, checked on the ids before the kernel
+    checkify.check(jnp.all((ids >= 0) & (ids < table.shape[0])),
+                   "row id out of range: the table has {n} rows", n=jnp.int32(table.shape[0]))
+    # checkify reports, it does not stop the program: keep the kernel's reads in bounds anyway
+    ids = jnp.clip(ids, 0, table.shape[0] - 1)
+    row = pl.BlockSpec((None, 1, table.shape[2]), lambda i, ids: (ids[i], 0, 0))
+    return pl.pallas_call(
+        gather_row_kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(ids.shape[0],),
+                                               in_specs=[row], out_specs=pl.BlockSpec(
+                                                   (None, 1, table.shape[2]),
+                                                   lambda i, ids: (i, 0, 0))),
+        out_shape=jax.ShapeDtypeStruct((ids.shape[0], 1, table.shape[2]), table.dtype),
+        interpret=interpret,
+    )(ids, table)
+
+
+table = jax.random.normal(keys[1], (16, 1, 128), jnp.float32)
+checked = jax.jit(checkify.checkify(functools.partial(gather_rows_checked,
+                                                      interpret=pltpu.InterpretParams())))
+err, rows = checked(table, jnp.array([3, 0, 15], jnp.int32))
+print("good ids:", err.get(), "| rows match:", bool(jnp.all(rows[:, 0] == table[[3, 0, 15], 0])))
+err, _ = checked(table, jnp.array([3, 16, 1], jnp.int32))
+print("bad ids: ", err.get().splitlines()[0])
+assert err.get() is not None and "out of range" in err.get()
+
+# %% [markdown]
+# `pl.debug_check(pred, msg)` goes *inside* the kernel and costs nothing unless checks are
+# on: with `pl.enable_debug_checks(True)` the TPU lowering compiles it into an assertion of
+# the Mosaic kernel (`cf.assert`), which stops the chip's program when it fails; without it
+# the call is dropped. In the pinned release neither interpret mode evaluates it (the same
+# kernel with a failing check runs to the end on this CPU), so it is a guard for the chip, not
+# for interpret mode. The cell asks the lowering with `debug=True`, which prints the Mosaic
+# module, and looks for the assertion.
+
+# %%
+import contextlib  # noqa: E402
+import io  # noqa: E402
+
+
+def sqrt_kernel(x_ref, o_ref):
+    pl.debug_check(jnp.all(x_ref[...] >= 0), "negative input to sqrt")
+    o_ref[...] = jnp.sqrt(x_ref[...])
+
+
+def checked_sqrt(x, *, interpret, debug=False):
+    block = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    return pl.pallas_call(sqrt_kernel, grid=(x.shape[0] // 8,), in_specs=[block],
+                          out_specs=block, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          interpret=interpret, debug=debug)(x)
+
+
+positive = jnp.abs(jax.random.normal(keys[2], (32, 128), jnp.float32))
+for enabled in (False, True):
+    mosaic = io.StringIO()
+    with pl.enable_debug_checks(enabled), contextlib.redirect_stdout(mosaic):
+        error = kernelsim.tpu_lowering_error(
+            functools.partial(checked_sqrt, interpret=False, debug=True), positive)
+    asserts = [line.strip() for line in mosaic.getvalue().splitlines() if "cf.assert" in line]
+    print(f"enable_debug_checks({enabled}): lowers: {error is None}; "
+          f"assertions in the TPU kernel: {asserts or 'none'}")
+    assert error is None and bool(asserts) == enabled
+with pl.enable_debug_checks(True):
+    ran = checked_sqrt(positive.at[3, 3].set(-1.0), interpret=pltpu.InterpretParams())
+print("TPU interpret mode with a failing check: NaNs in the result:",
+      int(jnp.isnan(ran).sum()), "(no error raised)")
+
+# %% [markdown]
+# ## Profile it on hardware
+#
+# Everything so far ran on a CPU, where a kernel's time says nothing about a chip. On a TPU
+# or GPU, wrap the calls in `jax.profiler.trace(logdir)` and open the result in XProf
+# (TensorBoard's profile plugin) or, with `create_perfetto_trace=True`, in
+# [Perfetto](https://ui.perfetto.dev). What to read there:
+#
+# * the device lane (one per TPU core or GPU stream), not the host lanes: the kernel appears
+#   as one op named after the kernel function (a TPU custom call, a Triton or Mosaic GPU
+#   kernel), once per call;
+# * its duration against the gaps beside it: a kernel of a few microseconds between long gaps
+#   is launch- or host-bound, and making it faster changes nothing;
+# * for a TPU, XProf's op profile gives its FLOP rate and bandwidth utilisation: compare them
+#   with the roofline of lesson 7.
+#
+# Put kernelsim's estimate beside the measured time: the estimate is a lower bound from bytes,
+# FLOPs and per-step overhead, so a measurement far above it points at what the model leaves
+# out (a compute-bound body, bank conflicts, a pipeline that does not overlap). The cell
+# profiles when an accelerator is present and says so when it is not.
+
+# %%
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+profile_x = jax.random.normal(keys[3], (1024, 1024), jnp.float32)
+profiled = functools.partial(copy_rows, bm=256)  # 256 divides 1024 rows: its bug does not bite
+estimate = kernelsim.trace(functools.partial(profiled, interpret=True), profile_x)
+estimate_us = estimate.calls[0].estimated_seconds * 1e6
+print(f"kernelsim's estimate on {estimate.chip.name}: {estimate_us:.1f} us")
+if jax.default_backend() in ("tpu", "gpu"):
+    fn = jax.jit(functools.partial(profiled, interpret=False))
+    jax.block_until_ready(fn(profile_x))  # compile outside the profile
+    logdir = Path(tempfile.mkdtemp(prefix="pallas-profile-"))
+    with jax.profiler.trace(str(logdir), create_perfetto_trace=True):
+        start = time.perf_counter()
+        for _ in range(10):
+            out = fn(profile_x)
+        jax.block_until_ready(out)
+        measured_us = (time.perf_counter() - start) / 10 * 1e6
+    print(f"measured on {jax.devices()[0].device_kind}: {measured_us:.1f} us per call, host "
+          f"clock, launch included; the trace is in {logdir}:")
+    for path in sorted(logdir.rglob("*"))[:6]:
+        if path.is_file():
+            print("  ", path.relative_to(logdir))
+else:
+    print(f"no accelerator here ({jax.default_backend()}): nothing to profile, and the number "
+          "above is an estimate for a chip, not a measurement")
 
 # %% [markdown]
 # ## Find the bug

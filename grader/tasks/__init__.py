@@ -23,6 +23,8 @@ MODULES = (
     "a09_debugging",
     "a10_transformations",
     "a11_gpu",
+    "a12_kernel_api",
+    "a14_production_kernels",
     "a15_mosaic_gpu",
 )
 for _name in MODULES:

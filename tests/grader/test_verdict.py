@@ -67,8 +67,8 @@ def _case(task_id: str, hidden: bool):
 
 def _whole_call(grid=()):
     return verdict.facts_from_dict({"calls": [{
-        "name": "k", "grid": list(grid), "operands": [], "hbm_read_bytes": 0,
-        "hbm_write_bytes": 0, "onchip_peak_bytes": 0}]})
+        "name": "k", "grid": list(grid), "dimension_semantics": ["arbitrary"] * len(grid),
+        "operands": [], "hbm_read_bytes": 0, "hbm_write_bytes": 0, "onchip_peak_bytes": 0}]})
 
 
 HONEST_ADD_WORK = {

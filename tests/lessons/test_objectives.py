@@ -20,6 +20,17 @@ from grader import tasks
 LESSONS_DIR = Path(__file__).resolve().parents[2] / "lessons"
 LESSONS = sorted(LESSONS_DIR.glob("[0-9][0-9]-*.py"))
 ROW = re.compile(r"^\| (\d\d) \| (\d+)\. (.+?) \| (.+?) \|$")
+# Objectives no graded task can check yet, each with the reason and its issue. Their rows
+# name no task; the test fails once one does (then drop the entry).
+_ACROSS_DEVICES = ("issue 22: a task across devices needs the grader to read a pallas_call "
+                   "inside shard_map (grader/work.py, kernelsim's tracer) and the graded run to "
+                   "have 4 CPU devices (grader/sandbox.py's child environment)")
+UNGRADED = {
+    **{("14", k): _ACROSS_DEVICES for k in (1, 2, 3, 4)},
+    ("09", 6): "issue 22: pl.debug_check fires only in a compiled TPU kernel (interpret modes "
+               "skip it) and a checkify error is not an output the grader compares",
+    ("09", 7): "issue 22: profiling needs a TPU or GPU; the graded run is CPU-only",
+}
 
 
 def objectives(path: Path) -> list[str]:
@@ -66,6 +77,10 @@ def test_every_objective_maps_to_a_graded_task(path: Path):
         assert _words(objective).startswith(_words(quoted).removesuffix(" ")[:40]), (
             f"lessons/README.md: lesson {key[0]} objective {k} reads {objective!r} in the "
             f"lesson but {quoted!r} in the table")
+        if key in UNGRADED:
+            assert not task_ids, (f"lesson {key[0]} objective {k} names {task_ids}: drop it "
+                                  f"from UNGRADED ({UNGRADED[key]})")
+            continue
         assert task_ids, f"lessons/README.md: lesson {key[0]} objective {k} names no task"
         unknown = [t for t in task_ids if t not in tasks.BY_ID]
         assert not unknown, (f"lessons/README.md: lesson {key[0]} objective {k} names "

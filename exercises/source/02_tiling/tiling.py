@@ -3,8 +3,8 @@
 #
 # A grid runs the kernel once per grid point; a `BlockSpec(block_shape, index_map)` gives each
 # step one block of an operand. With `grid = (pl.cdiv(M, bm), pl.cdiv(N, bn))` the last blocks
-# may stick out of the array: reads there return padding, writes there are dropped. Hidden tests
-# use shapes that are not multiples of the block.
+# may stick out of the array: reads there return unspecified values (NaN in interpret mode),
+# writes there are dropped. Hidden tests use shapes that are not multiples of the block.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import math
@@ -35,8 +35,8 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 #
 # One `BlockSpec((bm, bn), ...)` serves both inputs and the output; its index map returns the
 # *block* index, which for a 2-D grid `(i, j)` is simply `(i, j)`. The grid uses `pl.cdiv` so
-# it covers the edges: the out-of-range part of an edge block is padding on reads and dropped
-# on writes, which is harmless for an elementwise add.
+# it covers the edges: the out-of-range part of an edge block reads unspecified values and its
+# writes are dropped, which is harmless for an elementwise add.
 #
 # </details>
 #
@@ -89,8 +89,8 @@ course.check("tiled_add", tiled_add, hidden=True)
 #
 # Each step gets `bm` whole rows (block `(bm, N)`, index map `(i, 0)`) and writes a `(bm, 1)`
 # block of the output. Sum along axis 1 in float32 with `keepdims=True` so the shape matches
-# the output block, then cast. Rows past the array's end in the last block are padding; their
-# sums are dropped on the write.
+# the output block, then cast. Rows past the array's end in the last block hold unspecified
+# values; their sums are dropped on the write.
 #
 # </details>
 #

@@ -187,8 +187,10 @@ course.check("block_sparse_matmul", block_sparse_matmul, hidden=True)
 # On the host, the group of every row block: group `g` covers `group_sizes[g] // bm`
 # consecutive row blocks. Prefetch that array of group ids. `x`'s and the output's index maps do
 # not need it; `w`'s uses it to pick the group's weights, with the group dimension squeezed out
-# of the block. Consecutive row blocks of one group map to the same `w` block, so the pipeline
-# fetches it once per run. The kernel is one matmul with a float32 result, rounded to the
+# of the block. With the column axis innermost, `w`'s block changes at every step whenever
+# `N > bn` (each step wants another column block), so the pipeline re-fetches it each step;
+# only when one column block covers `N` do consecutive row blocks of one group reuse it. The
+# read budget allows both. The kernel is one matmul with a float32 result, rounded to the
 # output dtype.
 #
 # </details>

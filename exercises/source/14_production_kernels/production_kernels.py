@@ -1,0 +1,192 @@
+# %% [markdown]
+# # Assignment 14 — kernels in production
+#
+# Lesson 15 dequantized int8 and fp8 weights block by block inside a matmul, read JAX's
+# ragged paged attention, and wrote whole pages of a paged KV cache in place. Both tasks here
+# change one thing the lesson fixed: where a quantization scale can be applied, and how much
+# of a page a decode step writes.
+#
+# **TPU-only** features (VMEM scratch, scalar prefetch): on this machine the kernels run in
+# TPU interpret mode (`TPU_INTERPRET`).
+#
+# Rules: [scalar prefetch](https://docs.jax.dev/en/latest/pallas/tpu/sparse.html),
+# [TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html).
+
+# %% nbgrader={"grade_id": "setup", "locked": true}
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import kernelsim
+from grader import course
+from kernelsim.backend import choose
+
+# Compiled on a TPU; TPU interpret mode anywhere else (scratch and scalar prefetch).
+TPU_INTERPRET = choose(tpu_features=True).interpret
+
+# %% [markdown]
+# ## Task 1 — `int8_matmul_per_channel(x, wq, scale, bm, bn, bk)` (3 points)
+#
+# `x` is float32 `(M, K)`, `wq` int8 `(K, N)` and `scale` float32 `(1, N)`: one scale per
+# output column, so the weights are `wq * scale`. Return `x @ (wq * scale)` in float32.
+#
+# Lesson 15 had one scale per block of rows and had to dequantize each block before its dot.
+# Here a column's scale is the same for every row of `wq`: take it out of the sum. Multiply
+# `x` by the int8 weights converted to float32, accumulate over `k` in float32 scratch, and
+# apply `scale` once per output block, at its last `k` step.
+#
+# Grid `(M // bm, N // bn, K // bk)` with `k` innermost; `wq` is read as int8, at most once
+# per row block of `x` (`(M / bm) · K · N` bytes). Weights dequantized outside the kernel
+# would be float32, four times the bytes, and computed outside any kernel: both fail.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Start from lesson 4's accumulating matmul with a float32 scratch accumulator. Two changes:
+# the weight block is converted to float32 before the dot (a cast, not a multiplication),
+# and the branch for the last `k` step multiplies the accumulator by this column block's
+# scales before writing it. The scales' BlockSpec is `(1, bn)` and follows the column index;
+# its row dimension is the array's own size, 1, so the (8, 128) rule accepts it.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The output line in the last-step branch: the accumulator times the scale block, which
+# broadcasts along the rows because it has one row, written to the output ref. Nowhere else in
+# the kernel is the scale used.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "int8_matmul_per_channel_solution", "solution": true}
+def int8_matmul_per_channel(x, wq, scale, bm, bn, bk):
+    ### BEGIN SOLUTION
+    (m, k), n = x.shape, wq.shape[1]
+
+    def kernel(x_ref, wq_ref, scale_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(x_ref[...].astype(jnp.float32),
+                                wq_ref[...].astype(jnp.float32),
+                                preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...] * scale_ref[...]  # one scale per column, once
+
+    # k innermost: the output block and the accumulator stay on chip for all k.
+    return pl.pallas_call(
+        kernel,
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+                  pl.BlockSpec((1, bn), lambda i, j, kk: (0, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+        interpret=TPU_INTERPRET,
+    )(x, wq, scale)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "int8_matmul_per_channel_visible", "grade": true, "points": 1}
+course.check("int8_matmul_per_channel", int8_matmul_per_channel)
+
+# %% nbgrader={"grade_id": "int8_matmul_per_channel_hidden", "grade": true, "points": 2}
+# Hidden tests: other block sizes, a long K, a single row block.
+### BEGIN HIDDEN TESTS
+course.check("int8_matmul_per_channel", int8_matmul_per_channel, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 2 — `kv_cache_append(cache, new_rows, page_indices, positions)` (4 points)
+#
+# A paged key cache `cache` of shape `(P, page_size, D)`; for each of `S` sequences a new
+# key row `new_rows[s]` (shape `(S, 1, D)`), its page table row `page_indices[s]` (int32,
+# shape `(S, slots)`) and the position `positions[s]` (int32) the new token takes in its
+# sequence. Write row `positions[s] % page_size` of page
+# `page_indices[s, positions[s] // page_size]` and return the whole cache, every other row of
+# every page unchanged. No two sequences share a page.
+#
+# Lesson 15's `write_pages` replaced whole pages. A decode step writes **one row**: the
+# kernel must bring in the page it writes, keep its other rows and change one. Grid `(S,)`,
+# the page table and the positions as scalar prefetch (both, in that order), the output
+# aliased to the cache, and at most one page written per sequence.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# One grid step per sequence. The cache's input block and the output block are the same
+# `(None, page_size, D)` block, chosen by an index map that reads the page table at the
+# sequence's row and the slot its position falls in; the output is the cache's own buffer.
+# In the body the row inside the page is a scalar from the positions; build a row mask with
+# an iota along the page's rows and select the new row where the mask holds, the page's old
+# row elsewhere.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The page's index map: the page table ref indexed by the step and by the step's position
+# divided (floor) by the page size, then 0 and 0. `input_output_aliases` maps the cache's
+# operand number, counted after the two prefetched arrays, to output 0.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "kv_cache_append_solution", "solution": true}
+def kv_cache_append(cache, new_rows, page_indices, positions):
+    ### BEGIN SOLUTION
+    _, page_size, d = cache.shape
+
+    def kernel(table_ref, pos_ref, page_ref, new_ref, out_ref):
+        row = pos_ref[pl.program_id(0)] % page_size
+        rows = jax.lax.broadcasted_iota(jnp.int32, page_ref.shape, 0)
+        out_ref[...] = jnp.where(rows == row, new_ref[...], page_ref[...])
+
+    def page_of(s, table_ref, pos_ref):
+        return (table_ref[s, pos_ref[s] // page_size], 0, 0)
+
+    page = pl.BlockSpec((None, page_size, d), page_of)
+    # each step reads and writes back only the one page its sequence appends to
+    return pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2,
+            grid=(new_rows.shape[0],),
+            in_specs=[page, pl.BlockSpec((None, 1, d), lambda s, *_: (s, 0, 0))],
+            out_specs=page),
+        out_shape=jax.ShapeDtypeStruct(cache.shape, cache.dtype),
+        input_output_aliases={2: 0},
+        interpret=TPU_INTERPRET,
+    )(page_indices, positions, cache, new_rows)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "kv_cache_append_visible", "grade": true, "points": 1}
+course.check("kv_cache_append", kv_cache_append)
+
+# %% nbgrader={"grade_id": "kv_cache_append_hidden", "grade": true, "points": 3}
+# Hidden tests: bfloat16, longer pages and wider rows, a single sequence, positions on the
+# first and last row of a page.
+### BEGIN HIDDEN TESTS
+course.check("kv_cache_append", kv_cache_append, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# kernelsim's view of your append: one page read and one written per sequence, out of a
+# cache of twelve.
+
+# %%
+cache = jax.random.normal(jax.random.key(14), (12, 16, 128), jnp.float32)
+new_rows = jax.random.normal(jax.random.key(15), (3, 1, 128), jnp.float32)
+table = jnp.array([[3, 7, 1, 0], [9, 2, 5, 6], [4, 8, 10, 11]], jnp.int32)
+positions = jnp.array([20, 3, 63], jnp.int32)
+print(kernelsim.trace(kv_cache_append, cache, new_rows, table, positions))
