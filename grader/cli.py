@@ -104,7 +104,8 @@ def _build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="grades CSV (nbgrader's columns plus status "
                        "and reason)")
     e.add_argument("--to", type=Path, required=True)
-    k = sub.add_parser("check", help="run a notebook's visible tests in a fresh kernel")
+    k = sub.add_parser("check", help="run a notebook's visible checks in a fresh kernel (the "
+                       "notebook: a path from here or from the workspace, or just its name)")
     k.add_argument("notebook", type=Path)
     rf = sub.add_parser("refs", help="regenerate reference outputs under exercises/refs/")
     rf.add_argument("only", nargs="*", help="task ids or assignments (default: all)")
@@ -120,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         return site.serve(port=args.port, lab_port=args.lab_port, build=not args.no_build,
                           workspace_dir=args.workspace)
     if args.command == "check":
-        from grader import grading
+        from grader import check
 
-        return grading.check_notebook(args.notebook)
+        return check.run(args.notebook)
 
     if args.db:
         from grader import grading
