@@ -12,7 +12,9 @@ The two URLs are the last thing printed, in a box; JupyterLab's and the build's 
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
+import json
 import os
 import secrets
 import shutil
@@ -34,6 +36,7 @@ SITE_SOURCES = ("mkdocs.yml", "site", "lessons", "exercises/source", "exercises/
 # instructor-only nbgrader extensions are disabled.
 LAB_CONFIG_DIR = REPO / "site" / "jupyter"
 LOG_DIR = REPO / "build" / "logs"
+LAB_STATE_DIR = REPO / "build" / "lab"  # per workspace: JupyterLab's token and settings
 SITE_URL = "http://127.0.0.1:8000"
 LAB_URL = "http://127.0.0.1:8888"
 READY_TIMEOUT_S = 90
@@ -133,22 +136,65 @@ def stop_processes(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def lab_command(lab_port: int, token: str, root: Path) -> list[str]:
+def lab_command(lab_port: int, root: Path) -> list[str]:
+    """JupyterLab's command line; its token is in ``lab_settings``' file, never in here (the
+    process list shows a command line to every user of the machine)."""
     return [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip", "127.0.0.1",
             "--port", str(lab_port), "--ServerApp.port_retries=0",
             f"--ServerApp.root_dir={root}", "--ServerApp.default_url=/lab/tree/lessons",
-            f"--IdentityProvider.token={token}",
             # offline machines: no announcement feed, no update check
             "--LabApp.news_url=None",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])]
 
 
-def lab_env() -> dict[str, str]:
-    """The environment JupyterLab runs in: site/jupyter/ first on JUPYTER_CONFIG_PATH."""
-    config_path = os.pathsep.join(p for p in (str(LAB_CONFIG_DIR),
+def _private_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, readable and writable by its owner only (mode 0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def lab_settings(workspace_dir: Path, state_dir: Path | None = None) -> tuple[Path, str]:
+    """This workspace's JupyterLab settings folder (mode 0700, under ``build/lab/``) and token.
+
+    The token is made once per workspace and kept in ``token`` (mode 0600), so the URL a
+    learner once opened, and the login cookie it left, still work after a restart: the site's
+    JupyterLab links open their notebook without a login page. The folder's
+    ``jupyter_server_config.json`` gives JupyterLab the token and a terminal that is not a login
+    shell (a login shell's /etc/profile would put the course's environment off PATH)."""
+    key = hashlib.sha256(str(workspace_dir.resolve()).encode()).hexdigest()[:12]
+    folder = (state_dir or LAB_STATE_DIR) / key
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    token_file = folder / "token"
+    token = token_file.read_text().strip() if token_file.is_file() else ""
+    if not token:
+        token = secrets.token_hex(16)
+        _private_write(token_file, token + "\n")
+    shell = next((s for s in (os.environ.get("SHELL"), "/bin/bash") if s and os.path.exists(s)),
+                 "sh")
+    _private_write(folder / "jupyter_server_config.json", json.dumps(
+        {"IdentityProvider": {"token": token},
+         "ServerApp": {"terminado_settings": {"shell_command": [shell]}}}, indent=1) + "\n")
+    return folder, token
+
+
+def lab_env(workspace_dir: Path, settings_dir: Path) -> dict[str, str]:
+    """The environment JupyterLab, its terminals and kernels run in: ``settings_dir`` and
+    site/jupyter/ first on JUPYTER_CONFIG_PATH, this Python's ``bin`` first on PATH (the
+    ``pallas-course`` command in a terminal), and ``$PALLAS_COURSE_WORKSPACE`` (where
+    ``pallas-course check`` looks for a notebook)."""
+    from grader.check import WORKSPACE_ENV
+
+    config_path = os.pathsep.join(p for p in (str(settings_dir), str(LAB_CONFIG_DIR),
                                               os.environ.get("JUPYTER_CONFIG_PATH", "")) if p)
-    return {**os.environ, "JUPYTER_CONFIG_PATH": config_path}
+    # the venv's bin as this interpreter was started (not its symlink's target)
+    path = os.pathsep.join(p for p in (str(Path(sys.executable).parent),
+                                       os.environ.get("PATH", "")) if p)
+    return {**os.environ, "JUPYTER_CONFIG_PATH": config_path, "PATH": path,
+            WORKSPACE_ENV: str(workspace_dir)}
 
 
 def url_box(lines: list[str]) -> str:
@@ -205,7 +251,7 @@ def serve(port: int = 8000, lab_port: int = 8888, build: bool = True,
         print(f"no site in {SITE_DIR}: run `pallas-course build-site` first", file=sys.stderr)
         return 1
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_hex(16)
+    settings_dir, token = lab_settings(workspace_dir)
     # SIGTERM (from `kill`, a service manager or a test) stops us the way Ctrl-C does
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     procs: list[subprocess.Popen] = []
@@ -222,7 +268,8 @@ def serve(port: int = 8000, lab_port: int = 8888, build: bool = True,
         lab_log = LOG_DIR / "jupyterlab.log"
         with open(lab_log, "w") as out:
             procs.append(subprocess.Popen(
-                lab_command(lab_port, token, workspace_dir), cwd=workspace_dir, env=lab_env(),
+                lab_command(lab_port, workspace_dir), cwd=workspace_dir,
+                env=lab_env(workspace_dir, settings_dir),
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         behind = _BehindBuild() if build and site_is_stale() else None
         if behind:

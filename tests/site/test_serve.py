@@ -139,6 +139,6 @@ def test_lab_opens_python_files_as_jupytext_notebooks():
                             "default_setting_overrides.json").read_text())
     viewers = overrides["@jupyterlab/docmanager-extension:plugin"]["defaultViewers"]
     assert viewers["python"] == "Jupytext Notebook"
-    cmd = site.lab_command(8888, "t", REPO / "workspace")
+    cmd = site.lab_command(8888, REPO / "workspace")
     assert f"--ServerApp.root_dir={REPO / 'workspace'}" in cmd
     assert "--ServerApp.default_url=/lab/tree/lessons" in cmd
