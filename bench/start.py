@@ -43,7 +43,7 @@ def start_steps(port: int, lab_port: int) -> list[list[str]]:
         raise SystemExit("no start: target in the Makefile")
     steps = []
     for line in recipe.group(1).splitlines():
-        argv = line.strip().replace("$(PY)", sys.executable).split()
+        argv = line.strip().removeprefix("@").replace("$(PY)", sys.executable).split()
         if argv[-2:] == ["grader.cli", "serve"]:
             argv += ["--port", str(port), "--lab-port", str(lab_port)]
         steps.append(argv)
