@@ -74,11 +74,13 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workspace", type=Path, default=None,
                    help="folder JupyterLab opens (default: workspace/ of the checkout)")
     w = sub.add_parser("workspace", help="copy lessons and exercise notebooks into a learner's "
-                       "workspace; files already there are never changed")
+                       "workspace; a file you edited is never changed (nbgrader's release "
+                       "output goes to build/logs/release.log)")
     w.add_argument("dir", type=Path, nargs="?", help="default: workspace/ of the checkout "
                    "holding the course, else ./workspace")
     w.add_argument("--update", action="store_true",
-                   help="also offer newer course versions beside your files (<name>.new.*)")
+                   help="also update the files you never edited, and offer newer course "
+                   "versions of the ones you did beside them (<name>.new.*)")
     d = sub.add_parser("dist", help="a student distribution (folder or .zip): lessons, student "
                        "notebooks, visible references, kernelsim; no solutions or hidden tests")
     d.add_argument("--to", type=Path, required=True)
@@ -138,7 +140,12 @@ def main(argv: list[str] | None = None) -> int:
             # the checkout's workspace/ when the course is in one, else one where you stand:
             # never inside the installed package's folder for a course outside it
             default = (repo if repo == root.parent else Path.cwd()) / "workspace"
-            workspace.create((args.dir or default).resolve(), root, repo, update=args.update)
+            site.LOG_DIR.mkdir(parents=True, exist_ok=True)
+            release_log = site.LOG_DIR / "release.log"
+            with release_log.open("a") as out:
+                workspace.create((args.dir or default).resolve(), root, repo,
+                                 update=args.update,
+                                 release_log=lambda line: print(line, file=out, flush=True))
         elif args.command == "dist":
             from grader import dist
 
