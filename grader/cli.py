@@ -65,8 +65,11 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="the gradebook (nbgrader's db_url), e.g. postgresql://USER@HOST/DB "
                         "(default: $PALLAS_COURSE_DB, else gradebook.db, SQLite, in the course)")
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build-site", help="build the website into build/site")
+    b = sub.add_parser("build-site", help="build the website into build/site (the lessons "
+                       "executed in parallel, one process per CPU)")
     b.add_argument("--no-strict", action="store_true", help="do not fail on mkdocs warnings")
+    b.add_argument("--site-dir", type=Path, default=site.SITE_DIR,
+                   help="where to build it (default: build/site)")
     s = sub.add_parser("serve", help="serve the site (8000) and JupyterLab (8888) on 127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--lab-port", type=int, default=8888)
@@ -117,7 +120,7 @@ def _build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "build-site":
-        site.build_site(strict=not args.no_strict)
+        site.build_site(strict=not args.no_strict, site_dir=args.site_dir.resolve())
         return 0
     if args.command == "serve":
         return site.serve(port=args.port, lab_port=args.lab_port, build=not args.no_build,

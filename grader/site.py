@@ -65,28 +65,78 @@ def site_is_stale() -> bool:
 
 
 def build_command(strict: bool = True, site_dir: Path = SITE_DIR) -> list[str]:
-    cmd = [sys.executable, "-m", "mkdocs", "build", "--clean", "--site-dir", str(site_dir)]
-    return [*cmd, "--strict"] if strict else cmd
+    """``pallas-course build-site``: the lessons executed in parallel, then mkdocs."""
+    cmd = [sys.executable, "-m", "grader.cli", "build-site", "--site-dir", str(site_dir)]
+    return cmd if strict else [*cmd, "--no-strict"]
 
 
 BUILD_ENV = {"NO_MKDOCS_2_WARNING": "1"}
 
 
-def build_site(strict: bool = True) -> None:
-    """Run `mkdocs build` into build/site; raises CalledProcessError when the build fails.
+def render_lessons(names: list[str]) -> None:
+    """Render ``lessons/<name>`` for each name the way the site build does, through
+    mkdocs-jupyter's own page hook, which executes a lesson missing from its cache (keyed by the
+    lesson's content, the plugin's settings and, through site/hooks.py, kernelsim) and stores
+    it there. One process runs this per CPU (``prerender_lessons``); mkdocs then finds every
+    lesson in the cache instead of executing them one at a time."""
+    from mkdocs.config import load_config
+    from mkdocs.structure.files import File, Files
+    from mkdocs.structure.pages import Page
 
-    Lessons are executed (mkdocs-jupyter); unchanged ones come from .cache/mkdocs-jupyter/.
-    """
-    subprocess.run(build_command(strict), cwd=REPO, check=True, env={**os.environ, **BUILD_ENV})
+    config = load_config(str(REPO / "mkdocs.yml"))
+    config = config.plugins.on_config(config)  # site/hooks.py pins the cache, the kernel's path
+    jupyter = config.plugins["mkdocs-jupyter"]
+    jupyter.on_pre_build(config)  # the build's next event: the plugin sets up its cache there
+    for name in names:
+        file = File(f"lessons/{name}", src_dir=str(REPO), dest_dir=config["site_dir"],
+                    use_directory_urls=config["use_directory_urls"])
+        page = Page(None, file, config)
+        jupyter.on_pre_page(page, config, Files([file]))
+        cwd = os.getcwd()
+        os.chdir(REPO / "lessons")  # as the build does: a lesson runs in its own folder
+        try:
+            page.render(config, Files([file]))
+        finally:
+            os.chdir(cwd)
+
+
+def prerender_lessons(jobs: int | None = None) -> None:
+    """Execute the lessons into mkdocs-jupyter's cache, ``jobs`` processes at once (default:
+    one per CPU), the longest lessons (by size) first and spread evenly; cached lessons cost a
+    hash each. Raises CalledProcessError when a lesson fails (the build would fail on it too)."""
+    lessons = sorted((REPO / "lessons").glob("[0-9][0-9]-*.py"),
+                     key=lambda p: p.stat().st_size, reverse=True)
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(lessons)))
+    shares: list[list[Path]] = [[] for _ in range(jobs)]
+    for lesson in lessons:  # longest first, each to the least loaded process
+        min(shares, key=lambda s: sum(p.stat().st_size for p in s)).append(lesson)
+    code = "import sys; from grader import site; site.render_lessons(sys.argv[1:])"
+    procs = [subprocess.Popen([sys.executable, "-c", code, *(p.name for p in share)],
+                              cwd=REPO, env={**os.environ, **BUILD_ENV})
+             for share in shares if share]
+    codes = [p.wait() for p in procs]
+    failed = next((c for c in codes if c), 0)
+    if failed:
+        raise subprocess.CalledProcessError(failed, "render_lessons")
+
+
+def build_site(strict: bool = True, site_dir: Path = SITE_DIR) -> None:
+    """Build the site into ``site_dir``: the lessons executed in parallel into mkdocs-jupyter's
+    cache (``prerender_lessons``; unchanged ones are already there), then ``mkdocs build``.
+    Raises CalledProcessError when the build fails."""
+    prerender_lessons()
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--clean", "--site-dir", str(site_dir)]
+    subprocess.run([*cmd, "--strict"] if strict else cmd, cwd=REPO, check=True,
+                   env={**os.environ, **BUILD_ENV})
 
 
 BUILDING_PAGE = b"""<!doctype html><html><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="5"><title>pallas-course: building the site</title></head>
 <body style="font-family: sans-serif; max-width: 40em; margin: 4em auto">
 <h1>The site is being built</h1>
-<p>The lessons are executed once (about two minutes on two cores; later starts reuse the
-cache). This page reloads itself every 5 seconds. JupyterLab is already running: the lessons
-and exercises are there.</p></body></html>"""
+<p>The lessons are executed once, in parallel (later starts reuse what was executed). This
+page reloads itself every 5 seconds. JupyterLab is already running: the lessons and exercises
+are there.</p></body></html>"""
 
 
 class _SiteHandler(http.server.SimpleHTTPRequestHandler):
