@@ -122,7 +122,8 @@ def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
     try:
         try:
             _check(task_id, fn, hidden, quiet, record)
-        except CheckFailed:
+        except CheckFailed as e:
+            record.setdefault("message", str(e))
             raise
         except Exception as e:  # the course's own files are missing or damaged: say which
             record["message"] = f"{type(e).__name__}: {e}"

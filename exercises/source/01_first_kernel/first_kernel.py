@@ -179,9 +179,10 @@ except NotImplementedError:
     print("implement add first")
 
 # %% [markdown]
-# ## Summary
+# ## What passed
 #
-# What passed and failed in this kernel: run every cell above first.
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
 
 # %%
 course.summary()

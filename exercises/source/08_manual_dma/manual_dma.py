@@ -379,9 +379,10 @@ course.check("absmax_in_place", absmax_in_place, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## Summary
+# ## What passed
 #
-# What passed and failed in this kernel: run every cell above first.
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
 
 # %%
 course.summary()
