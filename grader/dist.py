@@ -67,7 +67,7 @@ No Python 3.12 or 3.13 found (jax 0.12 needs one).
     sudo apt-get install -y python3-venv
     python3 -m venv ~/.uv && ~/.uv/bin/pip install -q uv && ~/.uv/bin/uv python install 3.12
     PYTHON=$(~/.uv/bin/uv python find 3.12) sh install.sh
-- Debian 13 (python3 is 3.13): sudo apt-get install -y python3-venv python3-pip
+- Debian 13 (python3 is 3.13): sudo apt-get install -y python3-venv, then run this again
 - macOS (Apple's python3 is 3.9): brew install python@3.12
 END
   exit 1
