@@ -4,8 +4,8 @@ It runs a notebook's visible checks in a fresh kernel (never its hidden tests) a
 task pass or fail, the structural rules and kernelsim's summary. ``NOTEBOOK`` is found where a
 learner types it: relative to the current folder, then to the workspace
 (``$PALLAS_COURSE_WORKSPACE``, which ``pallas-course serve`` sets for JupyterLab's terminals,
-else the nearest folder at or above the current one that holds ``exercises/``), then by name
-among ``exercises/*/`` there, so
+else the workspace around the current folder or a checkout's ``workspace/``, else the nearest
+folder holding ``exercises/``), then by name among ``exercises/*/`` there, so
 ``pallas-course check first_kernel.ipynb`` works from the workspace and from the exercise's own
 folder alike.
 
@@ -30,6 +30,7 @@ _MARKER = "### {} HIDDEN TESTS"
 HIDDEN_RE = re.compile(re.escape(_MARKER.format("BEGIN")) + ".*?" +
                        re.escape(_MARKER.format("END")), re.S)
 WORKSPACE_ENV = "PALLAS_COURSE_WORKSPACE"
+WORKSPACE_LEDGER = ".pallas-course-workspace.json"  # what marks a workspace (grader.workspace)
 
 
 class NotebookNotFound(FileNotFoundError):
@@ -37,11 +38,17 @@ class NotebookNotFound(FileNotFoundError):
 
 
 def workspace_root(cwd: Path) -> Path | None:
-    """``$PALLAS_COURSE_WORKSPACE``, else the nearest folder at or above ``cwd`` holding
-    ``exercises/``; None when there is none."""
+    """``$PALLAS_COURSE_WORKSPACE``; else the workspace at or above ``cwd`` (or a checkout's
+    ``workspace/`` when ``cwd`` is the checkout); else the nearest folder at or above ``cwd``
+    holding ``exercises/`` (a student copy); None when there is none."""
     env = os.environ.get(WORKSPACE_ENV)
     if env:
         return Path(env)
+    for d in (cwd, *cwd.parents):
+        if (d / WORKSPACE_LEDGER).is_file():
+            return d
+    if (cwd / "workspace" / WORKSPACE_LEDGER).is_file():
+        return cwd / "workspace"
     return next((d for d in (cwd, *cwd.parents) if (d / "exercises").is_dir()), None)
 
 

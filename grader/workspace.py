@@ -29,10 +29,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from grader import build
+from grader import build, check
 
 RELEASE_LEDGER = ".pallas-course-release.json"  # in the course root, beside release/
-WORKSPACE_LEDGER = ".pallas-course-workspace.json"  # in the workspace
+WORKSPACE_LEDGER = check.WORKSPACE_LEDGER  # in the workspace
 KEPT_DIR = "release-kept"  # in the course root
 
 

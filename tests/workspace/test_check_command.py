@@ -31,6 +31,14 @@ def test_found_from_the_folder_the_workspace_and_below(ws, monkeypatch):
         Path("exercises/01_first_kernel/first_kernel.ipynb"), ws / "lessons") == nb
     assert check.find_notebook(Path("lessons/01-why.py"), nb.parent) == \
         ws / "lessons" / "01-why.py"
+    # a checkout's root: its workspace/, not the course's exercises/ beside it
+    checkout = ws.parent / "checkout"
+    (checkout / "exercises" / "source").mkdir(parents=True)
+    ws.rename(checkout / "workspace")
+    (checkout / "workspace" / check.WORKSPACE_LEDGER).write_text("{}")
+    assert check.find_notebook(Path("first_kernel.ipynb"), checkout) == \
+        checkout / "workspace" / nb.relative_to(ws)
+    (checkout / "workspace").rename(ws)
     # JupyterLab's terminals are told the workspace (serve sets it)
     monkeypatch.setenv(check.WORKSPACE_ENV, str(ws))
     assert check.find_notebook(Path("tiling.ipynb"), ws.parent) == \
