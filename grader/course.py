@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -42,16 +43,33 @@ _SESSION: dict[str, dict[str, Any]] = {}
 class CheckFailed(AssertionError):
     """A task's check failed: wrong values, wrong shape, or a structural rule not met."""
 
+    # shown but not raised (in a Jupyter kernel): the frames from the notebook's cell down to
+    # the call of ``check``, which the traceback of an exception caught in ``check`` lacks
+    caller_frames: list[traceback.FrameSummary] = []
+
     def _render_traceback_(self) -> list[str]:
         """What IPython shows for this error: the learner's frames and the message, without
         the grader's frames (IPython always shows the raising frame, even with
         ``__tracebackhide__``; the full traceback stays on the exception for ``%debug``)."""
         grader_dir = str(Path(__file__).resolve().parent) + os.sep
-        frames = [f for f in traceback.extract_tb(self.__traceback__)
-                  if not str(Path(f.filename).resolve()).startswith(grader_dir)]
+        frames = [*self.caller_frames, *traceback.extract_tb(self.__traceback__)]
+        frames = [f for f in frames if not str(Path(f.filename).resolve()).startswith(grader_dir)]
         lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] \
             if frames else []
         return [*"".join(lines).splitlines(), f"{type(self).__name__}: {self}"]
+
+
+def _cell_frames(frame) -> list[traceback.FrameSummary]:
+    """``frame`` and its callers up to the code IPython runs (the notebook's cell): what IPython
+    would have shown for an exception raised out of ``frame``."""
+    import IPython
+
+    ipython_dir = os.path.dirname(IPython.__file__) + os.sep
+    frames = []
+    while frame is not None and not frame.f_code.co_filename.startswith(ipython_dir):
+        frames.append(frame)
+        frame = frame.f_back
+    return list(traceback.StackSummary.extract((f, f.f_lineno) for f in reversed(frames)))
 
 
 def _jupyter_shell():
@@ -133,10 +151,11 @@ def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
             if not hidden:
                 _SESSION.pop(task_id, None)  # re-checked: it moves to the end
                 _SESSION[task_id] = record
-    except CheckFailed:
+    except CheckFailed as e:
         shell = _jupyter_shell()
         if shell is None:
             raise
+        e.caller_frames = _cell_frames(sys._getframe(1))
         shell.showtraceback()  # the cell's error output; the cell itself succeeds
 
 
