@@ -10,6 +10,8 @@ PYTHON ?= $(call find_python,python3.12 python3.13 python3 \
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
+# pyproject.toml's extras: all of them in a checkout (a student copy installs `learner` only)
+EXTRAS := learner,site,class,dev
 CHROMIUM := /usr/bin/chromium
 
 # kernelsim's own suite also runs on the oldest JAX it supports (kernelsim/_jax.py SUPPORTED_JAX),
@@ -29,10 +31,13 @@ python-check:
 # older Python (the course used 3.11 before jax 0.12) is replaced.
 $(STAMP): pyproject.toml | python-check
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null || rm -rf $(VENV)
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@mkdir -p build/logs
+	@echo "installing the course's packages into $(VENV) (log: build/logs/pip-install.log)"
+	@{ $(PY) -m pip install -q --upgrade pip && \
+	  $(PY) -m pip install -q -e '.[$(EXTRAS)]'; } >build/logs/pip-install.log 2>&1 || \
+	  { tail -20 build/logs/pip-install.log >&2; exit 1; }
+	@touch $(STAMP)
 
 venv: $(STAMP)
 
@@ -85,12 +90,12 @@ test-jax:
 	$(PYTHON_FOR_JAX) .ci/jax_env.py $(JAX_VENV) $(JAX)
 	$(JAX_VENV)/bin/python -m pytest -p no:cacheprovider -q $(KERNELSIM_TESTS)
 
-# The learner's workspace/ (git-ignored) gets the lessons and the released student notebooks,
-# each only when missing: nothing of the learner's is ever overwritten. JupyterLab opens there;
+# The learner's workspace/ (git-ignored) gets the lessons and the released student notebooks;
+# a file the learner edited is never overwritten. No system package is needed to learn. JupyterLab opens there;
 # the site is served at once and (re)built behind it when stale.
-start: $(STAMP) system-packages
-	$(PY) -m grader.cli workspace
-	$(PY) -m grader.cli serve
+start: $(STAMP)
+	@$(PY) -m grader.cli workspace
+	@$(PY) -m grader.cli serve
 
 clean:
 	rm -rf build .cache

@@ -43,7 +43,7 @@ def start_steps(port: int, lab_port: int) -> list[list[str]]:
         raise SystemExit("no start: target in the Makefile")
     steps = []
     for line in recipe.group(1).splitlines():
-        argv = line.strip().replace("$(PY)", sys.executable).split()
+        argv = line.strip().removeprefix("@").replace("$(PY)", sys.executable).split()
         if argv[-2:] == ["grader.cli", "serve"]:
             argv += ["--port", str(port), "--lab-port", str(lab_port)]
         steps.append(argv)
@@ -128,7 +128,8 @@ def main() -> int:
             "site_ready_s"]
     rows = [{k: r.get(k, "-") for k in keys} for r in rows]
     write("start", rows, {"commit": head, "cpus": os.cpu_count(), "warm_runs": warm,
-                          "goal": "both URLs answer <= 90 s after a cold make start"})
+                          "goal": "the built site served <= 90 s after a cold make start "
+                          "(site_ready_s, pip cache warm, two cores); warm <= 15 s"})
     return 0
 
 

@@ -65,8 +65,11 @@ def _build_parser() -> argparse.ArgumentParser:
                         help="the gradebook (nbgrader's db_url), e.g. postgresql://USER@HOST/DB "
                         "(default: $PALLAS_COURSE_DB, else gradebook.db, SQLite, in the course)")
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build-site", help="build the website into build/site")
+    b = sub.add_parser("build-site", help="build the website into build/site (the lessons "
+                       "executed in parallel, one process per CPU)")
     b.add_argument("--no-strict", action="store_true", help="do not fail on mkdocs warnings")
+    b.add_argument("--site-dir", type=Path, default=site.SITE_DIR,
+                   help="where to build it (default: build/site)")
     s = sub.add_parser("serve", help="serve the site (8000) and JupyterLab (8888) on 127.0.0.1")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--lab-port", type=int, default=8888)
@@ -74,11 +77,13 @@ def _build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workspace", type=Path, default=None,
                    help="folder JupyterLab opens (default: workspace/ of the checkout)")
     w = sub.add_parser("workspace", help="copy lessons and exercise notebooks into a learner's "
-                       "workspace; files already there are never changed")
+                       "workspace; a file you edited is never changed (nbgrader's release "
+                       "output goes to build/logs/release.log)")
     w.add_argument("dir", type=Path, nargs="?", help="default: workspace/ of the checkout "
                    "holding the course, else ./workspace")
     w.add_argument("--update", action="store_true",
-                   help="also offer newer course versions beside your files (<name>.new.*)")
+                   help="also update the files you never edited, and offer newer course "
+                   "versions of the ones you did beside them (<name>.new.*)")
     d = sub.add_parser("dist", help="a student distribution (folder or .zip): lessons, student "
                        "notebooks, visible references, kernelsim; no solutions or hidden tests")
     d.add_argument("--to", type=Path, required=True)
@@ -104,7 +109,8 @@ def _build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="grades CSV (nbgrader's columns plus status "
                        "and reason)")
     e.add_argument("--to", type=Path, required=True)
-    k = sub.add_parser("check", help="run a notebook's visible tests in a fresh kernel")
+    k = sub.add_parser("check", help="run a notebook's visible checks in a fresh kernel (the "
+                       "notebook: a path from here or from the workspace, or just its name)")
     k.add_argument("notebook", type=Path)
     rf = sub.add_parser("refs", help="regenerate reference outputs under exercises/refs/")
     rf.add_argument("only", nargs="*", help="task ids or assignments (default: all)")
@@ -114,15 +120,15 @@ def _build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     if args.command == "build-site":
-        site.build_site(strict=not args.no_strict)
+        site.build_site(strict=not args.no_strict, site_dir=args.site_dir.resolve())
         return 0
     if args.command == "serve":
         return site.serve(port=args.port, lab_port=args.lab_port, build=not args.no_build,
                           workspace_dir=args.workspace)
     if args.command == "check":
-        from grader import grading
+        from grader import check
 
-        return grading.check_notebook(args.notebook)
+        return check.run(args.notebook)
 
     if args.db:
         from grader import grading
@@ -137,7 +143,12 @@ def main(argv: list[str] | None = None) -> int:
             # the checkout's workspace/ when the course is in one, else one where you stand:
             # never inside the installed package's folder for a course outside it
             default = (repo if repo == root.parent else Path.cwd()) / "workspace"
-            workspace.create((args.dir or default).resolve(), root, repo, update=args.update)
+            site.LOG_DIR.mkdir(parents=True, exist_ok=True)
+            release_log = site.LOG_DIR / "release.log"
+            with release_log.open("a") as out:
+                workspace.create((args.dir or default).resolve(), root, repo,
+                                 update=args.update,
+                                 release_log=lambda line: print(line, file=out, flush=True))
         elif args.command == "dist":
             from grader import dist
 

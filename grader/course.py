@@ -6,8 +6,11 @@ grader's machine), compares each output with the stored reference under the task
 tolerance, then traces the function with kernelsim and checks its structural rules (a
 ``pallas_call`` is reached, grid, block shapes, scalar prefetch, HBM traffic budget).
 
-It raises ``AssertionError`` with a message naming the case, the first differing element, its
-block and the size of the difference, or the structural requirement and what was found.
+A failure is a ``CheckFailed`` (an ``AssertionError``) with a message naming the case, the first
+differing element, its block and the size of the difference, or the structural requirement and
+what was found. In a Jupyter kernel it is shown as the cell's error output but not raised, so a
+Restart-and-Run-All reaches every task's check; ``summary()`` (each notebook's last cell) then
+lists what passed and failed. Outside a kernel (a script, a test) it is raised.
 
 The verdict (``grader.verdict``) is a pure function of the outputs, the references and the
 trace's ``to_dict()``; under grading it is reached from the grader's process, never from here.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import traceback
 from pathlib import Path
 from typing import Any
@@ -30,21 +34,53 @@ from grader import verdict as _verdict
 from grader import work as _work
 from grader.verdict import compare
 
-__all__ = ["check", "compare", "CheckFailed"]
+__all__ = ["check", "compare", "summary", "CheckFailed"]
+
+# this process's latest check of each task (visible cases): what ``summary`` reports
+_SESSION: dict[str, dict[str, Any]] = {}
 
 
 class CheckFailed(AssertionError):
     """A task's check failed: wrong values, wrong shape, or a structural rule not met."""
+
+    # shown but not raised (in a Jupyter kernel): the frames from the notebook's cell down to
+    # the call of ``check``, which the traceback of an exception caught in ``check`` lacks
+    caller_frames: list[traceback.FrameSummary] = []
 
     def _render_traceback_(self) -> list[str]:
         """What IPython shows for this error: the learner's frames and the message, without
         the grader's frames (IPython always shows the raising frame, even with
         ``__tracebackhide__``; the full traceback stays on the exception for ``%debug``)."""
         grader_dir = str(Path(__file__).resolve().parent) + os.sep
-        frames = [f for f in traceback.extract_tb(self.__traceback__)
-                  if not str(Path(f.filename).resolve()).startswith(grader_dir)]
-        lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)]
+        frames = [*self.caller_frames, *traceback.extract_tb(self.__traceback__)]
+        frames = [f for f in frames if not str(Path(f.filename).resolve()).startswith(grader_dir)]
+        lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] \
+            if frames else []
         return [*"".join(lines).splitlines(), f"{type(self).__name__}: {self}"]
+
+
+def _cell_frames(frame) -> list[traceback.FrameSummary]:
+    """``frame`` and its callers up to the code IPython runs (the notebook's cell): what IPython
+    would have shown for an exception raised out of ``frame``."""
+    import IPython
+
+    ipython_dir = os.path.dirname(IPython.__file__) + os.sep
+    frames = []
+    while frame is not None and not frame.f_code.co_filename.startswith(ipython_dir):
+        frames.append(frame)
+        frame = frame.f_back
+    return list(traceback.StackSummary.extract((f, f.f_lineno) for f in reversed(frames)))
+
+
+def _jupyter_shell():
+    """The IPython shell of the Jupyter kernel this runs in (JupyterLab, nbclient, nbgrader's
+    validate), else None (a script, a test, a plain IPython terminal)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    shell = get_ipython()
+    return shell if getattr(shell, "kernel", None) is not None else None
 
 
 def _refdirs(hidden: bool) -> list[Path]:
@@ -86,9 +122,11 @@ def _report(record: dict) -> None:
 def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
     """Run ``fn`` on the task's visible (or hidden) cases and check values and structure.
 
-    A failure is raised as ``CheckFailed``, which IPython shows as the learner's own frames and
-    the message, never the grader's code. Known Pallas errors get a one-line hint
-    (``grader.messages``).
+    A failure is a ``CheckFailed``, shown as the learner's own frames and the message, never
+    the grader's code; known Pallas errors get a one-line hint (``grader.messages``). In a
+    Jupyter kernel it becomes the cell's error output without stopping the run (``Run All``
+    checks every task; nbgrader's validate and ``pallas-course check`` read error outputs);
+    elsewhere it is raised.
 
     While a submission is graded (``$PALLAS_COURSE_GRADING`` is set) this does nothing: the
     grader runs the notebook again in a fresh process of its own, runs each test cell's checks
@@ -100,14 +138,51 @@ def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
         return
     record: dict[str, Any] = {"task": task_id, "hidden": hidden, "passed": False}
     try:
-        _check(task_id, fn, hidden, quiet, record)
-    except CheckFailed:
-        raise
-    except Exception as e:  # the course's own files are missing or damaged: say which
-        record["message"] = f"{type(e).__name__}: {e}"
-        raise CheckFailed(record["message"]) from e
-    finally:
-        _report(record)
+        try:
+            _check(task_id, fn, hidden, quiet, record)
+        except CheckFailed as e:
+            record.setdefault("message", str(e))
+            raise
+        except Exception as e:  # the course's own files are missing or damaged: say which
+            record["message"] = f"{type(e).__name__}: {e}"
+            raise CheckFailed(record["message"]) from e
+        finally:
+            _report(record)
+            if not hidden:
+                _SESSION.pop(task_id, None)  # re-checked: it moves to the end
+                _SESSION[task_id] = record
+    except CheckFailed as e:
+        shell = _jupyter_shell()
+        if shell is None:
+            raise
+        e.caller_frames = _cell_frames(sys._getframe(1))
+        shell.showtraceback()  # the cell's error output; the cell itself succeeds
+
+
+def summary() -> None:
+    """Print which tasks of the notebook passed, failed or were not checked in this kernel
+    (the tasks of every assignment checked so far). Each exercise notebook ends with it."""
+    if os.environ.get("PALLAS_COURSE_GRADING"):
+        return
+    if not _SESSION:
+        print("No task was checked yet: run the notebook's cells (Kernel > Restart Kernel and "
+              "Run All Cells).")
+        return
+    assignments = {_tasks.get(t).assignment for t in _SESSION if t in _tasks.BY_ID}
+    ids = [t.id for t in _tasks.TASKS if t.assignment in assignments]
+    ids += [t for t in _SESSION if t not in ids]
+    lines, passed = [], 0
+    for tid in ids:
+        record = _SESSION.get(tid)
+        if record is None:
+            lines.append(f"  not checked  {tid}: its check cell did not run")
+        elif record["passed"]:
+            passed += 1
+            lines.append(f"  pass         {tid}")
+        else:
+            first = (record.get("message") or "failed").splitlines()[0]
+            lines.append(f"  FAIL         {tid}: {first}")
+    print(f"Checks in this kernel: {passed} of {len(ids)} task(s) passed\n" + "\n".join(lines))
 
 
 def _check(task_id: str, fn, hidden: bool, quiet: bool, record: dict[str, Any]) -> None:

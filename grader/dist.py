@@ -2,9 +2,10 @@
 
 In: the lessons, the released student notebooks with their visible reference cases (the same
 layout as a workspace: ``lessons/``, ``exercises/<assignment>/``), kernelsim, the learner-side
-check (``grader/``: ``course`` and the modules it imports, the tasks with their hidden cases
-removed), JupyterLab's settings for opening ``.py`` lessons as notebooks, a ``pyproject.toml``
-and a README with the two commands.
+check (``grader/``: ``course``, the ``pallas-course check`` command and the modules they import,
+the tasks with their hidden cases removed), JupyterLab's settings for opening ``.py`` lessons as
+notebooks, a ``pyproject.toml`` with the learner's dependencies only (no nbgrader, hub, Dask or
+PostgreSQL), an ``install.sh`` that finds a Python 3.12 or 3.13, and a README.
 
 Out: the source notebooks (solutions, hidden tests), hidden reference cases, the gradebook,
 nbgrader's configuration and the grading machinery. ``tests/workspace/test_dist.py`` searches a
@@ -14,7 +15,6 @@ built distribution for all of these.
 from __future__ import annotations
 
 import ast
-import re
 import shutil
 import tempfile
 import tomllib
@@ -23,25 +23,62 @@ from pathlib import Path
 
 from grader import workspace
 
-# instructor or website packages: not installed by a student
-NOT_FOR_STUDENTS = {"nbgrader", "mkdocs-material", "mkdocs-jupyter", "latex2mathml", "nbclient"}
+# the student copy's size once installed: measured by tests/workspace/test_dist.py
+# (test_student_copy_installs_as_its_readme_says, `du -sm .venv`), Python 3.12 on Linux x86-64
+INSTALLED_MB = 930
 
 README = """# pallas-course (student copy)
 
-Lessons and exercises on writing JAX Pallas kernels. With Python 3.12 or 3.13:
+Lessons and exercises on writing JAX Pallas kernels. You need Python 3.12 or 3.13 (jax 0.12 needs
+one); `install.sh` finds it, or says exactly what to install (Debian 12's `python3` is 3.11).
 
 ```sh
-python3 -m venv .venv && .venv/bin/pip install -e .
-JUPYTER_CONFIG_PATH=jupyter .venv/bin/jupyter lab
+sh install.sh                  # makes .venv with the learner's packages (about MB_INSTALLED MB)
+. .venv/bin/activate           # the `pallas-course` command, here and in JupyterLab's terminal
+JUPYTER_CONFIG_PATH=jupyter jupyter lab
 ```
 
 - `lessons/`: the lessons (the `.py` files open as notebooks in JupyterLab)
 - `exercises/<assignment>/`: the exercise notebooks. Each task has a checking cell that runs
-  your kernel on the visible cases in `refs/`; run it as often as you like. More cases (other
-  shapes, bfloat16) run when your submission is graded.
+  your kernel on the visible cases in `refs/`; *Kernel > Restart Kernel and Run All Cells*
+  checks every task and the notebook's last cell lists what passed and failed. In a terminal:
+  `pallas-course check first_kernel.ipynb` (from this folder or the exercise's). More cases
+  (other shapes, bfloat16) run when your submission is graded.
 - `kernelsim/`: the tool the checks use to show which blocks your kernel moves, step by step.
 
 Hand in the `.ipynb` notebooks the way your course tells you to.
+""".replace("MB_INSTALLED", str(INSTALLED_MB))
+
+# finds Python 3.12 or 3.13, makes .venv and installs the copy with its learner-only packages
+INSTALL_SH = """#!/bin/sh
+# Make .venv with Python 3.12 or 3.13 and install this course copy into it (PYTHON=... names one).
+set -e
+cd "$(dirname "$0")"
+PY=""
+for p in ${PYTHON:-} python3.13 python3.12 python3; do
+  if command -v "$p" >/dev/null 2>&1 &&
+     "$p" -c 'import sys; sys.exit(not (3, 12) <= sys.version_info[:2] < (3, 14))' 2>/dev/null
+  then PY=$p; break; fi
+done
+if [ -z "$PY" ]; then
+  cat >&2 <<'END'
+No Python 3.12 or 3.13 found (jax 0.12 needs one).
+- Debian 12 (python3 is 3.11): let uv fetch a Python 3.12, then run this again with it:
+    sudo apt-get install -y python3-venv
+    python3 -m venv ~/.uv && ~/.uv/bin/pip install -q uv && ~/.uv/bin/uv python install 3.12
+    PYTHON=$(~/.uv/bin/uv python find 3.12) sh install.sh
+- Debian 13 (python3 is 3.13): sudo apt-get install -y python3-venv, then run this again
+- macOS (Apple's python3 is 3.9): brew install python@3.12
+END
+  exit 1
+fi
+if ! "$PY" -m venv .venv; then
+  echo "$PY cannot make a venv: on Debian or Ubuntu, sudo apt-get install -y python3-venv" >&2
+  exit 1
+fi
+echo "installing the course's packages into .venv with $("$PY" --version)..."
+.venv/bin/python -m pip install -q --disable-pip-version-check -e .
+echo "done: . .venv/bin/activate, then JUPYTER_CONFIG_PATH=jupyter jupyter lab"
 """
 
 
@@ -72,6 +109,10 @@ def strip_hidden_cases(source: str) -> tuple[str, int]:
     return ast.unparse(tree) + "\n", removed
 
 
+# what a learner runs of grader/: the notebooks' checks and the `pallas-course check` command
+LEARNER_ENTRY_POINTS = ("course", "check")
+
+
 def learner_modules(grader_dir: Path, start: str = "course") -> list[str]:
     """The learner side of grader/: ``course`` and the grader modules it imports at module
     level, transitively (imports inside functions, such as grading's exchange, stay out). A
@@ -98,16 +139,18 @@ def learner_modules(grader_dir: Path, start: str = "course") -> list[str]:
 
 
 def student_pyproject(repo: Path) -> str:
+    """The copy's pyproject: the base and ``learner`` dependencies, and ``pallas-course`` as
+    the learner's command (``grader.check``: only ``check``)."""
     project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
-    deps = [d for d in project["dependencies"]
-            if re.match(r"[A-Za-z0-9_.-]+", d)[0].lower() not in NOT_FOR_STUDENTS]
+    deps = [*project["dependencies"], *project["optional-dependencies"]["learner"]]
     lines = ["[build-system]", 'requires = ["setuptools>=68", "wheel"]',
              'build-backend = "setuptools.build_meta"', "", "[project]",
              'name = "pallas-course-student"', f'version = "{project["version"]}"',
              f'requires-python = "{project["requires-python"]}"', "dependencies = ["]
     lines += [f'    "{d}",' for d in deps]
-    lines += ["]", "", "[tool.setuptools.packages.find]", 'include = ["kernelsim*", "grader*"]',
-              ""]
+    lines += ["]", "", "[project.scripts]", 'pallas-course = "grader.check:main"',
+              'kernelsim = "kernelsim.cli:main"', "",
+              "[tool.setuptools.packages.find]", 'include = ["kernelsim*", "grader*"]', ""]
     return "\n".join(lines)
 
 
@@ -129,7 +172,9 @@ def write_tree(root: Path, repo: Path, dest: Path) -> None:
     _copytree(package / "kernelsim", dest / "kernelsim")
     (dest / "grader").mkdir()
     hidden_removed = 0
-    for name in ["__init__", *learner_modules(package / "grader")]:
+    modules = {m for start in LEARNER_ENTRY_POINTS
+               for m in learner_modules(package / "grader", start)}
+    for name in ["__init__", *sorted(modules)]:
         if (package / "grader" / name).is_dir():
             files = sorted((package / "grader" / name).glob("*.py"))
         else:
@@ -149,6 +194,8 @@ def write_tree(root: Path, repo: Path, dest: Path) -> None:
                     dest / "jupyter" / "labconfig" / "default_setting_overrides.json")
     (dest / "pyproject.toml").write_text(student_pyproject(repo))
     (dest / "README.md").write_text(README)
+    (dest / "install.sh").write_text(INSTALL_SH)
+    (dest / "install.sh").chmod(0o755)
 
 
 def build(root: Path, repo: Path, to: Path, log=print) -> Path:

@@ -34,8 +34,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 from grader import build, refs, sandbox, workspace
+from grader.check import HIDDEN_RE
 
-HIDDEN_RE = re.compile(r"### BEGIN HIDDEN TESTS.*?### END HIDDEN TESTS", re.S)
 SUBMISSION_TIMEOUT = 900  # seconds for one whole submission (cells have their own timeouts)
 # the gradebook's URL when it is not SQLite in the course folder (pallas-course --db); every
 # nbgrader process reads it through nbgrader_config.py
@@ -502,78 +502,3 @@ def export(root: Path, to: Path, log=print) -> Path:
         w.writerows(rows)
     log(f"exported {len(rows)} row(s) to {to}")
     return to
-
-
-# ----------------------------------------------------------------------------- check (learner)
-def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
-    """Run a notebook's visible tests in a fresh kernel; print per task pass/fail and structure."""
-    import nbclient
-    import nbformat
-
-    path = Path(path).resolve()
-    if path.suffix == ".py":
-        import jupytext
-
-        nb = jupytext.read(path)
-    else:
-        try:
-            nb = nbformat.read(path, as_version=4)
-        except Exception as e:  # noqa: BLE001
-            log(f"{path}: not a readable notebook ({e}); re-download it from the course")
-            return 2
-    # never run hidden tests here, even from an instructor copy
-    pat = HIDDEN_RE
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.source = pat.sub("", cell.source)
-            # outputs saved by the learner's own run must not read as this run's verdict
-            cell.outputs, cell.execution_count = [], None
-    dead = False
-    with tempfile.TemporaryDirectory() as d:
-        report = Path(d) / "report.jsonl"
-        old = {k: os.environ.get(k) for k in ("PALLAS_COURSE_REPORT",)}
-        os.environ["PALLAS_COURSE_REPORT"] = str(report)
-        try:
-            client = nbclient.NotebookClient(nb, timeout=timeout, allow_errors=True,
-                                             interrupt_on_timeout=True, kernel_name="python3",
-                                             resources={"metadata": {"path": str(path.parent)}})
-            try:
-                client.execute()
-            except nbclient.exceptions.DeadKernelError:
-                # the cells after the one that killed the kernel never ran: they count as failed
-                dead = True
-        finally:
-            for k, v in old.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
-        records = [json.loads(x) for x in report.read_text().splitlines()] \
-            if report.exists() else []
-    failures = 0
-    graded = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")]
-    for cell in graded:
-        gid = cell.metadata["nbgrader"]["grade_id"]
-        errs = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        if not cell.source.strip() or "course.check(" not in cell.source:
-            continue
-        if errs:
-            failures += 1
-            log(f"FAIL  {gid}: {errs[0].get('ename')}: {errs[0].get('evalue')}")
-        elif cell.get("execution_count") is None:
-            failures += 1
-            log(f"FAIL  {gid}: not run (the kernel died or the notebook stopped before it)")
-        else:
-            log(f"pass  {gid}")
-    for r in records:
-        if r.get("rules"):
-            log(f"\n{r['task']}: structural check")
-            for line in r["rules"]:
-                log(f"  {line}")
-        if r.get("kernelsim"):
-            log(f"{r['task']}: kernelsim\n{r['kernelsim']}")
-    checked = sum(1 for c in graded if "course.check(" in c.source)
-    if dead:
-        log("\nthe kernel died while the notebook ran (os._exit, a crash or out of memory)")
-    log(f"\n{checked - failures} passed, {failures} failed")
-    return 1 if failures else 0

@@ -34,8 +34,13 @@ HINTS: tuple[Hint, ...] = (
           "on a CPU Pallas kernels run interpreted: pass interpret=INTERPRET to pl.pallas_call "
           "(INTERPRET is set in the notebook's first cell and is False on a GPU or TPU)."),
     _hint("tiling-8-128", r"divisible by 8 and 128|\(8, 128\) tiling rule",
-          "on TPU the last two block dimensions must be multiples of 8 and 128 (or equal the "
-          "array's own dimensions): e.g. (8, 128), (16, 256) or the full extent."),
+          "TPU's (8, 128) tiling rule: the last two dimensions of every block must be multiples "
+          "of 8 and 128 (or equal the array's own dimensions), e.g. (8, 128), (16, 256) or the "
+          "full extent; the failure names the operand and the nearest legal block."),
+    _hint("block-prescribed", r"\] \S+ block shape: required",
+          "this task prescribes that operand's block shape: put exactly the required one in its "
+          "BlockSpec. Any TPU block follows the (8, 128) tiling rule: its last two dimensions "
+          "are multiples of 8 and 128, or the array's own."),
     _hint("element-offsets", r"block index \([^)]*\) at grid step \d+",
           "an index map returns block indices (the i-th block), not element offsets: return "
           "(i, 0), not (i * block_rows, 0)."),

@@ -12,7 +12,9 @@ The two URLs are the last thing printed, in a box; JupyterLab's and the build's 
 from __future__ import annotations
 
 import functools
+import hashlib
 import http.server
+import json
 import os
 import secrets
 import shutil
@@ -34,6 +36,7 @@ SITE_SOURCES = ("mkdocs.yml", "site", "lessons", "exercises/source", "exercises/
 # instructor-only nbgrader extensions are disabled.
 LAB_CONFIG_DIR = REPO / "site" / "jupyter"
 LOG_DIR = REPO / "build" / "logs"
+LAB_STATE_DIR = REPO / "build" / "lab"  # per workspace: JupyterLab's token and settings
 SITE_URL = "http://127.0.0.1:8000"
 LAB_URL = "http://127.0.0.1:8888"
 READY_TIMEOUT_S = 90
@@ -62,28 +65,78 @@ def site_is_stale() -> bool:
 
 
 def build_command(strict: bool = True, site_dir: Path = SITE_DIR) -> list[str]:
-    cmd = [sys.executable, "-m", "mkdocs", "build", "--clean", "--site-dir", str(site_dir)]
-    return [*cmd, "--strict"] if strict else cmd
+    """``pallas-course build-site``: the lessons executed in parallel, then mkdocs."""
+    cmd = [sys.executable, "-m", "grader.cli", "build-site", "--site-dir", str(site_dir)]
+    return cmd if strict else [*cmd, "--no-strict"]
 
 
 BUILD_ENV = {"NO_MKDOCS_2_WARNING": "1"}
 
 
-def build_site(strict: bool = True) -> None:
-    """Run `mkdocs build` into build/site; raises CalledProcessError when the build fails.
+def render_lessons(names: list[str]) -> None:
+    """Render ``lessons/<name>`` for each name the way the site build does, through
+    mkdocs-jupyter's own page hook, which executes a lesson missing from its cache (keyed by the
+    lesson's content, the plugin's settings and, through site/hooks.py, kernelsim) and stores
+    it there. One process runs this per CPU (``prerender_lessons``); mkdocs then finds every
+    lesson in the cache instead of executing them one at a time."""
+    from mkdocs.config import load_config
+    from mkdocs.structure.files import File, Files
+    from mkdocs.structure.pages import Page
 
-    Lessons are executed (mkdocs-jupyter); unchanged ones come from .cache/mkdocs-jupyter/.
-    """
-    subprocess.run(build_command(strict), cwd=REPO, check=True, env={**os.environ, **BUILD_ENV})
+    config = load_config(str(REPO / "mkdocs.yml"))
+    config = config.plugins.on_config(config)  # site/hooks.py pins the cache, the kernel's path
+    jupyter = config.plugins["mkdocs-jupyter"]
+    jupyter.on_pre_build(config)  # the build's next event: the plugin sets up its cache there
+    for name in names:
+        file = File(f"lessons/{name}", src_dir=str(REPO), dest_dir=config["site_dir"],
+                    use_directory_urls=config["use_directory_urls"])
+        page = Page(None, file, config)
+        jupyter.on_pre_page(page, config, Files([file]))
+        cwd = os.getcwd()
+        os.chdir(REPO / "lessons")  # as the build does: a lesson runs in its own folder
+        try:
+            page.render(config, Files([file]))
+        finally:
+            os.chdir(cwd)
+
+
+def prerender_lessons(jobs: int | None = None) -> None:
+    """Execute the lessons into mkdocs-jupyter's cache, ``jobs`` processes at once (default:
+    one per CPU), the longest lessons (by size) first and spread evenly; cached lessons cost a
+    hash each. Raises CalledProcessError when a lesson fails (the build would fail on it too)."""
+    lessons = sorted((REPO / "lessons").glob("[0-9][0-9]-*.py"),
+                     key=lambda p: p.stat().st_size, reverse=True)
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(lessons)))
+    shares: list[list[Path]] = [[] for _ in range(jobs)]
+    for lesson in lessons:  # longest first, each to the least loaded process
+        min(shares, key=lambda s: sum(p.stat().st_size for p in s)).append(lesson)
+    code = "import sys; from grader import site; site.render_lessons(sys.argv[1:])"
+    procs = [subprocess.Popen([sys.executable, "-c", code, *(p.name for p in share)],
+                              cwd=REPO, env={**os.environ, **BUILD_ENV})
+             for share in shares if share]
+    codes = [p.wait() for p in procs]
+    failed = next((c for c in codes if c), 0)
+    if failed:
+        raise subprocess.CalledProcessError(failed, "render_lessons")
+
+
+def build_site(strict: bool = True, site_dir: Path = SITE_DIR) -> None:
+    """Build the site into ``site_dir``: the lessons executed in parallel into mkdocs-jupyter's
+    cache (``prerender_lessons``; unchanged ones are already there), then ``mkdocs build``.
+    Raises CalledProcessError when the build fails."""
+    prerender_lessons()
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--clean", "--site-dir", str(site_dir)]
+    subprocess.run([*cmd, "--strict"] if strict else cmd, cwd=REPO, check=True,
+                   env={**os.environ, **BUILD_ENV})
 
 
 BUILDING_PAGE = b"""<!doctype html><html><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="5"><title>pallas-course: building the site</title></head>
 <body style="font-family: sans-serif; max-width: 40em; margin: 4em auto">
 <h1>The site is being built</h1>
-<p>The lessons are executed once (about two minutes on two cores; later starts reuse the
-cache). This page reloads itself every 5 seconds. JupyterLab is already running: the lessons
-and exercises are there.</p></body></html>"""
+<p>The lessons are executed once, in parallel (later starts reuse what was executed). This
+page reloads itself every 5 seconds. JupyterLab is already running: the lessons and exercises
+are there.</p></body></html>"""
 
 
 class _SiteHandler(http.server.SimpleHTTPRequestHandler):
@@ -133,22 +186,65 @@ def stop_processes(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def lab_command(lab_port: int, token: str, root: Path) -> list[str]:
+def lab_command(lab_port: int, root: Path) -> list[str]:
+    """JupyterLab's command line; its token is in ``lab_settings``' file, never in here (the
+    process list shows a command line to every user of the machine)."""
     return [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip", "127.0.0.1",
             "--port", str(lab_port), "--ServerApp.port_retries=0",
             f"--ServerApp.root_dir={root}", "--ServerApp.default_url=/lab/tree/lessons",
-            f"--IdentityProvider.token={token}",
             # offline machines: no announcement feed, no update check
             "--LabApp.news_url=None",
             "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             *(["--allow-root"] if hasattr(os, "geteuid") and os.geteuid() == 0 else [])]
 
 
-def lab_env() -> dict[str, str]:
-    """The environment JupyterLab runs in: site/jupyter/ first on JUPYTER_CONFIG_PATH."""
-    config_path = os.pathsep.join(p for p in (str(LAB_CONFIG_DIR),
+def _private_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, readable and writable by its owner only (mode 0600)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
+def lab_settings(workspace_dir: Path, state_dir: Path | None = None) -> tuple[Path, str]:
+    """This workspace's JupyterLab settings folder (mode 0700, under ``build/lab/``) and token.
+
+    The token is made once per workspace and kept in ``token`` (mode 0600), so the URL a
+    learner once opened, and the login cookie it left, still work after a restart: the site's
+    JupyterLab links open their notebook without a login page. The folder's
+    ``jupyter_server_config.json`` gives JupyterLab the token and a terminal that is not a login
+    shell (a login shell's /etc/profile would put the course's environment off PATH)."""
+    key = hashlib.sha256(str(workspace_dir.resolve()).encode()).hexdigest()[:12]
+    folder = (state_dir or LAB_STATE_DIR) / key
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    token_file = folder / "token"
+    token = token_file.read_text().strip() if token_file.is_file() else ""
+    if not token:
+        token = secrets.token_hex(16)
+        _private_write(token_file, token + "\n")
+    shell = next((s for s in (os.environ.get("SHELL"), "/bin/bash") if s and os.path.exists(s)),
+                 "sh")
+    _private_write(folder / "jupyter_server_config.json", json.dumps(
+        {"IdentityProvider": {"token": token},
+         "ServerApp": {"terminado_settings": {"shell_command": [shell]}}}, indent=1) + "\n")
+    return folder, token
+
+
+def lab_env(workspace_dir: Path, settings_dir: Path) -> dict[str, str]:
+    """The environment JupyterLab, its terminals and kernels run in: ``settings_dir`` and
+    site/jupyter/ first on JUPYTER_CONFIG_PATH, this Python's ``bin`` first on PATH (the
+    ``pallas-course`` command in a terminal), and ``$PALLAS_COURSE_WORKSPACE`` (where
+    ``pallas-course check`` looks for a notebook)."""
+    from grader.check import WORKSPACE_ENV
+
+    config_path = os.pathsep.join(p for p in (str(settings_dir), str(LAB_CONFIG_DIR),
                                               os.environ.get("JUPYTER_CONFIG_PATH", "")) if p)
-    return {**os.environ, "JUPYTER_CONFIG_PATH": config_path}
+    # the venv's bin as this interpreter was started (not its symlink's target)
+    path = os.pathsep.join(p for p in (str(Path(sys.executable).parent),
+                                       os.environ.get("PATH", "")) if p)
+    return {**os.environ, "JUPYTER_CONFIG_PATH": config_path, "PATH": path,
+            WORKSPACE_ENV: str(workspace_dir)}
 
 
 def url_box(lines: list[str]) -> str:
@@ -205,7 +301,7 @@ def serve(port: int = 8000, lab_port: int = 8888, build: bool = True,
         print(f"no site in {SITE_DIR}: run `pallas-course build-site` first", file=sys.stderr)
         return 1
     LOG_DIR.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_hex(16)
+    settings_dir, token = lab_settings(workspace_dir)
     # SIGTERM (from `kill`, a service manager or a test) stops us the way Ctrl-C does
     previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
     procs: list[subprocess.Popen] = []
@@ -222,7 +318,8 @@ def serve(port: int = 8000, lab_port: int = 8888, build: bool = True,
         lab_log = LOG_DIR / "jupyterlab.log"
         with open(lab_log, "w") as out:
             procs.append(subprocess.Popen(
-                lab_command(lab_port, token, workspace_dir), cwd=workspace_dir, env=lab_env(),
+                lab_command(lab_port, workspace_dir), cwd=workspace_dir,
+                env=lab_env(workspace_dir, settings_dir),
                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         behind = _BehindBuild() if build and site_is_stale() else None
         if behind:

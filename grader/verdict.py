@@ -16,6 +16,7 @@ import numpy as np
 
 from grader import messages as _messages
 from grader import tasks as _tasks
+from kernelsim.lint import BLOCK_SHAPE_REJECTED
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,8 @@ class CallFacts:
     hbm_read_bytes: int
     hbm_write_bytes: int
     onchip_peak_bytes: int
+    # kernelsim's block-shape warnings: why Mosaic's TPU lowering would reject a block
+    block_shape_problems: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,9 @@ def facts_from_dict(d: Any) -> TraceFacts:
             operands=ops,
             hbm_read_bytes=_int(c.get("hbm_read_bytes"), "hbm_read_bytes"),
             hbm_write_bytes=_int(c.get("hbm_write_bytes"), "hbm_write_bytes"),
-            onchip_peak_bytes=_int(c.get("onchip_peak_bytes"), "onchip_peak_bytes")))
+            onchip_peak_bytes=_int(c.get("onchip_peak_bytes"), "onchip_peak_bytes"),
+            block_shape_problems=tuple(w for w in _strings(c.get("warnings", []), "warnings")
+                                       if BLOCK_SHAPE_REJECTED in w)))
     return TraceFacts(tuple(calls))
 
 
@@ -305,7 +310,8 @@ def decide(task_id: str, results: list[CaseResult]) -> Verdict:
                            "Pallas kernel.", [rule])
         case = next(c for c in task.cases if c.name == r.entry["case"])
         rules = task.structure(r.trace, case, r.inputs) + \
-            _tasks.work_rules(task, case, r.work, r.inputs, r.expected.size)
+            _tasks.work_rules(task, case, r.work, r.inputs, r.expected.size) + \
+            _tasks.tpu_block_rule(task, r.trace)
         first = first or rules
         failed = [str(x) for x in rules if not x.ok]
         if failed:

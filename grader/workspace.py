@@ -7,11 +7,12 @@
     DIR/exercises/<assignment>/<nb>.ipynb  the released student notebooks
     DIR/exercises/<assignment>/refs/       their visible reference cases (course data)
 
-A file is copied only when it is missing: a notebook or lesson that is already there is never
-written again, whoever changed it. ``--update`` also offers a newer course version of a file the
-learner already has as ``<name>.new<suffix>`` beside it, and refreshes ``refs/`` (reference
+A file is copied when it is missing. A notebook or lesson that is already there is never
+written again once the learner changed it: ``--update`` replaces a file the learner never edited
+(still byte for byte what was copied) with the course's newer version in place, offers the newer
+version of an edited one as ``<name>.new<suffix>`` beside it, and refreshes ``refs/`` (reference
 data, not learner work). ``DIR/.pallas-course-workspace.json`` records the course version each
-file was copied from, so ``--update`` knows what changed.
+file was copied from, so ``--update`` knows what changed and what the learner edited.
 
 nbgrader's ``generate_assignment --force`` deletes the release folder it regenerates. Before it
 runs, ``keep_edited_releases`` moves every notebook there that is not byte-for-byte what the last
@@ -22,15 +23,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from grader import build
+from grader import build, check
 
 RELEASE_LEDGER = ".pallas-course-release.json"  # in the course root, beside release/
-WORKSPACE_LEDGER = ".pallas-course-workspace.json"  # in the workspace
+WORKSPACE_LEDGER = check.WORKSPACE_LEDGER  # in the workspace
 KEPT_DIR = "release-kept"  # in the course root
 
 
@@ -143,36 +145,61 @@ def _beside(target: Path, src: Path) -> Path | None:
 README = """# Your pallas-course workspace
 
 Everything here is yours: `make start` and `pallas-course workspace` only add files that are
-missing and never change or delete one that is here.
+missing and never change or delete a file you edited.
 
 - `lessons/` - the lessons (open a `.py` file in JupyterLab: it opens as a notebook)
 - `exercises/<assignment>/` - the exercise notebooks; each test cell checks your kernel on the
-  visible cases in `refs/`
+  visible cases in `refs/`. *Kernel > Restart Kernel and Run All Cells* checks every task and
+  the last cell lists what passed; in JupyterLab's terminal (*File > New > Terminal*):
+  `pallas-course check first_kernel.ipynb`
 
-When the course gets new material, `pallas-course workspace --update` adds new assignments and
-puts a newer version of a file you already have beside it as `<name>.new.ipynb` / `.new.py`.
-To start an exercise over, rename or delete your notebook and run `make start` again.
+When the course gets new material, `pallas-course workspace --update` adds new assignments,
+updates the files you never edited in place, and puts a newer version of a file you edited
+beside it as `<name>.new.ipynb` / `.new.py`. To start an exercise over, rename or delete your
+notebook and run `make start` again.
+
+Stuck? Ask here: {help_url}
 """
+HELP_URL_ENV = "PALLAS_COURSE_HELP_URL"
+
+
+def help_url(repo: Path) -> str:
+    """Where a learner asks: ``$PALLAS_COURSE_HELP_URL``, else ``extra.help_url`` of the
+    checkout's mkdocs.yml (the site links the same place)."""
+    import yaml
+
+    env = os.environ.get(HELP_URL_ENV)
+    if env:
+        return env
+    try:
+        config = yaml.safe_load((repo / "mkdocs.yml").read_text())
+        return str(config["extra"]["help_url"])
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        return "your course's forum (ask your instructor)"
 
 
 def create(dest: Path, root: Path, repo: Path, update: bool = False,
-           log: Callable[[str], None] = print) -> dict[str, list[str]]:
-    """Fill ``dest`` from the course; returns the workspace paths ``added``, ``offered``
-    (``.new`` copies beside a learner's file) and ``refreshed`` (reference data)."""
+           log: Callable[[str], None] = print,
+           release_log: Callable[[str], None] | None = None) -> dict[str, list[str]]:
+    """Fill ``dest`` from the course; returns the workspace paths ``added``, ``updated`` (in
+    place: the learner never edited them), ``offered`` (``.new`` copies beside a learner's
+    edited file) and ``refreshed`` (reference data). ``release_log`` takes the instructor's
+    side of it (what nbgrader's release says), default ``log``."""
     stale = stale_releases(root)
     if stale:
         from grader import grading
 
+        log(f"preparing {len(stale)} exercise(s) for the workspace (nbgrader's release)...")
         # one nbgrader start for all of them (about 6 s each on two cores)
-        grading.release(root, stale[0] if len(stale) == 1 else None, log=log)
+        grading.release(root, stale[0] if len(stale) == 1 else None, log=release_log or log)
     dest.mkdir(parents=True, exist_ok=True)
     ledger_path = dest / WORKSPACE_LEDGER
     ledger = _read_json(ledger_path)
     copied = ledger.setdefault("files", {})
-    done: dict[str, list[str]] = {"added": [], "offered": [], "refreshed": []}
+    done: dict[str, list[str]] = {"added": [], "updated": [], "offered": [], "refreshed": []}
     readme = dest / "README.md"
     if not readme.exists():
-        readme.write_text(README)
+        readme.write_text(README.format(help_url=help_url(repo)))
     for rel, src in course_files(root, repo).items():
         target = dest / rel
         digest = sha256(src)
@@ -182,6 +209,8 @@ def create(dest: Path, root: Path, repo: Path, update: bool = False,
             continue
         elif _is_data(rel):
             kind = "refreshed"
+        elif rel in copied and sha256(target) == copied[rel]:
+            kind = "updated"  # the learner never edited it: nothing of theirs to keep
         else:
             kind = "offered"
             target = _beside(target, src)
@@ -196,6 +225,7 @@ def create(dest: Path, root: Path, repo: Path, update: bool = False,
     _write_json(ledger_path, ledger)
     n_ex = sum(1 for r in done["added"] if r.endswith(".ipynb"))
     log(f"workspace {dest}: {len(done['added'])} file(s) added ({n_ex} exercise notebook(s)), "
+        f"{len(done['updated'])} you never edited updated, "
         f"{len(done['offered'])} newer version(s) offered beside yours, "
         f"{len(done['refreshed'])} reference file(s) refreshed; nothing of yours was changed")
     for rel in done["offered"]:

@@ -9,7 +9,16 @@ from __future__ import annotations
 
 import importlib
 
-from grader.tasks.core import TASKS, TOLERANCES, Case, Rule, Task, reference_flops, work_rules
+from grader.tasks.core import (
+    TASKS,
+    TOLERANCES,
+    Case,
+    Rule,
+    Task,
+    reference_flops,
+    tpu_block_rule,
+    work_rules,
+)
 
 MODULES = (
     "a01_first_kernel",
@@ -35,7 +44,7 @@ ASSIGNMENTS: list[str] = sorted({t.assignment for t in TASKS})
 assert len(BY_ID) == len(TASKS), "duplicate task ids"
 
 __all__ = ["ASSIGNMENTS", "BY_ID", "MODULES", "TASKS", "TOLERANCES", "Case", "Rule", "Task", "get",
-           "reference_flops", "work_rules"]
+           "reference_flops", "tpu_block_rule", "work_rules"]
 
 
 def get(task_id: str) -> Task:

@@ -140,7 +140,8 @@ def _row_sums_rules(call, case, rules, inputs):
 
 
 _task(
-    id="gpu_row_sums", assignment=A11, title="Row sums, GPU-safe: the K loop inside the program",
+    id="gpu_row_sums", assignment=A11, target="gpu",
+    title="Row sums, GPU-safe: the K loop inside the program",
     kernel_ops=(("reduce_sum",), LOOP),
     reference=lambda x, bm, bk: jnp.sum(_f32(x), axis=1, keepdims=True).astype(x.dtype),
     invoke=_lowered_for_gpu,
@@ -171,7 +172,8 @@ def _matmul_rules(call, case, rules, inputs):
 
 
 _task(
-    id="gpu_matmul", assignment=A11, title="Matmul, GPU-safe: one program per output block",
+    id="gpu_matmul", assignment=A11, target="gpu",
+    title="Matmul, GPU-safe: one program per output block",
     kernel_ops=(("dot_general",), LOOP),
     reference=_matmul_ref,
     invoke=_lowered_for_gpu,
@@ -222,7 +224,7 @@ def gpu_matmul_read_bytes(m, k, n, bm, bn, itemsize) -> int:
 
 
 _task(
-    id="predict_gpu_reads", assignment=A11,
+    id="predict_gpu_reads", assignment=A11, target="gpu",
     title="Predict the HBM bytes the GPU model counts for gpu_matmul, then run kernelsim",
     reference=lambda **p: np.full((1, 1), gpu_matmul_read_bytes(**p), np.int32),
     invoke=_invoke_prediction, own_kernels=False,

@@ -14,6 +14,7 @@ and returns ``Rule`` results: what was required, what was found.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,6 +97,8 @@ class Task:
     # every kernel must be the learner's own, not one of the course's code; False where the
     # task's ``invoke`` runs a kernel of its own (a prediction written out by the grader)
     own_kernels: bool = True
+    # the backend the kernel is written for: "tpu" kernels must have block shapes Mosaic accepts
+    target: str = "tpu"
 
     def inputs(self, case: Case) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(case.seed)
@@ -298,6 +301,22 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
                           "; ".join(f"{s} runs a kernel of the course's own code (grader/, "
                                     "kernelsim/)" for s in shipped) or "they are", not shipped))
     return rules
+
+
+def tpu_block_rule(task: Task, facts: Any) -> list[Rule]:
+    """For a kernel meant for TPU: every block shape Mosaic's lowering would accept (the
+    (8, 128) tiling rule and its 1-D and HBM variants: kernelsim's lint, which names the operand,
+    the rule and the nearest legal block)."""
+    if task.target != "tpu":
+        return []
+    problems = [p for c in facts.calls for p in c.block_shape_problems]
+    found = problems[0] if problems else "all accepted"
+    others = [m[1] for p in problems[1:] if (m := re.match(r"operand '([^']+)'", p))]
+    if others:
+        found += f" The same for {', '.join(others)}."
+    return [Rule("block shapes Mosaic accepts (TPU's (8, 128) tiling rule)",
+                 "the last two block dims multiples of (8, 128) or the array's own", found,
+                 not problems)]
 
 
 def _c(name, seed, dtype, arrays, hidden=False, values="normal", **params):

@@ -6,6 +6,7 @@ import importlib.util
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -76,8 +77,10 @@ def start_lab(root, log):
     returns (process, base URL, token). Stop it with os.killpg(process.pid, SIGTERM)."""
     from grader import site
 
-    port, token = free_port(), "viewer-test"
-    proc = subprocess.Popen(site.lab_command(port, token, root), cwd=REPO, stdout=log,
+    port = free_port()
+    settings, token = site.lab_settings(root, Path(tempfile.gettempdir()) / "pallas-course-labs")
+    proc = subprocess.Popen(site.lab_command(port, root), cwd=REPO, stdout=log,
+                            env=site.lab_env(root, settings),
                             stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:

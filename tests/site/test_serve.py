@@ -119,6 +119,10 @@ def test_serve_answers_and_sigint_stops_both(built_site, tmp_path, request):
             _lesson_opens_as_notebook(request.getfixturevalue("browser"), lab_port, token)
         assert len(_children(proc.pid)) >= 1  # JupyterLab; the site is served in-process
         kids = _descendants(proc.pid)  # the servers, and the kernel the lesson started
+        # the token is in a 0600 file, never on a command line (ps shows those to every user)
+        cmdlines = [b" ".join(Path(f"/proc/{k}/cmdline").read_bytes().split(b"\0"))
+                    for k in kids if _alive(k)]
+        assert cmdlines and not [c for c in cmdlines if token.encode() in c], cmdlines
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0, log.read_text()
         stop = time.monotonic() + 15
@@ -139,6 +143,28 @@ def test_lab_opens_python_files_as_jupytext_notebooks():
                             "default_setting_overrides.json").read_text())
     viewers = overrides["@jupyterlab/docmanager-extension:plugin"]["defaultViewers"]
     assert viewers["python"] == "Jupytext Notebook"
-    cmd = site.lab_command(8888, "t", REPO / "workspace")
+    cmd = site.lab_command(8888, REPO / "workspace")
     assert f"--ServerApp.root_dir={REPO / 'workspace'}" in cmd
     assert "--ServerApp.default_url=/lab/tree/lessons" in cmd
+
+
+def test_lab_token_is_private_and_kept_per_workspace(tmp_path):
+    """One token per workspace, in files only its owner reads; a restart finds the same one, so
+    the printed URL and the browser's login stay valid."""
+    import stat
+
+    from grader import site
+
+    ws, other = tmp_path / "ws", tmp_path / "other"
+    folder, token = site.lab_settings(ws, tmp_path / "state")
+    assert site.lab_settings(ws, tmp_path / "state") == (folder, token)
+    assert site.lab_settings(other, tmp_path / "state")[1] != token
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for f in ("token", "jupyter_server_config.json"):
+        assert stat.S_IMODE((folder / f).stat().st_mode) == 0o600, f
+    config = (folder / "jupyter_server_config.json").read_text()
+    assert token in config and "-l" not in config  # a terminal that is not a login shell
+    assert token not in " ".join(site.lab_command(8888, ws))
+    env = site.lab_env(ws, folder)
+    assert env["PATH"].split(os.pathsep)[0] == str(Path(sys.executable).parent)
+    assert env["JUPYTER_CONFIG_PATH"].split(os.pathsep)[0] == str(folder)

@@ -1,9 +1,12 @@
 """JupyterLab as `make start` serves it to a learner (chromium): rooted in the workspace, no
-nbgrader instructor tool on screen or on the server, and the site's "open in JupyterLab" links
-open their notebook in the browser that opened the printed URL."""
+nbgrader instructor tool on screen or on the server, the site's "open in JupyterLab" links
+open their notebook in the browser that opened the printed URL, and the check command a
+notebook names works in JupyterLab's terminal from the workspace and from the exercise's
+folder."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import time
@@ -11,7 +14,9 @@ import types
 import urllib.error
 import urllib.request
 
+import jupytext
 import pytest
+import websocket
 from sitetools import free_port, load_hooks  # on sys.path: conftest.py puts it there
 from wstools import REPO
 
@@ -36,8 +41,9 @@ def _site_links() -> list[str]:
 def learner_lab(full_course, tmp_path_factory):
     ws = tmp_path_factory.mktemp("learner") / "workspace"
     workspace.create(ws, full_course, REPO)
-    port, token = free_port(), "learner-test-token"
-    proc = subprocess.Popen(site.lab_command(port, token, ws), cwd=ws, env=site.lab_env(),
+    port = free_port()
+    settings, token = site.lab_settings(ws, tmp_path_factory.mktemp("lab"))
+    proc = subprocess.Popen(site.lab_command(port, ws), cwd=ws, env=site.lab_env(ws, settings),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     base = f"http://127.0.0.1:{port}"
@@ -97,3 +103,39 @@ def test_learner_sees_no_instructor_tool_and_site_links_open(learner_lab, browse
             assert tool not in shown and tool not in titles, tool
     finally:
         context.close()
+
+
+def _terminal(base: str, token: str, command: str, timeout: float = 300) -> str:
+    """``command`` typed into a new JupyterLab terminal (its websocket API); what it printed."""
+    req = urllib.request.Request(f"{base}/api/terminals?token={token}", method="POST", data=b"")
+    with urllib.request.urlopen(req, timeout=30) as r:
+        name = json.load(r)["name"]
+    ws_url = base.replace("http://", "ws://") + f"/terminals/websocket/{name}?token={token}"
+    conn = websocket.create_connection(ws_url, timeout=timeout)
+    out = []
+    try:
+        conn.send(json.dumps(["stdin", f"{command}; echo DONE-$?-DONE\r"]))
+        deadline = time.monotonic() + timeout
+        while not re.search(r"DONE-\d+-DONE", "".join(out)):
+            assert time.monotonic() < deadline, "".join(out)
+            kind, *rest = json.loads(conn.recv())
+            if kind == "stdout":
+                out.append(rest[0])
+    finally:
+        conn.close()
+        urllib.request.urlopen(urllib.request.Request(
+            f"{base}/api/terminals/{name}?token={token}", method="DELETE"), timeout=30)
+    return "".join(out)
+
+
+def test_documented_check_command_works_in_the_terminal(learner_lab):
+    base, token, ws = learner_lab
+    nb = ws / "exercises" / "01_first_kernel" / "first_kernel.ipynb"
+    intro = jupytext.read(nb).cells[0].source
+    command = re.search(r"`(pallas-course check [^`]+)`", intro)[1]
+    for folder in (ws, nb.parent):
+        out = _terminal(base, token, f"cd {folder} && {command}")
+        assert "command not found" not in out and "no notebook" not in out, out
+        # the released notebook's tasks are not done yet: each check runs and fails
+        assert "FAIL  add_visible: CheckFailed: add: not implemented yet" in out, out
+        assert "0 passed, 3 failed" in out and "DONE-1-DONE" in out, out

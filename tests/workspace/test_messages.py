@@ -88,6 +88,8 @@ SEP = "\n----\n"
 TRIGGERS = {
     "interpret-on-cpu": lambda: _failure("add", _add(interpret=False)),
     "tiling-8-128": lambda: _mosaic_tiling_error() + SEP + _kernelsim_tiling_error(),
+    "block-prescribed": lambda: _failure(
+        "tiled_add", lambda x, y, block: _tiled()(x, y, (16, 128))),  # required (8, 128)
     "element-offsets": lambda: _failure("tiled_add", _tiled(index_map=lambda i, j: (i * 8, j))),
     "block-rank": lambda: _failure("tiled_add", _tiled(spec_block=(128,),
                                                        index_map=lambda i, j: (j,))),
@@ -112,6 +114,26 @@ def test_hint_for_the_real_error(name):
             assert messages.hints_for(part) == [hint], part
     else:
         assert f"Hint: {hint}" in text, text
+
+
+def test_a_block_mosaic_rejects_fails_and_the_message_names_rule_operand_and_nearest_block():
+    """Assignment 6 task 1 lets the learner choose the blocks: (4, 100) would not lower on TPU."""
+    def fused_add_relu_mul(x, y, z):
+        def kernel(x_ref, y_ref, z_ref, o_ref):
+            o_ref[...] = jnp.maximum(x_ref[...] + y_ref[...], 0) * z_ref[...]
+
+        spec = pl.BlockSpec((4, 100), lambda i, j: (i, j))
+        return pl.pallas_call(kernel, grid=(pl.cdiv(x.shape[0], 4), pl.cdiv(x.shape[1], 100)),
+                              in_specs=[spec] * 3, out_specs=spec,
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              interpret=True)(x, y, z)
+
+    text = _failure("fused_add_relu_mul", fused_add_relu_mul)
+    rule = next(x for x in text.splitlines() if x.strip().startswith("[FAIL]"))
+    assert "(8, 128) tiling rule" in rule and "operand 'x_ref'" in rule, rule
+    assert "Nearest legal block: (8, 128)" in rule and "y_ref, z_ref, o_ref" in rule, rule
+    hint = next(h.text for h in messages.HINTS if h.name == "tiling-8-128")
+    assert f"Hint: {hint}" in text
 
 
 def test_params_print_as_python_literals():

@@ -132,3 +132,46 @@ def test_update_never_overwrites_an_offered_version_either(tmp_path):
     before = {p: p.read_text() for p in ws.rglob("*.ipynb")}
     workspace.create(ws, root, repo, update=True, log=lambda _: None)  # nothing new: no change
     assert {p: p.read_text() for p in ws.rglob("*.ipynb")} == before
+
+
+def test_update_replaces_in_place_what_the_learner_never_edited(tmp_path, monkeypatch):
+    """A lesson and a notebook nobody touched take the course's new version in place; an edited
+    one keeps the learner's work and gets the new version beside it. The README says where to
+    ask."""
+    from grader import workspace
+
+    monkeypatch.setenv(workspace.HELP_URL_ENV, "https://forum.example/pallas")
+    root, repo = tmp_path / "course", tmp_path / "checkout"
+    (root / "source" / "a1").mkdir(parents=True)
+    (root / "source" / "a1" / "nb.py").write_text("# %%\n")
+    (root / "release" / "a1").mkdir(parents=True)
+    (repo / "lessons").mkdir(parents=True)
+    lesson_src = repo / "lessons" / "01-intro.py"
+    lesson_src.write_text("# lesson v1\n")
+    (repo / "lessons" / "_course.py").write_text("")
+
+    def release(version: str) -> None:
+        for name in ("nb", "other"):
+            (root / "release" / "a1" / f"{name}.ipynb").write_text(f"{name} {version}")
+        workspace.record_release(root, ["a1"])
+        lesson_src.write_text(f"# lesson {version}\n")
+
+    release("v1")
+    ws = tmp_path / "ws"
+    workspace.create(ws, root, repo, log=lambda _: None)
+    assert "Stuck? Ask here: https://forum.example/pallas" in (ws / "README.md").read_text()
+    mine = ws / "exercises" / "a1" / "nb.ipynb"
+    mine.write_text("my work")
+    release("v2")
+    done = workspace.create(ws, root, repo, update=True, log=lambda _: None)
+    assert sorted(done["updated"]) == ["exercises/a1/other.ipynb", "lessons/01-intro.py"]
+    assert done["offered"] == ["exercises/a1/nb.new.ipynb"]
+    assert (ws / "exercises" / "a1" / "other.ipynb").read_text() == "other v2"
+    assert (ws / "lessons" / "01-intro.py").read_text() == "# lesson v2\n"
+    assert not (ws / "lessons" / "01-intro.new.py").exists()
+    assert mine.read_text() == "my work"
+    (ws / "exercises" / "a1" / "other.ipynb").write_text("now I work here")
+    release("v3")
+    done = workspace.create(ws, root, repo, update=True, log=lambda _: None)
+    assert (ws / "exercises" / "a1" / "other.ipynb").read_text() == "now I work here"
+    assert "exercises/a1/other.new.ipynb" in done["offered"]

@@ -9,7 +9,10 @@
 # the assignment is graded. Every answer must be a Pallas kernel: a function that never reaches
 # `pl.pallas_call` fails the structural check even when its values are right.
 #
-# Run the checks locally at any time with `pallas-course check first_kernel.ipynb`.
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check first_kernel.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import math
@@ -174,3 +177,12 @@ try:
     print(kernelsim.trace(add, x, x))
 except NotImplementedError:
     print("implement add first")
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

@@ -5,6 +5,11 @@
 # step one block of an operand. With `grid = (pl.cdiv(M, bm), pl.cdiv(N, bn))` the last blocks
 # may stick out of the array: reads there return unspecified values (NaN in interpret mode),
 # writes there are dropped. Hidden tests use shapes that are not multiples of the block.
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check tiling.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import math
@@ -184,3 +189,12 @@ course.check("row_softmax", row_softmax)
 ### BEGIN HIDDEN TESTS
 course.check("row_softmax", row_softmax, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

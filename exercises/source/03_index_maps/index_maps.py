@@ -4,6 +4,11 @@
 # An index map turns a grid point into a block index. It decides *which* block a step sees, and
 # so it can transpose, reuse or broadcast blocks without moving data in the kernel. When two
 # consecutive steps ask for the same block of an input, the pipeline skips the copy.
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check index_maps.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import math
@@ -181,3 +186,12 @@ course.check("symmetrize", symmetrize)
 ### BEGIN HIDDEN TESTS
 course.check("symmetrize", symmetrize, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

@@ -6,6 +6,11 @@
 # `pl.num_programs(axis) - 1` to find the last step. Kernels with scratch, and kernels that
 # revisit an output block across grid steps, use `TPU_INTERPRET`. So do kernels with an operand
 # in SMEM (`pl.BlockSpec(memory_space=pltpu.SMEM)`), a small array read as scalars.
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check memory_spaces.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import math
@@ -356,3 +361,12 @@ course.check("affine_row_blocks", affine_row_blocks)
 ### BEGIN HIDDEN TESTS
 course.check("affine_row_blocks", affine_row_blocks, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

@@ -4,6 +4,11 @@
 # `pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=k, ...)` puts the first `k` operands in SMEM
 # before the grid starts; index maps then receive them after the grid indices
 # (`lambda i, ids_ref: (ids_ref[i], 0)`) and so can choose blocks from data.
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check scalar_prefetch.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import math
@@ -235,3 +240,12 @@ course.check("grouped_matmul", grouped_matmul)
 ### BEGIN HIDDEN TESTS
 course.check("grouped_matmul", grouped_matmul, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

@@ -4,6 +4,11 @@
 # On a memory-bound kernel the time is the HBM traffic; with small blocks it is also the fixed
 # cost of every grid step (lesson 7). kernelsim counts both: tasks 1 and 3 are graded on values
 # **and** on staying within a traffic budget, task 2 on kernelsim's estimated time on a TPU v5e.
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check performance.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import math
@@ -261,3 +266,12 @@ course.check("layernorm", layernorm)
 ### BEGIN HIDDEN TESTS
 course.check("layernorm", layernorm, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

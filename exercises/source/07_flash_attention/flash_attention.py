@@ -5,6 +5,11 @@
 # shape `(Lk, d)`. Flash attention never stores the `(Lq, Lk)` scores in HBM: for each block of
 # queries it walks the key blocks keeping a running max `m`, a running sum `l` and an unnormalised
 # accumulator in VMEM scratch (the online softmax).
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check flash_attention.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import functools
@@ -247,3 +252,12 @@ course.check("causal_flash_attention", causal_flash_attention)
 ### BEGIN HIDDEN TESTS
 course.check("causal_flash_attention", causal_flash_attention, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

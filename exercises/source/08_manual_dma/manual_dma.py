@@ -17,6 +17,11 @@
 #
 # Rules: [TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html) and
 # [`pltpu.emit_pipeline`](https://docs.jax.dev/en/latest/_autosummary/jax.experimental.pallas.tpu.emit_pipeline.html).
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check manual_dma.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import functools
@@ -372,3 +377,12 @@ course.check("absmax_in_place", absmax_in_place)
 ### BEGIN HIDDEN TESTS
 course.check("absmax_in_place", absmax_in_place, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

@@ -8,6 +8,11 @@
 # the task's own name. Copy the buggy code and change what is wrong; keep its grid and blocks
 # unless the task says otherwise.
 # `course.check("<task>", <task>_buggy)` shows what the grader says about the buggy version.
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check debugging.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import functools
@@ -472,3 +477,12 @@ course.check("chunk_sum", chunk_sum)
 ### BEGIN HIDDEN TESTS
 course.check("chunk_sum", chunk_sum, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

@@ -6,6 +6,11 @@
 # through a `pallas_call`, so a backward kernel is attached with `jax.custom_vjp`; and
 # `input_output_aliases` lets a kernel update a buffer in place. One task each; task 2 is the
 # centrepiece.
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check transformations.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import functools
@@ -259,3 +264,12 @@ course.check("add_rows_in_place", add_rows_in_place)
 ### BEGIN HIDDEN TESTS
 course.check("add_rows_in_place", add_rows_in_place, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

@@ -16,6 +16,11 @@
 # kernelsim.gpu_lowering_error(functools.partial(gpu_row_sums, bm=16, bk=128,
 #                                                interpret=False), x)   # None: it lowers
 # ```
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check gpu.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import functools
@@ -244,3 +249,12 @@ try:
         print(traced)
 except NotImplementedError:
     print("implement gpu_matmul and predict_gpu_reads first")
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

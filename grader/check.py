@@ -1,0 +1,172 @@
+"""``pallas-course check NOTEBOOK``: the learner's command, in a checkout and in a student copy.
+
+It runs a notebook's visible checks in a fresh kernel (never its hidden tests) and prints per
+task pass or fail, the structural rules and kernelsim's summary. ``NOTEBOOK`` is found where a
+learner types it: relative to the current folder, then to the workspace
+(``$PALLAS_COURSE_WORKSPACE``, which ``pallas-course serve`` sets for JupyterLab's terminals,
+else the workspace around the current folder or a checkout's ``workspace/``, else the nearest
+folder holding ``exercises/``), then by name among ``exercises/*/`` there, so
+``pallas-course check first_kernel.ipynb`` works from the workspace and from the exercise's own
+folder alike.
+
+In a student copy (``pallas-course dist``) ``main`` is the ``pallas-course`` command itself;
+in a checkout, ``grader.cli`` hands its ``check`` subcommand here. Nothing here imports the
+instructor's side (nbgrader, the grading machinery).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+# nbgrader's hidden-test region; the markers are put together here so that a student copy, which
+# ships this file, holds none of them (tests/workspace/test_dist.py searches it for them)
+_MARKER = "### {} HIDDEN TESTS"
+HIDDEN_RE = re.compile(re.escape(_MARKER.format("BEGIN")) + ".*?" +
+                       re.escape(_MARKER.format("END")), re.S)
+WORKSPACE_ENV = "PALLAS_COURSE_WORKSPACE"
+WORKSPACE_LEDGER = ".pallas-course-workspace.json"  # what marks a workspace (grader.workspace)
+
+
+class NotebookNotFound(FileNotFoundError):
+    pass
+
+
+def workspace_root(cwd: Path) -> Path | None:
+    """``$PALLAS_COURSE_WORKSPACE``; else the workspace at or above ``cwd`` (or a checkout's
+    ``workspace/`` when ``cwd`` is the checkout); else the nearest folder at or above ``cwd``
+    holding ``exercises/`` (a student copy); None when there is none."""
+    env = os.environ.get(WORKSPACE_ENV)
+    if env:
+        return Path(env)
+    for d in (cwd, *cwd.parents):
+        if (d / WORKSPACE_LEDGER).is_file():
+            return d
+    if (cwd / "workspace" / WORKSPACE_LEDGER).is_file():
+        return cwd / "workspace"
+    return next((d for d in (cwd, *cwd.parents) if (d / "exercises").is_dir()), None)
+
+
+def find_notebook(name: Path, cwd: Path) -> Path:
+    """The notebook ``name`` names, seen from ``cwd`` (the rules in the module's docstring);
+    ``.ipynb`` may be left off. Raises NotebookNotFound saying where it looked."""
+    names = [name] if name.suffix else [name.with_suffix(".ipynb"), name.with_suffix(".py")]
+    root = workspace_root(cwd)
+    bases = [cwd, *([root] if root else [])]
+    for n in names:
+        for base in bases:
+            if (base / n).is_file():
+                return (base / n).resolve()
+    if root is not None and len(name.parts) == 1:
+        for n in names:
+            found = sorted(p for p in (root / "exercises").glob(f"*/{n.name}") if p.is_file())
+            if len(found) == 1:
+                return found[0].resolve()
+            if found:
+                raise NotebookNotFound(
+                    f"{name}: several notebooks of that name: "
+                    + ", ".join(str(p.relative_to(root)) for p in found) + "; name one of them")
+    where = ", ".join(str(b) for b in bases) + (f" or {root / 'exercises'}/*/" if root else "")
+    example = "exercises/01_first_kernel/first_kernel.ipynb"
+    raise NotebookNotFound(f"no notebook {name} in {where}: give its path, e.g. "
+                           f"`pallas-course check {example}` from your workspace")
+
+
+def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
+    """Run a notebook's visible checks in a fresh kernel; print per task pass/fail and
+    structure; 0 when every check passed, 1 when one failed, 2 when it cannot be read."""
+    import nbclient
+    import nbformat
+
+    path = Path(path).resolve()
+    if path.suffix == ".py":
+        import jupytext
+
+        nb = jupytext.read(path)
+    else:
+        try:
+            nb = nbformat.read(path, as_version=4)
+        except Exception as e:  # noqa: BLE001
+            log(f"{path}: not a readable notebook ({e}); re-download it from the course")
+            return 2
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            # never run hidden tests here, even from an instructor copy
+            cell.source = HIDDEN_RE.sub("", cell.source)
+            # outputs saved by the learner's own run must not read as this run's verdict
+            cell.outputs, cell.execution_count = [], None
+    dead = False
+    with tempfile.TemporaryDirectory() as d:
+        report = Path(d) / "report.jsonl"
+        old = os.environ.get("PALLAS_COURSE_REPORT")
+        os.environ["PALLAS_COURSE_REPORT"] = str(report)
+        try:
+            client = nbclient.NotebookClient(nb, timeout=timeout, allow_errors=True,
+                                             interrupt_on_timeout=True, kernel_name="python3",
+                                             resources={"metadata": {"path": str(path.parent)}})
+            try:
+                client.execute()
+            except nbclient.exceptions.DeadKernelError:
+                # the cells after the one that killed the kernel never ran: they count as failed
+                dead = True
+        finally:
+            if old is None:
+                os.environ.pop("PALLAS_COURSE_REPORT", None)
+            else:
+                os.environ["PALLAS_COURSE_REPORT"] = old
+        records = [json.loads(x) for x in report.read_text().splitlines()] \
+            if report.exists() else []
+    failures = 0
+    graded = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")
+              and "course.check(" in c.source]
+    for cell in graded:
+        gid = cell.metadata["nbgrader"]["grade_id"]
+        errs = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if errs:
+            failures += 1
+            log(f"FAIL  {gid}: {errs[0].get('ename')}: {errs[0].get('evalue')}")
+        elif cell.get("execution_count") is None:
+            failures += 1
+            log(f"FAIL  {gid}: not run (the kernel died or the notebook stopped before it)")
+        else:
+            log(f"pass  {gid}")
+    for r in records:
+        if r.get("rules"):
+            log(f"\n{r['task']}: structural check")
+            for line in r["rules"]:
+                log(f"  {line}")
+        if r.get("kernelsim"):
+            log(f"{r['task']}: kernelsim\n{r['kernelsim']}")
+    if dead:
+        log("\nthe kernel died while the notebook ran (os._exit, a crash or out of memory)")
+    log(f"\n{len(graded) - failures} passed, {failures} failed")
+    return 1 if failures else 0
+
+
+def run(notebook: Path) -> int:
+    """``pallas-course check NOTEBOOK`` from the current folder: an exit code."""
+    try:
+        path = find_notebook(notebook, Path.cwd())
+    except NotebookNotFound as e:
+        print(f"pallas-course check: {e}", file=sys.stderr)
+        return 2
+    return check_notebook(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The student copy's ``pallas-course``: only ``check``."""
+    parser = argparse.ArgumentParser(prog="pallas-course", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    k = sub.add_parser("check", help="run a notebook's visible checks in a fresh kernel")
+    k.add_argument("notebook", type=Path)
+    args = parser.parse_args(argv)
+    return run(args.notebook)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""A learner's Restart-and-Run-All checks every task: a failing check shows its message as the
+cell's error output without stopping the run, and the notebook's last cell sums up what passed
+and failed. (The grader's run is unchanged: there ``course.check`` does nothing,
+tests/grader.)"""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import jupytext
+import nbclient
+import nbformat
+import pytest
+
+from grader import course
+from grader.check import HIDDEN_RE
+
+WRONG_ADD = '''def add(x, y):
+    def kernel(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] - y_ref[...]
+
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=INTERPRET
+    )(x, y)
+'''
+
+
+def test_run_all_checks_every_task_and_sums_up(full_course, tmp_path):
+    folder = tmp_path / "01_first_kernel"
+    shutil.copytree(full_course / "release" / "01_first_kernel", folder)
+    # the learner's notebook: tasks 2 and 3 solved (the instructor's solutions), task 1 wrong
+    nb = jupytext.read(full_course / "source" / "01_first_kernel" / "first_kernel.py")
+    for cell in nb.cells:
+        cell.source = HIDDEN_RE.sub("", cell.source)
+        if cell.metadata.get("nbgrader", {}).get("grade_id") == "add_solution":
+            cell.source = WRONG_ADD
+    # as JupyterLab's Run All: stop at the first cell whose execution fails
+    client = nbclient.NotebookClient(nb, timeout=300, allow_errors=False,
+                                     kernel_name="python3",
+                                     resources={"metadata": {"path": str(folder)}})
+    client.execute()  # raises CellExecutionError if a check stopped the run
+
+    def outputs(grade_id):
+        return next(c.outputs for c in nb.cells
+                    if c.metadata.get("nbgrader", {}).get("grade_id") == grade_id)
+
+    errors = [o for o in outputs("add_visible") if o.output_type == "error"]
+    assert errors and errors[0].ename == "CheckFailed", outputs("add_visible")
+    assert "add: wrong values" in errors[0].evalue
+    for task in ("elementwise", "leaky_relu"):
+        text = "".join(o.get("text", "") for o in outputs(f"{task}_visible"))
+        assert re.search(rf"{task}: \d+ visible case\(s\) passed", text), text
+    summary = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    assert "2 of 3 task(s) passed" in summary, summary
+    assert "FAIL         add: add: wrong values" in summary, summary
+    assert "pass         elementwise" in summary and "pass         leaky_relu" in summary
+    nbformat.validate(nb)
+
+
+def test_outside_a_kernel_a_failed_check_raises():
+    """Scripts and tests see the failure as an exception, as before."""
+    import jax
+    from jax.experimental import pallas as pl
+
+    def add(x, y):
+        return pl.pallas_call(lambda x_ref, y_ref, o_ref: None,
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              interpret=True)(x, y)
+
+    with pytest.raises(course.CheckFailed, match="add: wrong values"):
+        course.check("add", add)
