@@ -136,6 +136,9 @@ _task(
         # blocks (bm, 128) and (128, bn): the TPU lowering wants lanes in multiples of 128
         _c("v0", 13, "float32", {"a": (64, 512), "b": (512, 256), "block_mask": (4, 4)},
            bm=16, bk=128, bn=128),
+        # visible: all positive in bfloat16, ~7 of 8 K blocks per row (see h3)
+        _c("v1", 236, "bfloat16", {"a": (128, 1024), "b": (1024, 128), "block_mask": (4, 8)},
+           values="positive", bm=32, bk=128, bn=128, _density=0.9),
         _c("h0", 231, "float32", {"a": (64, 512), "b": (512, 200), "block_mask": (4, 4)},
            True, bm=16, bk=128, bn=128),
         _c("h1", 232, "bfloat16", {"a": (128, 512), "b": (512, 128), "block_mask": (4, 4)},
