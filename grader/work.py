@@ -556,6 +556,7 @@ class _DmaWalk:
         if name == "while":
             cn, bn = p["cond_nconsts"], p["body_nconsts"]
             cc, bc, carry = vals[:cn], vals[cn:cn + bn], vals[cn + bn:]
+            go: Any = True
             while self._tick():
                 go = self.run(p["cond_jaxpr"], cc + carry)[0]
                 if go is _UNKNOWN or not bool(go):
