@@ -57,7 +57,7 @@ def _zeros(*shapes, dtype=jnp.float32):
     return [jnp.zeros(s, dtype) for s in shapes]
 
 
-def _course_calls() -> Iterator[tuple[str, Callable, list]]:
+def shipped_calls() -> Iterator[tuple[str, Callable, list]]:
     """(where, function, arguments) for the course's own kernels and JAX's ops."""
     from grader.tasks.core import tiled_matmul_call
     from kernelsim import examples
@@ -186,7 +186,7 @@ def collect(lessons: bool = True, log=print) -> dict[str, str]:
         if body_size(body) >= MIN_BODY:
             out.setdefault(fingerprint(body), where)
 
-    for where, fn, args in _course_calls():
+    for where, fn, args in shipped_calls():
         for body in bodies(jax.make_jaxpr(fn)(*args)):
             add(where, body)
     if lessons:

@@ -227,3 +227,21 @@ def test_the_honest_prediction_passes():
     predict = gradertools.solutions("04_memory_spaces")["predict_matmul_reads"]
     course.check("predict_matmul_reads", predict, quiet=True)
     course.check("predict_matmul_reads", predict, hidden=True, quiet=True)
+
+
+# ----------------------------------------------------------------------- the stored corpus
+@pytest.mark.slow
+def test_the_stored_corpus_holds_jaxs_ops():
+    """Every body of the JAX ops the corpus traces is stored (none is a solution); the whole
+    corpus, lessons included: the slow test below."""
+    missing = [where for where, fn, args in shipped.shipped_calls() if where.startswith("jax")
+               for body in shipped.bodies(jax.make_jaxpr(fn)(*args))
+               if work.fingerprint(body) not in shipped.known()]
+    assert missing == []
+
+
+@pytest.mark.slow
+def test_the_stored_corpus_is_current():
+    """``python -m grader.tasks.shipped`` run now writes what is stored: regenerate after
+    changing a lesson's kernels."""
+    assert shipped.collect(log=lambda _: None) == shipped.known()
