@@ -439,6 +439,15 @@ class _Buffer:
 
 
 _REF_OPS = frozenset({"get", "swap", "addupdate"})
+# integer scalar operations, as lax defines them (div and rem truncate toward zero)
+_SCALAR_OPS = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum,
+    "min": np.minimum, "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal, "and": np.bitwise_and, "or": np.bitwise_or,
+    "not": np.invert, "neg": np.negative,
+    "div": lambda a, b: (np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))).astype(a.dtype),
+    "rem": lambda a, b: (np.sign(a) * (np.abs(a) % np.abs(b))).astype(a.dtype),
+}
 _UNKNOWN = object()  # a value the walk does not compute: array data
 # how many body executions (grid steps times loop iterations) the walk follows at most
 DMA_WALK_LIMIT = 4096
@@ -576,8 +585,16 @@ class _DmaWalk:
         if subs or any(v is _UNKNOWN or isinstance(v, _Buffer) for v in vals) or \
                 any(getattr(v.aval, "shape", ()) for v in eqn.outvars):
             return [_UNKNOWN] * n_out
+        args = [np.asarray(v) for v in vals]
         try:
-            out = eqn.primitive.bind(*[np.asarray(v) for v in vals], **p)
+            if name in _SCALAR_OPS:  # NumPy: binding each op would compile it in XLA first
+                out = _SCALAR_OPS[name](*args)
+            elif name == "convert_element_type":
+                out = args[0].astype(p["new_dtype"])
+            elif name == "select_n":
+                out = args[1 + int(args[0])]
+            else:
+                out = eqn.primitive.bind(*args, **p)
         except Exception:  # noqa: BLE001 - a value the walk cannot compute is unknown
             return [_UNKNOWN] * n_out
         outs = out if eqn.primitive.multiple_results else [out]
