@@ -135,7 +135,12 @@ def test_one_buffer_with_the_next_copy_in_flight_races(notebook):
         notebook, "absmax_dma_solution",
         ("pltpu.VMEM((2, chunk, n), x.dtype)", "pltpu.VMEM((1, chunk, n), x.dtype)"),
         ("slot = i % 2", "slot = 0"), ("buf[c % 2]", "buf[0]"))
-    _fails("absmax_dma", one_buffer, "RACE DETECTED")
+    # the detector draws its clock entries at random: when it misses the race, the copy that
+    # overwrote the buffer shows in the values, or else the order of the DMAs shows one buffer
+    message = _fails("absmax_dma", one_buffer, "absmax_dma: ")
+    assert any(text in message for text in (
+        "RACE DETECTED", "wrong values for case v0",
+        "[FAIL] copies into VMEM: buffers: required 2 VMEM buffers")), message
 
 
 def test_reading_before_the_wait_races(notebook):
