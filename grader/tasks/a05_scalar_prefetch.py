@@ -118,6 +118,7 @@ def _invoke_gmm(fn, arrays, params):
 
 _task(
     id="gather_rows", assignment=A5, title="Embedding gather with scalar prefetch",
+    prefetch="the row ids",
     reference=lambda table, ids: table[ids],
     make=_make_gather,
     cases=(
@@ -130,6 +131,7 @@ _task(
 )
 _task(
     id="block_sparse_matmul", assignment=A5, title="Block-sparse matmul",
+    prefetch="the non-zero blocks' indices and counts per row of blocks",
     kernel_ops=(("dot_general",),), host_inputs=1,
     reference=_bsmm_ref, tolerance="reduction", make=_make_bsmm, invoke=_invoke_bsmm,
     cases=(
@@ -156,6 +158,7 @@ _task(
 )
 _task(
     id="grouped_matmul", assignment=A5, title="Grouped matmul (one weight per group of rows)",
+    prefetch="each row block's group",
     kernel_ops=(("dot_general",),), host_inputs=1,
     reference=_gmm_ref, tolerance="reduction", make=_make_gmm, invoke=_invoke_gmm,
     cases=(
