@@ -125,34 +125,71 @@ def facts_from_dict(d: Any) -> TraceFacts:
 @dataclass(frozen=True)
 class Flow:
     """Where a value comes from (``grader.work``): ``kind`` kernel, input, constant or
-    computed; ``origin`` in words."""
+    computed; ``origin`` in words; ``floating``: floating-point data went into it."""
 
     kind: str
     origin: str
+    floating: bool = False
+
+
+@dataclass(frozen=True)
+class Copies:
+    """A kernel's DMAs in one direction (into on-chip memory, or out of it): how many, the
+    distinct element counts they move, the distinct on-chip buffers (ref and slot) they use."""
+
+    count: int
+    elements: tuple[int, ...]
+    buffers: int
+
+
+@dataclass(frozen=True)
+class DmaOrder:
+    """The DMAs a kernel body starts by hand, in the order it issues them over its whole run
+    (``grader.work.dma_order``)."""
+
+    copies_in: Copies
+    copies_out: Copies
+    computes: int  # compute points of the run
+    overlapped: int  # ... at which a copy into on-chip memory is in flight
+    unsafe: int  # copies into a buffer a copy out of it is still reading
+    crosses_steps: bool  # a copy started at one grid step is waited at another
+    never_waited: int
+    waits_unmatched: int
+    semantics: tuple[str, ...]
+    followed: bool  # the whole run was followed (not cut at grader.work.DMA_WALK_LIMIT)
 
 
 @dataclass(frozen=True)
 class KernelWork:
     """One pallas_call as its jaxpr shows it: the kernel body's primitives, where each
     operand comes from (scalar prefetch and inputs, in order), inputs the body never reads,
-    and whether the body is the course's own code (``grader.work.COURSE_CODE``)."""
+    whether the body is the course's own code (``grader.work.COURSE_CODE``) or a Pallas op
+    JAX ships (``grader.work.JAX_OPS``), its fingerprint up to renaming
+    (``grader.work.fingerprint``) and live size, and the order of its DMAs."""
 
     number: int
     primitives: frozenset[str]
     operands: tuple[tuple[str, Flow], ...]  # (role, flow)
     unread: tuple[int, ...]
     course_kernel: bool
+    jax_kernel: bool
+    fingerprint: str
+    body_size: int
+    dma: DmaOrder | None
 
 
 @dataclass(frozen=True)
 class WorkFacts:
-    """Where a function's outputs come from, its kernels, and the FLOPs it computes outside
-    them (``grader.work.facts``)."""
+    """Where a function's outputs come from, its kernels, the FLOPs it computes outside
+    them (those inside while loops per iteration, as their trip count is unknown) and the
+    host callbacks carrying data (``grader.work.facts``)."""
 
     outputs: tuple[Flow, ...]
     calls: tuple[KernelWork, ...]
     outside_flops: int
     outside_ops: tuple[str, ...]
+    outside_while_flops: int
+    callbacks: tuple[str, ...]
 
 
 FLOW_KINDS = ("kernel", "input", "constant", "computed")
@@ -161,7 +198,34 @@ FLOW_KINDS = ("kernel", "input", "constant", "computed")
 def _flow(d: Any) -> Flow:
     if not isinstance(d, dict) or d.get("kind") not in FLOW_KINDS:
         raise ValueError("a data flow is not one of " + ", ".join(FLOW_KINDS))
-    return Flow(d["kind"], str(d.get("from")))
+    return Flow(d["kind"], str(d.get("from")), _bool(d.get("floating", False), "floating"))
+
+
+def _ints(v: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(v, list):
+        raise ValueError(f"{what} is not a list")
+    return tuple(_int(x, what) for x in v)
+
+
+def _copies(d: Any) -> Copies:
+    if not isinstance(d, dict):
+        raise ValueError("DMA copies are not a mapping")
+    return Copies(_int(d.get("count"), "count"), _ints(d.get("elements"), "elements"),
+                  _int(d.get("buffers"), "buffers"))
+
+
+def _dma(d: Any) -> DmaOrder | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("copies"), dict):
+        raise ValueError("the DMA order has no copies")
+    return DmaOrder(
+        _copies(d["copies"].get("in")), _copies(d["copies"].get("out")),
+        _int(d.get("computes"), "computes"), _int(d.get("overlapped"), "overlapped"),
+        _int(d.get("unsafe"), "unsafe"), _bool(d.get("crosses_steps"), "crosses_steps"),
+        _int(d.get("never_waited"), "never_waited"),
+        _int(d.get("waits_unmatched"), "waits_unmatched"),
+        _strings(d.get("semantics"), "semantics"), _bool(d.get("followed"), "followed"))
 
 
 def _strings(v: Any, what: str) -> tuple[str, ...]:
@@ -185,10 +249,15 @@ def work_from_dict(d: Any) -> WorkFacts:
             tuple((str(o.get("role")) if isinstance(o, dict) else "", _flow(o))
                   for o in c["operands"]),
             tuple(_int(i, "unread") for i in c["unread"]),
-            _bool(c.get("course_kernel"), "course_kernel")))
+            _bool(c.get("course_kernel"), "course_kernel"),
+            _bool(c.get("jax_kernel"), "jax_kernel"),
+            str(c.get("fingerprint")), _int(c.get("body_size"), "body_size"),
+            _dma(c.get("dma"))))
     return WorkFacts(tuple(_flow(o) for o in d["outputs"]), tuple(calls),
                      _int(d.get("outside_flops"), "outside_flops"),
-                     _strings(d.get("outside_ops"), "outside_ops"))
+                     _strings(d.get("outside_ops"), "outside_ops"),
+                     _int(d.get("outside_while_flops"), "outside_while_flops"),
+                     _strings(d.get("callbacks"), "callbacks"))
 
 
 def compare(got: Any, expected: np.ndarray, rtol: float, atol: float,

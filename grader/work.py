@@ -9,11 +9,20 @@ data through it:
   origin through; anything else is a computation);
 - where each operand of each ``pallas_call`` comes from, the same way (a decoy ``zeros`` is a
   constant; ``x * 2`` fed in is a computation outside the kernel);
-- the FLOPs computed outside kernels;
+- the FLOPs computed outside kernels (a while loop's per iteration, as its trip count is
+  unknown), and the host callbacks carrying data anywhere in the program;
 - per ``pallas_call``: the primitives its kernel uses (nested loops and branches included),
-  which of its inputs the kernel body never touches, and where its kernel body was defined:
-  in the course's own code (``grader/``, ``kernelsim/``: a shipped example or reference
-  kernel) or not.
+  which of its inputs the kernel body never touches, whether floating-point data went into
+  each operand (a scalar-prefetch operand must hold indices, not a result), where its kernel
+  body was defined (the course's own code, ``grader/``, ``kernelsim/``, ``lessons/``; or a
+  Pallas op JAX ships), the body's fingerprint up to renaming (``fingerprint``, compared with
+  ``grader.tasks.shipped``), and, for a body that starts its own DMAs, their order over the
+  whole run (``dma_order``: overlap, buffers, copy sizes, in-place safety, waits, grid
+  semantics).
+
+A program whose DMA order shows it would block forever (a wait no copy signals; copies that
+cross the steps of a "parallel" grid) is not executed: ``run_traced`` reports that as the
+case's error at once, instead of a hung case running into its cell's time limit.
 
 The grader judges these (``grader.verdict`` with ``grader.tasks`` rules); nothing here imports
 ``jax._src``: only a jaxpr's public attributes (``eqns``, ``invars``, ``params``) are read.
@@ -21,11 +30,14 @@ The grader judges these (``grader.verdict`` with ``grader.tasks`` rules); nothin
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from jax import errors as jax_errors
 from jax.extend.core import Literal, jaxprs_in_params
 
@@ -42,7 +54,17 @@ _RANK = {"computed": 3, "kernel": 2, "input": 1, "constant": 0}
 # the course's own code, whose kernels (kernelsim's examples, the tasks' helpers) a submission
 # may not hand in as its own
 COURSE_CODE = tuple(os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir, d))
-                    + os.sep for d in ("grader", "kernelsim"))
+                    + os.sep for d in ("grader", "kernelsim", "lessons"))
+
+
+def _jax_ops() -> str:
+    from jax.experimental.pallas import ops
+
+    return os.path.realpath(os.path.dirname(ops.__file__)) + os.sep
+
+
+# the Pallas ops JAX ships (jax.experimental.pallas.ops: flash attention, matmul, softmax, ...)
+JAX_OPS = _jax_ops()
 
 
 @dataclass(frozen=True)
@@ -111,41 +133,60 @@ def kernel_file(kernel: Any) -> str:
     return where.rpartition(":")[0]
 
 
-def _call_facts(eqn: Any, number: int, operand_origins: list[Origin]) -> dict:
+def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]]) -> dict:
     gm = eqn.params["grid_mapping"]
     n_idx, n_in = int(gm.num_index_operands), int(gm.num_inputs)
     kernel = eqn.params["jaxpr"]
     used = _used(kernel)
     refs = _open(kernel).invars
-    source = kernel_file(kernel)
+    source = os.path.realpath(kernel_file(kernel)) if kernel_file(kernel) else ""
     return {"number": number,
-            "course_kernel": bool(source) and os.path.realpath(source).startswith(COURSE_CODE),
+            "course_kernel": source.startswith(COURSE_CODE),
+            "jax_kernel": source.startswith(JAX_OPS),
+            "fingerprint": fingerprint(kernel), "body_size": body_size(kernel),
             "primitives": sorted(primitives(kernel)),
             "operands": [{"role": "scalar_prefetch" if i < n_idx else "input",
-                          "from": str(o), "kind": o.kind}
-                         for i, o in enumerate(operand_origins[:n_idx + n_in])],
+                          "from": str(o), "kind": o.kind, "floating": f}
+                         for i, (o, f) in enumerate(operand_origins[:n_idx + n_in])],
             "unread": [i - n_idx for i in range(n_idx, n_idx + n_in)
-                       if i < len(refs) and id(refs[i]) not in used]}
+                       if i < len(refs) and id(refs[i]) not in used],
+            "dma": dma_order(eqn.params)}
+
+
+def _floating(v: Any) -> bool:
+    dtype = getattr(getattr(v, "aval", None), "dtype", None)
+    return dtype is not None and np.issubdtype(np.dtype(dtype), np.inexact)
 
 
 class _Walk:
+    """Follows a program's data: per value its ``Origin`` and whether floating point data
+    went into it (an integer index computed from array values carries a result, not an
+    index)."""
+
     def __init__(self):
         self.calls: list[dict] = []
         self.outside_flops = 0
+        self.outside_while_flops = 0
         self.outside_ops: set[str] = set()
 
-    def run(self, jaxpr: Any, origins: list[Origin], reps: int = 1) -> list[Origin]:
+    def run(self, jaxpr: Any, origins: list[Origin], reps: int = 1,
+            floats: list[bool] | None = None) -> list[tuple[Origin, bool]]:
         j = _open(jaxpr)
-        env: dict[int, Origin] = {id(v): o for v, o in zip(j.invars, origins, strict=True)}
+        floats = floats or [_floating(v) for v in j.invars]
+        env: dict[int, tuple[Origin, bool]] = {
+            id(v): (o, f) for v, o, f in zip(j.invars, origins, floats, strict=True)}
         for v in getattr(j, "constvars", ()):
-            env[id(v)] = CONSTANT
+            env[id(v)] = (CONSTANT, _floating(v))
 
-        def origin(v) -> Origin:
-            return CONSTANT if isinstance(v, Literal) else env.get(id(v), CONSTANT)
+        def origin(v) -> tuple[Origin, bool]:
+            if isinstance(v, Literal):
+                return CONSTANT, False
+            return env.get(id(v), (CONSTANT, False))
 
         for eqn in j.eqns:
             name = eqn.primitive.name
             ins = [origin(v) for v in eqn.invars]
+            fed = any(f for _, f in ins)
             subs = list(jaxprs_in_params(eqn.params))
             if name == "pallas_call":
                 number = len(self.calls)
@@ -153,32 +194,58 @@ class _Walk:
                 outs = [Origin("kernel", str(number))] * len(eqn.outvars)
             elif name in TRANSPARENT and len(subs) == 1 and \
                     len(_open(subs[0]).invars) == len(ins):
-                outs = self.run(subs[0], ins, reps)
+                found = self.run(subs[0], [o for o, _ in ins], reps, [f for _, f in ins])
+                for v, of in zip(eqn.outvars, found, strict=True):
+                    env[id(v)] = of
+                continue
             elif name in LAYOUT:
-                merged = max(ins, key=lambda o: _RANK[o.kind], default=CONSTANT)
-                outs = [merged] * len(eqn.outvars)
+                outs = [max((o for o, _ in ins), key=lambda o: _RANK[o.kind],
+                            default=CONSTANT)] * len(eqn.outvars)
             else:
                 if subs:  # loops and branches: count what their bodies compute
                     times = int(eqn.params.get("length", 1)) if name == "scan" else 1
+                    before = self.outside_flops
                     for sub in subs:
-                        self.run(sub, [Origin("computed", name)] * len(_open(sub).invars),
-                                 reps * times)
+                        inner = _open(sub).invars
+                        self.run(sub, [Origin("computed", name)] * len(inner),
+                                 reps * times, [fed or _floating(v) for v in inner])
+                    if name == "while":  # runs an unknown number of times
+                        self.outside_while_flops += self.outside_flops - before
                 else:
                     self.outside_flops += reps * eqn_flops(eqn)
                 self.outside_ops.add(name)
                 outs = [Origin("computed", name)] * len(eqn.outvars)
             for v, o in zip(eqn.outvars, outs, strict=True):
-                env[id(v)] = o
+                env[id(v)] = (o, fed or _floating(v))
         return [origin(v) for v in j.outvars]
+
+
+CALLBACKS = frozenset({"pure_callback", "io_callback", "debug_callback"})
+
+
+def host_callbacks(jaxpr: Any) -> list[str]:
+    """Host callbacks anywhere in a program (kernel bodies included) that carry array data:
+    ``jax.pure_callback``, ``io_callback``, and ``jax.debug.callback`` with an array operand
+    (``jax.debug.print`` and ``pl.debug_print`` are not callbacks of this kind)."""
+    found = []
+    for eqn in _open(jaxpr).eqns:
+        name = eqn.primitive.name
+        if name in CALLBACKS and (name != "debug_callback" or any(
+                getattr(getattr(v, "aval", None), "shape", ()) for v in eqn.invars)):
+            found.append(name)
+        for sub in jaxprs_in_params(eqn.params):
+            found.extend(host_callbacks(sub))
+    return found
 
 
 def facts(jaxpr: Any) -> dict:
     """What the program computes where; JSON-ready (``verdict.work_from_dict`` reads it)."""
     walk = _Walk()
     outs = walk.run(jaxpr, [Origin("input")] * len(_open(jaxpr).invars))
-    return {"outputs": [{"from": str(o), "kind": o.kind} for o in outs],
+    return {"outputs": [{"from": str(o), "kind": o.kind} for o, _ in outs],
             "calls": walk.calls, "outside_flops": walk.outside_flops,
-            "outside_ops": sorted(walk.outside_ops)}
+            "outside_while_flops": walk.outside_while_flops,
+            "outside_ops": sorted(walk.outside_ops), "callbacks": host_callbacks(jaxpr)}
 
 
 def flops(jaxpr: Any) -> int:
@@ -259,10 +326,14 @@ def run_traced(t: Traced) -> CaseRun:
     if t.error is not None:
         return CaseRun(error=t.error)
     try:
+        work = facts(t.program)
+        hang = would_hang(work)
+        if hang is not None:  # stopped before it runs: a hung case would cost the time limit
+            return CaseRun(error=f"DmaWouldHang: {hang}", work=work)
         execute = jaxpr_as_fun(t.program)
         try:
             outs, trace = kernelsim.run(execute, *t.traced, interpret=None)
-            run = CaseRun(trace=trace.to_dict(), summary=trace.summary(), work=facts(t.program))
+            run = CaseRun(trace=trace.to_dict(), summary=trace.summary(), work=work)
         except kernelsim.TraceError as e:  # no pallas_call: the values are still judged
             outs, run = execute(*t.traced), CaseRun(trace_error=str(e))
         run.output = np.asarray(jax.device_get(outs[0] if len(outs) == 1 else tuple(outs)))
@@ -276,3 +347,357 @@ def run_case(task: Any, fn: Any, arrays: list, params: dict) -> CaseRun:
     and kernelsim's trace, and read the work facts from it. Nothing the function does
     differently when traced can differ between what is judged: it is the same run."""
     return run_traced(trace_case(task, fn, arrays, params))
+
+
+# ----------------------------------------------------------------------------- whose kernel body
+# what a body's fingerprint leaves out: numbers (shapes, sizes, literal values, which differ with
+# the case a body runs on) and object addresses
+_ERASED = re.compile(r"0x[0-9a-fA-F]+|\d+")
+
+
+# parameters a body's author does not choose: a dot's precision is the grader's (it traces at
+# MATMUL_PRECISION), where the lesson or op that shipped the body ran at JAX's default
+_UNFINGERPRINTED = frozenset({"precision"})
+
+
+def _param_text(value: Any) -> str:
+    return _ERASED.sub("#", repr(value))
+
+
+def _live(j: Any) -> list:
+    """The equations of ``j`` that an output or an effect depends on (dead code removed, so a
+    copied body padded with unused arithmetic keeps its fingerprint)."""
+    needed = {id(v) for v in j.outvars if not isinstance(v, Literal)}
+    kept = []
+    for eqn in reversed(j.eqns):
+        if eqn.effects or any(id(v) in needed for v in eqn.outvars) or \
+                eqn.primitive.name in ("dma_start", "dma_wait", "swap", "addupdate"):
+            kept.append(eqn)
+            needed |= {id(v) for v in eqn.invars if not isinstance(v, Literal)}
+    return kept[::-1]
+
+
+def canonical(jaxpr: Any) -> str:
+    """A kernel body's jaxpr as text that two bodies share exactly when they are the same
+    program up to the names of their variables, dead code and the numbers in it: variables
+    numbered in order of first use, each equation its primitive, its non-jaxpr parameters
+    (numbers erased), its operands and its results' dtypes and ranks, nested jaxprs in place."""
+    j = _open(jaxpr)
+    names: dict[int, str] = {}
+
+    def ref(v) -> str:
+        aval = getattr(v, "aval", None)
+        kind = f"{getattr(aval, 'dtype', '')}/{len(getattr(aval, 'shape', ()) or ())}"
+        if isinstance(v, Literal):
+            return f"lit:{kind}"
+        if id(v) not in names:
+            names[id(v)] = f"v{len(names)}:{kind}"
+        return names[id(v)]
+
+    lines = [" ".join(ref(v) for v in (*getattr(j, "constvars", ()), *j.invars))]
+    for eqn in _live(j):
+        nested = set()
+        subs = []
+        for k, p in sorted(eqn.params.items()):
+            found = list(jaxprs_in_params({k: p}))
+            if found:
+                nested.add(k)
+                subs.extend(canonical(s) for s in found)
+        params = ",".join(f"{k}={_param_text(p)}" for k, p in sorted(eqn.params.items())
+                          if k not in nested and k not in _UNFINGERPRINTED)
+        ins = " ".join(ref(v) for v in eqn.invars)
+        outs = " ".join(ref(v) for v in eqn.outvars)
+        lines.append(f"{outs} = {eqn.primitive.name}[{params}]({ins})" +
+                     "".join(f"{{{s}}}" for s in subs))
+    lines.append("-> " + " ".join(ref(v) for v in j.outvars))
+    return "\n".join(lines)
+
+
+def fingerprint(jaxpr: Any) -> str:
+    """sha256 of ``canonical(jaxpr)``: a kernel body's identity up to renaming."""
+    return hashlib.sha256(canonical(jaxpr).encode()).hexdigest()
+
+
+def body_size(jaxpr: Any) -> int:
+    """Live equations of a body, nested jaxprs included."""
+    return sum(1 + sum(body_size(s) for s in jaxprs_in_params(e.params))
+               for e in _live(_open(jaxpr)))
+
+
+# ----------------------------------------------------------------------------- the order of DMAs
+class _Buffer:
+    """A kernel ref (an operand, scratch, or a ``run_scoped`` allocation) in ``dma_order``'s
+    walk: a name and its memory space."""
+
+    def __init__(self, name: str, aval: Any):
+        self.name = name
+        self.space = str(getattr(aval, "memory_space", "")).lower()
+        self.shape = tuple(getattr(getattr(aval, "inner_aval", aval), "shape", ()) or ())
+
+    def on_chip(self) -> bool:
+        return "vmem" in self.space or "smem" in self.space
+
+
+_REF_OPS = frozenset({"get", "swap", "addupdate"})
+# integer scalar operations, as lax defines them (div and rem truncate toward zero)
+_SCALAR_OPS = {
+    "add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum,
+    "min": np.minimum, "eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal,
+    "gt": np.greater, "ge": np.greater_equal, "and": np.bitwise_and, "or": np.bitwise_or,
+    "not": np.invert, "neg": np.negative,
+    "div": lambda a, b: (np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))).astype(a.dtype),
+    "rem": lambda a, b: (np.sign(a) * (np.abs(a) % np.abs(b))).astype(a.dtype),
+}
+_UNKNOWN = object()  # a value the walk does not compute: array data
+# how many body executions (grid steps times loop iterations) the walk follows at most
+DMA_WALK_LIMIT = 4096
+
+
+class _Copy:
+    def __init__(self, number: int, src: tuple, dst: tuple, elements: int, at: tuple):
+        self.number, self.src, self.dst, self.elements, self.at = number, src, dst, elements, at
+
+
+def _end(end: Any) -> tuple[_Buffer | None, tuple, int]:
+    """One end of a DMA: its buffer, the integer indices that select part of it (a slot, a
+    slice start) and the number of elements it spans."""
+    ref, transforms = (end, ()) if isinstance(end, _Buffer) else \
+        (getattr(end, "ref", None), tuple(getattr(end, "transforms", ())))
+    if not isinstance(ref, _Buffer):
+        return None, (), 0
+    where, shape = [], ref.shape
+    for t in transforms:
+        indices = getattr(t, "indices", None)
+        if indices is None:
+            continue
+        shape = tuple(t.get_indexer_shape())
+        for ix in indices:
+            start = getattr(ix, "start", ix)
+            where.append(int(start) if isinstance(start, int | np.integer) else -1)
+    return ref, tuple(where), int(math.prod(shape))
+
+
+class _DmaWalk:
+    """Follows a kernel body over its grid (steps in order, as on one core) and its loops,
+    computing only scalar integer values (program ids, loop counters, slots), and lists in
+    program order each DMA start, DMA wait and compute point (an equation computing floating
+    point arrays, consecutive ones counted once)."""
+
+    def __init__(self, grid: tuple[int, ...]):
+        self.grid = grid
+        self.index: tuple[int, ...] = ()
+        self.events: list[tuple] = []
+        self.copies: list[_Copy] = []
+        self.executions = 0
+        self.scoped = 0
+
+    def run(self, jaxpr: Any, args: list, consts: list | None = None) -> list:
+        j = _open(jaxpr)
+        env: dict[int, Any] = {}
+        for v, x in zip(j.invars, args, strict=True):
+            env[id(v)] = x
+        if consts is None:
+            consts = getattr(jaxpr, "consts", None) or [_UNKNOWN] * len(j.constvars)
+        for v, x in zip(j.constvars, consts, strict=True):
+            env[id(v)] = x
+
+        def read(v):
+            return v.val if isinstance(v, Literal) else env.get(id(v), _UNKNOWN)
+
+        for eqn in j.eqns:
+            outs = self.eqn(eqn, [read(v) for v in eqn.invars])
+            for v, x in zip(eqn.outvars, outs, strict=True):
+                env[id(v)] = x
+        return [read(v) for v in j.outvars]
+
+    def _compute(self, eqn: Any) -> None:
+        out = eqn.outvars[0].aval if eqn.outvars else None
+        if out is not None and getattr(out, "shape", ()) and \
+                np.issubdtype(np.dtype(out.dtype), np.floating) and \
+                eqn.primitive.name not in LAYOUT | _REF_OPS:
+            if not self.events or self.events[-1][0] != "compute":
+                self.events.append(("compute", self.index))
+
+    def dma(self, eqn: Any, vals: list, start: bool) -> None:
+        from jax import tree_util
+
+        src, dst, sem, *_ = tree_util.tree_unflatten(eqn.params["tree"], vals)
+        sem_ref, sem_at, _ = _end(sem)
+        key = (sem_ref.name if sem_ref else "?", sem_at)
+        if start:
+            (s, s_at, n), (d, d_at, _) = _end(src), _end(dst)
+            copy = _Copy(len(self.copies), (s.name if s else "?", s_at, bool(s and s.on_chip())),
+                         (d.name if d else "?", d_at, bool(d and d.on_chip())), n, self.index)
+            self.copies.append(copy)
+            self.events.append(("start", key, copy))
+        else:
+            self.events.append(("wait", key, self.index))
+
+    def eqn(self, eqn: Any, vals: list) -> list:
+        name, p = eqn.primitive.name, eqn.params
+        n_out = len(eqn.outvars)
+        if name in ("dma_start", "dma_wait"):
+            self.dma(eqn, vals, name == "dma_start")
+            return []
+        if name == "program_id":
+            return [self.index[p["axis"]] if p["axis"] < len(self.index) else _UNKNOWN]
+        if name == "num_programs":
+            return [self.grid[p["axis"]] if p["axis"] < len(self.grid) else _UNKNOWN]
+        if name == "cond":
+            index = vals[0]
+            if index is _UNKNOWN:  # a branch on data: follow none, count it as compute
+                self._compute(eqn)
+                return [_UNKNOWN] * n_out
+            branches = p["branches"]
+            return self.run(branches[int(np.clip(int(index), 0, len(branches) - 1))], vals[1:])
+        if name == "scan":
+            if "ft_in" in p:  # jax >= 0.11: consts, carry and xs as one tree
+                consts, carry, xs = (list(t) for t in p["ft_in"].update(vals).unpack())
+            else:
+                nc, nca = p["num_consts"], p["num_carry"]
+                consts, carry, xs = vals[:nc], vals[nc:nc + nca], vals[nc + nca:]
+            ncarry = len(carry)
+            for _ in range(p["length"]):
+                if not self._tick():
+                    break
+                carry = self.run(p["jaxpr"], consts + carry + [_UNKNOWN] * len(xs))[:ncarry]
+            return carry + [_UNKNOWN] * (n_out - ncarry)
+        if name == "while":
+            cn, bn = p["cond_nconsts"], p["body_nconsts"]
+            cc, bc, carry = vals[:cn], vals[cn:cn + bn], vals[cn + bn:]
+            go: Any = True
+            while self._tick():
+                go = self.run(p["cond_jaxpr"], cc + carry)[0]
+                if go is _UNKNOWN or not bool(go):
+                    break
+                carry = self.run(p["body_jaxpr"], bc + carry)
+            return [_UNKNOWN] * n_out if go is _UNKNOWN else carry
+        if name == "run_scoped":
+            fresh = []  # the allocations are the body's arguments; its operands, constants
+            for v in _open(p["jaxpr"]).invars:
+                fresh.append(_Buffer(f"scoped{self.scoped}", v.aval))
+                self.scoped += 1
+            return self.run(p["jaxpr"], fresh, consts=vals)
+        subs = list(jaxprs_in_params(p))
+        if name in TRANSPARENT and len(subs) == 1 and len(_open(subs[0]).invars) == len(vals):
+            return self.run(subs[0], vals)
+        self._compute(eqn)
+        if subs or any(v is _UNKNOWN or isinstance(v, _Buffer) for v in vals) or \
+                any(getattr(v.aval, "shape", ()) for v in eqn.outvars):
+            return [_UNKNOWN] * n_out
+        args = [np.asarray(v) for v in vals]
+        try:
+            if name in _SCALAR_OPS:  # NumPy: binding each op would compile it in XLA first
+                out = _SCALAR_OPS[name](*args)
+            elif name == "convert_element_type":
+                out = args[0].astype(p["new_dtype"])
+            elif name == "select_n":
+                out = args[1 + int(args[0])]
+            else:
+                out = eqn.primitive.bind(*args, **p)
+        except Exception:  # noqa: BLE001 - a value the walk cannot compute is unknown
+            return [_UNKNOWN] * n_out
+        outs = out if eqn.primitive.multiple_results else [out]
+        return [np.asarray(o)[()] if np.ndim(o) == 0 else _UNKNOWN for o in outs]
+
+    def _tick(self) -> bool:
+        self.executions += 1
+        return self.executions <= DMA_WALK_LIMIT
+
+
+def _has_dma(jaxpr: Any) -> bool:
+    return any(e.primitive.name == "dma_start" or any(_has_dma(s) for s in
+                                                       jaxprs_in_params(e.params))
+               for e in _open(jaxpr).eqns)
+
+
+def dma_order(params: dict) -> dict | None:
+    """The DMAs a kernel body starts by hand, in the order it issues them over its whole run
+    (grid steps in order, loops unrolled; None when it starts none). JSON-ready:
+
+    - ``copies``: the copies into on-chip memory (``in``) and out of it (``out``): how many,
+      the distinct element counts they move, and the distinct on-chip buffers (ref and slot)
+      they use;
+    - ``computes`` and ``overlapped``: how many compute points the run has, and at how many
+      of them a copy into on-chip memory is in flight (started, not yet waited): the next
+      chunk's copy started before this chunk's compute;
+    - ``unsafe``: copies started into an on-chip buffer while a copy out of that same buffer
+      is still in flight (the write-back is still reading it);
+    - ``crosses_steps``: a copy started at one grid step is waited at another;
+    - ``never_waited`` / ``waits_unmatched``: starts no wait consumes, waits no start signals
+      (a kernel that waits for a copy nobody started never returns);
+    - ``semantics``: the grid's dimension semantics, as the call states them.
+    """
+    kernel = params["jaxpr"]
+    if not _has_dma(kernel):
+        return None
+    gm = params["grid_mapping"]
+    grid = tuple(int(g) for g in gm.grid)
+    j = _open(kernel)
+    walk = _DmaWalk(grid)
+    refs = [_Buffer(f"ref{i}", v.aval) for i, v in enumerate(j.invars)]
+    for index in np.ndindex(*grid) if grid else [()]:
+        if not walk._tick():
+            break
+        walk.index = tuple(int(i) for i in index)
+        walk.run(kernel, list(refs))
+    exact = all(-1 not in e[1][1] for e in walk.events if e[0] != "compute")
+    pending: dict[tuple, list[_Copy]] = {}
+    in_flight: list[_Copy] = []
+    computes = overlapped = unsafe = unmatched = 0
+    crosses = False
+    for event in walk.events:
+        kind = event[0]
+        if kind == "start":
+            _, key, copy = event
+            if copy.dst[2] and any(c.src[:2] == copy.dst[:2] and c.src[2] for c in in_flight):
+                unsafe += 1
+            pending.setdefault(key, []).append(copy)
+            in_flight.append(copy)
+        elif kind == "wait":
+            _, key, at = event
+            if pending.get(key):
+                copy = pending[key].pop(0)
+                in_flight.remove(copy)
+                crosses |= copy.at != at
+            else:
+                unmatched += 1
+        else:
+            computes += 1
+            overlapped += any(c.dst[2] and not c.src[2] for c in in_flight)
+    cp = params.get("compiler_params")
+    semantics = getattr(cp, "dimension_semantics", None)
+    if isinstance(cp, dict):
+        semantics = next((getattr(v, "dimension_semantics", None) for v in cp.values()), None)
+    copies_in = [c for c in walk.copies if c.dst[2] and not c.src[2]]
+    copies_out = [c for c in walk.copies if c.src[2] and not c.dst[2]]
+    return {
+        "copies": {
+            d: {"count": len(cs), "elements": sorted({c.elements for c in cs}),
+                "buffers": len({(c.dst if d == "in" else c.src)[:2] for c in cs})}
+            for d, cs in (("in", copies_in), ("out", copies_out))},
+        "computes": computes, "overlapped": overlapped, "unsafe": unsafe,
+        "crosses_steps": crosses, "never_waited": sum(len(v) for v in pending.values()),
+        "waits_unmatched": unmatched,
+        "semantics": [str(s).rsplit(".", 1)[-1].lower() for s in semantics or ()],
+        "followed": walk.executions <= DMA_WALK_LIMIT, "exact": exact}
+
+
+def would_hang(work: dict) -> str | None:
+    """Why executing the program would block forever, from its DMA order (None: it would
+    not, as far as the order shows): a wait no copy signals, where every semaphore slot was
+    known, or copies that cross grid steps on a grid whose steps may run in any order."""
+    for c in work["calls"]:
+        d = c["dma"]
+        if d is None:
+            continue
+        if d["exact"] and d["waits_unmatched"]:
+            return (f"pallas_call #{c['number']} waits {d['waits_unmatched']} time(s) for a DMA "
+                    "that no copy started, so it would never return: pair every .wait() with "
+                    "the .start() of the same copy (same semaphore, same size)")
+        if d["crosses_steps"] and any(s != "arbitrary" for s in d["semantics"]):
+            return (f"pallas_call #{c['number']} waits at one grid step for a copy started at "
+                    f"another, on a {'/'.join(d['semantics'])} grid whose steps may run in any "
+                    "order or on two cores, where that wait never returns: mark the grid "
+                    "dimension_semantics=(\"arbitrary\",)")
+    return None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import numbers
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -87,10 +89,46 @@ def matmul_read_bytes(m, k, n, bm, bk, bn, itemsize) -> int:
     return int(kernelsim.trace(call, a, b).calls[0].hbm_read_bytes)
 
 
+class CourseCodeCalled(Exception):
+    """A prediction called the course's own code (the grader's byte counts, kernelsim)."""
+
+
+def predict_unaided(fn, params: dict):
+    """``fn(**params)``, watched: every Python function it calls, however deep, is checked
+    against the course's own code (``grader/``, ``kernelsim/``, ``lessons/``), so that a
+    prediction "from the sizes alone" cannot ask kernelsim or the grader for the answer. A
+    prediction that removes the watch (``sys.setprofile``) is refused as well."""
+    from grader.work import COURSE_CODE
+
+    called: list[str] = []
+
+    def watch(frame, event, arg):
+        if event == "call" and len(called) < 3:
+            path = os.path.realpath(frame.f_code.co_filename)
+            if path.startswith(COURSE_CODE):
+                called.append(f"{frame.f_code.co_qualname} ({os.path.basename(path)})")
+
+    before = sys.getprofile()
+    sys.setprofile(watch)
+    try:
+        predicted = fn(**params)
+    finally:
+        watched = sys.getprofile() is watch
+        sys.setprofile(before)
+    if called or not watched:
+        raise CourseCodeCalled(
+            "your prediction must be computed from the sizes by your own code; it called "
+            + (", ".join(called) if called else "sys.setprofile (the grader watches what a "
+               "prediction calls)") + ": count the bytes yourself, then compare with kernelsim "
+            "in a cell of its own")
+    return predicted
+
+
 def _invoke_prediction(fn, arrays, params):
-    """Call the learner's predictor with the case's sizes; a one-step kernel writes its answer
-    out (so the answer is judged like any task's output: value against kernelsim's count)."""
-    predicted = fn(**params)
+    """Call the learner's predictor with the case's sizes (``predict_unaided``); a one-step
+    kernel writes its answer out (so the answer is judged like any task's output: value
+    against kernelsim's count)."""
+    predicted = predict_unaided(fn, params)
     if isinstance(predicted, bool) or not isinstance(predicted, numbers.Integral):
         raise TypeError(f"return a Python int (a number of bytes), not "
                         f"{type(predicted).__name__}: compute it from the sizes, not with jnp")
@@ -116,6 +154,9 @@ _task(
     reference=_matmul_ref, tolerance="reduction",
     cases=(
         _c("v0", 9, "float32", {"a": (32, 256), "b": (256, 256)}, **_mm),
+        # visible: a long all-positive K in bfloat16, which a bfloat16 accumulator loses
+        _c("v1", 195, "bfloat16", {"a": (64, 1024), "b": (1024, 128)}, values="positive",
+           bm=32, bk=128, bn=128),
         _c("h0", 191, "float32", {"a": (40, 384), "b": (384, 300)}, True, **_mm),
         _c("h1", 192, "bfloat16", {"a": (64, 256), "b": (256, 256)}, True,
            bm=32, bk=128, bn=128),
@@ -169,6 +210,9 @@ _task(
     tolerance="reduction",
     cases=(
         _c("v0", 11, "float32", {"x": (32, 256)}, block=(8, 128)),
+        # visible: the long all-positive bfloat16 sum (h3 below) that a bfloat16 running sum
+        # loses
+        _c("v1", 215, "bfloat16", {"x": (12288, 16)}, values="positive", block=(16, 16)),
         _c("h0", 211, "float32", {"x": (37, 300)}, True, block=(16, 128)),
         _c("h1", 212, "bfloat16", {"x": (64, 256)}, True, block=(32, 128)),
         _c("h2", 213, "float32", {"x": (20, 130)}, True, block=(8, 128)),

@@ -118,6 +118,7 @@ def _invoke_gmm(fn, arrays, params):
 
 _task(
     id="gather_rows", assignment=A5, title="Embedding gather with scalar prefetch",
+    prefetch="the row ids",
     reference=lambda table, ids: table[ids],
     make=_make_gather,
     cases=(
@@ -130,12 +131,16 @@ _task(
 )
 _task(
     id="block_sparse_matmul", assignment=A5, title="Block-sparse matmul",
+    prefetch="the non-zero blocks' indices and counts per row of blocks",
     kernel_ops=(("dot_general",),), host_inputs=1,
     reference=_bsmm_ref, tolerance="reduction", make=_make_bsmm, invoke=_invoke_bsmm,
     cases=(
         # blocks (bm, 128) and (128, bn): the TPU lowering wants lanes in multiples of 128
         _c("v0", 13, "float32", {"a": (64, 512), "b": (512, 256), "block_mask": (4, 4)},
            bm=16, bk=128, bn=128),
+        # visible: all positive in bfloat16, ~7 of 8 K blocks per row (see h3)
+        _c("v1", 236, "bfloat16", {"a": (128, 1024), "b": (1024, 128), "block_mask": (4, 8)},
+           values="positive", bm=32, bk=128, bn=128, _density=0.9),
         _c("h0", 231, "float32", {"a": (64, 512), "b": (512, 200), "block_mask": (4, 4)},
            True, bm=16, bk=128, bn=128),
         _c("h1", 232, "bfloat16", {"a": (128, 512), "b": (512, 128), "block_mask": (4, 4)},
@@ -153,6 +158,7 @@ _task(
 )
 _task(
     id="grouped_matmul", assignment=A5, title="Grouped matmul (one weight per group of rows)",
+    prefetch="each row block's group",
     kernel_ops=(("dot_general",),), host_inputs=1,
     reference=_gmm_ref, tolerance="reduction", make=_make_gmm, invoke=_invoke_gmm,
     cases=(

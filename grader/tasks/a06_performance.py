@@ -135,11 +135,14 @@ def _make_ln(rng, case):
     """x, gamma, beta. With ``values="offset"`` every x is N(0, 1) + LN_OFFSET: the one-pass
     variance E[x²] - E[x]² then subtracts two float32 numbers near 10⁴ whose rounding (about
     10⁻³ each) is a large part of the variance (1); the two-pass mean of (x - mean)² only
-    carries the mean's rounding (about 10⁻⁵)."""
+    carries the mean's rounding (about 10⁻⁵). ``values="offset_flat"``: the same with row 1
+    constant (variance 0)."""
     m, n = case.arrays["x"]
     x = _normal(rng, (m, n), "float32")
-    if case.values == "offset":
+    if case.values in ("offset", "offset_flat"):
         x = x + LN_OFFSET
+    if case.values == "offset_flat":
+        x[1] = LN_OFFSET  # a constant row: variance 0, where only the epsilon helps
     return {"x": x.astype(_dtype(case.dtype)), "gamma": _normal(rng, (1, n), case.dtype),
             "beta": _normal(rng, (1, n), case.dtype)}
 
@@ -178,6 +181,9 @@ _task(
         # A's block never moves (one buffer); square 256-blocks fill the budget and are 14 %
         # slower, 128-blocks almost 5x
         _c("v0", 16, "bfloat16", {"a": (256, 512), "b": (512, 512)}, vmem_budget=_MiB),
+        # visible: the float32 accumulation the task names, on a long all-positive K (h3)
+        _c("v1", 265, "bfloat16", {"a": (128, 2048), "b": (2048, 128)}, values="positive",
+           vmem_budget=3 * _MiB // 8),
         # float32: the visible case's blocks need 1,441,792 B, over the budget
         _c("h0", 261, "float32", {"a": (256, 512), "b": (512, 256)}, True,
            vmem_budget=5 * _MiB // 4),
@@ -199,6 +205,9 @@ _task(
     reference=_ln_ref, tolerance="reduction", make=_make_ln,
     cases=(
         _c("v0", 17, "float32", {"x": (32, 256)}, bm=8),
+        # visible: rows around 100, where the one-pass variance the task warns of fails, and
+        # a constant row (variance 0), where only the epsilon keeps 1 / sqrt finite
+        _c("v1", 275, "float32", {"x": (16, 512)}, values="offset_flat", bm=8),
         _c("h0", 271, "float32", {"x": (37, 512)}, True, bm=16),
         _c("h1", 272, "bfloat16", {"x": (64, 256)}, True, bm=32),
         _c("h2", 273, "float32", {"x": (16, 128)}, True, bm=16),

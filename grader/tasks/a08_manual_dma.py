@@ -20,9 +20,12 @@ absolute value (the first step of int8 absmax quantisation), with ``x`` left in 
   earlier write-back copy is still reading. Its values are right in both of TPU interpret
   mode's DMA orders; only the race detector reports it.
 
-What kernelsim's trace does not record: the order of a kernel's DMA starts and waits, so "chunk
-c + 1's copy starts before chunk c's work" is not a rule of its own; the footprint rule (two
-buffers) and the race detector (a copy into the buffer being read) stand in for it.
+The skill each task states is graded from the order of the kernel's own DMAs
+(``grader.work.dma_order``, which follows the body over its grid and loops: ``pipelined``
+below): the next chunk's copy starts before this chunk's compute (at every compute but the
+last a copy into VMEM is in flight), two buffers, copies of the chunk size the case asks for
+and as many as there are chunks, no copy into a buffer whose write-back is still reading it,
+every start waited, and copies that cross grid steps only on an "arbitrary" grid.
 """
 
 from __future__ import annotations
@@ -126,6 +129,51 @@ def _scratch(call) -> list:
     return [o for o in call.operands if o.role == "scratch"]
 
 
+def pipelined(order, case, buffers: int = 2, out: bool = False) -> list[Rule]:
+    """The kernel's own DMAs double-buffer ``x`` in ``chunk``-row copies: rules on
+    ``verdict.DmaOrder``. ``out``: the output is copied out by DMAs as well."""
+    (m, n), chunk = case.arrays["x"], case.params["chunk"]
+    chunks = cdiv(m, chunk)
+    if order is None:
+        return [Rule("copies by hand", "the kernel starts its own DMAs", "none", False)]
+    rules = []
+    for label, copies, wanted in (("into VMEM", order.copies_in, True),
+                                  ("out of VMEM", order.copies_out, out)):
+        if not wanted:
+            continue
+        size = chunk * n
+        rules.append(Rule(f"copies {label}: the chunk size", f"{chunks} copies of at most "
+                          f"({chunk}, {n}) = {size:,} elements, one per chunk",
+                          f"{copies.count} copies of "
+                          f"{', '.join(f'{e:,}' for e in copies.elements) or 'nothing'} "
+                          "elements", copies.count == chunks and bool(copies.elements)
+                          and max(copies.elements) == size))
+        need = min(buffers, chunks)
+        rules.append(Rule(f"copies {label}: buffers", f"{need} VMEM buffers (double "
+                          "buffering)", f"{copies.buffers}", copies.buffers == need))
+    rules.append(Rule("overlap: the next chunk's copy starts before this chunk's compute",
+                      f"a copy into VMEM in flight at {order.computes - 1} of the "
+                      f"{order.computes} compute steps (all but the last)",
+                      f"at {order.overlapped}", order.computes > 0
+                      and order.overlapped >= order.computes - 1))
+    rules.append(Rule("in-place safety", "no copy into a buffer while a copy out of it is "
+                      "still in flight", f"{order.unsafe} such copies" if order.unsafe
+                      else "none", not order.unsafe))
+    rules.append(Rule("every copy waited", "each start waited exactly once",
+                      f"{order.never_waited} never waited, {order.waits_unmatched} waits "
+                      "without a start" if order.never_waited or order.waits_unmatched
+                      else "they are", not (order.never_waited or order.waits_unmatched)))
+    parallel = [s for s in order.semantics if s != "arbitrary"]
+    rules.append(Rule("grid semantics", "\"arbitrary\" where copies cross grid steps (the "
+                      "steps run in order, on one core)",
+                      f"copies cross steps on a {'/'.join(order.semantics)} grid"
+                      if order.crosses_steps else "copies stay within a step",
+                      not (order.crosses_steps and parallel)))
+    if not order.followed:
+        rules.append(Rule("DMA order followed", "the whole run", "cut short", False))
+    return rules
+
+
 # ----------------------------------------------------------------------------- task 1: by hand
 def _dma_rules(call, case, rules, inputs):
     (m, n), chunk = case.arrays["x"], case.params["chunk"]
@@ -170,7 +218,7 @@ _task(
     title="Double buffering by hand: x in HBM, two VMEM buffers, DMAs across grid steps",
     kernel_ops=(("reduce_max",),),
     reference=_reference,
-    invoke=with_race_detector,
+    invoke=with_race_detector, dma_rules=pipelined,
     cases=(
         # three chunks, the last one short (8 rows)
         _c("v0", 80, "float32", {"x": (40, 256)}, chunk=16),
@@ -190,6 +238,7 @@ _task(
     kernel_ops=(("reduce_max",),),
     reference=_reference,
     invoke=_invoke_pipeline,
+    dma_rules=lambda order, case: pipelined(order, case, out=True),
     cases=(
         _c("v0", 81, "float32", {"x": (40, 256)}, chunk=16),
         _c("h0", 811, "float32", {"x": (64, 128)}, True, chunk=16),
@@ -204,6 +253,7 @@ _task(
     kernel_ops=(("reduce_max",),),
     reference=_reference,
     invoke=with_race_detector,
+    dma_rules=lambda order, case: pipelined(order, case, out=True),
     cases=(
         # every case has at least five chunks: the race is at chunks 1 .. n-2, and each of
         # them is a separate chance for the detector (see core.RACE_CLOCK_SIZE)

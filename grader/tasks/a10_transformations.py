@@ -29,6 +29,7 @@ from grader.tasks.core import (
     _nbytes,
     _struct,
     _task,
+    _values,
     block_is,
     calls_at_least,
     cdiv,
@@ -81,6 +82,14 @@ def _rms_norm_ref(x, g, bm):
     return jnp.stack([y, dx]).astype(x.dtype)
 
 
+def _make_rms_norm(rng, case):
+    """x and the cotangent g as drawn; with ``values="zero_row"`` row 1 of x is all zeros."""
+    out = {k: _values(rng, s, case) for k, s in case.arrays.items()}
+    if case.values == "zero_row":
+        out["x"][1] = 0
+    return out
+
+
 def _invoke_rms_norm(fn, arrays, params):
     x, g = arrays
     y, pullback = jax.vjp(lambda x: fn(x, **params), x)
@@ -110,10 +119,13 @@ def _rms_norm_rules(t, case, inputs) -> list[Rule]:
 _task(
     id="rms_norm", assignment=A10, title="RMS norm: forward and backward kernels via custom_vjp",
     kernel_ops=(("rsqrt", "sqrt"),),
-    reference=_rms_norm_ref, invoke=_invoke_rms_norm,
+    reference=_rms_norm_ref, invoke=_invoke_rms_norm, make=_make_rms_norm,
     tolerance="reduction",
     cases=(
         _c("v0", 20, "float32", {"x": (16, 128), "g": (16, 128)}, bm=8),
+        # visible: an all-zero row of x, whose mean square is 0: without RMS_EPS its
+        # reciprocal square root is inf and the row NaN
+        _c("v1", 21, "float32", {"x": (16, 128), "g": (16, 128)}, values="zero_row", bm=8),
         _c("h0", 2001, "float32", {"x": (37, 256), "g": (37, 256)}, True, bm=16),
         _c("h1", 2002, "bfloat16", {"x": (32, 512), "g": (32, 512)}, True, bm=8),
         _c("h2", 2003, "float32", {"x": (64, 128), "g": (64, 128)}, True, values="large",

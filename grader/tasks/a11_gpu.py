@@ -149,6 +149,9 @@ _task(
     cases=(
         # K = 384 is not a power of two: the (16, 384) band must be loaded in 128-wide chunks
         _c("v0", 110, "float32", {"x": (64, 384)}, bm=16, bk=128),
+        # visible: long all-positive bfloat16 rows, twice h4's length, so that a bfloat16
+        # running total's roundings outgrow the tolerance (at h4's length some seeds pass)
+        _c("v1", 1106, "bfloat16", {"x": (16, 8192)}, values="positive", bm=16, bk=256),
         _c("h0", 1101, "bfloat16", {"x": (40, 512)}, True, bm=16, bk=256),
         _c("h1", 1102, "float32", {"x": (32, 1024)}, True, "positive", bm=32, bk=128),
         _c("h2", 1103, "float32", {"x": (16, 128)}, True, bm=16, bk=128),
@@ -181,6 +184,9 @@ _task(
     cases=(
         # K = 384: the (bm, K) band of A cannot be loaded whole (not a power of two)
         _c("v0", 111, "float32", {"a": (64, 384), "b": (384, 128)}, bm=32, bn=128, bk=64),
+        # visible: a long all-positive K in bfloat16, which a bfloat16 accumulator loses
+        _c("v1", 1115, "bfloat16", {"a": (32, 1024), "b": (1024, 128)}, values="positive",
+           bm=32, bn=128, bk=128),
         _c("h0", 1111, "bfloat16", {"a": (64, 256), "b": (256, 256)}, True,
            bm=32, bn=128, bk=128),
         # edge blocks in M (40 = 2·16 + 8) and several column blocks

@@ -59,7 +59,8 @@ class Case:
     # how the inputs are drawn: "normal" N(0, 1); "large" 30 N(0, 1) + 60 (exp overflows
     # without the max subtracted; attention scales q and k instead, see a07_flash_attention);
     # "positive" U[0, 1) (long sums grow: bfloat16 accumulation loses them); "skewed" group
-    # sizes (empty groups, one group with almost every row)
+    # sizes (empty groups, one group with almost every row); "offset" rows of N(0, 1) + 100
+    # and "zero_row" (a row of zeros) where a task's epsilon matters
     values: str = "normal"
 
 
@@ -99,6 +100,12 @@ class Task:
     own_kernels: bool = True
     # the backend the kernel is written for: "tpu" kernels must have block shapes Mosaic accepts
     target: str = "tpu"
+    # what the task's scalar-prefetch operands may hold: indices and metadata, named here
+    # (never a result: they must not be computed from floating-point data)
+    prefetch: str = "indices and metadata"
+    # rules on the order of the kernel's own DMAs (``verdict.DmaOrder``), for tasks that
+    # teach manual DMA: (dma order or None, case) -> rules
+    dma_rules: Callable[[Any, Case], list[Rule]] | None = None
 
     def inputs(self, case: Case) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(case.seed)
@@ -284,9 +291,11 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
                       "; ".join(fed) or "they are", not fed))
     budget = max(reference_flops(task, case, inputs), out_elements) // OUTSIDE_SHARE
     ops = f" ({', '.join(w.outside_ops)})" if w.outside_ops else ""
+    looped = (f"; and a while loop computing {w.outside_while_flops:,} FLOPs per iteration, "
+              "an unknown number of times" if w.outside_while_flops else "")
     rules.append(Rule("compute outside kernels", f"<= {budget:,} FLOPs (1/{OUTSIDE_SHARE} of "
-                      "the task's)", f"{w.outside_flops:,} FLOPs{ops}",
-                      w.outside_flops <= budget))
+                      "the task's)", f"{w.outside_flops:,} FLOPs{ops}{looped}",
+                      w.outside_flops <= budget and not w.outside_while_flops))
     used = sorted(set().union(*(c.primitives for c in w.calls)))
     for group in task.kernel_ops:
         rules.append(Rule(f"kernel computes {' or '.join(group)}", "in the kernel body",
@@ -295,11 +304,20 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
     unread = [f"input {i} of pallas_call #{c.number}" for c in w.calls for i in c.unread]
     rules.append(Rule("every kernel input is read", "each input's ref used in the kernel body",
                       "; ".join(f"{u} is never read" for u in unread) or "all are", not unread))
+    rules.append(Rule("no host callbacks", "every value computed by JAX (no jax.pure_callback, "
+                      "io_callback or jax.debug.callback carrying arrays)",
+                      ", ".join(w.callbacks) or "none", not w.callbacks))
+    results = [f"scalar-prefetch operand {i} of pallas_call #{c.number}: {f.origin}, from "
+               "floating-point data" for c in w.calls
+               for i, (role, f) in enumerate(c.operands)
+               if role == "scalar_prefetch" and f.floating]
+    rules.append(Rule("scalar prefetch carries indices", f"{task.prefetch}, computed from "
+                      "integer data (a result computed outside the kernel is not an index)",
+                      "; ".join(results) or "it does", not results))
     if task.own_kernels:
-        shipped = [f"pallas_call #{c.number}" for c in w.calls if c.course_kernel]
-        rules.append(Rule("kernels are your own", "kernel bodies written in your notebook",
-                          "; ".join(f"{s} runs a kernel of the course's own code (grader/, "
-                                    "kernelsim/)" for s in shipped) or "they are", not shipped))
+        rules.append(own_kernels(w))
+    if task.dma_rules is not None:
+        rules.extend(task.dma_rules(next((c.dma for c in w.calls if c.dma), None), case))
     return rules
 
 
@@ -317,6 +335,25 @@ def tpu_block_rule(task: Task, facts: Any) -> list[Rule]:
     return [Rule("block shapes Mosaic accepts (TPU's (8, 128) tiling rule)",
                  "the last two block dims multiples of (8, 128) or the array's own", found,
                  not problems)]
+def own_kernels(w) -> Rule:
+    """No kernel body is the course's own or a Pallas op JAX ships: by the file it was defined
+    in, or by its fingerprint (``grader.tasks.shipped``), which re-created source keeps."""
+    from grader.tasks import shipped
+
+    found = []
+    for c in w.calls:
+        where = shipped.known().get(c.fingerprint) if c.body_size >= shipped.MIN_BODY else None
+        if c.course_kernel:
+            found.append(f"pallas_call #{c.number} runs a kernel of the course's own code "
+                         "(grader/, kernelsim/, lessons/)")
+        elif c.jax_kernel:
+            found.append(f"pallas_call #{c.number} runs a Pallas op JAX ships "
+                         "(jax.experimental.pallas.ops)")
+        elif where:
+            found.append(f"pallas_call #{c.number}'s kernel body is the one {where} ships, "
+                         "up to renaming")
+    return Rule("kernels are your own", "kernel bodies written in your notebook",
+                "; ".join(found) or "they are", not found)
 
 
 def _c(name, seed, dtype, arrays, hidden=False, values="normal", **params):

@@ -98,7 +98,8 @@ def _sum_all(running_sum_in_input_dtype: bool):
 
 def test_long_bfloat16_sum_catches_a_bfloat16_running_sum():
     wrong = _sum_all(running_sum_in_input_dtype=True)
-    course.check("sum_all", wrong, quiet=True)  # the visible case passes
+    assert wrong_values("sum_all", "v0", wrong) is None  # the float32 visible case passes
+    assert "1 of 1 elements differ" in wrong_values("sum_all", "v1", wrong)  # visible, long
     assert wrong_values("sum_all", "h1", wrong) is None  # so does the short bfloat16 case
     assert "1 of 1 elements differ" in wrong_values("sum_all", "h3", wrong)
     assert wrong_values("sum_all", "h3", _sum_all(running_sum_in_input_dtype=False)) is None

@@ -324,8 +324,9 @@ def test_long_k_case_catches_a_bfloat16_accumulator():
 
 
 # --------------------------------------------------------------------------- layernorm
-def layernorm(one_pass_variance=False, stats_in_input_dtype=False):
-    """A learner's layernorm, right by default; each switch plants one mistake."""
+def layernorm(one_pass_variance=False, stats_in_input_dtype=False, eps=1e-5):
+    """A learner's layernorm, right by default; each switch plants one mistake (``eps=0``:
+    the task's epsilon left out)."""
     def layernorm(x, gamma, beta, bm):
         m, n = x.shape
 
@@ -336,7 +337,7 @@ def layernorm(one_pass_variance=False, stats_in_input_dtype=False):
                 var = jnp.mean(v * v, axis=1, keepdims=True) - mu * mu
             else:
                 var = jnp.mean(jnp.square(v - mu), axis=1, keepdims=True)
-            y = ((v - mu) * jax.lax.rsqrt(var + 1e-5)).astype(jnp.float32)
+            y = ((v - mu) * jax.lax.rsqrt(var + eps)).astype(jnp.float32)
             o_ref[...] = (y * g_ref[...].astype(jnp.float32)
                           + b_ref[...].astype(jnp.float32)).astype(o_ref.dtype)
 

@@ -195,7 +195,8 @@ def test_honest_block_sparse_matmul_passes_the_new_cases():
 
 def test_long_positive_bfloat16_case_catches_a_bfloat16_accumulator():
     wrong = _bsmm(accumulate_in_input_dtype=True)
-    course.check("block_sparse_matmul", wrong, quiet=True)  # float32: the visible case passes
+    assert wrong_values("block_sparse_matmul", "v0", wrong) is None  # float32
+    assert "elements differ" in wrong_values("block_sparse_matmul", "v1", wrong)  # visible
     # h3's sums all grow in one direction, so no cancellation is needed to show the roundings
     # (h1, N(0, 1) inputs, shows them too where a sum cancels)
     assert "elements differ" in wrong_values("block_sparse_matmul", "h3", wrong)
@@ -318,7 +319,9 @@ def _flash(causal=False, subtract_max=True, last_block=last_query_block, clamp=T
                                              ("causal_flash_attention", True)])
 def test_large_logits_catch_a_softmax_without_the_max(task_id, causal):
     wrong = _flash(causal=causal, subtract_max=False)
-    course.check(task_id, wrong, quiet=True)  # N(0, 1) scores: exp does not overflow
+    # N(0, 1) scores: exp does not overflow; the visible large-logit case v1 shows it
+    assert wrong_values(task_id, "v0", wrong) is None
+    assert "elements differ" in wrong_values(task_id, "v1", wrong)
     assert "elements differ" in wrong_values(task_id, "h3", wrong)
     assert wrong_values(task_id, "h3", _flash(causal=causal)) is None
 

@@ -73,9 +73,12 @@ def _whole_call(grid=()):
 
 HONEST_ADD_WORK = {
     "outputs": [{"from": "pallas_call #0", "kind": "kernel"}], "outside_flops": 0,
-    "outside_ops": [], "calls": [{"number": 0, "primitives": ["add", "get", "swap"],
-                                  "unread": [], "course_kernel": False, "operands": [
-                                      {"role": "input", "from": "inputs", "kind": "input"}] * 2}]}
+    "outside_ops": [], "outside_while_flops": 0, "callbacks": [],
+    "calls": [{"number": 0, "primitives": ["add", "get", "swap"], "unread": [],
+               "course_kernel": False, "jax_kernel": False, "fingerprint": "0" * 64,
+               "body_size": 4, "dma": None, "operands": [
+                   {"role": "input", "from": "inputs", "kind": "input",
+                    "floating": True}] * 2}]}
 
 
 def test_decide_values_then_structure():

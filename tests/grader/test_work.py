@@ -109,3 +109,43 @@ def test_a_kernel_the_course_ships_is_not_the_learners():
     assert "[FAIL] kernels are your own: required kernel bodies written in your notebook; " \
            "found pallas_call #0 runs a kernel of the course's own code" in str(e.value), \
         str(e.value)
+
+
+def _body(kernel, *shapes):
+    from grader.tasks import shipped
+
+    args = [jnp.zeros(s) for s in shapes]
+    (body,) = shipped.bodies(jax.make_jaxpr(lambda *a: _call(kernel, a[0], *a))(*args))
+    return body
+
+
+def test_a_fingerprint_is_the_body_up_to_renaming_and_numbers():
+    from grader import work
+
+    def scaled(x_ref, y_ref, o_ref):
+        o_ref[...] = jnp.exp(x_ref[...] * 2.0) + y_ref[...]
+
+    def renamed(a, b, out):  # other names, another constant, another shape
+        t = a[...] * 3.0
+        out[...] = jnp.exp(t) + b[...]
+
+    def other_op(x_ref, y_ref, o_ref):
+        o_ref[...] = jnp.exp(x_ref[...] * 2.0) - y_ref[...]
+
+    same = work.fingerprint(_body(scaled, (8, 128), (8, 128)))
+    assert work.fingerprint(_body(renamed, (16, 256), (16, 256))) == same
+    assert work.fingerprint(_body(other_op, (8, 128), (8, 128))) != same
+    assert work.body_size(_body(scaled, (8, 128), (8, 128))) == 6  # 2 reads, mul, exp, add, store
+
+
+def test_the_work_facts_name_host_callbacks_and_floating_prefetch():
+    from grader import work
+
+    def add(x, y):
+        s = jax.pure_callback(lambda a, b: a + b, jax.ShapeDtypeStruct(x.shape, x.dtype), x, y)
+        return _call(_add, x, s, y)
+
+    facts = work.facts(jax.make_jaxpr(add)(jnp.zeros((8, 128)), jnp.zeros((8, 128))))
+    assert facts["callbacks"] == ["pure_callback"]
+    assert facts["calls"][0]["operands"][0]["floating"] is True
+    assert facts["calls"][0]["dma"] is None

@@ -100,8 +100,9 @@ course.check("matmul", matmul, hidden=True)
 #
 # Before running anything: how many bytes does the `pallas_call` of Task 1 read from HBM (A and
 # B together) for `A` of shape `(m, k)`, `B` of shape `(k, n)`, blocks `bm, bk, bn` and
-# `itemsize` bytes per element? Return a Python `int`, computed from the sizes alone. The grade
-# compares it with kernelsim's count. Remember the pipeline's rule: a step whose block index for
+# `itemsize` bytes per element? Return a Python `int`, computed from the sizes alone by your own
+# code (a prediction that calls kernelsim or the grader's code fails). The grade compares it
+# with kernelsim's count. Remember the pipeline's rule: a step whose block index for
 # an input equals the previous step's skips the copy; an edge block moves only its in-bounds part.
 
 # %% [markdown]

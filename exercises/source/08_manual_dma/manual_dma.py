@@ -72,7 +72,10 @@ expected = absmax_scale(x).astype(x.dtype)  # the plain-JAX reference every task
 # Graded on values (race detector on) and on kernelsim's trace of your kernel: no pipeline
 # fetch of `x` and exactly `x.nbytes` read from it (each byte once, by your copies), output
 # block `(chunk, N)`, and on-chip buffers of exactly two chunks plus the output block's
-# pipeline buffers (two, or one when the grid has a single step). Try
+# pipeline buffers (two, or one when the grid has a single step). The grader also follows
+# your copies in the order your kernel issues them, step by step: one copy per chunk of at
+# most `chunk` rows, two buffers, the next chunk's copy in flight while each chunk but the
+# last is computed, every start waited, and an `"arbitrary"` grid. Try
 # `absmax_dma(x, 16, interpret=RACES)` against `expected`, and
 # `print(kernelsim.trace(functools.partial(absmax_dma, chunk=16), x))`.
 
@@ -178,7 +181,9 @@ course.check("absmax_dma", absmax_dma, hidden=True)
 # grader does the same. Graded on values (race detector on) and on the traffic kernelsim
 # counts for the nested pipeline's copies: no pipeline fetch or write-back of the outer
 # call, `x.nbytes` read and the output's bytes written (each byte once), and no scratch of
-# your own.
+# your own; and on the order of those copies: one per `chunk`-row block each way, two
+# buffers each way, the next block's copy in flight while each block but the last is
+# computed.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
@@ -240,7 +245,10 @@ course.check("absmax_pipeline", absmax_pipeline, hidden=True)
 # and one pair of VMEM buffers. Each chunk is copied in, scaled in place in its buffer and
 # copied out from that same buffer; a `fori_loop` walks the chunks so that chunk `c + 1`'s
 # copy in and chunk `c - 1`'s copy out both run while chunk `c` is scaled. `M` is a multiple of
-# `chunk`. Write the fixed kernel under the task's name; keep its buffers and semaphores.
+# `chunk`. Write the fixed kernel under the task's name; keep its buffers and semaphores, and
+# keep the overlap: the grader follows your copies in order and requires chunk `c + 1`'s copy
+# in to be in flight while chunk `c` is scaled, and no copy into a buffer whose copy out is
+# still running.
 #
 # Symptom: right values with either order TPU interpret mode can give the copies
 # (`pltpu.InterpretParams(dma_execution_mode="eager")`, and the default `"on_wait"`), yet the

@@ -369,7 +369,9 @@ course.check("pool_rows", pool_rows, hidden=True)
 # double buffering, `x` left in HBM (`pl.ANY`) and copied chunk by chunk into two VMEM buffers
 # while the previous chunk is added. TPU-only: manual DMAs and semaphores. `M` is a multiple of
 # `chunk`. The grader calls your function with
-# `interpret=pltpu.InterpretParams(detect_races=True)`, so a fix that still races fails.
+# `interpret=pltpu.InterpretParams(detect_races=True)`, so a fix that still races fails; and
+# it follows your copies in order, so a fix that drops the double buffering (one buffer, or
+# each copy waited as soon as it starts) fails too.
 #
 # Symptom: NaN with TPU interpret mode's defaults; the right values with
 # `interpret=pltpu.InterpretParams(dma_execution_mode="eager")`. Run it with

@@ -189,8 +189,9 @@ course.check("gpu_matmul", gpu_matmul, hidden=True)
 # Before running anything: how many bytes of `a` and `b` together does kernelsim's **GPU
 # model** (`kernelsim.trace(..., model="gpu")`) count as read from HBM by your task 2 kernel,
 # for `a` of shape `(m, k)`, `b` of shape `(k, n)`, blocks `bm` and `bn`, and `itemsize` bytes
-# per element? Return a Python `int`, computed from the sizes alone; the grade compares it
-# with kernelsim's count. The GPU model runs one program per grid point and reuses nothing
+# per element? Return a Python `int`, computed from the sizes alone by your own code (a
+# prediction that calls kernelsim or the grader's code fails); the grade compares it with
+# kernelsim's count. The GPU model runs one program per grid point and reuses nothing
 # between programs; an edge block moves only its in-bounds part.
 
 # %% [markdown]

@@ -1,0 +1,208 @@
+"""Kernel bodies a learner did not write: the course's own and those of the Pallas ops JAX ships.
+
+"Kernels are your own" (``core.work_rules``) compares each kernel body a submission runs with
+these, by fingerprint (``grader.work.fingerprint``: the body's jaxpr up to the names of its
+variables, dead code and the numbers in it), so a body copied as source text and re-created
+with ``exec`` (whose debug info then points at the notebook) is still recognised.
+
+The fingerprints are stored in ``shipped_kernels.json`` beside this module, made by
+``python -m grader.tasks.shipped`` from:
+
+- ``kernelsim.examples`` and the grader's own kernels (``core.tiled_matmul_call``);
+- the kernels the lessons define (``lessons/*.py``: every ``pallas_call`` a lesson runs);
+- JAX's bundled Pallas ops (``jax.experimental.pallas.ops``) that compute what a task asks:
+  TPU matmul and flash attention, GPU softmax, layer norm, RMS norm and attention.
+
+Two kinds of body are left out, as no rule could tell a copy from the learner's own work:
+bodies of fewer than ``MIN_BODY`` live equations (``o = x + y``), and any body that is the
+instructor's solution of a task (the answer an honest learner writes; a test checks that no
+stored fingerprint is one).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+STORE = Path(__file__).with_name("shipped_kernels.json")
+MIN_BODY = 8  # live equations: smaller bodies are what anyone writes
+
+
+@functools.cache
+def known() -> dict[str, str]:
+    """fingerprint -> where the body ships (the stored corpus)."""
+    return json.loads(STORE.read_text())["kernels"]
+
+
+def bodies(program) -> Iterator:
+    """The kernel body jaxpr of every pallas_call in ``program``, nested ones included."""
+    from jax.extend.core import jaxprs_in_params
+
+    from grader.work import _open
+
+    for eqn in _open(program).eqns:
+        if eqn.primitive.name == "pallas_call":
+            yield eqn.params["jaxpr"]
+        for sub in jaxprs_in_params(eqn.params):
+            yield from bodies(sub)
+
+
+def _zeros(*shapes, dtype=jnp.float32):
+    return [jnp.zeros(s, dtype) for s in shapes]
+
+
+def shipped_calls() -> Iterator[tuple[str, Callable, list]]:
+    """(where, function, arguments) for the course's own kernels and JAX's ops."""
+    from grader.tasks.core import tiled_matmul_call
+    from kernelsim import examples
+
+    yield "kernelsim.examples.add", functools.partial(examples.add, block=(8, 128),
+                                                      interpret=True), _zeros((16, 256),
+                                                                              (16, 256))
+    yield "kernelsim.examples.matmul", functools.partial(
+        examples.matmul, bm=16, bk=128, bn=128, interpret=True), _zeros((32, 256), (256, 128))
+    yield "kernelsim.examples.transpose", functools.partial(
+        examples.transpose, interpret=True), _zeros((256, 256))
+    counts, rows, cols = examples.block_band_pattern(2, 1)
+    yield "kernelsim.examples.block_sparse_matmul", functools.partial(
+        examples.block_sparse_matmul, interpret=True), \
+        [*map(jnp.asarray, (counts, rows, cols)), *_zeros((256, 256), (256, 128))]
+    yield "grader.tasks.core.tiled_matmul_call", \
+        tiled_matmul_call(32, 256, 128, 16, 128, 128, jnp.float32), _zeros((32, 256), (256, 128))
+
+    from jax.experimental.pallas.ops.gpu import attention, layer_norm, rms_norm, softmax
+    from jax.experimental.pallas.ops.tpu import flash_attention, matmul
+
+    yield "jax...ops.tpu.matmul", functools.partial(
+        matmul.matmul, block_shape=(128, 128)), _zeros((256, 256), (256, 256))
+    yield "jax...ops.tpu.flash_attention", functools.partial(
+        flash_attention.flash_attention, causal=False), _zeros(*[(1, 1, 128, 128)] * 3)
+    yield "jax...ops.tpu.flash_attention (causal)", functools.partial(
+        flash_attention.flash_attention, causal=True), _zeros(*[(1, 1, 128, 128)] * 3)
+    yield "jax...ops.gpu.softmax", functools.partial(softmax.softmax, axis=-1, interpret=True), \
+        _zeros((16, 128))
+    yield "jax...ops.gpu.layer_norm", functools.partial(layer_norm.layer_norm, interpret=True), \
+        _zeros((1, 16, 128), (128,), (128,))  # two batch axes, vmapped over
+    yield "jax...ops.gpu.rms_norm", functools.partial(rms_norm.rms_norm, interpret=True), \
+        _zeros((1, 16, 128), (128,), (128,))
+    for causal in (False, True):
+        yield f"jax...ops.gpu.attention{' (causal)' * causal}", functools.partial(
+            attention.mha, segment_ids=None, causal=causal, interpret=True), \
+            _zeros(*[(1, 128, 1, 64)] * 3)
+
+
+def _lesson_calls(log) -> Iterator[tuple[str, object]]:
+    """(where, kernel body) for every pallas_call the lessons run: each lesson's code is
+    executed with ``pl.pallas_call`` wrapped so that each call it makes is traced once."""
+    import jupytext
+    from jax.experimental import pallas as pl
+
+    from grader.refs import REPO
+
+    found: list = []
+    original = pl.pallas_call
+
+    def recording(*args, **kwargs):
+        call = original(*args, **kwargs)
+
+        @functools.wraps(call)
+        def run(*operands):
+            try:
+                found.extend(bodies(jax.make_jaxpr(call)(*operands)))
+            except Exception:  # noqa: BLE001 - a lesson showing an error keeps its error
+                pass
+            return call(*operands)
+
+        return run
+
+    for path in sorted((REPO / "lessons").glob("[0-9]*.py")):
+        source = "\n".join(c.source for c in jupytext.read(path).cells
+                           if c.cell_type == "code" and not c.source.lstrip().startswith("%"))
+        found.clear()
+        pl.pallas_call = recording
+        sys.path.insert(0, str(path.parent))  # the lessons' own helpers (_course.py)
+        try:
+            exec(compile(source, str(path), "exec"), {"__name__": "__lesson__"})  # noqa: S102
+        except Exception as e:  # noqa: BLE001 - what ran until then still counts
+            log(f"shipped: {path.name} stopped at {type(e).__name__}: {e}"[:200])
+        finally:
+            pl.pallas_call = original
+            sys.path.remove(str(path.parent))
+        for body in found:
+            yield f"lessons/{path.name}", body
+
+
+def _solution_bodies() -> Iterator[tuple[str, object]]:
+    """(task id, kernel body) for the instructor's solution of every task, traced on every
+    case as grading traces it (a body's structure may change with the case's shapes): each
+    notebook's setup and solution cells run in one namespace; a task's function is the one
+    its solution cell names after it, or the one function that cell defines."""
+    import jupytext
+
+    from grader import tasks
+    from grader.refs import REPO
+    from grader.work import trace_case
+
+    for assignment in tasks.ASSIGNMENTS:
+        path = REPO / "exercises" / "source" / assignment / f"{assignment[3:]}.py"
+        namespace: dict = {"__name__": "__solution__"}
+        for cell in jupytext.read(path).cells:
+            grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "")
+            if cell.cell_type != "code" or not (grade_id == "setup"
+                                                or grade_id.endswith("_solution")):
+                continue
+            before = set(namespace)
+            exec(compile(cell.source, f"{path.name}:{grade_id}", "exec"), namespace)  # noqa: S102
+            new = [n for n in set(namespace) - before if callable(namespace[n])]
+            task_id = grade_id.removesuffix("_solution")
+            if grade_id == "setup" or task_id not in tasks.BY_ID:
+                continue
+            fn = namespace[task_id] if task_id in new else namespace[new[0]]
+            task = tasks.get(task_id)
+            for case in task.cases:
+                arrays = [jnp.asarray(v) for v in task.inputs(case).values()]
+                traced = trace_case(task, fn, arrays, case.params)
+                if traced.error is not None:
+                    raise RuntimeError(f"{task_id}'s solution does not trace on case "
+                                       f"{case.name}: {traced.error}")
+                for body in bodies(traced.program):
+                    yield task_id, body
+
+
+def collect(lessons: bool = True, log=print) -> dict[str, str]:
+    """fingerprint -> where, for every shipped body of at least ``MIN_BODY`` equations that is
+    not an instructor's solution."""
+    from grader.work import body_size, fingerprint
+
+    out: dict[str, str] = {}
+
+    def add(where, body):
+        if body_size(body) >= MIN_BODY:
+            out.setdefault(fingerprint(body), where)
+
+    for where, fn, args in shipped_calls():
+        for body in bodies(jax.make_jaxpr(fn)(*args)):
+            add(where, body)
+    if lessons:
+        for where, body in _lesson_calls(log):
+            add(where, body)
+    for task_id, body in _solution_bodies():
+        if out.pop(fingerprint(body), None):
+            log(f"shipped: left out the body of {task_id}'s solution (the honest answer)")
+    return dict(sorted(out.items(), key=lambda kv: (kv[1], kv[0])))
+
+
+def main() -> None:
+    kernels = collect()
+    STORE.write_text(json.dumps({"min_body": MIN_BODY, "kernels": kernels}, indent=1) + "\n")
+    print(f"{STORE}: {len(kernels)} shipped kernel bodies", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
