@@ -407,3 +407,17 @@ def test_planted_fix_in_a_find_the_bug_key_hint_is_named(plant):
                for f in found), found
     assert any("task 'roll_rows'" in f and "quotes nothing of cell 'roll_rows_buggy'" in f
                for f in found), found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.parent.name for p in NOTEBOOKS])
+def test_notebook_says_how_to_check_every_task(path):
+    """Every notebook names Run All and the check command as it works in its own folder, and
+    its last cell prints what passed (issue 21: a new assignment without them left a learner
+    with a notebook that stopped at the first failing task's message and no summary)."""
+    cells = jupytext.read(path).cells
+    intro = cells[0].source
+    assert "Restart Kernel and Run All Cells" in intro, f"{path.name}: no Run All instruction"
+    assert f"`pallas-course check {path.stem}.ipynb`" in intro, \
+        f"{path.name}: the intro must name `pallas-course check {path.stem}.ipynb`"
+    assert cells[-1].cell_type == "code" and cells[-1].source.strip() == "course.summary()", \
+        f"{path.name}: the last cell must be course.summary()"

@@ -13,6 +13,11 @@
 #
 # Rules: [TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html),
 # [Pallas core-specific programming](https://docs.jax.dev/en/latest/pallas/tpu/core_map.html).
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check kernel_api.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import functools
@@ -229,3 +234,12 @@ b = jax.random.normal(jax.random.key(122), (256, 256), jnp.float32)
 bias = jax.random.normal(jax.random.key(123), (1, 256), jnp.float32)
 print(kernelsim.trace(traced_as_tpu(functools.partial(
     matmul_bias_relu_cores, bm=128, bk=128, bn=128, interpret=True)), a, b, bias))
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

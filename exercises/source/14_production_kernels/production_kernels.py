@@ -11,6 +11,11 @@
 #
 # Rules: [scalar prefetch](https://docs.jax.dev/en/latest/pallas/tpu/sparse.html),
 # [TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html).
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check production_kernels.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import functools
@@ -190,3 +195,12 @@ new_rows = jax.random.normal(jax.random.key(15), (3, 1, 128), jnp.float32)
 table = jnp.array([[3, 7, 1, 0], [9, 2, 5, 6], [4, 8, 10, 11]], jnp.int32)
 positions = jnp.array([20, 3, 63], jnp.int32)
 print(kernelsim.trace(kv_cache_append, cache, new_rows, table, positions))
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()

@@ -12,6 +12,11 @@
 # notebook in GPU interpret mode, checked against plain JAX, so you can watch the numbers
 # you predicted. (They are not graded: the grader judges `pallas_call`s, and `plgpu.kernel`
 # is another primitive in the pinned release.)
+#
+# **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
+# failing check shows its message and the run goes on) and the last cell lists what passed
+# and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
+# this folder: `pallas-course check mosaic_gpu.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
 import functools
@@ -241,3 +246,12 @@ try:
           f"{predict_accumulator_registers(128, 256)} registers per thread (limit 255)")
 except NotImplementedError:
     print("implement predict_staging_smem and predict_accumulator_registers first")
+
+# %% [markdown]
+# ## What passed
+#
+# The cell below lists every task of this notebook as passed, failed (with the first line of
+# its message) or not checked in this kernel; run all cells above first.
+
+# %%
+course.summary()
