@@ -140,7 +140,7 @@ class NeedsExecution(Exception):
 _UNKNOWN = object()  # a value the walk did not need to compute
 _CALL_PRIMITIVES = frozenset({
     "pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
-    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_vmap_call"})
 
 
 def _call_body(eqn: Any) -> Any | None:
@@ -155,8 +155,20 @@ def _call_body(eqn: Any) -> Any | None:
         return _discharged(p["jaxpr"])
     if eqn.primitive.name not in _CALL_PRIMITIVES:
         return None
-    body = p.get("jaxpr", p.get("call_jaxpr", p.get("fun_jaxpr")))
+    body = _called_jaxpr(p)
     return body if isinstance(body, _JAXPR_TYPES) else None
+
+
+def _called_jaxpr(params: dict[str, Any]) -> Any:
+    """The jaxpr a call-like primitive runs: ``jaxpr`` (jit, checkpoint), ``call_jaxpr``
+    (custom_jvp/custom_vjp: the primal, which is what runs unless a transformation already
+    applied the custom rule while tracing), ``fun_jaxpr``, or ``call`` (``jax.custom_vmap``
+    unbatched: its impl runs ``call``; under ``vmap`` the rule was applied while tracing, so
+    the program holds the rule's own kernels instead)."""
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr", "call"):
+        if key in params:
+            return params[key]
+    return None
 
 
 @functools.lru_cache(maxsize=256)
@@ -296,6 +308,14 @@ def _body_value_operands(eqn: Any, bodies: bool) -> list[int]:
             if (needs.contents(v) if _is_ref(v) else needs.value(v))]
 
 
+@functools.lru_cache(maxsize=256)
+def _everything(jaxpr: Any) -> tuple[tuple[bool, ...], frozenset, frozenset]:
+    """``_needed``'s answer when the program runs: every eqn evaluated, every var known."""
+    j = _open(jaxpr)
+    live = {v for e in j.eqns for v in e.outvars} | set(j.invars) | set(j.constvars)
+    return (True,) * len(j.invars), frozenset(id(e) for e in j.eqns), frozenset(live)
+
+
 @functools.lru_cache(maxsize=4096)
 def _needed(jaxpr: Any, out_needed: tuple[bool, ...], bodies: bool = False
             ) -> tuple[tuple[bool, ...], frozenset, frozenset]:
@@ -359,22 +379,34 @@ def _operands_needed(eqn: Any, outs: tuple[bool, ...], bodies: bool) -> tuple[bo
         per_branch = [_needed(b, outs, bodies)[0] for b in p["branches"]]
         return (True, *(any(col) for col in zip(*per_branch, strict=True)))
     if any(_has_pallas_call(s) for s, _ in _sub_jaxprs(eqn)):
-        raise TraceError(f"a pallas_call inside {name!r} is not supported by kernelsim's "
-                         "tracer (supported around kernels: jit, custom_jvp/custom_vjp, "
-                         "checkpoint, scan, fori_loop/while_loop, cond, vmap)")
+        raise _unsupported_around_kernel(name)
     return (True,) * len(eqn.invars)
 
 
-class _CallFinder:
-    """Walks a jaxpr in program order, collecting pallas_calls and computing needed values."""
+def _unsupported_around_kernel(name: str) -> TraceError:
+    return TraceError(f"a pallas_call inside {name!r} is not supported by kernelsim's "
+                      "tracer (supported around kernels: jit, custom_jvp/custom_vjp, "
+                      "custom_vmap, checkpoint, scan, fori_loop/while_loop, cond, vmap)")
 
-    def __init__(self, bodies: bool) -> None:
+
+class _CallFinder:
+    """Walks a jaxpr in program order, collecting pallas_calls and computing needed values.
+
+    With ``execute`` (``handler(args, params) -> outputs``) the walk runs the whole program
+    instead: every eqn is evaluated (the code between kernels as compiled XLA slices) and each
+    kernel's outputs are what ``execute`` returns, so nothing is traced twice and the kernel
+    bodies are traced exactly as the program traced them (no ``disable_jit``).
+    """
+
+    def __init__(self, bodies: bool, execute: Callable[[tuple, dict], Any] | None = None):
         self.found: list[Captured] = []
         self.bodies = bodies
+        self.execute = execute
 
     def walk(self, jaxpr: Any, consts: list, args: list, out_needed: tuple[bool, ...]) -> list:
         j = _open(jaxpr)
-        _, evaluate, live = _needed(jaxpr, out_needed, self.bodies)
+        _, evaluate, live = (_everything(jaxpr) if self.execute is not None
+                             else _needed(jaxpr, out_needed, self.bodies))
         env: dict[Any, Any] = dict(zip(j.constvars, consts, strict=True))
         env.update(zip(j.invars, args, strict=True))
 
@@ -385,15 +417,18 @@ class _CallFinder:
 
         def flush() -> None:
             if plain:
-                env.update(_run_slice(plain, live, read))
+                env.update(_run_slice(plain, live, read, numpy=self.execute is None))
                 plain.clear()
 
         for eqn in j.eqns:
             if _is_kernel(eqn):
                 flush()
-                self.found.append(Captured(tuple(read(v) for v in eqn.invars),
-                                           _kernel_params(eqn)))
-                outs = [_zeros(v.aval) if v in live else _UNKNOWN for v in eqn.outvars]
+                captured = Captured(tuple(read(v) for v in eqn.invars), _kernel_params(eqn))
+                self.found.append(captured)
+                if self.execute is not None:
+                    outs = list(self.execute(captured.args, captured.params))
+                else:
+                    outs = [_zeros(v.aval) if v in live else _UNKNOWN for v in eqn.outvars]
             elif id(eqn) not in evaluate:
                 continue
             elif not any(_has_pallas_call(sub) for sub, _ in _sub_jaxprs(eqn)):
@@ -442,7 +477,7 @@ class _CallFinder:
             index = int(self._known(vals[0], "cond predicate"))
             b = branches[min(max(index, 0), len(branches) - 1)]
             return self.walk(b, _consts(b), vals[1:], outs_needed)
-        raise AssertionError(f"kernelsim: {name!r} holds no pallas_call")  # walk() ran it
+        raise _unsupported_around_kernel(name)
 
     @staticmethod
     def _known(value: Any, what: str) -> Any:
@@ -459,12 +494,14 @@ def _zeros(aval: Any) -> Any:
         return jnp.zeros(aval.shape, aval.dtype)
 
 
-def _run_slice(eqns: list, live: frozenset, read: Callable[[Any], Any]) -> dict:
+def _run_slice(eqns: list, live: frozenset, read: Callable[[Any], Any],
+               numpy: bool = True) -> dict:
     """Run consecutive eqns as one program; the values of their outputs in ``live``.
 
     First in numpy (``_numpy_eval``: no compilation, which is most of what a cold trace would
-    otherwise pay); a slice numpy cannot evaluate runs as one compiled program instead (cached
-    by the slice's text and input types), not one compilation per primitive.
+    otherwise pay) when ``numpy``; a slice numpy cannot evaluate (or any slice of a program
+    that is really run, whose values must be XLA's) runs as one compiled program (cached by
+    the slice's text and input types), not one compilation per primitive.
     """
     defined = {v for e in eqns for v in e.outvars}
     inputs = list(dict.fromkeys(v for e in eqns for v in e.invars
@@ -474,11 +511,14 @@ def _run_slice(eqns: list, live: frozenset, read: Callable[[Any], Any]) -> dict:
     values = [read(v) for v in inputs]
     if any(v is _UNKNOWN for v in values):  # _needed marks every input of a needed eqn
         raise AssertionError("kernelsim: a needed value was not computed")
+    results = None
     try:
-        slice_ = types.SimpleNamespace(constvars=[], invars=inputs, eqns=eqns, outvars=outputs)
-        results = _numpy_eval(slice_, [], values)
+        if numpy:
+            slice_ = types.SimpleNamespace(constvars=[], invars=inputs, eqns=eqns,
+                                           outvars=outputs)
+            results = _numpy_eval(slice_, [], values)
     except _lax_numpy.Unsupported:
-        results = None
+        pass
     if results is None:
         program = jax_core.Jaxpr([], inputs, outputs, eqns,
                                  jax_core.join_effects(*(e.effects for e in eqns)))
@@ -620,26 +660,44 @@ def find_calls(fn: Callable, args: tuple, device_kind: str,
     Raises ``NeedsExecution`` when ``fn`` cannot be traced to a jaxpr (it branches in Python on
     array values); the caller then runs it eagerly instead.
     """
+    closed, flat, _ = _program(fn, args, device_kind)
+    finder = _CallFinder(bodies)
+    finder.walk(_open(closed), _consts(closed), flat, (False,) * len(_open(closed).outvars))
+    return finder.found
+
+
+def run_calls(fn: Callable, args: tuple, device_kind: str,
+              execute: Callable[[tuple, dict], Any]) -> tuple[Any, list[Captured]]:
+    """Run ``fn(*args)`` from its jaxpr: ``(outputs, every kernel call in program order)``.
+
+    Each kernel's outputs are ``execute(args, params)``; the code around the kernels runs as
+    compiled XLA slices between them. Raises ``NeedsExecution`` as ``find_calls`` does.
+    """
+    closed, flat, out_tree = _program(fn, args, device_kind)
+    finder = _CallFinder(False, execute)
+    outs = finder.walk(_open(closed), _consts(closed), flat, (True,) * len(_open(closed).outvars))
+    return jax.tree_util.tree_unflatten(out_tree, outs), finder.found
+
+
+def _program(fn: Callable, args: tuple, device_kind: str) -> tuple[Any, list, Any]:
+    """``fn``'s jaxpr, its flat array arguments and the tree of its outputs."""
     # Plain Python data (ints, tuples of ints, ...) stays Python while tracing, as when the
     # caller runs fn: a jitted fn may take it as a static argument (block sizes, shapes).
     static = tuple(i for i, a in enumerate(args) if _is_python_data(a))
-    trace_to_jaxpr = jax.make_jaxpr(fn, static_argnums=static)
+    trace_to_jaxpr = jax.make_jaxpr(fn, static_argnums=static, return_shape=True)
     try:
         try:
-            closed = trace_to_jaxpr(*args)
+            closed, shapes = trace_to_jaxpr(*args)
         except ValueError as e:  # "Unsupported TPU device kind: cpu" (every release so far)
             if "TPU device kind" not in str(e):
                 raise
             with jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind)):
-                closed = trace_to_jaxpr(*args)
+                closed, shapes = trace_to_jaxpr(*args)
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
             jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as e:
         raise NeedsExecution(str(e)) from e
-    finder = _CallFinder(bodies)
     flat = jax.tree_util.tree_leaves([a for i, a in enumerate(args) if i not in static])
-    finder.walk(_open(closed), _consts(closed), list(flat),
-                (False,) * len(_open(closed).outvars))
-    return finder.found
+    return closed, list(flat), jax.tree_util.tree_structure(shapes)
 
 
 def zeros_for(params: dict[str, Any]) -> list[jax.Array]:
@@ -1652,7 +1710,7 @@ class _Interpreter:
         if name in _IGNORED:
             return []
         if name in _CALL_PRIMITIVES:
-            sub = p.get("jaxpr", p.get("call_jaxpr", p.get("fun_jaxpr")))
+            sub = _called_jaxpr(p)
             if sub is not None:
                 return self.run(_open(sub), _consts(sub), vals)
         if any(isinstance(v, _Ref) for v in vals):

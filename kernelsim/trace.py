@@ -9,7 +9,9 @@ pallas_call's output* (a prefetch operand, a DMA size) is computed from zeros th
 for those. ``pl.kernel`` / ``pl.core_map`` kernels are analysed as the pallas_call they run as
 (one grid step per TensorCore). A function that cannot be traced to a jaxpr (Python control
 flow on array values) is run op by op instead, with each pallas_call replaced by zeros.
-``run`` executes the function op by op and analyses each call as it is made.
+``run`` executes the function from the same jaxpr (the code between kernels compiled, each
+kernel run as it asks or in interpret mode) and analyses each call as it is made; only a
+function that cannot be traced to a jaxpr runs op by op under ``jax.disable_jit``.
 """
 
 from __future__ import annotations
@@ -160,8 +162,8 @@ class Trace:
         return to_html(self, path, call, fragment, max_bytes)
 
 
-def _analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: bool,
-             record_access: bool = False) -> Trace:
+def analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: bool,
+            record_access: bool = False) -> Trace:
     """Model, schedule, cost and lint every captured call."""
     traced = []
     for c in captured:
@@ -181,7 +183,8 @@ def _analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: bo
     return Trace(model, chip, traced)
 
 
-def _resolve(model: str, chip: str | None) -> tuple[Model, Chip]:
+def resolve(model: str, chip: str | None) -> tuple[Model, Chip]:
+    """The model name checked and the chip it names (its default when ``chip`` is None)."""
     if model not in ("tpu", "gpu"):
         raise TraceError(f"unknown model {model!r}: choose 'tpu' or 'gpu'")
     try:
@@ -197,7 +200,27 @@ def _no_call(fn: Callable) -> TraceError:
         "jit, vmap, scan, cond or custom_vjp).")
 
 
-def _collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any]):
+def collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any],
+            chip: Chip) -> tuple[Any, list[_jax.Captured]]:
+    """Run ``fn(*args)``; each pallas_call is modelled, then ``execute``d.
+
+    The function runs from its jaxpr (``_jax.run_calls``: kernel bodies traced as the program
+    traces them, the code between kernels compiled); only a function that cannot be traced to
+    a jaxpr (Python control flow on array values) runs op by op under ``jax.disable_jit``.
+    """
+    try:
+        out, captured = _jax.run_calls(fn, args, TPU_DEVICE_KIND.get(chip.name, "TPU v5e"),
+                                       execute)
+    except _jax.NeedsExecution:
+        pass
+    else:
+        if not captured:
+            raise _no_call(fn)
+        return out, captured
+    return _capture_eagerly(fn, args, execute)
+
+
+def _capture_eagerly(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any]):
     """Run ``fn(*args)`` op by op; each pallas_call is modelled, then ``execute``d."""
     captured: list[_jax.Captured] = []
 
@@ -225,15 +248,15 @@ def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
         an SMEM block), from the real input blocks; the block arithmetic is not evaluated.
         Costs one interpretation of the body's index arithmetic per step.
     """
-    model_, chip_ = _resolve(model, chip)
+    model_, chip_ = resolve(model, chip)
     try:
         captured = _jax.find_calls(fn, args, TPU_DEVICE_KIND.get(chip_.name, "TPU v5e"),
                                    bodies=record_access)
     except _jax.NeedsExecution:
-        _, captured = _collect(fn, args, lambda a, p: _jax.zeros_for(p))
+        _, captured = _capture_eagerly(fn, args, lambda a, p: _jax.zeros_for(p))
     if not captured:
         raise _no_call(fn)
-    return _analyse(captured, model_, chip_, strict, record_access)
+    return analyse(captured, model_, chip_, strict, record_access)
 
 
 def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
@@ -244,7 +267,7 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
         interpreter for kernels with manual DMAs or semaphores); ``None`` keeps each call's
         own setting; any other value replaces it (True, ``pltpu.InterpretParams()``, False).
     """
-    model_, chip_ = _resolve(model, chip)
+    model_, chip_ = resolve(model, chip)
 
     def execute(call_args: tuple, params: dict) -> Any:
         setting = interpret
@@ -254,8 +277,8 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
                 tpu_features=_jax.uses_manual_dma(params)).interpret
         return _jax.execute(call_args, params, setting)
 
-    out, captured = _collect(fn, args, execute)
-    return out, _analyse(captured, model_, chip_, strict)
+    out, captured = collect(fn, args, execute, chip_)
+    return out, analyse(captured, model_, chip_, strict)
 
 
 def tpu_lowering_error(fn: Callable, *args: Any, chip: str = "tpu-v5e") -> str | None:

@@ -18,7 +18,7 @@ from jax.experimental.pallas import tpu as pltpu
 from kernelsim import _jax
 from kernelsim.model import OFF_CHIP
 from kernelsim.schedule import FETCH, WRITEBACK
-from kernelsim.trace import Trace, _analyse, _collect, _resolve
+from kernelsim.trace import Trace, analyse, collect, resolve
 
 
 @dataclass
@@ -110,10 +110,10 @@ def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
         current[0] += 1
         return outs
 
-    model, chip_ = _resolve("tpu", chip)
+    model, chip_ = resolve("tpu", chip)
     with _jax.recording_interpret_copies(copies, lambda: current[0], dmas):
-        outputs, captured = _collect(fn, args, execute)
-    trace = _analyse(captured, model, chip_, strict=False)
+        outputs, captured = collect(fn, args, execute, chip_)
+    trace = analyse(captured, model, chip_, strict=False)
     result = Verification(trace, outputs)
     for index, ct in enumerate(trace.calls):
         grid = [tuple(int(v) for v in row) for row in ct.call.grid_indices()]
