@@ -1258,11 +1258,18 @@ def _select(shape: tuple[int, ...], transforms: tuple) -> tuple[np.ndarray, tupl
 
     box: per dimension ``(start, size, stride)`` when the selection is one strided box (only
     for a single indexer of slices and integers); else ``None``.
+
+    The work is proportional to the selection, not to the ref: slices and integers narrow one
+    coordinate vector per dimension of the ref; only an integer *array* index (a gather)
+    makes the indices of the region selected so far explicit.
     """
-    ids = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
+    shape = tuple(int(n) for n in shape)
     if not transforms:  # ref[...]: the whole ref
-        return ids, tuple((0, n, 1) for n in shape)
+        return _flat_ids(shape, [np.arange(n, dtype=np.int64) for n in shape]), tuple(
+            (0, n, 1) for n in shape)
     box: list | None = [] if len(transforms) == 1 else None
+    coords: list[Any] = [np.arange(n, dtype=np.int64) for n in shape]  # int: a dropped dim
+    ids: np.ndarray | None = None  # explicit indices, once a gather made them necessary
     for t in transforms:
         if not isinstance(t, indexing.NDIndexer):
             raise TraceError(f"access recording supports ref indexing only, not {type(t).__name__}")
@@ -1280,10 +1287,34 @@ def _select(shape: tuple[int, ...], transforms: tuple) -> tuple[np.ndarray, tupl
                     box.append((int(value), 1, 1))
                 elif box is not None:
                     box = None
+        if ids is None and all(not isinstance(i, np.ndarray) or i.ndim == 0 for i in index):
+            view = [d for d, c in enumerate(coords) if not isinstance(c, int)]
+            for d, i in zip(view, index, strict=False):
+                coords[d] = coords[d][i] if isinstance(i, slice) else int(coords[d][int(i)])
+            continue
+        if ids is None:
+            ids = _flat_ids(shape, coords)
         ids = ids[tuple(index)]
     if box is not None and len(box) != len(shape):
         box = None
-    return ids, None if box is None else tuple(box)
+    return (_flat_ids(shape, coords) if ids is None else ids), (None if box is None
+                                                               else tuple(box))
+
+
+def _flat_ids(shape: tuple[int, ...], coords: list[Any]) -> np.ndarray:
+    """Row-major flat indices of the open grid ``coords`` (per dimension of ``shape``: an
+    int for a dropped dimension, else a vector of coordinates), shaped as the grid."""
+    strides = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    view = [k for k, c in enumerate(coords) if not isinstance(c, int)]
+    offset = sum(c * strides[k] for k, c in enumerate(coords) if isinstance(c, int))
+    ids = np.full(tuple(len(coords[k]) for k in view), offset, np.int64)
+    for j, k in enumerate(view):
+        axis = [1] * len(view)
+        axis[j] = -1
+        ids += (coords[k] * strides[k]).reshape(axis)
+    return ids
 
 
 def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
