@@ -629,12 +629,23 @@ def _compiled(key: str, program: Any) -> Callable:
 
 def _tpu_mesh(device_kind: str, platform: str = "tpu") -> Any:
     """An abstract one-device mesh of ``device_kind``: what code that asks for the TPU it
-    targets (``pltpu.get_tpu_info()``, ``emit_pipeline``'s tiling) reads while it is traced.
+    targets (``pltpu.get_tpu_info()``, ``emit_pipeline``'s tiling, a TensorCore mesh built
+    without ``num_cores``: one core) reads while it is traced.
     ``platform="gpu"`` makes the device a GPU of that kind instead."""
     from jax._src import mesh as mesh_lib
 
     device = mesh_lib.AbstractDevice(device_kind, 1, platform)
     return jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+
+
+def _asks_for_a_tpu(error: Exception) -> bool:
+    """``error`` is what tracing raises on a host without a TPU when the code asks for the TPU
+    it targets: ``get_tpu_info()``'s "Unsupported TPU device kind: cpu" (every release so far)
+    or ``pltpu.create_tensorcore_mesh`` reading ``jax.devices()[0].num_cores`` (a CPU device
+    has none). Under an abstract TPU mesh both read the abstract device instead."""
+    if isinstance(error, ValueError):
+        return "TPU device kind" in str(error)
+    return isinstance(error, AttributeError) and getattr(error, "name", None) == "num_cores"
 
 
 def _is_python_data(value: Any) -> bool:
@@ -688,8 +699,8 @@ def _program(fn: Callable, args: tuple, device_kind: str) -> tuple[Any, list, An
     try:
         try:
             closed, shapes = trace_to_jaxpr(*args)
-        except ValueError as e:  # "Unsupported TPU device kind: cpu" (every release so far)
-            if "TPU device kind" not in str(e):
+        except (ValueError, AttributeError) as e:
+            if not _asks_for_a_tpu(e):
                 raise
             with jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind)):
                 closed, shapes = trace_to_jaxpr(*args)

@@ -138,3 +138,24 @@ def test_run_computes_the_code_between_kernels_and_returns_the_function_outputs(
     np.testing.assert_array_equal(out["y"], X)
     assert float(out["total"]) == float(jnp.sum(X) * 2)
     assert len(t.calls) == 2
+
+
+@jax.jit
+def mesh_copy(x):
+    """A pl.kernel whose TensorCore mesh asks the device how many cores it has (tokamax's
+    linear softmax cross-entropy kernels build theirs this way), which a CPU cannot answer."""
+    mesh = pltpu.create_tensorcore_mesh("core")
+
+    def body(x_ref, o_ref):
+        pltpu.sync_copy(x_ref, o_ref)
+
+    return pl.kernel(body, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=mesh)(x)
+
+
+def test_a_tensorcore_mesh_built_from_the_device_traces_on_a_cpu_host():
+    with pytest.raises(AttributeError):  # what the program itself does on this host
+        jax.jit(lambda: pltpu.create_tensorcore_mesh("core").num_cores)()
+    t, v = _same_calls(mesh_copy, X)
+    assert t.calls[0].grid == (1,)  # the abstract TPU device has one TensorCore
+    assert [(d.route, d.model_bytes) for d in v.body_dma_checks] == [("hbm -> hbm", [X.nbytes])]
+    np.testing.assert_array_equal(v.outputs, X)
