@@ -9,14 +9,15 @@ page pool as large as the DMA count): the trace must stay linear in the DMAs.
 
 Table 3 ("real code"): JAX's bundled TPU Pallas ops (tests/kernelsim/test_bundled_ops.py) and
 the kernels transcribed from JAX's Pallas tests (tests/kernelsim/test_jax_test_kernels.py),
-each measured *cold*: every number comes from a fresh Python process that imports JAX, builds
+and, where tokamax is installed, tokamax's public TPU ops forward and backward
+(tests/kernelsim/test_tokamax.py, under ``tokamax.config.cross_compile``), each measured *cold*: every number comes from a fresh Python process that imports JAX, builds
 the case's function and operands, and then times exactly one thing -- either
 ``kernelsim.trace(fn, *args)``, or ``fn(*args)`` under ``pltpu.force_tpu_interpret_mode()``
 (the function as its author wrote it, jitted or not, with every pallas_call interpreted; its
 outputs awaited). The two never share a process, so neither warms a cache for the other.
 ``--repeat N`` takes each number N times, each in a fresh process, and reports the median.
 Cases interpret mode cannot run on a CPU (emit_pipeline needs a TPU device kind) are traced
-and listed, but have no speedup.
+and listed, but have no speedup. The medians are also printed per source.
 
 Usage: python bench/trace_speed.py [--no-interpret] [--only SUBSTRING] [--repeat N]
 """
@@ -24,7 +25,9 @@ Usage: python bench/trace_speed.py [--no-interpret] [--only SUBSTRING] [--repeat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import importlib.util
 import json
 import os
 import statistics
@@ -107,7 +110,34 @@ def _suite() -> dict[str, tuple[str, object]]:
 
     suite = {f"op:{name}": ("jax op", build) for name, build in TPU_OPS.items()}
     suite.update({f"test:{name}": ("jax test", build) for name, (build, _) in CASES.items()})
+    if importlib.util.find_spec("tokamax") is not None:  # third-party: where it is installed
+        from test_tokamax import OPS
+
+        for name, build in OPS.items():
+            suite[f"tokamax:{name}:fwd"] = ("tokamax", functools.partial(_forward, build))
+            suite[f"tokamax:{name}:bwd"] = ("tokamax", functools.partial(_backward, build))
     return suite
+
+
+def _forward(build):
+    op, _, args = build()
+    return op, args
+
+
+def _backward(build):
+    import jax
+
+    op, wrt, args = build()
+    return jax.grad(lambda *a: op(*a).sum(), argnums=wrt), args
+
+
+def _library_context(case: str):
+    """tokamax runs its TPU kernels on a CPU only when asked to cross-compile."""
+    if case.startswith("tokamax:"):
+        import tokamax
+
+        return tokamax.config.cross_compile(True)
+    return contextlib.nullcontext()
 
 
 def measure_one(case: str, what: str) -> dict:
@@ -119,12 +149,13 @@ def measure_one(case: str, what: str) -> dict:
     if what == "trace":
         import kernelsim
 
-        fn, args = _built(build)
-        t0 = time.perf_counter()
-        kernelsim.trace(fn, *args)
+        with _library_context(case):
+            fn, args = _built(build)
+            t0 = time.perf_counter()
+            kernelsim.trace(fn, *args)
         return {"seconds": time.perf_counter() - t0}
     # pl.pallas_call reads the forced mode when the call is made, so build inside it too
-    with pltpu.force_tpu_interpret_mode():
+    with pltpu.force_tpu_interpret_mode(), _library_context(case):
         fn, args = _built(build)
         t0 = time.perf_counter()
         try:
@@ -180,6 +211,13 @@ def real_code_table(only: str | None, repeat: int) -> None:
         print(f"  {case}: trace {traced['seconds']:.3f} s, interpret "
               f"{interp['seconds'] if interp['seconds'] is None else round(interp['seconds'], 3)}"
               f" s", flush=True)
+    per_source = {}
+    for r in rows:
+        if r["speedup"] is not None:
+            per_source.setdefault(r["source"], []).append(r["speedup"])
+    for source, values in per_source.items():
+        print(f"  {source}: median {statistics.median(values):.1f}x, slowest "
+              f"{min(values):.1f}x over {len(values)} cases")
     speedups = sorted(r["speedup"] for r in rows if r["speedup"] is not None)
     summary = {"cases": len(rows), "compared": len(speedups),
                "median_speedup": statistics.median(speedups) if speedups else None,

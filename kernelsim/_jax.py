@@ -140,7 +140,8 @@ class NeedsExecution(Exception):
 _UNKNOWN = object()  # a value the walk did not need to compute
 _CALL_PRIMITIVES = frozenset({
     "pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
-    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_vmap_call"})
+    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_vmap_call",
+    "remat_opt"})
 
 
 def _call_body(eqn: Any) -> Any | None:
@@ -164,8 +165,9 @@ def _called_jaxpr(params: dict[str, Any]) -> Any:
     (custom_jvp/custom_vjp: the primal, which is what runs unless a transformation already
     applied the custom rule while tracing), ``fun_jaxpr``, or ``call`` (``jax.custom_vmap``
     unbatched: its impl runs ``call``; under ``vmap`` the rule was applied while tracing, so
-    the program holds the rule's own kernels instead)."""
-    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr", "call"):
+    the program holds the rule's own kernels instead), or ``fwd_jaxpr`` (``remat_opt``, the
+    forward pass of a ``custom_vjp`` under ``jax.grad``: its impl runs ``fwd_jaxpr``)."""
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr", "call", "fwd_jaxpr"):
         if key in params:
             return params[key]
     return None
@@ -635,7 +637,10 @@ def _tpu_mesh(device_kind: str, platform: str = "tpu") -> Any:
     from jax._src import mesh as mesh_lib
 
     device = mesh_lib.AbstractDevice(device_kind, 1, platform)
-    return jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+    # An Auto axis, so traced values carry no sharding on this mesh: the program's slices
+    # then compile and run on this host's own devices.
+    return jax.sharding.AbstractMesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,),
+                                     abstract_device=device)
 
 
 def _asks_for_a_tpu(error: Exception) -> bool:
