@@ -33,6 +33,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernelsim import _lax_numpy
+from kernelsim.body import DmaLedger
 from kernelsim.errors import TraceError
 from kernelsim.model import BlockDim, BodyCopy, KernelCall, MemorySpace, Operand
 
@@ -1408,9 +1409,9 @@ def _ref_array(aval: Any) -> np.ndarray:
 
 
 _IDENTITY = ("multiple_of", "pjit_dce", "optimization_barrier")
-# Effects on semaphores and waits for DMAs: no data moves, nothing to record.
-_IGNORED = ("debug_callback", "debug_print", "dma_wait", "semaphore_signal", "semaphore_wait")
-_REF_EFFECTS = ("get", "swap", "addupdate", "dma_start", "run_scoped")
+# Effects on semaphores other than DMA waits: no data moves, nothing to record.
+_IGNORED = ("debug_callback", "debug_print", "semaphore_signal", "semaphore_wait")
+_REF_EFFECTS = ("get", "swap", "addupdate", "dma_start", "dma_wait", "run_scoped")
 
 
 def _has_body_dma(jaxpr: Any) -> bool:
@@ -1524,6 +1525,8 @@ class _BodyNeeds:
                 self._need(ins[0], ins[1])
             for o in outs:
                 self._need(o, ins[0])
+        elif name == "dma_wait":  # which semaphore it waits on: indices only
+            self._seed(v for v in ins if not _is_ref(v))
         elif name == "dma_start":
             refs = [v for v in ins if _is_ref(v)]  # flattened as src, dst, dst_sem, src_sem
             self._seed(v for v in ins if not _is_ref(v))
@@ -1601,23 +1604,46 @@ class _Interpreter:
                  grid_names: tuple | None = None):
         self.grid, self.sink, self.needs, self.recording = grid, sink, needs, record
         self.grid_names = tuple(grid_names or ())
-        self.copies: list[BodyCopy] = []
-        self.step, self.grid_index, self.order, self.scoped = 0, (), 0, 0
+        self.dmas = DmaLedger()
+        self.step, self.grid_index, self.order, self.scoped, self.dma_pos = 0, (), 0, 0, 0
 
-    def _dma_end(self, end: Any, what: str) -> tuple[_Ref, np.ndarray]:
-        """The ref and flat element ids of one end of a DMA (a ref or a sliced view of one)."""
+    @property
+    def copies(self) -> list[BodyCopy]:
+        return self.dmas.copies
+
+    def _dma_end(self, end: Any, what: str) -> tuple[_Ref, np.ndarray, tuple | None]:
+        """The ref, flat element ids and box of one end of a DMA (a ref or a view of one)."""
         ref, transforms = (end, ()) if isinstance(end, _Ref) else (end.ref, end.transforms)
         if not isinstance(ref, _Ref):
             raise TraceError(f"a DMA {what} kernelsim cannot follow ({type(ref).__name__})")
-        ids, _ = _select(ref.data.shape, tuple(transforms))
-        return ref, ids
+        ids, box = _select(ref.data.shape, tuple(transforms))
+        return ref, ids, box
+
+    def _semaphore(self, sem: Any) -> str:
+        """A DMA semaphore's name: ``name``, or ``name[i, ...]`` for one of an array."""
+        ref, ids, _ = self._dma_end(sem, "semaphore")
+        if ids.size != 1 or ref.data.ndim == 0:
+            return ref.name
+        index = np.unravel_index(int(ids.reshape(-1)[0]), ref.data.shape)
+        return f"{ref.name}[{', '.join(str(int(i)) for i in index)}]"
+
+    def dma_wait(self, eqn: Any, vals: list) -> None:
+        """A wait for a DMA's write (``.wait()``/``wait_recv``); a wait for its read is not
+        the copy's completion and is not recorded."""
+        if eqn.params.get("is_wait_send"):
+            return
+        _, _, sem, *_ = jax.tree_util.tree_unflatten(eqn.params["tree"], vals)
+        self.dmas.wait(self.step, self.dma_pos, self._semaphore(sem))
+        self.dma_pos += 1
 
     def dma(self, eqn: Any, vals: list) -> None:
-        src, dst, *_ = jax.tree_util.tree_unflatten(eqn.params["tree"], vals)
-        src_ref, src_ids = self._dma_end(src, "source")
-        dst_ref, dst_ids = self._dma_end(dst, "destination")
-        self.copies.append(BodyCopy(self.step, src_ref.name, dst_ref.name, src_ref.space,
-                                    dst_ref.space, int(src_ids.size) * src_ref.data.itemsize))
+        src, dst, dst_sem, *_ = jax.tree_util.tree_unflatten(eqn.params["tree"], vals)
+        src_ref, src_ids, src_box = self._dma_end(src, "source")
+        dst_ref, dst_ids, dst_box = self._dma_end(dst, "destination")
+        self.dmas.start(self.step, self.dma_pos, src_ref.name, dst_ref.name, src_ref.space,
+                        dst_ref.space, int(src_ids.size) * src_ref.data.itemsize, src_box,
+                        dst_box, self._semaphore(dst_sem))
+        self.dma_pos += 1
         dst_var = [v for v in eqn.invars if _is_ref(v)][1]
         if self.needs.contents(dst_var) and src_ids.size == dst_ids.size:
             flat = dst_ref.data.reshape(-1)
@@ -1678,6 +1704,9 @@ class _Interpreter:
         name, p = eqn.primitive.name, eqn.params
         if name == "dma_start":
             self.dma(eqn, self._computed(eqn, vals))
+            return []
+        if name == "dma_wait":
+            self.dma_wait(eqn, self._computed(eqn, vals))
             return []
         if name == "semaphore_read":
             return np.int32(0)
@@ -1843,8 +1872,8 @@ def interpret_body(params: dict[str, Any], call: KernelCall, args: tuple | None 
             r.data.fill(0)
         for r, value, op in blocks:
             r.data = _block_of(value, op, step, r.data.shape)
-        interp.step, interp.grid_index, interp.order, interp.scoped = (
-            step, tuple(int(g) for g in point), 0, 0)
+        interp.step, interp.grid_index, interp.order, interp.scoped, interp.dma_pos = (
+            step, tuple(int(g) for g in point), 0, 0, 0)
         with jax.disable_jit():
             interp.run(_open(jaxpr), [], refs)
     shapes = {r.name: r.data.shape for r in refs if isinstance(r, _Ref)}

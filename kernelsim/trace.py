@@ -26,7 +26,7 @@ from kernelsim.chips import GPU_DEVICE_KIND, TPU_DEVICE_KIND, Chip, get_chip
 from kernelsim.cost import CallCost, OperandCost, compute
 from kernelsim.errors import TraceError
 from kernelsim.lint import lint
-from kernelsim.model import KernelCall
+from kernelsim.model import BodyCopy, KernelCall
 from kernelsim.schedule import CallSchedule, Model, StepEvent, build
 
 DEFAULT_CHIP = {"tpu": "tpu-v5e", "gpu": "h100"}
@@ -85,8 +85,25 @@ class CallTrace:
             "smem_bytes": c.smem_bytes, "flops": c.flops, "flops_source": c.flops_source,
             "compute_seconds": c.compute_seconds, "memory_seconds": c.memory_seconds,
             "overhead_seconds": c.overhead_seconds, "estimated_seconds": c.estimated_seconds,
+            "body_dmas": [body_dma_dict(c) for c in self.call.body_copies],
             "warnings": list(self.warnings),
         }
+
+
+def body_dma_dict(copy: BodyCopy) -> dict[str, Any]:
+    """One body DMA in ``to_dict``: operand names and memory spaces of both ends, bytes, the
+    slice of each end (per dimension ``[start, size, stride]`` in elements, None if not one
+    box), the semaphore it signals, and the grid step and body position (the order of DMA
+    starts and waits within that step, from 0) where it starts and where it is waited on
+    (``wait_step``/``wait_pos`` None: never waited on in the kernel)."""
+    def box(s):
+        return None if s is None else [list(d) for d in s]
+
+    return {"src": copy.src, "dst": copy.dst, "src_space": copy.src_space,
+            "dst_space": copy.dst_space, "bytes": copy.bytes, "src_slice": box(copy.src_slice),
+            "dst_slice": box(copy.dst_slice), "semaphore": copy.semaphore,
+            "start_step": copy.step, "start_pos": copy.start_pos, "wait_step": copy.wait_step,
+            "wait_pos": copy.wait_pos}
 
 
 @dataclass
@@ -98,8 +115,14 @@ class Trace:
     calls: list[CallTrace]
 
     def steps(self, call: int = 0) -> list[StepEvent]:
-        """Per-step events of call number ``call``: step, grid index, operand, block, action."""
+        """Per-step events of call number ``call``: step, grid index, operand, block, action
+        (the pipeline's copies; the DMAs the body starts itself are ``body_dmas``)."""
         return self.calls[call].schedule.events()
+
+    def body_dmas(self, call: int = 0) -> list[BodyCopy]:
+        """The DMAs call number ``call``'s body starts, in start order, each with the step and
+        body position where it starts and where it is waited on (``model.BodyCopy``)."""
+        return list(self.calls[call].call.body_copies)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable counts, bytes and estimates of every call."""

@@ -230,3 +230,27 @@ def test_paged_gather_dmas_match_the_interpreter():
     assert v.ok, v.report()
     assert v.body_dma_checks[0].model_bytes == [8 * 128 * 4] * 16
     np.testing.assert_array_equal(v.outputs, pages[table])
+
+
+def test_body_dmas_are_events_from_their_start_to_the_wait_that_completes_them():
+    x = _normal((48, 128), 0)
+    v = verify(_double_buffered_scale, x)
+    assert v.ok, v.report()
+    t = v.trace
+    fetches = [c for c in t.body_dmas() if c.src == "x_hbm"]
+    # block i + 1 is fetched at step i into slot (i + 1) % 2 and waited on at step i + 1,
+    # after that step's own prefetch (none at the last step)
+    assert [(c.step, c.start_pos, c.wait_step, c.wait_pos, c.semaphore) for c in fetches] == [
+        (0, 0, 0, 2, "sems[0]"), *((i, 1 if i == 0 else 0, i + 1, 1 if i < 4 else 0,
+                                    f"sems[{(i + 1) % 2}]") for i in range(5))]
+    assert [(c.src_slice, c.dst_slice) for c in fetches[:2]] == [
+        (((0, 8, 1), (0, 128, 1)), ((0, 1, 1), (0, 8, 1), (0, 128, 1))),
+        (((8, 8, 1), (0, 128, 1)), ((1, 1, 1), (0, 8, 1), (0, 128, 1)))]
+    writes = [c for c in t.body_dmas() if c.dst == "o_hbm"]  # sync_copy: waited where it starts
+    assert all(c.wait_step == c.step and c.wait_pos == c.start_pos + 1 for c in writes)
+    assert [c.dst_slice[0] for c in writes] == [(8 * i, 8, 1) for i in range(6)]
+    first = t.to_dict()["calls"][0]["body_dmas"][0]
+    assert first == {"src": "x_hbm", "dst": "buf", "src_space": "any", "dst_space": "vmem",
+                     "bytes": 8 * 128 * 4, "src_slice": [[0, 8, 1], [0, 128, 1]],
+                     "dst_slice": [[0, 1, 1], [0, 8, 1], [0, 128, 1]], "semaphore": "sems[0]",
+                     "start_step": 0, "start_pos": 0, "wait_step": 0, "wait_pos": 2}
