@@ -798,10 +798,15 @@ def _block_dims(call_name: str, origin: str, block_shape: tuple) -> tuple[BlockD
 
 
 def _dimension_semantics(params: dict[str, Any], ndim: int) -> tuple[str, ...]:
+    """One semantics per grid axis, as the TPU lowering sets them (mosaic/lowering.py,
+    ``MosaicGridMapping``): the user's (default "arbitrary") for the kernel's own axes, in
+    order, and "parallel" for every axis ``vmap`` added (``GridMapping.vmapped_dims``)."""
     semantics = getattr(params.get("compiler_params"), "dimension_semantics", None)
-    if semantics is None:
-        return ("arbitrary",) * ndim
-    return tuple(getattr(s, "value", str(s)).lower() for s in semantics)
+    vmapped = set(params["grid_mapping"].vmapped_dims)
+    own = (("arbitrary",) * (ndim - len(vmapped)) if semantics is None
+           else tuple(getattr(s, "value", str(s)).lower() for s in semantics))
+    it = iter(own)
+    return tuple("parallel" if i in vmapped else next(it, "arbitrary") for i in range(ndim))
 
 
 def _call_name(params: dict[str, Any]) -> str:
@@ -967,6 +972,14 @@ def _scoped_peak(jaxpr: Any) -> dict[str, int]:
     return peak
 
 
+def _used_vars(jaxpr: Any) -> set:
+    """The vars some eqn of ``jaxpr`` takes as an operand, or that it returns."""
+    used = {v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal)}
+    for eqn in jaxpr.eqns:
+        used.update(v for v in eqn.invars if not isinstance(v, jax_core.Literal))
+    return used
+
+
 def _window_moves(bm: Any, grid: tuple[int, ...]) -> bool:
     """The index map of ``bm`` may return different blocks over ``grid``: one of its outputs
     depends on a grid index of extent > 1, or on a scalar-prefetch ref (whose entries may
@@ -1014,6 +1027,9 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     call.flops_per_step, call.matmul_dtypes = count_flops(params["jaxpr"])
     scoped = _scoped_peak(_open(params["jaxpr"]))
     call.scoped_vmem_bytes, call.scoped_smem_bytes = scoped.get("vmem", 0), scoped.get("smem", 0)
+    kernel = _open(params["jaxpr"])
+    call.referenced = frozenset(n for n, v in zip(names, kernel.invars, strict=False)
+                                if v in _used_vars(kernel))
     limit = getattr(params.get("compiler_params"), "vmem_limit_bytes", None)
     call.vmem_limit_bytes = None if limit is None else int(limit)
     # input_output_aliases index the inputs after the scalar prefetch operands

@@ -149,6 +149,8 @@ class KernelCall:
     scoped_vmem_bytes / scoped_smem_bytes: the most VMEM / SMEM the kernel body's
         ``pl.run_scoped`` allocations hold at once (``emit_pipeline`` allocates its buffers
         that way), on top of the pipeline's buffers and the scratch operands.
+    referenced: the operands the kernel body's code names at all (a read, a write, a DMA or
+        a wait on it, in any branch, whether or not it runs at these inputs).
     """
 
     name: str
@@ -165,6 +167,7 @@ class KernelCall:
     aliases: dict[str, str] = field(default_factory=dict)
     scoped_vmem_bytes: int = 0
     scoped_smem_bytes: int = 0
+    referenced: frozenset[str] = frozenset()
 
     @property
     def steps(self) -> int:
