@@ -16,7 +16,7 @@ import threading
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -1286,26 +1286,52 @@ def recording_interpret_copies(sink: list[InterpretCopy], call_index: Callable[[
 # Which scalar-prefetch entries the index maps read, and what the kernel body reads and writes
 
 
-def _select(shape: tuple[int, ...], transforms: tuple) -> tuple[np.ndarray, tuple | None]:
-    """Flat element indices a chain of ``ref.at[...]`` indexers selects, and its box if any.
+class Selection(NamedTuple):
+    """What a chain of ref transforms selects of a ref.
 
-    box: per dimension ``(start, size, stride)`` when the selection is one strided box (only
-    for a single indexer of slices and integers); else ``None``.
+    ids: flat indices of the ref's elements, shaped as the view (plus a trailing axis of the
+    ref elements one view element packs, after a bitcast to a wider dtype; a narrower one
+    repeats each ref element once per view element it holds); box: per dimension ``(start,
+    size, stride)`` when the selection is one strided box of the ref, else None; nbytes: the
+    bytes the view holds; exact: the view's elements are the ref's own (no bitcast between).
+    """
 
-    The work is proportional to the selection, not to the ref: slices and integers narrow one
-    coordinate vector per dimension of the ref; only an integer *array* index (a gather)
-    makes the indices of the region selected so far explicit.
+    ids: np.ndarray
+    box: tuple | None
+    nbytes: int
+    exact: bool
+
+
+def _select(shape: tuple[int, ...], transforms: tuple, itemsize: int = 1) -> Selection:
+    """What a chain of ``ref.at[...]`` indexers, ``ref.reshape`` and ``ref.bitcast`` views
+    selects of a ref of ``shape`` whose elements are ``itemsize`` bytes.
+
+    The box is only given for a single indexer of slices and integers (or no transform). The
+    work is proportional to the selection, not to the ref: slices and integers narrow one
+    coordinate vector per dimension of the ref; a gather, reshape or bitcast makes the indices
+    of the region selected so far explicit.
     """
     shape = tuple(int(n) for n in shape)
     if not transforms:  # ref[...]: the whole ref
-        return _flat_ids(shape, [np.arange(n, dtype=np.int64) for n in shape]), tuple(
-            (0, n, 1) for n in shape)
+        ids = _flat_ids(shape, [np.arange(n, dtype=np.int64) for n in shape])
+        return Selection(ids, tuple((0, n, 1) for n in shape), ids.size * itemsize, True)
     box: list | None = [] if len(transforms) == 1 else None
     coords: list[Any] = [np.arange(n, dtype=np.int64) for n in shape]  # int: a dropped dim
-    ids: np.ndarray | None = None  # explicit indices, once a gather made them necessary
+    ids: np.ndarray | None = None  # explicit indices, once a view made them necessary
+    pack, view_itemsize = 1, itemsize  # ref elements per view element; bytes per one
     for t in transforms:
+        if isinstance(t, (state_types.ReshapeTransform, state_types.BitcastTransform)):
+            ids = _flat_ids(shape, coords) if ids is None else ids
+            box = None
+            if isinstance(t, state_types.ReshapeTransform):
+                ids = ids.reshape(tuple(t.shape) + ((pack,) if pack > 1 else ()))
+                continue
+            ids, pack, view_itemsize = _bitcast_view(ids, pack, view_itemsize,
+                                                     np.dtype(t.dtype).itemsize)
+            continue
         if not isinstance(t, indexing.NDIndexer):
-            raise TraceError(f"access recording supports ref indexing only, not {type(t).__name__}")
+            raise TraceError(f"kernelsim follows ref indexing, reshape and bitcast, not "
+                             f"{type(t).__name__}")
         index = []
         for ix in t.indices:
             if isinstance(ix, indexing.Slice):
@@ -1330,8 +1356,40 @@ def _select(shape: tuple[int, ...], transforms: tuple) -> tuple[np.ndarray, tupl
         ids = ids[tuple(index)]
     if box is not None and len(box) != len(shape):
         box = None
-    return (_flat_ids(shape, coords) if ids is None else ids), (None if box is None
-                                                               else tuple(box))
+    ids = _flat_ids(shape, coords) if ids is None else ids
+    return Selection(ids, None if box is None else tuple(box),
+                     ids.size // pack * view_itemsize, view_itemsize == itemsize)
+
+
+def _bitcast_view(ids: np.ndarray, pack: int, itemsize: int, new_itemsize: int
+                  ) -> tuple[np.ndarray, int, int]:
+    """``ids`` (a view packing ``pack`` ref elements each, of ``itemsize`` bytes) seen as
+    ``new_itemsize``-byte elements, as a TPU ref bitcast does: the second-minor dimension
+    shrinks or grows by the ratio (jax/_src/state/utils.py, ``bitcast``)."""
+    view = ids.shape[:-1] if pack > 1 else ids.shape
+    if len(view) < 2 and new_itemsize != itemsize:
+        raise TraceError("a bitcast that changes the element size of a 1-D ref")
+    if new_itemsize > itemsize:  # r rows of the old view make one row of the new one
+        r = new_itemsize // itemsize
+        n, m = view[-2], view[-1]
+        lead = view[:-2]
+        tail = (pack,) if pack > 1 else ()
+        grouped = ids.reshape(lead + (n // r, r, m) + tail)
+        grouped = np.moveaxis(grouped, len(lead) + 1, -1 if not tail else -2)
+        return grouped.reshape(lead + (n // r, m, r * pack)), r * pack, new_itemsize
+    if new_itemsize < itemsize:  # each old row makes k rows of the new view
+        k = itemsize // new_itemsize
+        if pack > 1 and pack % k == 0:
+            lead, n, m = view[:-2], view[-2], view[-1]
+            split = ids.reshape(lead + (n, m, k, pack // k))
+            split = np.moveaxis(split, -2, len(lead) + 1)
+            new_pack = pack // k
+            out = split.reshape(lead + (n * k, m) + ((new_pack,) if new_pack > 1 else ()))
+            return out, new_pack, new_itemsize
+        if pack > 1:
+            raise TraceError("a bitcast kernelsim cannot follow (it splits packed elements)")
+        return np.repeat(ids, k, axis=-2), 1, new_itemsize
+    return ids, pack, itemsize
 
 
 def _flat_ids(shape: tuple[int, ...], coords: list[Any]) -> np.ndarray:
@@ -1394,7 +1452,7 @@ def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
             for step in range(points.shape[0]):
                 transforms = jax.tree_util.tree_unflatten(e.params["tree"],
                                                           [v[step] for v in mine])
-                ids, _ = _select(shape, transforms)
+                ids = _select(shape, transforms).ids
                 flat = np.unique(ids.reshape(-1))
                 rows[which].append((np.full(flat.shape, step, np.int64), flat))
     out = {}
@@ -1427,7 +1485,8 @@ def _ref_array(aval: Any) -> np.ndarray:
 _IDENTITY = ("multiple_of", "pjit_dce", "optimization_barrier")
 # Effects on semaphores other than DMA waits: no data moves, nothing to record.
 _IGNORED = ("debug_callback", "debug_print", "semaphore_signal", "semaphore_wait")
-_REF_EFFECTS = ("get", "swap", "addupdate", "dma_start", "dma_wait", "run_scoped")
+_REF_EFFECTS = ("get", "swap", "addupdate", "masked_load", "masked_swap", "dma_start",
+                "dma_wait", "run_scoped")
 
 
 def _has_body_dma(jaxpr: Any) -> bool:
@@ -1541,6 +1600,18 @@ class _BodyNeeds:
                 self._need(ins[0], ins[1])
             for o in outs:
                 self._need(o, ins[0])
+        elif name in ("masked_load", "masked_swap"):
+            # (ref, transforms, mask, other) for a load, (ref, transforms, val, mask) for a swap
+            ref, transforms, a, b = p["args_tree"].unflatten(ins)
+            value, mask, other = (a, b, None) if name == "masked_swap" else (None, a, b)
+            self._seed(jax.tree_util.tree_leaves(transforms))
+            self._seed([] if mask is None else [mask])
+            if value is not None:
+                self._need(ref, value)
+            for o in outs:
+                self._need(o, ref)
+                if other is not None:
+                    self._need(o, other)
         elif name == "dma_wait":  # which semaphore it waits on: indices only
             self._seed(v for v in ins if not _is_ref(v))
         elif name == "dma_start":
@@ -1627,17 +1698,16 @@ class _Interpreter:
     def copies(self) -> list[BodyCopy]:
         return self.dmas.copies
 
-    def _dma_end(self, end: Any, what: str) -> tuple[_Ref, np.ndarray, tuple | None]:
-        """The ref, flat element ids and box of one end of a DMA (a ref or a view of one)."""
+    def _dma_end(self, end: Any, what: str) -> tuple[_Ref, Selection]:
+        """The ref of one end of a DMA (a ref or a view of one) and what it selects."""
         ref, transforms = (end, ()) if isinstance(end, _Ref) else (end.ref, end.transforms)
         if not isinstance(ref, _Ref):
             raise TraceError(f"a DMA {what} kernelsim cannot follow ({type(ref).__name__})")
-        ids, box = _select(ref.data.shape, tuple(transforms))
-        return ref, ids, box
+        return ref, _select(ref.data.shape, tuple(transforms), ref.data.itemsize)
 
     def _semaphore(self, sem: Any) -> str:
         """A DMA semaphore's name: ``name``, or ``name[i, ...]`` for one of an array."""
-        ref, ids, _ = self._dma_end(sem, "semaphore")
+        ref, (ids, *_) = self._dma_end(sem, "semaphore")
         if ids.size != 1 or ref.data.ndim == 0:
             return ref.name
         index = np.unravel_index(int(ids.reshape(-1)[0]), ref.data.shape)
@@ -1654,19 +1724,56 @@ class _Interpreter:
 
     def dma(self, eqn: Any, vals: list) -> None:
         src, dst, dst_sem, *_ = jax.tree_util.tree_unflatten(eqn.params["tree"], vals)
-        src_ref, src_ids, src_box = self._dma_end(src, "source")
-        dst_ref, dst_ids, dst_box = self._dma_end(dst, "destination")
+        src_ref, src_sel = self._dma_end(src, "source")
+        dst_ref, dst_sel = self._dma_end(dst, "destination")
         self.dmas.start(self.step, self.dma_pos, src_ref.name, dst_ref.name, src_ref.space,
-                        dst_ref.space, int(src_ids.size) * src_ref.data.itemsize, src_box,
-                        dst_box, self._semaphore(dst_sem))
+                        dst_ref.space, src_sel.nbytes, src_sel.box, dst_sel.box,
+                        self._semaphore(dst_sem))
         self.dma_pos += 1
+        src_ids, dst_ids = src_sel.ids, dst_sel.ids
         dst_var = [v for v in eqn.invars if _is_ref(v)][1]
+        if self.needs.contents(dst_var) and not (src_sel.exact and dst_sel.exact):
+            raise TraceError("a value kernelsim needs is copied by a DMA through a ref bitcast "
+                             "(kernelsim follows such DMAs' sizes, not their data)")
         if self.needs.contents(dst_var) and src_ids.size == dst_ids.size:
             flat = dst_ref.data.reshape(-1)
             data = src_ref.data.reshape(-1)[src_ids.reshape(-1)].astype(flat.dtype)
             if eqn.params.get("add"):
                 data = data + flat[dst_ids.reshape(-1)]
             flat[dst_ids.reshape(-1)] = data
+
+    def masked(self, eqn: Any, vals: list) -> Any:
+        """``pl.load``/``pl.store``/``pltpu.store`` with a mask (``masked_load``,
+        ``masked_swap``): only the elements the mask keeps are read or written."""
+        swap = eqn.primitive.name == "masked_swap"
+        ref, transforms, a, b = eqn.params["args_tree"].unflatten(vals)
+        value, mask, other = (a, b, None) if swap else (None, a, b)
+        reads = self.needs.value(eqn.outvars[0])
+        writes = swap and self.needs.contents(eqn.invars[0])
+        if not (self.recording or reads or writes):
+            return _SKIP
+        ids, box, _, exact = _select(ref.data.shape, self._computed(eqn, list(transforms)),
+                                     ref.data.itemsize)
+        if (reads or writes) and not exact:
+            raise TraceError("a value kernelsim needs is read or written through a ref "
+                             "bitcast (kernelsim follows such accesses' places, not data)")
+        keep = None if mask is None else np.broadcast_to(
+            np.asarray(self._computed(eqn, [mask])[0], bool), ids.shape)
+        touched, box = (ids, box) if keep is None else (ids[keep], None)
+        if not swap:
+            self.record(ref, "read", touched, box)
+        out = _SKIP
+        if reads:
+            out = ref.data.reshape(-1)[ids].reshape(eqn.outvars[0].aval.shape)
+            if not swap and keep is not None and other is not None:
+                out = np.where(keep, out, np.asarray(self._computed(eqn, [other])[0]))
+        if swap:
+            if writes:
+                new = np.broadcast_to(np.asarray(self._computed(eqn, [value])[0],
+                                                 ref.data.dtype), ids.shape)
+                ref.data.reshape(-1)[touched] = new if keep is None else new[keep]
+            self.record(ref, "write", touched, box)
+        return out
 
     def record(self, ref: _Ref, kind: str, ids: np.ndarray, box: tuple | None) -> None:
         if not self.recording:
@@ -1735,7 +1842,10 @@ class _Interpreter:
                 return [] if name == "addupdate" else _SKIP
             transforms = jax.tree_util.tree_unflatten(
                 p["tree"], self._computed(eqn, vals[1 + nval:]))
-            ids, box = _select(ref.data.shape, transforms)
+            ids, box, _, exact = _select(ref.data.shape, transforms, ref.data.itemsize)
+            if (reads or writes) and not exact:
+                raise TraceError("a value kernelsim needs is read or written through a ref "
+                                 "bitcast (kernelsim follows such accesses' places, not data)")
             if name in ("get", "addupdate"):
                 self.record(ref, "read", ids, box)
             out = _SKIP
@@ -1749,6 +1859,8 @@ class _Interpreter:
                     flat[ids] = flat[ids] + new if name == "addupdate" else new
                 self.record(ref, "write", ids, box)
             return [] if name == "addupdate" else out
+        if name in ("masked_load", "masked_swap"):
+            return self.masked(eqn, vals)
         if name == "program_id":
             return np.int32(self.grid_index[p["axis"]])
         if name == "num_programs":
