@@ -972,6 +972,40 @@ def _scoped_peak(jaxpr: Any) -> dict[str, int]:
     return peak
 
 
+def _temporaries_peak(jaxpr: Any) -> int:
+    """The most bytes of array values (not refs, not scalars) the kernel body holds at once:
+    each value lives from the eqn that makes it to its last use; a loop or branch adds its
+    own body's peak while it runs. What Mosaic cannot keep in vector registers it places in
+    VMEM beside the pipeline's buffers, so this bounds that extra VMEM from above."""
+    eqns = jaxpr.eqns
+    last: dict[Any, int] = {}
+    for k, eqn in enumerate(eqns):
+        for v in eqn.invars:
+            if not isinstance(v, jax_core.Literal):
+                last[v] = k
+    for v in jaxpr.outvars:
+        if not isinstance(v, jax_core.Literal):
+            last[v] = len(eqns)
+
+    def nbytes(v: Any) -> int:
+        aval = v.aval
+        if isinstance(aval, state_types.AbstractRef) or not getattr(aval, "shape", ()):
+            return 0
+        return int(np.prod(aval.shape, dtype=np.int64)) * _itemsize(aval.dtype)
+
+    live: dict[Any, int] = {v: nbytes(v) for v in jaxpr.invars if v in last}
+    peak = sum(live.values())
+    for k, eqn in enumerate(eqns):
+        inner = max((_temporaries_peak(j) for j, _ in _sub_jaxprs(eqn)), default=0)
+        for v in eqn.outvars:
+            if v in last:
+                live[v] = nbytes(v)
+        peak = max(peak, sum(live.values()) + inner)
+        for v in [v for v in live if last[v] <= k]:
+            del live[v]
+    return peak
+
+
 def _used_vars(jaxpr: Any) -> set:
     """The vars some eqn of ``jaxpr`` takes as an operand, or that it returns."""
     used = {v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal)}
@@ -1030,6 +1064,7 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     kernel = _open(params["jaxpr"])
     call.referenced = frozenset(n for n, v in zip(names, kernel.invars, strict=False)
                                 if v in _used_vars(kernel))
+    call.temporaries_vmem_bytes = _temporaries_peak(kernel)
     limit = getattr(params.get("compiler_params"), "vmem_limit_bytes", None)
     call.vmem_limit_bytes = None if limit is None else int(limit)
     # input_output_aliases index the inputs after the scalar prefetch operands

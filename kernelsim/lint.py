@@ -74,6 +74,13 @@ def lint(call: KernelCall, schedule: CallSchedule, cost: CallCost, chip: Chip) -
         warnings.append(
             f"on-chip footprint {cost.vmem_bytes:,} B exceeds {chip.name}'s "
             f"{'VMEM' if tpu else 'shared memory'} of {capacity:,} B: use smaller blocks.")
+    with_values = cost.vmem_bytes + call.temporaries_vmem_bytes
+    if tpu and cost.vmem_bytes <= capacity < with_values:
+        warnings.append(
+            f"the buffers fit in {chip.name}'s VMEM ({cost.vmem_bytes:,} of {capacity:,} B), "
+            f"but with the values the kernel body computes (up to "
+            f"{call.temporaries_vmem_bytes:,} B held at once) they may not: Mosaic keeps what "
+            "does not fit in vector registers in VMEM. Use smaller blocks.")
     limit = call.vmem_limit_bytes
     default = chip.scoped_vmem_exceeded_bytes
     if tpu and limit is None and default and capacity >= cost.vmem_bytes >= default:

@@ -149,6 +149,9 @@ class KernelCall:
     scoped_vmem_bytes / scoped_smem_bytes: the most VMEM / SMEM the kernel body's
         ``pl.run_scoped`` allocations hold at once (``emit_pipeline`` allocates its buffers
         that way), on top of the pipeline's buffers and the scratch operands.
+    temporaries_vmem_bytes: the most bytes of array values the kernel body computes and holds
+        at once (an upper bound of the VMEM Mosaic adds beside the buffers for values that
+        do not fit in vector registers).
     referenced: the operands the kernel body's code names at all (a read, a write, a DMA or
         a wait on it, in any branch, whether or not it runs at these inputs).
     """
@@ -168,6 +171,7 @@ class KernelCall:
     scoped_vmem_bytes: int = 0
     scoped_smem_bytes: int = 0
     referenced: frozenset[str] = frozenset()
+    temporaries_vmem_bytes: int = 0
 
     @property
     def steps(self) -> int:

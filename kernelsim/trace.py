@@ -82,6 +82,7 @@ class CallTrace:
             "hbm_read_bytes": c.hbm_read_bytes, "hbm_write_bytes": c.hbm_write_bytes,
             "hbm_padded_bytes": c.hbm_padded_bytes, "onchip_peak_bytes": c.onchip_peak_bytes,
             "vmem_bytes": c.vmem_bytes,
+            "temporaries_vmem_bytes": self.call.temporaries_vmem_bytes,
             "smem_bytes": c.smem_bytes, "flops": c.flops, "flops_source": c.flops_source,
             "compute_seconds": c.compute_seconds, "memory_seconds": c.memory_seconds,
             "overhead_seconds": c.overhead_seconds, "estimated_seconds": c.estimated_seconds,

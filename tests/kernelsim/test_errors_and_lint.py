@@ -195,3 +195,30 @@ def test_vmapped_grid_axes_are_parallel_before_the_kernels_own_semantics():
     assert call.grid == (2, 2, 2, 2)
     assert call.dimension_semantics == ("parallel", "parallel", "parallel", "arbitrary")
     assert not [w for w in call.warnings if "comes after 'arbitrary'" in w]
+
+
+def _softmax_rows(x_ref, o_ref):
+    x = x_ref[...]
+    e = jnp.exp(x - x.max(axis=1, keepdims=True))
+    o_ref[...] = e / e.sum(axis=1, keepdims=True)
+
+
+def softmax_rows(x, rows):
+    return pl.pallas_call(_softmax_rows, grid=(x.shape[0] // rows,),
+                          in_specs=[pl.BlockSpec((rows, x.shape[1]), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((rows, x.shape[1]), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+def test_values_the_body_computes_count_beside_the_buffers():
+    x = jax.ShapeDtypeStruct((2048, 8192), jnp.float32)
+    small = kernelsim.trace(softmax_rows, jnp.zeros((64, 1024)), 8).calls[0]
+    # two blocks of values live at once: x with x - max, x - max with e, e with e / sum
+    assert 2 * 8 * 1024 * 4 <= small.call.temporaries_vmem_bytes < 3 * 8 * 1024 * 4
+    assert small.to_dict()["temporaries_vmem_bytes"] == small.call.temporaries_vmem_bytes
+    assert not [w for w in small.warnings if "values the kernel body computes" in w]
+    # 1024-row blocks: 4 buffers of 32 MiB fill v5e's 128 MiB VMEM, the values do not fit
+    big = kernelsim.trace(softmax_rows, jnp.zeros(x.shape, x.dtype), 1024).calls[0]
+    assert big.cost.vmem_bytes <= 128 * 2**20 < big.cost.vmem_bytes + (
+        big.call.temporaries_vmem_bytes)
+    assert [w for w in big.warnings if "values the kernel body computes" in w]
