@@ -10,8 +10,10 @@ page pool as large as the DMA count): the trace must stay linear in the DMAs.
 Table 3 ("real code"): JAX's bundled TPU Pallas ops (tests/kernelsim/test_bundled_ops.py) and
 the kernels transcribed from JAX's Pallas tests (tests/kernelsim/test_jax_test_kernels.py),
 and, where tokamax is installed, tokamax's public TPU ops forward and backward
-(tests/kernelsim/test_tokamax.py, under ``tokamax.config.cross_compile``), each measured *cold*: every number comes from a fresh Python process that imports JAX, builds
-the case's function and operands, and then times exactly one thing -- either
+(tests/kernelsim/test_tokamax.py, under ``tokamax.config.cross_compile``; interpreted on
+``kernelsim.trace.abstract_tpu()``, as they ask which TPU they target), each measured *cold*:
+every number comes from a fresh Python process that imports JAX, builds the case's function
+and operands, and then times exactly one thing -- either
 ``kernelsim.trace(fn, *args)``, or ``fn(*args)`` under ``pltpu.force_tpu_interpret_mode()``
 (the function as its author wrote it, jitted or not, with every pallas_call interpreted; its
 outputs awaited). The two never share a process, so neither warms a cache for the other.
@@ -131,13 +133,20 @@ def _backward(build):
     return jax.grad(lambda *a: op(*a).sum(), argnums=wrt), args
 
 
-def _library_context(case: str):
-    """tokamax runs its TPU kernels on a CPU only when asked to cross-compile."""
+def _library_context(case: str, what: str):
+    """tokamax runs its TPU kernels on a CPU only when asked to cross-compile, and its kernels
+    ask which TPU they target: interpreted, they run on an abstract TPU (``kernelsim.trace``
+    finds that out by itself)."""
+    stack = contextlib.ExitStack()
     if case.startswith("tokamax:"):
         import tokamax
 
-        return tokamax.config.cross_compile(True)
-    return contextlib.nullcontext()
+        from kernelsim.trace import abstract_tpu
+
+        stack.enter_context(tokamax.config.cross_compile(True))
+        if what == "interpret":
+            stack.enter_context(abstract_tpu())
+    return stack
 
 
 def measure_one(case: str, what: str) -> dict:
@@ -149,13 +158,13 @@ def measure_one(case: str, what: str) -> dict:
     if what == "trace":
         import kernelsim
 
-        with _library_context(case):
+        with _library_context(case, what):
             fn, args = _built(build)
             t0 = time.perf_counter()
             kernelsim.trace(fn, *args)
         return {"seconds": time.perf_counter() - t0}
     # pl.pallas_call reads the forced mode when the call is made, so build inside it too
-    with pltpu.force_tpu_interpret_mode(), _library_context(case):
+    with pltpu.force_tpu_interpret_mode(), _library_context(case, what):
         fn, args = _built(build)
         t0 = time.perf_counter()
         try:

@@ -644,6 +644,12 @@ def _tpu_mesh(device_kind: str, platform: str = "tpu") -> Any:
                                      abstract_device=device)
 
 
+def on_abstract_tpu(device_kind: str) -> Any:
+    """A context in which code that asks for its TPU (``pltpu.get_tpu_info()``, a TensorCore
+    mesh without ``num_cores``) is told ``device_kind``, on any host."""
+    return jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind))
+
+
 def _asks_for_a_tpu(error: Exception) -> bool:
     """``error`` is what tracing raises on a host without a TPU when the code asks for the TPU
     it targets: ``get_tpu_info()``'s "Unsupported TPU device kind: cpu" (every release so far)
@@ -708,7 +714,7 @@ def _program(fn: Callable, args: tuple, device_kind: str) -> tuple[Any, list, An
         except (ValueError, AttributeError) as e:
             if not _asks_for_a_tpu(e):
                 raise
-            with jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind)):
+            with on_abstract_tpu(device_kind):
                 closed, shapes = trace_to_jaxpr(*args)
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
             jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as e:

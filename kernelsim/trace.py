@@ -305,6 +305,16 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
     return out, analyse(captured, model_, chip_, strict)
 
 
+def abstract_tpu(chip: str = "tpu-v5e"):
+    """A context manager under which code that asks which TPU it runs on (``emit_pipeline``,
+    ``pltpu.get_tpu_info()``, ``pltpu.create_tensorcore_mesh`` without ``num_cores``) is told
+    ``chip`` on any host, e.g. to run such a kernel in TPU interpret mode on a CPU. ``trace``,
+    ``run`` and ``verify`` do this by themselves where tracing needs it."""
+    if chip not in TPU_DEVICE_KIND:
+        raise TraceError(f"unknown TPU {chip!r}: choose one of {', '.join(TPU_DEVICE_KIND)}")
+    return _jax.on_abstract_tpu(TPU_DEVICE_KIND[chip])
+
+
 def tpu_lowering_error(fn: Callable, *args: Any, chip: str = "tpu-v5e") -> str | None:
     """What JAX's TPU lowering says about ``fn(*args)`` for ``chip``: its error, or None.
 

@@ -177,3 +177,16 @@ def test_a_tensorcore_mesh_built_from_the_device_traces_on_a_cpu_host():
     assert t.calls[0].grid == (1,)  # the abstract TPU device has one TensorCore
     assert [(d.route, d.model_bytes) for d in v.body_dma_checks] == [("hbm -> hbm", [X.nbytes])]
     np.testing.assert_array_equal(v.outputs, X)
+
+
+def test_abstract_tpu_lets_such_a_kernel_run_in_interpret_mode_on_this_host():
+    from kernelsim.trace import abstract_tpu
+
+    with pytest.raises(ValueError, match="TPU device kind"):
+        with pltpu.force_tpu_interpret_mode():
+            pipelined_add_one.trace(X)
+    with pltpu.force_tpu_interpret_mode(), abstract_tpu("tpu-v5e"):
+        out = jax.jit(lambda x: pipelined_add_one(x) * 1)(X)
+    np.testing.assert_array_equal(out, X + 1)
+    with pytest.raises(kernelsim.TraceError, match="unknown TPU"):
+        abstract_tpu("tpu-v99")
