@@ -4,16 +4,22 @@ Table 1: a 1024^3 f32 matmul with 128^3 blocks (512 steps) and a 4096^3 one (32,
 Trace times are the median of 5 runs in this process after one warm-up; the interpret-mode
 run is one call (its first, including compilation, which is what a learner waits for).
 
-Table 2 ("real code"): JAX's bundled TPU Pallas ops (tests/kernelsim/test_bundled_ops.py) and
+Table 2: a paged-gather kernel with 2,048 and 8,192 body DMAs (one per grid step, from an HBM
+page pool as large as the DMA count): the trace must stay linear in the DMAs.
+
+Table 3 ("real code"): JAX's bundled TPU Pallas ops (tests/kernelsim/test_bundled_ops.py) and
 the kernels transcribed from JAX's Pallas tests (tests/kernelsim/test_jax_test_kernels.py),
-each measured *cold*: every number comes from a fresh Python process that imports JAX, builds
-the case's function and operands, and then times exactly one thing -- either
+and, where tokamax is installed, tokamax's public TPU ops forward and backward
+(tests/kernelsim/test_tokamax.py, under ``tokamax.config.cross_compile``; interpreted on
+``kernelsim.trace.abstract_tpu()``, as they ask which TPU they target), each measured *cold*:
+every number comes from a fresh Python process that imports JAX, builds the case's function
+and operands, and then times exactly one thing -- either
 ``kernelsim.trace(fn, *args)``, or ``fn(*args)`` under ``pltpu.force_tpu_interpret_mode()``
 (the function as its author wrote it, jitted or not, with every pallas_call interpreted; its
 outputs awaited). The two never share a process, so neither warms a cache for the other.
 ``--repeat N`` takes each number N times, each in a fresh process, and reports the median.
 Cases interpret mode cannot run on a CPU (emit_pipeline needs a TPU device kind) are traced
-and listed, but have no speedup.
+and listed, but have no speedup. The medians are also printed per source.
 
 Usage: python bench/trace_speed.py [--no-interpret] [--only SUBSTRING] [--repeat N]
 """
@@ -21,7 +27,9 @@ Usage: python bench/trace_speed.py [--no-interpret] [--only SUBSTRING] [--repeat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
+import importlib.util
 import json
 import os
 import statistics
@@ -77,6 +85,26 @@ def matmul_table(interpret: bool) -> None:
     write("trace_speed", rows, {"goals": {"speedup_1024": ">= 100", "trace_4096_s": "<= 2"}})
 
 
+def dma_count_table() -> None:
+    """Trace time of a paged-gather kernel (one body DMA per grid step from an HBM page pool
+    that grows with the DMA count): work per DMA must not grow with the pool."""
+    from test_interpret_dmas import paged_case
+
+    import kernelsim
+
+    rows = []
+    for batch, per_seq in ((8, 256), (16, 512)):
+        fn, args = paged_case(batch, per_seq)
+        t0 = time.perf_counter()
+        t = kernelsim.trace(fn, *args)
+        seconds = time.perf_counter() - t0
+        rows.append({"kernel": f"paged gather {batch} x {per_seq}",
+                     "dmas": len(t.calls[0].call.body_copies),
+                     "pool_bytes": int(args[1].nbytes), "trace_first_s": seconds})
+        print(f"  {rows[-1]}", flush=True)
+    write("trace_speed_dmas", rows, {"goals": {"trace_8192_dmas_s": "<= 5"}})
+
+
 def _suite() -> dict[str, tuple[str, object]]:
     """case name -> (where it comes from, builder returning (fn, args))."""
     from test_bundled_ops import TPU_OPS
@@ -84,7 +112,41 @@ def _suite() -> dict[str, tuple[str, object]]:
 
     suite = {f"op:{name}": ("jax op", build) for name, build in TPU_OPS.items()}
     suite.update({f"test:{name}": ("jax test", build) for name, (build, _) in CASES.items()})
+    if importlib.util.find_spec("tokamax") is not None:  # third-party: where it is installed
+        from test_tokamax import OPS
+
+        for name, build in OPS.items():
+            suite[f"tokamax:{name}:fwd"] = ("tokamax", functools.partial(_forward, build))
+            suite[f"tokamax:{name}:bwd"] = ("tokamax", functools.partial(_backward, build))
     return suite
+
+
+def _forward(build):
+    op, _, args = build()
+    return op, args
+
+
+def _backward(build):
+    import jax
+
+    op, wrt, args = build()
+    return jax.grad(lambda *a: op(*a).sum(), argnums=wrt), args
+
+
+def _library_context(case: str, what: str):
+    """tokamax runs its TPU kernels on a CPU only when asked to cross-compile, and its kernels
+    ask which TPU they target: interpreted, they run on an abstract TPU (``kernelsim.trace``
+    finds that out by itself)."""
+    stack = contextlib.ExitStack()
+    if case.startswith("tokamax:"):
+        import tokamax
+
+        from kernelsim.trace import abstract_tpu
+
+        stack.enter_context(tokamax.config.cross_compile(True))
+        if what == "interpret":
+            stack.enter_context(abstract_tpu())
+    return stack
 
 
 def measure_one(case: str, what: str) -> dict:
@@ -96,12 +158,13 @@ def measure_one(case: str, what: str) -> dict:
     if what == "trace":
         import kernelsim
 
-        fn, args = _built(build)
-        t0 = time.perf_counter()
-        kernelsim.trace(fn, *args)
+        with _library_context(case, what):
+            fn, args = _built(build)
+            t0 = time.perf_counter()
+            kernelsim.trace(fn, *args)
         return {"seconds": time.perf_counter() - t0}
     # pl.pallas_call reads the forced mode when the call is made, so build inside it too
-    with pltpu.force_tpu_interpret_mode():
+    with pltpu.force_tpu_interpret_mode(), _library_context(case, what):
         fn, args = _built(build)
         t0 = time.perf_counter()
         try:
@@ -157,6 +220,13 @@ def real_code_table(only: str | None, repeat: int) -> None:
         print(f"  {case}: trace {traced['seconds']:.3f} s, interpret "
               f"{interp['seconds'] if interp['seconds'] is None else round(interp['seconds'], 3)}"
               f" s", flush=True)
+    per_source = {}
+    for r in rows:
+        if r["speedup"] is not None:
+            per_source.setdefault(r["source"], []).append(r["speedup"])
+    for source, values in per_source.items():
+        print(f"  {source}: median {statistics.median(values):.1f}x, slowest "
+              f"{min(values):.1f}x over {len(values)} cases")
     speedups = sorted(r["speedup"] for r in rows if r["speedup"] is not None)
     summary = {"cases": len(rows), "compared": len(speedups),
                "median_speedup": statistics.median(speedups) if speedups else None,
@@ -184,6 +254,7 @@ def main() -> None:
         return
     if not args.only:
         matmul_table(not args.no_interpret)
+        dma_count_table()
     if not args.no_interpret:
         real_code_table(args.only, args.repeat)
 

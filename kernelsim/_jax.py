@@ -16,7 +16,7 @@ import threading
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +33,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernelsim import _lax_numpy
+from kernelsim.body import DmaLedger
 from kernelsim.errors import TraceError
 from kernelsim.model import BlockDim, BodyCopy, KernelCall, MemorySpace, Operand
 
@@ -140,7 +141,8 @@ class NeedsExecution(Exception):
 _UNKNOWN = object()  # a value the walk did not need to compute
 _CALL_PRIMITIVES = frozenset({
     "pjit", "jit", "closed_call", "core_call", "remat", "remat2", "checkpoint",
-    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+    "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_vmap_call",
+    "remat_opt"})
 
 
 def _call_body(eqn: Any) -> Any | None:
@@ -155,8 +157,21 @@ def _call_body(eqn: Any) -> Any | None:
         return _discharged(p["jaxpr"])
     if eqn.primitive.name not in _CALL_PRIMITIVES:
         return None
-    body = p.get("jaxpr", p.get("call_jaxpr", p.get("fun_jaxpr")))
+    body = _called_jaxpr(p)
     return body if isinstance(body, _JAXPR_TYPES) else None
+
+
+def _called_jaxpr(params: dict[str, Any]) -> Any:
+    """The jaxpr a call-like primitive runs: ``jaxpr`` (jit, checkpoint), ``call_jaxpr``
+    (custom_jvp/custom_vjp: the primal, which is what runs unless a transformation already
+    applied the custom rule while tracing), ``fun_jaxpr``, or ``call`` (``jax.custom_vmap``
+    unbatched: its impl runs ``call``; under ``vmap`` the rule was applied while tracing, so
+    the program holds the rule's own kernels instead), or ``fwd_jaxpr`` (``remat_opt``, the
+    forward pass of a ``custom_vjp`` under ``jax.grad``: its impl runs ``fwd_jaxpr``)."""
+    for key in ("jaxpr", "call_jaxpr", "fun_jaxpr", "call", "fwd_jaxpr"):
+        if key in params:
+            return params[key]
+    return None
 
 
 @functools.lru_cache(maxsize=256)
@@ -296,6 +311,14 @@ def _body_value_operands(eqn: Any, bodies: bool) -> list[int]:
             if (needs.contents(v) if _is_ref(v) else needs.value(v))]
 
 
+@functools.lru_cache(maxsize=256)
+def _everything(jaxpr: Any) -> tuple[tuple[bool, ...], frozenset, frozenset]:
+    """``_needed``'s answer when the program runs: every eqn evaluated, every var known."""
+    j = _open(jaxpr)
+    live = {v for e in j.eqns for v in e.outvars} | set(j.invars) | set(j.constvars)
+    return (True,) * len(j.invars), frozenset(id(e) for e in j.eqns), frozenset(live)
+
+
 @functools.lru_cache(maxsize=4096)
 def _needed(jaxpr: Any, out_needed: tuple[bool, ...], bodies: bool = False
             ) -> tuple[tuple[bool, ...], frozenset, frozenset]:
@@ -359,22 +382,34 @@ def _operands_needed(eqn: Any, outs: tuple[bool, ...], bodies: bool) -> tuple[bo
         per_branch = [_needed(b, outs, bodies)[0] for b in p["branches"]]
         return (True, *(any(col) for col in zip(*per_branch, strict=True)))
     if any(_has_pallas_call(s) for s, _ in _sub_jaxprs(eqn)):
-        raise TraceError(f"a pallas_call inside {name!r} is not supported by kernelsim's "
-                         "tracer (supported around kernels: jit, custom_jvp/custom_vjp, "
-                         "checkpoint, scan, fori_loop/while_loop, cond, vmap)")
+        raise _unsupported_around_kernel(name)
     return (True,) * len(eqn.invars)
 
 
-class _CallFinder:
-    """Walks a jaxpr in program order, collecting pallas_calls and computing needed values."""
+def _unsupported_around_kernel(name: str) -> TraceError:
+    return TraceError(f"a pallas_call inside {name!r} is not supported by kernelsim's "
+                      "tracer (supported around kernels: jit, custom_jvp/custom_vjp, "
+                      "custom_vmap, checkpoint, scan, fori_loop/while_loop, cond, vmap)")
 
-    def __init__(self, bodies: bool) -> None:
+
+class _CallFinder:
+    """Walks a jaxpr in program order, collecting pallas_calls and computing needed values.
+
+    With ``execute`` (``handler(args, params) -> outputs``) the walk runs the whole program
+    instead: every eqn is evaluated (the code between kernels as compiled XLA slices) and each
+    kernel's outputs are what ``execute`` returns, so nothing is traced twice and the kernel
+    bodies are traced exactly as the program traced them (no ``disable_jit``).
+    """
+
+    def __init__(self, bodies: bool, execute: Callable[[tuple, dict], Any] | None = None):
         self.found: list[Captured] = []
         self.bodies = bodies
+        self.execute = execute
 
     def walk(self, jaxpr: Any, consts: list, args: list, out_needed: tuple[bool, ...]) -> list:
         j = _open(jaxpr)
-        _, evaluate, live = _needed(jaxpr, out_needed, self.bodies)
+        _, evaluate, live = (_everything(jaxpr) if self.execute is not None
+                             else _needed(jaxpr, out_needed, self.bodies))
         env: dict[Any, Any] = dict(zip(j.constvars, consts, strict=True))
         env.update(zip(j.invars, args, strict=True))
 
@@ -385,15 +420,18 @@ class _CallFinder:
 
         def flush() -> None:
             if plain:
-                env.update(_run_slice(plain, live, read))
+                env.update(_run_slice(plain, live, read, numpy=self.execute is None))
                 plain.clear()
 
         for eqn in j.eqns:
             if _is_kernel(eqn):
                 flush()
-                self.found.append(Captured(tuple(read(v) for v in eqn.invars),
-                                           _kernel_params(eqn)))
-                outs = [_zeros(v.aval) if v in live else _UNKNOWN for v in eqn.outvars]
+                captured = Captured(tuple(read(v) for v in eqn.invars), _kernel_params(eqn))
+                self.found.append(captured)
+                if self.execute is not None:
+                    outs = list(self.execute(captured.args, captured.params))
+                else:
+                    outs = [_zeros(v.aval) if v in live else _UNKNOWN for v in eqn.outvars]
             elif id(eqn) not in evaluate:
                 continue
             elif not any(_has_pallas_call(sub) for sub, _ in _sub_jaxprs(eqn)):
@@ -442,7 +480,7 @@ class _CallFinder:
             index = int(self._known(vals[0], "cond predicate"))
             b = branches[min(max(index, 0), len(branches) - 1)]
             return self.walk(b, _consts(b), vals[1:], outs_needed)
-        raise AssertionError(f"kernelsim: {name!r} holds no pallas_call")  # walk() ran it
+        raise _unsupported_around_kernel(name)
 
     @staticmethod
     def _known(value: Any, what: str) -> Any:
@@ -459,12 +497,14 @@ def _zeros(aval: Any) -> Any:
         return jnp.zeros(aval.shape, aval.dtype)
 
 
-def _run_slice(eqns: list, live: frozenset, read: Callable[[Any], Any]) -> dict:
+def _run_slice(eqns: list, live: frozenset, read: Callable[[Any], Any],
+               numpy: bool = True) -> dict:
     """Run consecutive eqns as one program; the values of their outputs in ``live``.
 
     First in numpy (``_numpy_eval``: no compilation, which is most of what a cold trace would
-    otherwise pay); a slice numpy cannot evaluate runs as one compiled program instead (cached
-    by the slice's text and input types), not one compilation per primitive.
+    otherwise pay) when ``numpy``; a slice numpy cannot evaluate (or any slice of a program
+    that is really run, whose values must be XLA's) runs as one compiled program (cached by
+    the slice's text and input types), not one compilation per primitive.
     """
     defined = {v for e in eqns for v in e.outvars}
     inputs = list(dict.fromkeys(v for e in eqns for v in e.invars
@@ -474,11 +514,14 @@ def _run_slice(eqns: list, live: frozenset, read: Callable[[Any], Any]) -> dict:
     values = [read(v) for v in inputs]
     if any(v is _UNKNOWN for v in values):  # _needed marks every input of a needed eqn
         raise AssertionError("kernelsim: a needed value was not computed")
+    results = None
     try:
-        slice_ = types.SimpleNamespace(constvars=[], invars=inputs, eqns=eqns, outvars=outputs)
-        results = _numpy_eval(slice_, [], values)
+        if numpy:
+            slice_ = types.SimpleNamespace(constvars=[], invars=inputs, eqns=eqns,
+                                           outvars=outputs)
+            results = _numpy_eval(slice_, [], values)
     except _lax_numpy.Unsupported:
-        results = None
+        pass
     if results is None:
         program = jax_core.Jaxpr([], inputs, outputs, eqns,
                                  jax_core.join_effects(*(e.effects for e in eqns)))
@@ -589,12 +632,32 @@ def _compiled(key: str, program: Any) -> Callable:
 
 def _tpu_mesh(device_kind: str, platform: str = "tpu") -> Any:
     """An abstract one-device mesh of ``device_kind``: what code that asks for the TPU it
-    targets (``pltpu.get_tpu_info()``, ``emit_pipeline``'s tiling) reads while it is traced.
+    targets (``pltpu.get_tpu_info()``, ``emit_pipeline``'s tiling, a TensorCore mesh built
+    without ``num_cores``: one core) reads while it is traced.
     ``platform="gpu"`` makes the device a GPU of that kind instead."""
     from jax._src import mesh as mesh_lib
 
     device = mesh_lib.AbstractDevice(device_kind, 1, platform)
-    return jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device)
+    # An Auto axis, so traced values carry no sharding on this mesh: the program's slices
+    # then compile and run on this host's own devices.
+    return jax.sharding.AbstractMesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,),
+                                     abstract_device=device)
+
+
+def on_abstract_tpu(device_kind: str) -> Any:
+    """A context in which code that asks for its TPU (``pltpu.get_tpu_info()``, a TensorCore
+    mesh without ``num_cores``) is told ``device_kind``, on any host."""
+    return jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind))
+
+
+def _asks_for_a_tpu(error: Exception) -> bool:
+    """``error`` is what tracing raises on a host without a TPU when the code asks for the TPU
+    it targets: ``get_tpu_info()``'s "Unsupported TPU device kind: cpu" (every release so far)
+    or ``pltpu.create_tensorcore_mesh`` reading ``jax.devices()[0].num_cores`` (a CPU device
+    has none). Under an abstract TPU mesh both read the abstract device instead."""
+    if isinstance(error, ValueError):
+        return "TPU device kind" in str(error)
+    return isinstance(error, AttributeError) and getattr(error, "name", None) == "num_cores"
 
 
 def _is_python_data(value: Any) -> bool:
@@ -620,26 +683,44 @@ def find_calls(fn: Callable, args: tuple, device_kind: str,
     Raises ``NeedsExecution`` when ``fn`` cannot be traced to a jaxpr (it branches in Python on
     array values); the caller then runs it eagerly instead.
     """
+    closed, flat, _ = _program(fn, args, device_kind)
+    finder = _CallFinder(bodies)
+    finder.walk(_open(closed), _consts(closed), flat, (False,) * len(_open(closed).outvars))
+    return finder.found
+
+
+def run_calls(fn: Callable, args: tuple, device_kind: str,
+              execute: Callable[[tuple, dict], Any]) -> tuple[Any, list[Captured]]:
+    """Run ``fn(*args)`` from its jaxpr: ``(outputs, every kernel call in program order)``.
+
+    Each kernel's outputs are ``execute(args, params)``; the code around the kernels runs as
+    compiled XLA slices between them. Raises ``NeedsExecution`` as ``find_calls`` does.
+    """
+    closed, flat, out_tree = _program(fn, args, device_kind)
+    finder = _CallFinder(False, execute)
+    outs = finder.walk(_open(closed), _consts(closed), flat, (True,) * len(_open(closed).outvars))
+    return jax.tree_util.tree_unflatten(out_tree, outs), finder.found
+
+
+def _program(fn: Callable, args: tuple, device_kind: str) -> tuple[Any, list, Any]:
+    """``fn``'s jaxpr, its flat array arguments and the tree of its outputs."""
     # Plain Python data (ints, tuples of ints, ...) stays Python while tracing, as when the
     # caller runs fn: a jitted fn may take it as a static argument (block sizes, shapes).
     static = tuple(i for i, a in enumerate(args) if _is_python_data(a))
-    trace_to_jaxpr = jax.make_jaxpr(fn, static_argnums=static)
+    trace_to_jaxpr = jax.make_jaxpr(fn, static_argnums=static, return_shape=True)
     try:
         try:
-            closed = trace_to_jaxpr(*args)
-        except ValueError as e:  # "Unsupported TPU device kind: cpu" (every release so far)
-            if "TPU device kind" not in str(e):
+            closed, shapes = trace_to_jaxpr(*args)
+        except (ValueError, AttributeError) as e:
+            if not _asks_for_a_tpu(e):
                 raise
-            with jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind)):
-                closed = trace_to_jaxpr(*args)
+            with on_abstract_tpu(device_kind):
+                closed, shapes = trace_to_jaxpr(*args)
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerBoolConversionError,
             jax.errors.TracerIntegerConversionError, jax.errors.TracerArrayConversionError) as e:
         raise NeedsExecution(str(e)) from e
-    finder = _CallFinder(bodies)
     flat = jax.tree_util.tree_leaves([a for i, a in enumerate(args) if i not in static])
-    finder.walk(_open(closed), _consts(closed), list(flat),
-                (False,) * len(_open(closed).outvars))
-    return finder.found
+    return closed, list(flat), jax.tree_util.tree_structure(shapes)
 
 
 def zeros_for(params: dict[str, Any]) -> list[jax.Array]:
@@ -723,10 +804,15 @@ def _block_dims(call_name: str, origin: str, block_shape: tuple) -> tuple[BlockD
 
 
 def _dimension_semantics(params: dict[str, Any], ndim: int) -> tuple[str, ...]:
+    """One semantics per grid axis, as the TPU lowering sets them (mosaic/lowering.py,
+    ``MosaicGridMapping``): the user's (default "arbitrary") for the kernel's own axes, in
+    order, and "parallel" for every axis ``vmap`` added (``GridMapping.vmapped_dims``)."""
     semantics = getattr(params.get("compiler_params"), "dimension_semantics", None)
-    if semantics is None:
-        return ("arbitrary",) * ndim
-    return tuple(getattr(s, "value", str(s)).lower() for s in semantics)
+    vmapped = set(params["grid_mapping"].vmapped_dims)
+    own = (("arbitrary",) * (ndim - len(vmapped)) if semantics is None
+           else tuple(getattr(s, "value", str(s)).lower() for s in semantics))
+    it = iter(own)
+    return tuple("parallel" if i in vmapped else next(it, "arbitrary") for i in range(ndim))
 
 
 def _call_name(params: dict[str, Any]) -> str:
@@ -892,6 +978,48 @@ def _scoped_peak(jaxpr: Any) -> dict[str, int]:
     return peak
 
 
+def _temporaries_peak(jaxpr: Any) -> int:
+    """The most bytes of array values (not refs, not scalars) the kernel body holds at once:
+    each value lives from the eqn that makes it to its last use; a loop or branch adds its
+    own body's peak while it runs. What Mosaic cannot keep in vector registers it places in
+    VMEM beside the pipeline's buffers, so this bounds that extra VMEM from above."""
+    eqns = jaxpr.eqns
+    last: dict[Any, int] = {}
+    for k, eqn in enumerate(eqns):
+        for v in eqn.invars:
+            if not isinstance(v, jax_core.Literal):
+                last[v] = k
+    for v in jaxpr.outvars:
+        if not isinstance(v, jax_core.Literal):
+            last[v] = len(eqns)
+
+    def nbytes(v: Any) -> int:
+        aval = v.aval
+        if isinstance(aval, state_types.AbstractRef) or not getattr(aval, "shape", ()):
+            return 0
+        return int(np.prod(aval.shape, dtype=np.int64)) * _itemsize(aval.dtype)
+
+    live: dict[Any, int] = {v: nbytes(v) for v in jaxpr.invars if v in last}
+    peak = sum(live.values())
+    for k, eqn in enumerate(eqns):
+        inner = max((_temporaries_peak(j) for j, _ in _sub_jaxprs(eqn)), default=0)
+        for v in eqn.outvars:
+            if v in last:
+                live[v] = nbytes(v)
+        peak = max(peak, sum(live.values()) + inner)
+        for v in [v for v in live if last[v] <= k]:
+            del live[v]
+    return peak
+
+
+def _used_vars(jaxpr: Any) -> set:
+    """The vars some eqn of ``jaxpr`` takes as an operand, or that it returns."""
+    used = {v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal)}
+    for eqn in jaxpr.eqns:
+        used.update(v for v in eqn.invars if not isinstance(v, jax_core.Literal))
+    return used
+
+
 def _window_moves(bm: Any, grid: tuple[int, ...]) -> bool:
     """The index map of ``bm`` may return different blocks over ``grid``: one of its outputs
     depends on a grid index of extent > 1, or on a scalar-prefetch ref (whose entries may
@@ -939,6 +1067,10 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     call.flops_per_step, call.matmul_dtypes = count_flops(params["jaxpr"])
     scoped = _scoped_peak(_open(params["jaxpr"]))
     call.scoped_vmem_bytes, call.scoped_smem_bytes = scoped.get("vmem", 0), scoped.get("smem", 0)
+    kernel = _open(params["jaxpr"])
+    call.referenced = frozenset(n for n, v in zip(names, kernel.invars, strict=False)
+                                if v in _used_vars(kernel))
+    call.temporaries_vmem_bytes = _temporaries_peak(kernel)
     limit = getattr(params.get("compiler_params"), "vmem_limit_bytes", None)
     call.vmem_limit_bytes = None if limit is None else int(limit)
     # input_output_aliases index the inputs after the scalar prefetch operands
@@ -1195,19 +1327,52 @@ def recording_interpret_copies(sink: list[InterpretCopy], call_index: Callable[[
 # Which scalar-prefetch entries the index maps read, and what the kernel body reads and writes
 
 
-def _select(shape: tuple[int, ...], transforms: tuple) -> tuple[np.ndarray, tuple | None]:
-    """Flat element indices a chain of ``ref.at[...]`` indexers selects, and its box if any.
+class Selection(NamedTuple):
+    """What a chain of ref transforms selects of a ref.
 
-    box: per dimension ``(start, size, stride)`` when the selection is one strided box (only
-    for a single indexer of slices and integers); else ``None``.
+    ids: flat indices of the ref's elements, shaped as the view (plus a trailing axis of the
+    ref elements one view element packs, after a bitcast to a wider dtype; a narrower one
+    repeats each ref element once per view element it holds); box: per dimension ``(start,
+    size, stride)`` when the selection is one strided box of the ref, else None; nbytes: the
+    bytes the view holds; exact: the view's elements are the ref's own (no bitcast between).
     """
-    ids = np.arange(int(np.prod(shape, dtype=np.int64)), dtype=np.int64).reshape(shape)
+
+    ids: np.ndarray
+    box: tuple | None
+    nbytes: int
+    exact: bool
+
+
+def _select(shape: tuple[int, ...], transforms: tuple, itemsize: int = 1) -> Selection:
+    """What a chain of ``ref.at[...]`` indexers, ``ref.reshape`` and ``ref.bitcast`` views
+    selects of a ref of ``shape`` whose elements are ``itemsize`` bytes.
+
+    The box is only given for a single indexer of slices and integers (or no transform). The
+    work is proportional to the selection, not to the ref: slices and integers narrow one
+    coordinate vector per dimension of the ref; a gather, reshape or bitcast makes the indices
+    of the region selected so far explicit.
+    """
+    shape = tuple(int(n) for n in shape)
     if not transforms:  # ref[...]: the whole ref
-        return ids, tuple((0, n, 1) for n in shape)
+        ids = _flat_ids(shape, [np.arange(n, dtype=np.int64) for n in shape])
+        return Selection(ids, tuple((0, n, 1) for n in shape), ids.size * itemsize, True)
     box: list | None = [] if len(transforms) == 1 else None
+    coords: list[Any] = [np.arange(n, dtype=np.int64) for n in shape]  # int: a dropped dim
+    ids: np.ndarray | None = None  # explicit indices, once a view made them necessary
+    pack, view_itemsize = 1, itemsize  # ref elements per view element; bytes per one
     for t in transforms:
+        if isinstance(t, (state_types.ReshapeTransform, state_types.BitcastTransform)):
+            ids = _flat_ids(shape, coords) if ids is None else ids
+            box = None
+            if isinstance(t, state_types.ReshapeTransform):
+                ids = ids.reshape(tuple(t.shape) + ((pack,) if pack > 1 else ()))
+                continue
+            ids, pack, view_itemsize = _bitcast_view(ids, pack, view_itemsize,
+                                                     np.dtype(t.dtype).itemsize)
+            continue
         if not isinstance(t, indexing.NDIndexer):
-            raise TraceError(f"access recording supports ref indexing only, not {type(t).__name__}")
+            raise TraceError(f"kernelsim follows ref indexing, reshape and bitcast, not "
+                             f"{type(t).__name__}")
         index = []
         for ix in t.indices:
             if isinstance(ix, indexing.Slice):
@@ -1222,10 +1387,66 @@ def _select(shape: tuple[int, ...], transforms: tuple) -> tuple[np.ndarray, tupl
                     box.append((int(value), 1, 1))
                 elif box is not None:
                     box = None
+        if ids is None and all(not isinstance(i, np.ndarray) or i.ndim == 0 for i in index):
+            view = [d for d, c in enumerate(coords) if not isinstance(c, int)]
+            for d, i in zip(view, index, strict=False):
+                coords[d] = coords[d][i] if isinstance(i, slice) else int(coords[d][int(i)])
+            continue
+        if ids is None:
+            ids = _flat_ids(shape, coords)
         ids = ids[tuple(index)]
     if box is not None and len(box) != len(shape):
         box = None
-    return ids, None if box is None else tuple(box)
+    ids = _flat_ids(shape, coords) if ids is None else ids
+    return Selection(ids, None if box is None else tuple(box),
+                     ids.size // pack * view_itemsize, view_itemsize == itemsize)
+
+
+def _bitcast_view(ids: np.ndarray, pack: int, itemsize: int, new_itemsize: int
+                  ) -> tuple[np.ndarray, int, int]:
+    """``ids`` (a view packing ``pack`` ref elements each, of ``itemsize`` bytes) seen as
+    ``new_itemsize``-byte elements, as a TPU ref bitcast does: the second-minor dimension
+    shrinks or grows by the ratio (jax/_src/state/utils.py, ``bitcast``)."""
+    view = ids.shape[:-1] if pack > 1 else ids.shape
+    if len(view) < 2 and new_itemsize != itemsize:
+        raise TraceError("a bitcast that changes the element size of a 1-D ref")
+    if new_itemsize > itemsize:  # r rows of the old view make one row of the new one
+        r = new_itemsize // itemsize
+        n, m = view[-2], view[-1]
+        lead = view[:-2]
+        tail = (pack,) if pack > 1 else ()
+        grouped = ids.reshape(lead + (n // r, r, m) + tail)
+        grouped = np.moveaxis(grouped, len(lead) + 1, -1 if not tail else -2)
+        return grouped.reshape(lead + (n // r, m, r * pack)), r * pack, new_itemsize
+    if new_itemsize < itemsize:  # each old row makes k rows of the new view
+        k = itemsize // new_itemsize
+        if pack > 1 and pack % k == 0:
+            lead, n, m = view[:-2], view[-2], view[-1]
+            split = ids.reshape(lead + (n, m, k, pack // k))
+            split = np.moveaxis(split, -2, len(lead) + 1)
+            new_pack = pack // k
+            out = split.reshape(lead + (n * k, m) + ((new_pack,) if new_pack > 1 else ()))
+            return out, new_pack, new_itemsize
+        if pack > 1:
+            raise TraceError("a bitcast kernelsim cannot follow (it splits packed elements)")
+        return np.repeat(ids, k, axis=-2), 1, new_itemsize
+    return ids, pack, itemsize
+
+
+def _flat_ids(shape: tuple[int, ...], coords: list[Any]) -> np.ndarray:
+    """Row-major flat indices of the open grid ``coords`` (per dimension of ``shape``: an
+    int for a dropped dimension, else a vector of coordinates), shaped as the grid."""
+    strides = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    view = [k for k, c in enumerate(coords) if not isinstance(c, int)]
+    offset = sum(c * strides[k] for k, c in enumerate(coords) if isinstance(c, int))
+    ids = np.full(tuple(len(coords[k]) for k in view), offset, np.int64)
+    for j, k in enumerate(view):
+        axis = [1] * len(view)
+        axis[j] = -1
+        ids += (coords[k] * strides[k]).reshape(axis)
+    return ids
 
 
 def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
@@ -1272,7 +1493,7 @@ def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
             for step in range(points.shape[0]):
                 transforms = jax.tree_util.tree_unflatten(e.params["tree"],
                                                           [v[step] for v in mine])
-                ids, _ = _select(shape, transforms)
+                ids = _select(shape, transforms).ids
                 flat = np.unique(ids.reshape(-1))
                 rows[which].append((np.full(flat.shape, step, np.int64), flat))
     out = {}
@@ -1303,9 +1524,10 @@ def _ref_array(aval: Any) -> np.ndarray:
 
 
 _IDENTITY = ("multiple_of", "pjit_dce", "optimization_barrier")
-# Effects on semaphores and waits for DMAs: no data moves, nothing to record.
-_IGNORED = ("debug_callback", "debug_print", "dma_wait", "semaphore_signal", "semaphore_wait")
-_REF_EFFECTS = ("get", "swap", "addupdate", "dma_start", "run_scoped")
+# Effects on semaphores other than DMA waits: no data moves, nothing to record.
+_IGNORED = ("debug_callback", "debug_print", "semaphore_signal", "semaphore_wait")
+_REF_EFFECTS = ("get", "swap", "addupdate", "masked_load", "masked_swap", "dma_start",
+                "dma_wait", "run_scoped")
 
 
 def _has_body_dma(jaxpr: Any) -> bool:
@@ -1419,6 +1641,20 @@ class _BodyNeeds:
                 self._need(ins[0], ins[1])
             for o in outs:
                 self._need(o, ins[0])
+        elif name in ("masked_load", "masked_swap"):
+            # (ref, transforms, mask, other) for a load, (ref, transforms, val, mask) for a swap
+            ref, transforms, a, b = p["args_tree"].unflatten(ins)
+            value, mask, other = (a, b, None) if name == "masked_swap" else (None, a, b)
+            self._seed(jax.tree_util.tree_leaves(transforms))
+            self._seed([] if mask is None else [mask])
+            if value is not None:
+                self._need(ref, value)
+            for o in outs:
+                self._need(o, ref)
+                if other is not None:
+                    self._need(o, other)
+        elif name == "dma_wait":  # which semaphore it waits on: indices only
+            self._seed(v for v in ins if not _is_ref(v))
         elif name == "dma_start":
             refs = [v for v in ins if _is_ref(v)]  # flattened as src, dst, dst_sem, src_sem
             self._seed(v for v in ins if not _is_ref(v))
@@ -1496,30 +1732,89 @@ class _Interpreter:
                  grid_names: tuple | None = None):
         self.grid, self.sink, self.needs, self.recording = grid, sink, needs, record
         self.grid_names = tuple(grid_names or ())
-        self.copies: list[BodyCopy] = []
-        self.step, self.grid_index, self.order, self.scoped = 0, (), 0, 0
+        self.dmas = DmaLedger()
+        self.step, self.grid_index, self.order, self.scoped, self.dma_pos = 0, (), 0, 0, 0
 
-    def _dma_end(self, end: Any, what: str) -> tuple[_Ref, np.ndarray]:
-        """The ref and flat element ids of one end of a DMA (a ref or a sliced view of one)."""
+    @property
+    def copies(self) -> list[BodyCopy]:
+        return self.dmas.copies
+
+    def _dma_end(self, end: Any, what: str) -> tuple[_Ref, Selection]:
+        """The ref of one end of a DMA (a ref or a view of one) and what it selects."""
         ref, transforms = (end, ()) if isinstance(end, _Ref) else (end.ref, end.transforms)
         if not isinstance(ref, _Ref):
             raise TraceError(f"a DMA {what} kernelsim cannot follow ({type(ref).__name__})")
-        ids, _ = _select(ref.data.shape, tuple(transforms))
-        return ref, ids
+        return ref, _select(ref.data.shape, tuple(transforms), ref.data.itemsize)
+
+    def _semaphore(self, sem: Any) -> str:
+        """A DMA semaphore's name: ``name``, or ``name[i, ...]`` for one of an array."""
+        ref, (ids, *_) = self._dma_end(sem, "semaphore")
+        if ids.size != 1 or ref.data.ndim == 0:
+            return ref.name
+        index = np.unravel_index(int(ids.reshape(-1)[0]), ref.data.shape)
+        return f"{ref.name}[{', '.join(str(int(i)) for i in index)}]"
+
+    def dma_wait(self, eqn: Any, vals: list) -> None:
+        """A wait for a DMA's write (``.wait()``/``wait_recv``); a wait for its read is not
+        the copy's completion and is not recorded."""
+        if eqn.params.get("is_wait_send"):
+            return
+        _, _, sem, *_ = jax.tree_util.tree_unflatten(eqn.params["tree"], vals)
+        self.dmas.wait(self.step, self.dma_pos, self._semaphore(sem))
+        self.dma_pos += 1
 
     def dma(self, eqn: Any, vals: list) -> None:
-        src, dst, *_ = jax.tree_util.tree_unflatten(eqn.params["tree"], vals)
-        src_ref, src_ids = self._dma_end(src, "source")
-        dst_ref, dst_ids = self._dma_end(dst, "destination")
-        self.copies.append(BodyCopy(self.step, src_ref.name, dst_ref.name, src_ref.space,
-                                    dst_ref.space, int(src_ids.size) * src_ref.data.itemsize))
+        src, dst, dst_sem, *_ = jax.tree_util.tree_unflatten(eqn.params["tree"], vals)
+        src_ref, src_sel = self._dma_end(src, "source")
+        dst_ref, dst_sel = self._dma_end(dst, "destination")
+        self.dmas.start(self.step, self.dma_pos, src_ref.name, dst_ref.name, src_ref.space,
+                        dst_ref.space, src_sel.nbytes, src_sel.box, dst_sel.box,
+                        self._semaphore(dst_sem))
+        self.dma_pos += 1
+        src_ids, dst_ids = src_sel.ids, dst_sel.ids
         dst_var = [v for v in eqn.invars if _is_ref(v)][1]
+        if self.needs.contents(dst_var) and not (src_sel.exact and dst_sel.exact):
+            raise TraceError("a value kernelsim needs is copied by a DMA through a ref bitcast "
+                             "(kernelsim follows such DMAs' sizes, not their data)")
         if self.needs.contents(dst_var) and src_ids.size == dst_ids.size:
             flat = dst_ref.data.reshape(-1)
             data = src_ref.data.reshape(-1)[src_ids.reshape(-1)].astype(flat.dtype)
             if eqn.params.get("add"):
                 data = data + flat[dst_ids.reshape(-1)]
             flat[dst_ids.reshape(-1)] = data
+
+    def masked(self, eqn: Any, vals: list) -> Any:
+        """``pl.load``/``pl.store``/``pltpu.store`` with a mask (``masked_load``,
+        ``masked_swap``): only the elements the mask keeps are read or written."""
+        swap = eqn.primitive.name == "masked_swap"
+        ref, transforms, a, b = eqn.params["args_tree"].unflatten(vals)
+        value, mask, other = (a, b, None) if swap else (None, a, b)
+        reads = self.needs.value(eqn.outvars[0])
+        writes = swap and self.needs.contents(eqn.invars[0])
+        if not (self.recording or reads or writes):
+            return _SKIP
+        ids, box, _, exact = _select(ref.data.shape, self._computed(eqn, list(transforms)),
+                                     ref.data.itemsize)
+        if (reads or writes) and not exact:
+            raise TraceError("a value kernelsim needs is read or written through a ref "
+                             "bitcast (kernelsim follows such accesses' places, not data)")
+        keep = None if mask is None else np.broadcast_to(
+            np.asarray(self._computed(eqn, [mask])[0], bool), ids.shape)
+        touched, box = (ids, box) if keep is None else (ids[keep], None)
+        if not swap:
+            self.record(ref, "read", touched, box)
+        out = _SKIP
+        if reads:
+            out = ref.data.reshape(-1)[ids].reshape(eqn.outvars[0].aval.shape)
+            if not swap and keep is not None and other is not None:
+                out = np.where(keep, out, np.asarray(self._computed(eqn, [other])[0]))
+        if swap:
+            if writes:
+                new = np.broadcast_to(np.asarray(self._computed(eqn, [value])[0],
+                                                 ref.data.dtype), ids.shape)
+                ref.data.reshape(-1)[touched] = new if keep is None else new[keep]
+            self.record(ref, "write", touched, box)
+        return out
 
     def record(self, ref: _Ref, kind: str, ids: np.ndarray, box: tuple | None) -> None:
         if not self.recording:
@@ -1574,6 +1869,9 @@ class _Interpreter:
         if name == "dma_start":
             self.dma(eqn, self._computed(eqn, vals))
             return []
+        if name == "dma_wait":
+            self.dma_wait(eqn, self._computed(eqn, vals))
+            return []
         if name == "semaphore_read":
             return np.int32(0)
         if name in ("get", "swap", "addupdate"):
@@ -1585,7 +1883,10 @@ class _Interpreter:
                 return [] if name == "addupdate" else _SKIP
             transforms = jax.tree_util.tree_unflatten(
                 p["tree"], self._computed(eqn, vals[1 + nval:]))
-            ids, box = _select(ref.data.shape, transforms)
+            ids, box, _, exact = _select(ref.data.shape, transforms, ref.data.itemsize)
+            if (reads or writes) and not exact:
+                raise TraceError("a value kernelsim needs is read or written through a ref "
+                                 "bitcast (kernelsim follows such accesses' places, not data)")
             if name in ("get", "addupdate"):
                 self.record(ref, "read", ids, box)
             out = _SKIP
@@ -1599,6 +1900,8 @@ class _Interpreter:
                     flat[ids] = flat[ids] + new if name == "addupdate" else new
                 self.record(ref, "write", ids, box)
             return [] if name == "addupdate" else out
+        if name in ("masked_load", "masked_swap"):
+            return self.masked(eqn, vals)
         if name == "program_id":
             return np.int32(self.grid_index[p["axis"]])
         if name == "num_programs":
@@ -1652,7 +1955,7 @@ class _Interpreter:
         if name in _IGNORED:
             return []
         if name in _CALL_PRIMITIVES:
-            sub = p.get("jaxpr", p.get("call_jaxpr", p.get("fun_jaxpr")))
+            sub = _called_jaxpr(p)
             if sub is not None:
                 return self.run(_open(sub), _consts(sub), vals)
         if any(isinstance(v, _Ref) for v in vals):
@@ -1738,8 +2041,8 @@ def interpret_body(params: dict[str, Any], call: KernelCall, args: tuple | None 
             r.data.fill(0)
         for r, value, op in blocks:
             r.data = _block_of(value, op, step, r.data.shape)
-        interp.step, interp.grid_index, interp.order, interp.scoped = (
-            step, tuple(int(g) for g in point), 0, 0)
+        interp.step, interp.grid_index, interp.order, interp.scoped, interp.dma_pos = (
+            step, tuple(int(g) for g in point), 0, 0, 0)
         with jax.disable_jit():
             interp.run(_open(jaxpr), [], refs)
     shapes = {r.name: r.data.shape for r in refs if isinstance(r, _Ref)}

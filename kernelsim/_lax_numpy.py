@@ -454,6 +454,8 @@ RULES: dict[str, Callable[[list, dict], list]] = {
     "pad": _pad, "iota": _iota, "split": _split, "unstack": _unstack,
     "empty": lambda vals, p: [np.zeros(tuple(p["shape"]), np.dtype(p["dtype"]))],
     "copy": lambda vals, p: [np.array(vals[0])], "copy_p": lambda vals, p: [np.array(vals[0])],
+    # where values live, never what they are: on one host these are the identity
+    "reshard": lambda vals, p: list(vals), "sharding_constraint": lambda vals, p: list(vals),
     "bitcast_convert_type": _bitcast,
     "reduce_sum": _reduce(np.sum, floats_ok=False, is_sum=True),
     "reduce_prod": _reduce(np.prod, floats_ok=False),

@@ -104,6 +104,13 @@ def lint(call: KernelCall, schedule: CallSchedule, cost: CallCost, chip: Chip) -
         warnings.append(
             f"on-chip footprint {cost.vmem_bytes:,} B exceeds {chip.name}'s VMEM of "
             f"{capacity:,} B: use smaller blocks.")
+    with_values = cost.vmem_bytes + call.temporaries_vmem_bytes
+    if tpu and cost.vmem_bytes <= capacity < with_values:
+        warnings.append(
+            f"the buffers fit in {chip.name}'s VMEM ({cost.vmem_bytes:,} of {capacity:,} B), "
+            f"but with the values the kernel body computes (up to "
+            f"{call.temporaries_vmem_bytes:,} B held at once) they may not: Mosaic keeps what "
+            "does not fit in vector registers in VMEM. Use smaller blocks.")
     limit = call.vmem_limit_bytes
     default = chip.scoped_vmem_exceeded_bytes
     if tpu and limit is None and default and capacity >= cost.vmem_bytes >= default:
@@ -132,15 +139,19 @@ def lint(call: KernelCall, schedule: CallSchedule, cost: CallCost, chip: Chip) -
                 f"grid axis {late[0]} is {sem[late[0]]!r} but comes after 'arbitrary' axis "
                 f"{first_arbitrary}: parallel axes must be a prefix of the grid "
                 "(dimension_semantics=" + repr(sem) + ").")
-    copied = {n for c in call.body_copies for n in (c.src, c.dst)}
+    # A DMA the body starts or waits on names the operand, whether or not it runs at these
+    # inputs (a copy another call started, a branch these inputs never take): only an
+    # operand the body's code never names at all is reported.
+    named = {n for c in call.body_copies for n in (c.src, c.dst)} | call.referenced
     for out, inp in call.aliases.items():  # one HBM buffer under two names
-        if out in copied or inp in copied:
-            copied |= {out, inp}
+        if out in named or inp in named:
+            named |= {out, inp}
     for op in call.operands:
         if (op.role in ("input", "output") and op.memory_space in ("any", "hbm")
-                and op.name not in copied):
+                and op.name not in named):
             warnings.append(f"operand {op.name!r} stays in {op.memory_space.upper()} and "
-                            "neither the pipeline nor the kernel body copies it: is it used?")
+                            "neither the pipeline nor the kernel body copies it (the body "
+                            "never names it): is it used?")
         if tpu and op.role in ("input", "output") and (msg := _block_shape_problem(op)):
             warnings.append(msg)
         if not op.pipelined:

@@ -103,13 +103,22 @@ class Operand:
 OFF_CHIP: tuple[MemorySpace, ...] = ("hbm", "any")  # where a copy's bytes are HBM traffic
 
 
+# Per dimension of a ref, ``(start, size, stride)`` in elements: one strided box of it.
+Slice = tuple[tuple[int, int, int], ...]
+
+
 @dataclass(frozen=True)
 class BodyCopy:
     """One DMA the kernel body starts at one grid step (``pltpu.make_async_copy(...).start()``,
     ``pltpu.async_copy``, ``pltpu.sync_copy``), found by interpreting the body.
 
     src / dst: operand names (``scopedN`` for ``pl.run_scoped`` allocations); bytes: the
-    bytes the copy moves (the source slice's size).
+    bytes the copy moves (the source slice's size). src_slice / dst_slice: the box of each
+    ref it reads and writes (None when the selection is not one strided box, e.g. a gather).
+    semaphore: the DMA semaphore it signals (``name`` or ``name[i]`` for an element of a
+    semaphore array). start_pos / wait_pos: the position of its start and of the wait that
+    completes it among the DMA starts and waits of their step (from 0, in body order);
+    wait_step: the step of that wait (``kernelsim.body``), None if it is never waited on.
     """
 
     step: int
@@ -118,6 +127,12 @@ class BodyCopy:
     src_space: MemorySpace
     dst_space: MemorySpace
     bytes: int
+    src_slice: Slice | None = None
+    dst_slice: Slice | None = None
+    semaphore: str = ""
+    start_pos: int = 0
+    wait_step: int | None = None
+    wait_pos: int | None = None
 
 
 @dataclass
@@ -134,6 +149,11 @@ class KernelCall:
     scoped_vmem_bytes / scoped_smem_bytes: the most VMEM / SMEM the kernel body's
         ``pl.run_scoped`` allocations hold at once (``emit_pipeline`` allocates its buffers
         that way), on top of the pipeline's buffers and the scratch operands.
+    temporaries_vmem_bytes: the most bytes of array values the kernel body computes and holds
+        at once (an upper bound of the VMEM Mosaic adds beside the buffers for values that
+        do not fit in vector registers).
+    referenced: the operands the kernel body's code names at all (a read, a write, a DMA or
+        a wait on it, in any branch, whether or not it runs at these inputs).
     """
 
     name: str
@@ -150,6 +170,8 @@ class KernelCall:
     aliases: dict[str, str] = field(default_factory=dict)
     scoped_vmem_bytes: int = 0
     scoped_smem_bytes: int = 0
+    referenced: frozenset[str] = frozenset()
+    temporaries_vmem_bytes: int = 0
 
     @property
     def steps(self) -> int:

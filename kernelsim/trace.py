@@ -9,7 +9,9 @@ pallas_call's output* (a prefetch operand, a DMA size) is computed from zeros th
 for those. ``pl.kernel`` / ``pl.core_map`` kernels are analysed as the pallas_call they run as
 (one grid step per TensorCore). A function that cannot be traced to a jaxpr (Python control
 flow on array values) is run op by op instead, with each pallas_call replaced by zeros.
-``run`` executes the function op by op and analyses each call as it is made.
+``run`` executes the function from the same jaxpr (the code between kernels compiled, each
+kernel run as it asks or in interpret mode) and analyses each call as it is made; only a
+function that cannot be traced to a jaxpr runs op by op under ``jax.disable_jit``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from kernelsim.chips import GPU_DEVICE_KIND, TPU_DEVICE_KIND, Chip, get_chip
 from kernelsim.cost import CallCost, OperandCost, compute
 from kernelsim.errors import TraceError
 from kernelsim.lint import lint
-from kernelsim.model import KernelCall
+from kernelsim.model import BodyCopy, KernelCall
 from kernelsim.schedule import CallSchedule, Model, StepEvent, build
 
 DEFAULT_CHIP = {"tpu": "tpu-v5e", "gpu": "h100"}
@@ -88,11 +90,29 @@ class CallTrace:
             "hbm_read_bytes": c.hbm_read_bytes, "hbm_write_bytes": c.hbm_write_bytes,
             "hbm_padded_bytes": c.hbm_padded_bytes, "onchip_peak_bytes": c.onchip_peak_bytes,
             "vmem_bytes": c.vmem_bytes,
+            "temporaries_vmem_bytes": self.call.temporaries_vmem_bytes,
             "smem_bytes": c.smem_bytes, "flops": c.flops, "flops_source": c.flops_source,
             "compute_seconds": c.compute_seconds, "memory_seconds": c.memory_seconds,
             "overhead_seconds": c.overhead_seconds, "estimated_seconds": c.estimated_seconds,
+            "body_dmas": [body_dma_dict(c) for c in self.call.body_copies],
             "warnings": list(self.warnings),
         }
+
+
+def body_dma_dict(copy: BodyCopy) -> dict[str, Any]:
+    """One body DMA in ``to_dict``: operand names and memory spaces of both ends, bytes, the
+    slice of each end (per dimension ``[start, size, stride]`` in elements, None if not one
+    box), the semaphore it signals, and the grid step and body position (the order of DMA
+    starts and waits within that step, from 0) where it starts and where it is waited on
+    (``wait_step``/``wait_pos`` None: never waited on in the kernel)."""
+    def box(s):
+        return None if s is None else [list(d) for d in s]
+
+    return {"src": copy.src, "dst": copy.dst, "src_space": copy.src_space,
+            "dst_space": copy.dst_space, "bytes": copy.bytes, "src_slice": box(copy.src_slice),
+            "dst_slice": box(copy.dst_slice), "semaphore": copy.semaphore,
+            "start_step": copy.step, "start_pos": copy.start_pos, "wait_step": copy.wait_step,
+            "wait_pos": copy.wait_pos}
 
 
 @dataclass
@@ -104,8 +124,14 @@ class Trace:
     calls: list[CallTrace]
 
     def steps(self, call: int = 0) -> list[StepEvent]:
-        """Per-step events of call number ``call``: step, grid index, operand, block, action."""
+        """Per-step events of call number ``call``: step, grid index, operand, block, action
+        (the pipeline's copies; the DMAs the body starts itself are ``body_dmas``)."""
         return self.calls[call].schedule.events()
+
+    def body_dmas(self, call: int = 0) -> list[BodyCopy]:
+        """The DMAs call number ``call``'s body starts, in start order, each with the step and
+        body position where it starts and where it is waited on (``model.BodyCopy``)."""
+        return list(self.calls[call].call.body_copies)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable counts, bytes and estimates of every call."""
@@ -169,8 +195,8 @@ class Trace:
         return to_html(self, path, call, fragment, max_bytes)
 
 
-def _analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: bool,
-             record_access: bool = False) -> Trace:
+def analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: bool,
+            record_access: bool = False) -> Trace:
     """Model, schedule, cost and lint every captured call."""
     traced = []
     for c in captured:
@@ -190,7 +216,8 @@ def _analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: bo
     return Trace(model, chip, traced)
 
 
-def _resolve(model: str, chip: str | None) -> tuple[Model, Chip]:
+def resolve(model: str, chip: str | None) -> tuple[Model, Chip]:
+    """The model name checked and the chip it names (its default when ``chip`` is None)."""
     if model not in ("tpu", "gpu"):
         raise TraceError(f"unknown model {model!r}: choose 'tpu' or 'gpu'")
     try:
@@ -206,7 +233,27 @@ def _no_call(fn: Callable) -> TraceError:
         "jit, vmap, scan, cond or custom_vjp).")
 
 
-def _collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any]):
+def collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any],
+            chip: Chip) -> tuple[Any, list[_jax.Captured]]:
+    """Run ``fn(*args)``; each pallas_call is modelled, then ``execute``d.
+
+    The function runs from its jaxpr (``_jax.run_calls``: kernel bodies traced as the program
+    traces them, the code between kernels compiled); only a function that cannot be traced to
+    a jaxpr (Python control flow on array values) runs op by op under ``jax.disable_jit``.
+    """
+    try:
+        out, captured = _jax.run_calls(fn, args, TPU_DEVICE_KIND.get(chip.name, "TPU v5e"),
+                                       execute)
+    except _jax.NeedsExecution:
+        pass
+    else:
+        if not captured:
+            raise _no_call(fn)
+        return out, captured
+    return _capture_eagerly(fn, args, execute)
+
+
+def _capture_eagerly(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any]):
     """Run ``fn(*args)`` op by op; each pallas_call is modelled, then ``execute``d."""
     captured: list[_jax.Captured] = []
 
@@ -234,15 +281,15 @@ def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
         an SMEM block), from the real input blocks; the block arithmetic is not evaluated.
         Costs one interpretation of the body's index arithmetic per step.
     """
-    model_, chip_ = _resolve(model, chip)
+    model_, chip_ = resolve(model, chip)
     try:
         captured = _jax.find_calls(fn, args, TPU_DEVICE_KIND.get(chip_.name, "TPU v5e"),
                                    bodies=record_access)
     except _jax.NeedsExecution:
-        _, captured = _collect(fn, args, lambda a, p: _jax.zeros_for(p))
+        _, captured = _capture_eagerly(fn, args, lambda a, p: _jax.zeros_for(p))
     if not captured:
         raise _no_call(fn)
-    return _analyse(captured, model_, chip_, strict, record_access)
+    return analyse(captured, model_, chip_, strict, record_access)
 
 
 def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
@@ -253,7 +300,7 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
         interpreter for kernels with manual DMAs or semaphores); ``None`` keeps each call's
         own setting; any other value replaces it (True, ``pltpu.InterpretParams()``, False).
     """
-    model_, chip_ = _resolve(model, chip)
+    model_, chip_ = resolve(model, chip)
 
     def execute(call_args: tuple, params: dict) -> Any:
         setting = interpret
@@ -263,8 +310,18 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
                 tpu_features=_jax.uses_manual_dma(params)).interpret
         return _jax.execute(call_args, params, setting)
 
-    out, captured = _collect(fn, args, execute)
-    return out, _analyse(captured, model_, chip_, strict)
+    out, captured = collect(fn, args, execute, chip_)
+    return out, analyse(captured, model_, chip_, strict)
+
+
+def abstract_tpu(chip: str = "tpu-v5e"):
+    """A context manager under which code that asks which TPU it runs on (``emit_pipeline``,
+    ``pltpu.get_tpu_info()``, ``pltpu.create_tensorcore_mesh`` without ``num_cores``) is told
+    ``chip`` on any host, e.g. to run such a kernel in TPU interpret mode on a CPU. ``trace``,
+    ``run`` and ``verify`` do this by themselves where tracing needs it."""
+    if chip not in TPU_DEVICE_KIND:
+        raise TraceError(f"unknown TPU {chip!r}: choose one of {', '.join(TPU_DEVICE_KIND)}")
+    return _jax.on_abstract_tpu(TPU_DEVICE_KIND[chip])
 
 
 def tpu_lowering_error(fn: Callable, *args: Any, chip: str = "tpu-v5e") -> str | None:

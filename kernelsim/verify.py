@@ -18,7 +18,7 @@ from jax.experimental.pallas import tpu as pltpu
 from kernelsim import _jax
 from kernelsim.model import OFF_CHIP
 from kernelsim.schedule import FETCH, WRITEBACK
-from kernelsim.trace import Trace, _analyse, _collect, _resolve
+from kernelsim.trace import Trace, analyse, collect, resolve
 
 
 @dataclass
@@ -110,10 +110,10 @@ def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
         current[0] += 1
         return outs
 
-    model, chip_ = _resolve("tpu", chip)
+    model, chip_ = resolve("tpu", chip)
     with _jax.recording_interpret_copies(copies, lambda: current[0], dmas):
-        outputs, captured = _collect(fn, args, execute)
-    trace = _analyse(captured, model, chip_, strict=False)
+        outputs, captured = collect(fn, args, execute, chip_)
+    trace = analyse(captured, model, chip_, strict=False)
     result = Verification(trace, outputs)
     for index, ct in enumerate(trace.calls):
         grid = [tuple(int(v) for v in row) for row in ct.call.grid_indices()]
@@ -129,15 +129,17 @@ def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
                 int(sched.padded_moved_bytes.sum()), sum(c.bytes for c in mine)))
     for index, ct in enumerate(trace.calls):
         routes: dict[str, tuple[list[int], list[int]]] = {}
-        # An empty DMA (a size read as 0) moves nothing: the interpreter, which performs a
-        # DMA's write when its semaphore is waited on for the bytes it carries, never
-        # performs one, so only copies that move bytes are compared.
+        # An empty DMA (a size read as 0) moves nothing, and whether the interpreter performs
+        # it depends on its queue, not on the kernel: it performs a DMA when a wait on its
+        # semaphore still lacks bytes and the DMA is the newest queued on it (a wait for 0
+        # bytes returns at once, so an empty DMA runs only if a later wait pops it). Only
+        # copies that move bytes are compared, on both sides.
         for c in ct.call.body_copies:
             if c.bytes == 0:
                 continue
             routes.setdefault(_route(c.src_space, c.dst_space), ([], []))[0].append(c.bytes)
         for d in dmas:
-            if d.call == index:
+            if d.call == index and d.bytes:
                 routes.setdefault(_route(d.src_space, d.dst_space), ([], []))[1].append(d.bytes)
         result.body_dma_checks += [BodyDmaCheck(index, route, sorted(m), sorted(i))
                                    for route, (m, i) in sorted(routes.items())]

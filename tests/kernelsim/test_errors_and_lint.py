@@ -159,3 +159,66 @@ def test_lint_non_consecutive_output_revisit():
     (w,) = [w for w in _warnings(fn, z, z) if "revisit" in w]
     assert "output 'o_ref' revisits block (0, 0) non-consecutively (first again at step 4" in w
     assert not any("revisit" in w for w in _warnings(ex.matmul, z, z))
+
+
+def _maybe_copy(flag_ref, x_hbm, unused_hbm, o_ref, sem):
+    """Copies x only where the flag says so; never names ``unused_hbm``."""
+    @pl.when(flag_ref[0] > 0)
+    def _():
+        pltpu.async_copy(x_hbm.at[pl.ds(pl.program_id(0) * 8, 8)], o_ref, sem).wait()
+
+
+def _maybe_copy_call(flag, x):
+    return pl.pallas_call(
+        _maybe_copy, grid=(x.shape[0] // 8,),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY),
+                  pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        scratch_shapes=[pltpu.SemaphoreType.DMA],
+        out_shape=jax.ShapeDtypeStruct((x.shape[0], 128), x.dtype))(flag, x, x)
+
+
+def test_unused_operand_lint_fires_only_for_an_operand_the_body_never_names():
+    x = jnp.zeros((32, 128), jnp.float32)
+    for flag in (1, 0):  # at flag 0 no DMA runs, but the body still names x_hbm
+        warnings = kernelsim.trace(_maybe_copy_call, jnp.array([flag], jnp.int32),
+                                   x).calls[0].warnings
+        unused = [w for w in warnings if "is it used?" in w]
+        assert len(unused) == 1 and "'unused_hbm'" in unused[0], warnings
+
+
+def test_vmapped_grid_axes_are_parallel_before_the_kernels_own_semantics():
+    """The TPU lowering gives every axis vmap adds "parallel" (MosaicGridMapping)."""
+    x = jnp.zeros((2, 256, 256), jnp.float32)
+    fn = jax.vmap(functools.partial(ex.matmul, bm=128, bk=128, bn=128))
+    call = kernelsim.trace(fn, x, x).calls[0]
+    assert call.grid == (2, 2, 2, 2)
+    assert call.dimension_semantics == ("parallel", "parallel", "parallel", "arbitrary")
+    assert not [w for w in call.warnings if "comes after 'arbitrary'" in w]
+
+
+def _softmax_rows(x_ref, o_ref):
+    x = x_ref[...]
+    e = jnp.exp(x - x.max(axis=1, keepdims=True))
+    o_ref[...] = e / e.sum(axis=1, keepdims=True)
+
+
+def softmax_rows(x, rows):
+    return pl.pallas_call(_softmax_rows, grid=(x.shape[0] // rows,),
+                          in_specs=[pl.BlockSpec((rows, x.shape[1]), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((rows, x.shape[1]), lambda i: (i, 0)),
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+
+def test_values_the_body_computes_count_beside_the_buffers():
+    x = jax.ShapeDtypeStruct((2048, 8192), jnp.float32)
+    small = kernelsim.trace(softmax_rows, jnp.zeros((64, 1024)), 8).calls[0]
+    # two blocks of values live at once: x with x - max, x - max with e, e with e / sum
+    assert 2 * 8 * 1024 * 4 <= small.call.temporaries_vmem_bytes < 3 * 8 * 1024 * 4
+    assert small.to_dict()["temporaries_vmem_bytes"] == small.call.temporaries_vmem_bytes
+    assert not [w for w in small.warnings if "values the kernel body computes" in w]
+    # 1024-row blocks: 4 buffers of 32 MiB fill v5e's 128 MiB VMEM, the values do not fit
+    big = kernelsim.trace(softmax_rows, jnp.zeros(x.shape, x.dtype), 1024).calls[0]
+    assert big.cost.vmem_bytes <= 128 * 2**20 < big.cost.vmem_bytes + (
+        big.call.temporaries_vmem_bytes)
+    assert [w for w in big.warnings if "values the kernel body computes" in w]

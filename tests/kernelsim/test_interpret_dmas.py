@@ -9,6 +9,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernelsim import _jax
 from kernelsim import examples as ex
 from kernelsim.verify import verify
 
@@ -148,3 +149,108 @@ def test_dma_sized_by_block_data_matches_the_interpreter():
     assert v.body_dma_checks[0].interpreter_bytes == [1536, 2560, 4096]  # the 0-row copy: no bytes
     assert [c.bytes for c in v.trace.calls[0].call.body_copies] == [1536, 4096, 0, 2560]
     assert v.trace.calls[0].warnings == []
+
+
+def _copy_leading_rows_then_nothing(n_ref, x_hbm, o_hbm, sem):
+    """Start the copy of the first ``n_ref[0, 0]`` rows of row block i, then an empty copy
+    (``n_ref[1, 0]`` rows, 0 here) on the same semaphore, then wait for both."""
+    i = pl.program_id(0)
+    rows = pl.ds(i * 8, n_ref[0, 0])
+    none = pl.ds(i * 8, n_ref[1, 0])
+    full = pltpu.make_async_copy(x_hbm.at[rows], o_hbm.at[rows], sem)
+    empty = pltpu.make_async_copy(x_hbm.at[none], o_hbm.at[none], sem)
+    full.start()
+    empty.start()
+    full.wait()
+    empty.wait()
+
+
+X32 = jnp.arange(32 * 128, dtype=jnp.float32).reshape(32, 128)
+
+
+def _leading_rows_then_nothing(table, x, interpret=False):
+    return pl.pallas_call(
+        _copy_leading_rows_then_nothing, grid=(4,), interpret=interpret,
+        in_specs=[pl.BlockSpec((16, 128), lambda i: (i, 0), memory_space=pltpu.SMEM),
+                  pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY), scratch_shapes=[pltpu.SemaphoreType.DMA],
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(table, x)
+
+
+def test_zero_length_dmas_the_interpreter_performs_are_no_mismatch():
+    # The wait for the full copy pops the newest queued DMA first: the interpreter performs
+    # the empty one (0 bytes) before the full one. Neither side counts it.
+    counts = jnp.array([3, 8, 1, 5], jnp.int32)
+    table = jnp.zeros((16 * 4, 128), jnp.int32).at[::16, 0].set(counts)
+    performed = []
+    with _jax.recording_interpret_copies([], lambda: 0, performed):
+        jax.block_until_ready(_leading_rows_then_nothing(table, X32, pltpu.InterpretParams()))
+    assert sorted(d.bytes for d in performed) == [0, 0, 0, 0, 512, 1536, 2560, 4096]
+    v = verify(jax.jit(_leading_rows_then_nothing), table, X32)
+    assert v.ok, v.report()
+    assert [c.bytes for c in v.trace.calls[0].call.body_copies] == [
+        1536, 0, 4096, 0, 512, 0, 2560, 0]
+    assert v.body_dma_checks[0].interpreter_bytes == [512, 1536, 2560, 4096]
+
+
+def paged_gather(page_table, pages):
+    """Output block (b, p) is page ``page_table[b, p]`` of ``pages`` (HBM), fetched by one DMA
+    per grid step: the access pattern of paged attention's KV-cache reads (JAX's bundled
+    ``paged_attention`` copies each page it needs from an HBM page pool the same way)."""
+    batch, per_seq = page_table.shape
+    _, rows, lanes = pages.shape
+
+    def kernel(table_ref, pages_hbm, o_ref, buf, sem):
+        b, p = pl.program_id(0), pl.program_id(1)
+        copy = pltpu.make_async_copy(pages_hbm.at[table_ref[b, p]], buf, sem)
+        copy.start()
+        copy.wait()
+        o_ref[...] = buf[...]
+
+    spec = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(batch, per_seq),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec((None, None, rows, lanes), lambda b, p, t: (b, p, 0, 0)),
+        scratch_shapes=[pltpu.VMEM((rows, lanes), pages.dtype), pltpu.SemaphoreType.DMA])
+    return pl.pallas_call(kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct(
+        (batch, per_seq, rows, lanes), pages.dtype))(page_table, pages)
+
+
+def paged_case(batch, per_seq):
+    """A page table that visits every page of a pool of ``batch * per_seq`` (8, 128) pages."""
+    n = batch * per_seq
+    table = jnp.asarray(np.random.default_rng(0).permutation(n).reshape(batch, per_seq),
+                        jnp.int32)
+    return paged_gather, (table, _normal((n, 8, 128), 0))
+
+
+def test_paged_gather_dmas_match_the_interpreter():
+    fn, (table, pages) = paged_case(2, 8)
+    v = verify(fn, table, pages)
+    assert v.ok, v.report()
+    assert v.body_dma_checks[0].model_bytes == [8 * 128 * 4] * 16
+    np.testing.assert_array_equal(v.outputs, pages[table])
+
+
+def test_body_dmas_are_events_from_their_start_to_the_wait_that_completes_them():
+    x = _normal((48, 128), 0)
+    v = verify(_double_buffered_scale, x)
+    assert v.ok, v.report()
+    t = v.trace
+    fetches = [c for c in t.body_dmas() if c.src == "x_hbm"]
+    # block i + 1 is fetched at step i into slot (i + 1) % 2 and waited on at step i + 1,
+    # after that step's own prefetch (none at the last step)
+    assert [(c.step, c.start_pos, c.wait_step, c.wait_pos, c.semaphore) for c in fetches] == [
+        (0, 0, 0, 2, "sems[0]"), *((i, 1 if i == 0 else 0, i + 1, 1 if i < 4 else 0,
+                                    f"sems[{(i + 1) % 2}]") for i in range(5))]
+    assert [(c.src_slice, c.dst_slice) for c in fetches[:2]] == [
+        (((0, 8, 1), (0, 128, 1)), ((0, 1, 1), (0, 8, 1), (0, 128, 1))),
+        (((8, 8, 1), (0, 128, 1)), ((1, 1, 1), (0, 8, 1), (0, 128, 1)))]
+    writes = [c for c in t.body_dmas() if c.dst == "o_hbm"]  # sync_copy: waited where it starts
+    assert all(c.wait_step == c.step and c.wait_pos == c.start_pos + 1 for c in writes)
+    assert [c.dst_slice[0] for c in writes] == [(8 * i, 8, 1) for i in range(6)]
+    first = t.to_dict()["calls"][0]["body_dmas"][0]
+    assert first == {"src": "x_hbm", "dst": "buf", "src_space": "any", "dst_space": "vmem",
+                     "bytes": 8 * 128 * 4, "src_slice": [[0, 8, 1], [0, 128, 1]],
+                     "dst_slice": [[0, 1, 1], [0, 8, 1], [0, 128, 1]], "semaphore": "sems[0]",
+                     "start_step": 0, "start_pos": 0, "wait_step": 0, "wait_pos": 2}

@@ -1264,20 +1264,6 @@ TRACE_XFAIL: dict[str, str] = {}
 VERIFY_XFAIL: dict[str, str] = {}
 
 
-def _runs_memory_space_constraint_eagerly() -> bool:
-    try:
-        pltpu.with_memory_space_constraint(jnp.zeros((8,)), pltpu.HBM)
-    except ValueError:  # jax 0.10: "Cannot eagerly run with_memory_space_constraint."
-        return False
-    return True
-
-
-if not _runs_memory_space_constraint_eagerly():  # verify runs each jitted fn op by op
-    VERIFY_XFAIL["two_input_vadd_buffered"] = (
-        "ValueError: Cannot eagerly run with_memory_space_constraint. (kernelsim.verify runs "
-        "the jitted vadd op by op; this jax release has no eager rule for it)")
-
-
 def _params(names, xfail):
     return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=xfail[n]))
             if n in xfail else n for n in names]
