@@ -630,14 +630,14 @@ def _compiled(key: str, program: Any) -> Callable:
     return _SLICE_CACHE[key]
 
 
-def _tpu_mesh(device_kind: str, platform: str = "tpu") -> Any:
+def _tpu_mesh(device_kind: str, platform: str = "tpu", num_cores: int = 1) -> Any:
     """An abstract one-device mesh of ``device_kind``: what code that asks for the TPU it
     targets (``pltpu.get_tpu_info()``, ``emit_pipeline``'s tiling, a TensorCore mesh built
-    without ``num_cores``: one core) reads while it is traced.
-    ``platform="gpu"`` makes the device a GPU of that kind instead."""
+    without ``num_cores``: ``num_cores`` cores) reads while it is traced.
+    ``platform="gpu"`` makes the device a GPU of that kind instead (``num_cores``: its SMs)."""
     from jax._src import mesh as mesh_lib
 
-    device = mesh_lib.AbstractDevice(device_kind, 1, platform)
+    device = mesh_lib.AbstractDevice(device_kind, num_cores, platform)
     # An Auto axis, so traced values carry no sharding on this mesh: the program's slices
     # then compile and run on this host's own devices.
     return jax.sharding.AbstractMesh((1,), ("x",), axis_types=(jax.sharding.AxisType.Auto,),
@@ -648,6 +648,12 @@ def on_abstract_tpu(device_kind: str) -> Any:
     """A context in which code that asks for its TPU (``pltpu.get_tpu_info()``, a TensorCore
     mesh without ``num_cores``) is told ``device_kind``, on any host."""
     return jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind))
+
+
+def on_abstract_gpu(device_kind: str, num_cores: int) -> Any:
+    """A context in which code that asks for its GPU (JAX's bundled Mosaic GPU ops read the SM
+    count, ``num_cores``) is told ``device_kind``, on any host: to lower them from a CPU."""
+    return jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind, "gpu", num_cores))
 
 
 def _asks_for_a_tpu(error: Exception) -> bool:

@@ -24,7 +24,7 @@ pytest.importorskip("absl", reason="JAX's bundled Mosaic GPU ops import jax's te
 
 from jax.experimental.mosaic.gpu import core as mgpu_core  # noqa: E402
 
-from kernelsim import gpu  # noqa: E402
+from kernelsim import _jax, gpu  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import gpu_kernels as gk  # noqa: E402
@@ -42,11 +42,7 @@ def lowering_smem_bytes(fn, *shapes) -> int:
 
 def gpu_mesh(num_cores=132):
     """An abstract H100-like device: what the bundled matmul asks for its SM count."""
-    from jax._src import mesh as mesh_lib
-
-    device = mesh_lib.AbstractDevice("NVIDIA H100 80GB HBM3", num_cores, "gpu")
-    return jax.sharding.use_abstract_mesh(
-        jax.sharding.AbstractMesh((1,), ("x",), abstract_device=device))
+    return _jax.on_abstract_gpu("NVIDIA H100 80GB HBM3", num_cores)
 
 
 MM = S((512, 512), BF16)
