@@ -7,7 +7,7 @@ no code or output box hides text, on a desktop or a phone, and every figure has 
   marks the continued rows with a "↪" and a bar in the gutter, so a wrapped line never reads
   as a new one. Text is unchanged: copying a cell copies what the lesson holds.
 * Rows of printed tables (kernelsim's summaries; a run of lines whose columns line up):
-  ``ks-ln ks-row``, never wrapped, since a wrapped row is garbage. Their ``<pre>`` gets the
+  ``ks-ln ks-trow``, never wrapped, since a wrapped row is garbage. Their ``<pre>`` gets the
   widest row as ``--cols`` (characters); the stylesheet scales the rows' font to fit the box
   and lets the box scroll sideways only where the smallest legible size does not fit.
 * Figures: nbconvert writes "No description has been provided for this image" as every
@@ -31,7 +31,7 @@ _OUTPUT_PRE = re.compile(r'(<div class="jp-RenderedText[^"]*"[^>]*>\s*<pre)(>)(.
                          re.DOTALL)
 _TAG = re.compile(r"<(/?)([a-zA-Z][\w-]*)\b[^>]*?(/?)>")
 _RULE_LINE = re.compile(r"^\s*-{2,}(?:\s{1,}-{2,})+\s*$")
-_ROW = re.compile(r'<span class="ks-ln ks-row">(.*?)\n</span>', re.DOTALL)
+_ROW = re.compile(r'<span class="ks-ln ks-trow">(.*?)\n</span>', re.DOTALL)
 
 
 # --- lines ---------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ def table_rows(texts: list[str]) -> list[bool]:
 def line_spans(body: str, tables: bool = False) -> str:
     """``<pre>`` content as one ``<span class="ks-ln">`` per line (newline kept inside, so
     the text and its copy are unchanged), each with its indentation as ``--i``; with
-    ``tables``, rows of printed tables are ``ks-ln ks-row`` (never wrapped)."""
+    ``tables``, rows of printed tables are ``ks-ln ks-trow`` (never wrapped)."""
     lines = split_lines(body)
     texts = [_text(line) for line in lines]
     rows = table_rows(texts) if tables else [False] * len(lines)
@@ -111,7 +111,7 @@ def line_spans(body: str, tables: bool = False) -> str:
     for line, text, row in zip(lines, texts, rows, strict=True):
         indent = len(text) - len(text.lstrip(" "))
         style = f' style="--i:{indent}"' if indent and text.strip() and not row else ""
-        out.append(f'<span class="ks-ln{" ks-row" if row else ""}"{style}>{line}\n</span>')
+        out.append(f'<span class="ks-ln{" ks-trow" if row else ""}"{style}>{line}\n</span>')
     return "".join(out)
 
 

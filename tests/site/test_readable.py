@@ -41,7 +41,7 @@ def test_table_rows_never_wrap_and_prose_lines_do():
     out = readable.readable_code(
         f'<div class="jp-RenderedText jp-OutputArea-output" data-mime-type="text/plain">\n'
         f"<pre>{html.escape(TABLE)}\n</pre></div>")
-    rows = [_text(r) for r in re.findall(r'<span class="ks-ln ks-row">(.*?)\n</span>', out)]
+    rows = [_text(r) for r in re.findall(r'<span class="ks-ln ks-trow">(.*?)\n</span>', out)]
     assert rows == TABLE.splitlines()[1:5]
     assert 'style="--cols:27"' in out  # the widest row, for the font that fits it
     prose = [_text(r) for r in re.findall(r'<span class="ks-ln">(.*?)\n</span>', out)]
