@@ -24,6 +24,7 @@ import html
 import re
 
 NO_ALT = "No description has been provided for this image"
+HELD_INDENT_MAX = 16  # deeper indentation may wrap: held, it alone could outrun a phone's row
 ALT_MAX_CHARS = 300
 
 _CODE_PRE = re.compile(r'(<div class="highlight[^"]*"><pre>)(.*?)(</pre>)', re.DOTALL)
@@ -100,6 +101,30 @@ def table_rows(texts: list[str]) -> list[bool]:
     return rows
 
 
+def hold_indent(line: str, indent: int) -> str:
+    """``line`` (HTML) with its first ``indent`` spaces, and the tags around them, in
+    ``<span class="ks-ind">``, which never wraps: a long line's first row keeps its code
+    instead of holding only the indentation. Unchanged where that would split a tag's
+    content (indentation inside a multi-line string)."""
+    seen, pos = 0, 0
+    for m in _TAG.finditer(line + "<end>"):
+        text = line[pos:m.start()]
+        if seen + len(text) >= indent:
+            cut = pos + indent - seen
+            if text[:indent - seen].strip():
+                return line
+            rest = line[cut:]
+            closing = re.match(r"(?:</[a-zA-Z][\w-]*>)*", rest).group(0) if \
+                cut == m.start() else ""
+            head = line[:cut] + closing
+            if len(re.findall(r"<[a-zA-Z]", head)) != head.count("</"):
+                return line
+            return f'<span class="ks-ind">{head}</span>{line[len(head):]}'
+        seen += len(text)
+        pos = m.end()
+    return line
+
+
 def line_spans(body: str, tables: bool = False) -> str:
     """``<pre>`` content as one ``<span class="ks-ln">`` per line (newline kept inside, so
     the text and its copy are unchanged), each with its indentation as ``--i``; with
@@ -110,7 +135,11 @@ def line_spans(body: str, tables: bool = False) -> str:
     out = []
     for line, text, row in zip(lines, texts, rows, strict=True):
         indent = len(text) - len(text.lstrip(" "))
-        style = f' style="--i:{indent}"' if indent and text.strip() and not row else ""
+        style = ""
+        if indent and text.strip() and not row:
+            style = f' style="--i:{indent}"'
+            if indent <= HELD_INDENT_MAX:
+                line = hold_indent(line, indent)
         out.append(f'<span class="ks-ln{" ks-trow" if row else ""}"{style}>{line}\n</span>')
     return "".join(out)
 

@@ -34,6 +34,7 @@ const CSS = `
 .ks-viewer .ks-slider{flex:1 1 140px;min-width:120px}
 .ks-viewer .ks-stepno{font-variant-numeric:tabular-nums;white-space:nowrap;font-weight:600}
 .ks-viewer label{white-space:nowrap}
+.ks-viewer .ks-toggles{display:flex;flex-wrap:wrap;gap:0 8px;min-width:0}
 .ks-viewer .ks-status{margin:4px 0;padding:4px 8px;background:#f5f7fa;border-radius:4px;
   min-height:2.9em;overflow-wrap:anywhere}
 .ks-viewer .ks-lane{border-top:1px solid var(--ks-line);padding:6px 0 4px;margin-top:4px}

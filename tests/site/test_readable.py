@@ -33,6 +33,8 @@ def test_code_lines_become_balanced_spans_and_keep_their_text():
         ("", "def f():"), ("4", '    """one'), ("4", '    two"""'), ("4", "    return 1")]
     # a string over two lines is closed at the line end and reopened on the next
     assert '<span class="s2">    two"""</span>' in out
+    # indentation is held together with the code after it (never a row of its own)
+    assert '<span class="ks-ind">    </span><span class="k">return</span>' in out
     assert _text(out) == _text(CODE)  # the text a reader copies is unchanged
     assert out.count("<span") == out.count("</span>")
 

@@ -64,7 +64,7 @@ MARKED = """() => [...document.querySelectorAll('article .ks-ln:not(.ks-trow)')]
   .map(l => getComputedStyle(l, '::before').content)"""
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def phone(browser):
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True,
                                   has_touch=True, device_scale_factor=2)
@@ -95,6 +95,17 @@ def test_no_page_scrolls_sideways_at_390_and_wrapped_lines_are_marked(phone, bas
     size = page.evaluate("() => parseFloat(getComputedStyle("
                          "document.querySelector('.jp-InputArea-editor pre')).fontSize)")
     assert size >= 12
+
+
+def test_no_lesson_scrolls_sideways_at_390(browser, base_url):
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    try:
+        page = context.new_page()
+        for lesson in sorted((REPO / "lessons").glob("[0-9][0-9]-*.py")):
+            page.goto(f"{base_url}lessons/{lesson.stem}/")
+            assert page.evaluate(PAGE_WIDTH) <= 390, lesson.stem
+    finally:
+        context.close()
 
 
 def test_figures_fit_a_phone_and_a_tap_shows_the_full_size(phone, base_url):
@@ -179,6 +190,13 @@ def test_viewer_stays_one_screen_wide_on_a_phone(phone, base_url):
     assert page.evaluate(PAGE_WIDTH) <= 390
     box = viewer.bounding_box()
     assert box["x"] >= 0 and box["x"] + box["width"] <= 390
+    # two screens down, at the traffic chart, the controls are still under the header
+    viewer.locator("[data-lane=traffic]").scroll_into_view_if_needed()
+    nxt = viewer.locator(".ks-next")
+    b = nxt.bounding_box()
+    assert 48 <= b["y"] and b["y"] + b["height"] <= 844, b
+    nxt.click()
+    assert viewer.get_attribute("data-step") == "2"
     page.evaluate(SETTLE)
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=SHOTS / "lesson-06-viewer-390.png")
