@@ -164,8 +164,8 @@ HELP_URL_ENV = "PALLAS_COURSE_HELP_URL"
 
 
 def help_url(repo: Path) -> str:
-    """Where a learner asks: ``$PALLAS_COURSE_HELP_URL``, else ``extra.help_url`` of the
-    checkout's mkdocs.yml (the site links the same place)."""
+    """Where a learner asks: ``$PALLAS_COURSE_HELP_URL``, else ``extra.ask.url`` of the
+    checkout's mkdocs.yml (the site links the same place under every page)."""
     import yaml
 
     env = os.environ.get(HELP_URL_ENV)
@@ -173,7 +173,7 @@ def help_url(repo: Path) -> str:
         return env
     try:
         config = yaml.safe_load((repo / "mkdocs.yml").read_text())
-        return str(config["extra"]["help_url"])
+        return str(config["extra"]["ask"]["url"])
     except (OSError, KeyError, TypeError, yaml.YAMLError):
         return "your course's forum (ask your instructor)"
 

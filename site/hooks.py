@@ -174,14 +174,20 @@ def glossary_terms() -> list[Term]:
 
 # --- viewers ------------------------------------------------------------------------------
 
-def load_viewers() -> dict[str, Any]:
-    """``site/viewers.py``'s VIEWERS: name -> Viewer."""
-    spec = importlib.util.spec_from_file_location("pallas_course_site_viewers",
-                                                  SITE / "viewers.py")
+def site_module(name: str):
+    """``site/NAME.py`` as a module (``site`` is not a package, and would shadow the
+    stdlib's)."""
+    spec = importlib.util.spec_from_file_location(f"pallas_course_site_{name}",
+                                                  SITE / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
-    return dict(module.VIEWERS)
+    return module
+
+
+def load_viewers() -> dict[str, Any]:
+    """``site/viewers.py``'s VIEWERS: name -> Viewer."""
+    return dict(site_module("viewers").VIEWERS)
 
 
 def _viewer_trace(name: str):
@@ -597,6 +603,7 @@ class _State:
     assignments: list[Assignment] = []
     viewers: dict[str, Any] = {}
     embedded: set[str] = set()
+    readable: Any = None  # site/readable.py's readable(content)
 
 
 STATE = _State()
@@ -616,6 +623,7 @@ def on_config(config):
     STATE.assignments = assignments(by_slug)
     STATE.viewers = load_viewers()
     STATE.embedded = set()
+    STATE.readable = site_module("readable").readable
     # the executing kernel imports kernelsim (installed) and lessons/_course.py
     path = os.environ.get("PYTHONPATH", "")
     if str(LESSONS_DIR) not in path.split(os.pathsep):
@@ -711,7 +719,7 @@ def on_page_content(content: str, page, config, files) -> str:
                                      {lesson.stem for lesson in STATE.lessons},
                                      {a.name for a in STATE.assignments})
         fix_notebook_toc(page, content)
-        content = lesson_header(page) + content
+        content = lesson_header(page) + STATE.readable(content)
     content = VIEWER_COMMENT.sub(lambda m: viewer_html(m.group(1)), content)
     return render_math(content)
 

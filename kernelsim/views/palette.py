@@ -8,6 +8,7 @@ changes every view.
 from __future__ import annotations
 
 from kernelsim.schedule import ACTIONS
+from kernelsim.views.data import MEMORY_NAMES
 
 ACTION_COLORS: dict[str, str] = {
     "fetch": "#0072b2",      # HBM -> on-chip copy (blue)
@@ -20,10 +21,7 @@ assert tuple(ACTION_COLORS) == ACTIONS
 # matplotlib hatches; the viewer draws the same patterns with CSS gradients
 ACTION_HATCHES: dict[str, str] = {"fetch": "//", "skip": "..", "writeback": "\\\\", "keep": ""}
 
-ACTION_LABELS: dict[str, str] = {
-    "fetch": "fetch (HBM → VMEM)", "skip": "skip (block reused, no copy)",
-    "writeback": "write-back (VMEM → HBM)", "keep": "keep (stays in VMEM)",
-}
+ACTION_LABELS: dict[str, str] = MEMORY_NAMES["tpu"].action_labels()
 
 IDLE = "#eef1f4"        # blocks / buffers not in use this step
 EDGE = "#ffffff"        # block grid lines
@@ -37,5 +35,5 @@ OPERAND_CYCLE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00
 
 def as_json() -> dict[str, object]:
     """The palette as plain data (for the viewer)."""
-    return {"actions": ACTION_COLORS, "labels": ACTION_LABELS, "idle": IDLE, "edge": EDGE,
+    return {"actions": ACTION_COLORS, "idle": IDLE, "edge": EDGE,
             "ink": INK, "scratch": SCRATCH, "smem_read": SMEM_READ}

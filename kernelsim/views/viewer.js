@@ -1,13 +1,16 @@
 // kernelsim's viewer: one pallas_call, grid step by grid step, showing which blocks move
-// between HBM, VMEM and SMEM. One plain ES module, no build step: anywidget renders it in a
-// notebook (`export default {render}`), and `standalone(el, data)` runs it on a page with the
-// data inline (Trace.to_html, the course site). It draws what kernelsim/views/viewer.py sends
-// and computes no number of its own beyond indexing, formatting and percentages.
+// between the chip's memories (HBM, VMEM and SMEM on a TPU; global memory and shared memory /
+// registers on a GPU). One plain ES module, no build step: anywidget renders it in a notebook
+// (`export default {render}`), and `standalone(el, data)` runs it on a page with the data
+// inline (Trace.to_html, the course site). It draws what kernelsim/views/viewer.py sends --
+// the model's lanes, in order, and its words -- and computes no number of its own beyond
+// indexing, formatting and percentages.
 
 const ACTIONS = ["fetch", "skip", "writeback", "keep"];
 const SPEEDS = [1, 2, 5, 10, 30, 60, 0];          // steps per second; 0 = one per frame
 const ANIMATE_BELOW_MS = 150;                        // packets fly only when steps are slower
 const SMEM_CELLS = 64;                               // SMEM entries drawn per operand
+const ARRAY_PX = 130;                                // tallest drawn operand, CSS pixels
 
 const CSS = `
 .ks-viewer.ks-viewer{--ks-ink:#1f2933;--ks-soft:#52606d;--ks-line:#cbd2d9;--ks-idle:#eef1f4;
@@ -15,6 +18,13 @@ const CSS = `
   background:#fff;position:relative;box-sizing:border-box;width:100%;max-width:100%;
   border:1px solid var(--ks-line);border-radius:6px;padding:10px;outline-offset:2px}
 .ks-viewer.ks-viewer *{box-sizing:border-box}
+.ks-viewer.ks-viewer{container-type:inline-size}
+.ks-viewer .ks-controls{position:sticky;top:var(--ks-sticky-top,0px);z-index:6;background:#fff;
+  margin:0 -4px;padding:2px 4px;border-bottom:1px solid var(--ks-line)}
+.ks-viewer .ks-body{display:grid;gap:0 18px;
+  grid-template-columns:repeat(auto-fit,minmax(min(100%,250px),1fr))}
+.ks-viewer .ks-body>*{min-width:0}
+@container (min-width:620px){.ks-viewer .ks-body>[data-kind=arrays]{grid-column:span 2}}
 .ks-viewer button,.ks-viewer select{font:inherit;font-size:13px;padding:3px 9px;
   border:1px solid #9aa5b1;border-radius:4px;background:#f5f7fa;color:inherit;min-height:30px}
 .ks-viewer button:focus-visible,.ks-viewer select:focus-visible,.ks-viewer input:focus-visible{
@@ -24,13 +34,14 @@ const CSS = `
 .ks-viewer .ks-slider{flex:1 1 140px;min-width:120px}
 .ks-viewer .ks-stepno{font-variant-numeric:tabular-nums;white-space:nowrap;font-weight:600}
 .ks-viewer label{white-space:nowrap}
-.ks-viewer .ks-status{margin:6px 0;padding:6px 8px;background:#f5f7fa;border-radius:4px;
+.ks-viewer .ks-toggles{display:flex;flex-wrap:wrap;gap:0 8px;min-width:0}
+.ks-viewer .ks-status{margin:4px 0;padding:4px 8px;background:#f5f7fa;border-radius:4px;
   min-height:2.9em;overflow-wrap:anywhere}
 .ks-viewer .ks-lane{border-top:1px solid var(--ks-line);padding:6px 0 4px;margin-top:4px}
 .ks-viewer .ks-lane>h4{margin:0 0 4px;font-size:13px;font-weight:700}
 .ks-viewer .ks-lane>h4 span{font-weight:400;color:var(--ks-soft)}
 .ks-viewer .ks-ops{display:flex;flex-wrap:wrap;gap:10px 14px}
-.ks-viewer .ks-op{flex:1 1 150px;min-width:130px;max-width:320px}
+.ks-viewer .ks-op{flex:1 1 120px;min-width:110px;max-width:320px}
 .ks-viewer .ks-name{font-weight:600;overflow-wrap:anywhere}
 .ks-viewer .ks-meta{color:var(--ks-soft);font-size:12px;overflow-wrap:anywhere}
 .ks-viewer .ks-array{position:relative;width:100%;background:var(--ks-idle);
@@ -59,14 +70,12 @@ const CSS = `
   border-radius:2px;font-size:12px;font-variant-numeric:tabular-nums;background:#fff}
 .ks-viewer .ks-cell.ks-read{background:#cc79a7;color:#fff;font-weight:700;
   border-color:var(--ks-ink);text-decoration:underline}
-.ks-viewer .ks-bottom{display:flex;flex-wrap:wrap;gap:10px 18px}
-.ks-viewer .ks-bottom>section{flex:1 1 220px;min-width:0}
 .ks-viewer .ks-grid{display:grid;gap:1px;background:var(--ks-line);border:1px solid #9aa5b1;
   width:max-content;max-width:100%}
 .ks-viewer .ks-gc{background:#fff;width:var(--ks-cs);height:var(--ks-cs)}
 .ks-viewer .ks-gc.ks-done{background:#c6dbef}
 .ks-viewer .ks-gc.ks-now{background:var(--ks-ink)}
-.ks-viewer .ks-chart{position:relative;height:110px;border-left:1px solid #9aa5b1;
+.ks-viewer .ks-chart{position:relative;height:90px;border-left:1px solid #9aa5b1;
   border-bottom:1px solid #9aa5b1;margin:2px 0 2px}
 .ks-viewer .ks-chart svg{position:absolute;inset:0;width:100%;height:100%}
 .ks-viewer .ks-cursor{position:absolute;top:0;bottom:0;width:2px;background:#d55e00}
@@ -81,7 +90,7 @@ const CSS = `
   border-radius:2px;opacity:.9}
 .ks-viewer .ks-wait{color:#d55e00;font-weight:600}
 @media (max-width:480px){.ks-viewer{padding:6px}.ks-viewer .ks-vlabel{flex-basis:100%}
-  .ks-viewer .ks-op{flex-basis:100%;max-width:none}}
+  .ks-viewer .ks-op{flex-basis:40%;min-width:0}}
 `;
 
 // ---- data -------------------------------------------------------------------------------
@@ -241,11 +250,7 @@ class Viewer {
     this.playBtn = play;
     this.slider = slider;
     this.speedSel = speed;
-    this.root.append(h("div", {class: "ks-row"}, prev, play, next,
-                       h("label", {}, "speed ", speed)));
-    this.root.append(h("div", {class: "ks-row"}, slider, this.stepno));
-
-    const opts = h("div", {class: "ks-row ks-options"});
+    const opts = h("div", {class: "ks-row ks-options"}, h("label", {}, "speed ", speed));
     if (D.calls.length > 1) {
       const sel = h("select", {class: "ks-call", "aria-label": "pallas_call"});
       D.calls.forEach((c, i) => sel.append(h("option", {value: i, text: `${i}: ${c.name}`})));
@@ -283,8 +288,11 @@ class Viewer {
     }
     opts.append(toggles);
     this.root.append(opts);
+    // the controls and what the step does stay in view while the lanes scroll past
     this.status = h("p", {class: "ks-status", role: "status", "aria-live": "polite"});
-    this.root.append(this.status);
+    this.root.append(h("div", {class: "ks-controls"},
+                       h("div", {class: "ks-row"}, prev, play, next, slider, this.stepno),
+                       this.status));
 
     if (!m) {  // the live widget asked the kernel for this model's schedule
       this.status.append(h("span", {class: "ks-wait",
@@ -293,11 +301,21 @@ class Viewer {
     }
     this.m = prepareModel(m);
     this.cost = m.costs[this.chip];
+    this.words = m.words;
     this.ops = call.operands.filter((o) => !hidden.has(o.name));
-    this.buildHbm();
-    this.buildVmem();
-    if (call.prefetch.length) this.buildSmem();
-    this.root.append(h("div", {class: "ks-bottom"}, this.buildGrid(), this.buildTraffic()));
+    this.smem = null;
+    this.scratchAccess = {};
+    const body = h("div", {class: "ks-body"});
+    for (const lane of m.lanes) {
+      const section = h("section", {class: `ks-lane ks-${lane.kind}`, "data-lane": lane.id,
+                                    "data-kind": lane.kind},
+                        h("h4", {}, `${lane.title} `, h("span", {text: lane.note})));
+      const build = LANES[lane.kind];  // a kind this module does not know: title and note
+      if (build) build.call(this, section);
+      body.append(section);
+    }
+    body.append(this.buildGrid(), this.buildTraffic());
+    this.root.append(body);
     this.buildLegend();
     this.cur = -1;
     this.draw(Math.min(Math.max(this.model.get("step") || 0, 0), n - 1), true);
@@ -310,18 +328,18 @@ class Viewer {
     this.model.save_changes();
   }
 
-  buildHbm() {
-    const lane = h("section", {class: "ks-lane ks-hbm", "data-lane": "hbm"},
-                   h("h4", {}, "HBM ", h("span", {text: "operands cut into blocks; the " +
-                                                 "block this step uses is outlined"})));
+  // ---- lanes: each builder fills its lane's section (LANES below maps kinds to them) ----
+
+  buildArrays(lane) {
     const box = h("div", {class: "ks-ops"});
     this.hbm = {};
     for (const o of this.ops) {
       const ratio = o.h / o.w;
       let style;
-      if (ratio > 6) style = "height:200px;width:48px";
-      else if (ratio < 1 / 6) style = "height:34px";
-      else style = `aspect-ratio:${o.w}/${o.h}`;
+      // at most ARRAY_PX high, so a lane of tall operands stays a fraction of a screen
+      if (ratio > 6) style = `height:${ARRAY_PX}px;width:40px`;
+      else if (ratio < 1 / 6) style = "height:30px";
+      else style = `aspect-ratio:${o.w}/${o.h};width:min(100%,${Math.round(ARRAY_PX / ratio)}px)`;
       const lines = [];
       // white block boundaries every block size (up to 128 blocks per axis)
       const rule = (deg, pct) => `repeating-linear-gradient(${deg}deg,transparent 0 ` +
@@ -331,10 +349,11 @@ class Viewer {
       if (lines.length) style += `;background-image:${lines.join(",")}`;
       const block = h("div", {class: "ks-block", "data-block": o.name});
       const arr = h("div", {class: "ks-array", style, role: "img",
-                            "aria-label": `${o.name} in HBM`}, block);
+                            "aria-label": `${o.name} in ${this.words.off_chip}`}, block);
       const act = h("div", {class: "ks-act"});
       const bs = o.block_shape.map((b) => (b === null ? "·" : b)).join("×");
-      const where = o.pipelined ? `block ${bs}` : `${o.space}: the kernel copies it`;
+      const where = o.pipelined ? `block ${bs}` :
+        `${this.words.spaces[o.space] || o.space}: the kernel copies it`;
       box.append(h("div", {class: "ks-op", "data-operand": o.name},
                        h("div", {class: "ks-name", text: `${o.name} `},
                          h("span", {class: "ks-meta", text: o.role})),
@@ -344,16 +363,10 @@ class Viewer {
       this.hbm[o.name] = {block, act, arr};
     }
     lane.append(box);
-    this.root.append(lane);
   }
 
-  buildVmem() {
-    const call = this.call, cost = this.cost;
-    const gpu = this.model.get("model") === "gpu";
-    const space = gpu ? "shared memory" : "VMEM";
-    const lane = h("section", {class: "ks-lane ks-vmem", "data-lane": "vmem"},
-                   h("h4", {}, `${space} `, h("span", {text: "on-chip buffers: the slot the " +
-                                                     "kernel uses is outlined"})));
+  buildBuffers(lane) {
+    const call = this.call, cost = this.cost, space = this.words.on_chip;
     this.slots = {};
     for (const o of this.ops) {
       if (!o.pipelined) continue;
@@ -372,15 +385,16 @@ class Viewer {
       lane.append(h("div", {class: "ks-vrow", "data-operand": o.name},
                     h("div", {class: "ks-vlabel"}, h("div", {class: "ks-name", text: o.name}),
                       h("div", {class: "ks-meta", text:
-                        `${nbuf} × ${fmtBytes(o.buffer_bytes)} (${o.space})`})), row));
+                        `${nbuf} × ${fmtBytes(o.buffer_bytes)} ` +
+                        `(${this.words.spaces[o.space] || o.space})`})), row));
       this.slots[o.name] = slots;
     }
-    this.scratchAccess = {};
     for (const s of call.scratch) {
       const access = h("div", {class: "ks-access"});
       lane.append(h("div", {class: "ks-vrow", "data-scratch": s.name},
                     h("div", {class: "ks-vlabel"}, h("div", {class: "ks-name", text: s.name}),
-                      h("div", {class: "ks-meta", text: `scratch (${s.space})`})),
+                      h("div", {class: "ks-meta", text:
+                        `scratch (${this.words.spaces[s.space] || s.space})`})),
                     h("div", {class: "ks-slots"},
                       h("div", {class: "ks-slot ks-scratch"},
                         h("b", {text: `${s.dtype}[${s.shape.join(", ")}]`}),
@@ -388,7 +402,7 @@ class Viewer {
       this.scratchAccess[s.name] = access;
     }
     // capacity: the call's on-chip footprint against the chip's
-    const used = gpu ? cost.vmem + cost.smem : cost.vmem;
+    const used = cost.onchip;
     const cap = cost.chip_vmem;
     const pct = cap ? (100 * used) / cap : 0;
     const bar = h("div", {class: "ks-capbar" + (used > cap ? " ks-over" : ""),
@@ -400,13 +414,9 @@ class Viewer {
                     `footprint ${fmtBytes(used)} of ${fmtBytes(cap)} ${space} on ` +
                     `${this.chip} (${pct < 0.1 ? pct.toPrecision(1) : pct.toFixed(1)}%)` +
                     (used > cap ? " — does not fit" : "")}), bar));
-    this.root.append(lane);
   }
 
-  buildSmem() {
-    const lane = h("section", {class: "ks-lane ks-smem", "data-lane": "smem"},
-                   h("h4", {}, "SMEM ", h("span", {text: "scalar prefetch: entries the index " +
-                                                 "maps read this step are filled"})));
+  buildScalars(lane) {
     this.smem = [];
     for (const p of this.call.prefetch) {
       const cells = h("div", {class: "ks-cells"});
@@ -428,9 +438,8 @@ class Viewer {
     const cost = this.cost;
     if (cost.chip_smem) {
       lane.append(h("div", {class: "ks-meta", text: `footprint ${fmtBytes(cost.smem)} of ` +
-        `${fmtBytes(cost.chip_smem)} SMEM on ${this.chip}`}));
+        `${fmtBytes(cost.chip_smem)} ${this.words.scalars} on ${this.chip}`}));
     }
-    this.root.append(lane);
   }
 
   buildGrid() {
@@ -466,7 +475,7 @@ class Viewer {
     const m = this.m, cost = this.cost, n = this.n, cum = m.cumulative;
     const total = Math.max(m.total_bytes, 1);
     const sec = h("section", {"data-lane": "traffic"},
-                  h("h4", {class: "ks-name", text: "cumulative HBM traffic"}));
+                  h("h4", {class: "ks-name", text: `cumulative ${this.words.off_chip} traffic`}));
     const pts = [];
     const stride = Math.max(1, Math.floor(n / 1200));
     for (let i = 0; i < n; i += stride) pts.push(`${i},${total - cum[i]}`);
@@ -501,8 +510,8 @@ class Viewer {
     const leg = h("div", {class: "ks-legend", "aria-label": "legend"});
     const swatch = (bg) => h("span", {class: "ks-sw", style: `background:${bg}`});
     const entry = (bg, text) => leg.append(h("span", {}, swatch(bg), text));
-    for (const a of ACTIONS) entry(actionBg(this.P, a), this.P.labels[a]);
-    if (this.call.prefetch.length) entry(this.P.smem_read, "SMEM entry read");
+    for (const a of ACTIONS) entry(actionBg(this.P, a), this.words.labels[a]);
+    if (this.smem) entry(this.P.smem_read, this.words.scalar_read);
     if (this.call.accesses) {
       entry(this.P.actions.fetch, "element read by the kernel");
       entry(this.P.actions.writeback, "element written");
@@ -555,13 +564,8 @@ class Viewer {
       const moved = a === "fetch" || a === "writeback";
       ui.act.textContent = `${a} block ${blk}` + (moved ? ` · ${fmtBytes(bytes)}` : "");
       ui.act.style.color = a === "skip" ? "#52606d" : P.actions[a];
-      words.push({
-        fetch: `${o.name} block ${blk} HBM→VMEM slot ${slot}, ${fmtBytes(bytes)}`,
-        skip: `${o.name} block ${blk} reused in slot ${slot}, no copy`,
-        writeback: `${o.name} block ${blk} written back VMEM→HBM from slot ${slot}, ` +
-                   fmtBytes(bytes),
-        keep: `${o.name} block ${blk} kept in VMEM slot ${slot}`,
-      }[a]);
+      const fill = {op: o.name, blk, slot, bytes: fmtBytes(bytes)};
+      words.push(this.words.status[a].replace(/\{(\w+)\}/g, (_, k) => fill[k]));
       this.drawSlots(o, s, i, a, blk);
       if (moved) moves.push({o, a, slot});
     }
@@ -574,7 +578,7 @@ class Viewer {
       `step ${step} (${cum.toLocaleString("en-US")} B)`;
     this.status.textContent = `step ${step}, grid ${tuple(point)}: ` +
       (words.join("; ") || "no pipelined operand shown") +
-      (read.length ? `; SMEM read ${read.join(", ")}` : "") + ".";
+      (read.length ? `; ${this.words.scalars} read ${read.join(", ")}` : "") + ".";
     // packets fly for single steps at a pace the eye can follow, never piling up
     const now = performance.now(), calm = now - (this.drawnAt || 0) >= ANIMATE_BELOW_MS;
     this.drawnAt = now;
@@ -729,6 +733,9 @@ class Viewer {
     if (act) { e.preventDefault(); e.stopPropagation(); act(); }
   }
 }
+
+const LANES = {arrays: Viewer.prototype.buildArrays, buffers: Viewer.prototype.buildBuffers,
+               scalars: Viewer.prototype.buildScalars};
 
 function lastStep(call) {
   return (call.total_steps - 1).toLocaleString("en-US");

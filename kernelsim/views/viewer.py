@@ -30,7 +30,7 @@ from kernelsim.cost import compute
 from kernelsim.schedule import build
 from kernelsim.trace import DEFAULT_CHIP, MEMORY_SPACES
 from kernelsim.views import palette as pal
-from kernelsim.views.data import block_rects, panel_dims, panel_extent
+from kernelsim.views.data import MEMORY_NAMES, MemoryNames, block_rects, panel_dims, panel_extent
 
 if TYPE_CHECKING:
     from kernelsim.trace import CallTrace, Trace
@@ -60,11 +60,13 @@ def _lines(op, axis) -> int:
     return int(op.block_dims[axis].size)
 
 
-def _cost(schedule, chip) -> dict[str, Any]:
+def _cost(schedule, chip, names: MemoryNames) -> dict[str, Any]:
     c = compute(schedule, chip)
     return {
         "hbm_read": c.hbm_read_bytes, "hbm_write": c.hbm_write_bytes, "vmem": c.vmem_bytes,
         "smem": c.smem_bytes, "flops": c.flops, "compute_s": c.compute_seconds,
+        # against the on-chip capacity: without a scalar memory, everything held on chip
+        "onchip": c.vmem_bytes if names.scalars else c.onchip_peak_bytes,
         "memory_s": c.memory_seconds, "overhead_s": c.overhead_seconds,
         "estimate_s": c.estimated_seconds,
         "bound": "compute" if c.compute_seconds >= c.memory_seconds else "memory",
@@ -73,10 +75,59 @@ def _cost(schedule, chip) -> dict[str, Any]:
     }
 
 
+def _lane_id(name: str) -> str:
+    """``data-lane`` of a memory's lane: its name's first word ("global memory" -> global)."""
+    return name.split()[0].lower()
+
+
+def lanes(model: str, ct: CallTrace) -> list[dict[str, str]]:
+    """The memory lanes the viewer draws for ``model``, top to bottom. ``kind`` says how
+    (``arrays``: the operands cut into blocks; ``buffers``: the on-chip slots and scratch;
+    ``scalars``: scalar-prefetch entries; ``note``: a sentence), ``id`` is its ``data-lane``.
+    A new kind of lane is a new entry here and a builder of that kind in viewer.js."""
+    n = MEMORY_NAMES[model]
+    out = [{"id": _lane_id(n.off_chip), "kind": "arrays", "title": n.off_chip,
+            "note": "operands cut into blocks; the block this step uses is outlined"},
+           {"id": _lane_id(n.on_chip), "kind": "buffers", "title": n.on_chip,
+            "note": "on-chip buffers: the slot the kernel uses is outlined"}]
+    if any(o.role == "scalar_prefetch" for o in ct.call.operands):
+        out.append({"id": _lane_id(n.scalars), "kind": "scalars", "title": n.scalars,
+                    "note": "scalar prefetch: entries the index maps read this step are filled"}
+                   if n.scalars else
+                   {"id": "prefetch", "kind": "note", "title": "scalar prefetch",
+                    "note": "has no lowering under this model (Triton: \"scalar prefetch not "
+                            "implemented\"); the blocks shown are where the index maps, run "
+                            "on the prefetched values, point"})
+    return out
+
+
+def words(model: str) -> dict[str, Any]:
+    """What the viewer says under ``model``: a template per action for the step's status
+    (``{op}``, ``{blk}``, ``{slot}``, ``{bytes}`` filled in), the legend's labels, the
+    memories' names and the memory spaces' names."""
+    n = MEMORY_NAMES[model]
+    off, on = n.off_chip, n.on_chip
+    if model == "tpu":  # a sequential pipeline: blocks rotate through numbered slots
+        status = {"fetch": f"{{op}} block {{blk}} {off}→{on} slot {{slot}}, {{bytes}}",
+                  "skip": "{op} block {blk} reused in slot {slot}, no copy",
+                  "writeback": f"{{op}} block {{blk}} written back {on}→{off} from slot "
+                               "{slot}, {bytes}",
+                  "keep": f"{{op}} block {{blk}} kept in {on} slot {{slot}}"}
+    else:  # one program per grid point: each loads its blocks and stores its outputs
+        status = {"fetch": f"{{op}} block {{blk}} loaded from {off}, {{bytes}}",
+                  "skip": "{op} block {blk} reused, no copy",
+                  "writeback": f"{{op}} block {{blk}} written back to {off}, {{bytes}}",
+                  "keep": f"{{op}} block {{blk}} kept {n.kept}"}
+    return {"status": status, "labels": n.action_labels(), "off_chip": off, "on_chip": on,
+            "spaces": n.spaces, "scalars": n.scalars,
+            "scalar_read": f"{n.scalars} entry read" if n.scalars else ""}
+
+
 def _model_data(ct: CallTrace, model: str, chips: list[str], shown: np.ndarray) -> dict:
-    """One model's schedule of call ``ct`` at the steps ``shown``, costed on ``chips``."""
+    """One model's schedule of call ``ct`` at the steps ``shown``, costed on ``chips``, with
+    the lanes and words the viewer draws it in."""
     schedule = build(ct.call, model)  # type: ignore[arg-type]
-    costs = {name: _cost(schedule, CHIPS[name]) for name in chips}
+    costs = {name: _cost(schedule, CHIPS[name], MEMORY_NAMES[model]) for name in chips}
     buffers = next(iter(costs.values()))["buffers"]
     ops = {}
     for s in schedule.operands:
@@ -89,7 +140,8 @@ def _model_data(ct: CallTrace, model: str, chips: list[str], shown: np.ndarray) 
     return {"operands": ops, "cumulative": _typed(schedule.cumulative_bytes[shown], "f64"),
             "total_bytes": int(schedule.cumulative_bytes[-1]) if ct.steps else 0,
             "costs": costs, "default_chip": DEFAULT_CHIP[model] if DEFAULT_CHIP[model] in costs
-            else chips[0], "memory_spaces": [dict(s) for s in MEMORY_SPACES[model]]}
+            else chips[0], "memory_spaces": [dict(s) for s in MEMORY_SPACES[model]],
+            "lanes": lanes(model, ct), "words": words(model)}
 
 
 def _windowed(ct: CallTrace, shown: np.ndarray) -> list[dict]:

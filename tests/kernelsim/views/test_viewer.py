@@ -12,6 +12,7 @@ from views_kernels import matmul
 import kernelsim
 from kernelsim.chips import CHIPS
 from kernelsim.schedule import build
+from kernelsim.views import palette
 from kernelsim.views import viewer as v
 
 
@@ -138,3 +139,22 @@ def test_live_front_end_is_told_apart_by_the_cell_id(monkeypatch):
     assert not v.live_frontend()
     shell.kernel = Kernel({"cellId": "a1b2"})  # JupyterLab, Notebook 7, VS Code
     assert v.live_frontend()
+
+
+def test_each_model_has_its_own_lanes_and_words(gather_trace):
+    """The gpu model speaks of global and shared memory, with no SMEM lane on a
+    scalar-prefetch kernel (Triton has no scalar prefetch); the tpu model of HBM, VMEM, SMEM."""
+    models = v.viewer_data(gather_trace)["calls"][0]["models"]
+    tpu, gpu = models["tpu"], models["gpu"]
+    assert [(lane["id"], lane["kind"]) for lane in tpu["lanes"]] == [
+        ("hbm", "arrays"), ("vmem", "buffers"), ("smem", "scalars")]
+    assert [(lane["id"], lane["kind"]) for lane in gpu["lanes"]] == [
+        ("global", "arrays"), ("shared", "buffers"), ("prefetch", "note")]
+    assert tpu["words"]["labels"] == palette.ACTION_LABELS
+    said = json.dumps([gpu["lanes"], gpu["words"]])
+    assert "global memory" in said and "shared memory" in said
+    assert not re.search(r"VMEM|SMEM|HBM", said), said
+    assert gpu["words"]["scalars"] is None
+    # without a scalar memory, everything held on chip counts against its capacity
+    cost = v.compute(gather_trace.calls[0].schedule, gather_trace.chip)
+    assert tpu["costs"]["tpu-v5e"]["onchip"] == cost.vmem_bytes
