@@ -251,7 +251,10 @@ class FreshRun:
                 if got.tampered or key != here:
                     return position, done, f"a {kind!r} frame out of order"
                 position += 1
-                pieces = message.get("outputs")
+                # what the learner's code printed while a hidden check ran may show the hidden
+                # inputs (it sees their shapes, and a host input's values): never shown
+                pieces = [] if kind == "check" and message.get("hidden") else \
+                    message.get("outputs")
                 got.outputs.setdefault(key[1], []).extend(
                     pieces if isinstance(pieces, list) else [])
                 if kind == "cell" and message.get("error"):
@@ -400,7 +403,7 @@ class TrustedExecute(Execute):
                 failures.append(("CheckFailed", f"{task_id}: the {kind} check's answer could "
                                  f"not be read ({e})"))
                 continue
-            v = verdict.decide(task_id, results)
+            v = verdict.decide(task_id, results, hidden=hidden)
             if v.passed:
                 notes.append(f"{task_id}: {len(entries)} {kind} case(s) passed (checked by "
                              f"the grader); structure: {'; '.join(v.checked)}\n")
