@@ -56,13 +56,14 @@ class AnswerTooLarge(AnswerError):
 
 
 # ----------------------------------------------------------------------------- the job
-def job_bytes(key: bytes, cells: list[dict], refdir: Path, output_bytes: int
-              ) -> tuple[bytes, dict[tuple[str, bool], tuple[list[dict], list[tuple]]]]:
-    """The job for ``cells`` (dicts with ``index``, ``id``, ``source``, ``timeout`` and
-    ``checks``: ``[[task, hidden, function expression], ...]`` for a test cell, else empty);
-    ``output_bytes``: the output kept per cell.
+def load_checks(cells: list[dict], refdir: Path) -> tuple[
+        dict[str, list[dict]], dict[str, np.ndarray],
+        dict[tuple[str, bool], tuple[list[dict], list[tuple]]]]:
+    """The cases of every check of ``cells`` (dicts with ``checks``: ``[[task, hidden,
+    function expression], ...]`` for a test cell, else empty).
 
-    Returns the bytes and, per ``(task, hidden)``, the manifest entries and
+    Returns, per ``check_key``, each case's name, parameters and inputs (``[name, array key,
+    dtype]``); the input arrays by key; and per ``(task, hidden)`` the manifest entries and
     ``(entry, inputs, expected, params)`` per case, for the verdict.
     """
     manifest = _refs.load_manifest(refdir)
@@ -88,25 +89,43 @@ def job_bytes(key: bytes, cells: list[dict], refdir: Path, output_bytes: int
                 described[tag].append({"case": e["case"], "inputs": keys,
                                        "params": {k: _refs.jsonable(v)
                                                   for k, v in params.items()}})
-    header = json.dumps({"key": key.hex(), "output_bytes": output_bytes, "cells": cells,
-                         "cases": described}).encode()
-    return header + b"\n" + npz_bytes(arrays), loaded
+    return described, arrays, loaded
+
+
+def signatures(described: dict[str, list[dict]], arrays: dict[str, np.ndarray],
+               host_inputs: dict[str, int], hidden: bool) -> tuple[dict, dict[str, np.ndarray]]:
+    """What the notebook's process needs to trace the checks of one kind (``hidden``): per
+    check each case's name, parameters and per input ``[name, shape, dtype, key]`` (``key``:
+    the array's key for the last ``host_inputs[task]`` inputs, which the function gets as
+    NumPy values; else None), and those host arrays. Never a traced input's values."""
+    out, host = {}, {}
+    for tag, cases in described.items():
+        task_id, _, kind = tag.rpartition("/")
+        if (kind == "hidden") != hidden:
+            continue
+        out[tag] = []
+        for c in cases:
+            n = len(c["inputs"])
+            rows = []
+            for i, (name, key, dtype) in enumerate(c["inputs"]):
+                on_host = i >= n - host_inputs.get(task_id, 0)
+                rows.append([name, list(arrays[key].shape), dtype, key if on_host else None])
+                if on_host:
+                    host[key] = arrays[key]
+            out[tag].append({"case": c["case"], "inputs": rows, "params": c["params"]})
+    return out, host
 
 
 def check_key(task_id: str, hidden: bool) -> str:
     return f"{task_id}/{'hidden' if hidden else 'visible'}"
 
 
-def read_job(stream) -> tuple[dict, dict[str, np.ndarray]]:
-    """The job's header and input arrays, from the whole of ``stream`` (in the replay)."""
-    data = stream.read(MAX_JOB_BYTES + 1)
-    if len(data) > MAX_JOB_BYTES:
-        raise AnswerError(f"the job is larger than {MAX_JOB_BYTES:,} bytes")
-    line, _, blob = data.partition(b"\n")
-    job = json.loads(line)
+def arrays_of(blob: bytes) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` (no pickles)."""
+    if not blob:
+        return {}
     with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    return job, arrays
+        return {k: z[k] for k in z.files}
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
@@ -127,30 +146,69 @@ def frame(key: bytes, message: dict, blob: bytes = b"") -> bytes:
     return _HEADER.pack(len(payload), tag) + payload
 
 
-def read_channel(data: bytes, key: bytes) -> tuple[list[tuple[dict, bytes]], str | None]:
-    """Every ``(message, blob)`` on the channel up to the first byte that is not a frame the
-    harness wrote under ``key``, and what that byte is (None when there is none). A frame cut
-    short is expected of a run that was stopped while writing; a wrong tag is not."""
-    out, at = [], 0
-    while at < len(data):
-        if len(data) - at < _HEADER.size:
-            return out, "the channel ends inside a frame"
+def read_frames(data: bytes, key: bytes, at: int = 0
+                ) -> tuple[list[tuple[dict, bytes]], int, str | None]:
+    """The whole frames in ``data`` from byte ``at``: ``(frames, where the next frame starts,
+    problem)``; ``problem`` names the first byte that is not a frame written under ``key``
+    (None when the rest is only the start of a frame yet to come)."""
+    out = []
+    while len(data) - at >= _HEADER.size:
         size, tag = _HEADER.unpack_from(data, at)
+        if size > MAX_CHANNEL_BYTES:
+            return out, at, f"the frame at byte {at:,} claims {size:,} bytes"
         payload = data[at + _HEADER.size:at + _HEADER.size + size]
         if len(payload) != size:
-            return out, "the channel ends inside a frame"
+            break
         if not hmac.compare_digest(tag, hmac.new(key, payload, hashlib.sha256).digest()):
-            return out, f"the bytes at {at:,} are not a frame the harness wrote (wrong tag)"
+            return out, at, f"the bytes at {at:,} are not a frame the harness wrote (wrong tag)"
         head, sep, blob = payload.partition(b"\0")
         try:
             message = json.loads(head) if sep else None
         except (ValueError, UnicodeDecodeError):
             message = None
         if not isinstance(message, dict):
-            return out, f"the frame at byte {at:,} holds no message"
+            return out, at, f"the frame at byte {at:,} holds no message"
         out.append((message, blob))
         at += _HEADER.size + size
-    return out, None
+    return out, at, None
+
+
+def read_channel(data: bytes, key: bytes) -> tuple[list[tuple[dict, bytes]], str | None]:
+    """Every ``(message, blob)`` on the channel up to the first byte that is not a frame the
+    harness wrote under ``key``, and what that byte is (None when there is none). A frame cut
+    short is reported as such: whether that is expected depends on how the writer ended."""
+    frames, at, problem = read_frames(data, key)
+    if problem is None and at < len(data):
+        problem = "the channel ends inside a frame"
+    return frames, problem
+
+
+def read_frame(stream, key: bytes) -> tuple[dict, bytes]:
+    """The next frame of a blocking ``stream`` (a pipe); ``EOFError`` at its end,
+    ``AnswerError`` when the bytes are not a frame under ``key``."""
+    head = _read_exactly(stream, _HEADER.size)
+    if not head:
+        raise EOFError
+    if len(head) < _HEADER.size:
+        raise AnswerError("the stream ends inside a frame")
+    size, _ = _HEADER.unpack(head)
+    if size > MAX_JOB_BYTES:
+        raise AnswerError(f"a frame of {size:,} bytes")
+    frames, _, problem = read_frames(head + _read_exactly(stream, size), key)
+    if problem or not frames:
+        raise AnswerError(problem or "the stream ends inside a frame")
+    return frames[0]
+
+
+def _read_exactly(stream, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def outputs_of(blob: bytes, dtypes: Any) -> dict[str, np.ndarray]:
