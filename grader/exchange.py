@@ -164,7 +164,7 @@ def read_frames(data: bytes, key: bytes, at: int = 0
         head, sep, blob = payload.partition(b"\0")
         try:
             message = json.loads(head) if sep else None
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             message = None
         if not isinstance(message, dict):
             return out, at, f"the frame at byte {at:,} holds no message"
@@ -305,11 +305,32 @@ def _bundle(data) -> dict:
     return out
 
 
+MAX_DEPTH = 64  # of JSON in an output (nbformat's validator recurses once per level)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def writable(value, depth: int = 0):
+    """``value`` (JSON) as a notebook file can hold it: a lone surrogate (which UTF-8 cannot
+    encode) becomes U+FFFD, and anything nested deeper than ``MAX_DEPTH`` levels a note that
+    it was."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if depth >= MAX_DEPTH and isinstance(value, dict | list):
+        return f"[nested deeper than {MAX_DEPTH} levels: not kept by the grader]"
+    if isinstance(value, dict):
+        return {writable(str(k)): writable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [writable(v, depth + 1) for v in value]
+    return value
+
+
 def _output(piece) -> NotebookNode | None:
     """``piece`` rebuilt as an nbformat output (or a ``clear_output`` or
-    ``update_display_data`` instruction); None when it is not one."""
+    ``update_display_data`` instruction); None when it is not one. Any text and JSON in it
+    is made ``writable``."""
     from nbformat.notebooknode import NotebookNode
 
+    piece = writable(piece) if isinstance(piece, dict) else None
     if not isinstance(piece, dict):
         return None
     kind = piece.get("output_type")

@@ -505,6 +505,9 @@ class TrustedExecute(Execute):
             self._judge_all(got, fresh.loaded)
         finally:
             REPORTS.append(self.report)
+        for cell in nb.cells:  # what the learner wrote, as a notebook file can hold it (a
+            # lone surrogate in a string is legal Python and JSON, but not UTF-8)
+            cell.source = exchange.writable(cell.source)
         nb.metadata["language_info"] = dict(LANGUAGE_INFO)
         return nb, self.resources
 

@@ -9,7 +9,6 @@ each trying one way to forge the facts.
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import signal
 import subprocess
@@ -23,7 +22,7 @@ import nbformat
 import pytest
 from jax.experimental import pallas as pl
 
-from grader import checker, exchange, grading, integrity, refs, sandbox, trusted, verdict, wire
+from grader import checker, exchange, integrity, refs, sandbox, trusted, verdict, wire
 
 KEY = b"k" * 32
 
@@ -213,13 +212,6 @@ def _cells(*learner: str):
         "nbgrader": {"grade": True, "grade_id": "add_visible", "points": 1}})
     return [nbformat.v4.new_code_cell(SETUP), nbformat.v4.new_code_cell(HONEST_ADD),
             *(nbformat.v4.new_code_cell(code) for code in learner), test]
-
-
-@pytest.fixture(scope="module")
-def slot():
-    number, lock = grading.claim_slot()  # a slot (uids) no other grader on this machine uses
-    yield number
-    os.close(lock)
 
 
 def _fresh(slot, *learner: str, timeout: int = 60):
