@@ -1,22 +1,25 @@
-"""What the grader and its run of a notebook (``grader.replay``) send each other.
+"""What the grader, the notebook's process (``grader.replay``) and the checker
+(``grader.checker``) of its run send each other.
 
-**The job** (grader to replay, on the replay's stdin, read whole before any learner code runs):
-one JSON line, then the cases' *inputs* (never the expected outputs) as one ``.npz``. The line
-holds the channel key, the bytes of output kept per cell, the code cells to run (source, time
-limit, and for a test cell its ``course.check`` calls) and, per check, the cases: names,
-parameters and which arrays of the ``.npz`` are their inputs.
+Every message is a **frame**: a 4-byte length, a 32-byte HMAC-SHA256 tag under a key, and a
+payload: one JSON object, a NUL byte and a blob (an ``.npz`` of arrays, or pickled programs).
+The grader reads frames as they come, without unpickling, under size limits, and refuses a
+channel at the first byte that is not a frame under its key.
 
-**The answer channel** (replay to grader): the replay's stdout, which the harness takes for
-itself before any learner code runs (learner prints are caught as the cells' outputs). It
-carries frames: a 4-byte length, a 32-byte HMAC-SHA256 tag under the job's key, and a payload:
-one JSON object, a NUL byte and, for a check, the ``.npz`` of its outputs. The grader reads the
-frames once the run has ended, without unpickling, under size limits, and refuses the whole
-channel when a tag is wrong or a frame is cut short: bytes the harness did not write mean
-learner code wrote to it.
+- **The checker's channel** (its stdin and stdout, pipes only the grader and the checker
+  hold): the key on the first line, then the job (every check's cases: names, parameters and
+  input arrays, hidden ones included; never the expected outputs), then one request per check
+  (the programs the notebook traced) and one answer per check (outputs, kernelsim's trace,
+  work facts). Its key is the checker's alone.
+- **The notebook's channel**: its own key on the first line and its job (code cells, time
+  limits, checks, the visible cases' shapes: ``signatures``), later the hidden cases'
+  shapes; back, per cell its outputs and per check its programs. The notebook's process
+  holds that key, so a tag there proves nothing; a frame out of order, or one cut short
+  when the process ended by itself, is tampering, and nothing on it is a fact.
 
 **Cell outputs** travel in the frames as nbformat outputs. They are learner display data:
-``notebook_outputs`` rebuilds each as a well-formed nbformat output, caps them per cell again,
-and the grader never reads them for a grade.
+``notebook_outputs`` rebuilds each as a well-formed nbformat output (``writable``: a file can
+hold it), caps them per cell again, and the grader never reads them for a grade.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ if TYPE_CHECKING:  # imported where outputs are rebuilt, in the grader: importin
     # imports jsonschema's format checkers, ~2 s, which every grading run would pay at start
     from nbformat.notebooknode import NotebookNode
 
-MAX_JOB_BYTES = 512 << 20  # every input of one notebook's checks, compressed
+MAX_JOB_BYTES = 512 << 20  # every input of one notebook's checks; any one frame
 MAX_CHANNEL_BYTES = 256 << 20  # everything one replay may answer
 MAX_OUTPUT_BYTES = 16 << 20  # one case's output: far above any task's, far below the limits
 MAX_CHECK_BYTES = 32 << 20  # the outputs of one check's cases together (real: ~1 MiB)

@@ -1,25 +1,23 @@
-"""The grader's run of a submission's notebook: ``python -m grader.replay`` in the jail.
+"""The notebook's process of the grader's run: ``python -m grader.replay`` in the jail.
 
-It is the only execution of a submission. ``grader.trusted`` starts it under the grading
-limits and a uid of the worker's sandbox slot (``grader.sandbox``), with the submission's code
-cells and its checks' inputs on stdin (``grader.exchange``); it answers with the facts a grade
-is decided from and with what each cell showed, which becomes the autograded notebook.
+It is the only execution of a submission's code cells. ``grader.trusted`` starts it under the
+grading limits and a uid of the worker's sandbox slot (``grader.sandbox``), next to the
+checker (``grader.checker``, another uid), and relays between the two. It holds no secret
+and decides nothing: the checker, which this process cannot reach, makes every fact.
 
-1. Before any learner code: the harness imports everything it uses (JAX, Pallas, kernelsim,
-   the course's checks, IPython), reads the whole job, takes stdout for the answer channel,
-   starts JAX, takes a ``grader.integrity.Snapshot`` and arms the ``grader.integrity.Guard``.
+1. Before any learner code: it reads its job on stdin (the code cells, their time limits and
+   checks, the visible cases' shapes and dtypes and the values of inputs a task plans with on
+   the host), takes stdout for its channel, keeps stdin's pipe for one later message, starts
+   JAX, takes a ``grader.integrity.Snapshot`` and arms the ``grader.integrity.Guard`` (an
+   alarm: what they see is reported ``tampered``; they protect nothing the grade needs).
 2. It runs the code cells in order, as nbgrader would, in an IPython shell, each under its
-   time limit (an error does not stop the run). At a test cell it runs that cell's checks
-   itself, ``course.check("task", fn[, hidden=True])`` with ``fn`` read from the learner's
-   namespace: every case's program is traced (``grader.work.trace_case``, the only step that
-   runs learner code), the snapshot is compared, a program that would run learner Python
-   while it executes is refused (a callback to it, a primitive the course does not know, an
-   object of a learner class among an equation's parameters, whose ``__bool__`` or ``__hash__``
-   JAX would call), then the programs are executed and analysed (``grader.work.run_traced``)
-   with the garbage collector off, and the snapshot is compared again.
+   time limit (an error does not stop the run). At a test cell it reads each check's function
+   from the learner's namespace; for a visible check it traces it at once on every case's
+   shapes (``grader.work.trace_case``) and sends the programs (``grader.wire``); a hidden
+   check's function is traced after the last cell, once the grader has sent the hidden
+   cases' shapes (``read_hidden``): no cell's output can show them.
 3. It sends one frame per cell and per check (``grader.exchange.frame``): the cell's outputs,
-   and for a check kernelsim's trace and the work facts of that one run per case, or what the
-   snapshot and guard found, after which it runs no more learner code.
+   or the check's programs and what the learner's code printed while they were traced.
 
 **Outputs.** What a cell shows is caught as nbformat outputs (``Outputs``): ``sys.stdout`` and
 ``sys.stderr`` are streams of the harness, the shell's display publisher and display hook
@@ -29,11 +27,6 @@ Jupyter's inline backend shows them. Each cell's outputs are capped (the job's
 ``output_bytes``, as a kernel's were); what learner code writes to file descriptors 1 and 2
 directly (C extensions, subprocesses) goes to the run's stderr, which is not kept. Outputs
 are display data: the grader renders them and never reads them for a grade.
-
-Not covered: learner code does run in this process, so Python's reflection (frames,
-``__globals__``) can still *look* at the harness; the snapshot and guard refuse the ways to act
-on it while the facts are made (replacing what the harness calls, running code later through
-threads, hooks, callbacks or signals, raw memory), not every way to look.
 """
 
 from __future__ import annotations

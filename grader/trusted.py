@@ -2,13 +2,15 @@
 
 ``TrustedExecute`` replaces nbgrader's ``Execute`` (see ``exercises/nbgrader_config.py``). It
 starts no kernel: a submission's notebook is executed once, by the grader's own run of it
-(``FreshRun``, ``grader.replay``), a fresh Python process in ``grader.sandbox``'s jail: its own
-namespaces, a uid of the worker's slot, a filesystem that holds no references, no instructor
-notebooks, no gradebook and no other submission, and limits on CPU and wall seconds, memory,
-processes, file size, disk and output per cell. Its harness imports and fingerprints its code
-before any learner code runs, runs the code cells in order under their time limits, runs each
-test cell's checks itself and answers over a channel of its own: per cell what it showed
-(nbformat outputs, capped per cell) and per check the facts a grade is decided from.
+(``FreshRun``), two fresh Python processes in ``grader.sandbox``'s jail (their own namespaces,
+a filesystem that holds no references, no instructor notebooks, no gradebook and no other
+submission, and limits on CPU and wall seconds, memory, processes, file size, disk and output
+per cell). The notebook's process (``grader.replay``, a uid of the worker's slot) runs the
+code cells in order under their time limits and traces each check's function on the cases'
+shapes; the checker (``grader.checker``, the slot's second uid) holds the cases' inputs and
+makes the facts a grade is decided from out of those programs. This process relays between
+them (``_Relay``): per cell what it showed (nbformat outputs, capped per cell), per check the
+programs one way and the facts the other.
 
 When the run has ended, the notebook's code cells get those outputs and execution counts (as
 nbclient would have set them from a kernel), and each test cell's checks are decided here
@@ -219,11 +221,17 @@ class FreshRun:
     last cell, stops a check at its test cell's time limit (the checker is then started
     again for the next one) and collects the answers."""
 
-    def __init__(self, cells, slot: int, limits: sandbox.Limits, timeout_of):
+    def __init__(self, cells, slot: int, limits: sandbox.Limits, timeout_of,
+                 hidden_before: int | None = None):
         self.cells = [{"index": i, "id": _gid(c, i), "source": c.source,
                        "timeout": timeout_of(c) or limits.cpu_seconds,
                        "checks": [list(x) for x in checks_in(c)]}
                       for i, c in _code_cells(cells)]
+        if hidden_before is not None:  # the cells before a stop again, for the hidden checks
+            self.cells = [{**c, "checks": [x for x in c["checks"] if x[1]]}
+                          for c in self.cells if c["index"] < hidden_before
+                          and (not c["checks"] or any(x[1] for x in c["checks"]))]
+        self.again = (cells, timeout_of) if hidden_before is None else None
         self.slot, self.limits = slot, limits
         self.key = secrets.token_bytes(32)  # the checker's channel
         self.notebook_key = secrets.token_bytes(32)  # the notebook's: it holds this one
@@ -310,7 +318,23 @@ class FreshRun:
                                       f"{running}: it {why}")
             if outcome.status in ("timeout", "memory", "disk"):
                 got.limit = outcome.reason
+            self._hidden_before_the_stop(got)
         return got
+
+    def _hidden_before_the_stop(self, got: Replayed) -> None:
+        """The run stopped before its last cell, so before its hidden checks (traced after the
+        last cell): they are judged from a second run of the cells before the stop, whose
+        outputs are not kept. Their points count, as every check's before a stop does."""
+        stop = got.stopped_at if got.stopped_at is not None else \
+            max((c["index"] for c in self.cells), default=-1) + 1
+        owed = [(c["index"], t) for c in self.cells if c["index"] < stop
+                for t, h, _ in c["checks"] if h and (c["index"], t, True) not in got.answers]
+        if self.again is None or not owed:
+            return
+        cells, timeout_of = self.again
+        again = FreshRun(cells, self.slot, self.limits, timeout_of, hidden_before=stop).finish()
+        for key, answer in again.answers.items():
+            got.answers.setdefault(key, answer)
 
 
 class _Relay:
@@ -403,14 +427,19 @@ class _Relay:
                     (message, blob)
                 self.in_flight = None
         now = time.monotonic()
+        if self.broken is None and not self.ready and checker.proc.poll() is None and \
+                now - checker.started > STARTUP_SECONDS:
+            checker.wait(("timeout", "not ready"))
         if self.broken:
             for request, _, _ in self.pending:
                 got.answers[(request["cell"], request["task"], request["hidden"])] = (
                     {**request, "programs": None, "failed": self.broken}, b"")
             self.pending.clear()
-        elif problem or checker.proc.poll() is not None and not frames:
+        elif problem or checker.proc.poll() is not None and not frames or not self.ready and \
+                now - checker.started > STARTUP_SECONDS:
             if not self.ready:  # the grader's own fault: no learner program reached it yet
-                tail = bytes(checker.readers[1].data).decode(errors="replace").strip()
+                tail = bytes(checker.readers[1].data).decode(errors="replace").strip() or \
+                    f"not ready after {STARTUP_SECONDS} s"
                 self.broken = ("not graded: the grader's checker could not start ("
                                f"{(tail.splitlines() or [problem or 'it ended'])[-1][:300]}); "
                                "check the jail with `pallas-course autograde` again")
