@@ -176,16 +176,6 @@ def read_frames(data: bytes, key: bytes, at: int = 0
     return out, at, None
 
 
-def read_channel(data: bytes, key: bytes) -> tuple[list[tuple[dict, bytes]], str | None]:
-    """Every ``(message, blob)`` on the channel up to the first byte that is not a frame the
-    harness wrote under ``key``, and what that byte is (None when there is none). A frame cut
-    short is reported as such: whether that is expected depends on how the writer ended."""
-    frames, at, problem = read_frames(data, key)
-    if problem is None and at < len(data):
-        problem = "the channel ends inside a frame"
-    return frames, problem
-
-
 def read_frame(stream, key: bytes) -> tuple[dict, bytes]:
     """The next frame of a blocking ``stream`` (a pipe); ``EOFError`` at its end,
     ``AnswerError`` when the bytes are not a frame under ``key``."""

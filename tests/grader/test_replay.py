@@ -8,6 +8,7 @@ each trying one way to forge the facts.
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
 import signal
@@ -34,16 +35,26 @@ def test_channel_frames_round_trip_and_refuse_what_the_harness_did_not_write():
     assert errors.keys() == {"v1"} and "sensible size" in errors["v1"]
     data = exchange.frame(KEY, {"kind": "check", "dtypes": dtypes}, blob) + \
         exchange.frame(KEY, {"kind": "done"})
-    frames, problem = exchange.read_channel(data, KEY)
-    assert problem is None and [m["kind"] for m, _ in frames] == ["check", "done"]
+    frames, at, problem = exchange.read_frames(data, KEY)
+    assert problem is None and at == len(data)
+    assert [m["kind"] for m, _ in frames] == ["check", "done"]
     answer = exchange.answer_of(frames[0][0], frames[0][1])
     assert str(answer["outputs"]["v0"].dtype) == "bfloat16"
     # another key (learner code that does not hold the harness's), a cut, trailing junk
-    assert "wrong tag" in exchange.read_channel(data, b"x" * 32)[1]
-    assert exchange.read_channel(data[:-3], KEY) == (frames[:1], "the channel ends inside a "
-                                                                 "frame")
-    forged = exchange.read_channel(data + b"\0\0\0\4" + b"0" * 36, KEY)
-    assert len(forged[0]) == 2 and "wrong tag" in forged[1]
+    assert "wrong tag" in exchange.read_frames(data, b"x" * 32)[2]
+    cut = exchange.read_frames(data[:-3], KEY)  # the rest of a frame may still come
+    assert (cut[0], cut[2]) == (frames[:1], None) and cut[1] < len(data) - 3
+    forged = exchange.read_frames(data + b"\0\0\0\4" + b"0" * 36, KEY)
+    assert len(forged[0]) == 2 and "wrong tag" in forged[2]
+    # frames as a pipe delivers them, one by one; the end of the pipe; a cut
+    stream = io.BytesIO(data)
+    assert [exchange.read_frame(stream, KEY)[0]["kind"] for _ in frames] == ["check", "done"]
+    with pytest.raises(EOFError):
+        exchange.read_frame(stream, KEY)
+    cut_stream = io.BytesIO(data[:-3])
+    assert exchange.read_frame(cut_stream, KEY)[0]["kind"] == "check"
+    with pytest.raises(exchange.AnswerError):
+        exchange.read_frame(cut_stream, KEY)
 
 
 def test_the_notebook_gets_shapes_and_never_an_input_s_values():
