@@ -284,7 +284,7 @@ class FreshRun:
         try:
             run.loop(got)
         finally:
-            outcome = self.child.wait(run.stop_notebook)
+            outcome = run.outcome or self.child.wait(run.stop_notebook)
             run.end_checker()
             shutil.rmtree(self.workdir, ignore_errors=True)
             for workdir in self.checkers:
@@ -350,6 +350,7 @@ class _Relay:
         self.leftover = False
         self.problem: str | None = None
         self.stop_notebook: tuple | None = None
+        self.outcome: sandbox.Outcome | None = None  # the notebook's, once it was stopped
         self.pending: list[tuple[dict, bytes, float]] = []
         self.in_flight: tuple[dict, float, float] | None = None
         self.checker_read, self.ready = 0, False
@@ -476,24 +477,24 @@ class _Relay:
 
     # ------------------------------------------------------------------ the loop
     def loop(self, got: Replayed) -> None:
+        """Until the notebook's process has ended (or been stopped: a limit, bytes it did not
+        write) and the checker has answered every check it sent before that."""
         child = self.fresh.child
         last_limits = 0.0
         while True:
-            self._notebook(got)
-            if self.problem:
-                return
-            ended = child.proc.poll() is not None
-            if ended:  # what it wrote before it ended, once its reader has drained the pipe
-                child.readers[0].join(timeout=5)
+            ended = self.outcome is not None or child.proc.poll() is not None
+            if self.outcome is None:
+                if ended:  # what it wrote before it ended, once its reader drained the pipe
+                    child.readers[0].join(timeout=5)
                 self._notebook(got)
-                if self.problem:
-                    return
-            if time.monotonic() - last_limits > 1.0 and not ended:
+                if self.problem and not ended:
+                    self.outcome, ended = child.wait(self.stop_notebook), True
+            if not ended and time.monotonic() - last_limits > 1.0:
                 last_limits = time.monotonic()
                 limit = child.past_limits()
                 if limit is not None:
                     self.stop_notebook = limit
-                    return
+                    self.outcome, ended = child.wait(limit), True
             self._checker(got)
             if (self.done or ended) and not self.pending and self.in_flight is None:
                 return
