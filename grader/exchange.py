@@ -1,22 +1,25 @@
-"""What the grader and its run of a notebook (``grader.replay``) send each other.
+"""What the grader, the notebook's process (``grader.replay``) and the checker
+(``grader.checker``) of its run send each other.
 
-**The job** (grader to replay, on the replay's stdin, read whole before any learner code runs):
-one JSON line, then the cases' *inputs* (never the expected outputs) as one ``.npz``. The line
-holds the channel key, the bytes of output kept per cell, the code cells to run (source, time
-limit, and for a test cell its ``course.check`` calls) and, per check, the cases: names,
-parameters and which arrays of the ``.npz`` are their inputs.
+Every message is a **frame**: a 4-byte length, a 32-byte HMAC-SHA256 tag under a key, and a
+payload: one JSON object, a NUL byte and a blob (an ``.npz`` of arrays, or pickled programs).
+The grader reads frames as they come, without unpickling, under size limits, and refuses a
+channel at the first byte that is not a frame under its key.
 
-**The answer channel** (replay to grader): the replay's stdout, which the harness takes for
-itself before any learner code runs (learner prints are caught as the cells' outputs). It
-carries frames: a 4-byte length, a 32-byte HMAC-SHA256 tag under the job's key, and a payload:
-one JSON object, a NUL byte and, for a check, the ``.npz`` of its outputs. The grader reads the
-frames once the run has ended, without unpickling, under size limits, and refuses the whole
-channel when a tag is wrong or a frame is cut short: bytes the harness did not write mean
-learner code wrote to it.
+- **The checker's channel** (its stdin and stdout, pipes only the grader and the checker
+  hold): the key on the first line, then the job (every check's cases: names, parameters and
+  input arrays, hidden ones included; never the expected outputs), then one request per check
+  (the programs the notebook traced) and one answer per check (outputs, kernelsim's trace,
+  work facts). Its key is the checker's alone.
+- **The notebook's channel**: its own key on the first line and its job (code cells, time
+  limits, checks, the visible cases' shapes: ``signatures``), later the hidden cases'
+  shapes; back, per cell its outputs and per check its programs. The notebook's process
+  holds that key, so a tag there proves nothing; a frame out of order, or one cut short
+  when the process ended by itself, is tampering, and nothing on it is a fact.
 
 **Cell outputs** travel in the frames as nbformat outputs. They are learner display data:
-``notebook_outputs`` rebuilds each as a well-formed nbformat output, caps them per cell again,
-and the grader never reads them for a grade.
+``notebook_outputs`` rebuilds each as a well-formed nbformat output (``writable``: a file can
+hold it), caps them per cell again, and the grader never reads them for a grade.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ if TYPE_CHECKING:  # imported where outputs are rebuilt, in the grader: importin
     # imports jsonschema's format checkers, ~2 s, which every grading run would pay at start
     from nbformat.notebooknode import NotebookNode
 
-MAX_JOB_BYTES = 512 << 20  # every input of one notebook's checks, compressed
+MAX_JOB_BYTES = 512 << 20  # every input of one notebook's checks; any one frame
 MAX_CHANNEL_BYTES = 256 << 20  # everything one replay may answer
 MAX_OUTPUT_BYTES = 16 << 20  # one case's output: far above any task's, far below the limits
 MAX_CHECK_BYTES = 32 << 20  # the outputs of one check's cases together (real: ~1 MiB)
@@ -56,13 +59,14 @@ class AnswerTooLarge(AnswerError):
 
 
 # ----------------------------------------------------------------------------- the job
-def job_bytes(key: bytes, cells: list[dict], refdir: Path, output_bytes: int
-              ) -> tuple[bytes, dict[tuple[str, bool], tuple[list[dict], list[tuple]]]]:
-    """The job for ``cells`` (dicts with ``index``, ``id``, ``source``, ``timeout`` and
-    ``checks``: ``[[task, hidden, function expression], ...]`` for a test cell, else empty);
-    ``output_bytes``: the output kept per cell.
+def load_checks(cells: list[dict], refdir: Path) -> tuple[
+        dict[str, list[dict]], dict[str, np.ndarray],
+        dict[tuple[str, bool], tuple[list[dict], list[tuple]]]]:
+    """The cases of every check of ``cells`` (dicts with ``checks``: ``[[task, hidden,
+    function expression], ...]`` for a test cell, else empty).
 
-    Returns the bytes and, per ``(task, hidden)``, the manifest entries and
+    Returns, per ``check_key``, each case's name, parameters and inputs (``[name, array key,
+    dtype]``); the input arrays by key; and per ``(task, hidden)`` the manifest entries and
     ``(entry, inputs, expected, params)`` per case, for the verdict.
     """
     manifest = _refs.load_manifest(refdir)
@@ -88,25 +92,43 @@ def job_bytes(key: bytes, cells: list[dict], refdir: Path, output_bytes: int
                 described[tag].append({"case": e["case"], "inputs": keys,
                                        "params": {k: _refs.jsonable(v)
                                                   for k, v in params.items()}})
-    header = json.dumps({"key": key.hex(), "output_bytes": output_bytes, "cells": cells,
-                         "cases": described}).encode()
-    return header + b"\n" + npz_bytes(arrays), loaded
+    return described, arrays, loaded
+
+
+def signatures(described: dict[str, list[dict]], arrays: dict[str, np.ndarray],
+               host_inputs: dict[str, int], hidden: bool) -> tuple[dict, dict[str, np.ndarray]]:
+    """What the notebook's process needs to trace the checks of one kind (``hidden``): per
+    check each case's name, parameters and per input ``[name, shape, dtype, key]`` (``key``:
+    the array's key for the last ``host_inputs[task]`` inputs, which the function gets as
+    NumPy values; else None), and those host arrays. Never a traced input's values."""
+    out, host = {}, {}
+    for tag, cases in described.items():
+        task_id, _, kind = tag.rpartition("/")
+        if (kind == "hidden") != hidden:
+            continue
+        out[tag] = []
+        for c in cases:
+            n = len(c["inputs"])
+            rows = []
+            for i, (name, key, dtype) in enumerate(c["inputs"]):
+                on_host = i >= n - host_inputs.get(task_id, 0)
+                rows.append([name, list(arrays[key].shape), dtype, key if on_host else None])
+                if on_host:
+                    host[key] = arrays[key]
+            out[tag].append({"case": c["case"], "inputs": rows, "params": c["params"]})
+    return out, host
 
 
 def check_key(task_id: str, hidden: bool) -> str:
     return f"{task_id}/{'hidden' if hidden else 'visible'}"
 
 
-def read_job(stream) -> tuple[dict, dict[str, np.ndarray]]:
-    """The job's header and input arrays, from the whole of ``stream`` (in the replay)."""
-    data = stream.read(MAX_JOB_BYTES + 1)
-    if len(data) > MAX_JOB_BYTES:
-        raise AnswerError(f"the job is larger than {MAX_JOB_BYTES:,} bytes")
-    line, _, blob = data.partition(b"\n")
-    job = json.loads(line)
+def arrays_of(blob: bytes) -> dict[str, np.ndarray]:
+    """The arrays of an ``.npz`` (no pickles)."""
+    if not blob:
+        return {}
     with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files}
-    return job, arrays
+        return {k: z[k] for k in z.files}
 
 
 def npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
@@ -127,30 +149,59 @@ def frame(key: bytes, message: dict, blob: bytes = b"") -> bytes:
     return _HEADER.pack(len(payload), tag) + payload
 
 
-def read_channel(data: bytes, key: bytes) -> tuple[list[tuple[dict, bytes]], str | None]:
-    """Every ``(message, blob)`` on the channel up to the first byte that is not a frame the
-    harness wrote under ``key``, and what that byte is (None when there is none). A frame cut
-    short is expected of a run that was stopped while writing; a wrong tag is not."""
-    out, at = [], 0
-    while at < len(data):
-        if len(data) - at < _HEADER.size:
-            return out, "the channel ends inside a frame"
+def read_frames(data: bytes, key: bytes, at: int = 0
+                ) -> tuple[list[tuple[dict, bytes]], int, str | None]:
+    """The whole frames in ``data`` from byte ``at``: ``(frames, where the next frame starts,
+    problem)``; ``problem`` names the first byte that is not a frame written under ``key``
+    (None when the rest is only the start of a frame yet to come)."""
+    out = []
+    while len(data) - at >= _HEADER.size:
         size, tag = _HEADER.unpack_from(data, at)
+        if size > MAX_CHANNEL_BYTES:
+            return out, at, f"the frame at byte {at:,} claims {size:,} bytes"
         payload = data[at + _HEADER.size:at + _HEADER.size + size]
         if len(payload) != size:
-            return out, "the channel ends inside a frame"
+            break
         if not hmac.compare_digest(tag, hmac.new(key, payload, hashlib.sha256).digest()):
-            return out, f"the bytes at {at:,} are not a frame the harness wrote (wrong tag)"
+            return out, at, f"the bytes at {at:,} are not a frame the harness wrote (wrong tag)"
         head, sep, blob = payload.partition(b"\0")
         try:
             message = json.loads(head) if sep else None
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             message = None
         if not isinstance(message, dict):
-            return out, f"the frame at byte {at:,} holds no message"
+            return out, at, f"the frame at byte {at:,} holds no message"
         out.append((message, blob))
         at += _HEADER.size + size
-    return out, None
+    return out, at, None
+
+
+def read_frame(stream, key: bytes) -> tuple[dict, bytes]:
+    """The next frame of a blocking ``stream`` (a pipe); ``EOFError`` at its end,
+    ``AnswerError`` when the bytes are not a frame under ``key``."""
+    head = _read_exactly(stream, _HEADER.size)
+    if not head:
+        raise EOFError
+    if len(head) < _HEADER.size:
+        raise AnswerError("the stream ends inside a frame")
+    size, _ = _HEADER.unpack(head)
+    if size > MAX_JOB_BYTES:
+        raise AnswerError(f"a frame of {size:,} bytes")
+    frames, _, problem = read_frames(head + _read_exactly(stream, size), key)
+    if problem or not frames:
+        raise AnswerError(problem or "the stream ends inside a frame")
+    return frames[0]
+
+
+def _read_exactly(stream, size: int) -> bytes:
+    chunks, left = [], size
+    while left:
+        chunk = stream.read(left)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
 
 
 def outputs_of(blob: bytes, dtypes: Any) -> dict[str, np.ndarray]:
@@ -247,11 +298,32 @@ def _bundle(data) -> dict:
     return out
 
 
+MAX_DEPTH = 64  # of JSON in an output (nbformat's validator recurses once per level)
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def writable(value, depth: int = 0):
+    """``value`` (JSON) as a notebook file can hold it: a lone surrogate (which UTF-8 cannot
+    encode) becomes U+FFFD, and anything nested deeper than ``MAX_DEPTH`` levels a note that
+    it was."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if depth >= MAX_DEPTH and isinstance(value, dict | list):
+        return f"[nested deeper than {MAX_DEPTH} levels: not kept by the grader]"
+    if isinstance(value, dict):
+        return {writable(str(k)): writable(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list):
+        return [writable(v, depth + 1) for v in value]
+    return value
+
+
 def _output(piece) -> NotebookNode | None:
     """``piece`` rebuilt as an nbformat output (or a ``clear_output`` or
-    ``update_display_data`` instruction); None when it is not one."""
+    ``update_display_data`` instruction); None when it is not one. Any text and JSON in it
+    is made ``writable``."""
     from nbformat.notebooknode import NotebookNode
 
+    piece = writable(piece) if isinstance(piece, dict) else None
     if not isinstance(piece, dict):
         return None
     kind = piece.get("output_type")

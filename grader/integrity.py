@@ -1,9 +1,10 @@
 """Tamper evidence inside the grader's own run of a notebook (``grader.replay``).
 
-That run is a fresh Python process in the jail. Its harness imports everything it uses, starts
-JAX, takes a ``Snapshot`` and arms a ``Guard`` before any learner code runs; then it runs the
-learner's cells and, per check, the learner's function (they must run there to be judged).
-These two catch learner code that tries to change how the facts are made:
+The notebook's process of that run holds no secret and makes no fact (``grader.checker``
+does, where no learner code runs): these are an alarm, not a protection. Its harness imports
+everything it uses, starts JAX, takes a ``Snapshot`` and arms a ``Guard`` before any learner
+code runs; then it runs the learner's cells and traces the learner's functions. These two
+report learner code that tries to change the grading code:
 
 - ``Snapshot.changes`` compares, by identity (not by name or by a digest that a replacement
   could imitate), every attribute of every module that was loaded before learner code, every
@@ -16,7 +17,8 @@ These two catch learner code that tries to change how the facts are made:
   callbacks) and refuses and reports what only an attack does: another audit hook, the garbage
   collector's object graph, ctypes, replacing a function's code, ``/proc/*/mem``.
 
-What this does not cover is said in ``grader.replay``.
+Learner code can switch both off (it can reach them); it gains nothing by that
+(``exercises/README.md``, "Threat model").
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ The outcome is data, never an exception: a batch goes on whatever one submission
 from __future__ import annotations
 
 import os
+import queue
 import shutil
 import signal
 import subprocess
@@ -33,7 +34,7 @@ Status = Literal["ok", "failed", "timeout", "memory", "disk", "crashed"]
 Isolation = Literal["jail", "rlimits"]
 
 SANDBOX_UID_BASE = 61000  # uid SANDBOX_UID_BASE + slot runs slot's submission when root
-SLOTS = 256
+SLOTS = 256  # uid SANDBOX_UID_BASE + SLOTS + slot runs slot's checker (grader.checker)
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,13 @@ def isolation() -> Isolation:
     return "rlimits"
 
 
-def sandbox_uid(slot: int) -> int | None:
-    """The uid a jailed run in ``slot`` uses; None without a jail."""
+def sandbox_uid(slot: int, checker: bool = False) -> int | None:
+    """The uid a jailed run in ``slot`` uses (``checker``: the slot's checker, a uid of its
+    own, so that the notebook's process can neither signal it nor read its memory); None
+    without a jail."""
     if not 0 <= slot < SLOTS:
         raise ValueError(f"sandbox slot {slot} is outside 0..{SLOTS - 1}")
-    return SANDBOX_UID_BASE + slot if isolation() == "jail" else None
+    return SANDBOX_UID_BASE + SLOTS * checker + slot if isolation() == "jail" else None
 
 
 def default_readable() -> list[Path]:
@@ -197,20 +200,22 @@ class _Reader(threading.Thread):
         self.stream, self.cap, self.data, self.dropped = stream, cap, bytearray(), 0
 
     def run(self) -> None:
-        while chunk := self.stream.read(65536):
+        while chunk := self.stream.read1(65536):  # what is there: the caller may read as it comes
             room = self.cap - len(self.data)
             self.data += chunk[:max(room, 0)]
             self.dropped += max(len(chunk) - max(room, 0), 0)
 
 
 def confine(argv: Sequence[str], workdir: Path, limits: Limits, slot: int = 0,
-            readable: Sequence[Path] | None = None) -> tuple[list[str], int | None]:
+            readable: Sequence[Path] | None = None, checker: bool = False
+            ) -> tuple[list[str], int | None]:
     """``argv`` behind prlimit (and the jail, when available), ready to start in ``workdir``.
 
-    Prepares ``workdir`` for the slot's uid and kills what an earlier run of that uid left.
-    Returns the command line and the uid it will run as (None without a jail).
+    Prepares ``workdir`` for the slot's uid (its checker's with ``checker``) and kills what an
+    earlier run of that uid left. Returns the command line and the uid it will run as (None
+    without a jail).
     """
-    uid = sandbox_uid(slot)
+    uid = sandbox_uid(slot, checker)
     prepare_workdir(workdir, uid)
     if uid is not None:
         kill_uid(uid)  # leftovers of an earlier run in this slot must not count against it
@@ -234,33 +239,56 @@ class Confined:
                  stdout_bytes: int):
         self.proc, self.uid, self.workdir, self.limits = proc, uid, workdir, limits
         self.started = time.monotonic()
+        self.outbox: queue.Queue | None = None
         self.readers = [_Reader(proc.stdout, stdout_bytes),
                         _Reader(proc.stderr, limits.output_bytes)]
         for r in self.readers:
             r.start()
 
+    def send(self, data: bytes, close: bool = False) -> None:
+        """Write ``data`` to the child's stdin (then close it, with ``close``), in order, from
+        a thread: the child may read it only later."""
+        if self.outbox is None:
+            self.outbox = queue.Queue()
+            threading.Thread(target=self._write, daemon=True).start()
+        self.outbox.put(data)
+        if close:
+            self.outbox.put(None)
+
+    def _write(self) -> None:
+        while (data := self.outbox.get()) is not None:
+            try:
+                self.proc.stdin.write(data)
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError):
+                return
+        try:
+            self.proc.stdin.close()
+        except (BrokenPipeError, ValueError, OSError):
+            pass
+
     def feed(self, stdin: bytes) -> None:
         """Write ``stdin`` and close it, from a thread: the child may read it only later."""
-        def write() -> None:
-            try:
-                self.proc.stdin.write(stdin)
-                self.proc.stdin.close()
-            except (BrokenPipeError, ValueError, OSError):
-                pass
-        threading.Thread(target=write, daemon=True).start()
+        self.send(stdin, close=True)
 
-    def wait(self) -> Outcome:
-        proc, limits, workdir = self.proc, self.limits, self.workdir
-        verdict: tuple[Status, str] | None = None
-        while proc.poll() is None:
-            elapsed = time.monotonic() - self.started
-            if elapsed > limits.wall_seconds:
-                verdict = ("timeout", f"ran past the wall-clock limit of {limits.wall_seconds:g} s")
-            elif disk_usage(workdir) > limits.disk_bytes:
-                verdict = ("disk", f"wrote more than {limits.disk_bytes:,} bytes to disk")
-            if verdict:
-                break
-            time.sleep(0.1)
+    def past_limits(self) -> tuple[Status, str] | None:
+        """The wall-clock or disk limit the child is past, as (status, reason); else None."""
+        if time.monotonic() - self.started > self.limits.wall_seconds:
+            return "timeout", f"ran past the wall-clock limit of {self.limits.wall_seconds:g} s"
+        if disk_usage(self.workdir) > self.limits.disk_bytes:
+            return "disk", f"wrote more than {self.limits.disk_bytes:,} bytes to disk"
+        return None
+
+    def wait(self, verdict: tuple[Status, str] | None = None) -> Outcome:
+        """Wait for the child's end, stopping it at a limit (or at once, with ``verdict``: why
+        it is stopped), and return its ``Outcome``."""
+        proc = self.proc
+        if proc.poll() is not None:  # it ended by itself before it was stopped
+            verdict = None
+        while verdict is None and proc.poll() is None:
+            verdict = self.past_limits()
+            if verdict is None:
+                time.sleep(0.1)
         kill_all(proc.pid, self.uid)
         proc.wait()
         for r in self.readers:
@@ -269,7 +297,7 @@ class Confined:
         stdout, stderr = bytes(self.readers[0].data), bytes(self.readers[1].data)
         code = normalize_exit(proc.returncode, self.uid is not None)
         if verdict is None:
-            verdict = classify(code, stderr, limits)
+            verdict = classify(code, stderr, self.limits)
         for r, name in zip(self.readers, ("stdout", "stderr"), strict=True):
             if r.dropped:
                 verdict = (verdict[0], verdict[1] + f"; {name} beyond {r.cap:,} bytes was dropped")
@@ -280,14 +308,15 @@ class Confined:
 def start(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
           env: Mapping[str, str] | None = None, stdin: bool = False, slot: int = 0,
           readable: Sequence[Path] | None = None,
-          stdout_bytes: int | None = None) -> Confined:
+          stdout_bytes: int | None = None, checker: bool = False) -> Confined:
     """Start ``argv`` in ``workdir`` under ``limits`` and return at once (``Confined.wait``).
 
     stdin: keep a pipe to the child's stdin for ``Confined.feed`` (else it reads end of file).
     stdout_bytes: how much of stdout to keep (default ``limits.output_bytes``).
+    checker: run as the slot's checker uid (``sandbox_uid``).
     """
     workdir = Path(workdir).resolve()
-    argv, uid = confine(argv, workdir, limits, slot, readable)
+    argv, uid = confine(argv, workdir, limits, slot, readable, checker)
     proc = subprocess.Popen(
         argv, cwd=workdir, env={**child_env(workdir), **(env or {})},
         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,

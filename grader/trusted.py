@@ -2,13 +2,15 @@
 
 ``TrustedExecute`` replaces nbgrader's ``Execute`` (see ``exercises/nbgrader_config.py``). It
 starts no kernel: a submission's notebook is executed once, by the grader's own run of it
-(``FreshRun``, ``grader.replay``), a fresh Python process in ``grader.sandbox``'s jail: its own
-namespaces, a uid of the worker's slot, a filesystem that holds no references, no instructor
-notebooks, no gradebook and no other submission, and limits on CPU and wall seconds, memory,
-processes, file size, disk and output per cell. Its harness imports and fingerprints its code
-before any learner code runs, runs the code cells in order under their time limits, runs each
-test cell's checks itself and answers over a channel of its own: per cell what it showed
-(nbformat outputs, capped per cell) and per check the facts a grade is decided from.
+(``FreshRun``), two fresh Python processes in ``grader.sandbox``'s jail (their own namespaces,
+a filesystem that holds no references, no instructor notebooks, no gradebook and no other
+submission, and limits on CPU and wall seconds, memory, processes, file size, disk and output
+per cell). The notebook's process (``grader.replay``, a uid of the worker's slot) runs the
+code cells in order under their time limits and traces each check's function on the cases'
+shapes; the checker (``grader.checker``, the slot's second uid) holds the cases' inputs and
+makes the facts a grade is decided from out of those programs. This process relays between
+them (``_Relay``): per cell what it showed (nbformat outputs, capped per cell), per check the
+programs one way and the facts the other.
 
 When the run has ended, the notebook's code cells get those outputs and execution counts (as
 nbclient would have set them from a kernel), and each test cell's checks are decided here
@@ -36,6 +38,7 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +47,7 @@ from nbgrader import utils as nbgrader_utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
 from traitlets import Integer
 
-from grader import exchange, messages, refs, replay, sandbox, verdict
+from grader import exchange, messages, refs, replay, sandbox, tasks, verdict
 
 REPORTS: list[dict] = []  # one per executed notebook, read and cleared by grader.worker
 # what ipykernel reports for this Python (the notebook's metadata.language_info)
@@ -104,9 +107,16 @@ def readable() -> list[Path]:
 # harness shows them as PNG), ``breakpoint()`` is skipped
 GRADING_ENV = {"PALLAS_COURSE_GRADING": "1", "NBGRADER_EXECUTION": "autograde",
                "MPLBACKEND": "Agg", "PYTHONBREAKPOINT": "0"}
+
+
+def grading_env() -> dict[str, str]:
+    """``GRADING_ENV`` with this grader's own code first on the path: the jailed run imports
+    the ``grader`` and ``kernelsim`` it can see (``readable``), wherever the venv's editable
+    install points."""
+    return {**GRADING_ENV, "PYTHONPATH": str(refs.REPO)}
 # what the grader's run imports: without it every test cell would fail, and every grade be 0
 PREFLIGHT = ("import jax, jax.experimental.pallas, numpy, kernelsim, grader.course, "
-             "grader.replay, grader.tasks")
+             "grader.replay, grader.checker, grader.tasks")
 
 
 def preflight(limits: sandbox.Limits, slot: int = 0) -> str | None:
@@ -118,7 +128,7 @@ def preflight(limits: sandbox.Limits, slot: int = 0) -> str | None:
     workdir = jail_folder(slot, "-preflight")
     try:
         out = sandbox.run([sys.executable, "-c", PREFLIGHT], workdir, limits, slot=slot,
-                          readable=readable(), env=GRADING_ENV)
+                          readable=readable(), env=grading_env())
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if out.status == "ok":
@@ -204,84 +214,99 @@ class Replayed:
 
 
 class FreshRun:
-    """The grader's run of a notebook's code cells (``grader.replay``), started at once in the
-    jail under a uid of the slot; ``finish`` waits for it and reads its answers."""
+    """The grader's run of a notebook: its code cells in the notebook's process
+    (``grader.replay``, a uid of the slot) and its checks in the checker (``grader.checker``,
+    the slot's checker uid), both started at once in the jail; ``finish`` passes the
+    notebook's programs to the checker, and the hidden cases' shapes to the notebook after its
+    last cell, stops a check at its test cell's time limit (the checker is then started
+    again for the next one) and collects the answers."""
 
-    def __init__(self, cells, slot: int, limits: sandbox.Limits, timeout_of):
+    def __init__(self, cells, slot: int, limits: sandbox.Limits, timeout_of,
+                 hidden_before: int | None = None):
         self.cells = [{"index": i, "id": _gid(c, i), "source": c.source,
                        "timeout": timeout_of(c) or limits.cpu_seconds,
                        "checks": [list(x) for x in checks_in(c)]}
                       for i, c in _code_cells(cells)]
-        self.key = secrets.token_bytes(32)
-        job, self.loaded = exchange.job_bytes(self.key, self.cells, refs.course_root() / "refs",
-                                              limits.output_bytes)
-        wall = STARTUP_SECONDS + sum(c["timeout"] for c in self.cells)
+        if hidden_before is not None:  # the cells before a stop again, for the hidden checks
+            self.cells = [{**c, "checks": [x for x in c["checks"] if x[1]]}
+                          for c in self.cells if c["index"] < hidden_before
+                          and (not c["checks"] or any(x[1] for x in c["checks"]))]
+        self.again = (cells, timeout_of) if hidden_before is None else None
+        self.slot, self.limits = slot, limits
+        self.key = secrets.token_bytes(32)  # the checker's channel
+        self.notebook_key = secrets.token_bytes(32)  # the notebook's: it holds this one
+        described, arrays, self.loaded = exchange.load_checks(self.cells,
+                                                              refs.course_root() / "refs")
+        host = {task: tasks.get(task).host_inputs for task, _ in self.loaded}
+        visible, visible_host = exchange.signatures(described, arrays, host, hidden=False)
+        hidden, hidden_host = exchange.signatures(described, arrays, host, hidden=True)
+        self.checker_job = self.key.hex().encode() + b"\n" + exchange.frame(
+            self.key, {"cases": described}, exchange.npz_bytes(arrays))
+        self.hidden_frame = exchange.frame(self.notebook_key, {"hidden": hidden},
+                                           exchange.npz_bytes(hidden_host))
+        self.wall = STARTUP_SECONDS + sum(c["timeout"] for c in self.cells)
         self.workdir = jail_folder(slot, "-fresh")
         self.child = sandbox.start(
             [sys.executable, "-m", "grader.replay"], self.workdir,
-            dataclasses.replace(limits, wall_seconds=wall), env=GRADING_ENV,
+            dataclasses.replace(limits, wall_seconds=self.wall), env=grading_env(),
             stdin=True, slot=slot, readable=readable(),
             stdout_bytes=exchange.MAX_CHANNEL_BYTES)
-        self.child.feed(job)
+        self.child.send(self.notebook_key.hex().encode() + b"\n" + exchange.frame(
+            self.notebook_key, {"cells": self.cells, "output_bytes": limits.output_bytes,
+                                "visible": visible}, exchange.npz_bytes(visible_host)))
+        self.checkers: list[Path] = []
+        self.checker = self._start_checker()
+
+    def _start_checker(self) -> sandbox.Confined:
+        workdir = jail_folder(self.slot, "-checker")
+        self.checkers.append(workdir)
+        checker = sandbox.start(
+            [sys.executable, "-m", "grader.checker"], workdir,
+            dataclasses.replace(self.limits, wall_seconds=self.wall), env=grading_env(),
+            stdin=True, slot=self.slot, readable=readable(),
+            stdout_bytes=exchange.MAX_CHANNEL_BYTES, checker=True)
+        checker.send(self.checker_job)
+        return checker
 
     def _expected(self) -> list[tuple]:
-        """The frames the harness sends, in order, when nothing stops it."""
+        """The frames the notebook's process sends, in order, when nothing stops it."""
         out: list[tuple] = []
         for c in self.cells:
-            out += [("check", c["index"], t, h) for t, h, _ in c["checks"]] if c["checks"] \
-                else [("cell", c["index"])]
+            out += [("programs", c["index"], t, False) for t, h, _ in c["checks"] if not h] \
+                if c["checks"] else [("cell", c["index"])]
+        out.append(("cells_done",))
+        for c in self.cells:
+            out += [("programs", c["index"], t, True) for t, h, _ in c["checks"] if h]
         return out
 
-    def _read(self, frames: list[tuple[dict, bytes]], got: Replayed) -> tuple[int, bool, str]:
-        """Fill ``got`` from the frames; returns how many of the expected frames came, whether
-        the last one (``done``) did, and a frame that is out of order ('' if none)."""
-        expected, position, done = self._expected(), 0, False
-        for message, blob in frames:
-            kind = message.get("kind")
-            if done:
-                return position, done, "a frame after the last one"
-            if kind == "done":
-                done = True
-            elif kind == "tampered" and not got.tampered:
-                got.tampered += [str(r) for r in message.get("reasons") or ["(no reason)"]]
-            else:
-                here = expected[position] if position < len(expected) else None
-                key = (kind, message.get("cell"),
-                       *((message.get("task"), message.get("hidden")) if kind == "check" else ()))
-                if got.tampered or key != here:
-                    return position, done, f"a {kind!r} frame out of order"
-                position += 1
-                pieces = message.get("outputs")
-                got.outputs.setdefault(key[1], []).extend(
-                    pieces if isinstance(pieces, list) else [])
-                if kind == "cell" and message.get("error"):
-                    got.cell_errors[key[1]] = str(message["error"])
-                if kind == "cell" and message.get("timeout"):
-                    got.timeouts.add(key[1])
-                elif kind == "check":
-                    got.answers[key[1:]] = (message, blob)
-        return position, done, ""
-
     def finish(self) -> Replayed:
+        got, run = Replayed(), _Relay(self)
         try:
-            outcome = self.child.wait()
+            run.loop(got)
         finally:
+            outcome = run.outcome or self.child.wait(run.stop_notebook)
+            run.end_checker()
             shutil.rmtree(self.workdir, ignore_errors=True)
-        frames, problem = exchange.read_channel(outcome.stdout, self.key)
-        got = Replayed()
-        position, done, disorder = self._read(frames, got)
-        cut = problem == "the channel ends inside a frame"  # stopped while writing
-        if disorder or (problem and not cut):
+            for workdir in self.checkers:
+                shutil.rmtree(workdir, ignore_errors=True)
+        if run.leftover and outcome.status != "timeout" and not run.stop_notebook:
+            # the notebook's process ended by itself in the middle of a frame: it did not
+            # write that (it writes whole frames, and only a limit stops it mid-way)
+            run.problem = run.problem or "the channel ends inside a frame"
+        if run.problem:
             got.tampered.append("the grader's run of this notebook sent bytes its harness did "
-                                f"not write: {disorder or problem}")
+                                f"not write: {run.problem}")
         elif outcome.returncode == replay.CHANNEL_CLOSED:
             got.tampered.append("code in the notebook closed the grader's answer channel")
-        if got.tampered:
+        if run.died:
+            got.died = got.stopped = run.died
+        elif got.tampered:
             got.stopped = ("the grading code was changed before or while this test ran "
                            f"({'; '.join(got.tampered[:3])})")
-        elif not done:
-            expected = self._expected()
-            got.stopped_at = expected[position][1] if position < len(expected) else None
+        elif not run.done:
+            expected = run.expected
+            position = run.position
+            got.stopped_at = next((e[1] for e in expected[position:] if len(e) > 1), None)
             running = next((c["id"] for c in self.cells if c["index"] == got.stopped_at),
                            "the end of the notebook")
             dropped = "stdout beyond" in outcome.reason
@@ -293,7 +318,187 @@ class FreshRun:
                                       f"{running}: it {why}")
             if outcome.status in ("timeout", "memory", "disk"):
                 got.limit = outcome.reason
+            self._hidden_before_the_stop(got)
         return got
+
+    def _hidden_before_the_stop(self, got: Replayed) -> None:
+        """The run stopped before its last cell, so before its hidden checks (traced after the
+        last cell): they are judged from a second run of the cells before the stop, whose
+        outputs are not kept. Their points count, as every check's before a stop does."""
+        stop = got.stopped_at if got.stopped_at is not None else \
+            max((c["index"] for c in self.cells), default=-1) + 1
+        owed = [(c["index"], t) for c in self.cells if c["index"] < stop
+                for t, h, _ in c["checks"] if h and (c["index"], t, True) not in got.answers]
+        if self.again is None or not owed:
+            return
+        cells, timeout_of = self.again
+        again = FreshRun(cells, self.slot, self.limits, timeout_of, hidden_before=stop).finish()
+        for key, answer in again.answers.items():
+            got.answers.setdefault(key, answer)
+
+
+class _Relay:
+    """``FreshRun.finish``'s loop: the notebook's frames in order, the checks to the checker
+    one at a time, each under its test cell's time limit."""
+
+    POLL = 0.02
+
+    def __init__(self, fresh: FreshRun):
+        self.fresh = fresh
+        self.expected, self.position, self.done = fresh._expected(), 0, False
+        self.read = 0  # bytes of the notebook's channel read so far
+        self.leftover = False
+        self.problem: str | None = None
+        self.stop_notebook: tuple | None = None
+        self.outcome: sandbox.Outcome | None = None  # the notebook's, once it was stopped
+        self.pending: list[tuple[dict, bytes, float]] = []
+        self.in_flight: tuple[dict, float, float] | None = None
+        self.checker_read, self.ready = 0, False
+        self.broken: str | None = None  # why the checker cannot start (the grader's fault)
+        self.died: str | None = None
+        self.timeouts = {c["index"]: c["timeout"] for c in fresh.cells}
+
+    # ------------------------------------------------------------------ the notebook
+    def _notebook(self, got: Replayed) -> None:
+        reader = self.fresh.child.readers[0]
+        data = bytes(reader.data[self.read:])
+        frames, used, problem = exchange.read_frames(data, self.fresh.notebook_key)
+        self.read += used
+        self.leftover = used < len(data)
+        for message, blob in frames:
+            if self.problem or self.done:
+                break
+            self._take(message, blob, got)
+        if problem and not self.problem:
+            self.problem = problem
+        if self.problem and self.stop_notebook is None:
+            self.stop_notebook = ("failed", "sent bytes its harness did not write")
+
+    def _take(self, message: dict, blob: bytes, got: Replayed) -> None:
+        kind = message.get("kind")
+        if kind == "done":
+            self.done = True
+            return
+        if kind == "tampered" and not got.tampered:
+            got.tampered += [str(r) for r in message.get("reasons") or ["(no reason)"]]
+            return
+        here = self.expected[self.position] if self.position < len(self.expected) else None
+        key = (kind, *((message.get("cell"),) if kind != "cells_done" else ()),
+               *((message.get("task"), message.get("hidden")) if kind == "programs" else ()))
+        if got.tampered or key != here:
+            self.problem = f"a {kind!r} frame out of order"
+            return
+        self.position += 1
+        if kind == "cells_done":
+            self.fresh.child.send(self.fresh.hidden_frame)
+            return
+        index = key[1]
+        pieces = message.get("outputs")
+        if not (kind == "programs" and key[3]):  # a hidden check's prints are never kept
+            got.outputs.setdefault(index, []).extend(pieces if isinstance(pieces, list) else [])
+        if kind == "cell":
+            if message.get("error"):
+                got.cell_errors[index] = str(message["error"])
+            if message.get("timeout"):
+                got.timeouts.add(index)
+            return
+        answer = {"kind": "check", "cell": index, "task": key[2], "hidden": key[3],
+                  "failed": message.get("failed"), "timeout": bool(message.get("timeout"))}
+        if answer["failed"] is not None:
+            answer["failed"] = str(answer["failed"])[:exchange.MAX_ERROR_CHARS]
+        if answer["timeout"] or answer["failed"]:
+            got.answers[key[1:]] = (answer, b"")
+            return
+        request = {**answer, "kind": "check", "programs": message.get("programs") or {},
+                   "errors": message.get("errors") or {}}
+        self.pending.append((request, blob, float(self.timeouts.get(index, 60))))
+
+    # ------------------------------------------------------------------ the checker
+    def _checker(self, got: Replayed) -> None:
+        checker = self.fresh.checker
+        data = bytes(checker.readers[0].data[self.checker_read:])
+        frames, used, problem = exchange.read_frames(data, self.fresh.key)
+        self.checker_read += used
+        for message, blob in frames:
+            if message.get("kind") == "ready":
+                self.ready = True
+            elif self.in_flight is not None:
+                request = self.in_flight[0]
+                got.answers[(request["cell"], request["task"], request["hidden"])] = \
+                    (message, blob)
+                self.in_flight = None
+        now = time.monotonic()
+        if self.broken is None and not self.ready and checker.proc.poll() is None and \
+                now - checker.started > STARTUP_SECONDS:
+            checker.wait(("timeout", "not ready"))
+        if self.broken:
+            for request, _, _ in self.pending:
+                got.answers[(request["cell"], request["task"], request["hidden"])] = (
+                    {**request, "programs": None, "failed": self.broken}, b"")
+            self.pending.clear()
+        elif problem or checker.proc.poll() is not None and not frames or not self.ready and \
+                now - checker.started > STARTUP_SECONDS:
+            if not self.ready:  # the grader's own fault: no learner program reached it yet
+                tail = bytes(checker.readers[1].data).decode(errors="replace").strip() or \
+                    f"not ready after {STARTUP_SECONDS} s"
+                self.broken = ("not graded: the grader's checker could not start ("
+                               f"{(tail.splitlines() or [problem or 'it ended'])[-1][:300]}); "
+                               "check the jail with `pallas-course autograde` again")
+                self.died = self.broken
+                return
+            why = problem or "it ended"
+            self._lost(got, f"the checker stopped while checking your function ({why})")
+        elif self.in_flight is not None and now - self.in_flight[1] > self.in_flight[2]:
+            self._lost(got, None)
+        if self.ready and self.in_flight is None and self.pending:
+            request, blob, limit = self.pending.pop(0)
+            checker.send(exchange.frame(self.fresh.key, request, blob))
+            self.in_flight = (request, time.monotonic(), limit)
+
+    def _lost(self, got: Replayed, failed: str | None) -> None:
+        """The checker ran past a check's time limit (``failed`` None) or stopped: that check
+        is answered so, and a new checker takes the rest."""
+        if self.in_flight is not None:
+            request = self.in_flight[0]
+            got.answers[(request["cell"], request["task"], request["hidden"])] = (
+                {**request, "programs": None, "timeout": failed is None, "failed": failed},
+                b"")
+            self.in_flight = None
+        elif not self.pending:
+            return
+        self.fresh.checker.wait(("timeout", "stopped by the grader"))
+        self.fresh.checker = self.fresh._start_checker()
+        self.checker_read, self.ready = 0, False
+
+    def end_checker(self) -> None:
+        self.fresh.checker.send(b"", close=True)
+        self.fresh.checker.wait(None if not self.pending and self.in_flight is None
+                                else ("timeout", "stopped by the grader"))
+
+    # ------------------------------------------------------------------ the loop
+    def loop(self, got: Replayed) -> None:
+        """Until the notebook's process has ended (or been stopped: a limit, bytes it did not
+        write) and the checker has answered every check it sent before that."""
+        child = self.fresh.child
+        last_limits = 0.0
+        while True:
+            ended = self.outcome is not None or child.proc.poll() is not None
+            if self.outcome is None:
+                if ended:  # what it wrote before it ended, once its reader drained the pipe
+                    child.readers[0].join(timeout=5)
+                self._notebook(got)
+                if self.problem and not ended:
+                    self.outcome, ended = child.wait(self.stop_notebook), True
+            if not ended and time.monotonic() - last_limits > 1.0:
+                last_limits = time.monotonic()
+                limit = child.past_limits()
+                if limit is not None:
+                    self.stop_notebook = limit
+                    self.outcome, ended = child.wait(limit), True
+            self._checker(got)
+            if (self.done or ended) and not self.pending and self.in_flight is None:
+                return
+            time.sleep(self.POLL)
 
 
 class TrustedExecute(Execute):
@@ -330,6 +535,9 @@ class TrustedExecute(Execute):
             self._judge_all(got, fresh.loaded)
         finally:
             REPORTS.append(self.report)
+        for cell in nb.cells:  # what the learner wrote, as a notebook file can hold it (a
+            # lone surrogate in a string is legal Python and JSON, but not UTF-8)
+            cell.source = exchange.writable(cell.source)
         nb.metadata["language_info"] = dict(LANGUAGE_INFO)
         return nb, self.resources
 
@@ -400,7 +608,7 @@ class TrustedExecute(Execute):
                 failures.append(("CheckFailed", f"{task_id}: the {kind} check's answer could "
                                  f"not be read ({e})"))
                 continue
-            v = verdict.decide(task_id, results)
+            v = verdict.decide(task_id, results, hidden=hidden)
             if v.passed:
                 notes.append(f"{task_id}: {len(entries)} {kind} case(s) passed (checked by "
                              f"the grader); structure: {'; '.join(v.checked)}\n")

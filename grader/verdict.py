@@ -9,6 +9,7 @@ of the notebook over its answer channel and the references never go in (``grader
 
 from __future__ import annotations
 
+import builtins
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -355,8 +356,53 @@ def case_result(entry: dict, inputs: dict, expected: np.ndarray, params: dict, o
                       None if work is None else work_from_dict(work))
 
 
-def decide(task_id: str, results: list[CaseResult]) -> Verdict:
-    """Values first (every case), then the structural and work rules on every case's run."""
+def first_mismatch(got: Any, expected: np.ndarray, rtol: float, atol: float) -> str | None:
+    """``compare`` for a hidden case: None when ``got`` matches; otherwise what the learner's
+    own output is at its first wrong element (its index, its value, its shape and dtype), and
+    nothing of the expected output, its values, shape or tolerance there."""
+    try:
+        g = np.asarray(got)
+    except Exception as e:  # noqa: BLE001
+        return f"the result could not be read as an array ({type(e).__name__})"
+    if g.shape != expected.shape:
+        return f"your output's shape {g.shape} is not this case's"
+    if str(g.dtype) != str(expected.dtype):
+        return f"your output's dtype {g.dtype} is not this case's (cast the kernel's output)"
+    gf, ef = g.astype(np.float64), expected.astype(np.float64)
+    bad = ~(np.abs(gf - ef) <= atol + rtol * np.abs(ef))
+    if not bad.any():
+        return None
+    idx = tuple(int(i) for i in np.argwhere(bad)[0])
+    return (f"your output (shape {g.shape}, {g.dtype}) is wrong first at "
+            f"[{', '.join(map(str, idx))}], where it holds {gf[idx]:.6g}")
+
+
+def describe_hidden(entry: dict) -> str:
+    """``case NAME (dtype)``: what a hidden case's message may say of it."""
+    return f"hidden case {entry['case']} ({entry['dtype']})"
+
+
+# error types a hidden case's message may name: Python's and JAX's tracing errors (a class the
+# learner defines could carry data in its name)
+KNOWN_ERRORS = frozenset({name for name, v in vars(builtins).items()
+                          if isinstance(v, type) and issubclass(v, BaseException)} | {
+    "TracerArrayConversionError", "ConcretizationTypeError", "TracerBoolConversionError",
+    "TracerIntegerConversionError", "UnexpectedTracerError", "JaxRuntimeError",
+    "XlaRuntimeError"})
+HIDDEN_ADVICE = ("hidden cases are not shown; make your function right for every shape and "
+                 "dtype the task allows, and check it on the visible cases")
+
+
+def decide(task_id: str, results: list[CaseResult], hidden: bool = False) -> Verdict:
+    """Values first (every case), then the structural and work rules on every case's run.
+
+    ``hidden``: the cases are hidden ones, whose inputs, expected outputs and anything derived
+    from them stay with the grader; the message then names the case, its dtype, and of the
+    learner's own output its shape, dtype and first wrong element; of an error only its type;
+    of a rule only what it requires by name.
+    """
+    if hidden:
+        return _decide_hidden(task_id, results)
     task = _tasks.get(task_id)
     for r in results:
         if r.error is not None:
@@ -368,23 +414,49 @@ def decide(task_id: str, results: list[CaseResult]) -> Verdict:
                       _out_block(r.trace))
         if msg is not None:
             return Verdict(False, f"{task_id}: wrong values for {describe(r.entry)}: {msg}")
+    return _rules(task_id, task, results, describe)
+
+
+def _rules(task_id: str, task, results: list[CaseResult], named, hidden: bool = False
+           ) -> Verdict:
     if not results:
         return Verdict(False, f"{task_id}: no cases were run")
     first: list = []  # the first case's rules, shown when everything passed
     for r in results:
         if r.trace is None or r.work is None:
             rule = str(_tasks.Rule("pallas_call reached", "exactly 1", "none", False))
+            why = "" if hidden else f" ({r.trace_error})"
             return Verdict(False, f"{task_id}: structural check failed: your function never "
-                           f"calls pl.pallas_call ({r.trace_error}). The answer must be a "
+                           f"calls pl.pallas_call{why}. The answer must be a "
                            "Pallas kernel.", [rule])
         case = next(c for c in task.cases if c.name == r.entry["case"])
         rules = task.structure(r.trace, case, r.inputs) + \
             _tasks.work_rules(task, case, r.work, r.inputs, r.expected.size) + \
             _tasks.tpu_block_rule(task, r.trace)
         first = first or rules
-        failed = [str(x) for x in rules if not x.ok]
+        failed = [f"[FAIL] {x.what}" if hidden else str(x) for x in rules if not x.ok]
         if failed:
             body = "\n  ".join(failed)
-            return Verdict(False, f"{task_id}: structural check failed on {describe(r.entry)}:"
-                           f"\n  {body}", [str(x) for x in rules])
+            return Verdict(False, f"{task_id}: structural check failed on {named(r.entry)}:"
+                           f"\n  {body}" + (f"\n({HIDDEN_ADVICE})" if hidden else ""),
+                           [] if hidden else [str(x) for x in rules])
+    if hidden:
+        return Verdict(True, "", [], [x.what for x in first])
     return Verdict(True, "", [str(x) for x in first], [x.what for x in first])
+
+
+def _decide_hidden(task_id: str, results: list[CaseResult]) -> Verdict:
+    task = _tasks.get(task_id)
+    for r in results:
+        if r.error is not None:
+            if r.error.startswith("NotImplementedError"):
+                return Verdict(False, f"{task_id}: not implemented yet")
+            kind = r.error.partition(":")[0].strip()
+            kind = kind if kind in KNOWN_ERRORS else "an exception"
+            return Verdict(False, f"{task_id}: your function raised {kind} on "
+                           f"{describe_hidden(r.entry)} ({HIDDEN_ADVICE})")
+        msg = first_mismatch(r.output, r.expected, r.entry["rtol"], r.entry["atol"])
+        if msg is not None:
+            return Verdict(False, f"{task_id}: wrong values for {describe_hidden(r.entry)}: "
+                           f"{msg} ({HIDDEN_ADVICE})")
+    return _rules(task_id, task, results, describe_hidden, hidden=True)

@@ -186,6 +186,14 @@ CORPUS = {
                                       "pathlib.Path.read_text = lambda self, *a, **k: ''\n"),
                                0, "tampered", "json.dump was replaced"),
     "traced_decoy": (_after("add_solution", TRACED_DECOY), 6, "graded", ""),
+    # legal content the grader must write: a lone surrogate (not UTF-8), a display nested
+    # 800 levels deep (nbformat's validator recursed once per level)
+    "lone_surrogate": (_after("add_solution", "s = '\\ud800'\nprint(s, repr(s))\ns\n"),
+                       9, "graded", ""),
+    "deep_display": (_after("add_solution", "from IPython.display import display\nv = 0\n"
+                            "for _ in range(800):\n    v = [v]\n"
+                            "display({{'application/json': {{'v': v}}}}, raw=True)\n"),
+                     9, "graded", ""),
     "walk_the_harness": (_after("add_solution", "import gc\n_right_add = add\n"
                                 "def add(x, y):\n    gc.get_objects()\n"
                                 "    return _right_add(x, y)\n"), 0, "tampered",
