@@ -97,8 +97,11 @@ def _build_parser() -> argparse.ArgumentParser:
     a.add_argument("--scheduler", metavar="tcp://HOST:8786", default=None,
                    help="grade on this Dask cluster instead of --workers local processes "
                    "(deploy/README.md)")
+    a.add_argument("--student", metavar="ID", default=None,
+                   help="grade this student's submissions only (again, if graded before)")
     a.add_argument("--resume", action="store_true",
-                   help="skip submissions that already have a status (after an interruption)")
+                   help="grade only submissions without a status, or whose status is error "
+                   "or crashed (after an interruption or an infrastructure fault)")
     f = sub.add_parser("feedback", help="HTML feedback without hidden tests")
     f.add_argument("assignment", nargs="?")
     e = sub.add_parser("export", help="grades CSV (nbgrader's columns plus status "
@@ -164,7 +167,7 @@ def _grading_command(args: argparse.Namespace, root: Path) -> int:
     elif args.command == "autograde":
         res = grading.autograde(root, args.assignment, workers=args.workers,
                                 timeout=args.timeout, resume=args.resume,
-                                scheduler=args.scheduler)
+                                scheduler=args.scheduler, student=args.student)
         return 0 if all(r["status"] in ("graded",) for r in res) else 3
     elif args.command == "feedback":
         grading.feedback(root, args.assignment)
