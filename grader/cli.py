@@ -107,6 +107,14 @@ def _build_parser() -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="grades CSV (nbgrader's columns plus status "
                        "and reason)")
     e.add_argument("--to", type=Path, required=True)
+    e.add_argument("--lms", choices=("canvas", "moodle"), default=None,
+                   help="a table that Canvas's or Moodle's gradebook imports (one row per "
+                   "student, one column per assignment) instead of nbgrader's CSV")
+    rp = sub.add_parser("report", help="an HTML class report of an assignment: per task how "
+                        "many passed and the most frequent failure, grading time")
+    rp.add_argument("assignment")
+    rp.add_argument("--to", type=Path, default=None,
+                    help="default: reports/<assignment>.html in the course")
     k = sub.add_parser("check", help="run a notebook's visible tests in a fresh kernel")
     k.add_argument("notebook", type=Path)
     rf = sub.add_parser("refs", help="regenerate reference outputs under exercises/refs/")
@@ -172,7 +180,12 @@ def _grading_command(args: argparse.Namespace, root: Path) -> int:
     elif args.command == "feedback":
         grading.feedback(root, args.assignment)
     elif args.command == "export":
-        grading.export(root, args.to)
+        grading.export(root, args.to, lms=args.lms)
+    elif args.command == "report":
+        from grader import report
+
+        report.write(root, args.assignment,
+                     args.to or root / "reports" / f"{args.assignment}.html")
     elif args.command == "refs":
         refs.generate(root, set(args.only) or None)
     else:

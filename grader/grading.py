@@ -501,7 +501,34 @@ def _scrub_hidden(html: Path) -> None:
         raise RuntimeError(f"{html}: hidden tests leaked into feedback; check nbgrader_config.py")
 
 
-def export(root: Path, to: Path, log=print) -> Path:
+LMS_FORMATS = ("canvas", "moodle")
+
+
+def lms_table(rows: list[dict], lms: str) -> list[list[str]]:
+    """The export's rows as a gradebook import table: one row per student, one column per
+    assignment (its score after the late penalty). Canvas: its export's first columns, the
+    student matched by SIS Login ID (the hub's user name), then a "Points Possible" row; new
+    columns become assignments. Moodle: a "Username" column to map to the user's username, the
+    assignment columns to map to grade items."""
+    assignments = sorted({r["assignment"] for r in rows})
+    students = sorted({r["student_id"] for r in rows})
+    score = {(r["student_id"], r["assignment"]): str(r.get("score") or 0) for r in rows}
+    most = {a: max((float(r.get("max_score") or 0) for r in rows if r["assignment"] == a),
+                   default=0.0) for a in assignments}
+    if lms == "canvas":
+        table = [["Student", "ID", "SIS User ID", "SIS Login ID", "Section", *assignments],
+                 ["Points Possible", "", "", "", "", *(f"{most[a]:g}" for a in assignments)]]
+        return table + [[s, "", "", s, "", *(score.get((s, a), "0") for a in assignments)]
+                        for s in students]
+    if lms == "moodle":
+        return [["Username", *assignments]] + [
+            [s, *(score.get((s, a), "0") for a in assignments)] for s in students]
+    raise ValueError(f"unknown gradebook format {lms!r}: one of {', '.join(LMS_FORMATS)}")
+
+
+def export(root: Path, to: Path, log=print, lms: str | None = None) -> Path:
+    """The grades CSV (nbgrader's columns plus late_by, status, reason), or with ``lms`` a
+    table that gradebook imports (``lms_table``)."""
     to = Path(to).resolve()
     with tempfile.TemporaryDirectory() as d:
         raw = Path(d) / "grades.csv"
@@ -535,9 +562,12 @@ def export(root: Path, to: Path, log=print) -> Path:
                          "reason": st.get("detail", "")})
     to.parent.mkdir(parents=True, exist_ok=True)
     with to.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[*fields, "late_by", "status", "reason"])
-        w.writeheader()
-        w.writerows(rows)
+        if lms:
+            csv.writer(f).writerows(lms_table(rows, lms))
+        else:
+            w = csv.DictWriter(f, fieldnames=[*fields, "late_by", "status", "reason"])
+            w.writeheader()
+            w.writerows(rows)
     log(f"exported {len(rows)} row(s) to {to}")
     return to
 

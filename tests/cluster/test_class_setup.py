@@ -252,6 +252,16 @@ open(os.path.join({str(forged)!r}, 'timestamp.txt'), 'w').write('2099-01-01 00:0
     assert {u: (float(r["score"]), r["status"]) for u, r in rows.items()} == \
         {L1: (9.0, "graded"), L2: (6.0, "graded")}, rows
 
+    # the class report: learner 2's wrong first task shows as one of two passing it
+    report = Path("/tmp") / f"pallas-class-{os.getpid()}.html"
+    try:
+        k.pallas(TEACHER, "report", A, "--to", str(report))
+        page = report.read_text()
+    finally:
+        report.unlink(missing_ok=True)
+    assert "graded 2" in page and "<td>1 / 2</td>" in page and "<td>2 / 2</td>" in page, page
+    assert "Error" in page  # the most frequent failure of the task learner 2 failed
+
 
 def test_gradebook_restart_mid_batch_costs_no_grade(klass):
     """PostgreSQL restarts while a batch grades on the Dask cluster: a submission that could not

@@ -1,5 +1,5 @@
 """The late policy (grader/late.py): penalty per started hour and day, capped by the score;
-"late by" as the export shows it."""
+"late by" as the export shows it; the gradebook import tables for Canvas and Moodle."""
 
 from grader.late import LatePenalty, late_by
 
@@ -20,3 +20,18 @@ def test_late_by_reads_the_exports_columns():
     assert late_by("2026-12-01 10:00:01", due) == "1 min"
     assert late_by("2026-12-02 12:04:00.250000", due) == "1 d 2 h 5 min"  # started minutes
     assert late_by("", due) == "" and late_by("2026-12-02 12:05:00", "None") == ""
+
+
+def test_lms_tables_have_one_row_per_student_and_a_column_per_assignment():
+    from grader.grading import lms_table
+
+    rows = [{"assignment": "a1", "student_id": "ana", "score": 9.0, "max_score": 9.0},
+            {"assignment": "a1", "student_id": "ben", "score": 6.0, "max_score": 9.0},
+            {"assignment": "a2", "student_id": "ana", "score": 0, "max_score": 4.0}]
+    canvas = lms_table(rows, "canvas")
+    assert canvas[0] == ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", "a1", "a2"]
+    assert canvas[1][-2:] == ["9", "4"]
+    assert canvas[2] == ["ana", "", "", "ana", "", "9.0", "0"]
+    assert canvas[3] == ["ben", "", "", "ben", "", "6.0", "0"]
+    assert lms_table(rows, "moodle") == [["Username", "a1", "a2"], ["ana", "9.0", "0"],
+                                         ["ben", "6.0", "0"]]
