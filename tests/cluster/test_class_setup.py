@@ -260,7 +260,7 @@ open(os.path.join({str(forged)!r}, 'timestamp.txt'), 'w').write('2099-01-01 00:0
     finally:
         report.unlink(missing_ok=True)
     assert "graded 2" in page and "<td>1 / 2</td>" in page and "<td>2 / 2</td>" in page, page
-    assert "Error" in page  # the most frequent failure of the task learner 2 failed
+    assert "CheckFailed: " in page  # the most frequent failure of the task learner 2 failed
 
 
 def test_gradebook_restart_mid_batch_costs_no_grade(klass):
