@@ -7,10 +7,11 @@ with the checks inside the kernel: the ratio is what isolation and the trusted v
 20 submissions of assignment 01 (the instructor notebook under 20 student ids) in a temporary
 course copy. Prints a table and writes bench/results/grading.json.
 
-Then the same batch on a Dask cluster on this machine (``autograde --scheduler``: a scheduler
-and 1 or 2 ``dask worker --nthreads 1`` processes, started before the clock runs, as a class's
-cluster is), its overhead against the local pool with as many workers, and a model of a
-2,000-learner term built from the measured cost of one submission (``term_model``).
+Then the same batch on a Dask cluster on this machine speaking TLS only (``autograde
+--scheduler``: a scheduler and 1 or 2 ``dask worker --nthreads 1`` processes, started before
+the clock runs, as a class's cluster is), its overhead against the local pool with as many
+workers, and a model of a 2,000-learner term built from the measured cost of one submission
+(``term_model``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+import dask  # noqa: E402
 
 from grader import build, collect, grading  # noqa: E402
 
@@ -96,10 +99,12 @@ def dask_rows(tmp: Path, local: dict[int, dict]) -> list[dict]:
     rows = []
     for workers in (1, 2):
         root = fresh_course(tmp)
-        cluster = DaskCluster(workers, tmp / f"dask-{workers}")
-        row = {"runner": f"pallas-course --scheduler (dask, {workers} worker(s))"}
+        # TLS, as a class runs it (deploy/setup-class.sh): its cost is in the overhead
+        cluster = DaskCluster(workers, tmp / f"dask-{workers}", tls=True)
+        row = {"runner": f"pallas-course --scheduler (dask, TLS, {workers} worker(s))"}
         try:
-            with measured(row):  # the workers' CPU: the machine's (they are not our children)
+            # the workers' CPU: the machine's (they are not our children)
+            with measured(row), dask.config.set(cluster.client_config):
                 res = grading.autograde(root, A, scheduler=cluster.address, progress=None,
                                         log=lambda *a: None)
         finally:

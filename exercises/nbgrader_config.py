@@ -8,6 +8,7 @@ import os
 
 from grader.feedback_css import FeedbackCSS
 from grader.feedback_pp import ClearHiddenOutputs, InertHtml
+from grader.late import LatePenalty
 from grader.trusted import RestoreTestCells, TrustedExecute, VerdictGrades
 from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.preprocessors import (
@@ -37,8 +38,16 @@ c.CourseDirectory.db_url = (os.environ.get("PALLAS_COURSE_DB")
 # the jupytext twins (*.py) hold the solutions: never copy them into release/ or autograded/
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.py",
                             "*.ipynb.tmp"]
-c.Exchange.root = os.path.join(ROOT, "exchange")
 c.Exchange.path_includes_course = True
+# A class on one machine (deploy/setup-class.sh) names its exchange, outside this folder, which
+# learners cannot enter; the course's files are then the instructors' group's (groupshared), and
+# an inbound entry is collected only when the student it names owns it (grader/inbound.py).
+if os.environ.get("PALLAS_COURSE_EXCHANGE"):
+    c.Exchange.root = os.environ["PALLAS_COURSE_EXCHANGE"]
+    c.CourseDirectory.groupshared = True
+    c.ExchangeFactory.collect = "grader.inbound.OwnedCollect"
+else:
+    c.Exchange.root = os.path.join(ROOT, "exchange")
 
 # A deleted test cell is put back from the gradebook (and scores what it scores).
 c.OverwriteCells.add_missing_cells = True
@@ -54,6 +63,13 @@ c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, RestoreTestCe
 c.Autograde.autograde_preprocessors = [TrustedExecute, IgnorePattern, ClearMetadataPreprocessor,
                                        LimitOutput, VerdictGrades, AssignLatePenalties,
                                        CheckCellMetadata]
+
+# Late policy (grader/late.py): points off per started hour and per started day past the
+# assignment's due date (set it in the formgrader), by the server's clock; `pallas-course
+# export` shows the penalty and "late by". 0 and 0: late work is marked late but not penalised.
+c.AssignLatePenalties.plugin_class = LatePenalty
+c.LatePenalty.points_per_hour = 0.0
+c.LatePenalty.points_per_day = 0.0
 
 # Feedback wraps long messages instead of clipping them (grader/feedback_css.py); it
 # must not show the hidden tests (nbgrader#917, #1156, #1363), nor run the learner's

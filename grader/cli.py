@@ -102,13 +102,24 @@ def _build_parser() -> argparse.ArgumentParser:
     a.add_argument("--scheduler", metavar="tcp://HOST:8786", default=None,
                    help="grade on this Dask cluster instead of --workers local processes "
                    "(deploy/README.md)")
+    a.add_argument("--student", metavar="ID", default=None,
+                   help="grade this student's submissions only (again, if graded before)")
     a.add_argument("--resume", action="store_true",
-                   help="skip submissions that already have a status (after an interruption)")
+                   help="grade only submissions without a status, or whose status is error "
+                   "or crashed (after an interruption or an infrastructure fault)")
     f = sub.add_parser("feedback", help="HTML feedback without hidden tests")
     f.add_argument("assignment", nargs="?")
     e = sub.add_parser("export", help="grades CSV (nbgrader's columns plus status "
                        "and reason)")
     e.add_argument("--to", type=Path, required=True)
+    e.add_argument("--lms", choices=("canvas", "moodle"), default=None,
+                   help="a table that Canvas's or Moodle's gradebook imports (one row per "
+                   "student, one column per assignment) instead of nbgrader's CSV")
+    rp = sub.add_parser("report", help="an HTML class report of an assignment: per task how "
+                        "many passed and the most frequent failure, grading time")
+    rp.add_argument("assignment")
+    rp.add_argument("--to", type=Path, default=None,
+                    help="default: reports/<assignment>.html in the course")
     k = sub.add_parser("check", help="run a notebook's visible checks in a fresh kernel (the "
                        "notebook: a path from here or from the workspace, or just its name)")
     k.add_argument("notebook", type=Path)
@@ -175,12 +186,17 @@ def _grading_command(args: argparse.Namespace, root: Path) -> int:
     elif args.command == "autograde":
         res = grading.autograde(root, args.assignment, workers=args.workers,
                                 timeout=args.timeout, resume=args.resume,
-                                scheduler=args.scheduler)
+                                scheduler=args.scheduler, student=args.student)
         return 0 if all(r["status"] in ("graded",) for r in res) else 3
     elif args.command == "feedback":
         grading.feedback(root, args.assignment)
     elif args.command == "export":
-        grading.export(root, args.to)
+        grading.export(root, args.to, lms=args.lms)
+    elif args.command == "report":
+        from grader import report
+
+        report.write(root, args.assignment,
+                     args.to or root / "reports" / f"{args.assignment}.html")
     elif args.command == "refs":
         refs.generate(root, set(args.only) or None)
     else:

@@ -49,7 +49,7 @@ class Entry:
     mtime: float
 
 
-def _read_regular(path: Path, limit: int) -> bytes:
+def read_regular(path: Path, limit: int) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as e:
@@ -80,7 +80,7 @@ def _folder_entries(base: Path, skipped: list) -> Iterator[Entry]:
             elif not stat.S_ISREG(st.st_mode):
                 skipped.append((rel, "not a regular file"))
             else:
-                yield Entry(rel, lambda limit, p=path: _read_regular(p, limit), st.st_mtime)
+                yield Entry(rel, lambda limit, p=path: read_regular(p, limit), st.st_mtime)
 
 
 def _zip_entries(zf: zipfile.ZipFile, skipped: list) -> Iterator[Entry]:

@@ -10,7 +10,9 @@ Statuses (one JSON file per submission under ``<root>/status/<assignment>/<stude
 written atomically, so a batch can be resumed and read while it runs): graded; timeout (a cell,
 the run's CPU or wall-clock limit or the whole submission ran out of time); crashed (the run
 died, ran out of memory or hit the disk or file-size limit, or nbgrader failed); malformed (not
-a readable notebook); tampered (the notebook's code changed the grading code in the grader's
+a readable notebook; it scores 0, also when an earlier submission had a grade); error (the
+gradebook could not be reached: an infrastructure fault, never a learner's 0, graded again by
+``--resume`` like crashed); tampered (the notebook's code changed the grading code in the grader's
 run of it, or test cells were edited, deleted, duplicated or reordered, which nbgrader undoes
 before grading); missing (no submission).
 """
@@ -306,6 +308,21 @@ def test_cell_changes(release_nb: Path, submitted_nb: Path) -> list[str]:
     return changes
 
 
+# a gradebook server that is down or restarting, as SQLAlchemy and libpq report it
+GRADEBOOK_DOWN = re.compile(r"OperationalError|could not connect to server|Connection refused|"
+                            r"terminating connection|server closed the connection|"
+                            r"the database system is (?:starting up|shutting down)", re.I)
+GRADEBOOK_RETRIES = (2, 5, 10, 20)  # seconds between attempts: rides out a server restart
+# outcomes that say nothing about the submission: --resume grades them again
+REGRADABLE = ("error", "crashed")
+
+
+def gradebook_down(res: dict) -> bool:
+    """Did this autograde job fail because the gradebook could not be reached?"""
+    text = f"{res.get('error') or ''}\n{res.get('log') or ''}\n{res.get('stderr') or ''}"
+    return not res.get("killed") and bool(GRADEBOOK_DOWN.search(text))
+
+
 def grade_one(root: Path, student: str, assignment: str, timeout: float,
               worker: Worker) -> dict:
     t0 = time.monotonic()
@@ -316,6 +333,11 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float,
         rec.update(status="malformed", detail=why)
     else:
         res = worker.run("autograde", assignment, student, timeout=timeout)
+        for pause in GRADEBOOK_RETRIES:  # a gradebook restarting: wait and grade again
+            if res.get("success") or not gradebook_down(res):
+                break
+            time.sleep(pause)
+            res = worker.run("autograde", assignment, student, timeout=timeout)
         reports = res.get("reports") or []
         changes = [c for nb in sorted(subdir.glob("*.ipynb"))
                    for c in test_cell_changes(root / "release" / assignment / nb.name, nb)]
@@ -323,6 +345,10 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float,
         died = [r["died"] for r in reports if r.get("died")]
         if res.get("killed") == "timeout":
             rec.update(status="timeout", detail=f"the whole submission {res['error']}")
+        elif not res.get("success") and gradebook_down(res):
+            rec.update(status="error", detail="the gradebook could not be reached after "
+                       f"{len(GRADEBOOK_RETRIES) + 1} attempts (an infrastructure fault, not "
+                       "the submission's): grade it again with autograde --resume")
         elif not res.get("success"):
             log = (res.get("log") or "") + (res.get("stderr") or "")
             rec.update(status="crashed", detail=_cause(log) or
@@ -391,14 +417,21 @@ def _graded_locally(root: Path, todo: list[tuple[str, str]], timeout: float, wor
 
 def autograde(root: Path, assignment: str | None = None, workers: int = 1,
               timeout: float = SUBMISSION_TIMEOUT, resume: bool = False,
-              progress=sys.stderr, log=print, scheduler: str | None = None) -> list[dict]:
-    """Grade the submissions on ``workers`` local workers, or on the Dask cluster whose
-    scheduler is at ``scheduler`` (``tcp://HOST:8786``, see ``grader.cluster``)."""
-    todo = submissions(root, assignment)
+              progress=sys.stderr, log=print, scheduler: str | None = None,
+              student: str | None = None) -> list[dict]:
+    """Grade the submissions (of ``student`` only, when named) on ``workers`` local workers,
+    or on the Dask cluster whose scheduler is at ``scheduler`` (``tcp://HOST:8786``, see
+    ``grader.cluster``)."""
+    todo = [(s, a) for s, a in submissions(root, assignment) if student in (None, s)]
+    if student is not None and not todo:
+        raise FileNotFoundError(f"no submission of {student!r} under {root / 'submitted'}: "
+                                "collect it first, or check the student id")
     if resume:
         # a status file is written when a submission is finished, whatever its outcome; one
-        # that was in progress when the batch stopped has none and is graded again
-        todo = [(s, a) for s, a in todo if read_status(root, a, s) is None]
+        # that was in progress when the batch stopped has none and is graded again, as is one
+        # that an infrastructure fault (error) or a crash left without a grade
+        todo = [(s, a) for s, a in todo
+                if (read_status(root, a, s) or {}).get("status", "error") in REGRADABLE]
     results: list[dict] = []
     t0 = time.monotonic()
     if progress:
@@ -468,7 +501,34 @@ def _scrub_hidden(html: Path) -> None:
         raise RuntimeError(f"{html}: hidden tests leaked into feedback; check nbgrader_config.py")
 
 
-def export(root: Path, to: Path, log=print) -> Path:
+LMS_FORMATS = ("canvas", "moodle")
+
+
+def lms_table(rows: list[dict], lms: str) -> list[list[str]]:
+    """The export's rows as a gradebook import table: one row per student, one column per
+    assignment (its score after the late penalty). Canvas: its export's first columns, the
+    student matched by SIS Login ID (the hub's user name), then a "Points Possible" row; new
+    columns become assignments. Moodle: a "Username" column to map to the user's username, the
+    assignment columns to map to grade items."""
+    assignments = sorted({r["assignment"] for r in rows})
+    students = sorted({r["student_id"] for r in rows})
+    score = {(r["student_id"], r["assignment"]): str(r.get("score") or 0) for r in rows}
+    most = {a: max((float(r.get("max_score") or 0) for r in rows if r["assignment"] == a),
+                   default=0.0) for a in assignments}
+    if lms == "canvas":
+        table = [["Student", "ID", "SIS User ID", "SIS Login ID", "Section", *assignments],
+                 ["Points Possible", "", "", "", "", *(f"{most[a]:g}" for a in assignments)]]
+        return table + [[s, "", "", s, "", *(score.get((s, a), "0") for a in assignments)]
+                        for s in students]
+    if lms == "moodle":
+        return [["Username", *assignments]] + [
+            [s, *(score.get((s, a), "0") for a in assignments)] for s in students]
+    raise ValueError(f"unknown gradebook format {lms!r}: one of {', '.join(LMS_FORMATS)}")
+
+
+def export(root: Path, to: Path, log=print, lms: str | None = None) -> Path:
+    """The grades CSV (nbgrader's columns plus late_by, status, reason), or with ``lms`` a
+    table that gradebook imports (``lms_table``)."""
     to = Path(to).resolve()
     with tempfile.TemporaryDirectory() as d:
         raw = Path(d) / "grades.csv"
@@ -479,11 +539,16 @@ def export(root: Path, to: Path, log=print) -> Path:
             rows = list(csv.DictReader(f))
             fields = list(rows[0].keys()) if rows else ["assignment", "student_id", "score",
                                                           "max_score"]
+    from grader.late import late_by
+
     for row in rows:
+        row["late_by"] = late_by(row.get("timestamp", ""), row.get("duedate", ""))
         st = read_status(root, row["assignment"], row["student_id"])
         row["reason"] = (st or {}).get("detail", "")
         if st:
             row["status"] = st["status"]
+            if st["status"] == "malformed":  # replaces the grade of an earlier submission
+                row["score"] = 0
         elif row.get("timestamp") in ("", "None", None) and float(row.get("score") or 0) == 0:
             row["status"] = "missing"
         else:
@@ -492,13 +557,16 @@ def export(root: Path, to: Path, log=print) -> Path:
     for st_file in sorted((root / "status").glob("*/*.json")):
         st = json.loads(st_file.read_text())
         if (st["student"], st["assignment"]) not in seen:  # never reached the gradebook
-            rows.append({**{k: "" for k in fields}, "assignment": st["assignment"],
+            rows.append({**{k: "" for k in fields}, "late_by": "", "assignment": st["assignment"],
                          "student_id": st["student"], "score": 0, "status": st["status"],
                          "reason": st.get("detail", "")})
     to.parent.mkdir(parents=True, exist_ok=True)
     with to.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=[*fields, "status", "reason"])
-        w.writeheader()
-        w.writerows(rows)
+        if lms:
+            csv.writer(f).writerows(lms_table(rows, lms))
+        else:
+            w = csv.DictWriter(f, fieldnames=[*fields, "late_by", "status", "reason"])
+            w.writeheader()
+            w.writerows(rows)
     log(f"exported {len(rows)} row(s) to {to}")
     return to

@@ -10,13 +10,17 @@ folder; reference outputs, hidden inputs, instructor notebooks, the gradebook, o
 submissions and the repository's history are simply not there. It then drops to an
 unprivileged uid of its own (one per concurrent slot, via ``setpriv``), so it cannot signal the
 grader, the process limit binds, and whatever it leaves behind is found by uid and killed.
-Without root or bubblewrap the run falls back to limits only ("rlimits"), and says so.
+Without root (a grading account, deploy/setup-class.sh) the same jail is built in a user
+namespace of the run's own, as ``nobody`` there, without the uid switch: the pid namespace ends
+every process of the run with it. Without bubblewrap, or where user namespaces are off, the run
+falls back to limits only ("rlimits"), and says so.
 
 The outcome is data, never an exception: a batch goes on whatever one submission does.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import shutil
@@ -73,20 +77,37 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
+NOBODY = 65534  # who a jailed run is inside its user namespace, without root
+
+
 def isolation() -> Isolation:
-    """``jail`` when this process can build namespaces and switch uid, else ``rlimits``."""
-    if is_root() and shutil.which("bwrap") and shutil.which("setpriv"):
+    """``jail`` when this process can build namespaces (as root, switching to a slot's uid; or
+    without root, in a user namespace of its own), else ``rlimits``."""
+    if shutil.which("bwrap") and shutil.which("setpriv") and (is_root() or user_namespaces()):
         return "jail"
     return "rlimits"
+
+
+@functools.cache
+def user_namespaces() -> bool:
+    """Can this (unprivileged) process run bubblewrap in a user namespace of its own?"""
+    try:
+        return subprocess.run(["bwrap", "--unshare-user", "--ro-bind", "/", "/", "true"],
+                              capture_output=True, timeout=30, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def sandbox_uid(slot: int, checker: bool = False) -> int | None:
     """The uid a jailed run in ``slot`` uses (``checker``: the slot's checker, a uid of its
     own, so that the notebook's process can neither signal it nor read its memory); None
-    without a jail."""
+    without a jail, or in a user namespace (the run keeps this account's uid outside it; its
+    pid namespace ends with it)."""
     if not 0 <= slot < SLOTS:
         raise ValueError(f"sandbox slot {slot} is outside 0..{SLOTS - 1}")
-    return SANDBOX_UID_BASE + SLOTS * checker + slot if isolation() == "jail" else None
+    if isolation() != "jail" or not is_root():
+        return None
+    return SANDBOX_UID_BASE + SLOTS * checker + slot
 
 
 def default_readable() -> list[Path]:
@@ -94,12 +115,16 @@ def default_readable() -> list[Path]:
     return [Path(sys.base_prefix).resolve(), Path(sys.prefix)]
 
 
-def _jail_argv(argv: Sequence[str], workdir: Path, readable: Sequence[Path], uid: int,
+def _jail_argv(argv: Sequence[str], workdir: Path, readable: Sequence[Path], uid: int | None,
                limits: Limits) -> list[str]:
-    """bwrap + setpriv in front of ``argv``: namespaces, a whitelisted filesystem, a new uid."""
+    """bwrap + setpriv in front of ``argv``: namespaces, a whitelisted filesystem, a new uid
+    (``uid``; None: not root, so ``nobody`` in a user namespace of its own, capabilities
+    dropped by bwrap)."""
     cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
            "--unshare-ipc", "--unshare-uts", "--dev", "/dev", "--proc", "/proc",
            "--size", str(limits.disk_bytes), "--tmpfs", "/tmp"]
+    if uid is None:
+        cmd += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
     for system in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc"):
         if os.path.exists(system):
             cmd += ["--ro-bind", system, system]
@@ -113,9 +138,10 @@ def _jail_argv(argv: Sequence[str], workdir: Path, readable: Sequence[Path], uid
                 made.add(parent)
     for path in readable:
         cmd += ["--ro-bind", str(path), str(path)]
-    cmd += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir), "--",
-            "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-            "--inh-caps=-all", "--bounding-set=-all", "--"]
+    cmd += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir), "--"]
+    if uid is not None:
+        cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--"]
     return cmd + list(argv)
 
 
@@ -213,12 +239,13 @@ def confine(argv: Sequence[str], workdir: Path, limits: Limits, slot: int = 0,
 
     Prepares ``workdir`` for the slot's uid (its checker's with ``checker``) and kills what an
     earlier run of that uid left. Returns the command line and the uid it will run as (None
-    without a jail).
+    without a jail or in a user namespace).
     """
     uid = sandbox_uid(slot, checker)
     prepare_workdir(workdir, uid)
     if uid is not None:
         kill_uid(uid)  # leftovers of an earlier run in this slot must not count against it
+    if isolation() == "jail":
         argv = _jail_argv(argv, workdir, default_readable() if readable is None else readable,
                           uid, limits)
     return _limits_argv(limits, uid is not None) + list(argv), uid
@@ -295,14 +322,15 @@ class Confined:
             r.join(timeout=5)
         wall = time.monotonic() - self.started
         stdout, stderr = bytes(self.readers[0].data), bytes(self.readers[1].data)
-        code = normalize_exit(proc.returncode, self.uid is not None)
+        jailed = isolation() == "jail"
+        code = normalize_exit(proc.returncode, jailed)
         if verdict is None:
             verdict = classify(code, stderr, self.limits)
         for r, name in zip(self.readers, ("stdout", "stderr"), strict=True):
             if r.dropped:
                 verdict = (verdict[0], verdict[1] + f"; {name} beyond {r.cap:,} bytes was dropped")
         return Outcome(verdict[0], code, stdout, stderr, wall, verdict[1],
-                       "jail" if self.uid is not None else "rlimits")
+                       "jail" if jailed else "rlimits")
 
 
 def start(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,

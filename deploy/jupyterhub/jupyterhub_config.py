@@ -11,8 +11,10 @@ PALLAS_COURSE_LEARNERS     comma-separated hub user names allowed in (unset: onl
 PALLAS_COURSE_IMAGE        the single-user image (deploy/jupyterhub/Dockerfile): learners run
                            in containers (DockerSpawner); unset: local processes, one Unix
                            account per user (LocalProcessSpawner)
+PALLAS_COURSE_EXCHANGE     nbgrader's exchange (default <course>/exchange)
 PALLAS_COURSE_DB           the gradebook's URL when not SQLite in the course (postgresql://...),
-                           given to the instructors' servers only
+                           given to the instructors' servers only, as are DASK_CONFIG and
+                           PALLAS_COURSE_SCHEDULER (grading on Dask)
 
 Everybody's server gets the exchange, ``<course>/exchange``, at the same path; the instructors'
 also get the course folder. Learners get nbgrader's student extensions (assignment list with
@@ -29,7 +31,8 @@ c = get_config()  # noqa: F821 - provided by traitlets when this file is loaded
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 COURSE = os.environ.get("PALLAS_COURSE_ROOT", "/srv/pallas-course")
-EXCHANGE = os.path.join(COURSE, "exchange")
+# the exchange: outside the course folder where learners cannot enter the course (setup-class.sh)
+EXCHANGE = os.environ.get("PALLAS_COURSE_EXCHANGE") or os.path.join(COURSE, "exchange")
 IMAGE = os.environ.get("PALLAS_COURSE_IMAGE")
 INSTRUCTORS = [u for u in os.environ.get("PALLAS_COURSE_INSTRUCTORS", "").split(",") if u]
 LEARNERS = [u for u in os.environ.get("PALLAS_COURSE_LEARNERS", "").split(",") if u]
@@ -56,6 +59,9 @@ else:
     c.Spawner.cmd = [os.path.join(os.path.dirname(sys.executable), "jupyterhub-singleuser")]
 
 
+INSTRUCTOR_ENV = ("PALLAS_COURSE_DB", "DASK_CONFIG", "PALLAS_COURSE_SCHEDULER")
+
+
 def role_setup(spawner):
     """Learner or instructor: which Jupyter config folder, and for instructors the course."""
     instructor = any(g.name == "instructors" for g in spawner.user.groups)
@@ -63,8 +69,9 @@ def role_setup(spawner):
     if instructor:
         # the formgrader wants the course inside the server's root folder
         env["PALLAS_COURSE_ROOT"] = spawner.notebook_dir = COURSE
-        if os.environ.get("PALLAS_COURSE_DB"):
-            env["PALLAS_COURSE_DB"] = os.environ["PALLAS_COURSE_DB"]
+        for key in INSTRUCTOR_ENV:
+            if os.environ.get(key):
+                env[key] = os.environ[key]
         if IMAGE:
             spawner.volumes = {**spawner.volumes, COURSE: COURSE}
     spawner.environment = {**spawner.environment, **env}

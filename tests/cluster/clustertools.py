@@ -152,17 +152,47 @@ def _has_user(name: str) -> bool:
         return False
 
 
+def tls_certificates(d: Path) -> dict[str, str]:
+    """A certificate authority and one key pair it signed, as deploy/setup-class.sh makes them;
+    Dask's client settings for them (``dask.config.set``)."""
+    d.mkdir(parents=True, exist_ok=True)
+    ca, cert, key = d / "ca.pem", d / "dask.pem", d / "dask.key"
+    for argv in (
+            ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=ca",
+             "-keyout", d / "ca.key", "-out", ca],
+            ["req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=dask", "-keyout", key,
+             "-out", d / "dask.csr"],
+            ["x509", "-req", "-in", d / "dask.csr", "-CA", ca, "-CAkey", d / "ca.key",
+             "-CAcreateserial", "-days", "2", "-out", cert]):
+        subprocess.run(["openssl", *map(str, argv)], check=True, capture_output=True)
+    return {"distributed.comm.require-encryption": True,
+            "distributed.comm.tls.ca-file": str(ca),
+            "distributed.comm.tls.client.cert": str(cert),
+            "distributed.comm.tls.client.key": str(key)}
+
+
 class DaskCluster:
     """``dask scheduler`` and ``dask worker --nthreads 1`` processes, as deploy/README.md
-    starts them on a class's machines; ``env`` is added to the workers' environment."""
+    starts them on a class's machines; ``env`` is added to the workers' environment. With
+    ``tls``, they speak TLS only (certificates of ``tls_certificates``); ``client_config`` is
+    what a client needs (``dask.config.set``)."""
 
-    def __init__(self, workers: int, logs: Path, env: dict[str, str] | None = None):
+    def __init__(self, workers: int, logs: Path, env: dict[str, str] | None = None,
+                 tls: bool = False):
         self.logs, self.env = logs, {**os.environ, **(env or {})}
         logs.mkdir(parents=True, exist_ok=True)
         port = free_port()
-        self.address = f"tcp://127.0.0.1:{port}"
+        self.tls_args: list = []
+        self.client_config: dict = {}
+        if tls:
+            self.client_config = tls_certificates(logs / "tls")
+            self.tls_args = ["--tls-ca-file", self.client_config["distributed.comm.tls.ca-file"],
+                             "--tls-cert", self.client_config["distributed.comm.tls.client.cert"],
+                             "--tls-key", self.client_config["distributed.comm.tls.client.key"]]
+        self.address = f"{'tls' if tls else 'tcp'}://127.0.0.1:{port}"
         self.scheduler = spawn([BIN / "dask", "scheduler", "--host", "127.0.0.1", "--port", port,
-                                "--no-dashboard"], logs / "scheduler.log")
+                                "--no-dashboard", *(["--protocol", "tls"] if tls else []),
+                                *self.tls_args], logs / "scheduler.log")
         self.workers: list[subprocess.Popen] = []
         try:
             wait_for_port(port, self.scheduler, logs / "scheduler.log")
@@ -177,7 +207,7 @@ class DaskCluster:
         """One more worker; ``wrapper`` is a command line it runs under (``wrapper + argv``)."""
         n = len(self.workers)
         proc = spawn([*wrapper, BIN / "dask", "worker", self.address, "--host", "127.0.0.1",
-                      "--nthreads", "1", "--no-dashboard", "--name", f"w{n}"],
+                      "--nthreads", "1", "--no-dashboard", "--name", f"w{n}", *self.tls_args],
                      self.logs / f"worker{n}.log", env=self.env)
         self.workers.append(proc)
         if wait:
@@ -185,9 +215,10 @@ class DaskCluster:
         return proc
 
     def wait_for_workers(self, n: int, timeout: float = 120) -> None:
+        import dask
         from distributed import Client
 
-        with Client(self.address, timeout="30s") as client:
+        with dask.config.set(self.client_config), Client(self.address, timeout="30s") as client:
             client.wait_for_workers(n, timeout=timeout)
 
     def close(self) -> None:

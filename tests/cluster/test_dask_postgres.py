@@ -156,8 +156,10 @@ def test_dask_and_postgres_grade_like_the_local_pool(local_run, dask_cluster, po
                     "HAVING count(*) > 1) AS dup")
         assert cur.fetchone() == (0,)
 
-    # resume on the cluster grades exactly the submissions without a status file
+    # resume on the cluster grades exactly the submissions without a status file and the one
+    # that crashed (s18, whose kernel dies: crashed again)
     (status / "s03.json").unlink()
-    res = ok(pallas(*db, "autograde", A, "--scheduler", dask_cluster.address, "--resume"))
-    assert "1 submission(s)" in res.stdout and "s03" in res.stdout
+    res = ok(pallas(*db, "autograde", A, "--scheduler", dask_cluster.address, "--resume"), 3)
+    assert "2 submission(s)" in res.stdout and "s03" in res.stdout and "s18" in res.stdout
     assert json.loads((status / "s03.json").read_text())["status"] == "graded"
+    assert json.loads((status / "s18.json").read_text())["status"] == "crashed"

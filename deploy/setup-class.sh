@@ -1,0 +1,390 @@
+#!/usr/bin/env bash
+# A one-machine class, set up as root on Debian 12 or 13 (deploy/README.md, "setup-class.sh"):
+# the course's environment where learners' accounts can run it, Unix groups and a grading
+# account, the course folder and nbgrader's exchange with their owners and modes, a PostgreSQL
+# gradebook with password authentication, a Dask scheduler and workers on 127.0.0.1 speaking
+# TLS only, and JupyterHub with PAM logins, each user's server running as that user's account.
+# Idempotent: run it again after a change and it repairs what differs. Every service binds
+# 127.0.0.1 (put a TLS-terminating reverse proxy in front of the hub for a real class).
+#
+#   deploy/setup-class.sh [--demo N] [--course DIR] [--exchange DIR] [--hub-port P]
+#                         [--dask-port P] [--dask-workers N]
+#   deploy/setup-class.sh --remove        # undo a --demo set-up entirely
+#
+# What it made is written to /etc/pallas-course/class.env (KEY=value, no secrets); source it
+# before running `pallas-course` as an instructor.
+set -euo pipefail
+umask 022
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PREFIX=/opt/pallas-course            # python/ (when copied), venv/, jupyterhub/
+STATE=/var/lib/pallas-course         # hub state, TLS keys, the gradebook password, logs, pids
+ETC=/etc/pallas-course               # class.env, jupyterhub_config.py, dask/ (no secrets)
+COURSE=/srv/pallas-course
+EXCHANGE=/srv/pallas-exchange
+HUB_PORT=8000
+DASK_PORT=8786
+DASK_WORKERS=2
+DEMO=0
+REMOVE=0
+INSTRUCTORS=pallas-instructors       # instructors and the grading account: the course folder
+LEARNERS=pallas-learners             # who may log in to the hub as a learner
+GRADER=pallas-grader                 # runs the Dask scheduler and workers (never root)
+DB=pallas_course                     # PostgreSQL role and database
+
+die() { echo "setup-class.sh: $*" >&2; exit 1; }
+say() { echo "setup-class.sh: $*"; }
+
+while [ $# -gt 0 ]; do
+  case $1 in
+    --demo) DEMO=${2:?--demo needs a number of learners}; shift 2 ;;
+    --remove) REMOVE=1; shift ;;
+    --course) COURSE=${2:?}; shift 2 ;;
+    --exchange) EXCHANGE=${2:?}; shift 2 ;;
+    --hub-port) HUB_PORT=${2:?}; shift 2 ;;
+    --dask-port) DASK_PORT=${2:?}; shift 2 ;;
+    --dask-workers) DASK_WORKERS=${2:?}; shift 2 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    *) die "unknown option $1 (see --help)" ;;
+  esac
+done
+[ "$(id -u)" = 0 ] || die "run as root (sudo $0 $*): it creates accounts and services"
+[[ $DEMO =~ ^[0-9]+$ ]] || die "--demo takes a number of learner accounts, e.g. --demo 3"
+
+VENV=$PREFIX/venv
+TLS=$STATE/tls
+PIDS=$STATE/run
+LOGS=$STATE/log
+
+# ----------------------------------------------------------------------------- services
+stop_pid() {  # stop_pid NAME: SIGTERM its session, SIGKILL what is left after 20 s
+  local f=$PIDS/$1.pid pid
+  [ -f "$f" ] || return 0
+  pid=$(cat "$f")
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    kill -KILL -- "-$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+}
+
+running() { [ -f "$PIDS/$1.pid" ] && kill -0 "$(cat "$PIDS/$1.pid")" 2>/dev/null; }
+
+start_daemon() {  # start_daemon NAME CMD...: in a session of its own, its pid in run/NAME.pid
+  local name=$1; shift
+  running "$name" && return 0
+  # shellcheck disable=SC2094
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$PIDS/$name.pid"
+}
+
+wait_port() {  # wait_port PORT NAME
+  for _ in $(seq 300); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    running "$2" || die "$2 exited at start; see $LOGS/$2.log"
+    sleep 0.2
+  done
+  die "$2 does not answer on 127.0.0.1:$1 after 60 s; see $LOGS/$2.log"
+}
+
+pg_cluster() {  # "VERSION NAME PORT STATUS" of the first Debian cluster
+  pg_lsclusters -h 2>/dev/null | awk 'NR==1 {print $1, $2, $3, $4}'
+}
+
+as_postgres() { runuser -u postgres -- "$@"; }
+
+# ----------------------------------------------------------------------------- --remove
+if [ "$REMOVE" = 1 ]; then
+  [ -f "$STATE/demo" ] || [ ! -d "$STATE" ] || die "$STATE holds a class that was not set up \
+with --demo: --remove deletes its course folder and gradebook; back them up and delete \
+$STATE/.. by hand, or touch $STATE/demo to confirm"
+  for s in hub dask-workers dask-scheduler; do stop_pid "$s"; done
+  if command -v pg_lsclusters >/dev/null && read -r v n port st < <(pg_cluster) && [ -n "${v:-}" ]; then
+    if [ "$st" = online ]; then
+      as_postgres psql -p "$port" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)" || true
+      as_postgres psql -p "$port" -qc "DROP ROLE IF EXISTS $DB" || true
+      if [ -f "$STATE/pg-started" ]; then pg_ctlcluster "$v" "$n" stop || true; fi
+    fi
+  fi
+  for u in $(getent group "$LEARNERS" "$INSTRUCTORS" | cut -d: -f4 | tr ',' '\n' | grep '^demo-' | sort -u); do
+    pkill -KILL -u "$u" 2>/dev/null || true
+    userdel -r "$u" 2>/dev/null || userdel "$u" || true
+  done
+  for u in demo-instructor $(getent passwd | cut -d: -f1 | grep '^demo-learner[0-9]*$' || true); do
+    id "$u" >/dev/null 2>&1 && { pkill -KILL -u "$u" 2>/dev/null || true; userdel -r "$u" 2>/dev/null || true; }
+  done
+  id "$GRADER" >/dev/null 2>&1 && { pkill -KILL -u "$GRADER" 2>/dev/null || true; userdel "$GRADER"; }
+  for g in "$LEARNERS" "$INSTRUCTORS" "$GRADER"; do getent group "$g" >/dev/null && groupdel "$g"; done
+  if [ -f "$ETC/class.env" ]; then
+    # the paths this set-up used, whatever the options of this run
+    COURSE=$(sed -n 's/^PALLAS_COURSE_ROOT=//p' "$ETC/class.env")
+    EXCHANGE=$(sed -n 's/^PALLAS_COURSE_EXCHANGE=//p' "$ETC/class.env")
+  fi
+  rm -rf "$PREFIX" "$STATE" "$ETC" "${COURSE:?}" "${EXCHANGE:?}"
+  say "removed the demo class (accounts, services, $COURSE, $EXCHANGE, $PREFIX, $STATE, $ETC)"
+  exit 0
+fi
+
+# ----------------------------------------------------------------------------- packages
+missing=""
+for cmd in bwrap:bubblewrap patchelf:patchelf openssl:openssl pg_lsclusters:postgresql \
+           configurable-http-proxy:"nodejs npm" setpriv:util-linux; do
+  command -v "${cmd%%:*}" >/dev/null || missing="$missing ${cmd#*:}"
+done
+if [ -n "$missing" ]; then
+  say "installing:$missing"
+  apt-get update -q && apt-get install -y -q $missing || die "apt-get install$missing failed; \
+install them by hand, then run this again"
+fi
+command -v configurable-http-proxy >/dev/null || npm install -g -q --no-fund --no-audit \
+  configurable-http-proxy@4.6.3 || die "npm install -g configurable-http-proxy failed"
+
+# ----------------------------------------------------------------------------- accounts
+getent group "$INSTRUCTORS" >/dev/null || groupadd "$INSTRUCTORS"
+getent group "$LEARNERS" >/dev/null || groupadd "$LEARNERS"
+id "$GRADER" >/dev/null 2>&1 || useradd --system --user-group --no-create-home \
+  --home-dir "$STATE/grader" --shell /usr/sbin/nologin "$GRADER"
+usermod -a -G "$INSTRUCTORS" "$GRADER"
+mkdir -p "$STATE" "$TLS" "$PIDS" "$LOGS" "$ETC/dask" "$STATE/hub"
+chmod 0755 "$STATE"; chmod 0700 "$STATE/hub" "$PIDS"
+install -d -o "$GRADER" -g "$GRADER" -m 0700 "$STATE/grader" "$STATE/grader/dask" "$STATE/grader/tmp"
+install -d -o root -g "$GRADER" -m 0770 "$LOGS"
+
+PASSWORDS=$STATE/demo-passwords  # root only: the demo accounts' PAM passwords, "user password"
+if [ "$DEMO" -gt 0 ]; then
+  touch "$STATE/demo" "$PASSWORDS"; chmod 0600 "$PASSWORDS"
+  add_demo() {  # add_demo USER GROUP
+    id "$1" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash -G "$2" "$1"
+    usermod -a -G "$2" "$1"
+    if ! grep -q "^$1 " "$PASSWORDS"; then
+      pw=$(openssl rand -hex 12)
+      echo "$1:$pw" | chpasswd
+      echo "$1 $pw" >>"$PASSWORDS"
+    fi
+  }
+  add_demo demo-instructor "$INSTRUCTORS"
+  for i in $(seq "$DEMO"); do add_demo "demo-learner$i" "$LEARNERS"; done
+fi
+
+# ----------------------------------------------------------------------------- environment
+# The course's .venv (make venv) is copied to $VENV, where every account can run it. Its base
+# Python is used where it is: when an unprivileged account can run it (Debian 13's
+# /usr/bin/python3.13); else (pyenv's build under /root, mode 0700) it is copied to
+# $PREFIX/python and its binary's library path made relative ($ORIGIN/../lib, patchelf).
+# grader/ and kernelsim/ are copied in (no editable link back into the checkout, whose
+# exercises/ holds the solutions).
+SRC_VENV=${PALLAS_COURSE_SOURCE_VENV:-$REPO/.venv}
+[ -x "$SRC_VENV/bin/python" ] || die "no course environment at $SRC_VENV: run \`make venv\` \
+in $REPO first (or name one: PALLAS_COURSE_SOURCE_VENV=/path/to/venv)"
+read -r BASE PYVER < <("$SRC_VENV/bin/python" -c \
+  'import sys; print(sys.base_prefix, f"{sys.version_info[0]}.{sys.version_info[1]}")')
+# copied again when the source venv, pyproject.toml or the course's code changes
+stamp="$SRC_VENV $(cd "$REPO" && { stat -c %Y "$SRC_VENV/pyvenv.cfg" pyproject.toml; \
+  find grader kernelsim -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 cat; } \
+  | md5sum | cut -c1-32)"
+if [ ! -f "$VENV/.pallas-stamp" ] || [ "$(cat "$VENV/.pallas-stamp")" != "$stamp" ]; then
+  for s in hub dask-workers dask-scheduler; do stop_pid "$s"; done  # restarted on the new one
+  if runuser -u nobody -- "$BASE/bin/python$PYVER" -c '' 2>/dev/null; then
+    PYHOME=$BASE
+  else
+    PYHOME=$PREFIX/python
+    say "copying Python $PYVER from $BASE (not executable by other accounts) to $PYHOME"
+    rm -rf "$PYHOME.new"; mkdir -p "$PREFIX"
+    cp -a "$BASE" "$PYHOME.new"
+    patchelf --set-rpath '$ORIGIN/../lib' "$PYHOME.new/bin/python$PYVER"
+    chmod -R a+rX "$PYHOME.new"
+    rm -rf "$PYHOME"; mv "$PYHOME.new" "$PYHOME"
+  fi
+  say "copying the course environment $SRC_VENV to $VENV"
+  rm -rf "$VENV.new"
+  cp -a "$SRC_VENV" "$VENV.new"
+  rm -f "$VENV.new"/bin/python*
+  for p in python python3 "python$PYVER"; do ln -s "$PYHOME/bin/python$PYVER" "$VENV.new/bin/$p"; done
+  sed -i "s|^home = .*|home = $PYHOME/bin|; s|^executable = .*|executable = $PYHOME/bin/python$PYVER|; \
+s|^command = .*|command = $PYHOME/bin/python$PYVER -m venv $VENV|" "$VENV.new/pyvenv.cfg"
+  grep -rlIs "$SRC_VENV" "$VENV.new/bin" | xargs -r sed -i "s|$SRC_VENV|$VENV|g"
+  site=$VENV.new/lib/python$PYVER/site-packages
+  rm -f "$site"/__editable__*pallas_course*
+  for pkg in grader kernelsim; do
+    rm -rf "${site:?}/$pkg"
+    cp -r "$REPO/$pkg" "$site/$pkg"
+    find "$site/$pkg" -name __pycache__ -prune -exec rm -rf {} +
+  done
+  chmod -R a+rX "$VENV.new"
+  rm -rf "$VENV"; mv "$VENV.new" "$VENV"
+  echo "$stamp" >"$VENV/.pallas-stamp"
+fi
+runuser -u nobody -- "$VENV/bin/python" -c 'import grader.cli, nbgrader, jupyterhub' \
+  || die "$VENV/bin/python does not run as an unprivileged account; see the error above"
+# the hub's configuration and the per-role Jupyter configurations, readable by every server
+rm -rf "$PREFIX/jupyterhub"; cp -r "$REPO/deploy/jupyterhub" "$PREFIX/jupyterhub"
+chmod -R a+rX "$PREFIX"
+
+# ----------------------------------------------------------------------------- course, exchange
+# The course folder (sources, solutions, hidden references, submissions, grades) belongs to
+# the instructors' group and nobody else: 2770 folders, 0660 files (setgid: new files keep the
+# group). The exchange is outside it, as nbgrader's groupshared layout wants it: the course's
+# folder 2775 (instructors release into outbound/), inbound/ 3773 (learners create entries but
+# cannot list, rename or delete others'), feedback/ 2771 (nobody lists it; files are named by a
+# secret of the submission). Entries are made 2770 by the learner's own nbgrader
+# (grader.inbound.PrivateSubmit) and collected only when owned by the student they name.
+if [ ! -f "$COURSE/nbgrader_config.py" ]; then
+  say "creating the course folder $COURSE from $REPO/exercises"
+  mkdir -p "$COURSE"
+  (cd "$REPO/exercises" && cp -r source refs nbgrader_config.py "$COURSE/")
+  find "$COURSE" -name '*.ipynb' -delete
+fi
+# the gradebook's lock (grader/worker.py), shared by instructors and the grading account
+touch "$COURSE/gradebook.db.lock"
+chown -R root:"$INSTRUCTORS" "$COURSE"
+find "$COURSE" -type d -exec chmod 2770 {} +
+find "$COURSE" -type f -exec chmod ug+rw,o-rwx {} +
+install -d -o root -g root -m 0755 "$EXCHANGE"
+install -d -o root -g "$INSTRUCTORS" -m 2775 "$EXCHANGE/pallas-course" \
+  "$EXCHANGE/pallas-course/outbound"
+install -d -o root -g "$INSTRUCTORS" -m 3773 "$EXCHANGE/pallas-course/inbound"
+install -d -o root -g "$INSTRUCTORS" -m 2771 "$EXCHANGE/pallas-course/feedback"
+chmod 2775 "$EXCHANGE/pallas-course" "$EXCHANGE/pallas-course/outbound"
+chmod 3773 "$EXCHANGE/pallas-course/inbound"; chmod 2771 "$EXCHANGE/pallas-course/feedback"
+
+# ----------------------------------------------------------------------------- PostgreSQL
+# Debian's own cluster, started with pg_ctlcluster where no systemd runs. A role with a
+# password (scram-sha-256, Debian's default for 127.0.0.1); the password lives in libpq password
+# files (~/.pgpass, 0600) of the instructors and the grading account: the database URL carries
+# no secret.
+read -r PGV PGN PGPORT PGST < <(pg_cluster) || true
+if [ -z "${PGV:-}" ]; then
+  PGV=$(ls /usr/lib/postgresql | sort -V | tail -1)
+  pg_createcluster "$PGV" main >/dev/null || die "pg_createcluster $PGV main failed"
+  read -r PGV PGN PGPORT PGST < <(pg_cluster)
+fi
+if [ "$PGST" != online ]; then
+  if [ -d /run/systemd/system ]; then systemctl start "postgresql@$PGV-$PGN"
+  else pg_ctlcluster "$PGV" "$PGN" start; fi || die "PostgreSQL $PGV/$PGN did not start; see \
+/var/log/postgresql/postgresql-$PGV-$PGN.log"
+  touch "$STATE/pg-started"
+fi
+PGPASS=$STATE/pgpass
+if [ ! -s "$PGPASS" ]; then
+  echo "127.0.0.1:$PGPORT:$DB:$DB:$(openssl rand -hex 24)" >"$PGPASS"
+fi
+chmod 0600 "$PGPASS"
+secret=$(cut -d: -f5 "$PGPASS")
+sed -i "s|^127.0.0.1:[0-9]*:|127.0.0.1:$PGPORT:|" "$PGPASS"
+# libpq reads a password file only when nobody but its owner can: one ~/.pgpass per member of
+# the instructors' group (the grading account included)
+for u in $(getent group "$INSTRUCTORS" | cut -d: -f4 | tr ',' ' '); do
+  home=$(getent passwd "$u" | cut -d: -f6)
+  [ -d "$home" ] || continue
+  install -o "$u" -g "$(id -gn "$u")" -m 0600 "$PGPASS" "$home/.pgpass"
+done
+if [ "$(as_postgres psql -p "$PGPORT" -tAc "SELECT 1 FROM pg_roles WHERE rolname='$DB'")" != 1 ]; then
+  as_postgres psql -p "$PGPORT" -qc "CREATE ROLE $DB LOGIN"
+fi
+as_postgres psql -p "$PGPORT" -q -v ON_ERROR_STOP=1 -v pw="$secret" <<<"ALTER ROLE $DB PASSWORD :'pw';"
+if [ "$(as_postgres psql -p "$PGPORT" -tAc "SELECT 1 FROM pg_database WHERE datname='$DB'")" != 1 ]; then
+  as_postgres createdb -p "$PGPORT" -O "$DB" "$DB"
+fi
+DB_URL="postgresql://$DB@127.0.0.1:$PGPORT/$DB"
+
+# ----------------------------------------------------------------------------- Dask with TLS
+# One certificate authority; one key pair for the scheduler, the workers and the instructors'
+# client, readable by the instructors' group (the grading account is in it), never by learners:
+# a Dask client without it is refused (require-encryption, certificates required both ways).
+if [ ! -s "$TLS/dask.pem" ]; then
+  openssl req -x509 -newkey rsa:3072 -nodes -days 825 -subj "/CN=pallas-course Dask CA" \
+    -keyout "$TLS/ca.key" -out "$TLS/ca.pem" 2>/dev/null
+  openssl req -newkey rsa:3072 -nodes -subj "/CN=pallas-course grading" \
+    -keyout "$TLS/dask.key" -out "$TLS/dask.csr" 2>/dev/null
+  openssl x509 -req -in "$TLS/dask.csr" -CA "$TLS/ca.pem" -CAkey "$TLS/ca.key" \
+    -CAcreateserial -days 825 -out "$TLS/dask.pem" \
+    -extfile <(printf 'subjectAltName=IP:127.0.0.1,DNS:localhost') 2>/dev/null
+  rm -f "$TLS/dask.csr" "$TLS/ca.key" "$TLS/ca.srl"  # no further certificates are signed
+fi
+chown -R root:"$INSTRUCTORS" "$TLS"; chmod 0750 "$TLS"; chmod 0640 "$TLS"/*
+cat >"$ETC/dask/pallas-course.yaml" <<EOF
+# written by deploy/setup-class.sh: Dask for grading speaks TLS only
+distributed:
+  comm:
+    require-encryption: true
+    tls:
+      ca-file: $TLS/ca.pem
+      scheduler: {cert: $TLS/dask.pem, key: $TLS/dask.key}
+      worker: {cert: $TLS/dask.pem, key: $TLS/dask.key}
+      client: {cert: $TLS/dask.pem, key: $TLS/dask.key}
+  scheduler:
+    no-workers-timeout: 10m
+EOF
+chmod -R a+rX "$ETC"
+SCHEDULER="tls://127.0.0.1:$DASK_PORT"
+grader_env=(env -i PATH="$VENV/bin:/usr/bin:/bin" HOME="$STATE/grader" LANG=C.UTF-8
+            DASK_CONFIG="$ETC/dask" PALLAS_COURSE_ROOT="$COURSE"
+            PALLAS_COURSE_EXCHANGE="$EXCHANGE" TMPDIR="$STATE/grader/tmp")  # its slots, jails
+as_grader=(setpriv --reuid="$GRADER" --regid="$GRADER" --init-groups --)
+cd "$STATE/grader"
+start_daemon dask-scheduler "${as_grader[@]}" "${grader_env[@]}" "$VENV/bin/dask" scheduler \
+  --host 127.0.0.1 --port "$DASK_PORT" --protocol tls --no-dashboard \
+  --dashboard-address 127.0.0.1:0
+wait_port "$DASK_PORT" dask-scheduler
+# the workers: the jail runs without root (bubblewrap in a user namespace), one grading
+# process per worker; their servers bind 127.0.0.1 too
+start_daemon dask-workers "${as_grader[@]}" "${grader_env[@]}" "$VENV/bin/dask" worker \
+  "$SCHEDULER" --host 127.0.0.1 --nthreads 1 --nworkers "$DASK_WORKERS" --no-dashboard \
+  --dashboard-address 127.0.0.1:0 --local-directory "$STATE/grader/dask"
+"${as_grader[@]}" "${grader_env[@]}" "$VENV/bin/python" - "$SCHEDULER" "$DASK_WORKERS" <<'EOF' \
+  || die "the Dask workers did not join; see $LOGS/dask-workers.log"
+import sys
+from distributed import Client
+with Client(sys.argv[1], timeout="60s") as c:
+    c.wait_for_workers(int(sys.argv[2]), timeout=120)
+EOF
+
+# ----------------------------------------------------------------------------- JupyterHub
+# PAM logins (members of the learners' and instructors' groups), each server started as its
+# user's own Unix account (LocalProcessSpawner) from $VENV; the hub group "instructors" is the
+# Unix group's members and gets the formgrader on the course folder.
+cat >"$ETC/jupyterhub_config.py" <<EOF
+# written by deploy/setup-class.sh
+import grp
+
+c = get_config()  # noqa: F821
+load_subconfig("$PREFIX/jupyterhub/jupyterhub_config.py")  # noqa: F821
+c.JupyterHub.authenticator_class = "pam"
+c.PAMAuthenticator.open_sessions = False  # no login session: pam_systemd needs systemd
+c.PAMAuthenticator.allowed_groups = {"$LEARNERS", "$INSTRUCTORS"}
+c.Authenticator.allowed_users = set()
+instructors = [u for u in grp.getgrnam("$INSTRUCTORS").gr_mem if u != "$GRADER"]
+c.JupyterHub.load_groups = {"instructors": {"users": instructors}}
+c.JupyterHub.spawner_class = "localprocess"
+c.Spawner.ip = "127.0.0.1"
+c.Spawner.start_timeout = 120
+c.Spawner.http_timeout = 120
+c.JupyterHub.bind_url = "http://127.0.0.1:$HUB_PORT"
+c.JupyterHub.hub_bind_url = "http://127.0.0.1:$((HUB_PORT + 1))"
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:$((HUB_PORT + 2))"
+c.JupyterHub.db_url = "sqlite:///$STATE/hub/jupyterhub.sqlite"
+c.JupyterHub.cookie_secret_file = "$STATE/hub/jupyterhub_cookie_secret"
+c.ConfigurableHTTPProxy.pid_file = "$STATE/hub/proxy.pid"
+EOF
+cd "$STATE/hub"
+start_daemon hub env PATH="$VENV/bin:$(dirname "$(command -v configurable-http-proxy)"):/usr/bin:/bin" \
+  PALLAS_COURSE_ROOT="$COURSE" PALLAS_COURSE_EXCHANGE="$EXCHANGE" PALLAS_COURSE_DB="$DB_URL" \
+  DASK_CONFIG="$ETC/dask" PALLAS_COURSE_SCHEDULER="$SCHEDULER" \
+  "$VENV/bin/jupyterhub" -f "$ETC/jupyterhub_config.py"
+wait_port "$HUB_PORT" hub
+
+cat >"$ETC/class.env" <<EOF
+PALLAS_COURSE_ROOT=$COURSE
+PALLAS_COURSE_EXCHANGE=$EXCHANGE
+PALLAS_COURSE_SCHEDULER=$SCHEDULER
+PALLAS_COURSE_DB=$DB_URL
+DASK_CONFIG=$ETC/dask
+PALLAS_COURSE_HUB=http://127.0.0.1:$HUB_PORT
+PALLAS_COURSE_VENV=$VENV
+EOF
+chmod 0644 "$ETC/class.env"
+say "class ready: hub http://127.0.0.1:$HUB_PORT, Dask $SCHEDULER, gradebook $DB_URL"
+say "as an instructor: set -a; . $ETC/class.env; set +a; $VENV/bin/pallas-course autograde --scheduler \$PALLAS_COURSE_SCHEDULER"
+[ "$DEMO" -gt 0 ] && say "demo accounts and passwords: $PASSWORDS (root only)"
+exit 0

@@ -1,0 +1,317 @@
+"""A class as ``deploy/setup-class.sh --demo 2`` makes it on this machine (root, Debian): PAM
+logins over the hub's HTTP API, each server as its user's own Unix account, nbgrader's exchange,
+grading on the TLS Dask cluster as the grading account, the gradebook in Debian's PostgreSQL.
+Learner 2, a real Unix account, then attacks learner 1's work; every attack must fail and
+learner 1's grade stay what it was. ``--remove`` undoes everything at the end, pass or fail."""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from clustertools import REPO, A, free_port
+
+SETUP = REPO / "deploy" / "setup-class.sh"
+ENV_FILE = Path("/etc/pallas-course/class.env")
+PASSWORDS = Path("/var/lib/pallas-course/demo-passwords")
+COURSE_ID = "pallas-course"
+L1, L2, TEACHER = "demo-learner1", "demo-learner2", "demo-instructor"
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("pg_lsclusters") is None
+                       or shutil.which("configurable-http-proxy") is None,
+                       reason="needs root, Debian's PostgreSQL and configurable-http-proxy "
+                       "(make system-packages)"),
+]
+
+
+def as_user(user: str, *argv: str, env: dict | None = None, check: bool = True,
+            cwd: str = "/tmp") -> subprocess.CompletedProcess:
+    """``argv`` as the Unix account ``user`` (its groups, no root)."""
+    res = subprocess.run(["runuser", "-u", user, "--", "env", "-i", "PATH=/usr/bin:/bin",
+                          f"HOME=/home/{user}", "LANG=C.UTF-8",
+                          *(f"{k}={v}" for k, v in (env or {}).items()), *argv],
+                         capture_output=True, text=True, timeout=900, cwd=cwd, check=False)
+    if check:
+        assert res.returncode == 0, f"{argv}: {res.returncode}\n{res.stdout[-3000:]}" \
+                                    f"\n{res.stderr[-3000:]}"
+    return res
+
+
+class Class:
+    def __init__(self):
+        self.env = dict(line.split("=", 1) for line in ENV_FILE.read_text().splitlines())
+        self.url = self.env["PALLAS_COURSE_HUB"]
+        self.venv = Path(self.env["PALLAS_COURSE_VENV"])
+        self.course = Path(self.env["PALLAS_COURSE_ROOT"])
+        self.exchange = Path(self.env["PALLAS_COURSE_EXCHANGE"]) / COURSE_ID
+        self.passwords = dict(line.split() for line in PASSWORDS.read_text().splitlines())
+        self.tokens: dict[str, str] = {}
+
+    def login(self, user: str) -> str:
+        """Log in through PAM (the hub's login form), then take an API token with the password."""
+        s = requests.Session()
+        s.get(f"{self.url}/hub/login", timeout=60)
+        r = s.post(f"{self.url}/hub/login", timeout=120, allow_redirects=False,
+                   data={"username": user, "password": self.passwords[user],
+                         "_xsrf": s.cookies.get("_xsrf")})
+        assert r.status_code == 302, (r.status_code, r.text[:500])
+        r = requests.post(f"{self.url}/hub/api/users/{user}/tokens", timeout=120,
+                          json={"auth": {"username": user, "password": self.passwords[user]},
+                                "note": "test", "expires_in": 3600})
+        assert r.status_code == 201, (r.status_code, r.text[:500])
+        self.tokens[user] = r.json()["token"]
+        return self.tokens[user]
+
+    def api(self, method: str, path: str, user: str, **kw):
+        r = requests.request(method, self.url + path, timeout=300,
+                             headers={"Authorization": f"token {self.tokens[user]}"}, **kw)
+        if r.status_code >= 400:
+            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:2000]}")
+        try:
+            return r.json()
+        except ValueError:
+            return r
+
+    def pallas(self, user: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        keys = ("PALLAS_COURSE_ROOT", "PALLAS_COURSE_EXCHANGE", "PALLAS_COURSE_DB", "DASK_CONFIG")
+        return as_user(user, str(self.venv / "bin" / "pallas-course"), *args, check=check,
+                       env={k: self.env[k] for k in keys} | {"PALLAS_COURSE_CELL_TIMEOUT": "5"})
+
+
+def setup_class(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SETUP), *args], capture_output=True, text=True,
+                          timeout=900, check=False,
+                          env={**os.environ, "PALLAS_COURSE_SOURCE_VENV": sys.prefix})
+
+
+@pytest.fixture(scope="module")
+def klass():
+    if Path("/var/lib/pallas-course").exists() and not Path("/var/lib/pallas-course/demo").exists():
+        pytest.skip("a class set up on this machine without --demo: not touching it")
+    hub_port, dask_port = free_port(), free_port()
+    try:
+        res = setup_class("--demo", "2", "--hub-port", str(hub_port), "--dask-port",
+                          str(dask_port))
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+        # idempotent: a second run changes nothing and succeeds
+        res = setup_class("--demo", "2", "--hub-port", str(hub_port), "--dask-port",
+                          str(dask_port))
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+        k = Class()
+        for u in (TEACHER, L1, L2):
+            k.login(u)
+            k.api("POST", f"/hub/api/users/{u}/server", u)
+        deadline = time.monotonic() + 240
+        for u in (TEACHER, L1, L2):
+            while not k.api("GET", f"/hub/api/users/{u}", u)["servers"].get("", {}).get("ready"):
+                assert time.monotonic() < deadline, f"{u}'s server did not start"
+                time.sleep(1)
+        yield k
+    finally:
+        res = setup_class("--remove")
+        assert res.returncode == 0, res.stdout + res.stderr
+        for u in (TEACHER, L1, L2, "pallas-grader"):
+            assert subprocess.run(["id", u], capture_output=True).returncode != 0, u
+
+
+def solved(nb: dict, source: dict, wrong: bool) -> dict:
+    sol = {c["metadata"]["nbgrader"]["grade_id"]: c["source"] for c in source["cells"]
+           if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
+    nb = copy.deepcopy(nb)
+    for cell in nb["cells"]:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in sol:
+            cell["source"] = sol[gid]
+            if wrong and gid == "add_solution":
+                cell["source"] += "\n_orig = add\nadd = lambda *a, **k: _orig(*a, **k) * 2\n"
+    return nb
+
+
+def entries(k: Class, user: str) -> list[Path]:
+    return sorted(k.exchange.joinpath("inbound").glob(f"{user}+{A}+*"))
+
+
+def test_services_run_as_whom_they_should_on_loopback(klass):
+    import psutil
+
+    for conn in psutil.net_connections("inet"):
+        if conn.status == psutil.CONN_LISTEN and conn.pid:
+            name = " ".join(psutil.Process(conn.pid).cmdline())
+            if str(klass.venv) in name or "configurable-http-proxy" in name:
+                assert conn.laddr.ip == "127.0.0.1", (conn, name)
+    users = {p.info["username"] for p in psutil.process_iter(["username", "cmdline"])
+             if "dask" in " ".join(p.info["cmdline"] or [])
+             and str(klass.venv) in " ".join(p.info["cmdline"] or [])}
+    assert users == {"pallas-grader"}, users
+    assert (klass.venv / "bin" / "python").resolve().is_relative_to("/opt/pallas-course")
+    assert "teacher" not in klass.env and "password" not in ENV_FILE.read_text().lower()
+
+
+def test_a_class_end_to_end_and_learner2_attacks(klass):
+    k = klass
+    k.pallas(TEACHER, "release", A)
+    fg = f"/user/{TEACHER}/formgrader/api/assignment/{A}"
+    res = k.api("POST", f"{fg}/release", TEACHER)
+    assert res["success"], res
+
+    source = json.loads(next((k.course / "source" / A).glob("*.ipynb")).read_text())
+    for learner, wrong in ((L1, False), (L2, True)):
+        base = f"/user/{learner}"
+        k.api("POST", f"{base}/assignments/fetch", learner,
+              json={"course_id": COURSE_ID, "assignment_id": A})
+        folder = f"{base}/api/contents/{COURSE_ID}/{A}"
+        (name,) = [f["name"] for f in k.api("GET", folder, learner)["content"]
+                   if f["name"].endswith(".ipynb")]
+        nb = k.api("GET", f"{folder}/{name}", learner)["content"]
+        k.api("PUT", f"{folder}/{name}", learner, json={"type": "notebook", "format": "json",
+                                                        "content": solved(nb, source, wrong)})
+        res = k.api("POST", f"{base}/assignments/submit", learner,
+                    json={"course_id": COURSE_ID, "assignment_id": A})
+        assert "success" not in res or res["success"], res
+    (l1_entry,) = entries(k, L1)
+    py = str(k.venv / "bin" / "python")
+
+    # ---- learner 2's attacks, as the Unix account demo-learner2
+    def fails(code: str) -> None:
+        res = as_user(L2, py, "-c", code, check=False)
+        assert res.returncode != 0, f"learner 2 succeeded: {code}\n{res.stdout}"
+
+    scheduler = k.env["PALLAS_COURSE_SCHEDULER"]
+    fails(f"from distributed import Client; Client({scheduler!r}, timeout=10)")
+    fails(f"from distributed import Client; "
+          f"Client({scheduler.replace('tls://', 'tcp://')!r}, timeout=10)")
+    for victim in (k.course / "submitted" / L1, k.course / "source", k.course / "status",
+                   k.course / "autograded", k.course / "feedback", l1_entry,
+                   k.exchange / "inbound", k.exchange / "feedback",
+                   Path(f"/home/{TEACHER}/.pgpass"), Path("/var/lib/pallas-course/pgpass"),
+                   Path("/var/lib/pallas-course/tls/dask.key")):
+        fails(f"import os; p = {str(victim)!r}; "
+              f"os.listdir(p) if os.path.isdir(p) else open(p).read()")
+    nb_name = next(p.name for p in l1_entry.glob("*.ipynb"))
+    fails(f"open({str(l1_entry / nb_name)!r}, 'a').write(' ')")
+    fails(f"open({str(l1_entry / 'extra.ipynb')!r}, 'w').write('{{}}')")
+    fails(f"import os; os.rename({str(l1_entry)!r}, {str(l1_entry) + 'x'!r})")
+    # an entry in learner 1's name (a blank notebook, a forged early time) and one of learner 2's
+    # own with a link to the instructor's source and a forged timestamp: all made as learner 2
+    forged = k.exchange / "inbound" / f"{L1}+{A}+2000-01-01 00:00:00.000000 UTC+forged"
+    as_user(L2, py, "-c", f"""
+import os, shutil
+os.mkdir({str(forged)!r}); os.chmod({str(forged)!r}, 0o2770)
+open(os.path.join({str(forged)!r}, {nb_name!r}), 'w').write('{{"cells": []}}')
+open(os.path.join({str(forged)!r}, 'timestamp.txt'), 'w').write('2099-01-01 00:00:00.000000 UTC')
+""")
+    (l2_entry,) = entries(k, L2)
+    src_nb = next((k.course / "source" / A).glob("*.ipynb"))
+    as_user(L2, "sh", "-c", f"ln -s {src_nb} '{l2_entry}/solution.ipynb'; "
+            f"echo '2000-01-01 00:00:00.000000 UTC' > '{l2_entry}/timestamp.txt'")
+
+    before = time.time()
+    res = k.api("POST", f"/user/{TEACHER}/formgrader/api/assignment/{A}/collect", TEACHER)
+    assert res["success"], res
+    sub = k.course / "submitted"
+    assert sorted(p.name for p in sub.iterdir()) == [L1, L2]
+    # learner 1's own notebook, not the forged one; no link followed; the server's clock
+    assert json.loads(next((sub / L1 / A).glob("*.ipynb")).read_text())["cells"]
+    assert not (sub / L2 / A / "solution.ipynb").exists()
+    for u in (L1, L2):
+        stamp = (sub / u / A / "timestamp.txt").read_text()
+        assert stamp.startswith(time.strftime("%Y-", time.gmtime(before))), stamp
+    assert "names demo-learner1 but was made by demo-learner2" in res["log"], res["log"][-2000:]
+
+    res = k.pallas(TEACHER, "autograde", A, "--scheduler", scheduler)
+    assert f"on the Dask cluster at {scheduler}" in res.stdout
+    status = json.loads((k.course / "status" / A / f"{L1}.json").read_text())
+    assert status["status"] == "graded" and status.get("isolation") == "jail", status
+
+    k.pallas(TEACHER, "feedback", A)
+    res = k.api("POST", f"/user/{TEACHER}/formgrader/api/assignment/{A}/release_feedback",
+                TEACHER)
+    assert res["success"], res
+    for learner in (L1, L2):
+        k.api("POST", f"/user/{learner}/assignments/fetch_feedback", learner,
+              json={"course_id": COURSE_ID, "assignment_id": A})
+        got = list(Path(f"/home/{learner}/{COURSE_ID}/{A}/feedback").rglob("*.html"))
+        assert len(got) == 1, got
+    out = Path("/tmp") / f"pallas-class-{os.getpid()}.csv"
+    try:
+        k.pallas(TEACHER, "export", "--to", str(out))
+        rows = {r["student_id"]: r for r in csv.DictReader(out.open())}
+    finally:
+        out.unlink(missing_ok=True)
+    assert {u: (float(r["score"]), r["status"]) for u, r in rows.items()} == \
+        {L1: (9.0, "graded"), L2: (6.0, "graded")}, rows
+
+    # the class report: learner 2's wrong first task shows as one of two passing it
+    report = Path("/tmp") / f"pallas-class-{os.getpid()}.html"
+    try:
+        k.pallas(TEACHER, "report", A, "--to", str(report))
+        page = report.read_text()
+    finally:
+        report.unlink(missing_ok=True)
+    assert "graded 2" in page and "<td>1 / 2</td>" in page and "<td>2 / 2</td>" in page, page
+    assert "CheckFailed: " in page  # the most frequent failure of the task learner 2 failed
+
+
+def test_gradebook_restart_mid_batch_costs_no_grade(klass):
+    """PostgreSQL restarts while a batch grades on the Dask cluster: a submission that could not
+    reach the gradebook is retried, then ``error`` (never a 0); ``--resume`` grades the rest."""
+    k = klass
+    src = next((k.course / "source" / A).glob("*.ipynb"))
+    students = [f"restart{i}" for i in range(4)]
+    for s in students:
+        d = k.course / "submitted" / s / A
+        d.mkdir(parents=True)
+        shutil.copy(src, d / src.name)
+        (d / "timestamp.txt").write_text("2026-12-01 10:00:00.000000 UTC")
+        for p in (d.parent, d):
+            shutil.chown(p, "root", "pallas-instructors")
+            p.chmod(0o2770)
+        for p in d.iterdir():
+            shutil.chown(p, "root", "pallas-instructors")
+            p.chmod(0o660)
+    version, name = subprocess.run(["pg_lsclusters", "-h"], capture_output=True, text=True,
+                                   check=True).stdout.split()[:2]
+    scheduler = k.env["PALLAS_COURSE_SCHEDULER"]
+    env = {key: k.env[key] for key in ("PALLAS_COURSE_ROOT", "PALLAS_COURSE_EXCHANGE",
+                                       "PALLAS_COURSE_DB", "DASK_CONFIG")}
+    batch = subprocess.Popen(
+        ["runuser", "-u", TEACHER, "--", "env", "-i", "PATH=/usr/bin:/bin",
+         f"HOME=/home/{TEACHER}", *(f"{a}={b}" for a, b in env.items()),
+         str(k.venv / "bin" / "pallas-course"), "autograde", A, "--scheduler", scheduler],
+        cwd="/tmp", stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    status = k.course / "status" / A
+    try:
+        while not any((status / f"{s}.json").exists() for s in students):
+            assert batch.poll() is None, batch.communicate()
+            time.sleep(0.2)
+        subprocess.run(["pg_ctlcluster", version, name, "restart"], check=True, timeout=120)
+        out, err = batch.communicate(timeout=900)
+    finally:
+        if batch.poll() is None:
+            batch.kill()
+    first = {s: json.loads((status / f"{s}.json").read_text()) for s in students}
+    assert {r["status"] for r in first.values()} <= {"graded", "error"}, (first, out, err)
+
+    res = k.pallas(TEACHER, "autograde", A, "--scheduler", scheduler, "--resume")
+    assert "crashed" not in res.stdout, res.stdout
+    final = {s: json.loads((status / f"{s}.json").read_text())["status"] for s in students}
+    assert set(final.values()) == {"graded"}, final
+    out = Path("/tmp") / f"pallas-restart-{os.getpid()}.csv"
+    try:
+        k.pallas(TEACHER, "export", "--to", str(out))
+        rows = {r["student_id"]: r for r in csv.DictReader(out.open())}
+    finally:
+        out.unlink(missing_ok=True)
+    assert {s: float(rows[s]["score"]) for s in students} == dict.fromkeys(students, 9.0)
+    assert float(rows[L1]["score"]) == 9.0  # learner 1's grade, after everything, unchanged
