@@ -158,12 +158,13 @@ class _Pickler(pickle.Pickler):
         return None
 
     def reducer_override(self, obj):
-        from jax._src.literals import TypedNdArray  # its ndarray pickle loses the JAX type
+        from kernelsim import _jax
 
-        if type(obj) is TypedNdArray:
+        typed = _jax.typed_ndarray_type()  # its ndarray pickle loses the JAX type
+        if typed is not None and type(obj) is typed:
             import numpy as np
 
-            return (TypedNdArray, (np.asarray(obj), obj.aval))
+            return (typed, (np.asarray(obj), obj.aval))
         return NotImplemented
 
 

@@ -650,6 +650,17 @@ def on_abstract_tpu(device_kind: str) -> Any:
     return jax.sharding.use_abstract_mesh(_tpu_mesh(device_kind))
 
 
+def typed_ndarray_type() -> type | None:
+    """The ndarray subclass JAX keeps a literal's JAX type in (``jax._src.literals.TypedNdArray``,
+    new in jax 0.12); None in a release without it. A pickle of one as a plain ndarray loses
+    that type, so code that sends a jaxpr across processes must reduce it itself."""
+    try:
+        from jax._src.literals import TypedNdArray
+    except ImportError:
+        return None
+    return TypedNdArray
+
+
 def on_abstract_gpu(device_kind: str, num_cores: int) -> Any:
     """A context in which code that asks for its GPU (JAX's bundled Mosaic GPU ops read the SM
     count, ``num_cores``) is told ``device_kind``, on any host: to lower them from a CPU."""
