@@ -41,9 +41,13 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 c.Exchange.path_includes_course = True
 # A class on one machine (deploy/setup-class.sh) names its exchange, outside this folder, which
 # learners cannot enter; the course's files are then the instructors' group's (groupshared), and
-# an inbound entry is collected only when the student it names owns it (grader/inbound.py).
-if os.environ.get("PALLAS_COURSE_EXCHANGE"):
-    c.Exchange.root = os.environ["PALLAS_COURSE_EXCHANGE"]
+# an inbound entry is collected only when the student it names owns it (grader/inbound.py). The
+# hub's default exchange, this folder's exchange/, keeps nbgrader's own collect: there every
+# server may run as one account (tests/cluster/test_hub.py), and owners cannot tell learners apart.
+CLASS_EXCHANGE = os.environ.get("PALLAS_COURSE_EXCHANGE")
+if CLASS_EXCHANGE and os.path.realpath(CLASS_EXCHANGE) != os.path.realpath(
+        os.path.join(ROOT, "exchange")):
+    c.Exchange.root = CLASS_EXCHANGE
     c.CourseDirectory.groupshared = True
     c.ExchangeFactory.collect = "grader.inbound.OwnedCollect"
 else:
