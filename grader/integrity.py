@@ -224,10 +224,23 @@ def _compare(name: str, before: dict, now: dict, volatile, data: bool) -> list[s
     return out
 
 
+# the grader's own functions that may install a profile function while the guard is armed
+# (a task's watch on what a learner's prediction calls, ``a04_memory_spaces.predict_unaided``),
+# by code object: a learner's function cannot be one of them
+PROFILERS: set[types.CodeType] = set()
+
+
+def may_profile(fn):
+    """Let ``fn`` (grader code) call ``sys.setprofile`` while the guard is armed."""
+    PROFILERS.add(fn.__code__)
+    return fn
+
+
 class Guard:
     """An audit hook that, once ``armed``, refuses ``REFUSED`` events (``RuntimeError``) and
     refuses and records ``ATTACKS``, ctypes, a function's code replaced and opening
-    ``/proc/*/mem`` (``found``, for the report)."""
+    ``/proc/*/mem`` (``found``, for the report). ``sys.setprofile`` called by one of
+    ``PROFILERS`` is let through."""
 
     def __init__(self):
         self.armed = False
@@ -235,6 +248,8 @@ class Guard:
 
     def __call__(self, event: str, args: tuple) -> None:
         if not self.armed:
+            return
+        if event == "sys.setprofile" and sys._getframe(1).f_code in PROFILERS:
             return
         if event in REFUSED:
             raise RuntimeError(f"{REFUSED[event]} is not allowed while the grader runs your "

@@ -12,6 +12,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 import kernelsim
+from grader import integrity
 from grader.tasks.core import (
     Case,
     Rule,
@@ -93,6 +94,7 @@ class CourseCodeCalled(Exception):
     """A prediction called the course's own code (the grader's byte counts, kernelsim)."""
 
 
+@integrity.may_profile
 def predict_unaided(fn, params: dict):
     """``fn(**params)``, watched: every Python function it calls, however deep, is checked
     against the course's own code (``grader/``, ``kernelsim/``, ``lessons/``), so that a
