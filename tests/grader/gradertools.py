@@ -68,3 +68,28 @@ def solutions(assignment: str, **settings) -> dict[str, object]:
 
 
 COMPILED = {"INTERPRET": False, "TPU_INTERPRET": False}  # ``run(..., **COMPILED)``
+
+
+def planted(assignment: str, namespace: dict, cell: str, *edits: tuple[str, str]):
+    """The function of solution ``cell`` with a mistake planted: each ``(old, new)`` edit made to
+    the notebook's own source (``old`` must be there), run in a copy of ``namespace``."""
+    source = cells(assignment)[cell]
+    for old, new in edits:
+        assert old in source, (cell, old)
+        source = source.replace(old, new)
+    scope = dict(namespace)
+    exec(compile(source, f"planted {cell}", "exec"), scope)  # noqa: S102
+    return scope[cell.removesuffix("_solution")]
+
+
+def fails(task: str, fn, expected: str, hidden: bool = False) -> str:
+    """``course.check`` of ``fn`` fails with a message holding ``expected``; the message."""
+    import pytest
+
+    from grader import course
+
+    with pytest.raises(course.CheckFailed) as failed:
+        course.check(task, fn, hidden=hidden, quiet=True)
+    message = str(failed.value)
+    assert expected in message, message
+    return message

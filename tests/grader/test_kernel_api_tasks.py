@@ -31,21 +31,10 @@ def notebook() -> dict:
 
 
 def _planted(notebook: dict, cell: str, *edits: tuple[str, str]):
-    source = gradertools.cells(ASSIGNMENT)[cell]
-    for old, new in edits:
-        assert old in source, (cell, old)
-        source = source.replace(old, new)
-    namespace = dict(notebook)
-    exec(compile(source, f"planted {cell}", "exec"), namespace)  # noqa: S102
-    return namespace[cell.removesuffix("_solution")]
+    return gradertools.planted(ASSIGNMENT, notebook, cell, *edits)
 
 
-def _fails(task: str, fn, expected: str, hidden: bool = False) -> str:
-    with pytest.raises(course.CheckFailed) as failed:
-        course.check(task, fn, hidden=hidden, quiet=True)
-    message = str(failed.value)
-    assert expected in message, message
-    return message
+_fails = gradertools.fails
 
 
 def test_every_task_has_a_solution_and_tests():
