@@ -5,13 +5,11 @@ past its right edge."""
 
 from __future__ import annotations
 
-import subprocess
-import time
 import urllib.request
 
 import nbformat
 import pytest
-from sitetools import free_port, watch
+from sitetools import start_lab, watch
 
 from grader import site
 
@@ -41,24 +39,13 @@ def _nbgrader_notebook(path) -> None:
 @pytest.mark.slow
 def test_validate_dialog_shows_the_whole_message_and_hint(browser, tmp_path):
     _nbgrader_notebook(tmp_path / "task.ipynb")
-    port, token = free_port(), "validate-test"
-    proc = subprocess.Popen(site.lab_command(port, token, tmp_path), cwd=tmp_path,
-                            env=site.lab_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+    with open(tmp_path / "lab.log", "w") as log:
+        proc, base, token = start_lab(tmp_path, log)
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     w = watch(context)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, "JupyterLab exited"
-            try:
-                css = urllib.request.urlopen(f"{base}/custom/custom.css?token={token}",
-                                             timeout=5).read().decode()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "JupyterLab did not answer"
-                time.sleep(0.3)
+        css = urllib.request.urlopen(f"{base}/custom/custom.css?token={token}",
+                                     timeout=30).read().decode()
         assert "#validation-message pre" in css
         page = w.page
         page.goto(f"{base}/lab/tree/task.ipynb?token={token}")
