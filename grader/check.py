@@ -124,6 +124,14 @@ def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
     failures = 0
     graded = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")
               and "course.check(" in c.source]
+    # an error before the checks (an import in the setup cell, a typo in a solution) is the
+    # cause of every check's failure after it: say where it happened first
+    for number, cell in enumerate(nb.cells, 1):
+        errs = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        if cell.cell_type == "code" and errs and not any(cell is g for g in graded):
+            name = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
+            log(f"ERROR in cell {number}{f' ({name})' if name else ''}: "
+                f"{errs[0].get('ename')}: {errs[0].get('evalue')}")
     for cell in graded:
         gid = cell.metadata["nbgrader"]["grade_id"]
         errs = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]

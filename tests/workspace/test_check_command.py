@@ -53,3 +53,26 @@ def test_unknown_or_ambiguous_names_say_what_to_do(ws):
                        r"path, e\.g\. `pallas-course check exercises/01_first_kernel/"):
         check.find_notebook(Path("nope.ipynb"), ws)
     assert check.run(Path("nope.ipynb")) == 2
+
+
+def test_an_error_before_the_checks_is_named_first(tmp_path):
+    """A setup cell that cannot import makes every check fail with a NameError; the learner is
+    first told which cell raised what."""
+    import nbformat
+
+    def code(source, grade_id, grade=False):
+        return nbformat.v4.new_code_cell(source, metadata={"nbgrader": {
+            "grade": grade, "solution": False, "locked": True, "grade_id": grade_id,
+            "schema_version": 3, **({"points": 1} if grade else {})}})
+
+    nb = nbformat.v4.new_notebook(cells=[
+        code("import no_such_module_for_the_course\ncourse = None", "setup"),
+        code('course.check("add", None)', "add_visible", grade=True)])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, tmp_path / "task.ipynb")
+    lines: list[str] = []
+    assert check.check_notebook(tmp_path / "task.ipynb", log=lines.append) == 1
+    assert lines[0] == ("ERROR in cell 1 (setup): ModuleNotFoundError: No module named "
+                        "'no_such_module_for_the_course'")
+    assert lines[1].startswith("FAIL  add_visible: NameError")
