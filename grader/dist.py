@@ -124,10 +124,10 @@ def learner_modules(grader_dir: Path, start: str = "course") -> list[str]:
         if name in seen:
             continue
         seen.append(name)
-        path = grader_dir / name / "__init__.py"
-        if not path.exists():
-            path = grader_dir / f"{name}.py"
-        for node in ast.parse(path.read_text()).body:
+        package = grader_dir / name
+        # a package ships whole, so every one of its modules' imports ships with it
+        paths = sorted(package.glob("*.py")) if package.is_dir() else [package.with_suffix(".py")]
+        for node in (n for path in paths for n in ast.parse(path.read_text()).body):
             if isinstance(node, ast.ImportFrom) and node.module == "grader":
                 todo += [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("grader."):

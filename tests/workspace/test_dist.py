@@ -127,6 +127,27 @@ def _readme_commands(dist: Path) -> list[str]:
     return [line.split("#")[0].strip() for line in block.splitlines() if line.strip()]
 
 
+def test_the_copys_grader_imports_from_the_copy_alone(dist_dir):
+    """Every module of the copy's grader/ imports with nothing of the checkout's grader/
+    behind it: a module a shipped one imports but the copy lacks fails every notebook's setup
+    cell (CI found ``grader.integrity`` missing, imported by one task file)."""
+    probe = ("import importlib, pathlib, sys\n"
+             # the checkout's editable install would answer for a module the copy lacks
+             "sys.meta_path[:] = [f for f in sys.meta_path\n"
+             "                    if not getattr(f, '__module__', '').startswith('__editable__')]\n"
+             f"sys.path.insert(0, {str(dist_dir)!r})\n"
+             "names = [p.relative_to(sys.path[0]).with_suffix('').as_posix().replace('/', '.')\n"
+             f"         for p in sorted(pathlib.Path({str(dist_dir)!r}, 'grader').rglob('*.py'))]\n"
+             "for name in names:\n"
+             "    module = importlib.import_module(name.removesuffix('.__init__'))\n"
+             f"    assert module.__file__.startswith({str(dist_dir)!r}), module.__file__\n"
+             "print(len(names))\n")
+    res = subprocess.run([sys.executable, "-I", "-c", probe], capture_output=True, text=True,
+                         env=_learner_env(), timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert int(res.stdout.split()[-1]) >= 10
+
+
 def _learner_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items()
             if not k.startswith(("PALLAS_COURSE", "PYTHONPATH", "VIRTUAL_ENV"))}
