@@ -345,6 +345,36 @@ assert "tma_load" in {e.kind for e in ws_kernel.events if e.warpgroup == 2}
 assert "wgmma" not in {e.kind for e in ws_kernel.events if e.warpgroup == 2}
 
 # %% [markdown]
+# The first events of each warpgroup, in the order it issues them. The producer (warpgroup
+# 2) starts with a prologue of six TMA loads, the A and B slices of three steps, one per
+# pipeline slot; from then on it waits for a consumer to release a slot before refilling
+# it. Each consumer waits for a slot's data, multiplies (`wgmma`), waits for the tensor cores
+# and hands the slot back (`barrier_arrive`).
+
+# %%
+import matplotlib.pyplot as plt  # noqa: E402
+
+EVENTS_DRAWN = 24
+MARKERS = {"tma_load": ("v", "tab:blue"), "barrier_wait": ("|", "tab:gray"),
+           "wgmma": ("s", "tab:orange"), "wgmma_wait": ("x", "tab:brown"),
+           "barrier_arrive": ("^", "tab:green")}
+issued = {w: sorted((e for e in ws_kernel.events if e.warpgroup == w), key=lambda e: e.order)
+          for w in range(ws_kernel.num_threads)}
+fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH, 2.8))
+for kind, (marker, color) in MARKERS.items():
+    at = [(i, w) for w, events in issued.items()
+          for i, e in enumerate(events[:EVENTS_DRAWN]) if e.kind == kind]
+    ax.scatter([i for i, _ in at], [w for _, w in at], marker=marker, color=color,
+               label=kind, s=40)
+ax.set_yticks(range(ws_kernel.num_threads),
+              [f"warpgroup {w}" for w in range(ws_kernel.num_threads)])
+ax.set_xlabel("event number in the warpgroup's program order")
+ax.set_ylim(-0.6, ws_kernel.num_threads - 0.4)
+ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=len(MARKERS), fontsize=8)
+fig.tight_layout()
+assert [e.kind for e in issued[2][:7]] == ["tma_load"] * 6 + ["barrier_wait"]
+
+# %% [markdown]
 # ## Measured on an H200
 #
 # `bench/gpu_perf.py` times these kernels and the Triton ones of lesson 11's shape at
