@@ -11,6 +11,7 @@ The two URLs are the last thing printed, in a box; JupyterLab's and the build's 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import http.server
@@ -21,6 +22,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -73,12 +75,14 @@ def build_command(strict: bool = True, site_dir: Path = SITE_DIR) -> list[str]:
 BUILD_ENV = {"NO_MKDOCS_2_WARNING": "1"}
 
 
-def render_lessons(names: list[str]) -> None:
+def render_lessons(names: list[str], report: Path) -> None:
     """Render ``lessons/<name>`` for each name the way the site build does, through
     mkdocs-jupyter's own page hook, which executes a lesson missing from its cache (keyed by the
     lesson's content, the plugin's settings and, through site/hooks.py, kernelsim) and stores
     it there. One process runs this per CPU (``prerender_lessons``); mkdocs then finds every
-    lesson in the cache instead of executing them one at a time."""
+    lesson in the cache instead of executing them one at a time. A lesson that fails does not
+    stop the others: ``report`` gets one JSON line per lesson, ``{"lesson", "seconds",
+    "error"}`` (error: None, or the failing cell's source and traceback as text)."""
     from mkdocs.config import load_config
     from mkdocs.structure.files import File, Files
     from mkdocs.structure.pages import Page
@@ -94,37 +98,68 @@ def render_lessons(names: list[str]) -> None:
         jupyter.on_pre_page(page, config, Files([file]))
         cwd = os.getcwd()
         os.chdir(REPO / "lessons")  # as the build does: a lesson runs in its own folder
+        start, error = time.perf_counter(), None
         try:
             page.render(config, Files([file]))
+        except Exception as e:  # noqa: BLE001 - reported per lesson, the others still run
+            error = f"{type(e).__name__}: {e}"
         finally:
             os.chdir(cwd)
+        with open(report, "a") as out:
+            out.write(json.dumps({"lesson": name, "error": error,
+                                  "seconds": round(time.perf_counter() - start, 1)}) + "\n")
 
 
-def prerender_lessons(jobs: int | None = None) -> None:
+@dataclasses.dataclass(frozen=True)
+class LessonRun:
+    """One lesson's execution for the site: seconds it took (a lesson already in the cache
+    takes well under one), and error (None, or the failing cell and its traceback as text)."""
+
+    lesson: str
+    seconds: float
+    error: str | None
+
+
+def prerender_lessons(jobs: int | None = None) -> dict[str, LessonRun]:
     """Execute the lessons into mkdocs-jupyter's cache, ``jobs`` processes at once (default:
     one per CPU), the longest lessons (by size) first and spread evenly; cached lessons cost a
-    hash each. Raises CalledProcessError when a lesson fails (the build would fail on it too)."""
+    hash each. Returns each lesson's run by file name; a lesson whose process died without a
+    report has that as its error. The build and tests/lessons both call this, so each lesson
+    executes once per change."""
     lessons = sorted((REPO / "lessons").glob("[0-9][0-9]-*.py"),
                      key=lambda p: p.stat().st_size, reverse=True)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(lessons)))
     shares: list[list[Path]] = [[] for _ in range(jobs)]
     for lesson in lessons:  # longest first, each to the least loaded process
         min(shares, key=lambda s: sum(p.stat().st_size for p in s)).append(lesson)
-    code = "import sys; from grader import site; site.render_lessons(sys.argv[1:])"
-    procs = [subprocess.Popen([sys.executable, "-c", code, *(p.name for p in share)],
-                              cwd=REPO, env={**os.environ, **BUILD_ENV})
-             for share in shares if share]
-    codes = [p.wait() for p in procs]
-    failed = next((c for c in codes if c), 0)
-    if failed:
-        raise subprocess.CalledProcessError(failed, "render_lessons")
+    code = ("import sys; from pathlib import Path; from grader import site; "
+            "site.render_lessons(sys.argv[2:], Path(sys.argv[1]))")
+    with tempfile.TemporaryDirectory() as d:
+        reports = [Path(d) / f"share-{i}.jsonl" for i in range(len(shares))]
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(report),
+                                   *(p.name for p in share)],
+                                  cwd=REPO, env={**os.environ, **BUILD_ENV})
+                 for share, report in zip(shares, reports, strict=True) if share]
+        codes = [p.wait() for p in procs]
+        runs = {r["lesson"]: LessonRun(**r) for report in reports if report.exists()
+                for r in map(json.loads, report.read_text().splitlines())}
+    died = next((c for c in codes if c), 0)
+    for lesson in lessons:
+        runs.setdefault(lesson.name, LessonRun(
+            lesson.name, 0.0, f"its rendering process exited with status {died} before it"))
+    return runs
 
 
 def build_site(strict: bool = True, site_dir: Path = SITE_DIR) -> None:
     """Build the site into ``site_dir``: the lessons executed in parallel into mkdocs-jupyter's
     cache (``prerender_lessons``; unchanged ones are already there), then ``mkdocs build``.
-    Raises CalledProcessError when the build fails."""
-    prerender_lessons()
+    Raises CalledProcessError when a lesson or the build fails."""
+    failed = [run for run in prerender_lessons().values() if run.error]
+    if failed:
+        for run in failed:
+            print(f"lessons/{run.lesson} failed:\n{run.error}", file=sys.stderr)
+        raise subprocess.CalledProcessError(1, "render lessons: " + ", ".join(
+            run.lesson for run in failed))
     cmd = [sys.executable, "-m", "mkdocs", "build", "--clean", "--site-dir", str(site_dir)]
     subprocess.run([*cmd, "--strict"] if strict else cmd, cwd=REPO, check=True,
                    env={**os.environ, **BUILD_ENV})
