@@ -84,12 +84,12 @@ echo "done: . .venv/bin/activate, then JUPYTER_CONFIG_PATH=jupyter jupyter lab"
 
 def strip_hidden_cases(source: str) -> tuple[str, int]:
     """A task module's source without its hidden cases, and how many were removed: every
-    ``_c(...)`` call whose fifth argument (or ``hidden=``) is True is removed from the tuple
+    ``make_case(...)`` call whose fifth argument (or ``hidden=``) is True is removed from the tuple
     that holds it."""
     tree = ast.parse(source)
 
     def hidden(node: ast.AST) -> bool:
-        if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "_c"):
+        if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "make_case"):
             return False
         flag = node.args[4] if len(node.args) > 4 else next(
             (k.value for k in node.keywords if k.arg == "hidden"), None)
@@ -186,8 +186,8 @@ def write_tree(root: Path, repo: Path, dest: Path) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
     if hidden_removed == 0:
-        raise ValueError("grader/tasks/: no hidden _c(...) cases found to remove; has the case "
-                         "syntax changed? (grader/dist.py strips them)")
+        raise ValueError("grader/tasks/: no hidden make_case(...) cases found to remove; has the "
+                         "case syntax changed? (grader/dist.py strips them)")
     (dest / "jupyter" / "labconfig").mkdir(parents=True)
     shutil.copyfile(package / "site" / "jupyter" / "labconfig" /
                     "default_setting_overrides.json",
