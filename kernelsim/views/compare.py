@@ -27,19 +27,22 @@ class Comparison:
     views: list[CallView]
 
     def table(self) -> str:
-        rows = [["trace", "call", "grid", "steps", "HBM read B", "HBM write B", "HBM total B",
-                 "on-chip peak B", "FLOPs", "AI FLOP/B", "compute", "memory", "overhead",
-                 "estimate", "bound"]]
+        """Two tables, one row per trace: what moves (grid, steps, bytes), then what it costs
+        (FLOPs, time); one table of all 15 columns is too wide for a notebook's output."""
+        moves = [["trace", "call", "grid", "steps", "HBM read B", "HBM write B", "HBM total B",
+                  "on-chip peak B"]]
+        costs = [["trace", "FLOPs", "AI FLOP/B", "compute", "memory", "overhead", "estimate",
+                  "bound"]]
         for label, v in zip(self.labels, self.views, strict=True):
             c = v.cost
-            rows.append([label, v.call.name, str(tuple(v.call.grid)), f"{v.call.steps:,}",
-                         f"{c.hbm_read_bytes:,}", f"{c.hbm_write_bytes:,}", f"{c.hbm_bytes:,}",
-                         f"{c.onchip_peak_bytes:,}", f"{c.flops:,}",
-                         f"{c.arithmetic_intensity:.3g}", seconds(c.compute_seconds),
-                         seconds(c.memory_seconds), seconds(c.overhead_seconds),
-                         seconds(c.estimated_seconds),
-                         "compute" if c.compute_seconds >= c.memory_seconds else "memory"])
-        return table(rows)
+            moves.append([label, v.call.name, str(tuple(v.call.grid)), f"{v.call.steps:,}",
+                          f"{c.hbm_read_bytes:,}", f"{c.hbm_write_bytes:,}", f"{c.hbm_bytes:,}",
+                          f"{c.onchip_peak_bytes:,}"])
+            costs.append([label, f"{c.flops:,}", f"{c.arithmetic_intensity:.3g}",
+                          seconds(c.compute_seconds), seconds(c.memory_seconds),
+                          seconds(c.overhead_seconds), seconds(c.estimated_seconds),
+                          "compute" if c.compute_seconds >= c.memory_seconds else "memory"])
+        return table(moves) + "\n\n" + table(costs)
 
     def __str__(self) -> str:
         return self.table()

@@ -97,6 +97,19 @@ def test_no_page_scrolls_sideways_at_390_and_wrapped_lines_are_marked(phone, bas
     assert size >= 12
 
 
+def test_no_lesson_hides_text_at_1280(browser, base_url):
+    """Every lesson, not only the measured five: no code or output box hides text."""
+    context, hidden = browser.new_context(viewport={"width": 1280, "height": 900}), {}
+    try:
+        page = context.new_page()
+        for lesson in sorted((REPO / "lessons").glob("[0-9][0-9]-*.py")):
+            page.goto(f"{base_url}lessons/{lesson.stem}/")
+            hidden[lesson.stem] = page.evaluate(HIDDEN)
+    finally:
+        context.close()
+    assert {stem: boxes for stem, boxes in hidden.items() if boxes} == {}
+
+
 def test_no_lesson_scrolls_sideways_at_390(browser, base_url):
     context = browser.new_context(viewport={"width": 390, "height": 844})
     try:
