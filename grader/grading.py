@@ -490,7 +490,11 @@ def feedback(root: Path, assignment: str | None = None, log=print) -> list[Path]
         for f in files:
             _scrub_hidden(f)
         out.extend(files)
-        log(f"feedback {a}: {len(files)} HTML file(s) under {root / 'feedback'}")
+        where = (f"released to the exchange ({res['exchange']}): learners get it with "
+                 "Assignments -> Fetch feedback" if res.get("exchange") and res.get("success")
+                 else "no exchange to release it to: send the files, or set one up "
+                 "(README, Teaching a class)")
+        log(f"feedback {a}: {len(files)} HTML file(s) under {root / 'feedback'}; {where}")
     return out
 
 

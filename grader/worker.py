@@ -1,7 +1,8 @@
 """nbgrader jobs in a long-lived process: ``python -m grader.worker ROOT serve``.
 
 It reads jobs as JSON lists, one per stdin line, until end of input: ``["generate", A...]``,
-``["autograde", A, STUDENT]``, ``["feedback", A[, STUDENT]]``, ``["export", FILE]``,
+``["autograde", A, STUDENT]``, ``["feedback", A[, STUDENT]]`` (made, and released to the
+exchange when the course has one), ``["export", FILE]``,
 ``["preflight"]`` (can a jailed Python import the course). Each runs
 real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON
 line (prefixed ``@@RESULT``) with the outcome; ``grading.Worker`` is the other end. Learner code
@@ -139,6 +140,14 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
         s = args[1] if len(args) > 1 else None
         r = api.generate_feedback(a, s, force=True)
         result.update(success=r["success"], error=r.get("error"), log=r.get("log", "")[-4000:])
+        # one step for the instructor: where learners fetch from an exchange, the feedback
+        # goes there too (nbgrader's release_feedback, as the formgrader's button does)
+        exchange = cfg.Exchange.root if "root" in cfg.Exchange else ""
+        if r["success"] and exchange and os.path.isdir(exchange):
+            released = api.release_feedback(a, s)
+            result.update(success=released["success"], exchange=exchange,
+                          error=released.get("error"),
+                          log=(result["log"] + released.get("log", ""))[-4000:])
     elif job == "export":
         from nbgrader.api import Gradebook
         from nbgrader.plugins.export import CsvExportPlugin

@@ -22,6 +22,7 @@ stored fingerprint is one).
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -198,9 +199,31 @@ def collect(lessons: bool = True, log=print) -> dict[str, str]:
     return dict(sorted(out.items(), key=lambda kv: (kv[1], kv[0])))
 
 
+def sources_digest() -> str:
+    """A digest of everything ``collect`` reads: the lessons and the modules they import from
+    the repository, kernelsim, the grader's tasks and fingerprints, the instructor notebooks,
+    and JAX's version. Equal to the stored one: the stored corpus was made from these."""
+    from grader.refs import REPO
+
+    files = sorted({*REPO.glob("lessons/*.py"), *REPO.glob("bench/*.py"),
+                    *REPO.glob("kernelsim/**/*.py"), *REPO.glob("grader/tasks/*.py"),
+                    REPO / "grader" / "work.py", *REPO.glob("exercises/source/*/*.py")})
+    digest = hashlib.sha256(f"jax {jax.__version__}".encode())
+    for path in files:
+        digest.update(b"\0" + path.relative_to(REPO).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def stored_digest() -> str | None:
+    return json.loads(STORE.read_text()).get("sources")
+
+
 def main() -> None:
     kernels = collect()
-    STORE.write_text(json.dumps({"min_body": MIN_BODY, "kernels": kernels}, indent=1) + "\n")
+    # the digest of the sources, taken after collect (which reads this very module)
+    STORE.write_text(json.dumps({"min_body": MIN_BODY, "sources": sources_digest(),
+                                 "kernels": kernels}, indent=1) + "\n")
     print(f"{STORE}: {len(kernels)} shipped kernel bodies", file=sys.stderr)
 
 

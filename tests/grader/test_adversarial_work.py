@@ -243,5 +243,9 @@ def test_the_stored_corpus_holds_jaxs_ops():
 @pytest.mark.slow
 def test_the_stored_corpus_is_current():
     """``python -m grader.tasks.shipped`` run now writes what is stored: regenerate after
-    changing a lesson's kernels."""
-    assert shipped.collect(log=lambda _: None) == shipped.known()
+    changing a lesson's kernels. When none of the files the corpus is made from changed since
+    it was made (its stored digest), it is current without remaking it (2.5 minutes)."""
+    if shipped.stored_digest() == shipped.sources_digest():
+        return
+    assert shipped.collect(log=lambda _: None) == shipped.known(), \
+        "the shipped-kernel corpus is stale: run `python -m grader.tasks.shipped`"
