@@ -1,7 +1,8 @@
 // kernelsim's viewer: one pallas_call, grid step by grid step, showing which blocks move
 // between the chip's memories (HBM, VMEM and SMEM on a TPU; global memory and shared memory /
 // registers on a GPU), or one Mosaic GPU kernel (kernelsim.gpu), event by event per warpgroup,
-// in the GPU's memories (global memory, shared memory, registers). One plain ES module, no build step: anywidget renders it in a notebook
+// in the GPU's memories (global memory, shared memory, registers). One plain ES module, no
+// build step: anywidget renders it in a notebook
 // (`export default {render}`), and `standalone(el, data)` runs it on a page with the data
 // inline (Trace.to_html, the course site). It draws what kernelsim/views/viewer.py sends --
 // the model's lanes, in order, and its words -- and computes no number of its own beyond
@@ -542,14 +543,17 @@ class Viewer {
     const grid = K.grid.map((g, a) => `${K.grid_names[a] || `axis ${a}`} ${g}`).join(", ");
     this.root.append(h("div", {class: "ks-title", text:
       `Mosaic GPU: ${K.name} · grid (${grid}) = ${K.ctas.toLocaleString("en-US")} CTAs ` +
-      `× ${K.warpgroups} warpgroup${K.warpgroups > 1 ? "s" : ""} · events of CTA ${tuple(K.cta)}`}));
+      `× ${K.warpgroups} warpgroup${K.warpgroups > 1 ? "s" : ""} · ` +
+      `events of CTA ${tuple(K.cta)}`}));
     const prev = h("button", {type: "button", class: "ks-prev", "aria-label": "previous event",
                               text: "◀ prev"});
     const play = h("button", {type: "button", class: "ks-play", text: "▶ play"});
     const next = h("button", {type: "button", class: "ks-next", "aria-label": "next event",
                               text: "next ▶"});
     const speed = h("select", {class: "ks-speed", "aria-label": "playback speed"});
-    for (const s of SPEEDS) speed.append(h("option", {value: s, text: s ? `${s} events/s` : "max"}));
+    for (const s of SPEEDS) {
+      speed.append(h("option", {value: s, text: s ? `${s} events/s` : "max"}));
+    }
     speed.value = String(this.speed ?? 5);
     const slider = h("input", {class: "ks-slider", type: "range", min: 0, max: this.n - 1,
                                step: 1, value: 0, "aria-label": "event"});
@@ -594,8 +598,11 @@ class Viewer {
     this.draw(Math.min(Math.max(this.model.get("step") || 0, 0), this.n - 1), true);
   }
 
+  // a buffer's box; a size in ``meta`` ({bytes: n}) never breaks between number and unit
   gpuBox(name, title, meta, attrs) {
-    const el = h("div", {class: "ks-slot", ...attrs}, h("b", {text: title}), meta);
+    const parts = meta.map((m) => (typeof m === "string" ? m :
+      h("span", {style: "white-space:nowrap", text: fmtBytes(m.bytes)})));
+    const el = h("div", {class: "ks-slot", ...attrs}, h("b", {text: title}), ...parts);
     this.touched[name] = el;
     return el;
   }
@@ -603,8 +610,8 @@ class Viewer {
   buildGpuGlobal(lane) {
     const row = h("div", {class: "ks-slots"});
     for (const g of this.gpu.gmem) {
-      row.append(this.gpuBox(g.name, g.name, `this CTA reads ${fmtBytes(g.read)}, writes ` +
-                             `${fmtBytes(g.written)}`, {"data-buffer": g.name}));
+      row.append(this.gpuBox(g.name, g.name, ["this CTA reads ", {bytes: g.read}, ", writes ",
+                                              {bytes: g.written}], {"data-buffer": g.name}));
     }
     const K = this.gpu.kernel;
     lane.append(row, h("div", {class: "ks-meta", text:
@@ -617,7 +624,7 @@ class Viewer {
       if (!spaces.includes(a.space)) continue;
       const what = a.space === "barrier" ? `${a.shape.join("×")} barrier(s)` :
         `${a.dtype}[${a.shape.join(", ")}]`;
-      row.append(this.gpuBox(a.name, a.name, `${what}, ${fmtBytes(a.bytes)}`,
+      row.append(this.gpuBox(a.name, a.name, [`${what}, `, {bytes: a.bytes}],
                              {"data-buffer": a.name}));
     }
     lane.append(row);
@@ -649,6 +656,8 @@ class Viewer {
       const strip = h("div", {class: "ks-strip" + (evs.length <= 200 ? " ks-sep" : ""), role: "img",
                               "aria-label": `warpgroup ${w}: ${evs.length} events`});
       for (const e of evs) strip.append(h("i", {style: `background:${this.P.events[e.kind]}`}));
+      // one scale for every warpgroup: event i sits at the same x in each row
+      if (evs.length < this.n) strip.append(h("b", {style: `flex:${this.n - evs.length} 1 0`}));
       const cursor = h("div", {class: "ks-cursor"});
       strip.append(cursor);
       const act = h("div", {class: "ks-act"});
@@ -687,7 +696,7 @@ class Viewer {
     this.rows.forEach((r, w) => {
       const e = r.evs[i];
       r.cursor.style.display = e ? "" : "none";
-      if (e) r.cursor.style.left = `${(100 * (i + 0.5)) / r.evs.length}%`;
+      if (e) r.cursor.style.left = `${(100 * (i + 0.5)) / this.n}%`;
       if (!e) {
         r.act.textContent = "done";
         r.act.style.color = "#52606d";

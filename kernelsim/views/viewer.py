@@ -6,6 +6,10 @@ and standalone (data inline) in ``Trace.to_html()`` and on the course site.
 on each chip of that model's kind); the module only draws it. Per-step arrays travel as
 base64 typed arrays (``{"t": "i32", "b": ...}``) so a 4,096-step call stays well under 1 MB.
 
+``gpu_viewer_data`` does the same for a Mosaic GPU kernel (``kernelsim.gpu.GpuKernel``): its
+memories as lanes (global memory, shared memory, registers) and each warpgroup's events,
+drawn by the same module; ``GpuKernel.show()`` and ``.to_html()`` reach it as a Trace's do.
+
 ``Trace.show()`` picks the form: the anywidget ``Viewer`` when a notebook front end sent the
 cell (JupyterLab, Notebook 7 and VS Code send a ``cellId`` with it), else an object whose
 mime bundle is the standalone viewer (nbclient and nbconvert, i.e. the site build, send
