@@ -670,6 +670,10 @@ class Viewer {
                     strip, act));
       return {strip, cursor, act, evs};
     });
+    if (K.events_dropped) {
+      lane.append(h("div", {class: "ks-meta", text: `and ${K.events_dropped.toLocaleString(
+        "en-US")} later events, counted in the totals but not listed by kernelsim`}));
+    }
   }
 
   buildGpuCost() {
