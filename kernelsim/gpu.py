@@ -100,6 +100,7 @@ class GpuKernel:
     (every warpgroup's). smem_bytes: shared memory the lowering allocates per CTA (see the
     module docstring). gmem_read_bytes / gmem_write_bytes / flops: for the whole launch, CTA
     ``cta``'s counts times the number of CTAs (the CTAs of the kernels modelled do equal work).
+    chip: the chip (``kernelsim.chips``) it was modelled on.
     """
 
     name: str
@@ -118,6 +119,7 @@ class GpuKernel:
     compute_seconds: float
     memory_seconds: float
     warnings: list[str] = field(default_factory=list)
+    chip: str = "h100"
 
     @property
     def ctas(self) -> int:
@@ -131,9 +133,24 @@ class GpuKernel:
     def count(self, kind: str) -> int:
         return sum(e.kind == kind for e in self.events)
 
+    def show(self):
+        """The interactive viewer of this kernel (global / shared memory / registers lanes,
+        each warpgroup's events in program order): an anywidget in a notebook front end,
+        the standalone HTML viewer elsewhere (nbconvert, the site build)."""
+        from kernelsim.views.viewer import show_gpu
+
+        return show_gpu(self)
+
+    def to_html(self, path: Any = None, fragment: bool = False) -> str:
+        """The standalone viewer (data and module inline, no network); written to ``path``
+        if given, always returned. fragment: a ``<div>`` to embed in another page."""
+        from kernelsim.views.viewer import gpu_to_html
+
+        return gpu_to_html(self, path, fragment)
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "backend": "mosaic_gpu", "grid": list(self.grid),
+            "name": self.name, "backend": "mosaic_gpu", "chip": self.chip, "grid": list(self.grid),
             "grid_names": list(self.grid_names), "num_threads": self.num_threads,
             "cta": list(self.cta),
             "memory_spaces": [{"id": i, "name": n} for i, n in MEMORY_SPACES],
@@ -571,4 +588,4 @@ def _kernel(eqn, chip: Chip, cta) -> GpuKernel:
     return GpuKernel(p.get("name") or "kernel", grid, names, threads, tuple(cta or (0,) *
                      len(grid)), allocations, smem_total, n_barriers, events, dropped, read,
                      write, flops, flops / chip.peak_flops_bf16,
-                     (read + write) / chip.hbm_bytes_per_second, warnings)
+                     (read + write) / chip.hbm_bytes_per_second, warnings, chip.name)

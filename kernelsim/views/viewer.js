@@ -1,6 +1,8 @@
 // kernelsim's viewer: one pallas_call, grid step by grid step, showing which blocks move
 // between the chip's memories (HBM, VMEM and SMEM on a TPU; global memory and shared memory /
-// registers on a GPU). One plain ES module, no build step: anywidget renders it in a notebook
+// registers on a GPU), or one Mosaic GPU kernel (kernelsim.gpu), event by event per warpgroup,
+// in the GPU's memories (global memory, shared memory, registers). One plain ES module, no
+// build step: anywidget renders it in a notebook
 // (`export default {render}`), and `standalone(el, data)` runs it on a page with the data
 // inline (Trace.to_html, the course site). It draws what kernelsim/views/viewer.py sends --
 // the model's lanes, in order, and its words -- and computes no number of its own beyond
@@ -25,6 +27,7 @@ const CSS = `
   grid-template-columns:repeat(auto-fit,minmax(min(100%,250px),1fr))}
 .ks-viewer .ks-body>*{min-width:0}
 @container (min-width:620px){.ks-viewer .ks-body>[data-kind=arrays]{grid-column:span 2}}
+.ks-viewer .ks-body>[data-kind=events]{grid-column:1/-1}
 .ks-viewer button,.ks-viewer select{font:inherit;font-size:13px;padding:3px 9px;
   border:1px solid #9aa5b1;border-radius:4px;background:#f5f7fa;color:inherit;min-height:30px}
 .ks-viewer button:focus-visible,.ks-viewer select:focus-visible,.ks-viewer input:focus-visible{
@@ -89,6 +92,12 @@ const CSS = `
 .ks-viewer .ks-packet{position:absolute;z-index:5;pointer-events:none;border:2px solid #1f2933;
   border-radius:2px;opacity:.9}
 .ks-viewer .ks-wait{color:#d55e00;font-weight:600}
+.ks-viewer .ks-strip{position:relative;display:flex;height:14px;border:1px solid #9aa5b1;
+  margin:3px 0;overflow:hidden}
+.ks-viewer .ks-strip i{flex:1 1 0;min-width:0}
+.ks-viewer .ks-strip.ks-sep i+i{border-left:1px solid #fff}
+.ks-viewer .ks-strip .ks-cursor{width:3px;margin-left:-1px;background:var(--ks-ink)}
+.ks-viewer .ks-warn{color:#d55e00;font-size:12px;overflow-wrap:anywhere}
 @media (max-width:480px){.ks-viewer{padding:6px}.ks-viewer .ks-vlabel{flex-basis:100%}
   .ks-viewer .ks-op{flex-basis:40%;min-width:0}}
 `;
@@ -211,6 +220,8 @@ class Viewer {
   build() {
     this.stop();
     const D = this.data, P = D.palette;
+    this.gpu = null;
+    if (D.kind === "gpu_kernel") { this.buildGpu(D); return; }
     const ci = Math.min(this.model.get("call") || 0, D.calls.length - 1);
     const call = prepare(D.calls[ci]);
     const modelName = this.model.get("model") || D.model;
@@ -519,6 +530,190 @@ class Viewer {
     this.root.append(leg);
   }
 
+  // ---- a Mosaic GPU kernel: its memories as lanes, each warpgroup's events --------------
+
+  buildGpu(D) {
+    const K = D.kernel;
+    this.root.replaceChildren();
+    this.gpu = D;
+    this.m = null;
+    this.P = D.palette;
+    this.n = Math.max(K.shown, 1);
+    this.touched = {};  // buffer name -> its box, outlined while an event touches it
+    const grid = K.grid.map((g, a) => `${K.grid_names[a] || `axis ${a}`} ${g}`).join(", ");
+    this.root.append(h("div", {class: "ks-title", text:
+      `Mosaic GPU: ${K.name} · grid (${grid}) = ${K.ctas.toLocaleString("en-US")} CTAs ` +
+      `× ${K.warpgroups} warpgroup${K.warpgroups > 1 ? "s" : ""} · ` +
+      `events of CTA ${tuple(K.cta)}`}));
+    const prev = h("button", {type: "button", class: "ks-prev", "aria-label": "previous event",
+                              text: "◀ prev"});
+    const play = h("button", {type: "button", class: "ks-play", text: "▶ play"});
+    const next = h("button", {type: "button", class: "ks-next", "aria-label": "next event",
+                              text: "next ▶"});
+    const speed = h("select", {class: "ks-speed", "aria-label": "playback speed"});
+    for (const s of SPEEDS) {
+      speed.append(h("option", {value: s, text: s ? `${s} events/s` : "max"}));
+    }
+    speed.value = String(this.speed ?? 5);
+    const slider = h("input", {class: "ks-slider", type: "range", min: 0, max: this.n - 1,
+                               step: 1, value: 0, "aria-label": "event"});
+    this.stepno = h("span", {class: "ks-stepno"});
+    prev.onclick = () => this.go(this.cur - 1);
+    next.onclick = () => this.go(this.cur + 1);
+    play.onclick = () => (this.playing ? this.stop() : this.play());
+    speed.onchange = () => {
+      this.speed = +speed.value;
+      if (this.playing) { this.stop(); this.play(); }
+    };
+    slider.oninput = () => this.go(+slider.value);
+    this.playBtn = play;
+    this.slider = slider;
+    this.root.append(h("div", {class: "ks-row ks-options"}, h("label", {}, "speed ", speed),
+                       h("span", {class: "ks-meta", text: `model ${D.model} · chip ${D.chip}`})));
+    this.status = h("p", {class: "ks-status", role: "status", "aria-live": "polite"});
+    this.root.append(h("div", {class: "ks-controls"},
+                       h("div", {class: "ks-row"}, prev, play, next, slider, this.stepno),
+                       this.status));
+    const body = h("div", {class: "ks-body"});
+    for (const lane of D.lanes) {
+      const section = h("section", {class: `ks-lane ks-${lane.kind}`, "data-lane": lane.id,
+                                    "data-kind": lane.kind},
+                        h("h4", {}, `${lane.title} `, h("span", {text: lane.note})));
+      GPU_LANES[lane.kind].call(this, section);
+      body.append(section);
+    }
+    body.append(this.buildGpuCost());
+    this.root.append(body);
+    const leg = h("div", {class: "ks-legend", "aria-label": "legend"});
+    const seen = new Set();
+    for (const w of D.events) for (const e of w) seen.add(e.kind);
+    for (const [kind, k] of Object.entries(D.kinds)) {
+      if (seen.has(kind)) {
+        leg.append(h("span", {}, h("span", {class: "ks-sw", style: `background:${k.color}`}),
+                     k.label));
+      }
+    }
+    this.root.append(leg);
+    this.cur = -1;
+    this.draw(Math.min(Math.max(this.model.get("step") || 0, 0), this.n - 1), true);
+  }
+
+  // a buffer's box; a size in ``meta`` ({bytes: n}) never breaks between number and unit
+  gpuBox(name, title, meta, attrs) {
+    const parts = meta.map((m) => (typeof m === "string" ? m :
+      h("span", {style: "white-space:nowrap", text: fmtBytes(m.bytes)})));
+    const el = h("div", {class: "ks-slot", ...attrs}, h("b", {text: title}), ...parts);
+    this.touched[name] = el;
+    return el;
+  }
+
+  buildGpuGlobal(lane) {
+    const row = h("div", {class: "ks-slots"});
+    for (const g of this.gpu.gmem) {
+      row.append(this.gpuBox(g.name, g.name, ["this CTA reads ", {bytes: g.read}, ", writes ",
+                                              {bytes: g.written}], {"data-buffer": g.name}));
+    }
+    const K = this.gpu.kernel;
+    lane.append(row, h("div", {class: "ks-meta", text:
+      `whole launch: ${fmtBytes(K.gmem_read)} read, ${fmtBytes(K.gmem_write)} written`}));
+  }
+
+  buildGpuAllocations(lane, spaces) {
+    const row = h("div", {class: "ks-slots"});
+    for (const a of this.gpu.allocations) {
+      if (!spaces.includes(a.space)) continue;
+      const what = a.space === "barrier" ? `${a.shape.join("×")} barrier(s)` :
+        `${a.dtype}[${a.shape.join(", ")}]`;
+      row.append(this.gpuBox(a.name, a.name, [`${what}, `, {bytes: a.bytes}],
+                             {"data-buffer": a.name}));
+    }
+    lane.append(row);
+  }
+
+  buildGpuShared(lane) {
+    this.buildGpuAllocations(lane, ["smem", "barrier"]);
+    const K = this.gpu.kernel, used = K.smem_bytes, cap = K.chip_smem;
+    const pct = cap ? (100 * used) / cap : 0;
+    lane.append(h("div", {class: "ks-cap"},
+      h("div", {class: "ks-meta", text: `footprint ${fmtBytes(used)} per CTA of ` +
+        `${fmtBytes(cap)} on ${this.gpu.chip} (${pct.toFixed(1)}%), as the lowering ` +
+        `allocates it, ${K.barriers} barrier${K.barriers === 1 ? "" : "s"} included` +
+        (used > cap ? " — does not fit" : "")}),
+      h("div", {class: "ks-capbar" + (used > cap ? " ks-over" : ""), role: "meter",
+                "aria-valuemin": 0, "aria-valuemax": cap, "aria-valuenow": used,
+                "aria-label": "shared memory footprint"},
+        h("div", {style: `width:${Math.min(pct, 100)}%`}))));
+  }
+
+  buildGpuRegisters(lane) {
+    this.buildGpuAllocations(lane, ["regs"]);
+  }
+
+  buildGpuEvents(lane) {
+    const K = this.gpu.kernel;
+    this.rows = this.gpu.events.map((evs, w) => {
+      // few enough events to tell apart: a white line between neighbours
+      const strip = h("div", {class: "ks-strip" + (evs.length <= 200 ? " ks-sep" : ""), role: "img",
+                              "aria-label": `warpgroup ${w}: ${evs.length} events`});
+      for (const e of evs) strip.append(h("i", {style: `background:${this.P.events[e.kind]}`}));
+      // one scale for every warpgroup: event i sits at the same x in each row
+      if (evs.length < this.n) strip.append(h("b", {style: `flex:${this.n - evs.length} 1 0`}));
+      const cursor = h("div", {class: "ks-cursor"});
+      strip.append(cursor);
+      const act = h("div", {class: "ks-act"});
+      const more = K.event_counts[w] > evs.length ?
+        ` (first ${evs.length.toLocaleString("en-US")} shown)` : "";
+      lane.append(h("div", {"data-warpgroup": w},
+                    h("div", {class: "ks-name", text: `warpgroup ${w} `},
+                      h("span", {class: "ks-meta", text:
+                        `${K.event_counts[w].toLocaleString("en-US")} events${more}`})),
+                    strip, act));
+      return {strip, cursor, act, evs};
+    });
+    if (K.events_dropped) {
+      lane.append(h("div", {class: "ks-meta", text: `and ${K.events_dropped.toLocaleString(
+        "en-US")} later events, counted in the totals but not listed by kernelsim`}));
+    }
+  }
+
+  buildGpuCost() {
+    const K = this.gpu.kernel;
+    const sec = h("section", {class: "ks-lane", "data-lane": "cost"},
+                  h("h4", {class: "ks-name", text: "roofline"}));
+    sec.append(h("div", {class: "ks-meta ks-roofline", text:
+      `${this.gpu.chip}: estimate ${fmtSeconds(K.estimate_s)} = max(compute ` +
+      `${fmtSeconds(K.compute_s)}, global memory ${fmtSeconds(K.memory_s)}) — ` +
+      `${K.bound}-bound; ${K.flops.toLocaleString("en-US")} FLOP`}));
+    for (const w of K.warnings) sec.append(h("div", {class: "ks-warn", text: `⚠ ${w}`}));
+    return sec;
+  }
+
+  drawGpu(i, force) {
+    if (i === this.cur && !force) return;
+    this.cur = i;
+    this.slider.value = i;
+    this.root.dataset.step = i;
+    this.stepno.textContent = `event ${i.toLocaleString("en-US")} of 0–` +
+      `${(this.n - 1).toLocaleString("en-US")}`;
+    for (const el of Object.values(this.touched)) el.classList.remove("ks-active");
+    const said = [];
+    this.rows.forEach((r, w) => {
+      const e = r.evs[i];
+      r.cursor.style.display = e ? "" : "none";
+      if (e) r.cursor.style.left = `${(100 * (i + 0.5)) / this.n}%`;
+      if (!e) {
+        r.act.textContent = "done";
+        r.act.style.color = "#52606d";
+        return;
+      }
+      r.act.textContent = e.text;
+      r.act.style.color = "";
+      for (const name of e.touch) this.touched[name]?.classList.add("ks-active");
+      said.push(`warpgroup ${w}: ${e.text}`);
+    });
+    this.status.textContent = `event ${i}: ${said.join("; ") || "every warpgroup is done"}.`;
+  }
+
   // ---- per step -------------------------------------------------------------------------
 
   go(i) {
@@ -529,6 +724,7 @@ class Viewer {
   }
 
   draw(i, force) {
+    if (this.gpu) { this.drawGpu(i, force); return; }
     if (!this.m || (i === this.cur && !force)) return;
     const call = this.call, m = this.m, P = this.P;
     const from = this.cur;
@@ -691,7 +887,7 @@ class Viewer {
   }
 
   play() {
-    if (!this.m) return;
+    if (!this.m && !this.gpu) return;
     if (this.cur >= this.n - 1) this.go(0);
     this.playing = true;
     this.playBtn.textContent = "❚❚ pause";
@@ -733,6 +929,11 @@ class Viewer {
     if (act) { e.preventDefault(); e.stopPropagation(); act(); }
   }
 }
+
+const GPU_LANES = {gmem: Viewer.prototype.buildGpuGlobal,
+                   smem: Viewer.prototype.buildGpuShared,
+                   regs: Viewer.prototype.buildGpuRegisters,
+                   events: Viewer.prototype.buildGpuEvents};
 
 const LANES = {arrays: Viewer.prototype.buildArrays, buffers: Viewer.prototype.buildBuffers,
                scalars: Viewer.prototype.buildScalars};

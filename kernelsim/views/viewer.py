@@ -6,6 +6,10 @@ and standalone (data inline) in ``Trace.to_html()`` and on the course site.
 on each chip of that model's kind); the module only draws it. Per-step arrays travel as
 base64 typed arrays (``{"t": "i32", "b": ...}``) so a 4,096-step call stays well under 1 MB.
 
+``gpu_viewer_data`` does the same for a Mosaic GPU kernel (``kernelsim.gpu.GpuKernel``): its
+memories as lanes (global memory, shared memory, registers) and each warpgroup's events,
+drawn by the same module; ``GpuKernel.show()`` and ``.to_html()`` reach it as a Trace's do.
+
 ``Trace.show()`` picks the form: the anywidget ``Viewer`` when a notebook front end sent the
 cell (JupyterLab, Notebook 7 and VS Code send a ``cellId`` with it), else an object whose
 mime bundle is the standalone viewer (nbclient and nbconvert, i.e. the site build, send
@@ -20,6 +24,7 @@ import hashlib
 import html as _html
 import itertools
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +35,17 @@ from kernelsim.cost import compute
 from kernelsim.schedule import build
 from kernelsim.trace import DEFAULT_CHIP, MEMORY_SPACES
 from kernelsim.views import palette as pal
-from kernelsim.views.data import MEMORY_NAMES, MemoryNames, block_rects, panel_dims, panel_extent
+from kernelsim.views.data import (
+    MEMORY_NAMES,
+    MemoryNames,
+    block_rects,
+    fmt_bytes,
+    panel_dims,
+    panel_extent,
+)
 
 if TYPE_CHECKING:
+    from kernelsim.gpu import GpuKernel
     from kernelsim.trace import CallTrace, Trace
 
 JS = Path(__file__).with_name("viewer.js")
@@ -270,56 +283,169 @@ def viewer_data(t: Trace, call: int = 0, models: tuple[str, ...] = MODELS,
             "palette": pal.as_json()}
 
 
+# ---- a Mosaic GPU kernel (kernelsim.gpu) ---------------------------------------------------
+
+GPU_EVENTS_SHOWN = 2_000  # events sent per warpgroup; the rest are counted, not listed
+
+# what each event kind does, in the GPU's words ({src}, {dst}, {barrier}, {bytes}, {flops})
+GPU_EVENT_WORDS = {
+    "tma_load": ("TMA copy global → shared",
+                 "TMA copy {src} → {dst} (global → shared memory), {bytes}, lands on {barrier}"),
+    "tma_store": ("TMA copy shared → global",
+                  "TMA copy {src} → {dst} (shared → global memory), {bytes}"),
+    "barrier_wait": ("barrier wait", "waits on {barrier} until its TMA copies land"),
+    "barrier_arrive": ("barrier arrive", "arrives on {barrier}"),
+    "wgmma": ("WGMMA", "WGMMA: shared memory × shared memory → registers, {flops}"),
+    "wgmma_wait": ("WGMMA wait", "waits for its WGMMAs to finish"),
+    "commit_smem": ("commit shared memory", "commits its shared-memory writes for TMA"),
+    "wait_tma_store": ("TMA store wait", "waits for its TMA stores"),
+    "load": ("load global → registers", "loads {src} (global memory → registers), {bytes}"),
+    "store": ("store registers → global", "stores {dst} (registers → global memory), {bytes}"),
+}
+
+
+def _gpu_event(e, regs: list[str]) -> dict[str, Any]:
+    """One event as the viewer draws it: its sentence, and the buffers it touches."""
+    fill = {"src": e.src, "dst": e.dst, "barrier": e.barrier or "no barrier",
+            "bytes": fmt_bytes(e.bytes), "flops": f"{e.flops:,} FLOP"}
+    where = (f"loop {e.loop} step {', '.join(map(str, e.step))}: " if e.step else "")
+    text = where + GPU_EVENT_WORDS[e.kind][1].format(**fill)
+    touched = [n for n in (e.src, e.dst, e.barrier) if n] + (regs if e.kind == "wgmma" else [])
+    return {"kind": e.kind, "text": text + (" (under a branch kernelsim cannot decide)"
+                                            if e.conditional else ""),
+            "touch": touched, "bytes": e.bytes}
+
+
+def gpu_viewer_data(k: GpuKernel) -> dict[str, Any]:
+    """What the viewer draws for a Mosaic GPU kernel: the GPU's memories as lanes (global
+    memory, shared memory, registers), each warpgroup's events in program order (at most
+    ``GPU_EVENTS_SHOWN`` each), and the kernel's totals -- every number from ``k``."""
+    from kernelsim.gpu import MEMORY_SPACES as GPU_SPACES
+
+    chip = CHIPS[k.chip]
+    regs = [a.name for a in k.allocations if a.space == "regs"]
+    per_wg: list[list[dict]] = [[] for _ in range(k.num_threads)]
+    counts = [0] * k.num_threads
+    gmem: dict[str, dict[str, int]] = {}
+    for e in k.events:
+        counts[e.warpgroup] += 1
+        if len(per_wg[e.warpgroup]) < GPU_EVENTS_SHOWN:
+            per_wg[e.warpgroup].append(_gpu_event(e, regs))
+        if e.kind in ("tma_load", "load"):
+            gmem.setdefault(e.src, {"read": 0, "written": 0})["read"] += e.bytes
+        elif e.kind in ("tma_store", "store"):
+            gmem.setdefault(e.dst, {"read": 0, "written": 0})["written"] += e.bytes
+    names = dict(GPU_SPACES)
+    notes = {"gmem": "the kernel's operands; the one this event copies is outlined",
+             "smem": "the buffers and barriers the lowering allocates per CTA",
+             "regs": "each warpgroup's WGMMA accumulator"}
+    lanes_ = [{"id": _lane_id(names[i]), "kind": i, "title": names[i], "note": notes[i]}
+              for i in ("gmem", "smem", "regs")]
+    lanes_.append({"id": "warpgroups", "kind": "events", "title": "warpgroups",
+                   "note": "each one's events in program order; their timing is not modelled"})
+    shown = max((len(w) for w in per_wg), default=0)
+    return {
+        "kind": "gpu_kernel", "model": "gpu", "chip": chip.name, "palette": pal.as_json(),
+        "lanes": lanes_,
+        "kinds": {kind: {"label": label, "color": pal.EVENT_COLORS[kind]}
+                  for kind, (label, _) in GPU_EVENT_WORDS.items()},
+        "kernel": {
+            "name": k.name, "grid": list(k.grid), "grid_names": list(k.grid_names),
+            "ctas": k.ctas, "cta": list(k.cta), "warpgroups": k.num_threads,
+            "smem_bytes": k.smem_bytes, "chip_smem": chip.vmem_bytes, "barriers": k.barriers,
+            "gmem_read": k.gmem_read_bytes, "gmem_write": k.gmem_write_bytes,
+            "flops": k.flops, "compute_s": k.compute_seconds, "memory_s": k.memory_seconds,
+            "estimate_s": k.estimated_seconds,
+            "bound": "compute" if k.compute_seconds >= k.memory_seconds else "memory",
+            "warnings": list(k.warnings), "shown": shown, "event_counts": counts,
+            "events_dropped": k.events_dropped},
+        "gmem": [{"name": n, "read": b["read"], "written": b["written"]}
+                 for n, b in sorted(gmem.items())],
+        "allocations": [{"name": a.name, "space": a.space, "shape": list(a.shape),
+                         "dtype": a.dtype, "bytes": a.bytes} for a in k.allocations],
+        "events": per_wg,
+    }
+
+
 def _json(data: dict) -> str:
     return json.dumps(data, separators=(",", ":")).replace("</", "<\\/")
 
 
-def fragment(t: Trace, call: int = 0, max_bytes: int = 1_000_000) -> str:
-    """The standalone viewer as one ``<div>`` with its module inline (several fit a page)."""
+def _host(data: dict, key: str, label: str, total: int, shown: int) -> str:
+    """The standalone viewer of ``data`` as one ``<div>`` with its module inline."""
     module = JS.read_text(encoding="utf-8")
-    budget = max_bytes - len(module.encode()) - 2_000
-    data = viewer_data(t, call, max_bytes=max(budget, 20_000))
-    uid = "ks-" + hashlib.sha1(f"{t.calls[call].name}:{next(_uid)}".encode()).hexdigest()[:10]
-    ct = data["calls"][call]
-    note = (f"showing {ct['shown']:,} of {ct['total_steps']:,} steps"
-            if ct["shown"] < ct["total_steps"] else f"all {ct['total_steps']:,} steps")
-    label = _html.escape(f"kernelsim viewer: call {call} {t.calls[call].name}, {note}")
-    return (f'<div class="ks-viewer-host" id="{uid}" aria-label="{label}" '
-            f'data-total-steps="{ct["total_steps"]}" data-shown-steps="{ct["shown"]}"></div>\n'
+    uid = "ks-" + hashlib.sha1(f"{key}:{next(_uid)}".encode()).hexdigest()[:10]
+    return (f'<div class="ks-viewer-host" id="{uid}" aria-label="{_html.escape(label)}" '
+            f'data-total-steps="{total}" data-shown-steps="{shown}"></div>\n'
             f'<script type="application/json" id="{uid}-data">{_json(data)}</script>\n'
             f'<script type="module">\n{module}\n'
             f'standalone(document.getElementById("{uid}"), '
             f'JSON.parse(document.getElementById("{uid}-data").textContent));\n</script>')
 
 
-def to_html(t: Trace, path: str | Path | None = None, call: int = 0, fragment_only: bool = False,
-            max_bytes: int = 1_000_000) -> str:
-    """The standalone viewer as a full page (or a fragment); written to ``path`` if given."""
-    body = fragment(t, call, max_bytes - (0 if fragment_only else 500))
-    if not fragment_only:
-        title = _html.escape(f"kernelsim: {t.calls[call].name}")
-        body = ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-                '<meta name="viewport" content="width=device-width, initial-scale=1">'
-                '<link rel="icon" href="data:,">'
-                f'<title>{title}</title></head>\n<body style="margin:8px">\n{body}\n'
-                '</body></html>\n')
+def _page(body: str, title: str, path: str | Path | None) -> str:
+    """``body`` as a full page titled ``title``; written to ``path`` if given."""
+    body = ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            '<link rel="icon" href="data:,">'
+            f'<title>{_html.escape(title)}</title></head>\n<body style="margin:8px">\n{body}\n'
+            '</body></html>\n')
     if path is not None:
         Path(path).write_text(body, encoding="utf-8")
     return body
 
 
+def fragment(t: Trace, call: int = 0, max_bytes: int = 1_000_000) -> str:
+    """The standalone viewer as one ``<div>`` with its module inline (several fit a page)."""
+    budget = max_bytes - len(JS.read_bytes()) - 2_000
+    data = viewer_data(t, call, max_bytes=max(budget, 20_000))
+    ct = data["calls"][call]
+    note = (f"showing {ct['shown']:,} of {ct['total_steps']:,} steps"
+            if ct["shown"] < ct["total_steps"] else f"all {ct['total_steps']:,} steps")
+    return _host(data, t.calls[call].name,
+                 f"kernelsim viewer: call {call} {t.calls[call].name}, {note}",
+                 ct["total_steps"], ct["shown"])
+
+
+def to_html(t: Trace, path: str | Path | None = None, call: int = 0, fragment_only: bool = False,
+            max_bytes: int = 1_000_000) -> str:
+    """The standalone viewer as a full page (or a fragment); written to ``path`` if given."""
+    body = fragment(t, call, max_bytes - (0 if fragment_only else 500))
+    if fragment_only:
+        if path is not None:
+            Path(path).write_text(body, encoding="utf-8")
+        return body
+    return _page(body, f"kernelsim: {t.calls[call].name}", path)
+
+
+def gpu_fragment(k: GpuKernel) -> str:
+    """The standalone viewer of a Mosaic GPU kernel as one ``<div>`` with its module inline."""
+    data = gpu_viewer_data(k)
+    n = data["kernel"]["shown"]
+    return _host(data, k.name, f"kernelsim viewer: Mosaic GPU kernel {k.name}, {n:,} events "
+                 "per warpgroup", n, n)
+
+
+def gpu_to_html(k: GpuKernel, path: str | Path | None = None, fragment_only: bool = False) -> str:
+    """``gpu_fragment`` as a full page (or the fragment); written to ``path`` if given."""
+    body = gpu_fragment(k)
+    if fragment_only:
+        if path is not None:
+            Path(path).write_text(body, encoding="utf-8")
+        return body
+    return _page(body, f"kernelsim: {k.name} (Mosaic GPU)", path)
+
+
 class Standalone:
     """The standalone viewer as a display object (what ``show()`` returns without a live
-    front end): its mime bundle is the HTML fragment, its plain text a one-line note."""
+    front end): its mime bundle is the HTML fragment (made when displayed), its plain text a
+    one-line note."""
 
-    def __init__(self, t: Trace, call: int = 0):
-        self.trace, self.call = t, call
+    def __init__(self, html: Callable[[], str], text: str):
+        self.html, self.text = html, text
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict[str, str]:
-        c = self.trace.calls[self.call]
-        return {"text/html": fragment(self.trace, self.call),
-                "text/plain": f"kernelsim viewer of call {self.call} ({c.name}, "
-                              f"{c.steps:,} steps)"}
+        return {"text/html": self.html(), "text/plain": self.text}
 
 
 def live_frontend() -> bool:
@@ -378,13 +504,52 @@ def _widget_class():
     return Viewer
 
 
+@functools.cache
+def _gpu_widget_class():
+    import anywidget
+    import traitlets
+
+    class GpuViewer(anywidget.AnyWidget):
+        """A Mosaic GPU kernel's viewer in a live kernel; ``step`` syncs with the front end."""
+
+        _esm = JS
+        data = traitlets.Dict().tag(sync=True)
+        step = traitlets.Int(0).tag(sync=True)
+        model = traitlets.Unicode("gpu").tag(sync=True)
+
+        def __init__(self, k: GpuKernel):
+            self.kernel = k
+            super().__init__(data=gpu_viewer_data(k))
+
+    return GpuViewer
+
+
 def viewer(t: Trace, call: int = 0):
     """The anywidget ``Viewer`` of ``t`` (call ``call`` selected)."""
     return _widget_class()(t, call)
+
+
+def gpu_viewer(k: GpuKernel):
+    """The anywidget viewer of a Mosaic GPU kernel."""
+    return _gpu_widget_class()(k)
 
 
 def show(t: Trace, call: int = 0):
     """The live widget in a notebook front end, the standalone viewer elsewhere."""
     if not 0 <= call < len(t.calls):
         raise IndexError(f"call {call} out of range: the trace has {len(t.calls)} call(s)")
-    return viewer(t, call) if live_frontend() else Standalone(t, call)
+    if live_frontend():
+        return viewer(t, call)
+    c = t.calls[call]
+    return Standalone(functools.partial(fragment, t, call),
+                      f"kernelsim viewer of call {call} ({c.name}, {c.steps:,} steps)")
+
+
+def show_gpu(k: GpuKernel):
+    """A Mosaic GPU kernel's viewer: the live widget in a notebook front end (its data made
+    once: the model is the kernel's own), the standalone viewer elsewhere."""
+    if live_frontend():
+        return gpu_viewer(k)
+    return Standalone(functools.partial(gpu_fragment, k),
+                      f"kernelsim viewer of Mosaic GPU kernel {k.name} "
+                      f"({len(k.events):,} events)")
