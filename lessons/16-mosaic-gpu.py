@@ -375,6 +375,13 @@ fig.tight_layout()
 assert [e.kind for e in issued[2][:7]] == ["tma_load"] * 6 + ["barrier_wait"]
 
 # %% [markdown]
+# kernelsim's viewer steps through the same events: step `i` is the `i`-th event of every
+# warpgroup, with the buffers and the barrier it touches outlined in the shared-memory lane.
+
+# %%
+ws_kernel.show()
+
+# %% [markdown]
 # ## Measured on an H200
 #
 # `bench/gpu_perf.py` times these kernels and the Triton ones of lesson 11's shape at

@@ -44,7 +44,8 @@ def _state(page, root=".ks-viewer"):
             "status": v.locator("[role=status]").inner_text(),
             "active": v.locator(".ks-slot.ks-active").evaluate_all(
                 "els => els.map(e => e.dataset.slot)"),
-            "bytes": v.locator("[data-lane=traffic] .ks-act").inner_text()}
+            # a GPU kernel's view has no traffic lane (its copies are per warpgroup)
+            "bytes": v.locator("[data-lane=traffic] .ks-act").all_inner_texts()}
 
 
 def small_labels(page) -> list[str]:
