@@ -18,16 +18,21 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--no-first-run", "--disable-sync"]
 
 
-def load_hooks():
-    """site/hooks.py as a module (``site`` is not a package, and would shadow the stdlib's)."""
-    name = "pallas_course_site_hooks"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "site" / "hooks.py")
+def load_site(name: str = "hooks"):
+    """``site/NAME.py`` as a module, the one copy site/hooks.py's ``site_module`` loads too
+    (``site`` is not a package, and would shadow the stdlib's)."""
+    key = f"pallas_course_site_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, REPO / "site" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[key] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_hooks():
+    return load_site("hooks")
 
 
 def free_port() -> int:

@@ -1,11 +1,13 @@
-"""Unit tests of site/hooks.py: fast, no build."""
+"""Unit tests of the site build's modules (site/hooks.py, content.py, pages.py, text.py): fast,
+no build."""
 
 from __future__ import annotations
 
 import pytest
-from sitetools import load_hooks
+from sitetools import load_hooks, load_site
 
 hooks = load_hooks()
+content, pages, text = load_site("content"), load_site("pages"), load_site("text")
 
 
 @pytest.mark.parametrize(("repo_path", "site_path"), [
@@ -18,15 +20,15 @@ hooks = load_hooks()
     ("kernelsim/trace.py", None),
 ])
 def test_repo_links_map_to_site_pages(repo_path, site_path):
-    got = hooks.repo_target_to_site(repo_path, {"03-tiling"}, {"01_first_kernel", "02_tiling"})
+    got = text.repo_target_to_site(repo_path, {"03-tiling"}, {"01_first_kernel", "02_tiling"})
     assert got == site_path
 
 
 def test_lesson_links_are_rewritten_relative_to_the_page():
-    text = '<a href="../exercises/">x</a> <a href="04-index-maps.py#grid">y</a> ' \
+    page = '<a href="../exercises/">x</a> <a href="04-index-maps.py#grid">y</a> ' \
            '<a href="https://docs.jax.dev/">z</a> <a href="#top">t</a>'
-    out = hooks.rewrite_repo_links(text, "lessons/03-tiling/", "lessons", {"04-index-maps"},
-                                   set())
+    out = text.rewrite_repo_links(page, "lessons/03-tiling/", "lessons", {"04-index-maps"},
+                                  set())
     assert 'href="../../exercises/"' in out
     assert 'href="../04-index-maps/#grid"' in out
     assert 'href="https://docs.jax.dev/"' in out and 'href="#top"' in out
@@ -37,16 +39,16 @@ def test_cdn_scripts_are_stripped_and_external_loads_found():
             '</script><script type="text/x-mathjax-config">init()</script>'
             '<script type="module">const m = (await import("https://cdn.example/m.mjs"));'
             '</script><p>keep</p><a href="https://docs.jax.dev/">a link is fine</a>')
-    assert hooks.external_loads(page)
-    out = hooks.strip_cdn(page)
+    assert text.external_loads(page)
+    out = text.strip_cdn(page)
     assert "<p>keep</p>" in out and "mathjax" not in out.lower() and "import(" not in out
-    assert hooks.external_loads(out) == []
-    assert hooks.external_loads('<link rel="stylesheet" href="//fonts.example/css">')
-    assert not hooks.external_loads('<math xmlns="http://www.w3.org/1998/Math/MathML">')
+    assert text.external_loads(out) == []
+    assert text.external_loads('<link rel="stylesheet" href="//fonts.example/css">')
+    assert not text.external_loads('<math xmlns="http://www.w3.org/1998/Math/MathML">')
 
 
 def test_tex_becomes_mathml_outside_code():
-    out = hooks.render_math("<p>$$t \\ge \\frac{F}{P}$$ and $x_i$</p><code>$HOME$</code>")
+    out = text.render_math("<p>$$t \\ge \\frac{F}{P}$$ and $x_i$</p><code>$HOME$</code>")
     assert out.count("<math") == 2
     assert "<code>$HOME$</code>" in out
 
@@ -71,11 +73,11 @@ def test_viewers_manifest_targets_are_traceable():
 
 
 def test_exercise_pages_disappear_without_assignments(tmp_path, monkeypatch):
-    monkeypatch.setattr(hooks, "EXERCISES_DIR", tmp_path)
-    assert hooks.assignments() == []
+    monkeypatch.setattr(content, "EXERCISES_DIR", tmp_path)
+    assert content.assignments() == []
     (tmp_path / "source" / "01_empty").mkdir(parents=True)
-    assert hooks.assignments() == []
-    text = hooks.exercises_index_md([])
+    assert content.assignments() == []
+    text = pages.exercises_index_md([])
     assert "No assignments yet" in text
 
 
@@ -93,10 +95,10 @@ def test_statement_never_holds_solution_cells(tmp_path, monkeypatch):
     folder = tmp_path / "source" / "09_demo"
     folder.mkdir(parents=True)
     nbformat.write(nb, folder / "demo.ipynb")
-    monkeypatch.setattr(hooks, "EXERCISES_DIR", tmp_path)
-    (a,) = hooks.assignments()
+    monkeypatch.setattr(content, "EXERCISES_DIR", tmp_path)
+    (a,) = content.assignments()
     assert a.title == "Assignment 9 — demo" and a.release is None
-    page = hooks.assignment_md(a)
+    page = pages.assignment_md(a)
     assert "Do the thing." in page
     assert "SECRET" not in page and "42" not in page and "SOLUTION" not in page
     assert "not been released" in page
@@ -109,7 +111,7 @@ def test_docstrings_become_markdown_lists():
         (one program per point).
     strict: raise instead.
     """
-    md = hooks._doc_md(doc)
+    md = pages.doc_md(doc)
     assert md.startswith("Analyse calls.")
     assert '- model: `"tpu"` (sequential) or `"gpu"` (one program per point).' in md
     assert "- strict: raise instead." in md

@@ -17,7 +17,7 @@ import urllib.request
 import jupytext
 import pytest
 import websocket
-from sitetools import free_port, load_hooks  # on sys.path: conftest.py puts it there
+from sitetools import free_port, load_hooks, load_site  # on sys.path: conftest.py puts it there
 from wstools import REPO
 
 from grader import site, workspace
@@ -31,7 +31,7 @@ def _site_links() -> list[str]:
     hooks = load_hooks()
     html = [hooks.lesson_header(types.SimpleNamespace(file=types.SimpleNamespace(
         src_uri=f"lessons/{p.name}"))) for p in workspace.lesson_files(REPO)[:-1]]
-    html += [hooks.assignment_md(a) for a in hooks.assignments()]
+    html += [load_site("pages").assignment_md(a) for a in load_site("content").assignments()]
     links = re.findall(r"http://127\.0\.0\.1:8888(/lab/tree/[^\s\"')]+)", "\n".join(html))
     assert links, "the site links nothing in JupyterLab"
     return sorted(set(links))
