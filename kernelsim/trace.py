@@ -26,19 +26,11 @@ from kernelsim.chips import GPU_DEVICE_KIND, TPU_DEVICE_KIND, Chip, get_chip
 from kernelsim.cost import CallCost, OperandCost, compute
 from kernelsim.errors import TraceError
 from kernelsim.lint import lint
+from kernelsim.memories import memory_spaces
 from kernelsim.model import BodyCopy, KernelCall
 from kernelsim.schedule import CallSchedule, Model, StepEvent, build
 
 DEFAULT_CHIP = {"tpu": "tpu-v5e", "gpu": "h100"}
-# The memory spaces each model's views draw: an operand's ``memory_space`` id and the name the
-# hardware gives it. Under the GPU model a pallas_call's blocks are slices of global memory that
-# the program loads into registers (Triton); TPU SMEM (scalars) has no GPU counterpart.
-MEMORY_SPACES = {
-    "tpu": ({"id": "hbm", "name": "HBM"}, {"id": "vmem", "name": "VMEM"},
-            {"id": "smem", "name": "SMEM (scalars)"}),
-    "gpu": ({"id": "hbm", "name": "global memory"}, {"id": "vmem", "name": "registers"}),
-}
-
 
 @dataclass
 class CallTrace:
@@ -136,7 +128,7 @@ class Trace:
     def to_dict(self) -> dict[str, Any]:
         """JSON-serialisable counts, bytes and estimates of every call."""
         return {"model": self.model, "chip": self.chip.name,
-                "memory_spaces": [dict(s) for s in MEMORY_SPACES[self.model]],
+                "memory_spaces": memory_spaces(self.model),
                 "calls": [c.to_dict() for c in self.calls]}
 
     def summary(self, steps: int = 0) -> str:

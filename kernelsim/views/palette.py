@@ -7,8 +7,8 @@ changes every view.
 
 from __future__ import annotations
 
+from kernelsim.memories import MEMORY_NAMES
 from kernelsim.schedule import ACTIONS
-from kernelsim.views.data import MEMORY_NAMES
 
 ACTION_COLORS: dict[str, str] = {
     "fetch": "#0072b2",      # HBM -> on-chip copy (blue)

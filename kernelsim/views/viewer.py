@@ -32,12 +32,11 @@ import numpy as np
 
 from kernelsim.chips import CHIPS
 from kernelsim.cost import compute
+from kernelsim.memories import MEMORY_NAMES, MemoryNames, memory_spaces
 from kernelsim.schedule import build
-from kernelsim.trace import DEFAULT_CHIP, MEMORY_SPACES
+from kernelsim.trace import DEFAULT_CHIP
 from kernelsim.views import palette as pal
 from kernelsim.views.data import (
-    MEMORY_NAMES,
-    MemoryNames,
     block_rects,
     fmt_bytes,
     panel_dims,
@@ -153,7 +152,7 @@ def _model_data(ct: CallTrace, model: str, chips: list[str], shown: np.ndarray) 
     return {"operands": ops, "cumulative": _typed(schedule.cumulative_bytes[shown], "f64"),
             "total_bytes": int(schedule.cumulative_bytes[-1]) if ct.steps else 0,
             "costs": costs, "default_chip": DEFAULT_CHIP[model] if DEFAULT_CHIP[model] in costs
-            else chips[0], "memory_spaces": [dict(s) for s in MEMORY_SPACES[model]],
+            else chips[0], "memory_spaces": memory_spaces(model),
             "lanes": lanes(model, ct), "words": words(model)}
 
 

@@ -41,7 +41,8 @@ def test_data_is_the_schedule_of_both_models_on_every_chip(mm_trace):
     gpu = call["models"]["gpu"]
     assert gpu["default_chip"] == "h100" and gpu["costs"]["h100"]["buffers"]["x_ref"] == 1
     # each model names its memory spaces for the view: no TPU word under gpu
-    assert [s["name"] for s in gpu["memory_spaces"]] == ["global memory", "registers"]
+    assert [s["name"] for s in gpu["memory_spaces"]] == ["global memory",
+                                                          "shared memory / registers"]
     assert [s["name"] for s in call["models"]["tpu"]["memory_spaces"]][:2] == ["HBM", "VMEM"]
     # one buffer under gpu: every step uses slot 0
     assert set(_decode(gpu["operands"]["x_ref"]["slot"]).tolist()) == {0}
