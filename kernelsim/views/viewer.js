@@ -239,27 +239,7 @@ class Viewer {
       text: `call ${call.index}: ${call.name} · grid ${tuple(call.grid)} = ` +
             `${call.total_steps.toLocaleString("en-US")} steps${sem}` +
             (n < call.total_steps ? ` · showing ${n.toLocaleString("en-US")} of them` : "")}));
-    const prev = h("button", {type: "button", class: "ks-prev", "aria-label": "previous step",
-                              text: "◀ prev"});
-    const play = h("button", {type: "button", class: "ks-play", text: "▶ play"});
-    const next = h("button", {type: "button", class: "ks-next", "aria-label": "next step",
-                              text: "next ▶"});
-    const speed = h("select", {class: "ks-speed", "aria-label": "playback speed"});
-    for (const s of SPEEDS) speed.append(h("option", {value: s, text: s ? `${s} steps/s` : "max"}));
-    speed.value = String(this.speed ?? 5);
-    const slider = h("input", {class: "ks-slider", type: "range", min: 0, max: n - 1, step: 1,
-                               value: 0, "aria-label": "grid step"});
-    this.stepno = h("span", {class: "ks-stepno"});
-    prev.onclick = () => this.go(this.cur - 1);
-    next.onclick = () => this.go(this.cur + 1);
-    play.onclick = () => (this.playing ? this.stop() : this.play());
-    speed.onchange = () => {
-      this.speed = +speed.value;
-      if (this.playing) { this.stop(); this.play(); }
-    };
-    slider.oninput = () => this.go(+slider.value);
-    this.playBtn = play;
-    this.slider = slider;
+    const {prev, play, next, speed, slider} = this.playback("step", "grid step");
     this.speedSel = speed;
     const opts = h("div", {class: "ks-row ks-options"}, h("label", {}, "speed ", speed));
     if (D.calls.length > 1) {
@@ -532,6 +512,35 @@ class Viewer {
 
   // ---- a Mosaic GPU kernel: its memories as lanes, each warpgroup's events --------------
 
+  // prev/play/next, speed and slider over this.n steps; `unit` names a step in labels
+  // ("step" of the grid, "event" of a warpgroup), `sliderLabel` the slider
+  playback(unit, sliderLabel) {
+    const prev = h("button", {type: "button", class: "ks-prev", "aria-label": `previous ${unit}`,
+                              text: "◀ prev"});
+    const play = h("button", {type: "button", class: "ks-play", text: "▶ play"});
+    const next = h("button", {type: "button", class: "ks-next", "aria-label": `next ${unit}`,
+                              text: "next ▶"});
+    const speed = h("select", {class: "ks-speed", "aria-label": "playback speed"});
+    for (const s of SPEEDS) {
+      speed.append(h("option", {value: s, text: s ? `${s} ${unit}s/s` : "max"}));
+    }
+    speed.value = String(this.speed ?? 5);
+    const slider = h("input", {class: "ks-slider", type: "range", min: 0, max: this.n - 1,
+                               step: 1, value: 0, "aria-label": sliderLabel});
+    this.stepno = h("span", {class: "ks-stepno"});
+    prev.onclick = () => this.go(this.cur - 1);
+    next.onclick = () => this.go(this.cur + 1);
+    play.onclick = () => (this.playing ? this.stop() : this.play());
+    speed.onchange = () => {
+      this.speed = +speed.value;
+      if (this.playing) { this.stop(); this.play(); }
+    };
+    slider.oninput = () => this.go(+slider.value);
+    this.playBtn = play;
+    this.slider = slider;
+    return {prev, play, next, speed, slider};
+  }
+
   buildGpu(D) {
     const K = D.kernel;
     this.root.replaceChildren();
@@ -545,29 +554,7 @@ class Viewer {
       `Mosaic GPU: ${K.name} · grid (${grid}) = ${K.ctas.toLocaleString("en-US")} CTAs ` +
       `× ${K.warpgroups} warpgroup${K.warpgroups > 1 ? "s" : ""} · ` +
       `events of CTA ${tuple(K.cta)}`}));
-    const prev = h("button", {type: "button", class: "ks-prev", "aria-label": "previous event",
-                              text: "◀ prev"});
-    const play = h("button", {type: "button", class: "ks-play", text: "▶ play"});
-    const next = h("button", {type: "button", class: "ks-next", "aria-label": "next event",
-                              text: "next ▶"});
-    const speed = h("select", {class: "ks-speed", "aria-label": "playback speed"});
-    for (const s of SPEEDS) {
-      speed.append(h("option", {value: s, text: s ? `${s} events/s` : "max"}));
-    }
-    speed.value = String(this.speed ?? 5);
-    const slider = h("input", {class: "ks-slider", type: "range", min: 0, max: this.n - 1,
-                               step: 1, value: 0, "aria-label": "event"});
-    this.stepno = h("span", {class: "ks-stepno"});
-    prev.onclick = () => this.go(this.cur - 1);
-    next.onclick = () => this.go(this.cur + 1);
-    play.onclick = () => (this.playing ? this.stop() : this.play());
-    speed.onchange = () => {
-      this.speed = +speed.value;
-      if (this.playing) { this.stop(); this.play(); }
-    };
-    slider.oninput = () => this.go(+slider.value);
-    this.playBtn = play;
-    this.slider = slider;
+    const {prev, play, next, speed, slider} = this.playback("event", "event");
     this.root.append(h("div", {class: "ks-row ks-options"}, h("label", {}, "speed ", speed),
                        h("span", {class: "ks-meta", text: `model ${D.model} · chip ${D.chip}`})));
     this.status = h("p", {class: "ks-status", role: "status", "aria-live": "polite"});
