@@ -8,16 +8,13 @@ aborted, so a test never waits on the network).
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
-from sitetools import SITE_DIR, free_port, watch
+from sitetools import SITE_DIR, serve_folder, watch
 
 
 @pytest.fixture(scope="session")
@@ -36,20 +33,10 @@ def build_info(built_site) -> dict:
     return json.loads((built_site / "build-info.json").read_text())
 
 
-class _Quiet(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture(scope="session")
 def base_url(built_site):
-    handler = functools.partial(_Quiet, directory=str(built_site))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/"
-    server.shutdown()
-    server.server_close()
+    with serve_folder(built_site) as url:
+        yield url
 
 
 @pytest.fixture

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import http.server
 import importlib.util
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -33,6 +37,25 @@ def load_site(name: str = "hooks"):
 
 def load_hooks():
     return load_site("hooks")
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def serve_folder(root: Path):
+    """``root``'s files over HTTP on 127.0.0.1 (a free port) while the block runs; yields the
+    base URL, ending in ``/``."""
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(root)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def free_port() -> int:

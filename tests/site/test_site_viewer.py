@@ -4,14 +4,11 @@ for console errors and requests to other hosts (the ``watched`` fixture)."""
 
 from __future__ import annotations
 
-import functools
-import http.server
 import re
-import threading
 
 import jax.numpy as jnp
 import pytest
-from sitetools import REPO
+from sitetools import REPO, serve_folder
 
 import kernelsim
 from kernelsim import examples
@@ -26,16 +23,8 @@ def page_url(tmp_path_factory):
     x = jnp.ones((512, 512), jnp.float32)
     kernelsim.trace(examples.matmul, x, x).to_html(root / "mm.html")
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/mm.html"
-    server.shutdown()
-    server.server_close()
+    with serve_folder(root) as url:
+        yield f"{url}mm.html"
 
 
 def _state(page, root=".ks-viewer"):

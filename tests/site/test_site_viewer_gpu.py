@@ -8,15 +8,13 @@ build/screenshots/ for a person to look at."""
 from __future__ import annotations
 
 import functools
-import http.server
 import re
 import sys
-import threading
 
 import jax
 import jax.numpy as jnp
 import pytest
-from sitetools import REPO, watch
+from sitetools import REPO, serve_folder, watch
 from test_site_viewer import small_labels
 
 from kernelsim import gpu
@@ -59,16 +57,8 @@ def kernel_url(tmp_path_factory):
     (kernel,) = gpu.analyse(fn, mm, mm, chip="h200")
     kernel.to_html(root / "mgpu.html")
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(
-        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/mgpu.html", kernel
-    server.shutdown()
-    server.server_close()
+    with serve_folder(root) as url:
+        yield f"{url}mgpu.html", kernel
 
 
 @pytest.mark.parametrize("width", [1280, 390])
