@@ -9,6 +9,7 @@ every test folder shares.)
 
 from __future__ import annotations
 
+import copy
 import glob
 import os
 import pwd
@@ -300,3 +301,18 @@ c.JupyterHub.load_roles = [{{"name": "test-driver", "services": ["test-driver"],
 
     def close(self) -> None:
         kill_tree(self.proc, signal.SIGTERM, grace=30)
+
+
+def solved(nb: dict, source: dict, wrong: bool) -> dict:
+    """The learner's notebook with the instructor's solutions typed in (``wrong``: the first
+    task's results doubled)."""
+    sol = {c["metadata"]["nbgrader"]["grade_id"]: c["source"] for c in source["cells"]
+           if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
+    nb = copy.deepcopy(nb)
+    for cell in nb["cells"]:
+        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if gid in sol:
+            cell["source"] = sol[gid]
+            if wrong and gid == "add_solution":
+                cell["source"] += "\n_orig = add\nadd = lambda *a, **k: _orig(*a, **k) * 2\n"
+    return nb

@@ -6,7 +6,6 @@ learner 1's grade stay what it was. ``--remove`` undoes everything at the end, p
 
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import os
@@ -18,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from clustertools import REPO, A, free_port
+from clustertools import REPO, A, free_port, solved
 
 SETUP = REPO / "deploy" / "setup-class.sh"
 ENV_FILE = Path("/etc/pallas-course/class.env")
@@ -123,19 +122,6 @@ def klass():
         assert res.returncode == 0, res.stdout + res.stderr
         for u in (TEACHER, L1, L2, "pallas-grader"):
             assert subprocess.run(["id", u], capture_output=True).returncode != 0, u
-
-
-def solved(nb: dict, source: dict, wrong: bool) -> dict:
-    sol = {c["metadata"]["nbgrader"]["grade_id"]: c["source"] for c in source["cells"]
-           if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
-    nb = copy.deepcopy(nb)
-    for cell in nb["cells"]:
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid in sol:
-            cell["source"] = sol[gid]
-            if wrong and gid == "add_solution":
-                cell["source"] += "\n_orig = add\nadd = lambda *a, **k: _orig(*a, **k) * 2\n"
-    return nb
 
 
 def entries(k: Class, user: str) -> list[Path]:

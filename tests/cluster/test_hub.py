@@ -4,7 +4,6 @@ nbgrader extensions; grades from ``pallas-course autograde`` on the collected su
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import shutil
@@ -12,7 +11,7 @@ import time
 
 import nbformat
 import pytest
-from clustertools import REPO, A, Hub, new_course
+from clustertools import REPO, A, Hub, new_course, solved
 
 from grader import grading
 
@@ -45,21 +44,6 @@ def hub(tmp_path_factory):
         yield h
     finally:
         h.close()
-
-
-def solved(nb: dict, source: dict, wrong: bool) -> dict:
-    """The learner's notebook with the instructor's solutions typed in (``wrong``: the first
-    task's results doubled)."""
-    sol = {c["metadata"]["nbgrader"]["grade_id"]: c["source"] for c in source["cells"]
-           if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
-    nb = copy.deepcopy(nb)
-    for cell in nb["cells"]:
-        gid = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-        if gid in sol:
-            cell["source"] = sol[gid]
-            if wrong and gid == "add_solution":
-                cell["source"] += "\n_orig = add\nadd = lambda *a, **k: _orig(*a, **k) * 2\n"
-    return nb
 
 
 def test_roles_get_their_extensions(hub):
