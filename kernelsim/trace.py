@@ -94,6 +94,9 @@ class CallTrace:
             "smem_bytes": c.smem_bytes, "flops": c.flops, "flops_source": c.flops_source,
             "compute_seconds": c.compute_seconds, "memory_seconds": c.memory_seconds,
             "overhead_seconds": c.overhead_seconds, "estimated_seconds": c.estimated_seconds,
+            "device": None if self.call.device is None else {
+                "id": self.call.device.id,
+                "coords": dict(zip(self.call.device.axes, self.call.device.coords, strict=True))},
             "body_dmas": [body_dma_dict(c) for c in self.call.body_copies],
             "warnings": list(self.warnings),
         }
@@ -104,7 +107,9 @@ def body_dma_dict(copy: BodyCopy) -> dict[str, Any]:
     slice of each end (per dimension ``[start, size, stride]`` in elements, None if not one
     box), the semaphore it signals, and the grid step and body position (the order of DMA
     starts and waits within that step, from 0) where it starts and where it is waited on
-    (``wait_step``/``wait_pos`` None: never waited on in the kernel)."""
+    (``wait_step``/``wait_pos`` None: never waited on in the kernel); for a kernel in a
+    ``shard_map``, the device it reads from and the one it writes (``src_device``,
+    ``dst_device``; they differ for a remote copy), else None."""
     def box(s):
         return None if s is None else [list(d) for d in s]
 
@@ -112,7 +117,8 @@ def body_dma_dict(copy: BodyCopy) -> dict[str, Any]:
             "dst_space": copy.dst_space, "bytes": copy.bytes, "src_slice": box(copy.src_slice),
             "dst_slice": box(copy.dst_slice), "semaphore": copy.semaphore,
             "start_step": copy.step, "start_pos": copy.start_pos, "wait_step": copy.wait_step,
-            "wait_pos": copy.wait_pos}
+            "wait_pos": copy.wait_pos, "src_device": copy.src_device,
+            "dst_device": copy.dst_device}
 
 
 @dataclass
@@ -201,6 +207,7 @@ def analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: boo
     traced = []
     for c in captured:
         call = _jax.to_model(c.args, c.params)
+        call.device = c.device
         accesses = None
         if record_access or _jax.needs_body_interpretation(c.params):
             accesses, call.body_copies = _jax.interpret_body(c.params, call, c.args,
@@ -234,8 +241,10 @@ def _no_call(fn: Callable) -> TraceError:
 
 
 def collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any],
-            chip: Chip) -> tuple[Any, list[_jax.Captured]]:
-    """Run ``fn(*args)``; each pallas_call is modelled, then ``execute``d.
+            chip: Chip, mapped: _jax.MappedRunner | None = None
+            ) -> tuple[Any, list[_jax.Captured]]:
+    """Run ``fn(*args)``; each pallas_call is modelled, then ``execute``d; a ``shard_map``
+    around kernels runs whole, as ``mapped`` says (``_jax.MappedRunner``).
 
     The function runs from its jaxpr (``_jax.run_calls``: kernel bodies traced as the program
     traces them, the code between kernels compiled); only a function that cannot be traced to
@@ -243,7 +252,7 @@ def collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any],
     """
     try:
         out, captured = _jax.run_calls(fn, args, TPU_DEVICE_KIND.get(chip.name, "TPU v5e"),
-                                       execute)
+                                       execute, mapped)
     except _jax.NeedsExecution:
         pass
     else:
