@@ -534,7 +534,7 @@ class _CallFinder:
         ins = list(dict.fromkeys(v for v in eqn.invars if not isinstance(v, jax_core.Literal)))
         env = dict(zip(eqn.invars, vals, strict=True))
         alone = _open(body).replace(constvars=[], invars=ins, outvars=list(eqn.outvars),
-                                    eqns=[runnable], effects=runnable.effects, debug_info=None)
+                                    eqns=[runnable], effects=runnable.effects)
         # under jit, as jax.shard_map itself runs: every device's kernel runs at once
         run_all = jax.jit(lambda *xs: jax_core.eval_jaxpr(alone, [], *xs))
         return list(self.mapped.run(lambda: run_all(*[env[v] for v in ins]), captured))
