@@ -450,6 +450,11 @@ class _CallFinder:
                     outs = [_zeros(v.aval) if v in live else _UNKNOWN for v in eqn.outvars]
             elif id(eqn) not in evaluate:
                 continue
+            elif (eqn.primitive.name == "axis_index" and self.device is not None
+                  and eqn.params["axis_name"] in self.device.axes):
+                flush()  # this device's coordinate, as shard_map gives it to its body
+                axis = self.device.axes.index(eqn.params["axis_name"])
+                outs = [np.int32(self.device.coords[axis])]
             elif not any(_has_pallas_call(sub) for sub, _ in _sub_jaxprs(eqn)):
                 plain.append(eqn)
                 continue

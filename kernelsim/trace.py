@@ -7,8 +7,10 @@ interpreted only as far as its DMAs (or, with ``record_access``, its ref accesse
 indices, sizes and predicates, never the block arithmetic. A value that depends on an *earlier
 pallas_call's output* (a prefetch operand, a DMA size) is computed from zeros there; use ``run``
 for those. ``pl.kernel`` / ``pl.core_map`` kernels are analysed as the pallas_call they run as
-(one grid step per TensorCore). A function that cannot be traced to a jaxpr (Python control
-flow on array values) is run op by op instead, with each pallas_call replaced by zeros.
+(one grid step per TensorCore). A kernel inside ``jax.shard_map`` is analysed once per device
+of the mesh (``CallTrace.call.device``), its remote copies as body DMAs between devices. A
+function that cannot be traced to a jaxpr (Python control flow on array values) is run op by
+op instead, with each pallas_call replaced by zeros.
 ``run`` executes the function from the same jaxpr (the code between kernels compiled, each
 kernel run as it asks or in interpret mode) and analyses each call as it is made; only a
 function that cannot be traced to a jaxpr runs op by op under ``jax.disable_jit``.
@@ -237,7 +239,7 @@ def _no_call(fn: Callable) -> TraceError:
     return TraceError(
         f"{getattr(fn, '__name__', fn)!r} reached no pallas_call: kernelsim analyses "
         "functions that call jax.experimental.pallas.pallas_call (directly or inside "
-        "jit, vmap, scan, cond or custom_vjp).")
+        "jit, vmap, scan, cond, custom_vjp or shard_map).")
 
 
 def collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any],
@@ -301,6 +303,17 @@ def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
     return analyse(captured, model_, chip_, strict, record_access)
 
 
+class _MappedWith(_jax.MappedRunner):
+    """Runs the kernels of a ``shard_map`` with the interpret setting ``run`` chose."""
+
+    def __init__(self, setting: Callable[[dict], Any]) -> None:
+        self.setting = setting
+
+    def prepare(self, params: dict) -> dict:
+        chosen = self.setting(params)
+        return params if chosen is None else {**params, "interpret": chosen}
+
+
 def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
         strict: bool = False, interpret: Any = "auto") -> tuple[Any, Trace]:
     """Execute ``fn(*args)`` and analyse its pallas_calls; returns ``(outputs, trace)``.
@@ -311,15 +324,16 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
     """
     model_, chip_ = resolve(model, chip)
 
-    def execute(call_args: tuple, params: dict) -> Any:
-        setting = interpret
-        if interpret == "auto":
-            own = _jax.requested_interpret(params)
-            setting = own if own else backend.choose(
-                tpu_features=_jax.uses_manual_dma(params)).interpret
-        return _jax.execute(call_args, params, setting)
+    def setting(params: dict) -> Any:
+        if interpret != "auto":
+            return interpret
+        own = _jax.requested_interpret(params)
+        return own if own else backend.choose(tpu_features=_jax.uses_manual_dma(params)).interpret
 
-    out, captured = collect(fn, args, execute, chip_)
+    def execute(call_args: tuple, params: dict) -> Any:
+        return _jax.execute(call_args, params, setting(params))
+
+    out, captured = collect(fn, args, execute, chip_, _MappedWith(setting))
     return out, analyse(captured, model_, chip_, strict)
 
 

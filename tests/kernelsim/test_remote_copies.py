@@ -69,6 +69,20 @@ def collective_matmul_kernel(x_ref, w_ref, o_ref, shards, send_sems, recv_sems):
             copy.wait()
 
 
+def leading_rows_kernel(n_ref, x_hbm, o_ref, sem):
+    """Copy the first ``n_ref[0]`` rows of this device's shard (HBM) into the output block,
+    zeros below: a local DMA whose size differs from device to device."""
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+    from jax.experimental.pallas import tpu as pltpu
+
+    o_ref[...] = jnp.zeros(o_ref.shape, o_ref.dtype)  # the interpreter starts outputs at NaN
+    copy = pltpu.make_async_copy(x_hbm.at[pl.ds(0, n_ref[0])], o_ref.at[pl.ds(0, n_ref[0])],
+                                 sem)
+    copy.start()
+    copy.wait()
+
+
 def _checks() -> dict:
     """Run in the subprocess: trace and verify both kernels, return what the test asserts."""
 
@@ -109,6 +123,21 @@ def _checks() -> dict:
         return jax.shard_map(local, mesh=mesh, in_specs=(P("x", None), P(None, "x")),
                              out_specs=P(None, "x"), check_vma=False)(x, w)
 
+    def leading_rows(x, interpret=True):
+        def local(x):  # how many rows: computed from the device's index, outside the kernel
+            n = (2 * jax.lax.axis_index("x") + 2).astype(jnp.int32).reshape(1)
+            return pl.pallas_call(
+                leading_rows_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                grid_spec=pltpu.PrefetchScalarGridSpec(
+                    num_scalar_prefetch=1, grid=(1,),
+                    in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                    out_specs=pl.BlockSpec(x.shape, lambda i, n: (0, 0)),
+                    scratch_shapes=[pltpu.SemaphoreType.DMA(())]),
+                interpret=interpret)(n, x)
+
+        return jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                             check_vma=False)(x)
+
     keys = jax.random.split(jax.random.key(26), 3)
     x = jax.random.normal(keys[0], (DEVICES * 8, 128), jnp.float32)
     xm = jax.random.normal(keys[1], (DEVICES * 16, 128), jnp.float32)
@@ -116,7 +145,10 @@ def _checks() -> dict:
     out: dict = {"devices": len(jax.devices("cpu"))}
     for name, fn, args, reference in (
             ("all_gather", all_gather, (x,), np.tile(np.asarray(x), (DEVICES, 1))),
-            ("matmul", matmul, (xm, wm), np.asarray(jnp.dot(xm, wm, precision="highest")))):
+            ("matmul", matmul, (xm, wm), np.asarray(jnp.dot(xm, wm, precision="highest"))),
+            ("leading_rows", leading_rows, (x,), np.asarray(x) * (
+                np.arange(DEVICES * 8)[:, None] % 8 < 2 * (np.arange(DEVICES * 8)[:, None] // 8)
+                + 2))):
         trace = kernelsim.trace(fn, *args)
         v = verify(fn, *args)
         out[name] = {
@@ -131,6 +163,8 @@ def _checks() -> dict:
             "pipeline_ok": all(c.copies_match and c.bytes_match for c in v.checks),
             "ok": v.ok,
             "max_error": float(np.max(np.abs(np.asarray(v.outputs) - reference))),
+            "run_error": float(np.max(np.abs(np.asarray(
+                kernelsim.run(fn, *args, interpret=pltpu.InterpretParams())[0]) - reference))),
             "summary": trace.summary(),
             "to_dict": trace.to_dict()["calls"][1]["body_dmas"],
         }
@@ -179,7 +213,18 @@ def test_every_remote_copy_is_one_the_interpreter_performs(results, name):
 
 @pytest.mark.parametrize("name, tolerance", [("all_gather", 0.0), ("matmul", 1e-3)])
 def test_values_equal_plain_jax(results, name, tolerance):
-    assert results[name]["max_error"] <= tolerance
+    assert results[name]["max_error"] <= tolerance  # as verify ran it
+    assert results[name]["run_error"] <= tolerance  # kernelsim.run, the map run whole
+
+
+def test_local_copies_in_a_mesh_are_sized_per_device(results):
+    """A size computed from ``axis_index`` outside the kernel: device d copies 2d + 2 rows
+    of its own shard, from its HBM into its VMEM, as the interpreter does."""
+    r = results["leading_rows"]
+    assert r["ok"] and r["max_error"] == 0.0
+    assert r["verified"] == [[d, [[0, d, d, (2 * d + 2) * 128 * 4]]] for d in range(DEVICES)]
+    assert {route for _, route, _, _ in r["checks"]} == {
+        f"hbm -> vmem, device {d} -> {d}" for d in range(DEVICES)}
 
 
 def test_summary_and_dict_name_the_devices(results):
