@@ -35,7 +35,7 @@ from jax.experimental.pallas import tpu as pltpu
 from kernelsim import _lax_numpy
 from kernelsim.body import DmaLedger
 from kernelsim.errors import TraceError
-from kernelsim.model import BlockDim, BodyCopy, KernelCall, MemorySpace, Operand
+from kernelsim.model import BlockDim, BodyCopy, KernelCall, MemorySpace, MeshDevice, Operand
 
 # The oldest and newest JAX releases kernelsim is tested against.
 SUPPORTED_JAX = ("0.10.2", "0.12.0.1")
@@ -88,10 +88,12 @@ _MEMORY_SPACES: dict[str, MemorySpace] = {
 
 @dataclass
 class Captured:
-    """One pallas_call as it arrived at the primitive: concrete operands and the eqn params."""
+    """One pallas_call as it arrived at the primitive: concrete operands and the eqn params;
+    ``device``: the mesh device it runs on, for a kernel inside ``jax.shard_map``."""
 
     args: tuple[Any, ...]
     params: dict[str, Any]
+    device: MeshDevice | None = None
 
 
 _capture_lock = threading.Lock()
@@ -381,6 +383,8 @@ def _operands_needed(eqn: Any, outs: tuple[bool, ...], bodies: bool) -> tuple[bo
     if name == "cond" and any(_has_pallas_call(b) for b in p["branches"]):
         per_branch = [_needed(b, outs, bodies)[0] for b in p["branches"]]
         return (True, *(any(col) for col in zip(*per_branch, strict=True)))
+    if name == "shard_map" and _has_pallas_call(p["jaxpr"]):
+        return _needed(p["jaxpr"], outs, bodies)[0]
     if any(_has_pallas_call(s) for s, _ in _sub_jaxprs(eqn)):
         raise _unsupported_around_kernel(name)
     return (True,) * len(eqn.invars)
@@ -389,7 +393,8 @@ def _operands_needed(eqn: Any, outs: tuple[bool, ...], bodies: bool) -> tuple[bo
 def _unsupported_around_kernel(name: str) -> TraceError:
     return TraceError(f"a pallas_call inside {name!r} is not supported by kernelsim's "
                       "tracer (supported around kernels: jit, custom_jvp/custom_vjp, "
-                      "custom_vmap, checkpoint, scan, fori_loop/while_loop, cond, vmap)")
+                      "custom_vmap, checkpoint, scan, fori_loop/while_loop, cond, vmap, "
+                      "shard_map)")
 
 
 class _CallFinder:
@@ -399,12 +404,22 @@ class _CallFinder:
     instead: every eqn is evaluated (the code between kernels as compiled XLA slices) and each
     kernel's outputs are what ``execute`` returns, so nothing is traced twice and the kernel
     bodies are traced exactly as the program traced them (no ``disable_jit``).
+
+    A ``jax.shard_map`` around kernels is walked once per device of its mesh, on that
+    device's shards, and each kernel found is captured with its ``MeshDevice``. When the
+    program runs, the devices cannot run one at a time (a remote copy needs its receiver
+    running), so the shard_map runs whole, each kernel's params first passed through
+    ``mapped.prepare`` (e.g. to run it in TPU interpret mode), by ``mapped.run(thunk,
+    captured)``.
     """
 
-    def __init__(self, bodies: bool, execute: Callable[[tuple, dict], Any] | None = None):
+    def __init__(self, bodies: bool, execute: Callable[[tuple, dict], Any] | None = None,
+                 mapped: MappedRunner | None = None):
         self.found: list[Captured] = []
         self.bodies = bodies
         self.execute = execute
+        self.mapped = mapped or MappedRunner()
+        self.device: MeshDevice | None = None
 
     def walk(self, jaxpr: Any, consts: list, args: list, out_needed: tuple[bool, ...]) -> list:
         j = _open(jaxpr)
@@ -426,7 +441,8 @@ class _CallFinder:
         for eqn in j.eqns:
             if _is_kernel(eqn):
                 flush()
-                captured = Captured(tuple(read(v) for v in eqn.invars), _kernel_params(eqn))
+                captured = Captured(tuple(read(v) for v in eqn.invars), _kernel_params(eqn),
+                                    self.device)
                 self.found.append(captured)
                 if self.execute is not None:
                     outs = list(self.execute(captured.args, captured.params))
@@ -434,6 +450,11 @@ class _CallFinder:
                     outs = [_zeros(v.aval) if v in live else _UNKNOWN for v in eqn.outvars]
             elif id(eqn) not in evaluate:
                 continue
+            elif (eqn.primitive.name == "axis_index" and self.device is not None
+                  and eqn.params["axis_name"] in self.device.axes):
+                flush()  # this device's coordinate, as shard_map gives it to its body
+                axis = self.device.axes.index(eqn.params["axis_name"])
+                outs = [np.int32(self.device.coords[axis])]
             elif not any(_has_pallas_call(sub) for sub, _ in _sub_jaxprs(eqn)):
                 plain.append(eqn)
                 continue
@@ -480,13 +501,96 @@ class _CallFinder:
             index = int(self._known(vals[0], "cond predicate"))
             b = branches[min(max(index, 0), len(branches) - 1)]
             return self.walk(b, _consts(b), vals[1:], outs_needed)
+        if name == "shard_map" and _has_pallas_call(p["jaxpr"]):
+            return self.shard_map(eqn, vals)
         raise _unsupported_around_kernel(name)
+
+    def shard_map(self, eqn: Any, vals: list) -> list:
+        """Walk the body once per mesh device on its shards; run the whole map if executing."""
+        p = eqn.params
+        if self.device is not None:
+            raise TraceError("a shard_map inside a shard_map around a kernel is not "
+                             "supported by kernelsim's tracer")
+        mesh = p["mesh"]
+        axes, sizes = tuple(mesh.axis_names), tuple(int(n) for n in mesh.axis_sizes)
+        if set(p["newly_manual_axes"]) != set(axes):
+            raise TraceError("a shard_map around a kernel that leaves mesh axes "
+                             f"{sorted(set(axes) - set(p['newly_manual_axes']))} automatic is "
+                             "not supported by kernelsim's tracer (make every axis manual)")
+        body = p["jaxpr"]
+        finder = self if self.execute is None else _CallFinder(self.bodies)
+        first = len(finder.found)
+        needed = _needed(body, (False,) * len(eqn.outvars), self.bodies)[0]
+        for coords in np.ndindex(*sizes):
+            device = MeshDevice(axes, sizes, tuple(int(c) for c in coords))
+            shards = [_shard(v, spec, device) if need and v is not _UNKNOWN else _UNKNOWN
+                      for v, spec, need in zip(vals, p["in_specs"], needed, strict=True)]
+            finder.device = device
+            try:
+                finder.walk(body, _consts(body), shards, (False,) * len(eqn.outvars))
+            finally:
+                finder.device = None
+        if self.execute is None:
+            return [_zeros(v.aval) for v in eqn.outvars]
+        captured = finder.found[first:]
+        self.found += captured
+        runnable = eqn.replace(params={**p, "jaxpr": _with_kernel_params(body,
+                                                                         self.mapped.prepare)})
+        ins = list(dict.fromkeys(v for v in eqn.invars if not isinstance(v, jax_core.Literal)))
+        env = dict(zip(eqn.invars, vals, strict=True))
+        alone = _open(body).replace(constvars=[], invars=ins, outvars=list(eqn.outvars),
+                                    eqns=[runnable], effects=runnable.effects)
+        # under jit, as jax.shard_map itself runs: every device's kernel runs at once
+        run_all = jax.jit(lambda *xs: jax_core.eval_jaxpr(alone, [], *xs))
+        return list(self.mapped.run(lambda: run_all(*[env[v] for v in ins]), captured))
 
     @staticmethod
     def _known(value: Any, what: str) -> Any:
         if value is _UNKNOWN:  # _needed marks every value an evaluated eqn reads
             raise AssertionError(f"kernelsim: the {what} was not computed")
         return value
+
+
+class MappedRunner:
+    """How ``run_calls`` runs a ``shard_map`` around kernels: ``prepare(params)`` gives each
+    kernel's params to run with, ``run(thunk, captured)`` runs the whole map (``thunk()``)
+    knowing the per-device calls it makes (``captured``)."""
+
+    def prepare(self, params: dict[str, Any]) -> dict[str, Any]:
+        return params
+
+    def run(self, thunk: Callable[[], Any], captured: list[Captured]) -> Any:
+        return thunk()
+
+
+def _with_kernel_params(jaxpr: Any, prepare: Callable[[dict], dict]) -> Any:
+    """``jaxpr`` with every pallas_call eqn's params replaced by ``prepare(params)``."""
+    j = _open(jaxpr)
+    eqns = []
+    for eqn in j.eqns:
+        if eqn.primitive is pl.pallas_call_p:
+            eqn = eqn.replace(params=dict(prepare(eqn.params)))
+        elif _is_kernel(eqn):
+            raise TraceError("kernelsim cannot run a pl.kernel inside a shard_map")
+        eqns.append(eqn)
+    opened = j.replace(eqns=eqns)
+    return opened if jaxpr is j else _closed(opened, _consts(jaxpr))
+
+
+def _shard(value: Any, spec: Any, device: MeshDevice) -> np.ndarray:
+    """The shard of ``value`` that ``device`` holds under partition ``spec``: along each
+    dimension the spec names mesh axes for, the block numbered row-major over those axes."""
+    value = np.asarray(value)
+    index: list[slice] = []
+    for dim, names in enumerate(tuple(spec) + (None,) * (value.ndim - len(tuple(spec)))):
+        names = () if names is None else (names if isinstance(names, tuple) else (names,))
+        count, k = 1, 0
+        for name in names:
+            axis = device.axes.index(name)
+            count, k = count * device.sizes[axis], k * device.sizes[axis] + device.coords[axis]
+        size = value.shape[dim] // count
+        index.append(slice(k * size, (k + 1) * size))
+    return value[tuple(index)]
 
 
 def _zeros(aval: Any) -> Any:
@@ -707,14 +811,16 @@ def find_calls(fn: Callable, args: tuple, device_kind: str,
 
 
 def run_calls(fn: Callable, args: tuple, device_kind: str,
-              execute: Callable[[tuple, dict], Any]) -> tuple[Any, list[Captured]]:
+              execute: Callable[[tuple, dict], Any], mapped: MappedRunner | None = None
+              ) -> tuple[Any, list[Captured]]:
     """Run ``fn(*args)`` from its jaxpr: ``(outputs, every kernel call in program order)``.
 
     Each kernel's outputs are ``execute(args, params)``; the code around the kernels runs as
-    compiled XLA slices between them. Raises ``NeedsExecution`` as ``find_calls`` does.
+    compiled XLA slices between them; a ``shard_map`` around kernels runs whole, as
+    ``mapped`` says (``MappedRunner``). Raises ``NeedsExecution`` as ``find_calls`` does.
     """
     closed, flat, out_tree = _program(fn, args, device_kind)
-    finder = _CallFinder(False, execute)
+    finder = _CallFinder(False, execute, mapped)
     outs = finder.walk(_open(closed), _consts(closed), flat, (True,) * len(_open(closed).outvars))
     return jax.tree_util.tree_unflatten(out_tree, outs), finder.found
 
@@ -1276,16 +1382,20 @@ class InterpretCopy:
     block_index: tuple[int, ...]
     grid_index: tuple[int, ...]
     bytes: int
+    device: int = 0
 
 
 @dataclass(frozen=True)
 class InterpretDma:
-    """One DMA the kernel body started, as the TPU interpreter executed it."""
+    """One DMA the kernel body started, as the TPU interpreter executed it: from the memory
+    of device ``src_device`` into that of ``dst_device`` (the interpreter's device ids)."""
 
     call: int
     src_space: MemorySpace
     dst_space: MemorySpace
     bytes: int
+    src_device: int = 0
+    dst_device: int = 0
 
 
 def _interpret_space(index: int) -> MemorySpace:
@@ -1309,7 +1419,8 @@ def recording_interpret_copies(sink: list[InterpretCopy], call_index: Callable[[
     def execute_write(dma):
         if dmas is not None and dma.data is not None:
             dmas.append(InterpretDma(call_index(), _interpret_space(dma.src_memory_space),
-                                     _interpret_space(dma.dst_memory_space), dma.data_size))
+                                     _interpret_space(dma.dst_memory_space), dma.data_size,
+                                     int(dma.src_device_id), int(dma.dst_device_id)))
         return orig_write(dma)
 
     @functools.wraps(orig_get)
@@ -1318,7 +1429,8 @@ def recording_interpret_copies(sink: list[InterpretCopy], call_index: Callable[[
         if input_name is not None:
             sink.append(InterpretCopy(call_index(), input_name, "fetch",
                                       tuple(int(x) for x in args[6]),
-                                      tuple(int(x) for x in args[7]), np.asarray(val).nbytes))
+                                      tuple(int(x) for x in args[7]), np.asarray(val).nbytes,
+                                      int(args[1])))
         return token, val
 
     @functools.wraps(orig_store)
@@ -1327,7 +1439,8 @@ def recording_interpret_copies(sink: list[InterpretCopy], call_index: Callable[[
         if output_name is not None:
             sink.append(InterpretCopy(call_index(), output_name, "writeback",
                                       tuple(int(x) for x in args[7]),
-                                      tuple(int(x) for x in args[8]), np.asarray(args[6]).nbytes))
+                                      tuple(int(x) for x in args[8]), np.asarray(args[6]).nbytes,
+                                      int(args[1])))
         return out
 
     tpu_interpret.get, tpu_interpret.store = get, store
@@ -1746,9 +1859,10 @@ class _Interpreter:
     ``_lax_numpy`` can (JAX otherwise)."""
 
     def __init__(self, grid: tuple[int, ...], sink: list, needs: _BodyNeeds, record: bool,
-                 grid_names: tuple | None = None):
+                 grid_names: tuple | None = None, device: MeshDevice | None = None):
         self.grid, self.sink, self.needs, self.recording = grid, sink, needs, record
         self.grid_names = tuple(grid_names or ())
+        self.device = device
         self.dmas = DmaLedger()
         self.step, self.grid_index, self.order, self.scoped, self.dma_pos = 0, (), 0, 0, 0
 
@@ -1780,13 +1894,29 @@ class _Interpreter:
         self.dmas.wait(self.step, self.dma_pos, self._semaphore(sem))
         self.dma_pos += 1
 
+    def _target(self, eqn: Any, device_id: Any) -> int | None:
+        """The device a DMA writes: its ``device_id`` (a remote copy) or this one."""
+        if device_id is None:
+            return None if self.device is None else self.device.id
+        if self.device is None:
+            raise TraceError("a remote copy (make_async_remote_copy) outside jax.shard_map: "
+                             "kernelsim knows the devices only from the shard_map's mesh")
+        target = jax.tree_util.tree_map(lambda v: int(np.asarray(v)), device_id)
+        if getattr(eqn.params.get("device_id_type"), "value", None) == "logical":
+            return int(target)
+        try:
+            return self.device.target(target)
+        except (KeyError, ValueError) as e:
+            raise TraceError(f"a remote copy's device_id {target!r}: {e}") from None
+
     def dma(self, eqn: Any, vals: list) -> None:
-        src, dst, dst_sem, *_ = jax.tree_util.tree_unflatten(eqn.params["tree"], vals)
+        src, dst, dst_sem, _, device_id = jax.tree_util.tree_unflatten(eqn.params["tree"], vals)
         src_ref, src_sel = self._dma_end(src, "source")
         dst_ref, dst_sel = self._dma_end(dst, "destination")
         self.dmas.start(self.step, self.dma_pos, src_ref.name, dst_ref.name, src_ref.space,
                         dst_ref.space, src_sel.nbytes, src_sel.box, dst_sel.box,
-                        self._semaphore(dst_sem))
+                        self._semaphore(dst_sem), None if self.device is None
+                        else self.device.id, self._target(eqn, device_id))
         self.dma_pos += 1
         src_ids, dst_ids = src_sel.ids, dst_sel.ids
         dst_var = [v for v in eqn.invars if _is_ref(v)][1]
@@ -1925,6 +2055,8 @@ class _Interpreter:
             return np.int32(self.grid[p["axis"]])
         if name == "axis_index" and p["axis_name"] in self.grid_names:  # a named grid / mesh
             return np.int32(self.grid_index[self.grid_names.index(p["axis_name"])])
+        if name == "axis_index" and self.device and p["axis_name"] in self.device.axes:
+            return np.int32(self.device.coords[self.device.axes.index(p["axis_name"])])
         if name == "cond":
             branches = p["branches"]
             index = int(self._computed(eqn, vals[:1])[0])
@@ -2052,7 +2184,7 @@ def interpret_body(params: dict[str, Any], call: KernelCall, args: tuple | None 
         elif op.role in ("input", "output") and op.pipelined:
             fresh.append(ref)
     sink: list = []
-    interp = _Interpreter(call.grid, sink, needs, record, gm.grid_names)
+    interp = _Interpreter(call.grid, sink, needs, record, gm.grid_names, call.device)
     for step, point in enumerate(call.grid_indices()):
         for r in fresh:
             r.data.fill(0)

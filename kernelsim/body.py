@@ -24,11 +24,14 @@ class DmaLedger:
 
     def start(self, step: int, pos: int, src: str, dst: str, src_space: MemorySpace,
               dst_space: MemorySpace, nbytes: int, src_slice: Slice | None,
-              dst_slice: Slice | None, semaphore: str) -> None:
-        """A DMA started at grid step ``step``, body event ``pos`` of that step."""
+              dst_slice: Slice | None, semaphore: str, src_device: int | None = None,
+              dst_device: int | None = None) -> None:
+        """A DMA started at grid step ``step``, body event ``pos`` of that step, from the
+        memory of device ``src_device`` into that of ``dst_device`` (None: not in a mesh)."""
         self._in_flight.setdefault(semaphore, deque()).append(len(self.copies))
         self.copies.append(BodyCopy(step, src, dst, src_space, dst_space, nbytes, src_slice,
-                                    dst_slice, semaphore, pos))
+                                    dst_slice, semaphore, pos, src_device=src_device,
+                                    dst_device=dst_device))
 
     def wait(self, step: int, pos: int, semaphore: str) -> None:
         """A wait on ``semaphore`` at ``step``/``pos``: completes its oldest DMA in flight."""

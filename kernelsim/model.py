@@ -103,6 +103,42 @@ class Operand:
 OFF_CHIP: tuple[MemorySpace, ...] = ("hbm", "any")  # where a copy's bytes are HBM traffic
 
 
+@dataclass(frozen=True)
+class MeshDevice:
+    """One device of a ``jax.shard_map`` mesh that a kernel runs on.
+
+    axes / sizes: the mesh's axis names and extents, in mesh order; coords: this device's
+    index along each. ``id`` numbers the devices row-major over the mesh (last axis fastest),
+    as TPU interpret mode numbers them.
+    """
+
+    axes: tuple[str, ...]
+    sizes: tuple[int, ...]
+    coords: tuple[int, ...]
+
+    @property
+    def id(self) -> int:
+        return self.logical_id(self.coords)
+
+    def logical_id(self, coords: tuple[int, ...]) -> int:
+        """The row-major number of the device at mesh ``coords``."""
+        return int(np.ravel_multi_index(tuple(int(c) for c in coords), self.sizes))
+
+    def target(self, device_id: dict[str, int] | tuple[int, ...] | int) -> int:
+        """The device a remote copy's ``device_id`` (mesh form) names, seen from this one: a
+        dict sets the axes it names and keeps this device's index on the others; a tuple gives
+        every coordinate; an int is the coordinate on a one-axis mesh."""
+        if isinstance(device_id, dict):
+            unknown = set(device_id) - set(self.axes)
+            if unknown:
+                raise KeyError(f"device_id names axes {sorted(map(str, unknown))} that the "
+                               f"mesh {self.axes} does not have")
+            return self.logical_id(tuple(device_id.get(a, c)
+                                         for a, c in zip(self.axes, self.coords, strict=True)))
+        coords = tuple(device_id) if isinstance(device_id, tuple) else (device_id,)
+        return self.logical_id(coords)
+
+
 # Per dimension of a ref, ``(start, size, stride)`` in elements: one strided box of it.
 Slice = tuple[tuple[int, int, int], ...]
 
@@ -119,6 +155,10 @@ class BodyCopy:
     semaphore array). start_pos / wait_pos: the position of its start and of the wait that
     completes it among the DMA starts and waits of their step (from 0, in body order);
     wait_step: the step of that wait (``kernelsim.body``), None if it is never waited on.
+    src_device / dst_device: for a kernel inside ``jax.shard_map``, the ``MeshDevice.id`` of
+    the device whose memory it reads and of the one it writes (they differ for a remote copy,
+    ``pltpu.make_async_remote_copy``); None outside a mesh. A remote copy's ``wait_step`` is
+    the sender's own wait on that semaphore (every device runs the same body).
     """
 
     step: int
@@ -133,6 +173,13 @@ class BodyCopy:
     start_pos: int = 0
     wait_step: int | None = None
     wait_pos: int | None = None
+    src_device: int | None = None
+    dst_device: int | None = None
+
+    @property
+    def remote(self) -> bool:
+        """The copy crosses from one device to another (over the chips' interconnect)."""
+        return self.src_device != self.dst_device
 
 
 @dataclass
@@ -154,6 +201,8 @@ class KernelCall:
         do not fit in vector registers).
     referenced: the operands the kernel body's code names at all (a read, a write, a DMA or
         a wait on it, in any branch, whether or not it runs at these inputs).
+    device: the mesh device this call runs on, for a kernel inside ``jax.shard_map`` (which
+        runs it once per device; kernelsim keeps one call per device); None outside one.
     """
 
     name: str
@@ -172,6 +221,7 @@ class KernelCall:
     scoped_smem_bytes: int = 0
     referenced: frozenset[str] = frozenset()
     temporaries_vmem_bytes: int = 0
+    device: MeshDevice | None = None
 
     @property
     def steps(self) -> int:

@@ -34,6 +34,10 @@ def call_summary(t: Trace, index: int, steps: int = 0) -> str:
     semantics = ", ".join(c.dimension_semantics) or "-"
     head = (f"call {index}: {c.name!r}  grid {_shape(c.grid)} = {c.steps:,} steps  "
             f"semantics {semantics}  model {t.model} on {t.chip.name}")
+    if c.call.device is not None:
+        where = ", ".join(f"{a}={i}" for a, i in zip(c.call.device.axes, c.call.device.coords,
+                                                      strict=True))
+        head += f"  on device {c.call.device.id} ({where})"
     rows = [["operand", "role", "shape", "dtype", "block", "space", "bufs", "fetches", "skips",
              "writebacks", "HBM read B", "HBM write B", "on-chip B"]]
     for o in c.operands:
@@ -53,6 +57,12 @@ def call_summary(t: Trace, index: int, steps: int = 0) -> str:
              f"estimate {seconds(cost.estimated_seconds)} = max(compute "
              f"{seconds(cost.compute_seconds)}, memory {seconds(cost.memory_seconds)}) + "
              f"overhead {seconds(cost.overhead_seconds)}  [{bound}-bound]"]
+    remote = [d for d in c.call.body_copies if d.remote]
+    if remote:
+        lines.append(f"remote copies: {len(remote)}, {sum(d.bytes for d in remote):,} B sent; "
+                     + "; ".join(f"step {d.step}: {d.bytes:,} B device {d.src_device} -> "
+                                 f"{d.dst_device}" for d in remote[:8])
+                     + ("; ..." if len(remote) > 8 else ""))
     lines += [f"warning: {w}" for w in c.warnings]
     if steps:
         events = c.schedule.events()

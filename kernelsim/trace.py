@@ -7,8 +7,10 @@ interpreted only as far as its DMAs (or, with ``record_access``, its ref accesse
 indices, sizes and predicates, never the block arithmetic. A value that depends on an *earlier
 pallas_call's output* (a prefetch operand, a DMA size) is computed from zeros there; use ``run``
 for those. ``pl.kernel`` / ``pl.core_map`` kernels are analysed as the pallas_call they run as
-(one grid step per TensorCore). A function that cannot be traced to a jaxpr (Python control
-flow on array values) is run op by op instead, with each pallas_call replaced by zeros.
+(one grid step per TensorCore). A kernel inside ``jax.shard_map`` is analysed once per device
+of the mesh (``CallTrace.call.device``), its remote copies as body DMAs between devices. A
+function that cannot be traced to a jaxpr (Python control flow on array values) is run op by
+op instead, with each pallas_call replaced by zeros.
 ``run`` executes the function from the same jaxpr (the code between kernels compiled, each
 kernel run as it asks or in interpret mode) and analyses each call as it is made; only a
 function that cannot be traced to a jaxpr runs op by op under ``jax.disable_jit``.
@@ -86,6 +88,9 @@ class CallTrace:
             "smem_bytes": c.smem_bytes, "flops": c.flops, "flops_source": c.flops_source,
             "compute_seconds": c.compute_seconds, "memory_seconds": c.memory_seconds,
             "overhead_seconds": c.overhead_seconds, "estimated_seconds": c.estimated_seconds,
+            "device": None if self.call.device is None else {
+                "id": self.call.device.id,
+                "coords": dict(zip(self.call.device.axes, self.call.device.coords, strict=True))},
             "body_dmas": [body_dma_dict(c) for c in self.call.body_copies],
             "warnings": list(self.warnings),
         }
@@ -96,7 +101,9 @@ def body_dma_dict(copy: BodyCopy) -> dict[str, Any]:
     slice of each end (per dimension ``[start, size, stride]`` in elements, None if not one
     box), the semaphore it signals, and the grid step and body position (the order of DMA
     starts and waits within that step, from 0) where it starts and where it is waited on
-    (``wait_step``/``wait_pos`` None: never waited on in the kernel)."""
+    (``wait_step``/``wait_pos`` None: never waited on in the kernel); for a kernel in a
+    ``shard_map``, the device it reads from and the one it writes (``src_device``,
+    ``dst_device``; they differ for a remote copy), else None."""
     def box(s):
         return None if s is None else [list(d) for d in s]
 
@@ -104,7 +111,8 @@ def body_dma_dict(copy: BodyCopy) -> dict[str, Any]:
             "dst_space": copy.dst_space, "bytes": copy.bytes, "src_slice": box(copy.src_slice),
             "dst_slice": box(copy.dst_slice), "semaphore": copy.semaphore,
             "start_step": copy.step, "start_pos": copy.start_pos, "wait_step": copy.wait_step,
-            "wait_pos": copy.wait_pos}
+            "wait_pos": copy.wait_pos, "src_device": copy.src_device,
+            "dst_device": copy.dst_device}
 
 
 @dataclass
@@ -193,6 +201,7 @@ def analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: boo
     traced = []
     for c in captured:
         call = _jax.to_model(c.args, c.params)
+        call.device = c.device
         accesses = None
         if record_access or _jax.needs_body_interpretation(c.params):
             accesses, call.body_copies = _jax.interpret_body(c.params, call, c.args,
@@ -222,12 +231,14 @@ def _no_call(fn: Callable) -> TraceError:
     return TraceError(
         f"{getattr(fn, '__name__', fn)!r} reached no pallas_call: kernelsim analyses "
         "functions that call jax.experimental.pallas.pallas_call (directly or inside "
-        "jit, vmap, scan, cond or custom_vjp).")
+        "jit, vmap, scan, cond, custom_vjp or shard_map).")
 
 
 def collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any],
-            chip: Chip) -> tuple[Any, list[_jax.Captured]]:
-    """Run ``fn(*args)``; each pallas_call is modelled, then ``execute``d.
+            chip: Chip, mapped: _jax.MappedRunner | None = None
+            ) -> tuple[Any, list[_jax.Captured]]:
+    """Run ``fn(*args)``; each pallas_call is modelled, then ``execute``d; a ``shard_map``
+    around kernels runs whole, as ``mapped`` says (``_jax.MappedRunner``).
 
     The function runs from its jaxpr (``_jax.run_calls``: kernel bodies traced as the program
     traces them, the code between kernels compiled); only a function that cannot be traced to
@@ -235,7 +246,7 @@ def collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any],
     """
     try:
         out, captured = _jax.run_calls(fn, args, TPU_DEVICE_KIND.get(chip.name, "TPU v5e"),
-                                       execute)
+                                       execute, mapped)
     except _jax.NeedsExecution:
         pass
     else:
@@ -284,6 +295,17 @@ def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
     return analyse(captured, model_, chip_, strict, record_access)
 
 
+class _MappedWith(_jax.MappedRunner):
+    """Runs the kernels of a ``shard_map`` with the interpret setting ``run`` chose."""
+
+    def __init__(self, setting: Callable[[dict], Any]) -> None:
+        self.setting = setting
+
+    def prepare(self, params: dict) -> dict:
+        chosen = self.setting(params)
+        return params if chosen is None else {**params, "interpret": chosen}
+
+
 def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
         strict: bool = False, interpret: Any = "auto") -> tuple[Any, Trace]:
     """Execute ``fn(*args)`` and analyse its pallas_calls; returns ``(outputs, trace)``.
@@ -294,15 +316,16 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
     """
     model_, chip_ = resolve(model, chip)
 
-    def execute(call_args: tuple, params: dict) -> Any:
-        setting = interpret
-        if interpret == "auto":
-            own = _jax.requested_interpret(params)
-            setting = own if own else backend.choose(
-                tpu_features=_jax.uses_manual_dma(params)).interpret
-        return _jax.execute(call_args, params, setting)
+    def setting(params: dict) -> Any:
+        if interpret != "auto":
+            return interpret
+        own = _jax.requested_interpret(params)
+        return own if own else backend.choose(tpu_features=_jax.uses_manual_dma(params)).interpret
 
-    out, captured = collect(fn, args, execute, chip_)
+    def execute(call_args: tuple, params: dict) -> Any:
+        return _jax.execute(call_args, params, setting(params))
+
+    out, captured = collect(fn, args, execute, chip_, _MappedWith(setting))
     return out, analyse(captured, model_, chip_, strict)
 
 

@@ -4,10 +4,14 @@
 records each pipeline DMA the interpreter issues (operand, block index, grid point, bytes) and
 compares them, event by event, with kernelsim's ``tpu`` schedule of the same calls. The
 interpreter runs every grid axis in row-major order (see ``_jax.in_row_major_order``).
+Kernels inside ``jax.shard_map`` run with all the mesh's devices at once; each device's copies,
+remote ones included, are compared with kernelsim's call for that device, route by route and
+device pair by device pair.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +20,7 @@ import jax
 from jax.experimental.pallas import tpu as pltpu
 
 from kernelsim import _jax
+from kernelsim.errors import TraceError
 from kernelsim.model import OFF_CHIP
 from kernelsim.schedule import FETCH, WRITEBACK
 from kernelsim.trace import Trace, analyse, collect, resolve
@@ -46,7 +51,8 @@ class OperandCheck:
 @dataclass
 class BodyDmaCheck:
     """Model vs interpreter for the kernel-body DMAs of one call along one route (e.g.
-    ``hbm -> vmem``; ``any`` counts as ``hbm``): the bytes of every copy, sorted."""
+    ``hbm -> vmem``; ``any`` counts as ``hbm``; in a shard_map also the devices, e.g.
+    ``vmem -> vmem, device 0 -> 1``): the bytes of every copy, sorted."""
 
     call: int
     route: str
@@ -90,11 +96,41 @@ class Verification:
         return "\n".join(lines)
 
 
-def _route(src: str, dst: str) -> str:
+def _route(src: str, dst: str, devices: tuple[int, int] | None = None) -> str:
     def side(space: str) -> str:
         return "hbm" if space in OFF_CHIP else space
 
-    return f"{side(src)} -> {side(dst)}"
+    on = "" if devices is None else f", device {devices[0]} -> {devices[1]}"
+    return f"{side(src)} -> {side(dst)}{on}"
+
+
+class _InterpretedMap(_jax.MappedRunner):
+    """Runs a shard_map's kernels in TPU interpret mode and files what each device's kernel
+    did under that device's call (``current``: the index the next call gets)."""
+
+    def __init__(self, current: list[int], copies: list, dmas: list) -> None:
+        self.current, self.copies, self.dmas = current, copies, dmas
+
+    def prepare(self, params: dict) -> dict:
+        return _jax.with_operand_names(_jax.in_row_major_order(
+            {**params, "interpret": pltpu.InterpretParams()}))
+
+    def run(self, thunk: Callable[[], Any], captured: list) -> Any:
+        ids = [c.device.id for c in captured]
+        if len(set(ids)) != len(ids):
+            raise TraceError("verify: a shard_map body with more than one kernel is not "
+                             "supported (the interpreter's copies cannot be told apart)")
+        base, first_copy, first_dma = self.current[0], len(self.copies), len(self.dmas)
+        outs = thunk()
+        jax.block_until_ready(outs)
+        for k in range(first_copy, len(self.copies)):
+            c = self.copies[k]
+            self.copies[k] = dataclasses.replace(c, call=base + ids.index(c.device))
+        for k in range(first_dma, len(self.dmas)):
+            d = self.dmas[k]
+            self.dmas[k] = dataclasses.replace(d, call=base + ids.index(d.src_device))
+        self.current[0] = base + len(captured)
+        return outs
 
 
 def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
@@ -112,7 +148,8 @@ def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
 
     model, chip_ = resolve("tpu", chip)
     with _jax.recording_interpret_copies(copies, lambda: current[0], dmas):
-        outputs, captured = collect(fn, args, execute, chip_)
+        outputs, captured = collect(fn, args, execute, chip_,
+                                    _InterpretedMap(current, copies, dmas))
     trace = analyse(captured, model, chip_, strict=False)
     result = Verification(trace, outputs)
     for index, ct in enumerate(trace.calls):
@@ -134,13 +171,18 @@ def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
         # semaphore still lacks bytes and the DMA is the newest queued on it (a wait for 0
         # bytes returns at once, so an empty DMA runs only if a later wait pops it). Only
         # copies that move bytes are compared, on both sides.
+        mapped = ct.call.device is not None
         for c in ct.call.body_copies:
             if c.bytes == 0:
                 continue
-            routes.setdefault(_route(c.src_space, c.dst_space), ([], []))[0].append(c.bytes)
+            route = _route(c.src_space, c.dst_space,
+                           (c.src_device, c.dst_device) if mapped else None)
+            routes.setdefault(route, ([], []))[0].append(c.bytes)
         for d in dmas:
             if d.call == index and d.bytes:
-                routes.setdefault(_route(d.src_space, d.dst_space), ([], []))[1].append(d.bytes)
+                route = _route(d.src_space, d.dst_space,
+                               (d.src_device, d.dst_device) if mapped else None)
+                routes.setdefault(route, ([], []))[1].append(d.bytes)
         result.body_dma_checks += [BodyDmaCheck(index, route, sorted(m), sorted(i))
                                    for route, (m, i) in sorted(routes.items())]
     return result

@@ -270,20 +270,37 @@ assert flops_per_step / bytes_per_step == n_local / 2
 # %% [markdown]
 # ## kernelsim's view
 #
-# kernelsim models one chip; tracing a `pallas_call` inside `shard_map` with remote copies
-# (an ICI lane per step, with bytes) is being added to it. This cell asks it, and shows its
-# view only when it can trace the collective matmul; otherwise it prints what it said.
+# `kernelsim.trace` follows the `pallas_call` into the `shard_map` and analyses it once per
+# device of the mesh, with `axis_index("x")` equal to that device's coordinate. Each remote
+# copy is a body DMA with its step, bytes, and the devices it reads from and writes to (the
+# `device_id` evaluated on the sender). Nothing runs: the copies come from the kernel's code.
 
 # %%
 import kernelsim  # noqa: E402
 
-try:
-    t_collective = kernelsim.trace(functools.partial(collective_matmul, interpret=True), xm, wm)
-except Exception as err:  # noqa: BLE001 - a kernelsim without shard_map support says why
-    print(f"kernelsim cannot trace this program yet: {type(err).__name__}: "
-          f"{str(err).splitlines()[0][:300]}")
-else:
-    print(t_collective)
+t_collective = kernelsim.trace(functools.partial(collective_matmul, interpret=True), xm, wm)
+for c in t_collective.calls:
+    for d in c.call.body_copies:
+        if d.remote:
+            print(f"device {d.src_device} -> {d.dst_device}  step {d.step}  "
+                  f"{d.bytes:,} B  {d.src}[{d.src_slice[0][0]}]  signals {d.semaphore}")
+sent = [sum(d.bytes for d in c.call.body_copies if d.remote) for c in t_collective.calls]
+print(f"bytes each device sends: {sent}")
+assert sent == [(DEVICES - 1) * m_local * k * xm.dtype.itemsize] * DEVICES  # N - 1 shards
+
+# %% [markdown]
+# Every device sends its three shards to its right-hand neighbour, 8,192 B each: the ring of
+# the figure above, now read from the kernel. A grid of one step holds the whole loop, so
+# the copies share step 0; their order is the order of their starts in the body.
+# `kernelsim.verify` runs the same program in TPU interpret mode and compares every copy,
+# remote ones included, with this trace.
+
+# %%
+from kernelsim.verify import verify  # noqa: E402
+
+v = verify(functools.partial(collective_matmul, interpret=True), xm, wm)
+print(v.report())
+assert v.ok
 
 # %% [markdown]
 # ## Check yourself

@@ -253,4 +253,5 @@ def test_body_dmas_are_events_from_their_start_to_the_wait_that_completes_them()
     assert first == {"src": "x_hbm", "dst": "buf", "src_space": "any", "dst_space": "vmem",
                      "bytes": 8 * 128 * 4, "src_slice": [[0, 8, 1], [0, 128, 1]],
                      "dst_slice": [[0, 1, 1], [0, 8, 1], [0, 128, 1]], "semaphore": "sems[0]",
-                     "start_step": 0, "start_pos": 0, "wait_step": 0, "wait_pos": 2}
+                     "start_step": 0, "start_pos": 0, "wait_step": 0, "wait_pos": 2,
+                     "src_device": None, "dst_device": None}  # not in a shard_map
