@@ -73,7 +73,7 @@ test: $(STAMP) system-packages lint
 	@mkdir -p build
 	@$(MAKE) --no-print-directory test-jax JAX=$(COMPAT_JAX) PYTHON_FOR_JAX="$(COMPAT_PYTHON)" \
 	  JAX_VENV=.venv-compat >build/test-jax.log 2>&1 & compat=$$!; \
-	$(PY) -m pytest --durations=20; main=$$?; \
+	$(PY) -m pytest --durations=20 --junitxml=build/junit.xml; main=$$?; \
 	wait $$compat; compat_rc=$$?; \
 	echo "--- kernelsim's suite on jax $(COMPAT_JAX) (.venv-compat; build/test-jax.log) ---"; \
 	cat build/test-jax.log; \

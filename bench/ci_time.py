@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/ci_time.py                      # runs the main suite once, then reports
     .venv/bin/python bench/ci_time.py --junit FILE.xml     # reports a run made earlier
+                                                           # (`make test` writes build/junit.xml)
 
 A run is `pytest --junitxml`; a test's time there is its setup, call and teardown together
 (pytest's default ``junit_duration_report = total``), so a fixture shared by a module is charged
