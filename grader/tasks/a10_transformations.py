@@ -48,21 +48,34 @@ def _batched_rules(call, case, rules, inputs):
     (b, m, n), bm = case.arrays["x"], case.params["bm"]
     rules.append(grid_is(call, (b, cdiv(m, bm))))
     rules.append(block_is(call, "input", 0, (None, bm, n), "x (batch dimension squeezed)"))
-    rules.append(block_is(call, "input", 1, (1, n), "bias (unbatched: no batch dimension)"))
-    rules.append(read_budget(call, "input", 1, nbytes_of((1, n), case.dtype),
-                             "bias (fetched once for the whole batch)"))
+    rules.append(block_is(call, "input", 1, (None, 1, n), "bias (one per example: batched)"))
+    rules.append(read_budget(call, "input", 1, nbytes_of((b, 1, n), case.dtype),
+                             "bias (each example's row fetched once)"))
+    rules.append(block_is(call, "input", 2, (1, n), "scale (shared: no batch dimension)"))
+    rules.append(read_budget(call, "input", 2, nbytes_of((1, n), case.dtype),
+                             "scale (fetched once for the whole batch)"))
+
+
+def _batched_ref(x, bias, scale, bm):
+    """``tanh(x[b] * scale + bias[b])`` for every example ``b``, in float32, rounded once."""
+    return jnp.tanh(as_f32(x) * as_f32(scale) + as_f32(bias)).astype(x.dtype)
 
 
 register_task(
-    id="batched_bias_tanh", assignment=A10, title="A kernel for one matrix, vmapped over a batch",
+    id="batched_bias_tanh", assignment=A10,
+    title="A kernel for one matrix, vmapped over a batch with one operand shared",
     kernel_ops=(("tanh",),),
-    reference=lambda x, bias, bm: jnp.tanh(as_f32(x) + as_f32(bias)).astype(x.dtype),
+    reference=_batched_ref,
     tolerance="reduction",
     cases=(
-        make_case("v0", 10, "float32", {"x": (3, 16, 128), "bias": (1, 128)}, bm=8),
-        make_case("h0", 1001, "float32", {"x": (2, 37, 256), "bias": (1, 256)}, True, bm=16),
-        make_case("h1", 1002, "bfloat16", {"x": (4, 32, 128), "bias": (1, 128)}, True, bm=8),
-        make_case("h2", 1003, "float32", {"x": (5, 8, 512), "bias": (1, 512)}, True, bm=8),
+        make_case("v0", 10, "float32", {"x": (3, 16, 128), "bias": (3, 1, 128),
+                                        "scale": (1, 128)}, bm=8),
+        make_case("h0", 1001, "float32", {"x": (2, 37, 256), "bias": (2, 1, 256),
+                                          "scale": (1, 256)}, True, bm=16),
+        make_case("h1", 1002, "bfloat16", {"x": (4, 32, 128), "bias": (4, 1, 128),
+                                           "scale": (1, 128)}, True, bm=8),
+        make_case("h2", 1003, "float32", {"x": (5, 8, 512), "bias": (5, 1, 512),
+                                          "scale": (1, 512)}, True, bm=8),
     ),
     structure=single_call(_batched_rules),
 )

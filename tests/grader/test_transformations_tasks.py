@@ -74,24 +74,54 @@ def _with_vjp(forward, backward_from_x):
 
 # ----------------------------------------------------------------------------- task 1
 def test_batch_loop_is_not_one_call(solutions):
-    def per_example(x, bias, bm):  # one pallas_call per example instead of vmap's grid axis
+    def per_example(x, bias, scale, bm):  # one pallas_call per example instead of vmap's axis
         one = solutions["batched_bias_tanh"]
-        return jnp.concatenate([one(x[b:b + 1], bias, bm) for b in range(x.shape[0])])
+        return jnp.concatenate([one(x[b:b + 1], bias[b:b + 1], scale, bm)
+                                for b in range(x.shape[0])])
 
     _fails("batched_bias_tanh", per_example, "pallas_call reached", "exactly 1")
 
 
-def test_batched_bias_is_fetched_per_example(solutions):
-    def batched_bias(x, bias, bm):  # bias broadcast to the batch: fetched B times
-        b = jnp.broadcast_to(bias[None], (x.shape[0], *bias.shape))
-        return jax.vmap(lambda x2, b2: solutions["batched_bias_tanh"](x2[None], b2, bm)[0])(x, b)
+def test_batched_scale_is_fetched_per_example(solutions):
+    def batched_scale(x, bias, scale, bm):  # scale broadcast to the batch: fetched B times
+        s = jnp.broadcast_to(scale[None], (x.shape[0], *scale.shape))
+        return jax.vmap(lambda x2, b2, s2: solutions["batched_bias_tanh"](
+            x2[None], b2[None], s2, bm)[0])(x, bias, s)
 
-    _fails("batched_bias_tanh", batched_bias, "bias (unbatched: no batch dimension) block shape")
+    _fails("batched_bias_tanh", batched_scale, "scale (shared: no batch dimension) block shape",
+           "[FAIL] scale (fetched once for the whole batch) HBM reads")
+
+
+def test_bias_shared_by_the_batch_is_wrong(solutions):
+    def first_bias(x, bias, scale, bm):  # every example gets example 0's bias
+        return solutions["batched_bias_tanh"](x, jnp.broadcast_to(bias[:1], bias.shape), scale, bm)
+
+    _fails("batched_bias_tanh", first_bias, "wrong values")
+
+
+def test_whole_bias_as_one_block_fails_the_block_rule():
+    def whole_bias(x, bias, scale, bm):  # every step sees all B bias rows and picks its own
+        b, m, n = x.shape
+
+        def kernel(x_ref, bias_ref, s_ref, o_ref):
+            row = bias_ref[pl.program_id(0)].astype(jnp.float32)
+            v = x_ref[...].astype(jnp.float32) * s_ref[...].astype(jnp.float32) + row
+            o_ref[...] = jnp.tanh(v).astype(o_ref.dtype)
+
+        rows = pl.BlockSpec((None, bm, n), lambda e, i: (e, i, 0))
+        return pl.pallas_call(
+            kernel, grid=(b, pl.cdiv(m, bm)),
+            in_specs=[rows, pl.BlockSpec((b, 1, n), lambda e, i: (0, 0, 0)),
+                      pl.BlockSpec((1, n), lambda e, i: (0, 0))],
+            out_specs=rows, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            interpret=True)(x, bias, scale)
+
+    _fails("batched_bias_tanh", whole_bias, "[FAIL] bias (one per example: batched) block shape")
 
 
 def test_wrong_values_of_a_vmapped_kernel_are_reported(solutions):
-    def doubled(x, bias, bm):
-        return solutions["batched_bias_tanh"](x, bias, bm) * 2
+    def doubled(x, bias, scale, bm):
+        return solutions["batched_bias_tanh"](x, bias, scale, bm) * 2
 
     _fails("batched_bias_tanh", doubled, "wrong values")
 

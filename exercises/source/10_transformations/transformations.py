@@ -28,54 +28,60 @@ from kernelsim.backend import choose
 INTERPRET = choose().interpret
 
 # %% [markdown]
-# ## Task 1 — `batched_bias_tanh(x, bias, bm)` (3 points)
+# ## Task 1 — `batched_bias_tanh(x, bias, scale, bm)` (3 points)
 #
-# `x` has shape `(B, M, N)`, `bias` shape `(1, N)`; return `tanh(x[b] + bias)` for every `b`,
-# in the dtype of `x` (compute in float32).
+# `x` has shape `(B, M, N)`, `bias` shape `(B, 1, N)` (one row per example) and `scale` shape
+# `(1, N)` (one row for the whole batch); return `tanh(x[b] * scale + bias[b])` for every
+# `b`, in the dtype of `x` (compute in float32).
 #
 # Write the kernel for **one** `(M, N)` matrix (blocks of `bm` full rows, grid
 # `(cdiv(M, bm),)`) and let `jax.vmap` batch it. Graded on the call it produces: one
-# `pallas_call` with grid `(B, cdiv(M, bm))`, an `x` block `(None, bm, N)`, and `bias` kept
-# unbatched — block `(1, N)`, read from HBM once for the whole batch.
+# `pallas_call` with grid `(B, cdiv(M, bm))` and an `x` block `(None, bm, N)`; `bias` batched,
+# block `(None, 1, N)`, each example's row read from HBM once (`B · N` elements in all); and
+# `scale` kept unbatched, block `(1, N)`, read once for the whole batch.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
 #
-# Write `one(x2d)` as an ordinary row-block kernel in which `bias` has a block whose index never
-# changes. Then map it over the leading axis of `x` only: `bias` must stay a single `(1, N)`
-# array, not one copy per example, or the pipeline fetches it `B` times.
+# Write `one(x2d, bias_row, scale)` as an ordinary row-block kernel for one example, in which
+# both `(1, N)` rows have a block whose index never changes. Then decide, operand by operand,
+# which ones carry the batch: a shared operand passed with a batch axis would be fetched once
+# per example, and a per-example one passed without it would not be per example at all.
 #
 # </details>
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `jax.vmap` maps `one` over the axes that `in_axes` names, one entry per argument: 0 for `x`, whose
-# examples lie along its first axis, and `None` for `bias`, which every example shares unbatched.
-# Then call the mapped function on `x` and `bias`.
+# `jax.vmap`'s `in_axes` has one entry per argument of `one`: the axis along which that
+# argument's examples lie, or `None` for an argument every example shares. Here two arguments
+# carry the batch on their first axis and one is shared. Lesson 10's first two check-yourself
+# questions and their answers say what each choice does to the operand's block and its fetches.
 #
 # </details>
 
 # %% nbgrader={"grade_id": "batched_bias_tanh_solution", "solution": true}
-def batched_bias_tanh(x, bias, bm):
+def batched_bias_tanh(x, bias, scale, bm):
     ### BEGIN SOLUTION
-    def kernel(x_ref, b_ref, o_ref):
-        v = x_ref[...].astype(jnp.float32) + b_ref[...].astype(jnp.float32)
-        o_ref[...] = jnp.tanh(v).astype(o_ref.dtype)
+    def kernel(x_ref, b_ref, s_ref, o_ref):
+        v = x_ref[...].astype(jnp.float32) * s_ref[...].astype(jnp.float32)
+        o_ref[...] = jnp.tanh(v + b_ref[...].astype(jnp.float32)).astype(o_ref.dtype)
 
-    def one(x2d, bias):
+    def one(x2d, bias_row, scale):
         m, n = x2d.shape
-        rows = pl.BlockSpec((bm, n), lambda i: (i, 0))
-        # bias's block index is constant: fetched once, reused by every step.
+        # Both (1, n) rows keep block (0, 0): within one example each is fetched once.
+        row = pl.BlockSpec((1, n), lambda i: (0, 0))
         return pl.pallas_call(
             kernel,
             grid=(pl.cdiv(m, bm),),
-            in_specs=[rows, pl.BlockSpec((1, n), lambda i: (0, 0))],
-            out_specs=rows,
+            in_specs=[pl.BlockSpec((bm, n), lambda i: (i, 0)), row, row],
+            out_specs=pl.BlockSpec((bm, n), lambda i: (i, 0)),
             out_shape=jax.ShapeDtypeStruct(x2d.shape, x2d.dtype),
             interpret=INTERPRET,
-        )(x2d, bias)
+        )(x2d, bias_row, scale)
 
-    return jax.vmap(one, in_axes=(0, None))(x, bias)
+    # bias carries the batch on axis 0 (vmap squeezes it: block (None, 1, n), index (b, 0, 0),
+    # refetched only when b changes); scale is shared, so its block never changes at all.
+    return jax.vmap(one, in_axes=(0, 0, None))(x, bias, scale)
     ### END SOLUTION
 
 
