@@ -1,6 +1,6 @@
 """Assignment 10, transformations: a vmapped kernel, a forward and backward kernel pair behind
 ``jax.custom_vjp`` graded through ``jax.vjp``, and an in-place update with
-``input_output_aliases``.
+``input_output_aliases`` that touches a patch of rows and columns.
 
 How the backward task is graded, and why not with ``jax.grad`` directly: ``_invoke_rms_norm``
 calls ``jax.vjp(fn, x)`` and applies the pullback to the case's cotangent ``g``, an input of
@@ -150,32 +150,40 @@ register_task(
 
 
 # ----------------------------------------------------------------------------- task 3: aliasing
-def _add_rows_ref(acc, delta, start, bm):
-    rows = delta.shape[0]
-    updated = (as_f32(acc[start:start + rows]) + as_f32(delta)).astype(acc.dtype)
-    return acc.at[start:start + rows].set(updated)
+def _add_patch_ref(acc, delta, row0, col0, bm, bn):
+    """``acc`` with ``delta`` added into the patch at ``[row0:, col0:]``, the sum rounded once
+    to ``acc``'s dtype."""
+    r, c = delta.shape
+    patch = acc[row0:row0 + r, col0:col0 + c]
+    return acc.at[row0:row0 + r, col0:col0 + c].set(
+        (as_f32(patch) + as_f32(delta)).astype(acc.dtype))
 
 
-def _add_rows_rules(call, case, rules, inputs):
-    (_, n), (r, _) = case.arrays["acc"], case.arrays["delta"]
-    bm = case.params["bm"]
-    rules.append(grid_is(call, (r // bm,)))
-    updated = nbytes_of((r, n), case.dtype)
+def _add_patch_rules(call, case, rules, inputs):
+    r, c = case.arrays["delta"]
+    bm, bn = case.params["bm"], case.params["bn"]
+    rules.append(grid_is(call, (r // bm, c // bn)))
+    rules.append(block_is(call, "input", 0, (bm, bn), "acc"))
+    updated = nbytes_of((r, c), case.dtype)
     rules.extend(total_budget(call, read=2 * updated, write=updated))
 
 
 register_task(
-    id="add_rows_in_place", assignment=A10, title="Add rows into a buffer in place",
+    id="add_patch_in_place", assignment=A10,
+    title="Add a patch of rows and columns into a buffer in place",
     kernel_ops=(("add",),),
-    reference=_add_rows_ref,
+    reference=_add_patch_ref,
     cases=(
-        make_case("v0", 30, "float32", {"acc": (64, 128), "delta": (16, 128)}, start=24, bm=8),
-        make_case("h0", 3001, "float32", {"acc": (128, 256), "delta": (32, 256)}, True, start=0,
-                  bm=16),
-        make_case("h1", 3002, "bfloat16", {"acc": (64, 128), "delta": (8, 128)}, True, start=56,
-                  bm=8),
-        make_case("h2", 3003, "float32", {"acc": (256, 128), "delta": (64, 128)}, True, start=128,
-                  bm=32),
+        make_case("v0", 30, "float32", {"acc": (64, 384), "delta": (16, 128)}, row0=24,
+                  col0=128, bm=8, bn=128),
+        # the full width, two column blocks
+        make_case("h0", 3001, "float32", {"acc": (128, 256), "delta": (32, 256)}, True, row0=0,
+                  col0=0, bm=16, bn=128),
+        # the bottom-right corner
+        make_case("h1", 3002, "bfloat16", {"acc": (64, 512), "delta": (16, 128)}, True, row0=48,
+                  col0=384, bm=16, bn=128),
+        make_case("h2", 3003, "float32", {"acc": (256, 512), "delta": (64, 256)}, True, row0=128,
+                  col0=256, bm=32, bn=128),
     ),
-    structure=single_call(_add_rows_rules),
+    structure=single_call(_add_patch_rules),
 )
