@@ -130,8 +130,9 @@ def _scratch(call) -> list:
 
 
 def pipelined(order, case, buffers: int = 2, out: bool = False) -> list[Rule]:
-    """The kernel's own DMAs double-buffer ``x`` in ``chunk``-row copies: rules on
-    ``verdict.DmaOrder``. ``out``: the output is copied out by DMAs as well."""
+    """The kernel's own DMAs stream ``x`` in ``chunk``-row copies through ``buffers`` VMEM
+    buffers (two: double buffering): rules on ``verdict.DmaOrder``. ``out``: the output is
+    copied out by DMAs as well."""
     (m, n), chunk = case.arrays["x"], case.params["chunk"]
     chunks = cdiv(m, chunk)
     if order is None:
@@ -149,8 +150,9 @@ def pipelined(order, case, buffers: int = 2, out: bool = False) -> list[Rule]:
                           "elements", copies.count == chunks and bool(copies.elements)
                           and max(copies.elements) == size))
         need = min(buffers, chunks)
-        rules.append(Rule(f"copies {label}: buffers", f"{need} VMEM buffers (double "
-                          "buffering)", f"{copies.buffers}", copies.buffers == need))
+        kind = {2: " (double buffering)", 3: " (triple buffering)"}.get(need, "")
+        rules.append(Rule(f"copies {label}: buffers", f"{need} VMEM buffers{kind}",
+                          f"{copies.buffers}", copies.buffers == need))
     rules.append(Rule("overlap: the next chunk's copy starts before this chunk's compute",
                       f"a copy into VMEM in flight at {order.computes - 1} of the "
                       f"{order.computes} compute steps (all but the last)",

@@ -6,10 +6,13 @@ has a visible case that exposes its bug and hidden cases that expose it again on
 The bug in ``pool_rows`` is a block shape only the TPU lowering rejects: interpret mode computes
 the right values with it, so a structural rule mirroring that lowering check catches it.
 ``chunk_sum`` is graded with TPU interpret mode's race detector on, so a fix that still races
-fails even where its values happen to be right.
+fails even where its values happen to be right; it streams through three buffers, so lesson 5's
+double-buffered kernel does not solve it.
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax.numpy as jnp
 import numpy as np
@@ -166,16 +169,19 @@ register_task(
     structure=single_call(_pool_rules),
 )
 register_task(
-    id="chunk_sum", assignment=A9, title="Find the bug: a read that races its DMA",
+    id="chunk_sum", assignment=A9,
+    title="Find the bug: a read that races its DMA in a ring of three buffers",
     kernel_ops=(("add",),),
     reference=lambda x, chunk: jnp.sum(as_f32(x).reshape(-1, chunk, x.shape[1]), axis=0),
     tolerance="reduction",
-    invoke=with_race_detector, dma_rules=pipelined,
+    # two copies in flight behind the add: three VMEM buffers, not lesson 5's two
+    invoke=with_race_detector, dma_rules=functools.partial(pipelined, buffers=3),
     cases=(
         make_case("v0", 94, "float32", {"x": (64, 256)}, chunk=8),
         make_case("h0", 941, "float32", {"x": (128, 128)}, True, chunk=16),
         make_case("h1", 942, "bfloat16", {"x": (64, 256)}, True, chunk=16),
         make_case("h2", 943, "float32", {"x": (8, 128)}, True, chunk=8),
+        make_case("h3", 944, "float32", {"x": (32, 128)}, True, chunk=16),
     ),
     structure=single_call(_chunk_sum_rules),
 )

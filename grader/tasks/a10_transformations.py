@@ -1,6 +1,6 @@
 """Assignment 10, transformations: a vmapped kernel, a forward and backward kernel pair behind
 ``jax.custom_vjp`` graded through ``jax.vjp``, and an in-place update with
-``input_output_aliases``.
+``input_output_aliases`` that touches a patch of rows and columns.
 
 How the backward task is graded, and why not with ``jax.grad`` directly: ``_invoke_rms_norm``
 calls ``jax.vjp(fn, x)`` and applies the pullback to the case's cotangent ``g``, an input of
@@ -48,21 +48,34 @@ def _batched_rules(call, case, rules, inputs):
     (b, m, n), bm = case.arrays["x"], case.params["bm"]
     rules.append(grid_is(call, (b, cdiv(m, bm))))
     rules.append(block_is(call, "input", 0, (None, bm, n), "x (batch dimension squeezed)"))
-    rules.append(block_is(call, "input", 1, (1, n), "bias (unbatched: no batch dimension)"))
-    rules.append(read_budget(call, "input", 1, nbytes_of((1, n), case.dtype),
-                             "bias (fetched once for the whole batch)"))
+    rules.append(block_is(call, "input", 1, (None, 1, n), "bias (one per example: batched)"))
+    rules.append(read_budget(call, "input", 1, nbytes_of((b, 1, n), case.dtype),
+                             "bias (each example's row fetched once)"))
+    rules.append(block_is(call, "input", 2, (1, n), "scale (shared: no batch dimension)"))
+    rules.append(read_budget(call, "input", 2, nbytes_of((1, n), case.dtype),
+                             "scale (fetched once for the whole batch)"))
+
+
+def _batched_ref(x, bias, scale, bm):
+    """``tanh(x[b] * scale + bias[b])`` for every example ``b``, in float32, rounded once."""
+    return jnp.tanh(as_f32(x) * as_f32(scale) + as_f32(bias)).astype(x.dtype)
 
 
 register_task(
-    id="batched_bias_tanh", assignment=A10, title="A kernel for one matrix, vmapped over a batch",
+    id="batched_bias_tanh", assignment=A10,
+    title="A kernel for one matrix, vmapped over a batch with one operand shared",
     kernel_ops=(("tanh",),),
-    reference=lambda x, bias, bm: jnp.tanh(as_f32(x) + as_f32(bias)).astype(x.dtype),
+    reference=_batched_ref,
     tolerance="reduction",
     cases=(
-        make_case("v0", 10, "float32", {"x": (3, 16, 128), "bias": (1, 128)}, bm=8),
-        make_case("h0", 1001, "float32", {"x": (2, 37, 256), "bias": (1, 256)}, True, bm=16),
-        make_case("h1", 1002, "bfloat16", {"x": (4, 32, 128), "bias": (1, 128)}, True, bm=8),
-        make_case("h2", 1003, "float32", {"x": (5, 8, 512), "bias": (1, 512)}, True, bm=8),
+        make_case("v0", 10, "float32", {"x": (3, 16, 128), "bias": (3, 1, 128),
+                                        "scale": (1, 128)}, bm=8),
+        make_case("h0", 1001, "float32", {"x": (2, 37, 256), "bias": (2, 1, 256),
+                                          "scale": (1, 256)}, True, bm=16),
+        make_case("h1", 1002, "bfloat16", {"x": (4, 32, 128), "bias": (4, 1, 128),
+                                           "scale": (1, 128)}, True, bm=8),
+        make_case("h2", 1003, "float32", {"x": (5, 8, 512), "bias": (5, 1, 512),
+                                          "scale": (1, 512)}, True, bm=8),
     ),
     structure=single_call(_batched_rules),
 )
@@ -137,32 +150,40 @@ register_task(
 
 
 # ----------------------------------------------------------------------------- task 3: aliasing
-def _add_rows_ref(acc, delta, start, bm):
-    rows = delta.shape[0]
-    updated = (as_f32(acc[start:start + rows]) + as_f32(delta)).astype(acc.dtype)
-    return acc.at[start:start + rows].set(updated)
+def _add_patch_ref(acc, delta, row0, col0, bm, bn):
+    """``acc`` with ``delta`` added into the patch at ``[row0:, col0:]``, the sum rounded once
+    to ``acc``'s dtype."""
+    r, c = delta.shape
+    patch = acc[row0:row0 + r, col0:col0 + c]
+    return acc.at[row0:row0 + r, col0:col0 + c].set(
+        (as_f32(patch) + as_f32(delta)).astype(acc.dtype))
 
 
-def _add_rows_rules(call, case, rules, inputs):
-    (_, n), (r, _) = case.arrays["acc"], case.arrays["delta"]
-    bm = case.params["bm"]
-    rules.append(grid_is(call, (r // bm,)))
-    updated = nbytes_of((r, n), case.dtype)
+def _add_patch_rules(call, case, rules, inputs):
+    r, c = case.arrays["delta"]
+    bm, bn = case.params["bm"], case.params["bn"]
+    rules.append(grid_is(call, (r // bm, c // bn)))
+    rules.append(block_is(call, "input", 0, (bm, bn), "acc"))
+    updated = nbytes_of((r, c), case.dtype)
     rules.extend(total_budget(call, read=2 * updated, write=updated))
 
 
 register_task(
-    id="add_rows_in_place", assignment=A10, title="Add rows into a buffer in place",
+    id="add_patch_in_place", assignment=A10,
+    title="Add a patch of rows and columns into a buffer in place",
     kernel_ops=(("add",),),
-    reference=_add_rows_ref,
+    reference=_add_patch_ref,
     cases=(
-        make_case("v0", 30, "float32", {"acc": (64, 128), "delta": (16, 128)}, start=24, bm=8),
-        make_case("h0", 3001, "float32", {"acc": (128, 256), "delta": (32, 256)}, True, start=0,
-                  bm=16),
-        make_case("h1", 3002, "bfloat16", {"acc": (64, 128), "delta": (8, 128)}, True, start=56,
-                  bm=8),
-        make_case("h2", 3003, "float32", {"acc": (256, 128), "delta": (64, 128)}, True, start=128,
-                  bm=32),
+        make_case("v0", 30, "float32", {"acc": (64, 384), "delta": (16, 128)}, row0=24,
+                  col0=128, bm=8, bn=128),
+        # the full width, two column blocks
+        make_case("h0", 3001, "float32", {"acc": (128, 256), "delta": (32, 256)}, True, row0=0,
+                  col0=0, bm=16, bn=128),
+        # the bottom-right corner
+        make_case("h1", 3002, "bfloat16", {"acc": (64, 512), "delta": (16, 128)}, True, row0=48,
+                  col0=384, bm=16, bn=128),
+        make_case("h2", 3003, "float32", {"acc": (256, 512), "delta": (64, 256)}, True, row0=128,
+                  col0=256, bm=32, bn=128),
     ),
-    structure=single_call(_add_rows_rules),
+    structure=single_call(_add_patch_rules),
 )

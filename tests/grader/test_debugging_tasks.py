@@ -40,7 +40,7 @@ BUGGY_LINES = {
     "row_sums": ("o_ref[...] +=",),
     "column_max": ("block = jnp.where(rows <= m, x_ref[...], -jnp.inf)",),
     "pool_rows": ("(4, n)", "(1, n)"),
-    "chunk_sum": ("buf[slot]", ".wait()"),
+    "chunk_sum": ("ring[c % 3]", ".wait()"),
 }
 
 
@@ -161,6 +161,23 @@ def test_every_solution_lowers_for_tpu():
     for task, params in calls.items():
         error = kernelsim.tpu_lowering_error(functools.partial(namespace[task], **params), x)
         assert error is None, (task, error)
+
+
+def test_lesson_5s_two_buffers_do_not_solve_chunk_sum():
+    """The solution with lesson 5's ring (two buffers, one copy in flight) instead of three
+    computes the right values, races nothing, and fails the buffer count the task asks for."""
+    namespace = gradertools.run(ASSIGNMENT, ("_solution",))
+    source = gradertools.cells(ASSIGNMENT)["chunk_sum_solution"]
+    for old, new in (("% 3", "% 2"), ("c + 2", "c + 1"), ("min(2, n_chunks)", "min(1, n_chunks)"),
+                     ("VMEM((3,", "VMEM((2,"), ("DMA((3,)", "DMA((2,)")):
+        assert old in source, old
+        source = source.replace(old, new)
+    exec(compile(source, "planted chunk_sum", "exec"), namespace)  # noqa: S102
+    with pytest.raises(course.CheckFailed) as failed:
+        course.check("chunk_sum", namespace["chunk_sum"], quiet=True)
+    message = str(failed.value)
+    assert "[FAIL] copies into VMEM: buffers: required 3 VMEM buffers (triple buffering); " \
+        "found 2" in message and "wrong values" not in message, message
 
 
 def test_the_grader_runs_chunk_sum_with_the_race_detector(notebook):

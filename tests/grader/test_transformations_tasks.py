@@ -28,7 +28,7 @@ def solutions() -> dict:
     return gradertools.run(ASSIGNMENT)
 
 
-@pytest.mark.parametrize("task", ["batched_bias_tanh", "rms_norm", "add_rows_in_place"])
+@pytest.mark.parametrize("task", ["batched_bias_tanh", "rms_norm", "add_patch_in_place"])
 @pytest.mark.parametrize("hidden", [False, True], ids=["visible", "hidden"])
 def test_reference_solution_passes(solutions, task, hidden):
     course.check(task, solutions[task], hidden=hidden, quiet=True)
@@ -74,24 +74,54 @@ def _with_vjp(forward, backward_from_x):
 
 # ----------------------------------------------------------------------------- task 1
 def test_batch_loop_is_not_one_call(solutions):
-    def per_example(x, bias, bm):  # one pallas_call per example instead of vmap's grid axis
+    def per_example(x, bias, scale, bm):  # one pallas_call per example instead of vmap's axis
         one = solutions["batched_bias_tanh"]
-        return jnp.concatenate([one(x[b:b + 1], bias, bm) for b in range(x.shape[0])])
+        return jnp.concatenate([one(x[b:b + 1], bias[b:b + 1], scale, bm)
+                                for b in range(x.shape[0])])
 
     _fails("batched_bias_tanh", per_example, "pallas_call reached", "exactly 1")
 
 
-def test_batched_bias_is_fetched_per_example(solutions):
-    def batched_bias(x, bias, bm):  # bias broadcast to the batch: fetched B times
-        b = jnp.broadcast_to(bias[None], (x.shape[0], *bias.shape))
-        return jax.vmap(lambda x2, b2: solutions["batched_bias_tanh"](x2[None], b2, bm)[0])(x, b)
+def test_batched_scale_is_fetched_per_example(solutions):
+    def batched_scale(x, bias, scale, bm):  # scale broadcast to the batch: fetched B times
+        s = jnp.broadcast_to(scale[None], (x.shape[0], *scale.shape))
+        return jax.vmap(lambda x2, b2, s2: solutions["batched_bias_tanh"](
+            x2[None], b2[None], s2, bm)[0])(x, bias, s)
 
-    _fails("batched_bias_tanh", batched_bias, "bias (unbatched: no batch dimension) block shape")
+    _fails("batched_bias_tanh", batched_scale, "scale (shared: no batch dimension) block shape",
+           "[FAIL] scale (fetched once for the whole batch) HBM reads")
+
+
+def test_bias_shared_by_the_batch_is_wrong(solutions):
+    def first_bias(x, bias, scale, bm):  # every example gets example 0's bias
+        return solutions["batched_bias_tanh"](x, jnp.broadcast_to(bias[:1], bias.shape), scale, bm)
+
+    _fails("batched_bias_tanh", first_bias, "wrong values")
+
+
+def test_whole_bias_as_one_block_fails_the_block_rule():
+    def whole_bias(x, bias, scale, bm):  # every step sees all B bias rows and picks its own
+        b, m, n = x.shape
+
+        def kernel(x_ref, bias_ref, s_ref, o_ref):
+            row = bias_ref[pl.program_id(0)].astype(jnp.float32)
+            v = x_ref[...].astype(jnp.float32) * s_ref[...].astype(jnp.float32) + row
+            o_ref[...] = jnp.tanh(v).astype(o_ref.dtype)
+
+        rows = pl.BlockSpec((None, bm, n), lambda e, i: (e, i, 0))
+        return pl.pallas_call(
+            kernel, grid=(b, pl.cdiv(m, bm)),
+            in_specs=[rows, pl.BlockSpec((b, 1, n), lambda e, i: (0, 0, 0)),
+                      pl.BlockSpec((1, n), lambda e, i: (0, 0))],
+            out_specs=rows, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            interpret=True)(x, bias, scale)
+
+    _fails("batched_bias_tanh", whole_bias, "[FAIL] bias (one per example: batched) block shape")
 
 
 def test_wrong_values_of_a_vmapped_kernel_are_reported(solutions):
-    def doubled(x, bias, bm):
-        return solutions["batched_bias_tanh"](x, bias, bm) * 2
+    def doubled(x, bias, scale, bm):
+        return solutions["batched_bias_tanh"](x, bias, scale, bm) * 2
 
     _fails("batched_bias_tanh", doubled, "wrong values")
 
@@ -192,42 +222,54 @@ def _add_kernel(acc_ref, delta_ref, out_ref):
     out_ref[...] = acc_ref[...] + delta_ref[...]
 
 
-def _add_rows(acc, delta, start, bm, aliases):
-    r, n = delta.shape
-    acc_rows = pl.BlockSpec((bm, n), lambda i: (start // bm + i, 0))
-    return pl.pallas_call(_add_kernel, grid=(r // bm,), in_specs=[acc_rows, _rows(bm, n)],
-                          out_specs=acc_rows,
-                          out_shape=jax.ShapeDtypeStruct(acc.shape, acc.dtype),
+def _add_patch(acc, delta, row0, col0, bm, bn, aliases):
+    r, c = delta.shape
+    patch = pl.BlockSpec((bm, bn), lambda i, j: (row0 // bm + i, col0 // bn + j))
+    return pl.pallas_call(_add_kernel, grid=(r // bm, c // bn),
+                          in_specs=[patch, pl.BlockSpec((bm, bn), lambda i, j: (i, j))],
+                          out_specs=patch, out_shape=jax.ShapeDtypeStruct(acc.shape, acc.dtype),
                           input_output_aliases=aliases, interpret=True)(acc, delta)
 
 
-def test_without_alias_the_other_rows_are_wrong():
-    _fails("add_rows_in_place", functools.partial(_add_rows, aliases={}), "wrong values")
+def test_without_alias_the_rest_is_wrong():
+    _fails("add_patch_in_place", functools.partial(_add_patch, aliases={}), "wrong values")
 
 
-def test_copying_every_row_fails_the_traffic_budget():
-    def add_rows_copy(acc, delta, start, bm):  # aliased, but the grid moves every block
-        m, n = acc.shape
-        padded = jnp.zeros_like(acc).at[start:start + delta.shape[0]].set(delta)
-        return pl.pallas_call(_add_kernel, grid=(m // bm,), in_specs=[_rows(bm, n)] * 2,
-                              out_specs=_rows(bm, n),
+def test_patch_at_the_wrong_column_fails():
+    def whole_rows_start(acc, delta, row0, col0, bm, bn):  # ignores col0: lesson 10's rows
+        return _add_patch(acc, delta, row0, 0, bm, bn, {0: 0})
+
+    _fails("add_patch_in_place", whole_rows_start, "wrong values")
+
+
+def test_whole_row_blocks_fail_the_traffic_budget():
+    def add_whole_rows(acc, delta, row0, col0, bm, bn):  # aliased, but moves full rows
+        r, c = delta.shape
+        n = acc.shape[1]
+        wide = jnp.zeros((r, n), acc.dtype).at[:, col0:col0 + c].set(delta)
+        rows = pl.BlockSpec((bm, n), lambda i: (row0 // bm + i, 0))
+        return pl.pallas_call(_add_kernel, grid=(r // bm,),
+                              in_specs=[rows, pl.BlockSpec((bm, n), lambda i: (i, 0))],
+                              out_specs=rows,
                               out_shape=jax.ShapeDtypeStruct(acc.shape, acc.dtype),
-                              input_output_aliases={0: 0}, interpret=True)(acc, padded)
+                              input_output_aliases={0: 0}, interpret=True)(acc, wide)
 
-    _fails("add_rows_in_place", add_rows_copy, "[FAIL] grid", "[FAIL] HBM write traffic")
+    _fails("add_patch_in_place", add_whole_rows, "[FAIL] grid", "[FAIL] acc block shape",
+           "[FAIL] HBM read traffic")
 
 
 def test_update_outside_the_kernel_fails():
-    def add_rows_outside(acc, delta, start, bm):  # kernel adds, XLA writes the rows back
-        rows = _add_rows(acc[start:start + delta.shape[0]], delta, 0, bm, {0: 0})
-        return jax.lax.dynamic_update_slice(acc, rows, (start, 0))
+    def add_patch_outside(acc, delta, row0, col0, bm, bn):  # kernel adds, XLA writes it back
+        r, c = delta.shape
+        patch = _add_patch(acc[row0:row0 + r, col0:col0 + c], delta, 0, 0, bm, bn, {0: 0})
+        return jax.lax.dynamic_update_slice(acc, patch, (row0, col0))
 
-    _fails("add_rows_in_place", add_rows_outside, "[FAIL] result comes from the kernel")
+    _fails("add_patch_in_place", add_patch_outside, "[FAIL] result comes from the kernel")
 
 
 # ----------------------------------------------------------------------------- compiled backends
 @pytest.mark.filterwarnings("ignore:The Pallas Triton backend is deprecated")
-@pytest.mark.parametrize("task_id", ["batched_bias_tanh", "rms_norm", "add_rows_in_place"])
+@pytest.mark.parametrize("task_id", ["batched_bias_tanh", "rms_norm", "add_patch_in_place"])
 def test_reference_solution_lowers_for_tpu_and_gpu(solutions, monkeypatch, task_id):
     """Every case's kernels, compiled rather than interpreted, pass the Mosaic TPU lowering
     (the (8, 128) block rule) and the Triton GPU lowering (power-of-two block sizes)."""

@@ -32,8 +32,7 @@ MIN_NODES = 60
 SAME = 0.8
 _RETYPED = "issue 22 (part 3): replace with a variation that needs the idea, not the text"
 KNOWN: dict[str, str] = {task: _RETYPED for task in (
-    "row_softmax", "rms_norm", "matmul", "matmul_tuned", "batched_bias_tanh", "chunk_sum",
-    "add_rows_in_place")}
+    "row_softmax", "rms_norm", "matmul", "matmul_tuned")}
 NEW_TASKS = ("softmax_in_parts", "matmul_bias_relu_cores", "int8_matmul_per_channel",
              "kv_cache_append")
 

@@ -365,13 +365,14 @@ course.check("pool_rows", pool_rows, hidden=True)
 # %% [markdown]
 # ## Task 5 — `chunk_sum(x, chunk, interpret=TPU_INTERPRET)` (2 points)
 #
-# The float32 sum of the `chunk`-row slices of `x`, shape `(chunk, N)`: lesson 5's hand-made
-# double buffering, `x` left in HBM (`pl.ANY`) and copied chunk by chunk into two VMEM buffers
-# while the previous chunk is added. TPU-only: manual DMAs and semaphores. `M` is a multiple of
+# The float32 sum of the `chunk`-row slices of `x`, shape `(chunk, N)`, with `x` left in HBM
+# (`pl.ANY`) and streamed by hand. Lesson 5 kept one copy in flight behind the add, in two
+# VMEM buffers; this kernel keeps **two** in flight, in a ring of **three** buffers, for
+# copies slower than an add. TPU-only: manual DMAs and semaphores. `M` is a multiple of
 # `chunk`. The grader calls your function with
 # `interpret=pltpu.InterpretParams(detect_races=True)`, so a fix that still races fails; and
-# it follows your copies in order, so a fix that drops the double buffering (one buffer, or
-# each copy waited as soon as it starts) fails too.
+# it follows your copies in order, so a fix that shrinks the ring (two buffers, one, or each
+# copy waited as soon as it starts) fails too.
 #
 # Symptom: NaN with TPU interpret mode's defaults; the right values with
 # `interpret=pltpu.InterpretParams(dma_execution_mode="eager")`. Run it with
@@ -382,34 +383,33 @@ course.check("pool_rows", pool_rows, hidden=True)
 def chunk_sum_buggy(x, chunk, interpret=TPU_INTERPRET):
     n_chunks = x.shape[0] // chunk
 
-    def kernel(x_hbm, o_ref, buf, sem):
-        def copy(c, slot):
-            return pltpu.make_async_copy(x_hbm.at[pl.ds(c * chunk, chunk)], buf.at[slot],
-                                         sem.at[slot])
+    def kernel(x_hbm, o_ref, ring, sems):
+        def fetch(c):  # chunk c travels into ring slot c % 3
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(c * chunk, chunk)], ring.at[c % 3],
+                                         sems.at[c % 3])
 
-        copy(0, 0).start()
+        for c in range(min(2, n_chunks)):  # two chunks in flight before the first add
+            fetch(c).start()
         o_ref[...] = jnp.zeros_like(o_ref)
 
         def body(c, carry):
-            slot = c % 2
+            @pl.when(c + 2 < n_chunks)
+            def _prefetch():
+                fetch(c + 2).start()  # into the slot chunk c - 1 was added from
 
-            @pl.when(c + 1 < n_chunks)
-            def _prefetch_next():
-                copy(c + 1, 1 - slot).start()
-
-            o_ref[...] += buf[slot].astype(jnp.float32)
-            copy(c, slot).wait()
+            o_ref[...] += ring[c % 3].astype(jnp.float32)
+            fetch(c).wait()
             return carry
 
         jax.lax.fori_loop(0, n_chunks, body, 0)
 
-    # No grid: one step streams x from HBM through two VMEM buffers by hand.
+    # No grid: one step streams x from HBM through a ring of three VMEM buffers by hand.
     return pl.pallas_call(
         kernel,
         in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
         out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
-        scratch_shapes=[pltpu.VMEM((2, chunk, x.shape[1]), x.dtype),
-                        pltpu.SemaphoreType.DMA((2,))],
+        scratch_shapes=[pltpu.VMEM((3, chunk, x.shape[1]), x.dtype),
+                        pltpu.SemaphoreType.DMA((3,))],
         out_shape=jax.ShapeDtypeStruct((chunk, x.shape[1]), jnp.float32),
         interpret=interpret,
     )(x)
@@ -419,16 +419,17 @@ def chunk_sum_buggy(x, chunk, interpret=TPU_INTERPRET):
 #
 # A DMA's data may land any time between `.start()` and the end of its `.wait()`. The race
 # report names a write by a DMA and a read by the core of the same buffer with nothing
-# ordering them: the kernel reads chunk `c`'s buffer before it has waited for chunk `c`'s
-# copy. The prefetch of chunk `c + 1` into the other buffer is fine where it is.
+# ordering them: the kernel reads chunk `c`'s slot of the ring before it has waited for chunk
+# `c`'s copy. The prefetch of chunk `c + 2` is fine where it is: its slot was last read by the
+# add of chunk `c - 1`, which the core has finished.
 #
 # </details>
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The loop body's line that adds `buf[slot]` into `o_ref` reads chunk `c`'s buffer. Of the
-# statements in `body`, only the `.wait()` on chunk `c`'s copy says that chunk has landed: check
-# which of the two runs first.
+# The loop body's line that adds `ring[c % 3]` into `o_ref` reads chunk `c`'s slot. Of the
+# statements in `body`, only the `.wait()` on chunk `c`'s copy says that chunk has landed:
+# check which of the two runs first.
 #
 # </details>
 
@@ -437,34 +438,33 @@ def chunk_sum(x, chunk, interpret=TPU_INTERPRET):
     ### BEGIN SOLUTION
     n_chunks = x.shape[0] // chunk
 
-    def kernel(x_hbm, o_ref, buf, sem):
-        def copy(c, slot):
-            return pltpu.make_async_copy(x_hbm.at[pl.ds(c * chunk, chunk)], buf.at[slot],
-                                         sem.at[slot])
+    def kernel(x_hbm, o_ref, ring, sems):
+        def fetch(c):  # chunk c travels into ring slot c % 3
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(c * chunk, chunk)], ring.at[c % 3],
+                                         sems.at[c % 3])
 
-        copy(0, 0).start()
+        for c in range(min(2, n_chunks)):  # two chunks in flight before the first add
+            fetch(c).start()
         o_ref[...] = jnp.zeros_like(o_ref)
 
         def body(c, carry):
-            slot = c % 2
+            @pl.when(c + 2 < n_chunks)
+            def _prefetch():
+                fetch(c + 2).start()  # into the slot chunk c - 1 was added from
 
-            @pl.when(c + 1 < n_chunks)
-            def _prefetch_next():
-                copy(c + 1, 1 - slot).start()
-
-            copy(c, slot).wait()  # chunk c has landed in buf[slot] only after this
-            o_ref[...] += buf[slot].astype(jnp.float32)
+            fetch(c).wait()  # chunk c has landed in its slot only after this
+            o_ref[...] += ring[c % 3].astype(jnp.float32)
             return carry
 
         jax.lax.fori_loop(0, n_chunks, body, 0)
 
-    # No grid: one step streams x from HBM through two VMEM buffers by hand.
+    # No grid: one step streams x from HBM through a ring of three VMEM buffers by hand.
     return pl.pallas_call(
         kernel,
         in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
         out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
-        scratch_shapes=[pltpu.VMEM((2, chunk, x.shape[1]), x.dtype),
-                        pltpu.SemaphoreType.DMA((2,))],
+        scratch_shapes=[pltpu.VMEM((3, chunk, x.shape[1]), x.dtype),
+                        pltpu.SemaphoreType.DMA((3,))],
         out_shape=jax.ShapeDtypeStruct((chunk, x.shape[1]), jnp.float32),
         interpret=interpret,
     )(x)
@@ -475,7 +475,8 @@ def chunk_sum(x, chunk, interpret=TPU_INTERPRET):
 course.check("chunk_sum", chunk_sum)
 
 # %% nbgrader={"grade_id": "chunk_sum_hidden", "grade": true, "points": 1}
-# Hidden tests: more and longer chunks, bfloat16, a single chunk; all with the race detector.
+# Hidden tests: more and longer chunks, bfloat16, one chunk, two chunks; all with the race
+# detector.
 ### BEGIN HIDDEN TESTS
 course.check("chunk_sum", chunk_sum, hidden=True)
 ### END HIDDEN TESTS

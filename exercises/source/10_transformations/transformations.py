@@ -28,54 +28,60 @@ from kernelsim.backend import choose
 INTERPRET = choose().interpret
 
 # %% [markdown]
-# ## Task 1 — `batched_bias_tanh(x, bias, bm)` (3 points)
+# ## Task 1 — `batched_bias_tanh(x, bias, scale, bm)` (3 points)
 #
-# `x` has shape `(B, M, N)`, `bias` shape `(1, N)`; return `tanh(x[b] + bias)` for every `b`,
-# in the dtype of `x` (compute in float32).
+# `x` has shape `(B, M, N)`, `bias` shape `(B, 1, N)` (one row per example) and `scale` shape
+# `(1, N)` (one row for the whole batch); return `tanh(x[b] * scale + bias[b])` for every
+# `b`, in the dtype of `x` (compute in float32).
 #
 # Write the kernel for **one** `(M, N)` matrix (blocks of `bm` full rows, grid
 # `(cdiv(M, bm),)`) and let `jax.vmap` batch it. Graded on the call it produces: one
-# `pallas_call` with grid `(B, cdiv(M, bm))`, an `x` block `(None, bm, N)`, and `bias` kept
-# unbatched — block `(1, N)`, read from HBM once for the whole batch.
+# `pallas_call` with grid `(B, cdiv(M, bm))` and an `x` block `(None, bm, N)`; `bias` batched,
+# block `(None, 1, N)`, each example's row read from HBM once (`B · N` elements in all); and
+# `scale` kept unbatched, block `(1, N)`, read once for the whole batch.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
 #
-# Write `one(x2d)` as an ordinary row-block kernel in which `bias` has a block whose index never
-# changes. Then map it over the leading axis of `x` only: `bias` must stay a single `(1, N)`
-# array, not one copy per example, or the pipeline fetches it `B` times.
+# Write `one(x2d, bias_row, scale)` as an ordinary row-block kernel for one example, in which
+# both `(1, N)` rows have a block whose index never changes. Then decide, operand by operand,
+# which ones carry the batch: a shared operand passed with a batch axis would be fetched once
+# per example, and a per-example one passed without it would not be per example at all.
 #
 # </details>
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `jax.vmap` maps `one` over the axes that `in_axes` names, one entry per argument: 0 for `x`, whose
-# examples lie along its first axis, and `None` for `bias`, which every example shares unbatched.
-# Then call the mapped function on `x` and `bias`.
+# `jax.vmap`'s `in_axes` has one entry per argument of `one`: the axis along which that
+# argument's examples lie, or `None` for an argument every example shares. Here two arguments
+# carry the batch on their first axis and one is shared. Lesson 10's first two check-yourself
+# questions and their answers say what each choice does to the operand's block and its fetches.
 #
 # </details>
 
 # %% nbgrader={"grade_id": "batched_bias_tanh_solution", "solution": true}
-def batched_bias_tanh(x, bias, bm):
+def batched_bias_tanh(x, bias, scale, bm):
     ### BEGIN SOLUTION
-    def kernel(x_ref, b_ref, o_ref):
-        v = x_ref[...].astype(jnp.float32) + b_ref[...].astype(jnp.float32)
-        o_ref[...] = jnp.tanh(v).astype(o_ref.dtype)
+    def kernel(x_ref, b_ref, s_ref, o_ref):
+        v = x_ref[...].astype(jnp.float32) * s_ref[...].astype(jnp.float32)
+        o_ref[...] = jnp.tanh(v + b_ref[...].astype(jnp.float32)).astype(o_ref.dtype)
 
-    def one(x2d, bias):
+    def one(x2d, bias_row, scale):
         m, n = x2d.shape
-        rows = pl.BlockSpec((bm, n), lambda i: (i, 0))
-        # bias's block index is constant: fetched once, reused by every step.
+        # Both (1, n) rows keep block (0, 0): within one example each is fetched once.
+        row = pl.BlockSpec((1, n), lambda i: (0, 0))
         return pl.pallas_call(
             kernel,
             grid=(pl.cdiv(m, bm),),
-            in_specs=[rows, pl.BlockSpec((1, n), lambda i: (0, 0))],
-            out_specs=rows,
+            in_specs=[pl.BlockSpec((bm, n), lambda i: (i, 0)), row, row],
+            out_specs=pl.BlockSpec((bm, n), lambda i: (i, 0)),
             out_shape=jax.ShapeDtypeStruct(x2d.shape, x2d.dtype),
             interpret=INTERPRET,
-        )(x2d, bias)
+        )(x2d, bias_row, scale)
 
-    return jax.vmap(one, in_axes=(0, None))(x, bias)
+    # bias carries the batch on axis 0 (vmap squeezes it: block (None, 1, n), index (b, 0, 0),
+    # refetched only when b changes); scale is shared, so its block never changes at all.
+    return jax.vmap(one, in_axes=(0, 0, None))(x, bias, scale)
     ### END SOLUTION
 
 
@@ -204,51 +210,54 @@ course.check("rms_norm", rms_norm, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## Task 3 — `add_rows_in_place(acc, delta, start, bm)` (3 points)
+# ## Task 3 — `add_patch_in_place(acc, delta, row0, col0, bm, bn)` (3 points)
 #
-# `acc` has shape `(M, N)` and `delta` shape `(R, N)`; return `acc` with `delta` added into
-# rows `start` to `start + R` (exclusive), every other row unchanged. `start`, `R` and `M`
-# are multiples of `bm`.
+# `acc` has shape `(M, N)` and `delta` shape `(R, C)`; return `acc` with `delta` added into
+# the patch of rows `row0` to `row0 + R` and columns `col0` to `col0 + C` (ends exclusive),
+# every other element unchanged. `row0`, `R` and `M` are multiples of `bm`; `col0`, `C` and
+# `N` are multiples of `bn`. Compute the sum in float32 and return the dtype of `acc`.
 #
-# Touch only the updated rows: grid `(R // bm,)`, at most `2 · R · N` elements read from HBM
-# (those rows of `acc`, and `delta`) and `R · N` written. A kernel whose output is a fresh
-# buffer would leave the other rows uninitialised, so the output must be `acc`'s own buffer.
+# Touch only the patch: blocks of `(bm, bn)`, grid `(R // bm, C // bn)`, at most `2 · R · C`
+# elements read from HBM (the patch of `acc`, and `delta`) and `R · C` written. A kernel whose
+# output is a fresh buffer would leave everything outside the patch uninitialised, so the
+# output must be `acc`'s own buffer.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
 #
-# Give `acc` and the output the same BlockSpec, whose index map starts at the block that holds
-# row `start`, and declare that the output *is* input 0. Rows the grid never visits then keep
-# `acc`'s values without being read or written.
+# Lesson 10 updated whole rows. Here a grid step owns one `(bm, bn)` tile of the patch, so the
+# grid has two axes and every index map two coordinates. `acc` and the output share one
+# BlockSpec that places step `(i, j)` on the tile of `acc` the patch's tile `(i, j)` covers;
+# `delta`'s places it on its own tile `(i, j)`. Then declare that the output *is* input 0.
 #
 # </details>
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# `acc` and the output share one `pl.BlockSpec((bm, n), ...)` whose index map sends step `i` to the
-# block `i` places after the one holding row `start` (a multiple of `bm`, so that block's number is
-# a whole division); `delta`'s sends step `i` to its block `i`. Then `pallas_call`'s
-# `input_output_aliases`: a dict from an input's position to the position of the output that takes
-# over its buffer.
+# An index map returns block coordinates, not element offsets: the patch starts `row0 // bm`
+# blocks down and `col0 // bn` blocks across (whole divisions, by the task's promise), and
+# step `(i, j)` is `i` and `j` blocks further. `pallas_call`'s `input_output_aliases` maps an
+# input's position to the position of the output that takes over its buffer.
 #
 # </details>
 
-# %% nbgrader={"grade_id": "add_rows_in_place_solution", "solution": true}
-def add_rows_in_place(acc, delta, start, bm):
+# %% nbgrader={"grade_id": "add_patch_in_place_solution", "solution": true}
+def add_patch_in_place(acc, delta, row0, col0, bm, bn):
     ### BEGIN SOLUTION
-    r, n = delta.shape
-
     def kernel(acc_ref, delta_ref, out_ref):
-        out_ref[...] = acc_ref[...] + delta_ref[...]
+        total = acc_ref[...].astype(jnp.float32) + delta_ref[...].astype(jnp.float32)
+        out_ref[...] = total.astype(out_ref.dtype)
 
-    first = start // bm
-    acc_rows = pl.BlockSpec((bm, n), lambda i: (first + i, 0))
-    # Each updated block is read and written by one step; the rest of acc is never moved.
+    r, c = delta.shape
+    top, left = row0 // bm, col0 // bn  # the patch's first block, in block coordinates
+    tile = (bm, bn)
+    patch = pl.BlockSpec(tile, lambda i, j: (top + i, left + j))
+    # Each tile of the patch is read and written by one step; the rest of acc never moves.
     return pl.pallas_call(
         kernel,
-        grid=(r // bm,),
-        in_specs=[acc_rows, pl.BlockSpec((bm, n), lambda i: (i, 0))],
-        out_specs=acc_rows,
+        grid=(r // bm, c // bn),
+        in_specs=[patch, pl.BlockSpec(tile, lambda i, j: (i, j))],
+        out_specs=patch,
         out_shape=jax.ShapeDtypeStruct(acc.shape, acc.dtype),
         input_output_aliases={0: 0},
         interpret=INTERPRET,
@@ -256,13 +265,14 @@ def add_rows_in_place(acc, delta, start, bm):
     ### END SOLUTION
 
 
-# %% nbgrader={"grade_id": "add_rows_in_place_visible", "grade": true, "points": 1}
-course.check("add_rows_in_place", add_rows_in_place)
+# %% nbgrader={"grade_id": "add_patch_in_place_visible", "grade": true, "points": 1}
+course.check("add_patch_in_place", add_patch_in_place)
 
-# %% nbgrader={"grade_id": "add_rows_in_place_hidden", "grade": true, "points": 2}
-# Hidden tests: updates at the first and last rows, bfloat16, larger blocks.
+# %% nbgrader={"grade_id": "add_patch_in_place_hidden", "grade": true, "points": 2}
+# Hidden tests: the full width from the first row, the bottom-right corner, bfloat16, larger
+# blocks.
 ### BEGIN HIDDEN TESTS
-course.check("add_rows_in_place", add_rows_in_place, hidden=True)
+course.check("add_patch_in_place", add_patch_in_place, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
