@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from grader import calling
 from grader.tasks.a08_manual_dma import pipelined
 from grader.tasks.core import (
     Rule,
@@ -29,7 +30,6 @@ from grader.tasks.core import (
     grid_is,
     read_budget,
     total_budget,
-    with_race_detector,
 )
 
 A9 = "09_debugging"
@@ -166,7 +166,7 @@ _task(
     kernel_ops=(("add",),),
     reference=lambda x, chunk: jnp.sum(_f32(x).reshape(-1, chunk, x.shape[1]), axis=0),
     tolerance="reduction",
-    invoke=with_race_detector, dma_rules=pipelined,
+    invoke=calling.with_race_detector, dma_rules=pipelined,
     cases=(
         _c("v0", 94, "float32", {"x": (64, 256)}, chunk=8),
         _c("h0", 941, "float32", {"x": (128, 128)}, True, chunk=16),
