@@ -5,15 +5,16 @@ written under the work folder, and bytes of captured output.
 
 Isolation ("jail", when running as root with bubblewrap installed): the child gets its own
 mount, pid, network, ipc and uts namespaces and sees only a read-only whitelist of folders (the
-system, the Python installation, the virtual environment, the packages it needs) plus its work
-folder; reference outputs, hidden inputs, instructor notebooks, the gradebook, other
-submissions and the repository's history are simply not there. It then drops to an
-unprivileged uid of its own (one per concurrent slot, via ``setpriv``), so it cannot signal the
-grader, the process limit binds, and whatever it leaves behind is found by uid and killed.
-Without root (a grading account, deploy/setup-class.sh) the same jail is built in a user
-namespace of the run's own, as ``nobody`` there, without the uid switch: the pid namespace ends
-every process of the run with it. Without bubblewrap, or where user namespaces are off, the run
-falls back to limits only ("rlimits"), and says so.
+system, the Python installation, the virtual environment, the packages it needs, and folders
+shown at another path: the notebook's view of ``grader/``) plus its work folder; reference
+outputs, hidden inputs, instructor notebooks, the gradebook, other submissions and the
+repository's history are simply not there. It then drops to an unprivileged uid of its own (one
+per concurrent slot, via ``setpriv``), so it cannot signal the grader, the process limit binds,
+and whatever it leaves behind is found by uid and killed. Without root (a grading account,
+deploy/setup-class.sh) the same jail is built in a user namespace of the run's own, as
+``nobody`` there, without the uid switch: the pid namespace ends every process of the run with
+it. Without bubblewrap, or where user namespaces are off, the run falls back to limits only
+("rlimits"), and says so.
 
 The outcome is data, never an exception: a batch goes on whatever one submission does.
 """

@@ -135,8 +135,10 @@ CORPUS = {
                             "[f for _, _, fs in os.walk({root!r}) for f in fs])\n"),
                      6, "graded", ""),
     "plain_jax": (_after("add_solution", "add = lambda x, y: x + y\n"), 6, "graded", ""),
-    "course_reference": (_after("add_solution", "from grader import tasks\n"
-                                "add = lambda x, y: tasks.get('add').reference(x, y)\n"),
+    # the grader's run has no grader.tasks (tests/grader/test_jail_imports.py): the import,
+    # when add is traced, raises ImportError
+    "course_reference": (_after("add_solution", "def add(x, y):\n    from grader import tasks\n"
+                                "    return tasks.get('add').reference(x, y)\n"),
                          6, "graded", ""),
     # editing the test cells
     "edited_test": (_edit_test_cells("edited"), 6, "tampered", "add_hidden was edited"),
