@@ -102,6 +102,12 @@ def readable() -> list[Path]:
     return [*sandbox.default_readable(), refs.REPO / "grader", refs.REPO / "kernelsim"]
 
 
+def notebook_readable() -> list[Path]:
+    """What the notebook's process may read: ``readable`` less grader/, which it sees as
+    ``notebook_view``."""
+    return [p for p in readable() if p != refs.REPO / "grader"]
+
+
 # what the notebook's process (grader.replay) can import of grader/: the harness and what it
 # imports at module level (course, calling for the tasks' invokes and the notebooks' helpers)
 NOTEBOOK_MODULES = tuple(dist.learner_modules(refs.REPO / "grader", "replay"))
@@ -148,6 +154,8 @@ def grading_env() -> dict[str, str]:
 # what the grader's run imports: without it every test cell would fail, and every grade be 0
 PREFLIGHT = ("import jax, jax.experimental.pallas, numpy, kernelsim, grader.course, "
              "grader.replay, grader.checker, grader.tasks")
+# what the notebook's process imports, in its view of grader/ (``notebook_view``)
+PREFLIGHT_NOTEBOOK = "import jax, jax.experimental.pallas, numpy, kernelsim, grader.replay"
 
 
 def preflight(limits: sandbox.Limits, slot: int = 0) -> str | None:
@@ -156,12 +164,22 @@ def preflight(limits: sandbox.Limits, slot: int = 0) -> str | None:
     Run once before a batch: a jail that cannot see the venv or the course would otherwise
     grade every submission 0 with status ``graded``.
     """
-    workdir = jail_folder(slot, "-preflight")
+    view = notebook_view(jail_folder(slot, "-grader"))
     try:
-        out = sandbox.run([sys.executable, "-c", PREFLIGHT], workdir, limits, slot=slot,
-                          readable=readable(), env=grading_env())
+        # the checker's view, then the notebook's process's
+        for command, folders, views in ((PREFLIGHT, readable(), None),
+                                         (PREFLIGHT_NOTEBOOK, notebook_readable(),
+                                          {refs.REPO / "grader": view})):
+            workdir = jail_folder(slot, "-preflight")
+            try:
+                out = sandbox.run([sys.executable, "-c", command], workdir, limits, slot=slot,
+                                  readable=folders, views=views, env=grading_env())
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            if out.status != "ok":
+                break
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(view, ignore_errors=True)
     if out.status == "ok":
         return None
     tail = out.stderr.decode(errors="replace").strip().splitlines()[-1:] or [out.reason]
@@ -282,7 +300,7 @@ class FreshRun:
             [sys.executable, "-m", "grader.replay"], self.workdir,
             dataclasses.replace(limits, wall_seconds=self.wall), env=grading_env(),
             stdin=True, slot=slot, stdout_bytes=exchange.MAX_CHANNEL_BYTES,
-            readable=[p for p in readable() if p != refs.REPO / "grader"],
+            readable=notebook_readable(),
             views={refs.REPO / "grader": self.view})
         # how each task calls the learner's function: the notebook's process has no tasks
         calls = {task: dataclasses.astuple(tasks.get(task).calling) for task, _ in self.loaded}

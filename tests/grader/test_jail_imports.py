@@ -22,7 +22,7 @@ import nbformat
 import pytest
 from test_replay import _fresh, _verdict
 
-from grader import collect, grading, refs, trusted
+from grader import collect, grading, refs, sandbox, trusted
 
 REPO = refs.REPO
 # modules a cell could answer with, or that decide: never in the notebook's process
@@ -50,6 +50,15 @@ def test_the_view_holds_the_harness_and_refusals(tmp_path):
     for name in GRADERS_OWN:
         with pytest.raises(ImportError, match=f"grader.{name} {REFUSED}"):
             exec(compile((view / f"{name}.py").read_text(), name, "exec"), {})  # noqa: S102
+
+
+def test_preflight_names_a_view_the_harness_cannot_start_in(monkeypatch):
+    if sandbox.isolation() != "jail":
+        pytest.skip("the view needs the jail")
+    monkeypatch.setattr(trusted, "NOTEBOOK_MODULES",
+                        tuple(m for m in trusted.NOTEBOOK_MODULES if m != "wire"))
+    why = trusted.preflight(trusted.TrustedExecute().limits())
+    assert "cannot import the course" in why and f"grader.wire {REFUSED}" in why, why
 
 
 # what a cell tries in the jail: each import, the source files, and what is loaded already
