@@ -81,7 +81,7 @@ class Origin:
 CONSTANT = Origin("constant")
 
 
-def _open(j: Any) -> Any:
+def open_jaxpr(j: Any) -> Any:
     """The jaxpr with ``eqns`` (a closed jaxpr keeps it under ``.jaxpr``)."""
     return j if hasattr(j, "eqns") else j.jaxpr
 
@@ -106,7 +106,7 @@ def eqn_flops(eqn: Any) -> int:
 def primitives(jaxpr: Any) -> set[str]:
     """Every primitive name in ``jaxpr``, nested jaxprs included."""
     out: set[str] = set()
-    for eqn in _open(jaxpr).eqns:
+    for eqn in open_jaxpr(jaxpr).eqns:
         out.add(eqn.primitive.name)
         for sub in jaxprs_in_params(eqn.params):
             out |= primitives(sub)
@@ -116,7 +116,7 @@ def primitives(jaxpr: Any) -> set[str]:
 def _used(jaxpr: Any) -> set[int]:
     """ids of the variables some equation of ``jaxpr`` reads (nested jaxprs take theirs as
     operands, so the top level sees every use)."""
-    j = _open(jaxpr)
+    j = open_jaxpr(jaxpr)
     return {id(v) for eqn in j.eqns for v in eqn.invars if not isinstance(v, Literal)} | \
         {id(v) for v in j.outvars if not isinstance(v, Literal)}
 
@@ -124,7 +124,8 @@ def _used(jaxpr: Any) -> set[int]:
 def kernel_file(kernel: Any) -> str:
     """The file a kernel body was defined in, from its jaxpr's debug info ("name at file:line";
     '' when it names none)."""
-    where = (getattr(_open(kernel).debug_info, "func_src_info", None) or "").rpartition(" at ")[2]
+    where = (getattr(open_jaxpr(kernel).debug_info, "func_src_info",
+                     None) or "").rpartition(" at ")[2]
     return where.rpartition(":")[0]
 
 
@@ -133,7 +134,7 @@ def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]
     n_idx, n_in = int(gm.num_index_operands), int(gm.num_inputs)
     kernel = eqn.params["jaxpr"]
     used = _used(kernel)
-    refs = _open(kernel).invars
+    refs = open_jaxpr(kernel).invars
     source = os.path.realpath(kernel_file(kernel)) if kernel_file(kernel) else ""
     return {"number": number,
             "course_kernel": source.startswith(COURSE_CODE),
@@ -166,7 +167,7 @@ class _Walk:
 
     def run(self, jaxpr: Any, origins: list[Origin], reps: int = 1,
             floats: list[bool] | None = None) -> list[tuple[Origin, bool]]:
-        j = _open(jaxpr)
+        j = open_jaxpr(jaxpr)
         floats = floats or [_floating(v) for v in j.invars]
         env: dict[int, tuple[Origin, bool]] = {
             id(v): (o, f) for v, o, f in zip(j.invars, origins, floats, strict=True)}
@@ -188,7 +189,7 @@ class _Walk:
                 self.calls.append(_call_facts(eqn, number, ins))
                 outs = [Origin("kernel", str(number))] * len(eqn.outvars)
             elif name in TRANSPARENT and len(subs) == 1 and \
-                    len(_open(subs[0]).invars) == len(ins):
+                    len(open_jaxpr(subs[0]).invars) == len(ins):
                 found = self.run(subs[0], [o for o, _ in ins], reps, [f for _, f in ins])
                 for v, of in zip(eqn.outvars, found, strict=True):
                     env[id(v)] = of
@@ -201,7 +202,7 @@ class _Walk:
                     times = int(eqn.params.get("length", 1)) if name == "scan" else 1
                     before = self.outside_flops
                     for sub in subs:
-                        inner = _open(sub).invars
+                        inner = open_jaxpr(sub).invars
                         self.run(sub, [Origin("computed", name)] * len(inner),
                                  reps * times, [fed or _floating(v) for v in inner])
                     if name == "while":  # runs an unknown number of times
@@ -223,7 +224,7 @@ def host_callbacks(jaxpr: Any) -> list[str]:
     ``jax.pure_callback``, ``io_callback``, and ``jax.debug.callback`` with an array operand
     (``jax.debug.print`` and ``pl.debug_print`` are not callbacks of this kind)."""
     found = []
-    for eqn in _open(jaxpr).eqns:
+    for eqn in open_jaxpr(jaxpr).eqns:
         name = eqn.primitive.name
         if name in CALLBACKS and (name != "debug_callback" or any(
                 getattr(getattr(v, "aval", None), "shape", ()) for v in eqn.invars)):
@@ -236,7 +237,7 @@ def host_callbacks(jaxpr: Any) -> list[str]:
 def facts(jaxpr: Any) -> dict:
     """What the program computes where; JSON-ready (``verdict.work_from_dict`` reads it)."""
     walk = _Walk()
-    outs = walk.run(jaxpr, [Origin("input")] * len(_open(jaxpr).invars))
+    outs = walk.run(jaxpr, [Origin("input")] * len(open_jaxpr(jaxpr).invars))
     return {"outputs": [{"from": str(o), "kind": o.kind} for o, _ in outs],
             "calls": walk.calls, "outside_flops": walk.outside_flops,
             "outside_while_flops": walk.outside_while_flops,
@@ -246,7 +247,7 @@ def facts(jaxpr: Any) -> dict:
 def flops(jaxpr: Any) -> int:
     """All FLOPs of a program (a task's reference): kernels count as outside here."""
     walk = _Walk()
-    walk.run(jaxpr, [Origin("input")] * len(_open(jaxpr).invars))
+    walk.run(jaxpr, [Origin("input")] * len(open_jaxpr(jaxpr).invars))
     return walk.outside_flops
 
 
@@ -331,7 +332,7 @@ def canonical(jaxpr: Any) -> str:
     program up to the names of their variables, dead code and the numbers in it: variables
     numbered in order of first use, each equation its primitive, its non-jaxpr parameters
     (numbers erased), its operands and its results' dtypes and ranks, nested jaxprs in place."""
-    j = _open(jaxpr)
+    j = open_jaxpr(jaxpr)
     names: dict[int, str] = {}
 
     def ref(v) -> str:
@@ -370,7 +371,7 @@ def fingerprint(jaxpr: Any) -> str:
 def body_size(jaxpr: Any) -> int:
     """Live equations of a body, nested jaxprs included."""
     return sum(1 + sum(body_size(s) for s in jaxprs_in_params(e.params))
-               for e in _live(_open(jaxpr)))
+               for e in _live(open_jaxpr(jaxpr)))
 
 
 # ----------------------------------------------------------------------------- the order of DMAs
@@ -441,7 +442,7 @@ class _DmaWalk:
         self.scoped = 0
 
     def run(self, jaxpr: Any, args: list, consts: list | None = None) -> list:
-        j = _open(jaxpr)
+        j = open_jaxpr(jaxpr)
         env: dict[int, Any] = {}
         for v, x in zip(j.invars, args, strict=True):
             env[id(v)] = x
@@ -523,12 +524,12 @@ class _DmaWalk:
             return [_UNKNOWN] * n_out if go is _UNKNOWN else carry
         if name == "run_scoped":
             fresh = []  # the allocations are the body's arguments; its operands, constants
-            for v in _open(p["jaxpr"]).invars:
+            for v in open_jaxpr(p["jaxpr"]).invars:
                 fresh.append(_Buffer(f"scoped{self.scoped}", v.aval))
                 self.scoped += 1
             return self.run(p["jaxpr"], fresh, consts=vals)
         subs = list(jaxprs_in_params(p))
-        if name in TRANSPARENT and len(subs) == 1 and len(_open(subs[0]).invars) == len(vals):
+        if name in TRANSPARENT and len(subs) == 1 and len(open_jaxpr(subs[0]).invars) == len(vals):
             return self.run(subs[0], vals)
         self._compute(eqn)
         if subs or any(v is _UNKNOWN or isinstance(v, _Buffer) for v in vals) or \
@@ -557,7 +558,7 @@ class _DmaWalk:
 def _has_dma(jaxpr: Any) -> bool:
     return any(e.primitive.name == "dma_start" or any(_has_dma(s) for s in
                                                        jaxprs_in_params(e.params))
-               for e in _open(jaxpr).eqns)
+               for e in open_jaxpr(jaxpr).eqns)
 
 
 def dma_order(params: dict) -> dict | None:
@@ -582,7 +583,7 @@ def dma_order(params: dict) -> dict | None:
         return None
     gm = params["grid_mapping"]
     grid = tuple(int(g) for g in gm.grid)
-    j = _open(kernel)
+    j = open_jaxpr(kernel)
     walk = _DmaWalk(grid)
     refs = [_Buffer(f"ref{i}", v.aval) for i, v in enumerate(j.invars)]
     for index in np.ndindex(*grid) if grid else [()]:

@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from grader.tasks.core import (
-    _c,
-    _nbytes,
-    _normal,
-    _struct,
-    _task,
     block_is,
     cdiv,
     grid_is,
     grid_rank,
+    make_case,
+    nbytes_of,
+    normal_array,
     read_budget,
+    register_task,
     role_count,
+    single_call,
 )
 
 A3 = "03_index_maps"
@@ -24,7 +24,8 @@ def _transpose_rules(call, case, rules, inputs):
     rules.append(grid_rank(call, 2))
     rules.append(block_is(call, "input", 0, (bm, bn), "x"))
     rules.append(block_is(call, "output", 0, (bn, bm), "output"))
-    rules.append(read_budget(call, "input", 0, _nbytes((m, n), case.dtype), "x (each block once)"))
+    rules.append(read_budget(call, "input", 0, nbytes_of((m, n), case.dtype),
+                             "x (each block once)"))
 
 
 def _bias_rules(call, case, rules, inputs):
@@ -32,7 +33,7 @@ def _bias_rules(call, case, rules, inputs):
     rules.append(grid_rank(call, 2))
     rules.append(block_is(call, "input", 0, (bm, bn), "x"))
     rules.append(block_is(call, "input", 1, (1, bn), "bias"))
-    rules.append(read_budget(call, "input", 1, _nbytes((1, n), case.dtype),
+    rules.append(read_budget(call, "input", 1, nbytes_of((1, n), case.dtype),
                              "bias (each bias block fetched once: order the grid for it)"))
 
 
@@ -46,43 +47,44 @@ def _sym_rules(call, case, rules, inputs):
 
 def _make_bias(rng, case):
     m, n = case.arrays["x"]
-    return {"x": _normal(rng, (m, n), case.dtype), "bias": _normal(rng, (1, n), case.dtype)}
+    return {"x": normal_array(rng, (m, n), case.dtype), "bias": normal_array(rng, (1, n),
+                                                                             case.dtype)}
 
 
-_task(
+register_task(
     id="transpose", assignment=A3, title="Transpose through the index map",
     kernel_ops=(("transpose",),),
     reference=lambda x, block: x.T,
     cases=(
-        _c("v0", 6, "float32", {"x": (256, 384)}, block=(128, 128)),
-        _c("h0", 161, "float32", {"x": (300, 200)}, True, block=(128, 128)),
-        _c("h1", 162, "bfloat16", {"x": (256, 512)}, True, block=(128, 256)),
-        _c("h2", 163, "float32", {"x": (384, 128)}, True, block=(256, 128)),
+        make_case("v0", 6, "float32", {"x": (256, 384)}, block=(128, 128)),
+        make_case("h0", 161, "float32", {"x": (300, 200)}, True, block=(128, 128)),
+        make_case("h1", 162, "bfloat16", {"x": (256, 512)}, True, block=(128, 256)),
+        make_case("h2", 163, "float32", {"x": (384, 128)}, True, block=(256, 128)),
     ),
-    structure=_struct(_transpose_rules),
+    structure=single_call(_transpose_rules),
 )
-_task(
+register_task(
     id="add_bias", assignment=A3, title="Add a row bias, fetching each bias block once",
     kernel_ops=(("add",),),
     reference=lambda x, bias, block: x + bias,
     make=_make_bias,
     cases=(
-        _c("v0", 7, "float32", {"x": (32, 256)}, block=(8, 128)),
-        _c("h0", 171, "float32", {"x": (37, 300)}, True, block=(16, 128)),
-        _c("h1", 172, "bfloat16", {"x": (64, 512)}, True, block=(16, 128)),
-        _c("h2", 173, "float32", {"x": (16, 128)}, True, block=(8, 128)),
+        make_case("v0", 7, "float32", {"x": (32, 256)}, block=(8, 128)),
+        make_case("h0", 171, "float32", {"x": (37, 300)}, True, block=(16, 128)),
+        make_case("h1", 172, "bfloat16", {"x": (64, 512)}, True, block=(16, 128)),
+        make_case("h2", 173, "float32", {"x": (16, 128)}, True, block=(8, 128)),
     ),
-    structure=_struct(_bias_rules),
+    structure=single_call(_bias_rules),
 )
-_task(
+register_task(
     id="symmetrize", assignment=A3, title="x + x.T with two index maps on one array",
     kernel_ops=(("add",), ("transpose",)),
     reference=lambda x, b: x + x.T,
     cases=(
-        _c("v0", 8, "float32", {"x": (256, 256)}, b=128),
-        _c("h0", 181, "float32", {"x": (300, 300)}, True, b=128),
-        _c("h1", 182, "bfloat16", {"x": (256, 256)}, True, b=128),
-        _c("h2", 183, "float32", {"x": (384, 384)}, True, b=128),
+        make_case("v0", 8, "float32", {"x": (256, 256)}, b=128),
+        make_case("h0", 181, "float32", {"x": (300, 300)}, True, b=128),
+        make_case("h1", 182, "bfloat16", {"x": (256, 256)}, True, b=128),
+        make_case("h2", 183, "float32", {"x": (384, 384)}, True, b=128),
     ),
-    structure=_struct(_sym_rules),
+    structure=single_call(_sym_rules),
 )

@@ -10,20 +10,20 @@ from grader import calling
 from grader.tasks.core import (
     Case,
     Rule,
-    _c,
-    _f32,
-    _matmul_ref,
-    _nbytes,
-    _normal,
-    _ops,
-    _struct,
-    _task,
-    _values,
+    as_f32,
     block_is,
     cdiv,
+    drawn_values,
     grid_is,
+    make_case,
+    matmul_reference,
+    nbytes_of,
+    normal_array,
+    operands_with_role,
     read_budget,
+    register_task,
     role_count,
+    single_call,
     tiled_matmul_call,
     total_budget,
 )
@@ -36,11 +36,11 @@ def _mm_rules(call, case, rules, inputs):
     bm, bk, bn = case.params["bm"], case.params["bk"], case.params["bn"]
     rules.append(grid_is(call, (cdiv(m, bm), cdiv(n, bn), k // bk)))
     rules.append(role_count(call, "scratch", 1, "VMEM accumulator"))
-    rules.append(read_budget(call, "input", 0, cdiv(n, bn) * _nbytes((m, k), case.dtype),
+    rules.append(read_budget(call, "input", 0, cdiv(n, bn) * nbytes_of((m, k), case.dtype),
                              f"A (at most N/bn = {cdiv(n, bn)} times)"))
-    rules.append(read_budget(call, "input", 1, cdiv(m, bm) * _nbytes((k, n), case.dtype),
+    rules.append(read_budget(call, "input", 1, cdiv(m, bm) * nbytes_of((k, n), case.dtype),
                              f"B (at most M/bm = {cdiv(m, bm)} times)"))
-    rules.extend(total_budget(call, None, _nbytes((m, n), case.dtype)))
+    rules.extend(total_budget(call, None, nbytes_of((m, n), case.dtype)))
 
 
 def _mm_bias_rules(call, case, rules, inputs):
@@ -53,13 +53,13 @@ def _make_mm_bias(rng, case: Case) -> dict[str, np.ndarray]:
     spreads by about sqrt(7K/144)), the bias is -K/4 plus that spread: the results straddle
     zero, so the ReLU clips about half of them and a bias or ReLU applied per K step, or an
     epilogue done after rounding the accumulator to bfloat16, is visibly wrong."""
-    out = {k: _values(rng, s, case) for k, s in case.arrays.items()}
+    out = {k: drawn_values(rng, s, case) for k, s in case.arrays.items()}
     k, n = case.arrays["b"]
     if case.values == "positive":
         centre = -k / 4 + np.sqrt(7 * k / 144) * rng.standard_normal((1, n), dtype=np.float32)
         out["bias"] = np.asarray(centre.astype(out["a"].dtype))
     else:
-        out["bias"] = _normal(rng, (1, n), case.dtype)
+        out["bias"] = normal_array(rng, (1, n), case.dtype)
     return out
 
 
@@ -67,8 +67,8 @@ def _sum_rules(call, case, rules, inputs):
     (m, n), (bm, bn) = case.arrays["x"], case.params["block"]
     rules.append(grid_is(call, (cdiv(m, bm), cdiv(n, bn))))
     rules.append(block_is(call, "input", 0, (bm, bn), "x"))
-    rules.append(read_budget(call, "input", 0, _nbytes((m, n), case.dtype), "x (read once)"))
-    outs = _ops(call, "output")
+    rules.append(read_budget(call, "input", 0, nbytes_of((m, n), case.dtype), "x (read once)"))
+    outs = operands_with_role(call, "output")
     wb = outs[0].writebacks if outs else -1
     rules.append(Rule("output writebacks", "1 (the (1, 1) result stays on chip)", str(wb),
                       wb == 1))
@@ -83,87 +83,96 @@ def matmul_read_bytes(m, k, n, bm, bk, bn, itemsize) -> int:
     return int(kernelsim.trace(call, a, b).calls[0].hbm_read_bytes)
 
 
-def _prediction_structure(t, case, inputs) -> list[Rule]:
+def prediction_structure(t, case, inputs) -> list[Rule]:
     k = len(t.calls)
     return [Rule("kernels run", "only the grader's, which writes your answer (predict from the "
                  "sizes; run nothing)", f"{k} pallas_call(s)", k == 1)]
 
 
 _mm = dict(bm=16, bk=128, bn=128)
-_task(
+register_task(
     id="matmul", assignment=A4, title="Matmul with a VMEM accumulator",
     kernel_ops=(("dot_general",),),
-    reference=_matmul_ref, tolerance="reduction",
+    reference=matmul_reference, tolerance="reduction",
     cases=(
-        _c("v0", 9, "float32", {"a": (32, 256), "b": (256, 256)}, **_mm),
+        make_case("v0", 9, "float32", {"a": (32, 256), "b": (256, 256)}, **_mm),
         # visible: a long all-positive K in bfloat16, which a bfloat16 accumulator loses
-        _c("v1", 195, "bfloat16", {"a": (64, 1024), "b": (1024, 128)}, values="positive",
-           bm=32, bk=128, bn=128),
-        _c("h0", 191, "float32", {"a": (40, 384), "b": (384, 300)}, True, **_mm),
-        _c("h1", 192, "bfloat16", {"a": (64, 256), "b": (256, 256)}, True,
-           bm=32, bk=128, bn=128),
-        _c("h2", 193, "float32", {"a": (16, 512), "b": (512, 128)}, True, bm=8, bk=128, bn=128),
-        _c("h3", 194, "bfloat16", {"a": (64, 1024), "b": (1024, 128)}, True, values="positive",
-           bm=32, bk=128, bn=128),
+        make_case("v1", 195, "bfloat16", {"a": (64, 1024), "b": (1024, 128)}, values="positive",
+                  bm=32, bk=128, bn=128),
+        make_case("h0", 191, "float32", {"a": (40, 384), "b": (384, 300)}, True, **_mm),
+        make_case("h1", 192, "bfloat16", {"a": (64, 256), "b": (256, 256)}, True,
+                  bm=32, bk=128, bn=128),
+        make_case("h2", 193, "float32", {"a": (16, 512), "b": (512, 128)}, True, bm=8, bk=128,
+                  bn=128),
+        make_case("h3", 194, "bfloat16", {"a": (64, 1024), "b": (1024, 128)}, True,
+                  values="positive",
+                  bm=32, bk=128, bn=128),
     ),
-    structure=_struct(_mm_rules),
+    structure=single_call(_mm_rules),
 )
-_task(
+register_task(
     id="predict_matmul_reads", assignment=A4,
     title="Predict the HBM bytes matmul reads, then run kernelsim",
     reference=lambda **p: np.full((1, 1), matmul_read_bytes(**p), np.int32),
     invoke=calling.prediction, own_kernels=False,
     cases=(
-        _c("v0", 0, "float32", {}, m=32, k=256, n=256, bm=16, bk=128, bn=128, itemsize=4),
+        make_case("v0", 0, "float32", {}, m=32, k=256, n=256, bm=16, bk=128, bn=128, itemsize=4),
         # one K step: A's block stays the same across the j steps
-        _c("h0", 0, "float32", {}, True, m=64, k=128, n=512, bm=32, bk=128, bn=128, itemsize=4),
+        make_case("h0", 0, "float32", {}, True, m=64, k=128, n=512, bm=32, bk=128, bn=128,
+                  itemsize=4),
         # one K step and one column block: B is read once
-        _c("h1", 0, "float32", {}, True, m=64, k=256, n=128, bm=16, bk=256, bn=128, itemsize=2),
+        make_case("h1", 0, "float32", {}, True, m=64, k=256, n=128, bm=16, bk=256, bn=128,
+                  itemsize=2),
         # edge blocks: only their in-bounds part moves
-        _c("h2", 0, "float32", {}, True, m=40, k=384, n=300, bm=16, bk=128, bn=128, itemsize=4),
-        _c("h3", 0, "float32", {}, True, m=128, k=512, n=256, bm=64, bk=128, bn=128, itemsize=2),
+        make_case("h2", 0, "float32", {}, True, m=40, k=384, n=300, bm=16, bk=128, bn=128,
+                  itemsize=4),
+        make_case("h3", 0, "float32", {}, True, m=128, k=512, n=256, bm=64, bk=128, bn=128,
+                  itemsize=2),
     ),
-    structure=_prediction_structure,
+    structure=prediction_structure,
 )
-_task(
+register_task(
     id="matmul_bias_relu", assignment=A4, title="Fused bias + ReLU epilogue",
     kernel_ops=(("dot_general",), ("max",)),
     reference=lambda a, b, bias, **_: jnp.maximum(
-        jnp.dot(a, b, preferred_element_type=jnp.float32) + _f32(bias), 0).astype(a.dtype),
+        jnp.dot(a, b, preferred_element_type=jnp.float32) + as_f32(bias), 0).astype(a.dtype),
     tolerance="reduction",
     make=_make_mm_bias,
     cases=(
-        _c("v0", 10, "float32", {"a": (32, 256), "b": (256, 256)}, **_mm),
-        _c("h0", 201, "float32", {"a": (40, 384), "b": (384, 300)}, True, **_mm),
-        _c("h1", 202, "bfloat16", {"a": (64, 256), "b": (256, 256)}, True,
-           bm=32, bk=128, bn=128),
-        _c("h2", 203, "float32", {"a": (48, 256), "b": (256, 128)}, True, bm=16, bk=256, bn=128),
+        make_case("v0", 10, "float32", {"a": (32, 256), "b": (256, 256)}, **_mm),
+        make_case("h0", 201, "float32", {"a": (40, 384), "b": (384, 300)}, True, **_mm),
+        make_case("h1", 202, "bfloat16", {"a": (64, 256), "b": (256, 256)}, True,
+                  bm=32, bk=128, bn=128),
+        make_case("h2", 203, "float32", {"a": (48, 256), "b": (256, 128)}, True, bm=16, bk=256,
+                  bn=128),
         # results straddle zero after a long positive K (see _make_mm_bias); bfloat16 only:
         # in float32 the honest rounding of a ~K/4 sum is already near the reduction atol
-        _c("h3", 204, "bfloat16", {"a": (64, 1024), "b": (1024, 256)}, True, values="positive",
-           bm=32, bk=128, bn=128),
+        make_case("h3", 204, "bfloat16", {"a": (64, 1024), "b": (1024, 256)}, True,
+                  values="positive",
+                  bm=32, bk=128, bn=128),
     ),
-    structure=_struct(_mm_bias_rules),
+    structure=single_call(_mm_bias_rules),
 )
-_task(
+register_task(
     id="sum_all", assignment=A4, title="Sum of all elements into one resident output block",
     kernel_ops=(("reduce_sum",),),
-    reference=lambda x, block: jnp.sum(_f32(x)).reshape(1, 1),
+    reference=lambda x, block: jnp.sum(as_f32(x)).reshape(1, 1),
     tolerance="reduction",
     cases=(
-        _c("v0", 11, "float32", {"x": (32, 256)}, block=(8, 128)),
+        make_case("v0", 11, "float32", {"x": (32, 256)}, block=(8, 128)),
         # visible: the long all-positive bfloat16 sum (h3 below) that a bfloat16 running sum
         # loses
-        _c("v1", 215, "bfloat16", {"x": (12288, 16)}, values="positive", block=(16, 16)),
-        _c("h0", 211, "float32", {"x": (37, 300)}, True, block=(16, 128)),
-        _c("h1", 212, "bfloat16", {"x": (64, 256)}, True, block=(32, 128)),
-        _c("h2", 213, "float32", {"x": (20, 130)}, True, block=(8, 128)),
+        make_case("v1", 215, "bfloat16", {"x": (12288, 16)}, values="positive", block=(16, 16)),
+        make_case("h0", 211, "float32", {"x": (37, 300)}, True, block=(16, 128)),
+        make_case("h1", 212, "bfloat16", {"x": (64, 256)}, True, block=(32, 128)),
+        make_case("h2", 213, "float32", {"x": (20, 130)}, True, block=(8, 128)),
         # 768 steps of a growing all-positive sum: a bfloat16 running sum stops growing once a
         # block's sum is under half its ulp (a third of the total lost); (16, 16) blocks keep
         # the array small (the last block dim equals the array's, which the TPU accepts)
-        _c("h3", 214, "bfloat16", {"x": (12288, 16)}, True, values="positive", block=(16, 16)),
+        make_case("h3", 214, "bfloat16", {"x": (12288, 16)}, True, values="positive",
+                  block=(16, 16)),
     ),
-    structure=_struct(_sum_rules),
+    structure=single_call(_sum_rules),
 )
 
 
@@ -173,7 +182,7 @@ def _make_affine(rng, case: Case) -> dict[str, np.ndarray]:
     [0.5, 2), either sign) and a shift (N(0, 1)), so a table read at the wrong row or column,
     or with scale and shift swapped, is visibly wrong."""
     blocks = case.arrays["table"][0]
-    x = _values(rng, case.arrays["x"], case)
+    x = drawn_values(rng, case.arrays["x"], case)
     scale = rng.uniform(0.5, 2.0, blocks) * rng.choice((-1.0, 1.0), blocks)
     shift = rng.standard_normal(blocks)
     return {"x": x, "table": np.stack([scale, shift], axis=1).astype(np.float32)}
@@ -181,13 +190,13 @@ def _make_affine(rng, case: Case) -> dict[str, np.ndarray]:
 
 def _affine_ref(x, table, bm):
     per_row = jnp.repeat(table, bm, axis=0)  # row r takes the entry of its block r // bm
-    return (_f32(x) * per_row[:, :1] + per_row[:, 1:]).astype(x.dtype)
+    return (as_f32(x) * per_row[:, :1] + per_row[:, 1:]).astype(x.dtype)
 
 
 def _affine_rules(call, case, rules, inputs):
     (m, n), bm, table = case.arrays["x"], case.params["bm"], tuple(case.arrays["table"])
     rules.append(grid_is(call, (m // bm,)))
-    ins = _ops(call, "input")
+    ins = operands_with_role(call, "input")
     x_at = next((i for i, o in enumerate(ins) if tuple(o.shape) == (m, n)), None)
     t_at = next((i for i, o in enumerate(ins) if tuple(o.shape) == table), None)
     if x_at is None:
@@ -195,7 +204,7 @@ def _affine_rules(call, case, rules, inputs):
                           f"inputs of shapes {[tuple(o.shape) for o in ins]}", False))
     else:
         rules.append(block_is(call, "input", x_at, (bm, n), "x"))
-        rules.append(read_budget(call, "input", x_at, _nbytes((m, n), case.dtype),
+        rules.append(read_budget(call, "input", x_at, nbytes_of((m, n), case.dtype),
                                  "x (read once)"))
     if t_at is None:
         rules.append(Rule("table as a kernel input", f"an input of shape {table}",
@@ -206,12 +215,12 @@ def _affine_rules(call, case, rules, inputs):
                           "scalars are read from SMEM", f"{space} ({ins[t_at].name})",
                           space == "smem"))
         rules.append(block_is(call, "input", t_at, table, "table (whole)"))
-        rules.append(read_budget(call, "input", t_at, _nbytes(table, "float32"),
+        rules.append(read_budget(call, "input", t_at, nbytes_of(table, "float32"),
                                  "table (copied in once)"))
-    rules.extend(total_budget(call, None, _nbytes((m, n), case.dtype)))
+    rules.extend(total_budget(call, None, nbytes_of((m, n), case.dtype)))
 
 
-_task(
+register_task(
     id="affine_row_blocks", assignment=A4,
     title="Per-row-block scale and shift, read as scalars from a table in SMEM",
     kernel_ops=(("mul",),),
@@ -220,12 +229,12 @@ _task(
     # x * scale: under 4.8e-7 while |x * scale| < 16 (at most 8.2 in these cases)
     reference=_affine_ref, make=_make_affine, tolerance="exact",
     cases=(
-        _c("v0", 12, "float32", {"x": (64, 256), "table": (4, 2)}, bm=16),
-        _c("h0", 221, "float32", {"x": (128, 384), "table": (16, 2)}, True, bm=8),
-        _c("h1", 222, "bfloat16", {"x": (64, 256), "table": (4, 2)}, True, bm=16),
+        make_case("v0", 12, "float32", {"x": (64, 256), "table": (4, 2)}, bm=16),
+        make_case("h0", 221, "float32", {"x": (128, 384), "table": (16, 2)}, True, bm=8),
+        make_case("h1", 222, "bfloat16", {"x": (64, 256), "table": (4, 2)}, True, bm=16),
         # two big blocks: one table row per 128 rows
-        _c("h2", 223, "float32", {"x": (256, 128), "table": (2, 2)}, True, bm=128),
-        _c("h3", 224, "bfloat16", {"x": (512, 256), "table": (32, 2)}, True, bm=16),
+        make_case("h2", 223, "float32", {"x": (256, 128), "table": (2, 2)}, True, bm=128),
+        make_case("h3", 224, "bfloat16", {"x": (512, 256), "table": (32, 2)}, True, bm=16),
     ),
-    structure=_struct(_affine_rules),
+    structure=single_call(_affine_rules),
 )

@@ -18,19 +18,19 @@ import jax.numpy as jnp
 import kernelsim
 from grader.tasks.core import (
     Rule,
-    _c,
-    _dtype,
-    _f32,
-    _matmul_ref,
-    _nbytes,
-    _normal,
-    _ops,
-    _struct,
-    _task,
+    as_f32,
     calls_exactly,
     cdiv,
+    dtype_of,
     grid_is,
+    make_case,
+    matmul_reference,
+    nbytes_of,
+    normal_array,
+    operands_with_role,
     read_budget,
+    register_task,
+    single_call,
     tiled_matmul_call,
     total_budget,
 )
@@ -43,7 +43,7 @@ def _fused_rules_all(t, case, inputs) -> list[Rule]:
     rules = [calls_exactly(t, 1)]
     if t.calls:
         shape = case.arrays["x"]
-        b = _nbytes(shape, case.dtype)
+        b = nbytes_of(shape, case.dtype)
         rules.extend(total_budget(t.calls[0], 3 * b, b))
     return rules
 
@@ -76,8 +76,8 @@ def blockings(m: int, k: int, n: int, dtype: str) -> tuple[tuple[float, int, tup
     """Every candidate blocking of lesson 7's tiled matmul (``tiled_matmul_call``) of ``(m, k)
     @ (k, n)``, traced by kernelsim: (estimated seconds, on-chip peak bytes, (bm, bk, bn)),
     fastest first, ties broken by the smaller footprint."""
-    a = jax.ShapeDtypeStruct((m, k), _dtype(dtype))
-    b = jax.ShapeDtypeStruct((k, n), _dtype(dtype))
+    a = jax.ShapeDtypeStruct((m, k), dtype_of(dtype))
+    b = jax.ShapeDtypeStruct((k, n), dtype_of(dtype))
 
     def sizes(d):
         return [s for s in range(BLOCK_STEP, d + 1, BLOCK_STEP) if d % s == 0] or [d]
@@ -106,11 +106,11 @@ def _tuned_rules(call, case, rules, inputs):
     budget = case.params["vmem_budget"]
     rules.append(Rule("on-chip peak", f"<= {budget:,} B (the case's VMEM budget)",
                       f"{call.onchip_peak_bytes:,} B", call.onchip_peak_bytes <= budget))
-    rules.extend(total_budget(call, None, _nbytes((m, n), case.dtype)))
+    rules.extend(total_budget(call, None, nbytes_of((m, n), case.dtype)))
     best, blocks, peak = best_blocks(m, k, n, case.dtype, budget)
     mine = estimated_seconds(call, 2 * m * n * k, case.dtype)
     shapes = ", ".join(f"{o.name} {tuple(o.block_shape) if o.block_shape else 'whole'}"
-                       for o in _ops(call, "input"))
+                       for o in operands_with_role(call, "input"))
     rules.append(Rule(
         f"estimated time on a {CHIP.name} (kernelsim)",
         f"<= {(1 + WITHIN) * best * 1e6:.2f} us, within {WITHIN:.0%} of {best * 1e6:.2f} us: "
@@ -122,10 +122,10 @@ def _tuned_rules(call, case, rules, inputs):
 
 
 def _ln_ref(x, gamma, beta, bm):
-    xf = _f32(x)
+    xf = as_f32(x)
     mu = xf.mean(-1, keepdims=True)
     var = ((xf - mu) ** 2).mean(-1, keepdims=True)
-    return ((xf - mu) * jax.lax.rsqrt(var + 1e-5) * _f32(gamma) + _f32(beta)).astype(x.dtype)
+    return ((xf - mu) * jax.lax.rsqrt(var + 1e-5) * as_f32(gamma) + as_f32(beta)).astype(x.dtype)
 
 
 LN_OFFSET = 100  # "offset" rows: N(0, 1) + 100, a common offset a hundred times their spread
@@ -138,81 +138,83 @@ def _make_ln(rng, case):
     carries the mean's rounding (about 10⁻⁵). ``values="offset_flat"``: the same with row 1
     constant (variance 0)."""
     m, n = case.arrays["x"]
-    x = _normal(rng, (m, n), "float32")
+    x = normal_array(rng, (m, n), "float32")
     if case.values in ("offset", "offset_flat"):
         x = x + LN_OFFSET
     if case.values == "offset_flat":
         x[1] = LN_OFFSET  # a constant row: variance 0, where only the epsilon helps
-    return {"x": x.astype(_dtype(case.dtype)), "gamma": _normal(rng, (1, n), case.dtype),
-            "beta": _normal(rng, (1, n), case.dtype)}
+    return {"x": x.astype(dtype_of(case.dtype)), "gamma": normal_array(rng, (1, n), case.dtype),
+            "beta": normal_array(rng, (1, n), case.dtype)}
 
 
 def _ln_rules(call, case, rules, inputs):
     (m, n), bm = case.arrays["x"], case.params["bm"]
     rules.append(grid_is(call, (cdiv(m, bm),)))
-    b = _nbytes((m, n), case.dtype)
+    b = nbytes_of((m, n), case.dtype)
     rules.append(read_budget(call, "input", 0, b, "x (one pass)"))
-    rules.append(read_budget(call, "input", 1, _nbytes((1, n), case.dtype), "gamma (once)"))
-    rules.append(read_budget(call, "input", 2, _nbytes((1, n), case.dtype), "beta (once)"))
+    rules.append(read_budget(call, "input", 1, nbytes_of((1, n), case.dtype), "gamma (once)"))
+    rules.append(read_budget(call, "input", 2, nbytes_of((1, n), case.dtype), "beta (once)"))
     rules.extend(total_budget(call, None, b))
 
 
-_task(
+register_task(
     id="fused_add_relu_mul", assignment=A6, title="relu(x + y) * z in one pass over HBM",
     kernel_ops=(("add",), ("max",), ("mul",)),
     reference=lambda x, y, z: (jnp.maximum(x + y, 0) * z).astype(x.dtype),
     tolerance="exact",
     cases=(
-        _c("v0", 15, "float32", {"x": (64, 256), "y": (64, 256), "z": (64, 256)}),
-        _c("h0", 251, "float32", {"x": (100, 256), "y": (100, 256), "z": (100, 256)}, True),
-        _c("h1", 252, "bfloat16", {"x": (64, 256), "y": (64, 256), "z": (64, 256)}, True),
-        _c("h2", 253, "float32", {"x": (8, 128), "y": (8, 128), "z": (8, 128)}, True),
+        make_case("v0", 15, "float32", {"x": (64, 256), "y": (64, 256), "z": (64, 256)}),
+        make_case("h0", 251, "float32", {"x": (100, 256), "y": (100, 256), "z": (100, 256)}, True),
+        make_case("h1", 252, "bfloat16", {"x": (64, 256), "y": (64, 256), "z": (64, 256)}, True),
+        make_case("h2", 253, "float32", {"x": (8, 128), "y": (8, 128), "z": (8, 128)}, True),
     ),
     structure=_fused_rules_all,
 )
 _MiB = 2**20
-_task(
+register_task(
     id="matmul_tuned", assignment=A6,
     title="Choose matmul blocks for the estimated time under a VMEM budget",
     kernel_ops=(("dot_general",),),
-    reference=_matmul_ref, tolerance="reduction",
+    reference=matmul_reference, tolerance="reduction",
     cases=(
         # the best is (256, 512, 128), 768 KiB on chip: a block spanning K reads A once, and
         # A's block never moves (one buffer); square 256-blocks fill the budget and are 14 %
         # slower, 128-blocks almost 5x
-        _c("v0", 16, "bfloat16", {"a": (256, 512), "b": (512, 512)}, vmem_budget=_MiB),
+        make_case("v0", 16, "bfloat16", {"a": (256, 512), "b": (512, 512)}, vmem_budget=_MiB),
         # visible: the float32 accumulation the task names, on a long all-positive K (h3)
-        _c("v1", 265, "bfloat16", {"a": (128, 2048), "b": (2048, 128)}, values="positive",
-           vmem_budget=3 * _MiB // 8),
+        make_case("v1", 265, "bfloat16", {"a": (128, 2048), "b": (2048, 128)}, values="positive",
+                  vmem_budget=3 * _MiB // 8),
         # float32: the visible case's blocks need 1,441,792 B, over the budget
-        _c("h0", 261, "float32", {"a": (256, 512), "b": (512, 256)}, True,
-           vmem_budget=5 * _MiB // 4),
-        _c("h1", 262, "bfloat16", {"a": (384, 512), "b": (512, 512)}, True, vmem_budget=_MiB),
+        make_case("h0", 261, "float32", {"a": (256, 512), "b": (512, 256)}, True,
+                  vmem_budget=5 * _MiB // 4),
+        make_case("h1", 262, "bfloat16", {"a": (384, 512), "b": (512, 512)}, True,
+                  vmem_budget=_MiB),
         # the visible case with K doubled: the best, (256, 1024, 128), still spans K; the
         # visible case's blocks fit but read A four times and are 90 % slower
-        _c("h2", 263, "bfloat16", {"a": (256, 1024), "b": (1024, 512)}, True,
-           vmem_budget=5 * _MiB // 4),
+        make_case("h2", 263, "bfloat16", {"a": (256, 1024), "b": (1024, 512)}, True,
+                  vmem_budget=5 * _MiB // 4),
         # a tight budget forces 8 K steps over a long all-positive K: a bfloat16 accumulator
         # loses what the float32 one keeps
-        _c("h3", 264, "bfloat16", {"a": (128, 2048), "b": (2048, 128)}, True, values="positive",
-           vmem_budget=3 * _MiB // 8),
+        make_case("h3", 264, "bfloat16", {"a": (128, 2048), "b": (2048, 128)}, True,
+                  values="positive",
+                  vmem_budget=3 * _MiB // 8),
     ),
-    structure=_struct(_tuned_rules),
+    structure=single_call(_tuned_rules),
 )
-_task(
+register_task(
     id="layernorm", assignment=A6, title="LayerNorm in one pass",
     kernel_ops=(("reduce_sum",), ("rsqrt", "sqrt")),
     reference=_ln_ref, tolerance="reduction", make=_make_ln,
     cases=(
-        _c("v0", 17, "float32", {"x": (32, 256)}, bm=8),
+        make_case("v0", 17, "float32", {"x": (32, 256)}, bm=8),
         # visible: rows around 100, where the one-pass variance the task warns of fails, and
         # a constant row (variance 0), where only the epsilon keeps 1 / sqrt finite
-        _c("v1", 275, "float32", {"x": (16, 512)}, values="offset_flat", bm=8),
-        _c("h0", 271, "float32", {"x": (37, 512)}, True, bm=16),
-        _c("h1", 272, "bfloat16", {"x": (64, 256)}, True, bm=32),
-        _c("h2", 273, "float32", {"x": (16, 128)}, True, bm=16),
+        make_case("v1", 275, "float32", {"x": (16, 512)}, values="offset_flat", bm=8),
+        make_case("h0", 271, "float32", {"x": (37, 512)}, True, bm=16),
+        make_case("h1", 272, "bfloat16", {"x": (64, 256)}, True, bm=32),
+        make_case("h2", 273, "float32", {"x": (16, 128)}, True, bm=16),
         # rows around 100 (see _make_ln): the one-pass variance E[x²] - E[x]² fails here
-        _c("h3", 274, "float32", {"x": (44, 512)}, True, values="offset", bm=8),
+        make_case("h3", 274, "float32", {"x": (44, 512)}, True, values="offset", bm=8),
     ),
-    structure=_struct(_ln_rules),
+    structure=single_call(_ln_rules),
 )

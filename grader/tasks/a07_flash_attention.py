@@ -11,17 +11,17 @@ import numpy as np
 from grader.tasks.core import (
     Case,
     Rule,
-    _c,
-    _dtype,
-    _f32,
-    _nbytes,
-    _normal,
-    _struct,
-    _task,
+    as_f32,
     block_is,
     cdiv,
+    dtype_of,
     grid_is,
+    make_case,
+    nbytes_of,
+    normal_array,
     read_budget,
+    register_task,
+    single_call,
     total_budget,
 )
 
@@ -39,7 +39,7 @@ def _attn_ref(q, k, v, bq, bk, causal=False):
         lq, lk = s.shape
         s = jnp.where(jnp.arange(lq)[:, None] >= jnp.arange(lk)[None, :], s, -jnp.inf)
     p = jax.nn.softmax(s, axis=-1)
-    return jnp.dot(p, _f32(v)).astype(q.dtype)
+    return jnp.dot(p, as_f32(v)).astype(q.dtype)
 
 
 def _scores_rules(call, case, rules, inputs):
@@ -53,18 +53,19 @@ def _flash_rules(call, case, rules, inputs, causal=False):
     (lq, d), (lk, _) = case.arrays["q"], case.arrays["k"]
     bq, bk = case.params["bq"], case.params["bk"]
     rules.append(grid_is(call, (cdiv(lq, bq), lk // bk)))
-    rules.extend(total_budget(call, None, _nbytes((lq, d), case.dtype)))
+    rules.extend(total_budget(call, None, nbytes_of((lq, d), case.dtype)))
     if causal:
         needed = sum(min(lk // bk, cdiv(min(lq, (i + 1) * bq), bk)) for i in range(cdiv(lq, bq)))
-        budget = needed * _nbytes((bk, d), case.dtype)
+        budget = needed * nbytes_of((bk, d), case.dtype)
         label = f"k (only the {needed} blocks at or below the diagonal)"
     else:
-        budget = cdiv(lq, bq) * _nbytes((lk, d), case.dtype)
+        budget = cdiv(lq, bq) * nbytes_of((lk, d), case.dtype)
         label = f"k (once per query block, {cdiv(lq, bq)} times)"
     rules.append(read_budget(call, "input", 1, budget, label))
-    rules.append(Rule("no (Lq, Lk) scores in HBM", f"writes <= {_nbytes((lq, d), case.dtype):,} B",
+    rules.append(Rule("no (Lq, Lk) scores in HBM",
+                      f"writes <= {nbytes_of((lq, d), case.dtype):,} B",
                       f"{call.hbm_write_bytes:,} B",
-                      call.hbm_write_bytes <= _nbytes((lq, d), case.dtype)))
+                      call.hbm_write_bytes <= nbytes_of((lq, d), case.dtype)))
 
 
 _qkv = lambda lq, lk, d: {"q": (lq, d), "k": (lk, d), "v": (lk, d)}  # noqa: E731
@@ -79,55 +80,55 @@ def _attention_inputs(rng: np.random.Generator, case: Case) -> dict[str, np.ndar
     within the tolerance. (Inputs of 30 N(0, 1) + 60 made scores of ~3e4, whose rounding alone
     moved a near-tied softmax, and the output, by up to 0.2.) v stays N(0, 1)."""
     scale = {"q": LOGIT_SCALE, "k": LOGIT_SCALE} if case.values == "large" else {}
-    return {name: np.asarray((_normal(rng, shape, "float32") * scale.get(name, 1))
-                             .astype(_dtype(case.dtype)))
+    return {name: np.asarray((normal_array(rng, shape, "float32") * scale.get(name, 1))
+                             .astype(dtype_of(case.dtype)))
             for name, shape in case.arrays.items()}
 
 
-_task(
+register_task(
     id="attention_scores", assignment=A7, title="Tiled scaled scores q @ k.T / sqrt(d)",
     kernel_ops=(("dot_general",),),
     reference=_scores_ref, tolerance="reduction",
     cases=(
         # score blocks (bq, bk) are the output's: bk a multiple of 128 (the TPU's lane rule),
         # every block a power of two (Triton's), so the kernel compiles on both
-        _c("v0", 18, "float32", {"q": (32, 64), "k": (256, 64)}, bq=16, bk=128),
-        _c("h0", 281, "float32", {"q": (40, 64), "k": (300, 64)}, True, bq=16, bk=128),
-        _c("h1", 282, "bfloat16", {"q": (64, 128), "k": (256, 128)}, True, bq=32, bk=128),
-        _c("h2", 283, "float32", {"q": (48, 32), "k": (384, 32)}, True, bq=16, bk=128),
+        make_case("v0", 18, "float32", {"q": (32, 64), "k": (256, 64)}, bq=16, bk=128),
+        make_case("h0", 281, "float32", {"q": (40, 64), "k": (300, 64)}, True, bq=16, bk=128),
+        make_case("h1", 282, "bfloat16", {"q": (64, 128), "k": (256, 128)}, True, bq=32, bk=128),
+        make_case("h2", 283, "float32", {"q": (48, 32), "k": (384, 32)}, True, bq=16, bk=128),
     ),
-    structure=_struct(_scores_rules),
+    structure=single_call(_scores_rules),
 )
-_task(
+register_task(
     id="flash_attention", assignment=A7, title="Flash-attention forward (online softmax)",
     kernel_ops=(("dot_general",), ("exp",)),
     reference=_attn_ref, tolerance="attention", make=_attention_inputs,
     cases=(
-        _c("v0", 19, "float32", _qkv(32, 128, 64), bq=16, bk=32),
+        make_case("v0", 19, "float32", _qkv(32, 128, 64), bq=16, bk=32),
         # large scores, visible: the online softmax overflows without the running max
-        _c("v1", 21, "float32", _qkv(32, 128, 64), values="large", bq=16, bk=32),
-        _c("h0", 291, "float32", _qkv(40, 128, 64), True, bq=16, bk=32),
-        _c("h1", 292, "bfloat16", _qkv(64, 128, 128), True, bq=32, bk=64),
-        _c("h2", 293, "float32", _qkv(16, 48, 32), True, bq=8, bk=16),
-        _c("h3", 294, "float32", _qkv(32, 128, 64), True, values="large", bq=16, bk=32),
+        make_case("v1", 21, "float32", _qkv(32, 128, 64), values="large", bq=16, bk=32),
+        make_case("h0", 291, "float32", _qkv(40, 128, 64), True, bq=16, bk=32),
+        make_case("h1", 292, "bfloat16", _qkv(64, 128, 128), True, bq=32, bk=64),
+        make_case("h2", 293, "float32", _qkv(16, 48, 32), True, bq=8, bk=16),
+        make_case("h3", 294, "float32", _qkv(32, 128, 64), True, values="large", bq=16, bk=32),
     ),
-    structure=_struct(_flash_rules),
+    structure=single_call(_flash_rules),
 )
-_task(
+register_task(
     id="causal_flash_attention", assignment=A7, title="Causal flash attention, skipping blocks",
     kernel_ops=(("dot_general",), ("exp",)),
     reference=lambda q, k, v, bq, bk: _attn_ref(q, k, v, bq, bk, causal=True),
     tolerance="attention", make=_attention_inputs,
     cases=(
-        _c("v0", 20, "float32", _qkv(64, 64, 64), bq=16, bk=16),
-        _c("v1", 22, "float32", _qkv(64, 64, 64), values="large", bq=16, bk=16),
-        _c("h0", 301, "float32", _qkv(96, 96, 64), True, bq=32, bk=16),
-        _c("h1", 302, "bfloat16", _qkv(128, 128, 128), True, bq=32, bk=32),
-        _c("h2", 303, "float32", _qkv(48, 48, 32), True, bq=16, bk=16),
-        _c("h3", 304, "float32", _qkv(64, 64, 64), True, values="large", bq=16, bk=16),
+        make_case("v0", 20, "float32", _qkv(64, 64, 64), bq=16, bk=16),
+        make_case("v1", 22, "float32", _qkv(64, 64, 64), values="large", bq=16, bk=16),
+        make_case("h0", 301, "float32", _qkv(96, 96, 64), True, bq=32, bk=16),
+        make_case("h1", 302, "bfloat16", _qkv(128, 128, 128), True, bq=32, bk=32),
+        make_case("h2", 303, "float32", _qkv(48, 48, 32), True, bq=16, bk=16),
+        make_case("h3", 304, "float32", _qkv(64, 64, 64), True, values="large", bq=16, bk=16),
         # bq < bk: every query block ends inside a key block that straddles the diagonal
-        _c("h4", 305, "float32", _qkv(128, 128, 64), True, bq=16, bk=32),
+        make_case("h4", 305, "float32", _qkv(128, 128, 64), True, bq=16, bk=32),
     ),
-    structure=_struct(lambda call, case, rules, inputs: _flash_rules(call, case, rules, inputs,
+    structure=single_call(lambda call, case, rules, inputs: _flash_rules(call, case, rules, inputs,
                                                                    causal=True)),
 )

@@ -34,14 +34,14 @@ from grader import calling
 from grader.calling import absmax_scale
 from grader.tasks.core import (
     Rule,
-    _c,
-    _nbytes,
-    _ops,
-    _struct,
-    _task,
     block_is,
     cdiv,
     grid_is,
+    make_case,
+    nbytes_of,
+    operands_with_role,
+    register_task,
+    single_call,
     total_budget,
 )
 
@@ -55,7 +55,7 @@ def _reference(x, chunk):
 # ----------------------------------------------------------------------------- shared rules
 def _x_left_in_hbm(call, nbytes: int) -> list[Rule]:
     """x in ``pl.ANY``: no pipeline fetch, and the kernel's own DMAs read each byte once."""
-    ops = _ops(call, "input")
+    ops = operands_with_role(call, "input")
     if not ops:
         return [Rule("x left in HBM", "input 0 in pl.ANY", "no input operand", False)]
     x = ops[0]
@@ -67,7 +67,7 @@ def _x_left_in_hbm(call, nbytes: int) -> list[Rule]:
 
 def _output_left_in_hbm(call, nbytes: int) -> list[Rule]:
     """The output in ``pl.ANY``: no pipeline write-back, the kernel's DMAs write it once."""
-    ops = _ops(call, "output")
+    ops = operands_with_role(call, "output")
     if not ops:
         return [Rule("output left in HBM", "output 0 in pl.ANY", "no output operand", False)]
     out = ops[0]
@@ -134,11 +134,11 @@ def pipelined(order, case, buffers: int = 2, out: bool = False) -> list[Rule]:
 # ----------------------------------------------------------------------------- task 1: by hand
 def _dma_rules(call, case, rules, inputs):
     (m, n), chunk = case.arrays["x"], case.params["chunk"]
-    chunk_bytes = _nbytes((chunk, n), case.dtype)
+    chunk_bytes = nbytes_of((chunk, n), case.dtype)
     rules.append(grid_is(call, (cdiv(m, chunk),)))
-    rules.extend(_x_left_in_hbm(call, _nbytes((m, n), case.dtype)))
+    rules.extend(_x_left_in_hbm(call, nbytes_of((m, n), case.dtype)))
     rules.append(block_is(call, "output", 0, (chunk, n), "output"))
-    rules.extend(total_budget(call, None, _nbytes((m, n), case.dtype)))
+    rules.extend(total_budget(call, None, nbytes_of((m, n), case.dtype)))
     # the output block moves with the grid, so it gets two buffers; with one step it never
     # moves and Mosaic gives it one (kernelsim mirrors that)
     out_buffers = 2 if cdiv(m, chunk) > 1 else 1
@@ -150,7 +150,7 @@ def _dma_rules(call, case, rules, inputs):
 # --------------------------------------------------------------------------- task 2: emit_pipeline
 def _pipeline_rules(call, case, rules, inputs):
     (m, n) = case.arrays["x"]
-    nbytes = _nbytes((m, n), case.dtype)
+    nbytes = nbytes_of((m, n), case.dtype)
     rules.append(grid_is(call, ()))
     rules.extend(_x_left_in_hbm(call, nbytes))
     rules.extend(_output_left_in_hbm(call, nbytes))
@@ -162,15 +162,15 @@ def _pipeline_rules(call, case, rules, inputs):
 # ----------------------------------------------------------------------------- task 3: in place
 def _in_place_rules(call, case, rules, inputs):
     (m, n), chunk = case.arrays["x"], case.params["chunk"]
-    nbytes = _nbytes((m, n), case.dtype)
+    nbytes = nbytes_of((m, n), case.dtype)
     rules.append(grid_is(call, ()))
     rules.extend(_x_left_in_hbm(call, nbytes))
     rules.extend(_output_left_in_hbm(call, nbytes))
-    rules.append(_footprint(call, 2 * _nbytes((chunk, n), case.dtype),
+    rules.append(_footprint(call, 2 * nbytes_of((chunk, n), case.dtype),
                             f"two ({chunk}, {n}) chunk buffers, each scaled in place"))
 
 
-_task(
+register_task(
     id="absmax_dma", assignment=A8,
     title="Double buffering by hand: x in HBM, two VMEM buffers, DMAs across grid steps",
     kernel_ops=(("reduce_max",),),
@@ -178,18 +178,18 @@ _task(
     invoke=calling.with_race_detector, dma_rules=pipelined,
     cases=(
         # three chunks, the last one short (8 rows)
-        _c("v0", 80, "float32", {"x": (40, 256)}, chunk=16),
-        _c("h0", 801, "float32", {"x": (64, 128)}, True, chunk=16),
+        make_case("v0", 80, "float32", {"x": (40, 256)}, chunk=16),
+        make_case("h0", 801, "float32", {"x": (64, 128)}, True, chunk=16),
         # a short last chunk of 16 bfloat16 rows (one packed tile)
-        _c("h1", 802, "bfloat16", {"x": (80, 256)}, True, chunk=32),
+        make_case("h1", 802, "bfloat16", {"x": (80, 256)}, True, chunk=32),
         # one chunk: no next copy to start
-        _c("h2", 803, "float32", {"x": (16, 384)}, True, chunk=16),
+        make_case("h2", 803, "float32", {"x": (16, 384)}, True, chunk=16),
         # five chunks, an odd count, the last one short
-        _c("h3", 804, "float32", {"x": (72, 128)}, True, chunk=16),
+        make_case("h3", 804, "float32", {"x": (72, 128)}, True, chunk=16),
     ),
-    structure=_struct(_dma_rules),
+    structure=single_call(_dma_rules),
 )
-_task(
+register_task(
     id="absmax_pipeline", assignment=A8,
     title="The same pipeline with pltpu.emit_pipeline inside the kernel",
     kernel_ops=(("reduce_max",),),
@@ -197,14 +197,14 @@ _task(
     invoke=calling.pipeline,
     dma_rules=lambda order, case: pipelined(order, case, out=True),
     cases=(
-        _c("v0", 81, "float32", {"x": (40, 256)}, chunk=16),
-        _c("h0", 811, "float32", {"x": (64, 128)}, True, chunk=16),
-        _c("h1", 812, "bfloat16", {"x": (80, 256)}, True, chunk=32),
-        _c("h2", 813, "float32", {"x": (16, 384)}, True, chunk=16),
+        make_case("v0", 81, "float32", {"x": (40, 256)}, chunk=16),
+        make_case("h0", 811, "float32", {"x": (64, 128)}, True, chunk=16),
+        make_case("h1", 812, "bfloat16", {"x": (80, 256)}, True, chunk=32),
+        make_case("h2", 813, "float32", {"x": (16, 384)}, True, chunk=16),
     ),
-    structure=_struct(_pipeline_rules),
+    structure=single_call(_pipeline_rules),
 )
-_task(
+register_task(
     id="absmax_in_place", assignment=A8,
     title="Find the bug: a copy into a buffer its write-back is still reading",
     kernel_ops=(("reduce_max",),),
@@ -214,10 +214,10 @@ _task(
     cases=(
         # every case has at least five chunks: the race is at chunks 1 .. n-2, and each of
         # them is a separate chance for the detector (see calling.RACE_CLOCK_SIZE)
-        _c("v0", 82, "float32", {"x": (96, 256)}, chunk=16),
-        _c("h0", 821, "float32", {"x": (40, 128)}, True, chunk=8),
-        _c("h1", 822, "bfloat16", {"x": (160, 256)}, True, chunk=32),
-        _c("h2", 823, "float32", {"x": (128, 384)}, True, chunk=16),
+        make_case("v0", 82, "float32", {"x": (96, 256)}, chunk=16),
+        make_case("h0", 821, "float32", {"x": (40, 128)}, True, chunk=8),
+        make_case("h1", 822, "bfloat16", {"x": (160, 256)}, True, chunk=32),
+        make_case("h2", 823, "float32", {"x": (128, 384)}, True, chunk=16),
     ),
-    structure=_struct(_in_place_rules),
+    structure=single_call(_in_place_rules),
 )

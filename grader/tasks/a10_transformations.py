@@ -25,18 +25,18 @@ import jax.numpy as jnp
 from grader import calling
 from grader.tasks.core import (
     Rule,
-    _c,
-    _f32,
-    _nbytes,
-    _struct,
-    _task,
-    _values,
+    as_f32,
     block_is,
     calls_at_least,
     cdiv,
+    drawn_values,
     grid_is,
+    make_case,
+    nbytes_of,
     read_budget,
+    register_task,
     role_count,
+    single_call,
     total_budget,
 )
 
@@ -50,42 +50,42 @@ def _batched_rules(call, case, rules, inputs):
     rules.append(grid_is(call, (b, cdiv(m, bm))))
     rules.append(block_is(call, "input", 0, (None, bm, n), "x (batch dimension squeezed)"))
     rules.append(block_is(call, "input", 1, (1, n), "bias (unbatched: no batch dimension)"))
-    rules.append(read_budget(call, "input", 1, _nbytes((1, n), case.dtype),
+    rules.append(read_budget(call, "input", 1, nbytes_of((1, n), case.dtype),
                              "bias (fetched once for the whole batch)"))
 
 
-_task(
+register_task(
     id="batched_bias_tanh", assignment=A10, title="A kernel for one matrix, vmapped over a batch",
     kernel_ops=(("tanh",),),
-    reference=lambda x, bias, bm: jnp.tanh(_f32(x) + _f32(bias)).astype(x.dtype),
+    reference=lambda x, bias, bm: jnp.tanh(as_f32(x) + as_f32(bias)).astype(x.dtype),
     tolerance="reduction",
     cases=(
-        _c("v0", 10, "float32", {"x": (3, 16, 128), "bias": (1, 128)}, bm=8),
-        _c("h0", 1001, "float32", {"x": (2, 37, 256), "bias": (1, 256)}, True, bm=16),
-        _c("h1", 1002, "bfloat16", {"x": (4, 32, 128), "bias": (1, 128)}, True, bm=8),
-        _c("h2", 1003, "float32", {"x": (5, 8, 512), "bias": (1, 512)}, True, bm=8),
+        make_case("v0", 10, "float32", {"x": (3, 16, 128), "bias": (1, 128)}, bm=8),
+        make_case("h0", 1001, "float32", {"x": (2, 37, 256), "bias": (1, 256)}, True, bm=16),
+        make_case("h1", 1002, "bfloat16", {"x": (4, 32, 128), "bias": (1, 128)}, True, bm=8),
+        make_case("h2", 1003, "float32", {"x": (5, 8, 512), "bias": (1, 512)}, True, bm=8),
     ),
-    structure=_struct(_batched_rules),
+    structure=single_call(_batched_rules),
 )
 
 
 # ----------------------------------------------------------------------------- task 2: custom_vjp
 def _rms_norm_f32(x):
-    x = _f32(x)
+    x = as_f32(x)
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + RMS_EPS)
 
 
 def _rms_norm_ref(x, g, bm):
     """``stack([y, dx])``: the RMS norm and plain JAX's gradient for the cotangent ``g``, both
     computed in float32 and rounded once to the input's dtype."""
-    y, pullback = jax.vjp(_rms_norm_f32, _f32(x))
-    (dx,) = pullback(_f32(g))
+    y, pullback = jax.vjp(_rms_norm_f32, as_f32(x))
+    (dx,) = pullback(as_f32(g))
     return jnp.stack([y, dx]).astype(x.dtype)
 
 
 def _make_rms_norm(rng, case):
     """x and the cotangent g as drawn; with ``values="zero_row"`` row 1 of x is all zeros."""
-    out = {k: _values(rng, s, case) for k, s in case.arrays.items()}
+    out = {k: drawn_values(rng, s, case) for k, s in case.arrays.items()}
     if case.values == "zero_row":
         out["x"][1] = 0
     return out
@@ -108,21 +108,21 @@ def _rms_norm_rules(t, case, inputs) -> list[Rule]:
     return rules
 
 
-_task(
+register_task(
     id="rms_norm", assignment=A10, title="RMS norm: forward and backward kernels via custom_vjp",
     kernel_ops=(("rsqrt", "sqrt"),),
     reference=_rms_norm_ref, invoke=calling.rms_norm_vjp, make=_make_rms_norm,
     tolerance="reduction",
     cases=(
-        _c("v0", 20, "float32", {"x": (16, 128), "g": (16, 128)}, bm=8),
+        make_case("v0", 20, "float32", {"x": (16, 128), "g": (16, 128)}, bm=8),
         # visible: an all-zero row of x, whose mean square is 0: without RMS_EPS its
         # reciprocal square root is inf and the row NaN
-        _c("v1", 21, "float32", {"x": (16, 128), "g": (16, 128)}, values="zero_row", bm=8),
-        _c("h0", 2001, "float32", {"x": (37, 256), "g": (37, 256)}, True, bm=16),
-        _c("h1", 2002, "bfloat16", {"x": (32, 512), "g": (32, 512)}, True, bm=8),
-        _c("h2", 2003, "float32", {"x": (64, 128), "g": (64, 128)}, True, values="large",
-           bm=32),
-        _c("h3", 2004, "float32", {"x": (8, 1024), "g": (8, 1024)}, True, bm=8),
+        make_case("v1", 21, "float32", {"x": (16, 128), "g": (16, 128)}, values="zero_row", bm=8),
+        make_case("h0", 2001, "float32", {"x": (37, 256), "g": (37, 256)}, True, bm=16),
+        make_case("h1", 2002, "bfloat16", {"x": (32, 512), "g": (32, 512)}, True, bm=8),
+        make_case("h2", 2003, "float32", {"x": (64, 128), "g": (64, 128)}, True, values="large",
+                  bm=32),
+        make_case("h3", 2004, "float32", {"x": (8, 1024), "g": (8, 1024)}, True, bm=8),
     ),
     structure=_rms_norm_rules,
 )
@@ -131,7 +131,7 @@ _task(
 # ----------------------------------------------------------------------------- task 3: aliasing
 def _add_rows_ref(acc, delta, start, bm):
     rows = delta.shape[0]
-    updated = (_f32(acc[start:start + rows]) + _f32(delta)).astype(acc.dtype)
+    updated = (as_f32(acc[start:start + rows]) + as_f32(delta)).astype(acc.dtype)
     return acc.at[start:start + rows].set(updated)
 
 
@@ -139,22 +139,22 @@ def _add_rows_rules(call, case, rules, inputs):
     (_, n), (r, _) = case.arrays["acc"], case.arrays["delta"]
     bm = case.params["bm"]
     rules.append(grid_is(call, (r // bm,)))
-    updated = _nbytes((r, n), case.dtype)
+    updated = nbytes_of((r, n), case.dtype)
     rules.extend(total_budget(call, read=2 * updated, write=updated))
 
 
-_task(
+register_task(
     id="add_rows_in_place", assignment=A10, title="Add rows into a buffer in place",
     kernel_ops=(("add",),),
     reference=_add_rows_ref,
     cases=(
-        _c("v0", 30, "float32", {"acc": (64, 128), "delta": (16, 128)}, start=24, bm=8),
-        _c("h0", 3001, "float32", {"acc": (128, 256), "delta": (32, 256)}, True, start=0,
-           bm=16),
-        _c("h1", 3002, "bfloat16", {"acc": (64, 128), "delta": (8, 128)}, True, start=56,
-           bm=8),
-        _c("h2", 3003, "float32", {"acc": (256, 128), "delta": (64, 128)}, True, start=128,
-           bm=32),
+        make_case("v0", 30, "float32", {"acc": (64, 128), "delta": (16, 128)}, start=24, bm=8),
+        make_case("h0", 3001, "float32", {"acc": (128, 256), "delta": (32, 256)}, True, start=0,
+                  bm=16),
+        make_case("h1", 3002, "bfloat16", {"acc": (64, 128), "delta": (8, 128)}, True, start=56,
+                  bm=8),
+        make_case("h2", 3003, "float32", {"acc": (256, 128), "delta": (64, 128)}, True, start=128,
+                  bm=32),
     ),
-    structure=_struct(_add_rows_rules),
+    structure=single_call(_add_rows_rules),
 )

@@ -33,8 +33,18 @@ from jax.experimental import pallas as pl
 
 import kernelsim
 from grader import calling
-from grader.tasks.a04_memory_spaces import _prediction_structure
-from grader.tasks.core import Rule, _c, _f32, _matmul_ref, _ops, _struct, _task, block_is, cdiv
+from grader.tasks.a04_memory_spaces import prediction_structure
+from grader.tasks.core import (
+    Rule,
+    as_f32,
+    block_is,
+    cdiv,
+    make_case,
+    matmul_reference,
+    operands_with_role,
+    register_task,
+    single_call,
+)
 
 A11 = "11_gpu"
 LOOP = ("scan", "while")  # what a lax.fori_loop becomes in a kernel's jaxpr
@@ -44,7 +54,7 @@ def _one_write_per_block(call, out_blocks: int) -> Rule:
     """Each output block written by exactly one grid step: as many steps as output blocks,
     and every step writes its block back (none keeps it for the next step). With every value
     right, every block was written, so no two steps share one."""
-    outs = _ops(call, "output")
+    outs = operands_with_role(call, "output")
     writebacks = outs[0].writebacks if outs else -1
     steps = math.prod(call.grid)
     return Rule("each output block written by exactly one grid step",
@@ -63,27 +73,27 @@ def _row_sums_rules(call, case, rules, inputs):
     rules.append(_one_write_per_block(call, cdiv(m, bm)))
 
 
-_task(
+register_task(
     id="gpu_row_sums", assignment=A11, target="gpu",
     title="Row sums, GPU-safe: the K loop inside the program",
     kernel_ops=(("reduce_sum",), LOOP),
-    reference=lambda x, bm, bk: jnp.sum(_f32(x), axis=1, keepdims=True).astype(x.dtype),
+    reference=lambda x, bm, bk: jnp.sum(as_f32(x), axis=1, keepdims=True).astype(x.dtype),
     invoke=calling.lowered_for_gpu,
     tolerance="reduction",
     cases=(
         # K = 384 is not a power of two: the (16, 384) band must be loaded in 128-wide chunks
-        _c("v0", 110, "float32", {"x": (64, 384)}, bm=16, bk=128),
+        make_case("v0", 110, "float32", {"x": (64, 384)}, bm=16, bk=128),
         # visible: long all-positive bfloat16 rows, twice h4's length, so that a bfloat16
         # running total's roundings outgrow the tolerance (at h4's length some seeds pass)
-        _c("v1", 1106, "bfloat16", {"x": (16, 8192)}, values="positive", bm=16, bk=256),
-        _c("h0", 1101, "bfloat16", {"x": (40, 512)}, True, bm=16, bk=256),
-        _c("h1", 1102, "float32", {"x": (32, 1024)}, True, "positive", bm=32, bk=128),
-        _c("h2", 1103, "float32", {"x": (16, 128)}, True, bm=16, bk=128),
-        _c("h3", 1104, "float32", {"x": (48, 640)}, True, bm=8, bk=128),
+        make_case("v1", 1106, "bfloat16", {"x": (16, 8192)}, values="positive", bm=16, bk=256),
+        make_case("h0", 1101, "bfloat16", {"x": (40, 512)}, True, bm=16, bk=256),
+        make_case("h1", 1102, "float32", {"x": (32, 1024)}, True, "positive", bm=32, bk=128),
+        make_case("h2", 1103, "float32", {"x": (16, 128)}, True, bm=16, bk=128),
+        make_case("h3", 1104, "float32", {"x": (48, 640)}, True, bm=8, bk=128),
         # long all-positive bfloat16 rows: a running total kept in bfloat16 fails it
-        _c("h4", 1105, "bfloat16", {"x": (16, 4096)}, True, "positive", bm=16, bk=256),
+        make_case("h4", 1105, "bfloat16", {"x": (16, 4096)}, True, "positive", bm=16, bk=256),
     ),
-    structure=_struct(_row_sums_rules),
+    structure=single_call(_row_sums_rules),
 )
 
 
@@ -98,31 +108,31 @@ def _matmul_rules(call, case, rules, inputs):
     rules.append(_one_write_per_block(call, math.prod(grid)))
 
 
-_task(
+register_task(
     id="gpu_matmul", assignment=A11, target="gpu",
     title="Matmul, GPU-safe: one program per output block",
     kernel_ops=(("dot_general",), LOOP),
-    reference=_matmul_ref,
+    reference=matmul_reference,
     invoke=calling.lowered_for_gpu,
     tolerance="reduction",
     cases=(
         # K = 384: the (bm, K) band of A cannot be loaded whole (not a power of two)
-        _c("v0", 111, "float32", {"a": (64, 384), "b": (384, 128)}, bm=32, bn=128, bk=64),
+        make_case("v0", 111, "float32", {"a": (64, 384), "b": (384, 128)}, bm=32, bn=128, bk=64),
         # visible: a long all-positive K in bfloat16, which a bfloat16 accumulator loses
-        _c("v1", 1115, "bfloat16", {"a": (32, 1024), "b": (1024, 128)}, values="positive",
-           bm=32, bn=128, bk=128),
-        _c("h0", 1111, "bfloat16", {"a": (64, 256), "b": (256, 256)}, True,
-           bm=32, bn=128, bk=128),
+        make_case("v1", 1115, "bfloat16", {"a": (32, 1024), "b": (1024, 128)}, values="positive",
+                  bm=32, bn=128, bk=128),
+        make_case("h0", 1111, "bfloat16", {"a": (64, 256), "b": (256, 256)}, True,
+                  bm=32, bn=128, bk=128),
         # edge blocks in M (40 = 2·16 + 8) and several column blocks
-        _c("h1", 1112, "float32", {"a": (40, 384), "b": (384, 384)}, True,
-           bm=16, bn=128, bk=32),
+        make_case("h1", 1112, "float32", {"a": (40, 384), "b": (384, 384)}, True,
+                  bm=16, bn=128, bk=32),
         # a long all-positive K: a bfloat16 accumulator would fail it
-        _c("h2", 1113, "bfloat16", {"a": (32, 1024), "b": (1024, 128)}, True, "positive",
-           bm=32, bn=128, bk=128),
-        _c("h3", 1114, "float32", {"a": (128, 512), "b": (512, 256)}, True,
-           bm=64, bn=128, bk=32),
+        make_case("h2", 1113, "bfloat16", {"a": (32, 1024), "b": (1024, 128)}, True, "positive",
+                  bm=32, bn=128, bk=128),
+        make_case("h3", 1114, "float32", {"a": (128, 512), "b": (512, 256)}, True,
+                  bm=64, bn=128, bk=32),
     ),
-    structure=_struct(_matmul_rules),
+    structure=single_call(_matmul_rules),
 )
 
 
@@ -153,20 +163,20 @@ def gpu_matmul_read_bytes(m, k, n, bm, bn, itemsize) -> int:
     return int(kernelsim.trace(call, a, b, model="gpu", chip="h100").calls[0].hbm_read_bytes)
 
 
-_task(
+register_task(
     id="predict_gpu_reads", assignment=A11, target="gpu",
     title="Predict the HBM bytes the GPU model counts for gpu_matmul, then run kernelsim",
     reference=lambda **p: np.full((1, 1), gpu_matmul_read_bytes(**p), np.int32),
     invoke=calling.prediction, own_kernels=False,
     cases=(
-        _c("v0", 0, "float32", {}, m=64, k=384, n=128, bm=32, bn=128, itemsize=4),
+        make_case("v0", 0, "float32", {}, m=64, k=384, n=128, bm=32, bn=128, itemsize=4),
         # several column blocks: A's band is read once per column block
-        _c("h0", 0, "float32", {}, True, m=128, k=512, n=512, bm=64, bn=128, itemsize=4),
+        make_case("h0", 0, "float32", {}, True, m=128, k=512, n=512, bm=64, bn=128, itemsize=4),
         # edge blocks: only their in-bounds part is read
-        _c("h1", 0, "float32", {}, True, m=40, k=384, n=384, bm=16, bn=256, itemsize=4),
-        _c("h2", 0, "float32", {}, True, m=256, k=256, n=256, bm=32, bn=128, itemsize=2),
+        make_case("h1", 0, "float32", {}, True, m=40, k=384, n=384, bm=16, bn=256, itemsize=4),
+        make_case("h2", 0, "float32", {}, True, m=256, k=256, n=256, bm=32, bn=128, itemsize=2),
         # a single program: each operand read once
-        _c("h3", 0, "float32", {}, True, m=64, k=1024, n=128, bm=64, bn=128, itemsize=2),
+        make_case("h3", 0, "float32", {}, True, m=64, k=1024, n=128, bm=64, bn=128, itemsize=2),
     ),
-    structure=_prediction_structure,
+    structure=prediction_structure,
 )

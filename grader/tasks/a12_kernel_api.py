@@ -30,13 +30,13 @@ from grader import calling
 from grader.calling import softmax_rows
 from grader.tasks.core import (
     Rule,
-    _c,
-    _f32,
-    _nbytes,
-    _ops,
-    _struct,
-    _task,
+    as_f32,
     grid_is,
+    make_case,
+    nbytes_of,
+    operands_with_role,
+    register_task,
+    single_call,
     total_budget,
 )
 
@@ -45,7 +45,7 @@ A12 = "12_kernel_api"
 
 def _left_in_hbm(call, role: str) -> list[Rule]:
     """Every operand of ``role`` in ``pl.ANY``: no pipeline fetch or write-back."""
-    ops = _ops(call, role)
+    ops = operands_with_role(call, role)
     moved = [f"{o.name}: {o.fetches} fetches, {o.writebacks} write-backs" for o in ops
              if o.fetches or o.writebacks or o.memory_space not in ("any", "hbm")]
     return [Rule(f"{role}s left in HBM (memory_space=pl.ANY)", "no pipeline copies of them",
@@ -59,7 +59,7 @@ def _softmax_reference(x, parts):
 
 def _softmax_rules(call, case, rules, inputs):
     m, n = case.arrays["x"]
-    nbytes = _nbytes((m, n), case.dtype)
+    nbytes = nbytes_of((m, n), case.dtype)
     rules.append(grid_is(call, ()))
     rules.extend(_left_in_hbm(call, "input"))
     rules.extend(_left_in_hbm(call, "output"))
@@ -71,7 +71,7 @@ def _softmax_rules(call, case, rules, inputs):
                       len(scratch) == 1 and scratch[0].memory_space == "vmem"))
 
 
-_task(
+register_task(
     id="softmax_in_parts", assignment=A12,
     title="Row softmax with the input copied in parts, all copies in flight at once",
     kernel_ops=(("exp",), ("reduce_max",)),
@@ -79,13 +79,13 @@ _task(
     invoke=calling.with_race_detector,
     tolerance="reduction",
     cases=(
-        _c("v0", 120, "float32", {"x": (64, 256)}, parts=2),
-        _c("h0", 1201, "float32", {"x": (64, 128)}, True, parts=4),
-        _c("h1", 1202, "bfloat16", {"x": (64, 256)}, True, parts=2),
-        _c("h2", 1203, "float32", {"x": (32, 384)}, True, values="large", parts=4),
-        _c("h3", 1204, "float32", {"x": (16, 128)}, True, parts=1),
+        make_case("v0", 120, "float32", {"x": (64, 256)}, parts=2),
+        make_case("h0", 1201, "float32", {"x": (64, 128)}, True, parts=4),
+        make_case("h1", 1202, "bfloat16", {"x": (64, 256)}, True, parts=2),
+        make_case("h2", 1203, "float32", {"x": (32, 384)}, True, values="large", parts=4),
+        make_case("h3", 1204, "float32", {"x": (16, 128)}, True, parts=1),
     ),
-    structure=_struct(_softmax_rules),
+    structure=single_call(_softmax_rules),
 )
 
 
@@ -94,7 +94,7 @@ CORES = 2  # the "core_parallel" axis: one TensorCore per index
 
 
 def _mm_reference(a, b, bias, bm, bk, bn):
-    out = jnp.dot(_f32(a), _f32(b), precision="highest") + _f32(bias)
+    out = jnp.dot(as_f32(a), as_f32(b), precision="highest") + as_f32(bias)
     return jnp.maximum(out, 0.0).astype(a.dtype)
 
 
@@ -109,12 +109,12 @@ def _mm_rules(call, case, rules, inputs):
     rules.extend(_left_in_hbm(call, "output"))
     # the tiled matmul's reads (lesson 4): a once per column block, b once per row block, the
     # bias at most once per row block; split between the cores, not done twice
-    read = (_nbytes((m, k), case.dtype) * (n // bn) + _nbytes((k, n), case.dtype) * (m // bm)
-            + _nbytes((1, n), case.dtype) * (m // bm))
-    rules.extend(total_budget(call, read=read, write=_nbytes((m, n), case.dtype)))
+    read = (nbytes_of((m, k), case.dtype) * (n // bn) + nbytes_of((k, n), case.dtype) * (m // bm)
+            + nbytes_of((1, n), case.dtype) * (m // bm))
+    rules.extend(total_budget(call, read=read, write=nbytes_of((m, n), case.dtype)))
 
 
-_task(
+register_task(
     id="matmul_bias_relu_cores", assignment=A12,
     title="relu(a @ b + bias) with its pipeline split between two TensorCores",
     kernel_ops=(("dot_general",), ("max",)),
@@ -122,17 +122,17 @@ _task(
     invoke=calling.pipeline,
     tolerance="reduction",
     cases=(
-        _c("v0", 121, "float32", {"a": (256, 256), "b": (256, 256), "bias": (1, 256)},
-           bm=128, bk=128, bn=128),
+        make_case("v0", 121, "float32", {"a": (256, 256), "b": (256, 256), "bias": (1, 256)},
+                  bm=128, bk=128, bn=128),
         # three row blocks: the split falls on the column axis
-        _c("h0", 1211, "float32", {"a": (384, 256), "b": (256, 256), "bias": (1, 256)},
-           True, bm=128, bk=128, bn=128),
-        _c("h1", 1212, "bfloat16", {"a": (256, 512), "b": (512, 384), "bias": (1, 384)},
-           True, bm=64, bk=256, bn=128),
+        make_case("h0", 1211, "float32", {"a": (384, 256), "b": (256, 256), "bias": (1, 256)},
+                  True, bm=128, bk=128, bn=128),
+        make_case("h1", 1212, "bfloat16", {"a": (256, 512), "b": (512, 384), "bias": (1, 384)},
+                  True, bm=64, bk=256, bn=128),
         # no parallel axis the two cores divide: the larger one is split unevenly
-        _c("h2", 1213, "float32", {"a": (384, 256), "b": (256, 384), "bias": (1, 384)},
-           True, bm=128, bk=128, bn=128),
+        make_case("h2", 1213, "float32", {"a": (384, 256), "b": (256, 384), "bias": (1, 384)},
+                  True, bm=128, bk=128, bn=128),
     ),
-    structure=_struct(_mm_rules),
+    structure=single_call(_mm_rules),
 )
 

@@ -20,16 +20,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from grader.tasks.core import (
-    _c,
-    _f32,
-    _nbytes,
-    _normal,
-    _struct,
-    _task,
+    as_f32,
     cdiv,
     grid_is,
+    make_case,
+    nbytes_of,
+    normal_array,
     read_budget,
+    register_task,
     role_count,
+    single_call,
     total_budget,
 )
 
@@ -41,11 +41,11 @@ def _make_int8(rng, case):
     (m, k), (_, n) = case.arrays["x"], case.arrays["wq"]
     wq = rng.integers(-127, 128, size=(k, n)).astype(np.int8)
     scale = (rng.random((1, n), dtype=np.float32) * 0.02 + 0.001).astype(np.float32)
-    return {"x": _normal(rng, (m, k), case.dtype), "wq": wq, "scale": scale}
+    return {"x": normal_array(rng, (m, k), case.dtype), "wq": wq, "scale": scale}
 
 
 def _int8_reference(x, wq, scale, bm, bn, bk):
-    out = jnp.dot(_f32(x), _f32(wq), precision="highest") * scale
+    out = jnp.dot(as_f32(x), as_f32(wq), precision="highest") * scale
     return out.astype(jnp.float32)
 
 
@@ -57,23 +57,23 @@ def _int8_rules(call, case, rules, inputs):
                              "wq (int8, once per row block of x)"))
 
 
-_task(
+register_task(
     id="int8_matmul_per_channel", assignment=A14,
     title="int8 weights with one scale per output column, applied once per output block",
     kernel_ops=(("dot_general",), ("mul",)),
     reference=_int8_reference, make=_make_int8,
     tolerance="reduction",
     cases=(
-        _c("v0", 140, "float32", {"x": (128, 256), "wq": (256, 256), "scale": (1, 256)},
-           bm=128, bn=128, bk=128),
-        _c("h0", 1401, "float32", {"x": (64, 512), "wq": (512, 384), "scale": (1, 384)},
-           True, bm=64, bn=128, bk=256),
-        _c("h1", 1402, "float32", {"x": (256, 128), "wq": (128, 128), "scale": (1, 128)},
-           True, bm=128, bn=128, bk=128),
-        _c("h2", 1403, "float32", {"x": (128, 1024), "wq": (1024, 256), "scale": (1, 256)},
-           True, bm=128, bn=256, bk=128),
+        make_case("v0", 140, "float32", {"x": (128, 256), "wq": (256, 256), "scale": (1, 256)},
+                  bm=128, bn=128, bk=128),
+        make_case("h0", 1401, "float32", {"x": (64, 512), "wq": (512, 384), "scale": (1, 384)},
+                  True, bm=64, bn=128, bk=256),
+        make_case("h1", 1402, "float32", {"x": (256, 128), "wq": (128, 128), "scale": (1, 128)},
+                  True, bm=128, bn=128, bk=128),
+        make_case("h2", 1403, "float32", {"x": (128, 1024), "wq": (1024, 256), "scale": (1, 256)},
+                  True, bm=128, bn=256, bk=128),
     ),
-    structure=_struct(_int8_rules),
+    structure=single_call(_int8_rules),
 )
 
 
@@ -87,8 +87,8 @@ def _make_append(rng, case):
     positions[0] = page_size - 1  # the last row of a page
     if n_seq > 1:
         positions[1] = page_size  # the first row of the second page
-    return {"cache": _normal(rng, (pages, page_size, d), case.dtype),
-            "new_rows": _normal(rng, (n_seq, 1, d), case.dtype),
+    return {"cache": normal_array(rng, (pages, page_size, d), case.dtype),
+            "new_rows": normal_array(rng, (n_seq, 1, d), case.dtype),
             "page_indices": table, "positions": positions}
 
 
@@ -100,30 +100,30 @@ def _append_reference(cache, new_rows, page_indices, positions):
 
 def _append_rules(call, case, rules, inputs):
     (_, page_size, d), (n_seq, slots) = case.arrays["cache"], case.arrays["page_indices"]
-    page = _nbytes((page_size, d), case.dtype)
-    tables = _nbytes((n_seq, slots + 1), "int32")  # the page table and the positions
+    page = nbytes_of((page_size, d), case.dtype)
+    tables = nbytes_of((n_seq, slots + 1), "int32")  # the page table and the positions
     rules.append(grid_is(call, (n_seq,)))
     rules.append(role_count(call, "scalar_prefetch", 2,
                             "scalar prefetch (the page table and the positions)"))
     # one page and one new row per sequence read, one page written: never the whole cache
-    rules.extend(total_budget(call, read=tables + n_seq * (page + _nbytes((1, d), case.dtype)),
+    rules.extend(total_budget(call, read=tables + n_seq * (page + nbytes_of((1, d), case.dtype)),
                               write=n_seq * page))
 
 
-_task(
+register_task(
     id="kv_cache_append", assignment=A14,
     title="Append one key row per sequence to a paged KV cache, in place",
     kernel_ops=(),
     reference=_append_reference, make=_make_append,
     cases=(
-        _c("v0", 141, "float32", {"cache": (12, 16, 128), "new_rows": (3, 1, 128),
-                                  "page_indices": (3, 4), "positions": (3,)}),
-        _c("h0", 1411, "bfloat16", {"cache": (16, 16, 128), "new_rows": (4, 1, 128),
-                                    "page_indices": (4, 3), "positions": (4,)}, True),
-        _c("h1", 1412, "float32", {"cache": (8, 32, 256), "new_rows": (2, 1, 256),
-                                   "page_indices": (2, 4), "positions": (2,)}, True),
-        _c("h2", 1413, "float32", {"cache": (4, 16, 128), "new_rows": (1, 1, 128),
-                                   "page_indices": (1, 2), "positions": (1,)}, True),
+        make_case("v0", 141, "float32", {"cache": (12, 16, 128), "new_rows": (3, 1, 128),
+                                         "page_indices": (3, 4), "positions": (3,)}),
+        make_case("h0", 1411, "bfloat16", {"cache": (16, 16, 128), "new_rows": (4, 1, 128),
+                                           "page_indices": (4, 3), "positions": (4,)}, True),
+        make_case("h1", 1412, "float32", {"cache": (8, 32, 256), "new_rows": (2, 1, 256),
+                                          "page_indices": (2, 4), "positions": (2,)}, True),
+        make_case("h2", 1413, "float32", {"cache": (4, 16, 128), "new_rows": (1, 1, 128),
+                                          "page_indices": (1, 2), "positions": (1,)}, True),
     ),
-    structure=_struct(_append_rules),
+    structure=single_call(_append_rules),
 )

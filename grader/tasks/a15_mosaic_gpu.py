@@ -22,8 +22,8 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import kernelsim
 from grader import calling
-from grader.tasks.a04_memory_spaces import _prediction_structure
-from grader.tasks.core import _c, _task
+from grader.tasks.a04_memory_spaces import prediction_structure
+from grader.tasks.core import make_case, register_task
 
 A15 = "15_mosaic_gpu"
 DTYPES = {2: jnp.bfloat16, 4: jnp.float32}
@@ -59,19 +59,19 @@ def staging_smem_bytes(rows, cols, itemsize) -> int:
     return _analyse(kernel, jax.ShapeDtypeStruct((rows, cols), dtype)).smem_bytes
 
 
-_task(
+register_task(
     id="predict_staging_smem", assignment=A15,
     title="Predict the shared memory of a TMA-staged tile and its barrier",
     reference=lambda **p: _answer(staging_smem_bytes(**p)),
     invoke=calling.prediction, own_kernels=False,
     cases=(
-        _c("v0", 0, "float32", {}, rows=64, cols=128, itemsize=4),
+        make_case("v0", 0, "float32", {}, rows=64, cols=128, itemsize=4),
         # a tile that is not a whole number of KiB: the lowering rounds it up
-        _c("h0", 0, "float32", {}, True, rows=8, cols=40, itemsize=2),
-        _c("h1", 0, "float32", {}, True, rows=128, cols=256, itemsize=2),
-        _c("h2", 0, "float32", {}, True, rows=64, cols=100, itemsize=4),
+        make_case("h0", 0, "float32", {}, True, rows=8, cols=40, itemsize=2),
+        make_case("h1", 0, "float32", {}, True, rows=128, cols=256, itemsize=2),
+        make_case("h2", 0, "float32", {}, True, rows=64, cols=100, itemsize=4),
     ),
-    structure=_prediction_structure,
+    structure=prediction_structure,
 )
 
 
@@ -99,19 +99,19 @@ def pipeline_smem_bytes(tm, tn, stages, itemsize) -> int:
     return _analyse(kernel, jax.ShapeDtypeStruct((tm, n), dtype)).smem_bytes
 
 
-_task(
+register_task(
     id="predict_pipeline_smem", assignment=A15,
     title="Predict the shared memory an emit_pipeline's stages take",
     reference=lambda **p: _answer(pipeline_smem_bytes(**p)),
     invoke=calling.prediction, own_kernels=False,
     cases=(
-        _c("v0", 0, "float32", {}, tm=64, tn=128, stages=3, itemsize=4),
-        _c("h0", 0, "float32", {}, True, tm=64, tn=128, stages=1, itemsize=4),
-        _c("h1", 0, "float32", {}, True, tm=128, tn=64, stages=4, itemsize=2),
+        make_case("v0", 0, "float32", {}, tm=64, tn=128, stages=3, itemsize=4),
+        make_case("h0", 0, "float32", {}, True, tm=64, tn=128, stages=1, itemsize=4),
+        make_case("h1", 0, "float32", {}, True, tm=128, tn=64, stages=4, itemsize=2),
         # tiles under a KiB: an input's slots are one allocation, rounded up as a whole
-        _c("h2", 0, "float32", {}, True, tm=8, tn=32, stages=2, itemsize=2),
+        make_case("h2", 0, "float32", {}, True, tm=8, tn=32, stages=2, itemsize=2),
     ),
-    structure=_prediction_structure,
+    structure=prediction_structure,
 )
 
 
@@ -132,19 +132,19 @@ def accumulator_registers(tm, tn) -> int:
     return acc // (4 * WARPGROUP_THREADS)
 
 
-_task(
+register_task(
     id="predict_accumulator_registers", assignment=A15,
     title="Predict the registers a WGMMA accumulator takes per thread",
     reference=lambda **p: _answer(accumulator_registers(**p)),
     invoke=calling.prediction, own_kernels=False,
     cases=(
-        _c("v0", 0, "float32", {}, tm=128, tn=128),
-        _c("h0", 0, "float32", {}, True, tm=64, tn=64),
-        _c("h1", 0, "float32", {}, True, tm=64, tn=256),
+        make_case("v0", 0, "float32", {}, tm=128, tn=128),
+        make_case("h0", 0, "float32", {}, True, tm=64, tn=64),
+        make_case("h1", 0, "float32", {}, True, tm=64, tn=256),
         # more than a thread's 255 registers: why one warpgroup stops at (128, 128)
-        _c("h2", 0, "float32", {}, True, tm=128, tn=256),
+        make_case("h2", 0, "float32", {}, True, tm=128, tn=256),
     ),
-    structure=_prediction_structure,
+    structure=prediction_structure,
 )
 
 
@@ -172,20 +172,20 @@ def matmul_tma_read_bytes(m, n, k, tm, tn, tk, itemsize) -> int:
                     jax.ShapeDtypeStruct((k, n), dtype)).gmem_read_bytes
 
 
-_task(
+register_task(
     id="predict_matmul_tma_bytes", assignment=A15,
     title="Predict the bytes a WGMMA matmul's TMA copies read",
     reference=lambda **p: _answer(matmul_tma_read_bytes(**p)),
     invoke=calling.prediction, own_kernels=False,
     cases=(
-        _c("v0", 0, "float32", {}, m=512, n=512, k=512, tm=128, tn=128, tk=64, itemsize=2),
+        make_case("v0", 0, "float32", {}, m=512, n=512, k=512, tm=128, tn=128, tk=64, itemsize=2),
         # one CTA: each operand read once
-        _c("h0", 0, "float32", {}, True, m=128, n=128, k=1024, tm=128, tn=128, tk=64,
-           itemsize=2),
-        _c("h1", 0, "float32", {}, True, m=1024, n=256, k=256, tm=64, tn=256, tk=64,
-           itemsize=2),
-        _c("h2", 0, "float32", {}, True, m=2048, n=2048, k=512, tm=128, tn=128, tk=32,
-           itemsize=4),
+        make_case("h0", 0, "float32", {}, True, m=128, n=128, k=1024, tm=128, tn=128, tk=64,
+                  itemsize=2),
+        make_case("h1", 0, "float32", {}, True, m=1024, n=256, k=256, tm=64, tn=256, tk=64,
+                  itemsize=2),
+        make_case("h2", 0, "float32", {}, True, m=2048, n=2048, k=512, tm=128, tn=128, tk=32,
+                  itemsize=4),
     ),
-    structure=_prediction_structure,
+    structure=prediction_structure,
 )

@@ -114,7 +114,7 @@ class Task:
         rng = np.random.default_rng(case.seed)
         if self.make is not None:
             return self.make(rng, case)
-        return {k: _values(rng, s, case) for k, s in case.arrays.items()}
+        return {k: drawn_values(rng, s, case) for k, s in case.arrays.items()}
 
     def __post_init__(self):
         if self.invoke is not None and INVOKES.get(self.invoke.__name__) is not self.invoke:
@@ -136,29 +136,29 @@ class Task:
         return np.asarray(jax.device_get(out))
 
 
-def _dtype(name: str):
+def dtype_of(name: str):
     return jnp.bfloat16 if name == "bfloat16" else np.dtype(name)
 
 
-def _normal(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
-    return np.asarray(rng.standard_normal(shape, dtype=np.float32).astype(_dtype(dtype)))
+def normal_array(rng: np.random.Generator, shape, dtype: str) -> np.ndarray:
+    return np.asarray(rng.standard_normal(shape, dtype=np.float32).astype(dtype_of(dtype)))
 
 
-def _values(rng: np.random.Generator, shape, case: Case) -> np.ndarray:
+def drawn_values(rng: np.random.Generator, shape, case: Case) -> np.ndarray:
     """An input drawn as ``case.values`` says (see ``Case``)."""
     if case.values == "large":
         return np.asarray((30 * rng.standard_normal(shape, dtype=np.float32) + 60)
-                          .astype(_dtype(case.dtype)))
+                          .astype(dtype_of(case.dtype)))
     if case.values == "positive":
-        return np.asarray(rng.random(shape, dtype=np.float32).astype(_dtype(case.dtype)))
-    return _normal(rng, shape, case.dtype)
+        return np.asarray(rng.random(shape, dtype=np.float32).astype(dtype_of(case.dtype)))
+    return normal_array(rng, shape, case.dtype)
 
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _f32(x):
+def as_f32(x):
     return x.astype(jnp.float32)
 
 
@@ -173,7 +173,7 @@ def calls_exactly(t, n: int) -> Rule:
     return Rule("number of pallas_calls", f"exactly {n} (one fused kernel)", str(k), k == n)
 
 
-def _ops(call, role: str):
+def operands_with_role(call, role: str):
     return [o for o in call.operands if o.role == role]
 
 
@@ -187,7 +187,7 @@ def grid_rank(call, rank: int) -> Rule:
 
 
 def block_is(call, role: str, index: int, block: tuple[int, ...] | None, label: str) -> Rule:
-    ops = _ops(call, role)
+    ops = operands_with_role(call, role)
     if index >= len(ops):
         return Rule(f"{label} block shape", str(block), f"no {role} operand #{index}", False)
     found = ops[index].block_shape
@@ -197,12 +197,12 @@ def block_is(call, role: str, index: int, block: tuple[int, ...] | None, label: 
 
 
 def role_count(call, role: str, at_least: int, label: str) -> Rule:
-    k = len(_ops(call, role))
+    k = len(operands_with_role(call, role))
     return Rule(label, f">= {at_least} {role} operand(s)", str(k), k >= at_least)
 
 
 def read_budget(call, role: str, index: int, budget: int, label: str) -> Rule:
-    ops = _ops(call, role)
+    ops = operands_with_role(call, role)
     if index >= len(ops):
         return Rule(f"{label} HBM reads", f"<= {budget:,} B", f"no {role} operand #{index}", False)
     got = ops[index].hbm_read_bytes
@@ -221,8 +221,8 @@ def total_budget(call, read: int | None, write: int | None) -> list[Rule]:
     return out
 
 
-def _nbytes(shape, dtype: str) -> int:
-    return int(math.prod(shape)) * np.dtype(_dtype(dtype)).itemsize
+def nbytes_of(shape, dtype: str) -> int:
+    return int(math.prod(shape)) * np.dtype(dtype_of(dtype)).itemsize
 
 
 def _only_call(rules: list[Rule], t) -> Any:
@@ -232,7 +232,7 @@ def _only_call(rules: list[Rule], t) -> Any:
     return t.calls[0] if t.calls else None
 
 
-def _struct(fn: Callable[..., None]):
+def single_call(fn: Callable[..., None]):
     """Wrap a per-call rule builder: check there is one pallas_call, then run ``fn`` on it."""
 
     def structure(t, case: Case, inputs: dict) -> list[Rule]:
@@ -343,20 +343,20 @@ def own_kernels(w) -> Rule:
                 "; ".join(found) or "they are", not found)
 
 
-def _c(name, seed, dtype, arrays, hidden=False, values="normal", **params):
+def make_case(name, seed, dtype, arrays, hidden=False, values="normal", **params):
     return Case(name, seed, dtype, arrays, params, hidden, values)
 
 
 TASKS: list[Task] = []
 
 
-def _task(**kw) -> Task:
+def register_task(**kw) -> Task:
     t = Task(**kw)
     TASKS.append(t)
     return t
 
 
-def _matmul_ref(a, b, *_, **__):
+def matmul_reference(a, b, *_, **__):
     return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
 
 

@@ -44,9 +44,9 @@ def bodies(program) -> Iterator:
     """The kernel body jaxpr of every pallas_call in ``program``, nested ones included."""
     from jax.extend.core import jaxprs_in_params
 
-    from grader.work import _open
+    from grader.work import open_jaxpr
 
-    for eqn in _open(program).eqns:
+    for eqn in open_jaxpr(program).eqns:
         if eqn.primitive.name == "pallas_call":
             yield eqn.params["jaxpr"]
         for sub in jaxprs_in_params(eqn.params):
