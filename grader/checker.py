@@ -28,7 +28,8 @@ from jax.extend.core import Primitive
 import kernelsim  # noqa: F401
 import kernelsim.backend  # noqa: F401
 from grader import exchange, refs, tasks, wire
-from grader.work import Traced, run_traced
+from grader.calling import Traced
+from grader.work import run_traced
 
 CALLBACKS = ("pure_callback", "io_callback", "debug_callback")  # primitives that run Python
 

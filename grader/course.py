@@ -12,8 +12,11 @@ what was found. In a Jupyter kernel it is shown as the cell's error output but n
 Restart-and-Run-All reaches every task's check; ``summary()`` (each notebook's last cell) then
 lists what passed and failed. Outside a kernel (a script, a test) it is raised.
 
-The verdict (``grader.verdict``) is a pure function of the outputs, the references and the
-trace's ``to_dict()``; under grading it is reached from the grader's process, never from here.
+The checking itself is ``grader.selfcheck``, imported when a check first runs; this module
+imports no other part of the grader, so it is what the notebook's process of the grader's run
+(its jail) can import of the checks, where ``check`` and ``summary`` do nothing. The verdict
+(``grader.verdict``) is a pure function of the outputs, the references and the trace's
+``to_dict()``; under grading it is reached from the grader's process, never from here.
 When ``$PALLAS_COURSE_REPORT`` names a file, one JSON line per check is appended to it (used by
 ``pallas-course check``).
 """
@@ -27,14 +30,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from grader import messages as _messages
-from grader import refs as _refs
-from grader import tasks as _tasks
-from grader import verdict as _verdict
-from grader import work as _work
-from grader.verdict import compare
-
-__all__ = ["check", "compare", "summary", "CheckFailed"]
+__all__ = ["check", "summary", "CheckFailed"]
 
 # this process's latest check of each task (visible cases): what ``summary`` reports
 _SESSION: dict[str, dict[str, Any]] = {}
@@ -83,32 +79,13 @@ def _jupyter_shell():
     return shell if getattr(shell, "kernel", None) is not None else None
 
 
-def _refdirs(hidden: bool) -> list[Path]:
-    dirs = []
-    env = os.environ.get("PALLAS_COURSE_REFS")
-    if env:
-        dirs.append(Path(env))
-    root_refs = _refs.course_root() / "refs"
-    dirs.append(root_refs)
-    if not hidden:
-        dirs.append(Path.cwd() / "refs")  # the copy shipped in a released assignment folder
-    return dirs
+def selfcheck():
+    """``grader.selfcheck``, imported when a check runs outside the grader's run: the grader's
+    run of a notebook (its jail) has no such module, nor the tasks, references or verdict it
+    imports, and ``check`` does nothing there."""
+    from grader import selfcheck
 
-
-def _cases(task_id: str, hidden: bool) -> tuple[Path, list[dict]]:
-    for d in _refdirs(hidden):
-        if not (d / "manifest.json").exists():
-            continue
-        manifest = _refs.load_manifest(d)
-        entries = [e for e in manifest["cases"].values()
-                   if e["task"] == task_id and e["hidden"] == hidden]
-        if entries:
-            return d, entries
-    kind = "hidden" if hidden else "visible"
-    where = ", ".join(str(d) for d in _refdirs(hidden))
-    hint = ("hidden cases only exist where the course is graded" if hidden
-            else "run this notebook from its assignment folder (it ships a refs/ folder)")
-    raise CheckFailed(f"no {kind} reference cases for task {task_id!r} in {where}: {hint}")
+    return selfcheck
 
 
 def _report(record: dict) -> None:
@@ -139,7 +116,7 @@ def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
     record: dict[str, Any] = {"task": task_id, "hidden": hidden, "passed": False}
     try:
         try:
-            _check(task_id, fn, hidden, quiet, record)
+            selfcheck().check(task_id, fn, hidden, quiet, record)
         except CheckFailed as e:
             record.setdefault("message", str(e))
             raise
@@ -168,9 +145,7 @@ def summary() -> None:
         print("No task was checked yet: run the notebook's cells (Kernel > Restart Kernel and "
               "Run All Cells).")
         return
-    assignments = {_tasks.get(t).assignment for t in _SESSION if t in _tasks.BY_ID}
-    ids = [t.id for t in _tasks.TASKS if t.assignment in assignments]
-    ids += [t for t in _SESSION if t not in ids]
+    ids = selfcheck().task_ids(_SESSION)
     lines, passed = [], 0
     for tid in ids:
         record = _SESSION.get(tid)
@@ -183,30 +158,3 @@ def summary() -> None:
             first = (record.get("message") or "failed").splitlines()[0]
             lines.append(f"  FAIL         {tid}: {first}")
     print(f"Checks in this kernel: {passed} of {len(ids)} task(s) passed\n" + "\n".join(lines))
-
-
-def _check(task_id: str, fn, hidden: bool, quiet: bool, record: dict[str, Any]) -> None:
-    import jax.numpy as jnp
-
-    kind = "hidden" if hidden else "visible"
-    refdir, entries = _cases(task_id, hidden)
-    loaded = [(e, *_refs.load_case(refdir, e)) for e in entries]
-    task = _tasks.get(task_id)
-    runs = [_work.run_case(task, fn, [jnp.asarray(v) for v in inputs.values()], params)
-            for _, inputs, _, params in loaded]  # one run per case: values, trace and work
-    results = [_verdict.case_result(e, inputs, expected, params, r.output, r.error, r.trace,
-                                    r.trace_error, r.work)
-               for (e, inputs, expected, params), r in zip(loaded, runs, strict=True)]
-    v = _verdict.decide(task_id, results)
-    record.update(rules=v.rules, kernelsim=next((r.summary for r in runs if r.summary), None))
-    if not v.passed:
-        message = v.message
-        facts = results[0].trace
-        if facts is not None and any(r.startswith("[FAIL]") for r in v.rules):
-            message += "\n" + _messages.traffic_table(facts)
-        record["message"] = message = _messages.annotate(message, results[0].trace_error)
-        raise CheckFailed(message)
-    record["passed"] = True
-    if not quiet:
-        print(f"{task_id}: {len(entries)} {kind} case(s) passed; structure: "
-              + "; ".join(f"{what} ok" for what in v.checked))

@@ -110,7 +110,7 @@ def strip_hidden_cases(source: str) -> tuple[str, int]:
 
 
 # what a learner runs of grader/: the notebooks' checks and the `pallas-course check` command
-LEARNER_ENTRY_POINTS = ("course", "check")
+LEARNER_ENTRY_POINTS = ("course", "selfcheck", "check")
 
 
 def learner_modules(grader_dir: Path, start: str = "course") -> list[str]:

@@ -225,7 +225,7 @@ def _compare(name: str, before: dict, now: dict, volatile, data: bool) -> list[s
 
 
 # the grader's own functions that may install a profile function while the guard is armed
-# (a task's watch on what a learner's prediction calls, ``a04_memory_spaces.predict_unaided``),
+# (a task's watch on what a learner's prediction calls, ``calling.predict_unaided``),
 # by code object: a learner's function cannot be one of them
 PROFILERS: set[types.CodeType] = set()
 

@@ -13,9 +13,16 @@ and decides nothing: the checker, which this process cannot reach, makes every f
 2. It runs the code cells in order, as nbgrader would, in an IPython shell, each under its
    time limit (an error does not stop the run). At a test cell it reads each check's function
    from the learner's namespace; for a visible check it traces it at once on every case's
-   shapes (``grader.work.trace_case``) and sends the programs (``grader.wire``); a hidden
-   check's function is traced after the last cell, once the grader has sent the hidden
-   cases' shapes (``read_hidden``): no cell's output can show them.
+   shapes (``grader.calling.trace_case``, through the task's ``invoke`` the job names) and
+   sends the programs (``grader.wire``); a hidden check's function is traced after the last
+   cell, once the grader has sent the hidden cases' shapes (``read_hidden``): no cell's
+   output can show them.
+
+**What it can import of the grader.** Its ``grader/`` is ``grader.trusted.notebook_view``:
+this module and the few it imports (``NOTEBOOK_MODULES``); every other module of the grader
+(the tasks with their references, block searches and byte counts, the verdict, the checker)
+is a file there that raises ``ImportError`` saying why, so neither this harness nor a
+learner's cell can load one.
 3. It sends one frame per cell and per check (``grader.exchange.frame``): the cell's outputs,
    or the check's programs and what the learner's code printed while they were traced.
 
@@ -52,9 +59,8 @@ from traitlets import Type
 from traitlets.config import Config
 
 import kernelsim.backend  # noqa: F401
+from grader import calling, exchange, integrity, refs, wire
 from grader import course as _course  # noqa: F401
-from grader import exchange, integrity, refs, tasks, wire
-from grader.work import trace_case
 
 CHANNEL_CLOSED = 86  # exit status: the answer channel could not be written
 
@@ -301,7 +307,7 @@ class Harness:
         """Trace ``fn`` on every case of one ``course.check`` (their shapes, dtypes and host
         inputs only) and send the programs to be checked elsewhere (``grader.checker``).
         Returns the tampering found (then nothing was sent but a ``tampered`` frame)."""
-        task = tasks.get(task_id)
+        task = calling.Call(*self.job["calls"][task_id])
         message = {"kind": "programs", "cell": cell["index"], "task": task_id,
                    "hidden": hidden, "failed": failed, "timeout": False}
         programs, errors, blob = {}, {}, b""
@@ -312,7 +318,7 @@ class Harness:
                     arrays = [np.asarray(refs.from_storable(self.host[key], dtype)) if key
                               else jax.ShapeDtypeStruct(tuple(shape), _dtype(dtype))
                               for _, shape, dtype, key in c["inputs"]]
-                    t = trace_case(task, fn, arrays,
+                    t = calling.trace_case(task, fn, arrays,
                                    {k: refs.unjson(v) for k, v in c["params"].items()})
                     if t.error is not None:
                         errors[c["case"]] = t.error[:exchange.MAX_ERROR_CHARS]

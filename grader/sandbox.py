@@ -5,15 +5,16 @@ written under the work folder, and bytes of captured output.
 
 Isolation ("jail", when running as root with bubblewrap installed): the child gets its own
 mount, pid, network, ipc and uts namespaces and sees only a read-only whitelist of folders (the
-system, the Python installation, the virtual environment, the packages it needs) plus its work
-folder; reference outputs, hidden inputs, instructor notebooks, the gradebook, other
-submissions and the repository's history are simply not there. It then drops to an
-unprivileged uid of its own (one per concurrent slot, via ``setpriv``), so it cannot signal the
-grader, the process limit binds, and whatever it leaves behind is found by uid and killed.
-Without root (a grading account, deploy/setup-class.sh) the same jail is built in a user
-namespace of the run's own, as ``nobody`` there, without the uid switch: the pid namespace ends
-every process of the run with it. Without bubblewrap, or where user namespaces are off, the run
-falls back to limits only ("rlimits"), and says so.
+system, the Python installation, the virtual environment, the packages it needs, and folders
+shown at another path: the notebook's view of ``grader/``) plus its work folder; reference
+outputs, hidden inputs, instructor notebooks, the gradebook, other submissions and the
+repository's history are simply not there. It then drops to an unprivileged uid of its own (one
+per concurrent slot, via ``setpriv``), so it cannot signal the grader, the process limit binds,
+and whatever it leaves behind is found by uid and killed. Without root (a grading account,
+deploy/setup-class.sh) the same jail is built in a user namespace of the run's own, as
+``nobody`` there, without the uid switch: the pid namespace ends every process of the run with
+it. Without bubblewrap, or where user namespaces are off, the run falls back to limits only
+("rlimits"), and says so.
 
 The outcome is data, never an exception: a batch goes on whatever one submission does.
 """
@@ -116,10 +117,10 @@ def default_readable() -> list[Path]:
 
 
 def _jail_argv(argv: Sequence[str], workdir: Path, readable: Sequence[Path], uid: int | None,
-               limits: Limits) -> list[str]:
-    """bwrap + setpriv in front of ``argv``: namespaces, a whitelisted filesystem, a new uid
-    (``uid``; None: not root, so ``nobody`` in a user namespace of its own, capabilities
-    dropped by bwrap)."""
+               limits: Limits, views: Mapping[Path, Path]) -> list[str]:
+    """bwrap + setpriv in front of ``argv``: namespaces, a whitelisted filesystem (``views``:
+    a host folder shown read-only at another path), a new uid (``uid``; None: not root, so
+    ``nobody`` in a user namespace of its own, capabilities dropped by bwrap)."""
     cmd = ["bwrap", "--die-with-parent", "--new-session", "--unshare-pid", "--unshare-net",
            "--unshare-ipc", "--unshare-uts", "--dev", "/dev", "--proc", "/proc",
            "--size", str(limits.disk_bytes), "--tmpfs", "/tmp"]
@@ -129,7 +130,7 @@ def _jail_argv(argv: Sequence[str], workdir: Path, readable: Sequence[Path], uid
         if os.path.exists(system):
             cmd += ["--ro-bind", system, system]
     made: set[Path] = set()
-    for path in [*readable, workdir]:
+    for path in [*readable, *views, workdir]:
         # Parents that bwrap would create copy the host's modes (/root is 0700): make them
         # traversable so the unprivileged uid reaches what is bound below them.
         for parent in reversed(path.parents[:-1]):
@@ -138,6 +139,8 @@ def _jail_argv(argv: Sequence[str], workdir: Path, readable: Sequence[Path], uid
                 made.add(parent)
     for path in readable:
         cmd += ["--ro-bind", str(path), str(path)]
+    for path, source in views.items():
+        cmd += ["--ro-bind", str(source), str(path)]
     cmd += ["--bind", str(workdir), str(workdir), "--chdir", str(workdir), "--"]
     if uid is not None:
         cmd += ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
@@ -233,8 +236,8 @@ class _Reader(threading.Thread):
 
 
 def confine(argv: Sequence[str], workdir: Path, limits: Limits, slot: int = 0,
-            readable: Sequence[Path] | None = None, checker: bool = False
-            ) -> tuple[list[str], int | None]:
+            readable: Sequence[Path] | None = None, checker: bool = False,
+            views: Mapping[Path, Path] | None = None) -> tuple[list[str], int | None]:
     """``argv`` behind prlimit (and the jail, when available), ready to start in ``workdir``.
 
     Prepares ``workdir`` for the slot's uid (its checker's with ``checker``) and kills what an
@@ -247,7 +250,7 @@ def confine(argv: Sequence[str], workdir: Path, limits: Limits, slot: int = 0,
         kill_uid(uid)  # leftovers of an earlier run in this slot must not count against it
     if isolation() == "jail":
         argv = _jail_argv(argv, workdir, default_readable() if readable is None else readable,
-                          uid, limits)
+                          uid, limits, views or {})
     return _limits_argv(limits, uid is not None) + list(argv), uid
 
 
@@ -336,15 +339,18 @@ class Confined:
 def start(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
           env: Mapping[str, str] | None = None, stdin: bool = False, slot: int = 0,
           readable: Sequence[Path] | None = None,
-          stdout_bytes: int | None = None, checker: bool = False) -> Confined:
+          stdout_bytes: int | None = None, checker: bool = False,
+          views: Mapping[Path, Path] | None = None) -> Confined:
     """Start ``argv`` in ``workdir`` under ``limits`` and return at once (``Confined.wait``).
 
     stdin: keep a pipe to the child's stdin for ``Confined.feed`` (else it reads end of file).
     stdout_bytes: how much of stdout to keep (default ``limits.output_bytes``).
     checker: run as the slot's checker uid (``sandbox_uid``).
+    views: {path in the jail: host folder shown there, read-only} (only in the jail: with
+        ``rlimits`` the child sees the host's files).
     """
     workdir = Path(workdir).resolve()
-    argv, uid = confine(argv, workdir, limits, slot, readable, checker)
+    argv, uid = confine(argv, workdir, limits, slot, readable, checker, views)
     proc = subprocess.Popen(
         argv, cwd=workdir, env={**child_env(workdir), **(env or {})},
         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
@@ -355,14 +361,15 @@ def start(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
 
 def run(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
         env: Mapping[str, str] | None = None, stdin: bytes | None = None,
-        slot: int = 0, readable: Sequence[Path] | None = None) -> Outcome:
+        slot: int = 0, readable: Sequence[Path] | None = None,
+        views: Mapping[Path, Path] | None = None) -> Outcome:
     """Run ``argv`` in ``workdir`` under ``limits``; never raises for what the child does.
 
     readable: folders the jailed child may read (default: the Python installation and venv).
     slot: which concurrent run this is (0, 1, ...): each slot has its own uid.
     """
     child = start(argv, workdir, limits, env=env, stdin=stdin is not None, slot=slot,
-                  readable=readable)
+                  readable=readable, views=views)
     if stdin is not None:
         child.feed(stdin)
     return child.wait()

@@ -47,7 +47,7 @@ from nbgrader import utils as nbgrader_utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
 from traitlets import Integer
 
-from grader import exchange, messages, refs, replay, sandbox, tasks, verdict
+from grader import dist, exchange, messages, refs, replay, sandbox, tasks, verdict
 
 REPORTS: list[dict] = []  # one per executed notebook, read and cleared by grader.worker
 # what ipykernel reports for this Python (the notebook's metadata.language_info)
@@ -102,6 +102,43 @@ def readable() -> list[Path]:
     return [*sandbox.default_readable(), refs.REPO / "grader", refs.REPO / "kernelsim"]
 
 
+def notebook_readable() -> list[Path]:
+    """What the notebook's process may read: ``readable`` less grader/, which it sees as
+    ``notebook_view``."""
+    return [p for p in readable() if p != refs.REPO / "grader"]
+
+
+# what the notebook's process (grader.replay) can import of grader/: the harness and what it
+# imports at module level (course, calling for the tasks' invokes and the notebooks' helpers)
+NOTEBOOK_MODULES = tuple(dist.learner_modules(refs.REPO / "grader", "replay"))
+NOT_IN_THE_RUN = ("{name} is the grader's own code, which the grader's run of a notebook does "
+                  "not contain: a notebook may import grader.course, grader.calling and "
+                  "kernelsim (exercises/README.md, Threat model)")
+
+
+def notebook_view(folder: Path) -> Path:
+    """Make ``folder``: what the notebook's process sees as ``grader/`` in the jail
+    (``sandbox.start``'s ``views``). ``NOTEBOOK_MODULES`` are copies; every other module or
+    package of grader/ is a file that raises ``ImportError`` naming why, so a learner's cell
+    that imports the tasks (their references, block searches, byte counts), the verdict or
+    the checker gets no code of theirs, whatever it does in its own process."""
+    source = refs.REPO / "grader"
+    folder.mkdir(mode=0o755)
+    for path in source.iterdir():
+        name = path.name.removesuffix(".py")
+        if path.name.startswith((".", "__pycache__")) or not (
+                path.suffix == ".py" or (path / "__init__.py").exists()):
+            continue
+        if name == "__init__" or name in NOTEBOOK_MODULES and path.is_file():
+            shutil.copyfile(path, folder / path.name)
+        else:
+            message = NOT_IN_THE_RUN.format(name=f"grader.{name}")
+            (folder / f"{name}.py").write_text(f"raise ImportError({message!r})\n")
+    for path in folder.iterdir():
+        path.chmod(0o644)
+    return folder
+
+
 # the environment of the grader's run on top of ``sandbox.child_env``: ``course.check`` in a
 # learner cell does nothing (the harness checks by itself), figures are drawn off screen (the
 # harness shows them as PNG), ``breakpoint()`` is skipped
@@ -117,6 +154,8 @@ def grading_env() -> dict[str, str]:
 # what the grader's run imports: without it every test cell would fail, and every grade be 0
 PREFLIGHT = ("import jax, jax.experimental.pallas, numpy, kernelsim, grader.course, "
              "grader.replay, grader.checker, grader.tasks")
+# what the notebook's process imports, in its view of grader/ (``notebook_view``)
+PREFLIGHT_NOTEBOOK = "import jax, jax.experimental.pallas, numpy, kernelsim, grader.replay"
 
 
 def preflight(limits: sandbox.Limits, slot: int = 0) -> str | None:
@@ -125,12 +164,22 @@ def preflight(limits: sandbox.Limits, slot: int = 0) -> str | None:
     Run once before a batch: a jail that cannot see the venv or the course would otherwise
     grade every submission 0 with status ``graded``.
     """
-    workdir = jail_folder(slot, "-preflight")
+    view = notebook_view(jail_folder(slot, "-grader"))
     try:
-        out = sandbox.run([sys.executable, "-c", PREFLIGHT], workdir, limits, slot=slot,
-                          readable=readable(), env=grading_env())
+        # the checker's view, then the notebook's process's
+        for command, folders, views in ((PREFLIGHT, readable(), None),
+                                         (PREFLIGHT_NOTEBOOK, notebook_readable(),
+                                          {refs.REPO / "grader": view})):
+            workdir = jail_folder(slot, "-preflight")
+            try:
+                out = sandbox.run([sys.executable, "-c", command], workdir, limits, slot=slot,
+                                  readable=folders, views=views, env=grading_env())
+            finally:
+                shutil.rmtree(workdir, ignore_errors=True)
+            if out.status != "ok":
+                break
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(view, ignore_errors=True)
     if out.status == "ok":
         return None
     tail = out.stderr.decode(errors="replace").strip().splitlines()[-1:] or [out.reason]
@@ -246,14 +295,19 @@ class FreshRun:
                                            exchange.npz_bytes(hidden_host))
         self.wall = STARTUP_SECONDS + sum(c["timeout"] for c in self.cells)
         self.workdir = jail_folder(slot, "-fresh")
+        self.view = notebook_view(jail_folder(slot, "-grader"))
         self.child = sandbox.start(
             [sys.executable, "-m", "grader.replay"], self.workdir,
             dataclasses.replace(limits, wall_seconds=self.wall), env=grading_env(),
-            stdin=True, slot=slot, readable=readable(),
-            stdout_bytes=exchange.MAX_CHANNEL_BYTES)
+            stdin=True, slot=slot, stdout_bytes=exchange.MAX_CHANNEL_BYTES,
+            readable=notebook_readable(),
+            views={refs.REPO / "grader": self.view})
+        # how each task calls the learner's function: the notebook's process has no tasks
+        calls = {task: dataclasses.astuple(tasks.get(task).calling) for task, _ in self.loaded}
         self.child.send(self.notebook_key.hex().encode() + b"\n" + exchange.frame(
             self.notebook_key, {"cells": self.cells, "output_bytes": limits.output_bytes,
-                                "visible": visible}, exchange.npz_bytes(visible_host)))
+                                "visible": visible, "calls": calls},
+            exchange.npz_bytes(visible_host)))
         self.checkers: list[Path] = []
         self.checker = self._start_checker()
 
@@ -287,6 +341,7 @@ class FreshRun:
             outcome = run.outcome or self.child.wait(run.stop_notebook)
             run.end_checker()
             shutil.rmtree(self.workdir, ignore_errors=True)
+            shutil.rmtree(self.view, ignore_errors=True)
             for workdir in self.checkers:
                 shutil.rmtree(workdir, ignore_errors=True)
         if run.leftover and outcome.status != "timeout" and not run.stop_notebook:

@@ -164,7 +164,7 @@ class DmaOrder:
 class KernelWork:
     """One pallas_call as its jaxpr shows it: the kernel body's primitives, where each
     operand comes from (scalar prefetch and inputs, in order), inputs the body never reads,
-    whether the body is the course's own code (``grader.work.COURSE_CODE``) or a Pallas op
+    whether the body is the course's own code (``grader.calling.COURSE_CODE``) or a Pallas op
     JAX ships (``grader.work.JAX_OPS``), its fingerprint up to renaming
     (``grader.work.fingerprint``) and live size, and the order of its DMAs."""
 

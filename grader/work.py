@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from jax import errors as jax_errors
 from jax.extend.core import Literal, jaxprs_in_params
+
+from grader.calling import COURSE_CODE, Traced, trace_case
 
 # operations that move or reinterpret data without computing on it
 LAYOUT = frozenset({
@@ -51,12 +52,6 @@ TRANSPARENT = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_
                          "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint"})
 # precedence when several origins meet in one layout operation (pad(kernel out, 0.0): kernel)
 _RANK = {"computed": 3, "kernel": 2, "input": 1, "constant": 0}
-# the course's own code, whose kernels (kernelsim's examples, the tasks' helpers) a submission
-# may not hand in as its own
-COURSE_CODE = tuple(os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir, d))
-                    + os.sep for d in ("grader", "kernelsim", "lessons"))
-
-
 def _jax_ops() -> str:
     from jax.experimental.pallas import ops
 
@@ -256,14 +251,6 @@ def flops(jaxpr: Any) -> int:
     return walk.outside_flops
 
 
-# a function that only works eagerly (np.asarray of an argument, Python branching on values)
-TRACING_ERRORS = (jax_errors.TracerArrayConversionError, jax_errors.ConcretizationTypeError,
-                  jax_errors.TracerBoolConversionError, jax_errors.TracerIntegerConversionError)
-TRACED = ("your function is traced once per case, as jax.jit traces it: compute on its array "
-          "arguments with jax.numpy and pl.pallas_call (NumPy only on host inputs such as a "
-          "block mask)")
-
-
 @dataclass
 class CaseRun:
     """One run of the learner's function on one case: the output or the error it raised, and
@@ -275,44 +262,6 @@ class CaseRun:
     summary: str | None = None
     trace_error: str | None = None
     work: dict | None = None
-
-
-@dataclass
-class Traced:
-    """The learner's function traced on one case: the program and its traced arguments, or the
-    error tracing raised (``error``)."""
-
-    program: Any = None
-    traced: list | None = None
-    error: str | None = None
-
-
-# A dot traced without a precision takes this one (lax.canonicalize_precision): float32
-# products in float32 on every backend, as the references computed them. At JAX's default a
-# GPU multiplies float32 in TF32, XLA's dots (interpret mode's too) and Triton's alike, and a
-# right kernel would fail a learner's check on a GPU that the grader's CPU passes. Assignment
-# 11, where TF32 is the lesson, judges the default precision itself (grader/tasks/a11_gpu.py).
-MATMUL_PRECISION = "highest"
-
-
-def trace_case(task: Any, fn: Any, arrays: list, params: dict) -> Traced:
-    """Trace ``fn`` once on the case into a program (``jax.make_jaxpr``), at
-    ``MATMUL_PRECISION``: the only step that runs the learner's Python. ``task.host_inputs``
-    trailing arrays reach the function as NumPy arrays (host planning); the others are traced."""
-    import jax
-    import numpy as np
-
-    split = len(arrays) - task.host_inputs
-    traced, host = list(arrays[:split]), [np.asarray(a) for a in arrays[split:]]
-    try:
-        with jax.default_matmul_precision(MATMUL_PRECISION):
-            program = jax.make_jaxpr(lambda *a: task.call(fn, [*a, *host], params))(*traced)
-    except TRACING_ERRORS as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return Traced(error=f"{type(e).__name__}: {first} -- {TRACED}")
-    except Exception as e:  # noqa: BLE001 - the learner's error is the verdict
-        return Traced(error=f"{type(e).__name__}: {e}")
-    return Traced(program, traced)
 
 
 def run_traced(t: Traced) -> CaseRun:

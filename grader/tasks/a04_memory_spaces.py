@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import numbers
-import os
-import sys
-
-import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
 
 import kernelsim
-from grader import integrity
+from grader import calling
 from grader.tasks.core import (
     Case,
     Rule,
@@ -33,7 +27,6 @@ from grader.tasks.core import (
     tiled_matmul_call,
     total_budget,
 )
-from kernelsim.backend import choose
 
 A4 = "04_memory_spaces"
 
@@ -90,59 +83,6 @@ def matmul_read_bytes(m, k, n, bm, bk, bn, itemsize) -> int:
     return int(kernelsim.trace(call, a, b).calls[0].hbm_read_bytes)
 
 
-class CourseCodeCalled(Exception):
-    """A prediction called the course's own code (the grader's byte counts, kernelsim)."""
-
-
-@integrity.may_profile
-def predict_unaided(fn, params: dict):
-    """``fn(**params)``, watched: every Python function it calls, however deep, is checked
-    against the course's own code (``grader/``, ``kernelsim/``, ``lessons/``), so that a
-    prediction "from the sizes alone" cannot ask kernelsim or the grader for the answer. A
-    prediction that removes the watch (``sys.setprofile``) is refused as well."""
-    from grader.work import COURSE_CODE
-
-    called: list[str] = []
-
-    def watch(frame, event, arg):
-        if event == "call" and len(called) < 3:
-            path = os.path.realpath(frame.f_code.co_filename)
-            if path.startswith(COURSE_CODE):
-                called.append(f"{frame.f_code.co_qualname} ({os.path.basename(path)})")
-
-    before = sys.getprofile()
-    sys.setprofile(watch)
-    try:
-        predicted = fn(**params)
-    finally:
-        watched = sys.getprofile() is watch
-        sys.setprofile(before)
-    if called or not watched:
-        raise CourseCodeCalled(
-            "your prediction must be computed from the sizes by your own code; it called "
-            + (", ".join(called) if called else "sys.setprofile (the grader watches what a "
-               "prediction calls)") + ": count the bytes yourself, then compare with kernelsim "
-            "in a cell of its own")
-    return predicted
-
-
-def invoke_prediction(fn, arrays, params):
-    """Call the learner's predictor with the case's sizes (``predict_unaided``); a one-step
-    kernel writes its answer out (so the answer is judged like any task's output: value
-    against kernelsim's count)."""
-    predicted = predict_unaided(fn, params)
-    if isinstance(predicted, bool) or not isinstance(predicted, numbers.Integral):
-        raise TypeError(f"return a Python int (a number of bytes), not "
-                        f"{type(predicted).__name__}: compute it from the sizes, not with jnp")
-    answer = int(predicted)
-
-    def write_answer(o_ref):
-        o_ref[...] = jnp.full(o_ref.shape, answer, jnp.int32)
-
-    return pl.pallas_call(write_answer, out_shape=jax.ShapeDtypeStruct((1, 1), jnp.int32),
-                          interpret=choose().interpret)()
-
-
 def prediction_structure(t, case, inputs) -> list[Rule]:
     k = len(t.calls)
     return [Rule("kernels run", "only the grader's, which writes your answer (predict from the "
@@ -173,7 +113,7 @@ register_task(
     id="predict_matmul_reads", assignment=A4,
     title="Predict the HBM bytes matmul reads, then run kernelsim",
     reference=lambda **p: np.full((1, 1), matmul_read_bytes(**p), np.int32),
-    invoke=invoke_prediction, own_kernels=False,
+    invoke=calling.prediction, own_kernels=False,
     cases=(
         make_case("v0", 0, "float32", {}, m=32, k=256, n=256, bm=16, bk=128, bn=128, itemsize=4),
         # one K step: A's block stays the same across the j steps

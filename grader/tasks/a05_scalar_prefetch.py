@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from grader import calling
 from grader.tasks.core import (
     as_f32,
     block_is,
@@ -46,7 +47,7 @@ def _gather_rules(call, case, rules, inputs):
 def _make_bsmm(rng, case):
     (m, k), (_, n) = case.arrays["a"], case.arrays["b"]
     bm, bk = case.params["bm"], case.params["bk"]
-    # _density: the share of non-zero blocks (a private param: _invoke_bsmm keeps it from
+    # _density: the share of non-zero blocks (a private param: calling.with_host_last keeps it from
     # the learner's function); 0 leaves no non-zero block at all
     density = case.params.get("_density", 0.5)
     mask = rng.random((m // bm, k // bk)) < density
@@ -68,12 +69,6 @@ def _bsmm_rules(call, case, rules, inputs):
     budget = int(per_row.sum()) * cdiv(n, bn) * nbytes_of((bm, bk), case.dtype)
     rules.append(read_budget(call, "input", 0, budget,
                              f"A (only its {int(mask.sum())} non-zero blocks, per column block)"))
-
-
-def _invoke_bsmm(fn, arrays, params):
-    a, b, mask = arrays
-    p = {k: v for k, v in params.items() if not k.startswith("_")}
-    return fn(a, b, np.asarray(mask), **p)
 
 
 def _bsmm_ref(a, b, block_mask, **_):
@@ -112,11 +107,6 @@ def _gmm_rules(call, case, rules, inputs):
                              "w (only the block's own group, never all groups)"))
 
 
-def _invoke_gmm(fn, arrays, params):
-    x, w, sizes = arrays
-    return fn(x, w, np.asarray(sizes), **params)
-
-
 register_task(
     id="gather_rows", assignment=A5, title="Embedding gather with scalar prefetch",
     prefetch="the row ids",
@@ -134,7 +124,7 @@ register_task(
     id="block_sparse_matmul", assignment=A5, title="Block-sparse matmul",
     prefetch="the non-zero blocks' indices and counts per row of blocks",
     kernel_ops=(("dot_general",),), host_inputs=1,
-    reference=_bsmm_ref, tolerance="reduction", make=_make_bsmm, invoke=_invoke_bsmm,
+    reference=_bsmm_ref, tolerance="reduction", make=_make_bsmm, invoke=calling.with_host_last,
     cases=(
         # blocks (bm, 128) and (128, bn): the TPU lowering wants lanes in multiples of 128
         make_case("v0", 13, "float32", {"a": (64, 512), "b": (512, 256), "block_mask": (4, 4)},
@@ -161,7 +151,7 @@ register_task(
     id="grouped_matmul", assignment=A5, title="Grouped matmul (one weight per group of rows)",
     prefetch="each row block's group",
     kernel_ops=(("dot_general",),), host_inputs=1,
-    reference=_gmm_ref, tolerance="reduction", make=_make_gmm, invoke=_invoke_gmm,
+    reference=_gmm_ref, tolerance="reduction", make=_make_gmm, invoke=calling.with_host_last,
     cases=(
         # more groups than row blocks, some empty: reading every group's weights cannot fit
         make_case("v0", 14, "float32", {"x": (64, 32), "w": (6, 32, 128), "group_sizes": (6,)},

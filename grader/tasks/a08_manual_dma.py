@@ -1,6 +1,6 @@
 """Assignment 08, manual DMA: lesson 5's ``pl.ANY`` operands, async copies and DMA semaphores,
 and the same pipeline built by ``pltpu.emit_pipeline``. TPU-only kernels, every case graded in
-TPU interpret mode with its race detector on (``core.with_race_detector``).
+TPU interpret mode with its race detector on (``calling.with_race_detector``).
 
 All three tasks compute the same thing, ``absmax_scale``: every row divided by its largest
 absolute value (the first step of int8 absmax quantisation), with ``x`` left in HBM.
@@ -30,14 +30,10 @@ every start waited, and copies that cross grid steps only on an "arbitrary" grid
 
 from __future__ import annotations
 
-import functools
-
-import jax
-import jax.numpy as jnp
-
+from grader import calling
+from grader.calling import absmax_scale
 from grader.tasks.core import (
     Rule,
-    as_f32,
     block_is,
     cdiv,
     grid_is,
@@ -47,48 +43,9 @@ from grader.tasks.core import (
     register_task,
     single_call,
     total_budget,
-    with_race_detector,
 )
 
 A8 = "08_manual_dma"
-# The TPU that emit_pipeline is traced for where there is none (kernelsim's default chip).
-TRACED_TPU = jax.sharding.AbstractDevice("TPU v5e", 1, "tpu")
-
-
-def absmax_scale(rows):
-    """Each row of ``rows`` divided by its largest absolute value, in float32."""
-    rows = as_f32(rows)
-    return rows / jnp.max(jnp.abs(rows), axis=1, keepdims=True)
-
-
-def traced_as_tpu(fn):
-    """``fn``, callable on a machine without a TPU when its kernels use ``pltpu.emit_pipeline``.
-
-    emit_pipeline asks which TPU it targets while it is traced, for the tiling of its copies
-    (``jax/_src/pallas/mosaic/pipeline.py:507`` reaches ``jax/_src/tpu_info.py:562``); on a
-    CPU there is none. ``jax.sharding.use_abstract_mesh`` with a TPU device names one, as
-    ``pltpu.InterpretParams``' docstring says for TPU interpret mode
-    (``jax/_src/pallas/mosaic/interpret/params.py:167-172``). Under an abstract mesh a jitted
-    computation needs its inputs on a concrete device
-    (``jax/_src/interpreters/pxla.py:1049-1055``), so array arguments are put on this
-    machine's first device. On a TPU, ``fn`` itself.
-    """
-    if jax.default_backend() == "tpu":
-        return fn
-    mesh = jax.sharding.AbstractMesh((1,), ("core",), abstract_device=TRACED_TPU)
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        device = jax.devices()[0]
-        args = [jax.device_put(a, device) if hasattr(a, "shape") else a for a in args]
-        with jax.sharding.use_abstract_mesh(mesh):
-            return fn(*args, **kwargs)
-
-    return call
-
-
-def _invoke_pipeline(fn, arrays, params):
-    return with_race_detector(traced_as_tpu(fn), arrays, params)
 
 
 def _reference(x, chunk):
@@ -220,7 +177,7 @@ register_task(
     title="Double buffering by hand: x in HBM, two VMEM buffers, DMAs across grid steps",
     kernel_ops=(("reduce_max",),),
     reference=_reference,
-    invoke=with_race_detector, dma_rules=pipelined,
+    invoke=calling.with_race_detector, dma_rules=pipelined,
     cases=(
         # three chunks, the last one short (8 rows)
         make_case("v0", 80, "float32", {"x": (40, 256)}, chunk=16),
@@ -239,7 +196,7 @@ register_task(
     title="The same pipeline with pltpu.emit_pipeline inside the kernel",
     kernel_ops=(("reduce_max",),),
     reference=_reference,
-    invoke=_invoke_pipeline,
+    invoke=calling.pipeline,
     dma_rules=lambda order, case: pipelined(order, case, out=True),
     cases=(
         make_case("v0", 81, "float32", {"x": (40, 256)}, chunk=16),
@@ -254,11 +211,11 @@ register_task(
     title="Find the bug: a copy into a buffer its write-back is still reading",
     kernel_ops=(("reduce_max",),),
     reference=_reference,
-    invoke=with_race_detector,
+    invoke=calling.with_race_detector,
     dma_rules=lambda order, case: pipelined(order, case, out=True),
     cases=(
         # every case has at least five chunks: the race is at chunks 1 .. n-2, and each of
-        # them is a separate chance for the detector (see core.RACE_CLOCK_SIZE)
+        # them is a separate chance for the detector (see calling.RACE_CLOCK_SIZE)
         make_case("v0", 82, "float32", {"x": (96, 256)}, chunk=16),
         make_case("h0", 821, "float32", {"x": (40, 128)}, True, chunk=8),
         make_case("h1", 822, "bfloat16", {"x": (160, 256)}, True, chunk=32),

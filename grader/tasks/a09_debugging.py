@@ -17,6 +17,7 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
+from grader import calling
 from grader.tasks.a08_manual_dma import pipelined
 from grader.tasks.core import (
     Rule,
@@ -32,7 +33,6 @@ from grader.tasks.core import (
     register_task,
     single_call,
     total_budget,
-    with_race_detector,
 )
 
 A9 = "09_debugging"
@@ -175,7 +175,7 @@ register_task(
     reference=lambda x, chunk: jnp.sum(as_f32(x).reshape(-1, chunk, x.shape[1]), axis=0),
     tolerance="reduction",
     # two copies in flight behind the add: three VMEM buffers, not lesson 5's two
-    invoke=with_race_detector, dma_rules=functools.partial(pipelined, buffers=3),
+    invoke=calling.with_race_detector, dma_rules=functools.partial(pipelined, buffers=3),
     cases=(
         make_case("v0", 94, "float32", {"x": (64, 256)}, chunk=8),
         make_case("h0", 941, "float32", {"x": (128, 128)}, True, chunk=16),

@@ -2,7 +2,7 @@
 ``jax.custom_vjp`` graded through ``jax.vjp``, and an in-place update with
 ``input_output_aliases`` that touches a patch of rows and columns.
 
-How the backward task is graded, and why not with ``jax.grad`` directly: ``_invoke_rms_norm``
+How the backward task is graded, and why not with ``jax.grad`` directly: ``calling.rms_norm_vjp``
 calls ``jax.vjp(fn, x)`` and applies the pullback to the case's cotangent ``g``, an input of
 the traced program. That is the pullback ``jax.grad`` of ``sum(fn(x) * g)`` runs, but under
 ``jax.grad`` the cotangent reaching the backward kernel is ``g`` times the loss's seed, a
@@ -22,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from grader import calling
 from grader.tasks.core import (
     Rule,
     as_f32,
@@ -103,15 +104,6 @@ def _make_rms_norm(rng, case):
     return out
 
 
-def _invoke_rms_norm(fn, arrays, params):
-    x, g = arrays
-    y, pullback = jax.vjp(lambda x: fn(x, **params), x)
-    (dx,) = pullback(g)
-    # concatenate, not jnp.stack: the pinned release has a `stack` primitive, which
-    # grader.work does not count among the layout operations
-    return jnp.concatenate([y[None], dx[None]])
-
-
 def _rms_norm_rules(t, case, inputs) -> list[Rule]:
     (m, n), bm = case.arrays["x"], case.params["bm"]
     rules = [calls_at_least(t, 2)]
@@ -132,7 +124,7 @@ def _rms_norm_rules(t, case, inputs) -> list[Rule]:
 register_task(
     id="rms_norm", assignment=A10, title="RMS norm: forward and backward kernels via custom_vjp",
     kernel_ops=(("rsqrt", "sqrt"),),
-    reference=_rms_norm_ref, invoke=_invoke_rms_norm, make=_make_rms_norm,
+    reference=_rms_norm_ref, invoke=calling.rms_norm_vjp, make=_make_rms_norm,
     tolerance="reduction",
     cases=(
         make_case("v0", 20, "float32", {"x": (16, 128), "g": (16, 128)}, bm=8),

@@ -6,7 +6,7 @@ output block is written by exactly one grid step (no block revisited), the reduc
 ``lax.fori_loop`` inside the program, and the kernel passes JAX's GPU lowering of
 ``pallas_call`` (Triton, in the pinned release).
 
-How the lowering is graded: ``_lowered_for_gpu`` calls the learner's function as every task
+How the lowering is graded: ``calling.lowered_for_gpu`` calls the learner's function as every task
 does (the values, kernelsim's trace and the work facts come from that call), then asks
 ``kernelsim.gpu_lowering_error`` about the same function with ``interpret=False``: JAX's real
 Triton lowering, run on this machine (no GPU; nothing executes). A refusal is raised as the
@@ -24,19 +24,16 @@ also fit a GPU's shared memory when Triton pipelines the loop.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as _pltriton  # noqa: F401 - see below
-from jax.extend.core import jaxprs_in_params
 
 import kernelsim
-from grader.tasks.a04_memory_spaces import invoke_prediction, prediction_structure
+from grader import calling
+from grader.tasks.a04_memory_spaces import prediction_structure
 from grader.tasks.core import (
     Rule,
     as_f32,
@@ -48,82 +45,9 @@ from grader.tasks.core import (
     register_task,
     single_call,
 )
-from grader.work import open_jaxpr
-
-# The pallas.triton import above loads JAX's Triton lowering with the course's modules, not
-# the first time a check lowers a kernel for a GPU.
 
 A11 = "11_gpu"
 LOOP = ("scan", "while")  # what a lax.fori_loop becomes in a kernel's jaxpr
-
-
-class TritonLoweringRefused(Exception):
-    """JAX's GPU lowering of ``pallas_call`` (Triton) refuses the learner's kernel."""
-
-
-class InterpretIgnored(Exception):
-    """The learner's function made an interpreted ``pallas_call`` when asked to compile."""
-
-
-class Tf32OnGpu(Exception):
-    """The learner's kernel multiplies float32 at a precision Triton computes in TF32."""
-
-
-def _eqns(program):
-    """Every equation of ``program``, nested jaxprs (loops, kernel bodies) included."""
-    for eqn in open_jaxpr(program).eqns:
-        yield eqn
-        for sub in jaxprs_in_params(eqn.params):
-            yield from _eqns(sub)
-
-
-def _ieee_float32(precision) -> bool:
-    """Whether the Triton lowering multiplies float32 at ``precision`` in IEEE float32: only
-    at HIGHEST for both operands (or the F32_F32_F32 algorithm); DEFAULT and HIGH are TF32
-    (jax/_src/pallas/triton/lowering.py, ``_TF32_PRECISIONS`` and the dot_general rule)."""
-    return precision in ((lax.Precision.HIGHEST, lax.Precision.HIGHEST),
-                         lax.DotAlgorithmPreset.F32_F32_F32)
-
-
-def _tf32_dots(program) -> int:
-    """How many float32 dot_generals inside the kernels of ``program`` a GPU computes in TF32."""
-    kernels = [e.params["jaxpr"] for e in _eqns(program) if e.primitive.name == "pallas_call"]
-    return sum(1 for kernel in kernels for e in _eqns(kernel)
-               if e.primitive.name == "dot_general"
-               and e.invars[0].aval.dtype == jnp.float32
-               and not _ieee_float32(e.params["precision"]))
-
-
-def _lowered_for_gpu(fn, arrays, params):
-    """``fn(*arrays, **params)``, after checking that ``fn`` with ``interpret=False`` passes
-    JAX's Triton lowering of ``pallas_call``."""
-    out = fn(*arrays, **params)
-    compiled = functools.partial(fn, **params, interpret=False)
-    with jax.default_matmul_precision(None):  # JAX's default, not the check's (grader.work)
-        program = jax.make_jaxpr(compiled)(*arrays)
-    if any(e.params["interpret"] is not False for e in _eqns(program)
-           if e.primitive.name == "pallas_call"):
-        raise InterpretIgnored(
-            "called with interpret=False, your function still made an interpreted "
-            "pallas_call: pass its interpret argument on to pl.pallas_call(interpret=...), so "
-            "that the grader can lower your kernel for a GPU")
-    if _tf32_dots(program):
-        raise Tf32OnGpu(
-            "your kernel multiplies float32 at the default precision, which the Triton "
-            "lowering computes in TF32 (10 mantissa bits) on a GPU, far outside this task's "
-            "tolerance: pass precision=jax.lax.Precision.HIGHEST to jnp.dot")
-    error = kernelsim.gpu_lowering_error(compiled, *arrays, chip="h100")
-    if error is not None:
-        first = error.splitlines()[0][:400]
-        if first.rstrip(": ") == "AssertionError":
-            # pallas_call.py asserts that the compiler parameters' type has a GPU rule; TPU
-            # parameters only get a clearer ValueError once a TPU lowering has loaded theirs
-            first += ("(no GPU lowering rule for this pallas_call's compiler_params: "
-                      "pltpu.CompilerParams and plgpu.CompilerParams have none)")
-        raise TritonLoweringRefused(
-            "JAX's GPU lowering of pallas_call (Triton, what a GPU compiles) refuses your "
-            f"kernel: {first} (lesson 11 lists what it refuses)")
-    return out
 
 
 def _one_write_per_block(call, out_blocks: int) -> Rule:
@@ -154,7 +78,7 @@ register_task(
     title="Row sums, GPU-safe: the K loop inside the program",
     kernel_ops=(("reduce_sum",), LOOP),
     reference=lambda x, bm, bk: jnp.sum(as_f32(x), axis=1, keepdims=True).astype(x.dtype),
-    invoke=_lowered_for_gpu,
+    invoke=calling.lowered_for_gpu,
     tolerance="reduction",
     cases=(
         # K = 384 is not a power of two: the (16, 384) band must be loaded in 128-wide chunks
@@ -189,7 +113,7 @@ register_task(
     title="Matmul, GPU-safe: one program per output block",
     kernel_ops=(("dot_general",), LOOP),
     reference=matmul_reference,
-    invoke=_lowered_for_gpu,
+    invoke=calling.lowered_for_gpu,
     tolerance="reduction",
     cases=(
         # K = 384: the (bm, K) band of A cannot be loaded whole (not a power of two)
@@ -243,7 +167,7 @@ register_task(
     id="predict_gpu_reads", assignment=A11, target="gpu",
     title="Predict the HBM bytes the GPU model counts for gpu_matmul, then run kernelsim",
     reference=lambda **p: np.full((1, 1), gpu_matmul_read_bytes(**p), np.int32),
-    invoke=invoke_prediction, own_kernels=False,
+    invoke=calling.prediction, own_kernels=False,
     cases=(
         make_case("v0", 0, "float32", {}, m=64, k=384, n=128, bm=32, bn=128, itemsize=4),
         # several column blocks: A's band is read once per column block

@@ -1,7 +1,7 @@
 """Assignment 12, the kernel API of today (lesson 13): copies a kernel writes itself with
 ``pltpu.async_copy``/``sync_copy`` and semaphores from ``pl.run_scoped``, and a pipeline split
 between two TensorCores. TPU-only kernels, every case graded in TPU interpret mode with its
-race detector on (``core.with_race_detector``).
+race detector on (``calling.with_race_detector``).
 
 Both tasks are graded through a ``pl.pallas_call`` with ``pl.ANY`` operands, the form whose
 body is the same as a ``pl.kernel`` body: the grader's work facts (``grader/work.py``) read
@@ -24,10 +24,10 @@ outside any kernel.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
-from grader.tasks.a08_manual_dma import traced_as_tpu
+from grader import calling
+from grader.calling import softmax_rows
 from grader.tasks.core import (
     Rule,
     as_f32,
@@ -38,7 +38,6 @@ from grader.tasks.core import (
     register_task,
     single_call,
     total_budget,
-    with_race_detector,
 )
 
 A12 = "12_kernel_api"
@@ -54,11 +53,6 @@ def _left_in_hbm(call, role: str) -> list[Rule]:
 
 
 # ----------------------------------------------------------------------------- task 1: parts
-def softmax_rows(x):
-    """Softmax along axis 1, in float32."""
-    return jax.nn.softmax(as_f32(x), axis=1)
-
-
 def _softmax_reference(x, parts):
     return softmax_rows(x).astype(x.dtype)
 
@@ -82,7 +76,7 @@ register_task(
     title="Row softmax with the input copied in parts, all copies in flight at once",
     kernel_ops=(("exp",), ("reduce_max",)),
     reference=_softmax_reference,
-    invoke=with_race_detector,
+    invoke=calling.with_race_detector,
     tolerance="reduction",
     cases=(
         make_case("v0", 120, "float32", {"x": (64, 256)}, parts=2),
@@ -120,16 +114,12 @@ def _mm_rules(call, case, rules, inputs):
     rules.extend(total_budget(call, read=read, write=nbytes_of((m, n), case.dtype)))
 
 
-def _invoke_cores(fn, arrays, params):
-    return with_race_detector(traced_as_tpu(fn), arrays, params)
-
-
 register_task(
     id="matmul_bias_relu_cores", assignment=A12,
     title="relu(a @ b + bias) with its pipeline split between two TensorCores",
     kernel_ops=(("dot_general",), ("max",)),
     reference=_mm_reference,
-    invoke=_invoke_cores,
+    invoke=calling.pipeline,
     tolerance="reduction",
     cases=(
         make_case("v0", 121, "float32", {"a": (256, 256), "b": (256, 256), "bias": (1, 256)},

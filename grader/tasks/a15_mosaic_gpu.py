@@ -21,7 +21,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import kernelsim
-from grader.tasks.a04_memory_spaces import invoke_prediction, prediction_structure
+from grader import calling
+from grader.tasks.a04_memory_spaces import prediction_structure
 from grader.tasks.core import make_case, register_task
 
 A15 = "15_mosaic_gpu"
@@ -62,7 +63,7 @@ register_task(
     id="predict_staging_smem", assignment=A15,
     title="Predict the shared memory of a TMA-staged tile and its barrier",
     reference=lambda **p: _answer(staging_smem_bytes(**p)),
-    invoke=invoke_prediction, own_kernels=False,
+    invoke=calling.prediction, own_kernels=False,
     cases=(
         make_case("v0", 0, "float32", {}, rows=64, cols=128, itemsize=4),
         # a tile that is not a whole number of KiB: the lowering rounds it up
@@ -102,7 +103,7 @@ register_task(
     id="predict_pipeline_smem", assignment=A15,
     title="Predict the shared memory an emit_pipeline's stages take",
     reference=lambda **p: _answer(pipeline_smem_bytes(**p)),
-    invoke=invoke_prediction, own_kernels=False,
+    invoke=calling.prediction, own_kernels=False,
     cases=(
         make_case("v0", 0, "float32", {}, tm=64, tn=128, stages=3, itemsize=4),
         make_case("h0", 0, "float32", {}, True, tm=64, tn=128, stages=1, itemsize=4),
@@ -135,7 +136,7 @@ register_task(
     id="predict_accumulator_registers", assignment=A15,
     title="Predict the registers a WGMMA accumulator takes per thread",
     reference=lambda **p: _answer(accumulator_registers(**p)),
-    invoke=invoke_prediction, own_kernels=False,
+    invoke=calling.prediction, own_kernels=False,
     cases=(
         make_case("v0", 0, "float32", {}, tm=128, tn=128),
         make_case("h0", 0, "float32", {}, True, tm=64, tn=64),
@@ -175,7 +176,7 @@ register_task(
     id="predict_matmul_tma_bytes", assignment=A15,
     title="Predict the bytes a WGMMA matmul's TMA copies read",
     reference=lambda **p: _answer(matmul_tma_read_bytes(**p)),
-    invoke=invoke_prediction, own_kernels=False,
+    invoke=calling.prediction, own_kernels=False,
     cases=(
         make_case("v0", 0, "float32", {}, m=512, n=512, k=512, tm=128, tn=128, tk=64, itemsize=2),
         # one CTA: each operand read once

@@ -25,6 +25,8 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from grader.calling import INVOKES, Call
+
 # Tolerances, in one table: (rtol, atol) per kind of task and dtype. An element passes when
 # |got - expected| <= atol + rtol * |expected|. Every reference computes in float32 and rounds
 # once to the output dtype; one ulp is 2**-24 (6e-8) relative in float32, 2**-8 (3.9e-3) in
@@ -88,7 +90,8 @@ class Task:
     structure: Callable[[Any, Case, dict], list[Rule]]
     tolerance: str = "exact"  # a row of TOLERANCES
     make: Callable[[np.random.Generator, Case], dict[str, np.ndarray]] | None = None
-    # how the learner's function is called: invoke(fn, arrays, params) -> output
+    # how the learner's function is called: invoke(fn, arrays, params) -> output, one of
+    # grader.calling.INVOKES
     invoke: Callable[[Callable, list, dict], Any] | None = None
     # trailing inputs the function gets as NumPy arrays to plan with on the host (a block
     # mask, group sizes); the others are traced, and the program they give is what runs
@@ -113,10 +116,19 @@ class Task:
             return self.make(rng, case)
         return {k: drawn_values(rng, s, case) for k, s in case.arrays.items()}
 
+    def __post_init__(self):
+        if self.invoke is not None and INVOKES.get(self.invoke.__name__) is not self.invoke:
+            raise ValueError(f"task {self.id}: its invoke must be one of grader.calling.INVOKES "
+                             "(the notebook's process of the grader's run calls it by name)")
+
+    @property
+    def calling(self) -> Call:
+        """How the learner's function is called, as the notebook's process of the grader's run
+        knows it (the job names the invoke)."""
+        return Call(None if self.invoke is None else self.invoke.__name__, self.host_inputs)
+
     def call(self, fn: Callable, arrays: list, params: dict) -> Any:
-        if self.invoke is not None:
-            return self.invoke(fn, arrays, params)
-        return fn(*arrays, **params)
+        return self.calling.call(fn, arrays, params)
 
     def expected(self, case: Case, inputs: dict[str, np.ndarray]) -> np.ndarray:
         args = [jnp.asarray(v) for v in inputs.values()]
@@ -231,31 +243,6 @@ def single_call(fn: Callable[..., None]):
         return rules
 
     return structure
-
-
-# ----------------------------------------------------------------------------- race detection
-# TPU interpret mode's race detector keeps a vector clock per core and shares the remaining
-# entries among DMAs: each DMA draws one at random from [cores, vector_clock_size)
-# (jax/_src/pallas/mosaic/interpret/shared_memory.py:918-940). At the default size, twice the
-# cores, every DMA draws the same entry, which orders any two DMAs and hides a race between
-# them (a copy into a buffer that another copy is still reading). With more entries such a
-# race is missed only when both DMAs draw the same one (1 in RACE_CLOCK_SIZE - 1), never
-# reported when there is none.
-RACE_CLOCK_SIZE = 64
-
-
-def with_race_detector(fn: Callable, arrays: list, params: dict) -> Any:
-    """A ``Task.invoke``: call ``fn`` with ``interpret=`` TPU interpret mode and its race
-    detector where kernels are interpreted; compiled (on a TPU) with the learner's own
-    setting."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    from kernelsim.backend import choose
-
-    if choose(tpu_features=True).interpret is False:
-        return fn(*arrays, **params)
-    return fn(*arrays, **params, interpret=pltpu.InterpretParams(
-        detect_races=True, vector_clock_size=RACE_CLOCK_SIZE))
 
 
 # ----------------------------------------------------------------------------- the kernel's work

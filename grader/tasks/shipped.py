@@ -147,8 +147,8 @@ def _solution_bodies() -> Iterator[tuple[str, object]]:
     import jupytext
 
     from grader import tasks
+    from grader.calling import trace_case
     from grader.refs import REPO
-    from grader.work import trace_case
 
     for assignment in tasks.ASSIGNMENTS:
         path = REPO / "exercises" / "source" / assignment / f"{assignment[3:]}.py"

@@ -19,7 +19,7 @@ import pytest
 from test_exercise_content import key_hints
 
 import kernelsim
-from grader import course, tasks
+from grader import course, tasks, verdict
 
 ASSIGNMENT = "09_debugging"
 NOTEBOOK = gradertools.notebook(ASSIGNMENT)
@@ -84,7 +84,7 @@ def test_every_case_exposes_the_bug_in_values(notebook):
             continue
         inputs, expected, params = refs.load_case(refdir, entry)
         got = notebook[f"{entry['task']}_buggy"](*map(jnp.asarray, inputs.values()), **params)
-        assert course.compare(got, expected, entry["rtol"], entry["atol"], None) is not None, \
+        assert verdict.compare(got, expected, entry["rtol"], entry["atol"], None) is not None, \
             entry
 
 

@@ -38,13 +38,12 @@ TRACE_TIME_PATCH = (  # installed while add is traced; it removes itself once us
     "def _forged(*a, **k):\n    kernelsim.run = _run\n    return _run(*a, **k)\n"
     "_right_add = add\ndef add(x, y):\n    kernelsim.run = _forged\n"
     "    return _right_add(x, y) * 2\n")
-PATCH_FROM_THREAD = (  # the honest kernel's run in place of the wrong one's, now and then
-    WRONG_ADD + "import threading, time, grader.tasks, grader.work\n"
-    "_real = grader.work.run_traced\n"
-    "def _honest(t):\n    return _real(grader.work.trace_case(grader.tasks.get('add'), _right_add,"
-    " t.traced, {{}}))\n"
-    "def _flip():\n    while True:\n        grader.work.run_traced = _honest\n"
-    "        time.sleep(0.001)\n        grader.work.run_traced = _real\n"
+PATCH_FROM_THREAD = (  # the honest kernel traced in place of the wrong one, now and then
+    WRONG_ADD + "import threading, time, grader.calling\n"
+    "_real = grader.calling.trace_case\n"
+    "def _honest(task, fn, arrays, params):\n    return _real(task, _right_add, arrays, params)\n"
+    "def _flip():\n    while True:\n        grader.calling.trace_case = _honest\n"
+    "        time.sleep(0.001)\n        grader.calling.trace_case = _real\n"
     "threading.Thread(target=_flip, daemon=True).start()\n")
 FORGE_CHANNEL = (IN_FRESH_RUN + "    import os, struct\n    for fd in range(3, 64):\n"
                  "        try:\n            os.write(fd, struct.pack('>I32s', 17, b'0' * 32) + "
@@ -135,8 +134,10 @@ CORPUS = {
                             "[f for _, _, fs in os.walk({root!r}) for f in fs])\n"),
                      6, "graded", ""),
     "plain_jax": (_after("add_solution", "add = lambda x, y: x + y\n"), 6, "graded", ""),
-    "course_reference": (_after("add_solution", "from grader import tasks\n"
-                                "add = lambda x, y: tasks.get('add').reference(x, y)\n"),
+    # the grader's run has no grader.tasks (tests/grader/test_jail_imports.py): the import,
+    # when add is traced, raises ImportError
+    "course_reference": (_after("add_solution", "def add(x, y):\n    from grader import tasks\n"
+                                "    return tasks.get('add').reference(x, y)\n"),
                          6, "graded", ""),
     # editing the test cells
     "edited_test": (_edit_test_cells("edited"), 6, "tampered", "add_hidden was edited"),

@@ -21,8 +21,7 @@ from test_exercise_content import key_hints
 
 import kernelsim
 from grader import course, refs, tasks, verdict
-from grader.tasks.a08_manual_dma import absmax_scale, traced_as_tpu
-from grader.tasks.core import RACE_CLOCK_SIZE
+from grader.calling import RACE_CLOCK_SIZE, absmax_scale, traced_as_tpu
 
 pytestmark = pytest.mark.interpret
 
@@ -249,7 +248,7 @@ def test_the_buggy_kernel_has_right_values_in_both_dma_orders(notebook):
             got = notebook["absmax_in_place_buggy"](
                 *map(jnp.asarray, inputs.values()), **params,
                 interpret=pltpu.InterpretParams(dma_execution_mode=mode))
-            assert course.compare(got, expected, entry["rtol"], entry["atol"], None) is None, \
+            assert verdict.compare(got, expected, entry["rtol"], entry["atol"], None) is None, \
                 (entry["case"], mode)
 
 

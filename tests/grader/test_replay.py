@@ -275,9 +275,9 @@ FORGERIES = {
         "import os, struct\nfor fd in range(3, 64):\n    try:\n"
         "        os.write(fd, struct.pack('>I32s', 4, b'0' * 32) + b'{}\\0x')\n"
         "    except OSError:\n        pass\n", "bytes its harness did not write"),
-    "swap_code": ("import grader.work\n"
-                  "grader.work.facts.__code__ = (lambda program: {}).__code__\n",
-                  "replaced the code of facts"),
+    "swap_code": ("import grader.calling\n"
+                  "grader.calling.trace_case.__code__ = (lambda *a: None).__code__\n",
+                  "replaced the code of trace_case"),
 }
 
 

@@ -75,10 +75,9 @@ def test_a_forged_answer_written_with_the_harness_s_own_send_is_tampering(slot):
 
 def test_a_wrong_add_stays_wrong_whatever_is_patched_in_the_notebook(slot):
     patched = DISARM + (
-        "import grader.work, kernelsim, builtins, numpy.testing\n"
+        "import kernelsim, builtins, numpy.testing\n"
         "_right = add\nadd = lambda x, y: _right(x, y) * 2\n"
-        "grader.work.run_traced = lambda t: grader.work.CaseRun(output=0)\n"
-        "grader.work.facts = lambda program: {}\nkernelsim.run = lambda *a, **k: None\n"
+        "kernelsim.run = lambda *a, **k: None\nkernelsim.trace = lambda *a, **k: None\n"
         "numpy.testing.assert_allclose = lambda *a, **k: None\n"
         "builtins.isinstance = isinstance\n")
     got, loaded = _fresh(slot, patched)

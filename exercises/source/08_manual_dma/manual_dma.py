@@ -34,7 +34,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
 from grader import course
-from grader.tasks.a08_manual_dma import absmax_scale, traced_as_tpu
+from grader.calling import absmax_scale, traced_as_tpu
 from kernelsim.backend import choose
 
 # Compiled on a TPU; TPU interpret mode anywhere else (these kernels are TPU-only).

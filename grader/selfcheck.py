@@ -1,0 +1,82 @@
+"""The learner's own check of a task (``grader.course.check`` outside the grader's run): the
+task's stored cases run through the learner's function, compared with the references under the
+task's tolerance, and its structure checked on kernelsim's trace.
+
+``grader.course`` imports this only when a check runs (in JupyterLab, ``pallas-course check``,
+a test): the notebook's process of the grader's run has no ``grader/selfcheck.py``, nor the
+tasks, references and verdict it imports (``grader.trusted.notebook_view``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from grader import messages, refs, tasks, verdict, work
+from grader.course import CheckFailed
+
+
+def task_ids(checked) -> list[str]:
+    """The tasks of every assignment that one of ``checked`` (task ids) belongs to, in the
+    course's order, then any unknown ones of ``checked``."""
+    assignments = {tasks.get(t).assignment for t in checked if t in tasks.BY_ID}
+    ids = [t.id for t in tasks.TASKS if t.assignment in assignments]
+    return ids + [t for t in checked if t not in ids]
+
+
+def _refdirs(hidden: bool) -> list[Path]:
+    dirs = []
+    env = os.environ.get("PALLAS_COURSE_REFS")
+    if env:
+        dirs.append(Path(env))
+    root_refs = refs.course_root() / "refs"
+    dirs.append(root_refs)
+    if not hidden:
+        dirs.append(Path.cwd() / "refs")  # the copy shipped in a released assignment folder
+    return dirs
+
+
+def _cases(task_id: str, hidden: bool) -> tuple[Path, list[dict]]:
+    for d in _refdirs(hidden):
+        if not (d / "manifest.json").exists():
+            continue
+        manifest = refs.load_manifest(d)
+        entries = [e for e in manifest["cases"].values()
+                   if e["task"] == task_id and e["hidden"] == hidden]
+        if entries:
+            return d, entries
+    kind = "hidden" if hidden else "visible"
+    where = ", ".join(str(d) for d in _refdirs(hidden))
+    hint = ("hidden cases only exist where the course is graded" if hidden
+            else "run this notebook from its assignment folder (it ships a refs/ folder)")
+    raise CheckFailed(f"no {kind} reference cases for task {task_id!r} in {where}: {hint}")
+
+
+def check(task_id: str, fn, hidden: bool, quiet: bool, record: dict[str, Any]) -> None:
+    """Check ``fn`` on the task's visible (or hidden) cases; fill ``record`` (rules, kernelsim's
+    summary, the message) and raise ``CheckFailed`` when it fails."""
+    import jax.numpy as jnp
+
+    kind = "hidden" if hidden else "visible"
+    refdir, entries = _cases(task_id, hidden)
+    loaded = [(e, *refs.load_case(refdir, e)) for e in entries]
+    task = tasks.get(task_id)
+    runs = [work.run_case(task, fn, [jnp.asarray(v) for v in inputs.values()], params)
+            for _, inputs, _, params in loaded]  # one run per case: values, trace and work
+    results = [verdict.case_result(e, inputs, expected, params, r.output, r.error, r.trace,
+                                    r.trace_error, r.work)
+               for (e, inputs, expected, params), r in zip(loaded, runs, strict=True)]
+    v = verdict.decide(task_id, results)
+    record.update(rules=v.rules, kernelsim=next((r.summary for r in runs if r.summary), None))
+    if not v.passed:
+        message = v.message
+        facts = results[0].trace
+        if facts is not None and any(r.startswith("[FAIL]") for r in v.rules):
+            message += "\n" + messages.traffic_table(facts)
+        record["message"] = message = messages.annotate(message, results[0].trace_error)
+        raise CheckFailed(message)
+    record["passed"] = True
+    if not quiet:
+        print(f"{task_id}: {len(entries)} {kind} case(s) passed; structure: "
+              + "; ".join(f"{what} ok" for what in v.checked))
