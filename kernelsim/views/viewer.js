@@ -1,6 +1,6 @@
 // kernelsim's viewer: one pallas_call, grid step by grid step, showing which blocks move
-// between the chip's memories (HBM, VMEM and SMEM on a TPU; global memory and shared memory /
-// registers on a GPU), or one Mosaic GPU kernel (kernelsim.gpu), event by event per warpgroup,
+// between the chip's memories (HBM, VMEM and SMEM on a TPU, and over ICI between the chips of
+// a shard_map; global memory and shared memory / registers on a GPU), or one Mosaic GPU kernel (kernelsim.gpu), event by event per warpgroup,
 // in the GPU's memories (global memory, shared memory, registers). One plain ES module, no
 // build step: anywidget renders it in a notebook
 // (`export default {render}`), and `standalone(el, data)` runs it on a page with the data
