@@ -26,6 +26,7 @@ class MemoryNames:
     kept: str
     spaces: dict[str, str]
     scalars: str | None
+    interconnect: str | None
 
     def action_labels(self) -> dict[str, str]:
         """A legend's words for each pipeline action."""
@@ -39,14 +40,14 @@ MEMORY_NAMES: dict[str, MemoryNames] = {
     "tpu": MemoryNames(off_chip="HBM", on_chip="VMEM", on_chip_short="VMEM", kept="in VMEM",
                        spaces={"vmem": "VMEM", "smem": "SMEM", "hbm": "HBM",
                                "any": "HBM, pl.ANY", "semaphore": "semaphore"},
-                       scalars="SMEM"),
+                       scalars="SMEM", interconnect="ICI"),
     # Triton keeps a program's blocks in registers, staging some (a dot's operands) through
     # shared memory; Mosaic GPU copies them into shared memory and loads registers from there
     "gpu": MemoryNames(off_chip="global memory", on_chip="shared memory / registers",
                        on_chip_short="on chip", kept="on chip",
                        spaces={"vmem": "on chip", "smem": "on chip", "hbm": "global memory",
                                "any": "global memory, pl.ANY", "semaphore": "semaphore"},
-                       scalars=None),
+                       scalars=None, interconnect=None),
 }
 
 

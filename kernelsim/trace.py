@@ -29,7 +29,7 @@ from kernelsim.cost import CallCost, OperandCost, compute
 from kernelsim.errors import TraceError
 from kernelsim.lint import lint
 from kernelsim.memories import memory_spaces
-from kernelsim.model import BodyCopy, KernelCall
+from kernelsim.model import BodyCopy, KernelCall, MeshDevice
 from kernelsim.schedule import CallSchedule, Model, StepEvent, build
 
 DEFAULT_CHIP = {"tpu": "tpu-v5e", "gpu": "h100"}
@@ -88,12 +88,18 @@ class CallTrace:
             "smem_bytes": c.smem_bytes, "flops": c.flops, "flops_source": c.flops_source,
             "compute_seconds": c.compute_seconds, "memory_seconds": c.memory_seconds,
             "overhead_seconds": c.overhead_seconds, "estimated_seconds": c.estimated_seconds,
-            "device": None if self.call.device is None else {
-                "id": self.call.device.id,
-                "coords": dict(zip(self.call.device.axes, self.call.device.coords, strict=True))},
+            "device": device_dict(self.call.device),
             "body_dmas": [body_dma_dict(c) for c in self.call.body_copies],
             "warnings": list(self.warnings),
         }
+
+
+def device_dict(device: MeshDevice | None) -> dict[str, Any] | None:
+    """A call's mesh device in ``to_dict``: its id and its coordinate per mesh axis; None
+    outside a ``shard_map``."""
+    if device is None:
+        return None
+    return {"id": device.id, "coords": dict(zip(device.axes, device.coords, strict=True))}
 
 
 def body_dma_dict(copy: BodyCopy) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 // kernelsim's viewer: one pallas_call, grid step by grid step, showing which blocks move
-// between the chip's memories (HBM, VMEM and SMEM on a TPU; global memory and shared memory /
-// registers on a GPU), or one Mosaic GPU kernel (kernelsim.gpu), event by event per warpgroup,
+// between the chip's memories (HBM, VMEM and SMEM on a TPU, and over ICI between the chips of
+// a shard_map; global memory and shared memory / registers on a GPU), or one Mosaic GPU kernel (kernelsim.gpu), event by event per warpgroup,
 // in the GPU's memories (global memory, shared memory, registers). One plain ES module, no
 // build step: anywidget renders it in a notebook
 // (`export default {render}`), and `standalone(el, data)` runs it on a page with the data
@@ -13,6 +13,7 @@ const SPEEDS = [1, 2, 5, 10, 30, 60, 0];          // steps per second; 0 = one p
 const ANIMATE_BELOW_MS = 150;                        // packets fly only when steps are slower
 const SMEM_CELLS = 64;                               // SMEM entries drawn per operand
 const ARRAY_PX = 130;                                // tallest drawn operand, CSS pixels
+const ICI_SHOWN = 32;                                // copies in flight listed per step
 
 const CSS = `
 .ks-viewer.ks-viewer{--ks-ink:#1f2933;--ks-soft:#52606d;--ks-line:#cbd2d9;--ks-idle:#eef1f4;
@@ -236,7 +237,8 @@ class Viewer {
     // title and controls
     const sem = call.semantics.length ? ` · ${call.semantics.join(", ")}` : "";
     this.root.append(h("div", {class: "ks-title",
-      text: `call ${call.index}: ${call.name} · grid ${tuple(call.grid)} = ` +
+      text: `call ${call.index}: ${call.name}` +
+            (call.device ? ` · device ${call.device.id}` : "") + ` · grid ${tuple(call.grid)} = ` +
             `${call.total_steps.toLocaleString("en-US")} steps${sem}` +
             (n < call.total_steps ? ` · showing ${n.toLocaleString("en-US")} of them` : "")}));
     const {prev, play, next, speed, slider} = this.playback("step", "grid step");
@@ -244,10 +246,11 @@ class Viewer {
     const opts = h("div", {class: "ks-row ks-options"}, h("label", {}, "speed ", speed));
     if (D.calls.length > 1) {
       const sel = h("select", {class: "ks-call", "aria-label": "pallas_call"});
-      D.calls.forEach((c, i) => sel.append(h("option", {value: i, text: `${i}: ${c.name}`})));
+      D.calls.forEach((c, i) => sel.append(h("option", {value: i, text: `call ${i}: ${c.name}` +
+        (c.device ? ` · device ${c.device.id}` : "")})));
       sel.value = String(ci);
       sel.onchange = () => this.set("call", +sel.value);
-      opts.append(h("label", {}, "call ", sel));
+      opts.append(sel);
     }
     const msel = h("select", {class: "ks-model", "aria-label": "pipeline model"});
     for (const name of ["tpu", "gpu"]) msel.append(h("option", {value: name, text: name}));
@@ -295,6 +298,7 @@ class Viewer {
     this.words = m.words;
     this.ops = call.operands.filter((o) => !hidden.has(o.name));
     this.smem = null;
+    this.ici = null;
     this.scratchAccess = {};
     const body = h("div", {class: "ks-body"});
     for (const lane of m.lanes) {
@@ -431,6 +435,39 @@ class Viewer {
       lane.append(h("div", {class: "ks-meta", text: `footprint ${fmtBytes(cost.smem)} of ` +
         `${fmtBytes(cost.chip_smem)} ${this.words.scalars} on ${this.chip}`}));
     }
+  }
+
+  // the remote copies this device's kernel starts; drawIci lists those in flight
+  buildIci(lane) {
+    const remote = this.call.body_dmas.filter((d) => d.remote);
+    this.ici = {remote, title: this.m.lanes.find((l) => l.kind === "ici").title,
+                now: h("div", {class: "ks-act"}), list: h("div", {class: "ks-slots"})};
+    const who = this.call.device ? `device ${this.call.device.id}` : "this kernel";
+    lane.append(h("div", {class: "ks-meta", text: `${remote.length} remote ` +
+                  `cop${remote.length === 1 ? "y" : "ies"} started by ${who}`}),
+                this.ici.now, this.ici.list);
+  }
+
+  // the copies in flight at grid step `step`: from the step that starts each to the one that
+  // waits on it (to the end of the call when nothing waits); returns how many
+  drawIci(step) {
+    const live = this.ici.remote.filter((d) => d.start_step <= step &&
+                                        (d.wait_step === null || step <= d.wait_step));
+    this.ici.now.textContent = live.length ?
+      `in flight at step ${step}: ${live.length} cop${live.length === 1 ? "y" : "ies"}` :
+      `no remote copy in flight at step ${step}`;
+    this.ici.list.replaceChildren(...live.slice(0, ICI_SHOWN).map((d) => h("div",
+      {class: "ks-slot ks-active", "data-copy": this.ici.remote.indexOf(d)},
+      h("b", {text: `device ${d.src_device} → device ${d.dst_device}`}),
+      h("span", {style: "white-space:nowrap", text: fmtBytes(d.bytes)}),
+      `, semaphore ${d.semaphore || "none"}`,
+      h("div", {class: "ks-meta", text: `started at step ${d.start_step}, ` + (
+        d.wait_step === null ? "never waited on" : `waited on at step ${d.wait_step}`)}))));
+    if (live.length > ICI_SHOWN) {
+      this.ici.list.append(h("div", {class: "ks-meta",
+                                     text: `and ${live.length - ICI_SHOWN} more`}));
+    }
+    return live.length;
   }
 
   buildGrid() {
@@ -754,6 +791,7 @@ class Viewer {
     }
     for (const [name, el] of Object.entries(this.scratchAccess)) this.drawAccess(el, name, i);
     const read = this.smem ? this.drawSmem(i) : [];
+    const flying = this.ici ? this.drawIci(step) : 0;
     this.drawGrid(point);
     const cum = m.cumulative[i];
     this.cursor.style.left = `${(100 * i) / Math.max(this.n - 1, 1)}%`;
@@ -761,7 +799,10 @@ class Viewer {
       `step ${step} (${cum.toLocaleString("en-US")} B)`;
     this.status.textContent = `step ${step}, grid ${tuple(point)}: ` +
       (words.join("; ") || "no pipelined operand shown") +
-      (read.length ? `; ${this.words.scalars} read ${read.join(", ")}` : "") + ".";
+      (read.length ? `; ${this.words.scalars} read ${read.join(", ")}` : "") +
+      (flying ? `; ${flying} remote cop${flying === 1 ? "y" : "ies"} in flight over ` +
+                `${this.ici.title}` : "") +
+      ".";
     // packets fly for single steps at a pace the eye can follow, never piling up
     const now = performance.now(), calm = now - (this.drawnAt || 0) >= ANIMATE_BELOW_MS;
     this.drawnAt = now;
@@ -923,7 +964,7 @@ const GPU_LANES = {gmem: Viewer.prototype.buildGpuGlobal,
                    events: Viewer.prototype.buildGpuEvents};
 
 const LANES = {arrays: Viewer.prototype.buildArrays, buffers: Viewer.prototype.buildBuffers,
-               scalars: Viewer.prototype.buildScalars};
+               scalars: Viewer.prototype.buildScalars, ici: Viewer.prototype.buildIci};
 
 function lastStep(call) {
   return (call.total_steps - 1).toLocaleString("en-US");

@@ -34,7 +34,7 @@ from kernelsim.chips import CHIPS
 from kernelsim.cost import compute
 from kernelsim.memories import MEMORY_NAMES, MemoryNames, memory_spaces
 from kernelsim.schedule import build
-from kernelsim.trace import DEFAULT_CHIP
+from kernelsim.trace import DEFAULT_CHIP, body_dma_dict, device_dict
 from kernelsim.views import palette as pal
 from kernelsim.views.data import (
     block_rects,
@@ -95,7 +95,8 @@ def _lane_id(name: str) -> str:
 def lanes(model: str, ct: CallTrace) -> list[dict[str, str]]:
     """The memory lanes the viewer draws for ``model``, top to bottom. ``kind`` says how
     (``arrays``: the operands cut into blocks; ``buffers``: the on-chip slots and scratch;
-    ``scalars``: scalar-prefetch entries; ``note``: a sentence), ``id`` is its ``data-lane``.
+    ``scalars``: scalar-prefetch entries; ``ici``: the remote copies between devices of a
+    ``shard_map``; ``note``: a sentence), ``id`` is its ``data-lane``.
     A new kind of lane is a new entry here and a builder of that kind in viewer.js."""
     n = MEMORY_NAMES[model]
     out = [{"id": _lane_id(n.off_chip), "kind": "arrays", "title": n.off_chip,
@@ -110,6 +111,14 @@ def lanes(model: str, ct: CallTrace) -> list[dict[str, str]]:
                     "note": "has no lowering under this model (Triton: \"scalar prefetch not "
                             "implemented\"); the blocks shown are where the index maps, run "
                             "on the prefetched values, point"})
+    if any(c.remote for c in ct.call.body_copies):
+        out.append({"id": "ici", "kind": "ici", "title": n.interconnect,
+                    "note": "the chips' interconnect: the remote copies in flight this step, "
+                            "from the step that starts each to the step that waits on it"}
+                   if n.interconnect else
+                   {"id": "remote", "kind": "note", "title": "remote copies",
+                    "note": "pltpu.make_async_remote_copy is a TPU primitive; the tpu model "
+                            "shows these copies on its ICI lane"})
     return out
 
 
@@ -251,6 +260,9 @@ def call_data(t: Trace, call: int, models: tuple[str, ...] = MODELS,
     grid = ct.call.grid_indices()[shown]
     return {
         "index": call, "name": ct.name, "grid": list(ct.grid), "total_steps": ct.steps,
+        # the mesh device this call runs on (a shard_map), and its body's DMAs as to_dict has
+        "device": device_dict(ct.call.device), "body_dmas": [
+            {**body_dma_dict(c), "remote": c.remote} for c in ct.call.body_copies],
         "semantics": list(ct.dimension_semantics), "steps": _typed(shown, "i32"),
         "shown": int(len(shown)), "grid_index": _typed(grid.reshape(-1), "i32"),
         "operands": _windowed(ct, shown), "prefetch": _prefetch(ct, shown),
