@@ -360,7 +360,7 @@ MARKERS = {"tma_load": ("v", "tab:blue"), "barrier_wait": ("|", "tab:gray"),
            "barrier_arrive": ("^", "tab:green")}
 issued = {w: sorted((e for e in ws_kernel.events if e.warpgroup == w), key=lambda e: e.order)
           for w in range(ws_kernel.num_threads)}
-fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH, 2.8))
+fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH, 3.4))
 for kind, (marker, color) in MARKERS.items():
     at = [(i, w) for w, events in issued.items()
           for i, e in enumerate(events[:EVENTS_DRAWN]) if e.kind == kind]
@@ -370,7 +370,7 @@ ax.set_yticks(range(ws_kernel.num_threads),
               [f"warpgroup {w}" for w in range(ws_kernel.num_threads)])
 ax.set_xlabel("event number in the warpgroup's program order")
 ax.set_ylim(-0.6, ws_kernel.num_threads - 0.4)
-ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=len(MARKERS), fontsize=8)
+ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=3)
 fig.tight_layout()
 assert [e.kind for e in issued[2][:7]] == ["tma_load"] * 6 + ["barrier_wait"]
 
