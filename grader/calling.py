@@ -249,7 +249,7 @@ def rms_norm_vjp(fn, arrays, params):
     return jnp.concatenate([y[None], dx[None]])
 
 
-def _open(j: Any) -> Any:
+def open_jaxpr(j: Any) -> Any:
     """The jaxpr with ``eqns`` (a closed jaxpr keeps it under ``.jaxpr``)."""
     return j if hasattr(j, "eqns") else j.jaxpr
 
@@ -268,7 +268,7 @@ class Tf32OnGpu(Exception):
 
 def _eqns(program):
     """Every equation of ``program``, nested jaxprs (loops, kernel bodies) included."""
-    for eqn in _open(program).eqns:
+    for eqn in open_jaxpr(program).eqns:
         yield eqn
         for sub in jaxprs_in_params(eqn.params):
             yield from _eqns(sub)

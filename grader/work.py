@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 from jax.extend.core import Literal, jaxprs_in_params
 
-from grader.calling import COURSE_CODE, Traced, trace_case
+from grader.calling import COURSE_CODE, Traced, open_jaxpr, trace_case
 
 # operations that move or reinterpret data without computing on it
 LAYOUT = frozenset({
@@ -79,11 +79,6 @@ class Origin:
 
 
 CONSTANT = Origin("constant")
-
-
-def open_jaxpr(j: Any) -> Any:
-    """The jaxpr with ``eqns`` (a closed jaxpr keeps it under ``.jaxpr``)."""
-    return j if hasattr(j, "eqns") else j.jaxpr
 
 
 def _elements(v: Any) -> int:

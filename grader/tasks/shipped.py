@@ -45,7 +45,7 @@ def bodies(program) -> Iterator:
     """The kernel body jaxpr of every pallas_call in ``program``, nested ones included."""
     from jax.extend.core import jaxprs_in_params
 
-    from grader.work import open_jaxpr
+    from grader.calling import open_jaxpr
 
     for eqn in open_jaxpr(program).eqns:
         if eqn.primitive.name == "pallas_call":
@@ -201,13 +201,15 @@ def collect(lessons: bool = True, log=print) -> dict[str, str]:
 
 def sources_digest() -> str:
     """A digest of everything ``collect`` reads: the lessons and the modules they import from
-    the repository, kernelsim, the grader's tasks and fingerprints, the instructor notebooks,
-    and JAX's version. Equal to the stored one: the stored corpus was made from these."""
+    the repository, kernelsim, the grader's tasks, fingerprints and tracing (``calling``), the
+    instructor notebooks, and JAX's version. Equal to the stored one: the stored corpus was
+    made from these."""
     from grader.refs import REPO
 
     files = sorted({*REPO.glob("lessons/*.py"), *REPO.glob("bench/*.py"),
                     *REPO.glob("kernelsim/**/*.py"), *REPO.glob("grader/tasks/*.py"),
-                    REPO / "grader" / "work.py", *REPO.glob("exercises/source/*/*.py")})
+                    REPO / "grader" / "work.py", REPO / "grader" / "calling.py",
+                    *REPO.glob("exercises/source/*/*.py")})
     digest = hashlib.sha256(f"jax {jax.__version__}".encode())
     for path in files:
         digest.update(b"\0" + path.relative_to(REPO).as_posix().encode() + b"\0")

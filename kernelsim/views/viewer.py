@@ -394,13 +394,15 @@ def _host(data: dict, key: str, label: str, total: int, shown: int) -> str:
             f'JSON.parse(document.getElementById("{uid}-data").textContent));\n</script>')
 
 
-def _page(body: str, title: str, path: str | Path | None) -> str:
-    """``body`` as a full page titled ``title``; written to ``path`` if given."""
-    body = ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
-            '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            '<link rel="icon" href="data:,">'
-            f'<title>{_html.escape(title)}</title></head>\n<body style="margin:8px">\n{body}\n'
-            '</body></html>\n')
+def _page(body: str, title: str, path: str | Path | None, fragment_only: bool = False) -> str:
+    """``body`` as a full page titled ``title`` (or as it is, ``fragment_only``); written to
+    ``path`` if given."""
+    if not fragment_only:
+        body = ('<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+                '<meta name="viewport" content="width=device-width, initial-scale=1">'
+                '<link rel="icon" href="data:,">'
+                f'<title>{_html.escape(title)}</title></head>\n<body style="margin:8px">\n'
+                f'{body}\n</body></html>\n')
     if path is not None:
         Path(path).write_text(body, encoding="utf-8")
     return body
@@ -422,11 +424,7 @@ def to_html(t: Trace, path: str | Path | None = None, call: int = 0, fragment_on
             max_bytes: int = 1_000_000) -> str:
     """The standalone viewer as a full page (or a fragment); written to ``path`` if given."""
     body = fragment(t, call, max_bytes - (0 if fragment_only else 500))
-    if fragment_only:
-        if path is not None:
-            Path(path).write_text(body, encoding="utf-8")
-        return body
-    return _page(body, f"kernelsim: {t.calls[call].name}", path)
+    return _page(body, f"kernelsim: {t.calls[call].name}", path, fragment_only)
 
 
 def gpu_fragment(k: GpuKernel) -> str:
@@ -439,12 +437,7 @@ def gpu_fragment(k: GpuKernel) -> str:
 
 def gpu_to_html(k: GpuKernel, path: str | Path | None = None, fragment_only: bool = False) -> str:
     """``gpu_fragment`` as a full page (or the fragment); written to ``path`` if given."""
-    body = gpu_fragment(k)
-    if fragment_only:
-        if path is not None:
-            Path(path).write_text(body, encoding="utf-8")
-        return body
-    return _page(body, f"kernelsim: {k.name} (Mosaic GPU)", path)
+    return _page(gpu_fragment(k), f"kernelsim: {k.name} (Mosaic GPU)", path, fragment_only)
 
 
 class Standalone:
