@@ -56,12 +56,15 @@ def _env(root: Path) -> dict[str, str]:
 
 def run_worker(root: Path, *args: str, timeout: float | None = None) -> dict:
     """Run one ``grader.worker`` job in a fresh worker; its result dict (``success`` False on any
-    failure)."""
-    worker = Worker(root, slot=0)
+    failure). It claims a slot like a batch does: a release or a validation beside another
+    grader on this machine must not run under, and kill, that grader's sandbox uid."""
+    slot, lock = claim_slot()
+    worker = Worker(root, slot)
     try:
         return worker.run(*args, timeout=timeout)
     finally:
         worker.close()
+        os.close(lock)
 
 
 # ----------------------------------------------------------------------------- release
