@@ -77,6 +77,12 @@ def find_notebook(name: Path, cwd: Path) -> Path:
                            f"`pallas-course check {example}` from your workspace")
 
 
+def _first_error(cell) -> str | None:
+    """``ename: evalue`` of the first error a cell's run printed; None when it printed none."""
+    errs = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+    return f"{errs[0].get('ename')}: {errs[0].get('evalue')}" if errs else None
+
+
 def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
     """Run a notebook's visible checks in a fresh kernel; print per task pass/fail and
     structure; 0 when every check passed, 1 when one failed, 2 when it cannot be read."""
@@ -127,17 +133,15 @@ def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
     # an error before the checks (an import in the setup cell, a typo in a solution) is the
     # cause of every check's failure after it: say where it happened first
     for number, cell in enumerate(nb.cells, 1):
-        errs = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        if cell.cell_type == "code" and errs and not any(cell is g for g in graded):
+        error = _first_error(cell)
+        if cell.cell_type == "code" and error and not any(cell is g for g in graded):
             name = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id", "")
-            log(f"ERROR in cell {number}{f' ({name})' if name else ''}: "
-                f"{errs[0].get('ename')}: {errs[0].get('evalue')}")
+            log(f"ERROR in cell {number}{f' ({name})' if name else ''}: {error}")
     for cell in graded:
         gid = cell.metadata["nbgrader"]["grade_id"]
-        errs = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        if errs:
+        if error := _first_error(cell):
             failures += 1
-            log(f"FAIL  {gid}: {errs[0].get('ename')}: {errs[0].get('evalue')}")
+            log(f"FAIL  {gid}: {error}")
         elif cell.get("execution_count") is None:
             failures += 1
             log(f"FAIL  {gid}: not run (the kernel died or the notebook stopped before it)")
