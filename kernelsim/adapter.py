@@ -111,6 +111,18 @@ MEMORY_SPACES: dict[str, MemorySpace] = {
     "smem": "smem", "semaphore_mem": "semaphore", "hbm": "hbm", "any": "any",
 }
 
+
+def memory_space(aval: Any) -> MemorySpace:
+    """Where a ref or block of type ``aval`` lives, in kernelsim's words (``MEMORY_SPACES``)."""
+    space = getattr(aval, "memory_space", None)
+    if space is None:
+        return "semaphore" if "sem" in type(aval).__name__.lower() else "vmem"
+    value = getattr(space, "value", str(space))
+    if value not in MEMORY_SPACES:
+        raise TraceError(f"unsupported memory space {space!r}")
+    return MEMORY_SPACES[value]
+
+
 # ---------------------------------------------------------------------------------------------
 # Capturing every pallas_call a function reaches
 
@@ -153,6 +165,20 @@ def capturing(handler: Callable[[tuple, dict], Any]) -> Iterator[None]:
         finally:
             pl.pallas_call_p.def_impl(_ORIGINAL_IMPL)
             mpmd.mpmd_map_p.def_impl(_ORIGINAL_MESH_IMPL)
+
+
+def execute(args: tuple, params: dict[str, Any], interpret: Any) -> list[jax.Array]:
+    """Run the captured call, with ``interpret`` replacing its interpret setting when not None.
+
+    A ``pl.kernel`` runs as itself (its ``mpmd_map``), not as the pallas_call that models it.
+    """
+    if isinstance(params, MeshKernelParams):
+        own = params.mpmd_params
+        return _ORIGINAL_MESH_IMPL(*args, **(own if interpret is None
+                                             else {**own, "interpret": interpret}))
+    if interpret is not None:
+        params = {**params, "interpret": interpret}
+    return _ORIGINAL_IMPL(*args, **params)
 
 
 def is_kernel(eqn: Any) -> bool:
@@ -251,6 +277,10 @@ def mesh_kernel_params(in_avals: list, params: dict[str, Any]) -> dict[str, Any]
     return modelled
 
 
+# ---------------------------------------------------------------------------------------------
+# Abstract devices, and what lowers a GPU pallas_call
+
+
 def abstract_mesh(device_kind: str, platform: str = "tpu", num_cores: int = 1) -> Any:
     """An abstract one-device mesh of ``device_kind``: what code that asks for the TPU it
     targets (``pltpu.get_tpu_info()``, ``emit_pipeline``'s tiling, a TensorCore mesh built
@@ -286,30 +316,6 @@ def on_abstract_gpu(device_kind: str, num_cores: int) -> Any:
     """A context in which code that asks for its GPU (JAX's bundled Mosaic GPU ops read the SM
     count, ``num_cores``) is told ``device_kind``, on any host: to lower them from a CPU."""
     return jax.sharding.use_abstract_mesh(abstract_mesh(device_kind, "gpu", num_cores))
-
-
-def execute(args: tuple, params: dict[str, Any], interpret: Any) -> list[jax.Array]:
-    """Run the captured call, with ``interpret`` replacing its interpret setting when not None.
-
-    A ``pl.kernel`` runs as itself (its ``mpmd_map``), not as the pallas_call that models it.
-    """
-    if isinstance(params, MeshKernelParams):
-        own = params.mpmd_params
-        return _ORIGINAL_MESH_IMPL(*args, **(own if interpret is None
-                                             else {**own, "interpret": interpret}))
-    if interpret is not None:
-        params = {**params, "interpret": interpret}
-    return _ORIGINAL_IMPL(*args, **params)
-
-
-def memory_space(aval: Any) -> MemorySpace:
-    space = getattr(aval, "memory_space", None)
-    if space is None:
-        return "semaphore" if "sem" in type(aval).__name__.lower() else "vmem"
-    value = getattr(space, "value", str(space))
-    if value not in MEMORY_SPACES:
-        raise TraceError(f"unsupported memory space {space!r}")
-    return MEMORY_SPACES[value]
 
 
 def triton_for_gpu_pallas_call() -> contextlib.AbstractContextManager:
