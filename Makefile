@@ -14,7 +14,7 @@ STAMP  := $(VENV)/.installed-stamp
 EXTRAS := learner,site,class,dev
 CHROMIUM := /usr/bin/chromium
 
-# kernelsim's own suite also runs on the oldest JAX it supports (kernelsim/_jax.py SUPPORTED_JAX),
+# kernelsim's own suite also runs on the oldest JAX it supports (kernelsim/adapter.py SUPPORTED_JAX),
 # in its own venv; `make test-jax JAX=<version>` runs it on any release.
 COMPAT_JAX    := 0.10.2
 COMPAT_PYTHON ?= $(call find_python,python3.11 python3 $(wildcard $(PYENV_ROOT)/versions/3.11*/bin/python3.11),11)

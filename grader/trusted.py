@@ -9,7 +9,7 @@ per cell). The notebook's process (``grader.replay``, a uid of the worker's slot
 code cells in order under their time limits and traces each check's function on the cases'
 shapes; the checker (``grader.checker``, the slot's second uid) holds the cases' inputs and
 makes the facts a grade is decided from out of those programs. This process relays between
-them (``_Relay``): per cell what it showed (nbformat outputs, capped per cell), per check the
+them (``grader.relay``): per cell what it showed (nbformat outputs, capped per cell), per check the
 programs one way and the facts the other.
 
 When the run has ended, the notebook's code cells get those outputs and execution counts (as
@@ -38,8 +38,6 @@ import shutil
 import stat
 import sys
 import tempfile
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from nbformat.notebooknode import NotebookNode
@@ -48,6 +46,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
 from traitlets import Integer
 
 from grader import dist, exchange, messages, refs, replay, sandbox, tasks, verdict
+from grader.relay import STARTUP_SECONDS, Relay, Replayed
 
 REPORTS: list[dict] = []  # one per executed notebook, read and cleared by grader.worker
 # what ipykernel reports for this Python (the notebook's metadata.language_info)
@@ -233,33 +232,10 @@ def _error(ename: str, message: str) -> NotebookNode:
     return NotebookNode(output_type="error", ename=ename, evalue=message, traceback=[message])
 
 
-STARTUP_SECONDS = 120  # the run's imports and JAX start, beyond its cells' time limits
-
-
 def _code_cells(cells) -> list[tuple[int, NotebookNode]]:
     """The cells a kernel would execute, with their indices: code with a non-empty source
     (nbclient skips the others)."""
     return [(i, c) for i, c in enumerate(cells) if c.cell_type == "code" and c.source.strip()]
-
-
-@dataclass
-class Replayed:
-    """What the grader's run answered: per check ``(cell index, task, hidden)`` its message
-    and outputs; per cell index the output pieces it sent, and the error it raised; the cells
-    that ran past their time limit; and why the cells and checks without an answer did not
-    run (``stopped``, at cell ``stopped_at``), with ``timed_out`` when that was a time limit
-    and ``died`` when the run did not end by itself."""
-
-    answers: dict[tuple[int, str, bool], tuple[dict, bytes]] = field(default_factory=dict)
-    outputs: dict[int, list] = field(default_factory=dict)
-    cell_errors: dict[int, str] = field(default_factory=dict)
-    timeouts: set[int] = field(default_factory=set)
-    tampered: list[str] = field(default_factory=list)
-    died: str | None = None
-    stopped: str | None = None
-    stopped_at: int | None = None
-    timed_out: bool = False
-    limit: str | None = None
 
 
 class FreshRun:
@@ -309,9 +285,9 @@ class FreshRun:
                                 "visible": visible, "calls": calls},
             exchange.npz_bytes(visible_host)))
         self.checkers: list[Path] = []
-        self.checker = self._start_checker()
+        self.checker = self.start_checker()
 
-    def _start_checker(self) -> sandbox.Confined:
+    def start_checker(self) -> sandbox.Confined:
         workdir = jail_folder(self.slot, "-checker")
         self.checkers.append(workdir)
         checker = sandbox.start(
@@ -322,7 +298,7 @@ class FreshRun:
         checker.send(self.checker_job)
         return checker
 
-    def _expected(self) -> list[tuple]:
+    def expected_frames(self) -> list[tuple]:
         """The frames the notebook's process sends, in order, when nothing stops it."""
         out: list[tuple] = []
         for c in self.cells:
@@ -334,7 +310,7 @@ class FreshRun:
         return out
 
     def finish(self) -> Replayed:
-        got, run = Replayed(), _Relay(self)
+        got, run = Replayed(), Relay(self)
         try:
             run.loop(got)
         finally:
@@ -390,170 +366,6 @@ class FreshRun:
         again = FreshRun(cells, self.slot, self.limits, timeout_of, hidden_before=stop).finish()
         for key, answer in again.answers.items():
             got.answers.setdefault(key, answer)
-
-
-class _Relay:
-    """``FreshRun.finish``'s loop: the notebook's frames in order, the checks to the checker
-    one at a time, each under its test cell's time limit."""
-
-    POLL = 0.02
-
-    def __init__(self, fresh: FreshRun):
-        self.fresh = fresh
-        self.expected, self.position, self.done = fresh._expected(), 0, False
-        self.read = 0  # bytes of the notebook's channel read so far
-        self.leftover = False
-        self.problem: str | None = None
-        self.stop_notebook: tuple | None = None
-        self.outcome: sandbox.Outcome | None = None  # the notebook's, once it was stopped
-        self.pending: list[tuple[dict, bytes, float]] = []
-        self.in_flight: tuple[dict, float, float] | None = None
-        self.checker_read, self.ready = 0, False
-        self.broken: str | None = None  # why the checker cannot start (the grader's fault)
-        self.died: str | None = None
-        self.timeouts = {c["index"]: c["timeout"] for c in fresh.cells}
-
-    # ------------------------------------------------------------------ the notebook
-    def _notebook(self, got: Replayed) -> None:
-        reader = self.fresh.child.readers[0]
-        data = bytes(reader.data[self.read:])
-        frames, used, problem = exchange.read_frames(data, self.fresh.notebook_key)
-        self.read += used
-        self.leftover = used < len(data)
-        for message, blob in frames:
-            if self.problem or self.done:
-                break
-            self._take(message, blob, got)
-        if problem and not self.problem:
-            self.problem = problem
-        if self.problem and self.stop_notebook is None:
-            self.stop_notebook = ("failed", "sent bytes its harness did not write")
-
-    def _take(self, message: dict, blob: bytes, got: Replayed) -> None:
-        kind = message.get("kind")
-        if kind == "done":
-            self.done = True
-            return
-        if kind == "tampered" and not got.tampered:
-            got.tampered += [str(r) for r in message.get("reasons") or ["(no reason)"]]
-            return
-        here = self.expected[self.position] if self.position < len(self.expected) else None
-        key = (kind, *((message.get("cell"),) if kind != "cells_done" else ()),
-               *((message.get("task"), message.get("hidden")) if kind == "programs" else ()))
-        if got.tampered or key != here:
-            self.problem = f"a {kind!r} frame out of order"
-            return
-        self.position += 1
-        if kind == "cells_done":
-            self.fresh.child.send(self.fresh.hidden_frame)
-            return
-        index = key[1]
-        pieces = message.get("outputs")
-        if not (kind == "programs" and key[3]):  # a hidden check's prints are never kept
-            got.outputs.setdefault(index, []).extend(pieces if isinstance(pieces, list) else [])
-        if kind == "cell":
-            if message.get("error"):
-                got.cell_errors[index] = str(message["error"])
-            if message.get("timeout"):
-                got.timeouts.add(index)
-            return
-        answer = {"kind": "check", "cell": index, "task": key[2], "hidden": key[3],
-                  "failed": message.get("failed"), "timeout": bool(message.get("timeout"))}
-        if answer["failed"] is not None:
-            answer["failed"] = str(answer["failed"])[:exchange.MAX_ERROR_CHARS]
-        if answer["timeout"] or answer["failed"]:
-            got.answers[key[1:]] = (answer, b"")
-            return
-        request = {**answer, "kind": "check", "programs": message.get("programs") or {},
-                   "errors": message.get("errors") or {}}
-        self.pending.append((request, blob, float(self.timeouts.get(index, 60))))
-
-    # ------------------------------------------------------------------ the checker
-    def _checker(self, got: Replayed) -> None:
-        checker = self.fresh.checker
-        data = bytes(checker.readers[0].data[self.checker_read:])
-        frames, used, problem = exchange.read_frames(data, self.fresh.key)
-        self.checker_read += used
-        for message, blob in frames:
-            if message.get("kind") == "ready":
-                self.ready = True
-            elif self.in_flight is not None:
-                request = self.in_flight[0]
-                got.answers[(request["cell"], request["task"], request["hidden"])] = \
-                    (message, blob)
-                self.in_flight = None
-        now = time.monotonic()
-        if self.broken is None and not self.ready and checker.proc.poll() is None and \
-                now - checker.started > STARTUP_SECONDS:
-            checker.wait(("timeout", "not ready"))
-        if self.broken:
-            for request, _, _ in self.pending:
-                got.answers[(request["cell"], request["task"], request["hidden"])] = (
-                    {**request, "programs": None, "failed": self.broken}, b"")
-            self.pending.clear()
-        elif problem or checker.proc.poll() is not None and not frames or not self.ready and \
-                now - checker.started > STARTUP_SECONDS:
-            if not self.ready:  # the grader's own fault: no learner program reached it yet
-                tail = bytes(checker.readers[1].data).decode(errors="replace").strip() or \
-                    f"not ready after {STARTUP_SECONDS} s"
-                self.broken = ("not graded: the grader's checker could not start ("
-                               f"{(tail.splitlines() or [problem or 'it ended'])[-1][:300]}); "
-                               "check the jail with `pallas-course autograde` again")
-                self.died = self.broken
-                return
-            why = problem or "it ended"
-            self._lost(got, f"the checker stopped while checking your function ({why})")
-        elif self.in_flight is not None and now - self.in_flight[1] > self.in_flight[2]:
-            self._lost(got, None)
-        if self.ready and self.in_flight is None and self.pending:
-            request, blob, limit = self.pending.pop(0)
-            checker.send(exchange.frame(self.fresh.key, request, blob))
-            self.in_flight = (request, time.monotonic(), limit)
-
-    def _lost(self, got: Replayed, failed: str | None) -> None:
-        """The checker ran past a check's time limit (``failed`` None) or stopped: that check
-        is answered so, and a new checker takes the rest."""
-        if self.in_flight is not None:
-            request = self.in_flight[0]
-            got.answers[(request["cell"], request["task"], request["hidden"])] = (
-                {**request, "programs": None, "timeout": failed is None, "failed": failed},
-                b"")
-            self.in_flight = None
-        elif not self.pending:
-            return
-        self.fresh.checker.wait(("timeout", "stopped by the grader"))
-        self.fresh.checker = self.fresh._start_checker()
-        self.checker_read, self.ready = 0, False
-
-    def end_checker(self) -> None:
-        self.fresh.checker.send(b"", close=True)
-        self.fresh.checker.wait(None if not self.pending and self.in_flight is None
-                                else ("timeout", "stopped by the grader"))
-
-    # ------------------------------------------------------------------ the loop
-    def loop(self, got: Replayed) -> None:
-        """Until the notebook's process has ended (or been stopped: a limit, bytes it did not
-        write) and the checker has answered every check it sent before that."""
-        child = self.fresh.child
-        last_limits = 0.0
-        while True:
-            ended = self.outcome is not None or child.proc.poll() is not None
-            if self.outcome is None:
-                if ended:  # what it wrote before it ended, once its reader drained the pipe
-                    child.readers[0].join(timeout=5)
-                self._notebook(got)
-                if self.problem and not ended:
-                    self.outcome, ended = child.wait(self.stop_notebook), True
-            if not ended and time.monotonic() - last_limits > 1.0:
-                last_limits = time.monotonic()
-                limit = child.past_limits()
-                if limit is not None:
-                    self.stop_notebook = limit
-                    self.outcome, ended = child.wait(limit), True
-            self._checker(got)
-            if (self.done or ended) and not self.pending and self.in_flight is None:
-                return
-            time.sleep(self.POLL)
 
 
 class TrustedExecute(Execute):

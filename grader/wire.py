@@ -158,9 +158,9 @@ class _Pickler(pickle.Pickler):
         return None
 
     def reducer_override(self, obj):
-        from kernelsim import _jax
+        from kernelsim.adapter import typed_ndarray_type
 
-        typed = _jax.typed_ndarray_type()  # its ndarray pickle loses the JAX type
+        typed = typed_ndarray_type()  # its ndarray pickle loses the JAX type
         if typed is not None and type(obj) is typed:
             import numpy as np
 

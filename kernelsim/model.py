@@ -1,6 +1,6 @@
 """Stage 1 of kernelsim: a pallas_call as plain data (grid, operands, evaluated index maps).
 
-Everything here is independent of JAX's internals; ``kernelsim._jax`` fills these dataclasses
+Everything here is independent of JAX's internals; ``kernelsim.call_model`` fills these dataclasses
 from a captured ``pallas_call`` and the stages after it (schedule, cost, views) read only them.
 """
 

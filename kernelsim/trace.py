@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelsim import _jax, backend
+from kernelsim import adapter, backend, body, call_model, find, index_maps, lowering
 from kernelsim.access import AccessLog, PrefetchReads
 from kernelsim.chips import GPU_DEVICE_KIND, TPU_DEVICE_KIND, Chip, get_chip
 from kernelsim.cost import CallCost, OperandCost, compute
@@ -201,16 +201,16 @@ class Trace:
         return to_html(self, path, call, fragment, max_bytes)
 
 
-def analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: bool,
+def analyse(captured: list[adapter.Captured], model: Model, chip: Chip, strict: bool,
             record_access: bool = False) -> Trace:
     """Model, schedule, cost and lint every captured call."""
     traced = []
     for c in captured:
-        call = _jax.to_model(c.args, c.params)
+        call = call_model.to_model(c.args, c.params)
         call.device = c.device
         accesses = None
-        if record_access or _jax.needs_body_interpretation(c.params):
-            accesses, call.body_copies = _jax.interpret_body(c.params, call, c.args,
+        if record_access or body.needs_body_interpretation(c.params):
+            accesses, call.body_copies = body.interpret_body(c.params, call, c.args,
                                                              record=record_access)
         schedule = build(call, model)
         cost = compute(schedule, chip)
@@ -218,7 +218,7 @@ def analyse(captured: list[_jax.Captured], model: Model, chip: Chip, strict: boo
         if strict and warnings:
             raise TraceError(f"pallas_call {call.name!r}: " + " | ".join(warnings))
         traced.append(CallTrace(call, schedule, cost, warnings,
-                                _jax.prefetch_reads(c.params, call),
+                                index_maps.prefetch_reads(c.params, call),
                                 accesses if record_access else None))
     return Trace(model, chip, traced)
 
@@ -241,19 +241,19 @@ def _no_call(fn: Callable) -> TraceError:
 
 
 def collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any],
-            chip: Chip, mapped: _jax.MappedRunner | None = None
-            ) -> tuple[Any, list[_jax.Captured]]:
+            chip: Chip, mapped: find.MappedRunner | None = None
+            ) -> tuple[Any, list[adapter.Captured]]:
     """Run ``fn(*args)``; each pallas_call is modelled, then ``execute``d; a ``shard_map``
-    around kernels runs whole, as ``mapped`` says (``_jax.MappedRunner``).
+    around kernels runs whole, as ``mapped`` says (``find.MappedRunner``).
 
-    The function runs from its jaxpr (``_jax.run_calls``: kernel bodies traced as the program
+    The function runs from its jaxpr (``find.run_calls``: kernel bodies traced as the program
     traces them, the code between kernels compiled); only a function that cannot be traced to
     a jaxpr (Python control flow on array values) runs op by op under ``jax.disable_jit``.
     """
     try:
-        out, captured = _jax.run_calls(fn, args, TPU_DEVICE_KIND.get(chip.name, "TPU v5e"),
+        out, captured = find.run_calls(fn, args, TPU_DEVICE_KIND.get(chip.name, "TPU v5e"),
                                        execute, mapped)
-    except _jax.NeedsExecution:
+    except find.NeedsExecution:
         pass
     else:
         if not captured:
@@ -264,13 +264,13 @@ def collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any],
 
 def _capture_eagerly(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any]):
     """Run ``fn(*args)`` op by op; each pallas_call is modelled, then ``execute``d."""
-    captured: list[_jax.Captured] = []
+    captured: list[adapter.Captured] = []
 
     def handler(call_args: tuple, params: dict) -> Any:
-        captured.append(_jax.Captured(call_args, params))
+        captured.append(adapter.Captured(call_args, params))
         return execute(call_args, params)
 
-    with _jax.capturing(handler):
+    with adapter.capturing(handler):
         out = fn(*args)
     if not captured:
         raise _no_call(fn)
@@ -292,16 +292,16 @@ def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
     """
     model_, chip_ = resolve(model, chip)
     try:
-        captured = _jax.find_calls(fn, args, TPU_DEVICE_KIND.get(chip_.name, "TPU v5e"),
+        captured = find.find_calls(fn, args, TPU_DEVICE_KIND.get(chip_.name, "TPU v5e"),
                                    bodies=record_access)
-    except _jax.NeedsExecution:
-        _, captured = _capture_eagerly(fn, args, lambda a, p: _jax.zeros_for(p))
+    except find.NeedsExecution:
+        _, captured = _capture_eagerly(fn, args, lambda a, p: find.zeros_for(p))
     if not captured:
         raise _no_call(fn)
     return analyse(captured, model_, chip_, strict, record_access)
 
 
-class _MappedWith(_jax.MappedRunner):
+class _MappedWith(find.MappedRunner):
     """Runs the kernels of a ``shard_map`` with the interpret setting ``run`` chose."""
 
     def __init__(self, setting: Callable[[dict], Any]) -> None:
@@ -325,11 +325,12 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
     def setting(params: dict) -> Any:
         if interpret != "auto":
             return interpret
-        own = _jax.requested_interpret(params)
-        return own if own else backend.choose(tpu_features=_jax.uses_manual_dma(params)).interpret
+        own = call_model.requested_interpret(params)
+        manual = call_model.uses_manual_dma(params)
+        return own if own else backend.choose(tpu_features=manual).interpret
 
     def execute(call_args: tuple, params: dict) -> Any:
-        return _jax.execute(call_args, params, setting(params))
+        return adapter.execute(call_args, params, setting(params))
 
     out, captured = collect(fn, args, execute, chip_, _MappedWith(setting))
     return out, analyse(captured, model_, chip_, strict)
@@ -342,7 +343,7 @@ def abstract_tpu(chip: str = "tpu-v5e"):
     ``run`` and ``verify`` do this by themselves where tracing needs it."""
     if chip not in TPU_DEVICE_KIND:
         raise TraceError(f"unknown TPU {chip!r}: choose one of {', '.join(TPU_DEVICE_KIND)}")
-    return _jax.on_abstract_tpu(TPU_DEVICE_KIND[chip])
+    return adapter.on_abstract_tpu(TPU_DEVICE_KIND[chip])
 
 
 def tpu_lowering_error(fn: Callable, *args: Any, chip: str = "tpu-v5e") -> str | None:
@@ -353,7 +354,7 @@ def tpu_lowering_error(fn: Callable, *args: Any, chip: str = "tpu-v5e") -> str |
     """
     if chip not in TPU_DEVICE_KIND:
         raise TraceError(f"unknown TPU {chip!r}: choose one of {', '.join(TPU_DEVICE_KIND)}")
-    return _jax.tpu_lowering_error(fn, args, TPU_DEVICE_KIND[chip])
+    return lowering.tpu_lowering_error(fn, args, TPU_DEVICE_KIND[chip])
 
 
 def gpu_lowering_error(fn: Callable, *args: Any, chip: str = "h100") -> str | None:
@@ -365,4 +366,4 @@ def gpu_lowering_error(fn: Callable, *args: Any, chip: str = "h100") -> str | No
     """
     if chip not in GPU_DEVICE_KIND:
         raise TraceError(f"unknown GPU {chip!r}: choose one of {', '.join(GPU_DEVICE_KIND)}")
-    return _jax.gpu_lowering_error(fn, args, GPU_DEVICE_KIND[chip])
+    return lowering.gpu_lowering_error(fn, args, GPU_DEVICE_KIND[chip])

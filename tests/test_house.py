@@ -1,5 +1,6 @@
-"""The house rules a newcomer relies on: ARCHITECTURE.md names real paths, and only
-kernelsim's adapter reaches into JAX's internals."""
+"""The house rules a newcomer relies on: ARCHITECTURE.md names real paths, only kernelsim's
+adapter reaches into JAX's internals, no module of kernelsim/ or grader/ outgrows a reading,
+grader/'s modules import each other in one direction, and no private name crosses a file."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-ADAPTER = REPO / "kernelsim" / "_jax.py"
+ADAPTER = REPO / "kernelsim" / "adapter.py"
 
 
 def _tracked_python() -> list[Path]:
@@ -56,13 +57,199 @@ def jax_internal_imports(source: str) -> list[str]:
 def test_only_the_adapter_imports_jax_internals():
     offenders = {str(p.relative_to(REPO)): names for p in _tracked_python() if p != ADAPTER
                  and (names := jax_internal_imports(p.read_text()))}
-    assert not offenders, f"jax._src is kernelsim/_jax.py's alone: {offenders}"
+    assert not offenders, f"jax._src is kernelsim/adapter.py's alone: {offenders}"
 
 
 @pytest.mark.parametrize("source", ["import jax._src.core", "from jax._src import core",
                                     "from jax import _src", "from jax._src.pallas import x"])
 def test_internal_import_check_sees(source):
     assert jax_internal_imports(source)
+
+
+MAX_LINES = 600  # a module a newcomer reads in one sitting
+
+
+def long_modules(paths: list[Path], limit: int = MAX_LINES) -> dict[str, int]:
+    """The modules among ``paths`` over ``limit`` lines, with their line counts."""
+    counts = {p: len(p.read_text().splitlines()) for p in paths}
+    return {str(p.relative_to(REPO) if p.is_relative_to(REPO) else p): n
+            for p, n in counts.items() if n > limit}
+
+
+def test_no_module_of_kernelsim_or_grader_is_over_600_lines():
+    rooms = [p for p in _tracked_python()
+             if p.relative_to(REPO).parts[0] in ("kernelsim", "grader")]
+    assert len(rooms) > 40
+    assert not (long := long_modules(rooms)), f"split by what the code does: {long}"
+
+
+def test_long_module_check_can_fail(tmp_path):
+    (tmp_path / "long.py").write_text("x = 1\n" * 601)
+    (tmp_path / "short.py").write_text("x = 1\n" * 600)
+    assert list(long_modules(sorted(tmp_path.glob("*.py")))) == [str(tmp_path / "long.py")]
+
+
+def _module_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    """The statements that run when a module is imported: its top level, and the blocks of
+    ``if``/``try``/``with`` there, less ``if TYPE_CHECKING:`` (only a type checker runs it)."""
+    out = []
+    for node in body:
+        out.append(node)
+        if isinstance(node, ast.If):
+            test = node.test
+            if not (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"):
+                out += _module_level(node.body)
+            out += _module_level(node.orelse)
+        elif isinstance(node, ast.Try):
+            for block in (node.body, node.orelse, node.finalbody,
+                          *(h.body for h in node.handlers)):
+                out += _module_level(block)
+        elif isinstance(node, ast.With):
+            out += _module_level(node.body)
+    return out
+
+
+def _from_base(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The absolute name of the module a ``from ... import`` in ``module`` imports from."""
+    if not node.level:
+        return node.module or ""
+    parts = module.split(".")
+    parts = parts[:len(parts) - node.level + is_package]
+    return ".".join(parts + ([node.module] if node.module else []))
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """Which of ``sources`` (module name -> (source, is a package)) each one imports when it is
+    imported (module-level imports only: an import inside a function runs later). ``from p
+    import m`` of a submodule ``m`` imports ``p.m`` (``p`` is under way already)."""
+    graph = {}
+    for module, (source, is_package) in sources.items():
+        names = set()
+        for node in _module_level(ast.parse(source).body):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = _from_base(node, module, is_package)
+                names |= {f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base
+                          for a in node.names}
+        graph[module] = {n for n in names if n in sources and n != module}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected group of more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while (w := stack.pop()) != v:
+                group.append(w)
+            group.append(v)
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return groups
+
+
+def _package_sources(room: str) -> dict[str, tuple[str, bool]]:
+    out = {}
+    for p in _tracked_python():
+        rel = p.relative_to(REPO)
+        if rel.parts[0] == room:
+            parts = list(rel.with_suffix("").parts)
+            package = parts[-1] == "__init__"
+            name = ".".join(parts[:-1] if package else parts)
+            out[name] = (p.read_text(), package)
+    return out
+
+
+def test_grader_modules_import_each_other_in_one_direction():
+    graph = import_graph(_package_sources("grader"))
+    assert len(graph) > 30 and sum(map(len, graph.values())) > 30
+    assert not (cycles := import_cycles(graph)), f"grader/ imports in a circle: {cycles}"
+
+
+def test_import_cycle_check_can_fail():
+    graph = import_graph({
+        "pkg": ("", True), "pkg.a": ("from pkg import b", False),
+        "pkg.b": ("from . import c\nimport json", False),
+        "pkg.c": ("try:\n    from pkg.a import x\nexcept ImportError:\n    pass", False),
+        "pkg.d": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import e\n"
+                  "def f():\n    from pkg import e", False),
+        "pkg.e": ("from pkg.d import f", False)})
+    assert graph["pkg.b"] == {"pkg.c"} and graph["pkg.d"] == set()
+    assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def private_imports(source: str, module: str, is_package: bool, repo_modules: set[str]
+                    ) -> list[str]:
+    """``from m import _name`` and private modules (``kernelsim._x``) that ``source`` (module
+    ``module``) imports from this repository's packages (``repo_modules``: their top-level
+    names). A script folder's helper imported by its bare name (``import _course`` in
+    lessons/) is not one: its underscore keeps it out of the folder's own listing."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] in repo_modules
+                      and any(map(_private, a.name.split(".")[1:]))]
+        elif isinstance(node, ast.ImportFrom):
+            base = _from_base(node, module, is_package)
+            if node.level == 0 and base.split(".")[0] not in repo_modules:
+                continue
+            found += [f"{base}.{a.name}" for a in node.names if _private(a.name)]
+            if any(map(_private, base.split(".")[1:])):
+                found.append(base)
+    return found
+
+
+def test_no_private_name_is_imported_across_modules():
+    packages = {p.parent.name for p in REPO.glob("*/__init__.py")}
+    assert {"grader", "kernelsim"} <= packages
+    offenders = {}
+    for p in _tracked_python():
+        rel = p.relative_to(REPO)
+        if rel.parts[0] == "tests":  # a test may reach into what it tests
+            continue
+        parts = list(rel.with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        module = ".".join(parts[:-1] if package else parts)
+        if names := private_imports(p.read_text(), module, package, packages):
+            offenders[str(rel)] = names
+    assert not offenders, f"make these names public where other modules use them: {offenders}"
+
+
+@pytest.mark.parametrize("source", ["from kernelsim.trace import _analyse",
+                                    "from kernelsim import _jax", "import kernelsim._jax",
+                                    "from kernelsim._jax import open_jaxpr",
+                                    "from . import _helper", "from .tasks import _f32"])
+def test_private_import_check_sees(source):
+    assert private_imports(source, "grader.work", False, {"grader", "kernelsim"})
+
+
+@pytest.mark.parametrize("source", ["from grader import course as _course", "import _course",
+                                    "from jax._src import core", "from jax import _src",
+                                    "from kernelsim.adapter import open_jaxpr"])
+def test_private_import_check_passes(source):
+    assert not private_imports(source, "grader.work", False, {"grader", "kernelsim"})
 
 
 def test_ci_time_reads_a_junit_file(tmp_path):

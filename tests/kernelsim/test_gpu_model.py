@@ -24,7 +24,7 @@ pytest.importorskip("absl", reason="JAX's bundled Mosaic GPU ops import jax's te
 
 from jax.experimental.mosaic.gpu import core as mgpu_core  # noqa: E402
 
-from kernelsim import _jax, gpu  # noqa: E402
+from kernelsim import adapter, gpu  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import gpu_kernels as gk  # noqa: E402
@@ -42,7 +42,7 @@ def lowering_smem_bytes(fn, *shapes) -> int:
 
 def gpu_mesh(num_cores=132):
     """An abstract H100-like device: what the bundled matmul asks for its SM count."""
-    return _jax.on_abstract_gpu("NVIDIA H100 80GB HBM3", num_cores)
+    return adapter.on_abstract_gpu("NVIDIA H100 80GB HBM3", num_cores)
 
 
 MM = S((512, 512), BF16)

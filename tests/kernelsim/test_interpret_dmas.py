@@ -9,8 +9,8 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from kernelsim import _jax
 from kernelsim import examples as ex
+from kernelsim import interpret
 from kernelsim.verify import verify
 
 pytestmark = pytest.mark.interpret
@@ -183,7 +183,7 @@ def test_zero_length_dmas_the_interpreter_performs_are_no_mismatch():
     counts = jnp.array([3, 8, 1, 5], jnp.int32)
     table = jnp.zeros((16 * 4, 128), jnp.int32).at[::16, 0].set(counts)
     performed = []
-    with _jax.recording_interpret_copies([], lambda: 0, performed):
+    with interpret.recording_interpret_copies([], lambda: 0, performed):
         jax.block_until_ready(_leading_rows_then_nothing(table, X32, pltpu.InterpretParams()))
     assert sorted(d.bytes for d in performed) == [0, 0, 0, 0, 512, 1536, 2560, 4096]
     v = verify(jax.jit(_leading_rows_then_nothing), table, X32)

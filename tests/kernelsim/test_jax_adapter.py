@@ -1,6 +1,7 @@
-"""The JAX-internals adapter (kernelsim/_jax.py): what it reads from a pallas_call.
+"""The JAX-internals adapter (kernelsim/adapter.py) and the modules reading it: what kernelsim
+reads from a pallas_call.
 
-Runs on every supported release (``_jax.SUPPORTED_JAX``; ``make test`` runs both ends), so a JAX
+Runs on every supported release (``adapter.SUPPORTED_JAX``; ``make test`` runs both ends), so a JAX
 upgrade that moves a field shows up here first.
 """
 
@@ -12,18 +13,19 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from kernelsim import _jax
+from kernelsim import adapter, call_model, find, index_maps, interpret
 from kernelsim import examples as ex
+from kernelsim.flops import count_flops
 
 
 def _captured(fn, *args):
     found = []
 
     def handler(call_args, params):
-        found.append(_jax.Captured(call_args, params))
-        return _jax.zeros_for(params)
+        found.append(adapter.Captured(call_args, params))
+        return find.zeros_for(params)
 
-    with _jax.capturing(handler):
+    with adapter.capturing(handler):
         fn(*args)
     return found
 
@@ -63,7 +65,7 @@ def test_to_model_reads_names_roles_spaces_blocks_and_semantics():
 
     idx = jnp.array([0, 8, 16, 24], jnp.int32)
     (cap,) = _captured(fn, idx, jnp.zeros((2, 32, 128)), jnp.zeros((8, 128)))
-    call = _jax.to_model(cap.args, cap.params)
+    call = call_model.to_model(cap.args, cap.params)
     assert call.name == "probe"
     assert call.grid == (2, 4)
     assert call.dimension_semantics == ("parallel", "arbitrary")
@@ -119,14 +121,14 @@ def test_count_flops_handles_dot_elementwise_reduce_scan_and_cond():
         return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)
 
     (cap,) = _captured(fn, jnp.zeros((8, 128)))
-    flops, dtypes = _jax.count_flops(cap.params["jaxpr"])
+    flops, dtypes = count_flops(cap.params["jaxpr"])
     assert dtypes == ("float32",)
     assert flops == 2 * 8 * 8 * 128 + 2 * 64 + 64 + 5 + 2 + 1  # + the cond's s > 0
 
 
 def test_in_row_major_order_drops_parallel_semantics():
     (cap,) = _captured(ex.matmul, jnp.zeros((256, 256)), jnp.zeros((256, 256)))
-    params = _jax.in_row_major_order(cap.params)
+    params = interpret.in_row_major_order(cap.params)
     assert params["compiler_params"].dimension_semantics is None
     assert cap.params["compiler_params"].dimension_semantics == (
         "parallel", "parallel", "arbitrary")
@@ -134,21 +136,21 @@ def test_in_row_major_order_drops_parallel_semantics():
 
 def test_uses_manual_dma():
     (plain,) = _captured(ex.matmul, jnp.zeros((256, 256)), jnp.zeros((256, 256)))
-    assert not _jax.uses_manual_dma(plain.params)
+    assert not call_model.uses_manual_dma(plain.params)
 
     def fn(x):
         return pl.pallas_call(lambda x_ref, o_ref: None,
                               in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
                               out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
     (manual,) = _captured(fn, jnp.zeros((8, 128)))
-    assert _jax.uses_manual_dma(manual.params)
+    assert call_model.uses_manual_dma(manual.params)
 
 
 def test_recording_restores_the_interpreter_callbacks():
-    tpu_interpret = _jax.tpu_interpret
+    tpu_interpret = adapter.tpu_interpret
     before = (tpu_interpret.get, tpu_interpret.store)
     sink = []
-    with _jax.recording_interpret_copies(sink, lambda: 0):
+    with interpret.recording_interpret_copies(sink, lambda: 0):
         assert tpu_interpret.get is not before[0]
     assert (tpu_interpret.get, tpu_interpret.store) == before
 
@@ -169,8 +171,8 @@ def test_only_the_adapter_imports_jax_internals():
 
     pattern = re.compile(r"^\s*(from|import)\s+jax\._src", re.M)
     offenders = [str(p) for p in _project_python_files()
-                 if p.parts[-2:] != ("kernelsim", "_jax.py") and pattern.search(p.read_text())]
-    assert offenders == [], f"jax._src is imported outside kernelsim/_jax.py: {offenders}"
+                 if p.parts[-2:] != ("kernelsim", "adapter.py") and pattern.search(p.read_text())]
+    assert offenders == [], f"jax._src is imported outside kernelsim/adapter.py: {offenders}"
 
 
 def test_kernelsim_never_switches_on_the_jax_version_string():
@@ -182,7 +184,7 @@ def test_kernelsim_never_switches_on_the_jax_version_string():
     repo = Path(__file__).resolve().parents[2]
     offenders = [str(p) for p in _project_python_files()
                  if p.relative_to(repo).parts[0] == "kernelsim"
-                 and p.name != "_jax.py" and pattern.search(p.read_text())]
+                 and p.name != "adapter.py" and pattern.search(p.read_text())]
     assert offenders == [], f"kernelsim reads a version string: {offenders}"
 
 
@@ -194,9 +196,9 @@ def test_supported_range_matches_the_pins():
 
     repo = Path(__file__).resolve().parents[2]
     deps = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert f"jax[cpu]=={_jax.SUPPORTED_JAX[-1]}" in deps
+    assert f"jax[cpu]=={adapter.SUPPORTED_JAX[-1]}" in deps
     compat = re.search(r"^COMPAT_JAX\s*:=\s*(\S+)", (repo / "Makefile").read_text(), re.M)
-    assert compat and compat.group(1) == _jax.SUPPORTED_JAX[0]
+    assert compat and compat.group(1) == adapter.SUPPORTED_JAX[0]
 
 
 @pytest.mark.parametrize("index_map", [
@@ -224,7 +226,7 @@ def test_numpy_index_map_evaluation_equals_jax(index_map):
     bm = found.params["grid_mapping"].block_mappings[0]
     points = np.indices((8, 8)).reshape(2, -1).T
     cols = [points[:, 0].astype(np.int32), points[:, 1].astype(np.int32)]
-    by_numpy = _jax._scalar_program(bm.index_map_jaxpr, cols + [np.asarray(prefetch)])
-    by_jax = _jax._evaluate_with_jax(bm.index_map_jaxpr, 2, cols, [np.asarray(prefetch)])
+    by_numpy = index_maps.scalar_program(bm.index_map_jaxpr, cols + [np.asarray(prefetch)])
+    by_jax = index_maps.evaluate_with_jax(bm.index_map_jaxpr, 2, cols, [np.asarray(prefetch)])
     for n, j in zip(by_numpy[:2], by_jax, strict=True):
         np.testing.assert_array_equal(np.broadcast_to(n, (64,)), j)

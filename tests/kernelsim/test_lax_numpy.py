@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from kernelsim import _jax, _lax_numpy
+from kernelsim import adapter, lax_numpy, numpy_eval
 
 I32 = np.iinfo(np.int32)
 INTS = jnp.array([7, -7, 0, 1, -1, I32.min, I32.max, 13], jnp.int32)
@@ -27,7 +27,7 @@ FLOATS = jnp.array([0.5, -2.5, np.nan, np.inf, -np.inf, 3e9, -3e9, -0.0], jnp.fl
 def _by_numpy(fn, *args):
     closed = jax.make_jaxpr(fn)(*args)
     flat = jax.tree_util.tree_leaves(args)
-    out = _jax._numpy_eval(_jax._open(closed), _jax._consts(closed), flat)
+    out = numpy_eval.numpy_eval(adapter.open_jaxpr(closed), adapter.consts_of(closed), flat)
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(jax.eval_shape(fn, *args)),
                                         out)
 
@@ -129,5 +129,5 @@ def test_megablox_group_metadata_equals_xla():
     (lambda b: b + 1, jnp.ones(3, jnp.bfloat16)),  # a dtype numpy does not compute like XLA
 ])
 def test_what_numpy_cannot_match_is_left_to_xla(fn, arg):
-    with pytest.raises(_lax_numpy.Unsupported):
+    with pytest.raises(lax_numpy.Unsupported):
         _by_numpy(fn, arg)

@@ -1,4 +1,4 @@
-"""kernelsim/_jax.py additions for the views: prefetch reads of index maps."""
+"""kernelsim/index_maps.py additions for the views: prefetch reads of index maps."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from kernelsim import _jax
+from kernelsim import adapter, call_model, find, index_maps
 
 
 def test_prefetch_reads_lists_the_entries_each_steps_index_maps_read():
@@ -25,11 +25,11 @@ def test_prefetch_reads_lists_the_entries_each_steps_index_maps_read():
     found = []
 
     def handler(args, params):
-        call = _jax.to_model(args, params)
-        found.append(_jax.prefetch_reads(params, call))
-        return _jax.zeros_for(params)
+        call = call_model.to_model(args, params)
+        found.append(index_maps.prefetch_reads(params, call))
+        return find.zeros_for(params)
 
-    with _jax.capturing(handler):
+    with adapter.capturing(handler):
         fn(jnp.array([0, 2, 1], jnp.int32), jnp.zeros((3, 2), jnp.int32), jnp.zeros((24, 128)))
     reads = found[0]
     assert [reads["idx_ref"].at(s).tolist() for s in range(3)] == [[2], [1], [0]]

@@ -1,0 +1,281 @@
+"""The model of one pallas_call, built from its params: ``to_model`` -> ``KernelCall``.
+
+Grid, dimension semantics, operands with their block dimensions, memory spaces and buffer
+counts, block indices at every grid step (``index_maps``), FLOPs (``flops``), the VMEM that
+``pl.run_scoped`` scopes and the kernel body's temporaries hold at their peak, aliases and the
+author's cost estimate.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from kernelsim.adapter import (
+    AbstractRef,
+    Blocked,
+    DynamicGridDim,
+    Element,
+    Literal,
+    MeshKernelParams,
+    Squeezed,
+    memory_space,
+    open_jaxpr,
+)
+from kernelsim.errors import TraceError
+from kernelsim.flops import count_flops
+from kernelsim.index_maps import evaluate_index_map, window_moves
+from kernelsim.jaxprs import sub_jaxprs
+from kernelsim.model import BlockDim, KernelCall, Operand
+
+
+def uses_manual_dma(params: dict[str, Any]) -> bool:
+    """The kernel keeps operands in HBM/ANY or has semaphores: it needs the TPU interpreter."""
+    gm = params["grid_mapping"]
+    spaces = [memory_space(bm.transformed_block_aval) for bm in gm.block_mappings]
+    spaces += [memory_space(a) for a in gm.scratch_avals]
+    return any(s in ("any", "hbm", "semaphore") for s in spaces)
+
+
+def requested_interpret(params: dict[str, Any]) -> Any:
+    """What the kernel author passed as ``interpret=`` (False when compiling)."""
+    return params["interpret"]
+
+
+def _block_dims(call_name: str, origin: str, block_shape: tuple) -> tuple[BlockDim, ...]:
+    dims = []
+    for b in block_shape:
+        if isinstance(b, Blocked):
+            dims.append(BlockDim("blocked", int(b.block_size)))
+        elif isinstance(b, Squeezed):
+            dims.append(BlockDim("squeezed", 1))
+        elif isinstance(b, Element):
+            dims.append(BlockDim("element", int(b.block_size), tuple(map(int, b.padding))))
+        else:
+            raise TraceError(
+                f"pallas_call {call_name!r}, operand {origin}: block dimension kind "
+                f"{type(b).__name__} is not supported by kernelsim (supported: Blocked, "
+                "Element, Squeezed/None)."
+            )
+    return tuple(dims)
+
+
+def _dimension_semantics(params: dict[str, Any], ndim: int) -> tuple[str, ...]:
+    """One semantics per grid axis, as the TPU lowering sets them (mosaic/lowering.py,
+    ``MosaicGridMapping``): the user's (default "arbitrary") for the kernel's own axes, in
+    order, and "parallel" for every axis ``vmap`` added (``GridMapping.vmapped_dims``)."""
+    semantics = getattr(params.get("compiler_params"), "dimension_semantics", None)
+    vmapped = set(params["grid_mapping"].vmapped_dims)
+    own = (("arbitrary",) * (ndim - len(vmapped)) if semantics is None
+           else tuple(getattr(s, "value", str(s)).lower() for s in semantics))
+    it = iter(own)
+    return tuple("parallel" if i in vmapped else next(it, "arbitrary") for i in range(ndim))
+
+
+def _call_name(params: dict[str, Any]) -> str:
+    if params.get("name"):
+        return str(params["name"])
+    info = params["jaxpr"].debug_info
+    src = getattr(info, "func_src_info", None) or "kernel"
+    return src.split(" at ")[0]
+
+
+def _itemsize(dtype: Any) -> int:
+    """Bytes per element; 0 for semaphores and other dtypes that hold no data."""
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        return 0
+
+
+def _operand_names(params: dict[str, Any]) -> list[str]:
+    """The kernel's parameter names (prefetch, inputs, outputs, scratch), or positional names
+    (``in0``, ``out0``, ...) when JAX did not record them (e.g. a call made by ``jax.jvp``)."""
+    gm = params["grid_mapping"]
+    nprefetch, nin, nout = gm.num_index_operands, gm.num_inputs, gm.num_outputs
+    nscratch = len(gm.scratch_avals)
+    arg_names = params["jaxpr"].debug_info.arg_names
+    if arg_names and len(arg_names) == nprefetch + nin + nout + nscratch:
+        return list(arg_names)
+    return ([f"prefetch{i}" for i in range(nprefetch)] + [f"in{i}" for i in range(nin)]
+            + [f"out{i}" for i in range(nout)] + [f"scratch{i}" for i in range(nscratch)])
+
+
+def with_operand_names(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` whose kernel jaxpr carries the operand names kernelsim uses, so the TPU
+    interpreter reports its copies under the same names (it says "unknown" otherwise)."""
+    if isinstance(params, MeshKernelParams):  # runs as its mpmd_map, whose jaxpr is the same
+        return params
+    jaxpr = params["jaxpr"]
+    names = tuple(_operand_names(params))
+    if tuple(jaxpr.debug_info.arg_names or ()) == names:
+        return params
+    info = jaxpr.debug_info._replace(arg_names=names)
+    return {**params, "jaxpr": jaxpr.replace(debug_info=info)}
+
+
+def _scoped_peak(jaxpr: Any) -> dict[str, int]:
+    """Per on-chip memory space, the most bytes ``pl.run_scoped`` allocations in ``jaxpr``
+    hold at once: nested scopes add up, sequential ones and branches take the larger."""
+    peak: dict[str, int] = {}
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "run_scoped":
+            inner = open_jaxpr(eqn.params["jaxpr"])
+            here = dict(_scoped_peak(inner))
+            for v in inner.invars:
+                space = memory_space(v.aval)
+                if space in ("vmem", "smem"):
+                    here[space] = here.get(space, 0) + ref_array(v.aval).nbytes
+        else:
+            here = {}
+            for sub, _ in sub_jaxprs(eqn):
+                for space, n in _scoped_peak(sub).items():
+                    here[space] = max(here.get(space, 0), n)
+        for space, n in here.items():
+            peak[space] = max(peak.get(space, 0), n)
+    return peak
+
+
+def _temporaries_peak(jaxpr: Any) -> int:
+    """The most bytes of array values (not refs, not scalars) the kernel body holds at once:
+    each value lives from the eqn that makes it to its last use; a loop or branch adds its
+    own body's peak while it runs. What Mosaic cannot keep in vector registers it places in
+    VMEM beside the pipeline's buffers, so this bounds that extra VMEM from above."""
+    eqns = jaxpr.eqns
+    last: dict[Any, int] = {}
+    for k, eqn in enumerate(eqns):
+        for v in eqn.invars:
+            if not isinstance(v, Literal):
+                last[v] = k
+    for v in jaxpr.outvars:
+        if not isinstance(v, Literal):
+            last[v] = len(eqns)
+
+    def nbytes(v: Any) -> int:
+        aval = v.aval
+        if isinstance(aval, AbstractRef) or not getattr(aval, "shape", ()):
+            return 0
+        return int(np.prod(aval.shape, dtype=np.int64)) * _itemsize(aval.dtype)
+
+    live: dict[Any, int] = {v: nbytes(v) for v in jaxpr.invars if v in last}
+    peak = sum(live.values())
+    for k, eqn in enumerate(eqns):
+        inner = max((_temporaries_peak(j) for j, _ in sub_jaxprs(eqn)), default=0)
+        for v in eqn.outvars:
+            if v in last:
+                live[v] = nbytes(v)
+        peak = max(peak, sum(live.values()) + inner)
+        for v in [v for v in live if last[v] <= k]:
+            del live[v]
+    return peak
+
+
+def _used_vars(jaxpr: Any) -> set:
+    """The vars some eqn of ``jaxpr`` takes as an operand, or that it returns."""
+    used = {v for v in jaxpr.outvars if not isinstance(v, Literal)}
+    for eqn in jaxpr.eqns:
+        used.update(v for v in eqn.invars if not isinstance(v, Literal))
+    return used
+
+
+def _concrete_grid(name: str, gm: Any, leading: tuple) -> tuple[int, ...]:
+    """The grid with each dynamic bound read from its operand (the last ``leading`` ones)."""
+    bounds = iter(leading[len(leading) - gm.num_dynamic_grid_bounds:])
+    grid = []
+    for g in gm.grid:
+        if isinstance(g, DynamicGridDim):
+            value = np.asarray(next(bounds)).reshape(-1)
+            grid.append(int(value[0]))
+        elif isinstance(g, (int, np.integer)):
+            grid.append(int(g))
+        else:
+            raise TraceError(f"pallas_call {name!r}: grid dimension {g!r} is neither an int "
+                             "nor a dynamic bound kernelsim can read")
+    return tuple(grid)
+
+
+def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
+    """The model of one captured call (index maps evaluated over the whole grid)."""
+    gm = params["grid_mapping"]
+    name = _call_name(params)
+    nprefetch, nin, nout = gm.num_index_operands, gm.num_inputs, gm.num_outputs
+    grid = _concrete_grid(name, gm, args[:len(args) - nprefetch - nin])
+    names = _operand_names(params)
+    operand_args = args[len(args) - nprefetch - nin:]
+    prefetch_vals = [np.asarray(a) for a in operand_args[:nprefetch]]
+    call = KernelCall(name, grid, _dimension_semantics(params, len(grid)), [])
+    call.flops_per_step, call.matmul_dtypes = count_flops(params["jaxpr"])
+    scoped = _scoped_peak(open_jaxpr(params["jaxpr"]))
+    call.scoped_vmem_bytes, call.scoped_smem_bytes = scoped.get("vmem", 0), scoped.get("smem", 0)
+    kernel = open_jaxpr(params["jaxpr"])
+    call.referenced = frozenset(n for n, v in zip(names, kernel.invars, strict=False)
+                                if v in _used_vars(kernel))
+    call.temporaries_vmem_bytes = _temporaries_peak(kernel)
+    limit = getattr(params.get("compiler_params"), "vmem_limit_bytes", None)
+    call.vmem_limit_bytes = None if limit is None else int(limit)
+    # input_output_aliases index the inputs after the scalar prefetch operands
+    # (jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py, ``oi_alias_map``)
+    call.aliases = {names[nprefetch + nin + o]: names[i]
+                    for i, o in params.get("input_output_aliases", ())}
+    ce = params.get("cost_estimate")
+    if ce is not None:
+        call.cost_estimate_flops = int(ce.flops)
+        call.cost_estimate_bytes = int(ce.bytes_accessed)
+    for i, val in enumerate(prefetch_vals):
+        call.operands.append(Operand(names[i], "scalar_prefetch", tuple(val.shape),
+                                     str(val.dtype), val.dtype.itemsize, "smem", value=val))
+    points = call.grid_indices()
+    for k, bm in enumerate(gm.block_mappings):
+        role = "input" if k < nin else "output"
+        aval = bm.array_aval
+        dims = _block_dims(name, bm.origin, bm.block_shape)
+        space = memory_space(bm.transformed_block_aval)
+        buffers = bm.pipeline_mode.buffer_count if bm.pipeline_mode is not None else 2
+        if not isinstance(buffers, int):  # jax >= 0.12: (in, out) pairs, emit_pipeline only
+            raise TraceError(
+                f"pallas_call {name!r}, operand {bm.origin}: pl.Buffered({buffers!r}) is an "
+                "(input, output) pair, which only emit_pipeline accepts; a pallas_call "
+                "BlockSpec takes one int buffer count.")
+        revisit = getattr(getattr(bm.pipeline_mode, "revisit", None), "value", None)
+        if revisit == "any" and buffers > 1:
+            # jax/_src/pallas/mosaic/lowering.py raises this LoweringException for such a block
+            call.notes.append(
+                f"operand {bm.origin}: RevisitMode.ANY is not supported with double buffering "
+                f"(pl.Buffered({buffers}, revisit=...)); Mosaic's lowering rejects it: use "
+                "pl.Buffered(1, revisit=pl.RevisitMode.ANY).")
+        trivial = bool(bm.has_trivial_window())
+        # Mosaic forces single buffering for a trivial window in VMEM, whatever the BlockSpec
+        # asked (jax/_src/pallas/mosaic/lowering.py, "Force single-buffering pipelining for
+        # trivial windowing in VMEM"). A block with no pipeline mode whose index map reads no
+        # grid index of extent > 1 loads one window, and Mosaic's compiler single-buffers it
+        # too: JAX's test_automatic_single_buffering (tests/pallas/tpu_pallas_test.py) compiles
+        # such 10 MiB blocks where two 10 MiB buffers exceed the scoped VMEM limit. Any other
+        # block keeps its buffer count.
+        if space == "vmem" and (trivial or (bm.pipeline_mode is None
+                                            and not window_moves(bm, grid))):
+            buffers = 1
+        call.operands.append(Operand(
+            names[nprefetch + k], role, tuple(aval.shape), str(aval.dtype),
+            _itemsize(aval.dtype), space, dims, int(buffers),
+            evaluate_index_map(bm, grid, points, prefetch_vals), trivial_window=trivial,
+            revisit_any=revisit == "any" and role == "output"))
+    for j, aval in enumerate(gm.scratch_avals):
+        space = memory_space(aval)
+        inner = getattr(aval, "inner_aval", aval)
+        shape = tuple(getattr(inner, "shape", ()))
+        dtype = getattr(inner, "dtype", None)
+        itemsize = _itemsize(dtype) if space != "semaphore" else 0
+        call.operands.append(Operand(names[nprefetch + nin + nout + j], "scratch", shape,
+                                     str(dtype) if itemsize else "semaphore", itemsize, space))
+    return call
+
+
+def ref_array(aval: Any) -> np.ndarray:
+    inner = getattr(aval, "inner_aval", aval)
+    shape = tuple(getattr(inner, "shape", ()))
+    dtype = getattr(inner, "dtype", None)
+    try:
+        return np.zeros(shape, np.dtype(dtype))
+    except TypeError:  # semaphores and other non-numeric refs
+        return np.zeros(shape, np.int32)

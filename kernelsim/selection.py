@@ -1,0 +1,133 @@
+"""What a chain of ref transforms (``ref.at[...]``, ``.reshape``, ``.bitcast``) selects of a
+ref: the flat indices of its elements, and the strided box when the selection is one."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from kernelsim.adapter import BitcastTransform, IndexSlice, NDIndexer, ReshapeTransform
+from kernelsim.errors import TraceError
+
+
+class Selection(NamedTuple):
+    """What a chain of ref transforms selects of a ref.
+
+    ids: flat indices of the ref's elements, shaped as the view (plus a trailing axis of the
+    ref elements one view element packs, after a bitcast to a wider dtype; a narrower one
+    repeats each ref element once per view element it holds); box: per dimension ``(start,
+    size, stride)`` when the selection is one strided box of the ref, else None; nbytes: the
+    bytes the view holds; exact: the view's elements are the ref's own (no bitcast between).
+    """
+
+    ids: np.ndarray
+    box: tuple | None
+    nbytes: int
+    exact: bool
+
+
+def select(shape: tuple[int, ...], transforms: tuple, itemsize: int = 1) -> Selection:
+    """What a chain of ``ref.at[...]`` indexers, ``ref.reshape`` and ``ref.bitcast`` views
+    selects of a ref of ``shape`` whose elements are ``itemsize`` bytes.
+
+    The box is only given for a single indexer of slices and integers (or no transform). The
+    work is proportional to the selection, not to the ref: slices and integers narrow one
+    coordinate vector per dimension of the ref; a gather, reshape or bitcast makes the indices
+    of the region selected so far explicit.
+    """
+    shape = tuple(int(n) for n in shape)
+    if not transforms:  # ref[...]: the whole ref
+        ids = _flat_ids(shape, [np.arange(n, dtype=np.int64) for n in shape])
+        return Selection(ids, tuple((0, n, 1) for n in shape), ids.size * itemsize, True)
+    box: list | None = [] if len(transforms) == 1 else None
+    coords: list[Any] = [np.arange(n, dtype=np.int64) for n in shape]  # int: a dropped dim
+    ids: np.ndarray | None = None  # explicit indices, once a view made them necessary
+    pack, view_itemsize = 1, itemsize  # ref elements per view element; bytes per one
+    for t in transforms:
+        if isinstance(t, (ReshapeTransform, BitcastTransform)):
+            ids = _flat_ids(shape, coords) if ids is None else ids
+            box = None
+            if isinstance(t, ReshapeTransform):
+                ids = ids.reshape(tuple(t.shape) + ((pack,) if pack > 1 else ()))
+                continue
+            ids, pack, view_itemsize = _bitcast_view(ids, pack, view_itemsize,
+                                                     np.dtype(t.dtype).itemsize)
+            continue
+        if not isinstance(t, NDIndexer):
+            raise TraceError(f"kernelsim follows ref indexing, reshape and bitcast, not "
+                             f"{type(t).__name__}")
+        index = []
+        for ix in t.indices:
+            if isinstance(ix, IndexSlice):
+                start, size, stride = int(ix.start), int(ix.size), int(ix.stride)
+                index.append(slice(start, start + size * stride, stride))
+                if box is not None:
+                    box.append((start, size, stride))
+            else:
+                value = np.asarray(ix, dtype=np.int64)
+                index.append(value)
+                if box is not None and value.ndim == 0:
+                    box.append((int(value), 1, 1))
+                elif box is not None:
+                    box = None
+        if ids is None and all(not isinstance(i, np.ndarray) or i.ndim == 0 for i in index):
+            view = [d for d, c in enumerate(coords) if not isinstance(c, int)]
+            for d, i in zip(view, index, strict=False):
+                coords[d] = coords[d][i] if isinstance(i, slice) else int(coords[d][int(i)])
+            continue
+        if ids is None:
+            ids = _flat_ids(shape, coords)
+        ids = ids[tuple(index)]
+    if box is not None and len(box) != len(shape):
+        box = None
+    ids = _flat_ids(shape, coords) if ids is None else ids
+    return Selection(ids, None if box is None else tuple(box),
+                     ids.size // pack * view_itemsize, view_itemsize == itemsize)
+
+
+def _bitcast_view(ids: np.ndarray, pack: int, itemsize: int, new_itemsize: int
+                  ) -> tuple[np.ndarray, int, int]:
+    """``ids`` (a view packing ``pack`` ref elements each, of ``itemsize`` bytes) seen as
+    ``new_itemsize``-byte elements, as a TPU ref bitcast does: the second-minor dimension
+    shrinks or grows by the ratio (jax/_src/state/utils.py, ``bitcast``)."""
+    view = ids.shape[:-1] if pack > 1 else ids.shape
+    if len(view) < 2 and new_itemsize != itemsize:
+        raise TraceError("a bitcast that changes the element size of a 1-D ref")
+    if new_itemsize > itemsize:  # r rows of the old view make one row of the new one
+        r = new_itemsize // itemsize
+        n, m = view[-2], view[-1]
+        lead = view[:-2]
+        tail = (pack,) if pack > 1 else ()
+        grouped = ids.reshape(lead + (n // r, r, m) + tail)
+        grouped = np.moveaxis(grouped, len(lead) + 1, -1 if not tail else -2)
+        return grouped.reshape(lead + (n // r, m, r * pack)), r * pack, new_itemsize
+    if new_itemsize < itemsize:  # each old row makes k rows of the new view
+        k = itemsize // new_itemsize
+        if pack > 1 and pack % k == 0:
+            lead, n, m = view[:-2], view[-2], view[-1]
+            split = ids.reshape(lead + (n, m, k, pack // k))
+            split = np.moveaxis(split, -2, len(lead) + 1)
+            new_pack = pack // k
+            out = split.reshape(lead + (n * k, m) + ((new_pack,) if new_pack > 1 else ()))
+            return out, new_pack, new_itemsize
+        if pack > 1:
+            raise TraceError("a bitcast kernelsim cannot follow (it splits packed elements)")
+        return np.repeat(ids, k, axis=-2), 1, new_itemsize
+    return ids, pack, itemsize
+
+
+def _flat_ids(shape: tuple[int, ...], coords: list[Any]) -> np.ndarray:
+    """Row-major flat indices of the open grid ``coords`` (per dimension of ``shape``: an
+    int for a dropped dimension, else a vector of coordinates), shaped as the grid."""
+    strides = [1] * len(shape)
+    for k in range(len(shape) - 2, -1, -1):
+        strides[k] = strides[k + 1] * shape[k + 1]
+    view = [k for k, c in enumerate(coords) if not isinstance(c, int)]
+    offset = sum(c * strides[k] for k, c in enumerate(coords) if isinstance(c, int))
+    ids = np.full(tuple(len(coords[k]) for k in view), offset, np.int64)
+    for j, k in enumerate(view):
+        axis = [1] * len(view)
+        axis[j] = -1
+        ids += (coords[k] * strides[k]).reshape(axis)
+    return ids
