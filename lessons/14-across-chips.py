@@ -314,7 +314,7 @@ assert v.ok
 # shows step by step.
 
 # %%
-def collective_matmul_grid_kernel(x_ref, w_ref, o_ref, shards, send_sems, recv_sems):
+def ring_matmul_kernel(x_ref, w_ref, o_ref, shards, send_sems, recv_sems):
     step = pl.program_id(0)
     me = jax.lax.axis_index("x")
     right = jax.lax.rem(me + 1, DEVICES)
@@ -347,7 +347,7 @@ def collective_matmul_grid(x, w, *, interpret):
         m, k = x.shape
         vmem = pl.BlockSpec(memory_space=pltpu.VMEM)  # whole arrays, the same at every step
         return pl.pallas_call(
-            collective_matmul_grid_kernel,
+            ring_matmul_kernel,
             grid=(DEVICES,),  # one ring step per grid step: each one needs the last one's copy
             out_shape=jax.ShapeDtypeStruct((DEVICES * m, w.shape[1]), jnp.float32),
             in_specs=[vmem, vmem], out_specs=vmem,
