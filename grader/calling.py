@@ -239,14 +239,15 @@ def pipeline(fn, arrays, params):
 
 
 def rms_norm_vjp(fn, arrays, params):
-    """Assignment 10: the forward output and the gradient the learner's ``custom_vjp`` gives
-    for the cotangent ``g``, stacked (see ``grader.tasks.a10_transformations``)."""
-    x, g = arrays
-    y, pullback = jax.vjp(lambda x: fn(x, **params), x)
-    (dx,) = pullback(g)
+    """Assignment 10: the forward output ``y`` (M, N) and the gradients ``dx`` (M, N) and
+    ``dw`` (1, N) the learner's ``custom_vjp`` gives for the cotangent ``g``, their rows
+    stacked into one (2M + 1, N) array (see ``grader.tasks.a10_transformations``)."""
+    x, w, g = arrays
+    y, pullback = jax.vjp(lambda x, w: fn(x, w, **params), x, w)
+    dx, dw = pullback(g)
     # concatenate, not jnp.stack: the pinned release has a `stack` primitive, which
     # grader.work does not count among the layout operations
-    return jnp.concatenate([y[None], dx[None]])
+    return jnp.concatenate([y, dx, dw])
 
 
 def open_jaxpr(j: Any) -> Any:

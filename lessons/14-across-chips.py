@@ -291,7 +291,8 @@ assert sent == [(DEVICES - 1) * m_local * k * xm.dtype.itemsize] * DEVICES  # N 
 # %% [markdown]
 # Every device sends its three shards to its right-hand neighbour, 8,192 B each: the ring of
 # the figure above, now read from the kernel. A grid of one step holds the whole loop, so
-# the copies share step 0; their order is the order of their starts in the body.
+# the copies share step 0; their order is the order of their starts in the body (the next
+# section gives each ring step a grid step of its own).
 # `kernelsim.verify` runs the same program in TPU interpret mode and compares every copy,
 # remote ones included, with this trace.
 
@@ -301,6 +302,92 @@ from kernelsim.verify import verify  # noqa: E402
 v = verify(functools.partial(collective_matmul, interpret=True), xm, wm)
 print(v.report())
 assert v.ok
+
+# %% [markdown]
+# ## One ring step per grid step
+#
+# The loop can also be the grid: with `grid=(N,)`, grid step `s` is ring step `s`. Scratch
+# buffers and semaphores live for the whole `pallas_call`, so a copy started at one grid
+# step can be waited on at the next: step `s` first waits for the copy of step `s - 1`
+# (the shard it brought is now here), then starts forwarding that shard, then multiplies it
+# while it travels. Each copy is in flight across two grid steps, which the viewer below
+# shows step by step.
+
+# %%
+def ring_matmul_kernel(x_ref, w_ref, o_ref, shards, send_sems, recv_sems):
+    step = pl.program_id(0)
+    me = jax.lax.axis_index("x")
+    right = jax.lax.rem(me + 1, DEVICES)
+    m = x_ref.shape[0]
+    shard = jax.lax.rem(me - step + DEVICES, DEVICES)  # the shard on hand at this step
+
+    def forward(s):  # the copy that carries shard (me - s) to the right at step s
+        held = jax.lax.rem(me - s + DEVICES, DEVICES)
+        return pltpu.make_async_remote_copy(shards.at[held], shards.at[held], send_sems.at[s],
+                                            recv_sems.at[s], device_id={"x": right})
+
+    @pl.when(step == 0)
+    def _():
+        shards[me] = x_ref[...]
+
+    @pl.when(step > 0)
+    def _():
+        forward(step - 1).wait()  # my last send has left; `shard` has arrived from the left
+
+    @pl.when(step < DEVICES - 1)  # the last shard goes nowhere
+    def _():
+        forward(step).start()
+
+    o_ref[pl.ds(shard * m, m), :] = jnp.dot(shards[shard], w_ref[...],
+                                            preferred_element_type=jnp.float32)
+
+
+def collective_matmul_grid(x, w, *, interpret):
+    def local(x, w):
+        m, k = x.shape
+        vmem = pl.BlockSpec(memory_space=pltpu.VMEM)  # whole arrays, the same at every step
+        return pl.pallas_call(
+            ring_matmul_kernel,
+            grid=(DEVICES,),  # one ring step per grid step: each one needs the last one's copy
+            out_shape=jax.ShapeDtypeStruct((DEVICES * m, w.shape[1]), jnp.float32),
+            in_specs=[vmem, vmem], out_specs=vmem,
+            scratch_shapes=[pltpu.VMEM((DEVICES, m, k), x.dtype),
+                            pltpu.SemaphoreType.DMA((DEVICES - 1,)),
+                            pltpu.SemaphoreType.DMA((DEVICES - 1,))],
+            interpret=interpret,
+        )(x, w)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(P("x", None), P(None, "x")),
+                         out_specs=P(None, "x"), check_vma=False)(x, w)
+
+
+_course.check(LESSON, "collective_matmul_grid", collective_matmul_grid,
+              functools.partial(jnp.dot, precision="highest"), (xm, wm),
+              _course.Execution(interpret, "TPU interpret mode, 4 devices, race detector on"
+                                if interpret else "compiled for TPU"), rtol=1e-4, atol=1e-3)
+
+# %% [markdown]
+# kernelsim now places each remote copy at the grid step that starts it, and knows the step
+# that waits on it. The viewer shows one device's call (device 1 here; the picker switches
+# devices): its ICI lane lists the copies in flight at each step, with their devices, bytes
+# and semaphore. Step through it: at step 0 one copy leaves for device 2; at steps 1 and 2 the
+# copy waited on and the one just started are both in flight; the last step only waits.
+
+# %%
+t_grid = kernelsim.trace(functools.partial(collective_matmul_grid, interpret=True), xm, wm)
+sends = [(d.step, d.wait_step, d.dst_device, d.bytes)
+         for d in t_grid.calls[1].call.body_copies if d.remote]
+print("device 1's copies (started at step, waited on at step, to device, bytes):", sends)
+assert sends == [(s, s + 1, 2, m_local * k * xm.dtype.itemsize) for s in range(DEVICES - 1)]
+t_grid.show(call=1)
+
+# %% [markdown]
+# `kernelsim.verify` compares these copies with the ones TPU interpret mode performs.
+
+# %%
+v_grid = verify(functools.partial(collective_matmul_grid, interpret=True), xm, wm)
+print(v_grid.report())
+assert v_grid.ok
 
 # %% [markdown]
 # ## Check yourself

@@ -17,6 +17,13 @@ def _tiled_add_rules(call, case, rules, inputs):
     rules.append(block_is(call, "output", 0, (bm, bn), "output"))
 
 
+def _column_rules(call, case, rules, inputs):
+    (m, n), bn = case.arrays["x"], case.params["bn"]
+    rules.append(grid_is(call, (cdiv(n, bn),)))
+    rules.append(block_is(call, "input", 0, (m, bn), "x"))
+    rules.append(block_is(call, "output", 0, (m, bn), "output"))
+
+
 def _row_rules(call, case, rules, inputs):
     (m, n), bm = case.arrays["x"], case.params["bm"]
     rules.append(grid_is(call, (cdiv(m, bm),)))
@@ -49,19 +56,21 @@ register_task(
     structure=single_call(_row_rules),
 )
 register_task(
-    id="row_softmax", assignment=A2, title="Row softmax",
+    id="column_softmax", assignment=A2, title="Column softmax, one band of whole columns per step",
     kernel_ops=(("exp",),),
-    reference=lambda x, bm: jax.nn.softmax(as_f32(x), axis=-1).astype(x.dtype),
+    reference=lambda x, bn: jax.nn.softmax(as_f32(x), axis=0).astype(x.dtype),
     tolerance="reduction",
     cases=(
-        make_case("v0", 5, "float32", {"x": (16, 128)}, bm=8),
-        # large logits, visible: exp overflows to inf (and the softmax to NaN) unless the row
-        # maximum is subtracted first, as the task says
-        make_case("v1", 6, "float32", {"x": (16, 256)}, values="large", bm=8),
-        make_case("h0", 151, "float32", {"x": (37, 100)}, True, bm=16),
-        make_case("h1", 152, "bfloat16", {"x": (32, 256)}, True, bm=8),
-        make_case("h2", 153, "float32", {"x": (64, 128)}, True, bm=32),
-        make_case("h3", 154, "float32", {"x": (16, 256)}, True, values="large", bm=8),
+        make_case("v0", 5, "float32", {"x": (16, 256)}, bn=128),
+        # large values, visible: exp overflows to inf (and the softmax to NaN) unless the
+        # column maximum is subtracted first, as the task says
+        make_case("v1", 6, "float32", {"x": (32, 256)}, values="large", bn=128),
+        # 300 columns in bands of 128: the last band sticks out by 84 columns
+        make_case("h0", 151, "float32", {"x": (37, 300)}, True, bn=128),
+        make_case("h1", 152, "bfloat16", {"x": (32, 256)}, True, bn=128),
+        # one band wider than the array's 200 columns, an odd row count
+        make_case("h2", 153, "float32", {"x": (9, 200)}, True, bn=256),
+        make_case("h3", 154, "float32", {"x": (16, 384)}, True, values="large", bn=128),
     ),
-    structure=single_call(_row_rules),
+    structure=single_call(_column_rules),
 )

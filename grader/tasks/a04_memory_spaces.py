@@ -34,7 +34,7 @@ A4 = "04_memory_spaces"
 def _mm_rules(call, case, rules, inputs):
     (m, k), (_, n) = case.arrays["a"], case.arrays["b"]
     bm, bk, bn = case.params["bm"], case.params["bk"], case.params["bn"]
-    rules.append(grid_is(call, (cdiv(m, bm), cdiv(n, bn), k // bk)))
+    rules.append(grid_is(call, (cdiv(m, bm), cdiv(n, bn), cdiv(k, bk))))
     rules.append(role_count(call, "scratch", 1, "VMEM accumulator"))
     rules.append(read_budget(call, "input", 0, cdiv(n, bn) * nbytes_of((m, k), case.dtype),
                              f"A (at most N/bn = {cdiv(n, bn)} times)"))
@@ -91,7 +91,7 @@ def prediction_structure(t, case, inputs) -> list[Rule]:
 
 _mm = dict(bm=16, bk=128, bn=128)
 register_task(
-    id="matmul", assignment=A4, title="Matmul with a VMEM accumulator",
+    id="matmul", assignment=A4, title="Matmul with a VMEM accumulator, for any K",
     kernel_ops=(("dot_general",),),
     reference=matmul_reference, tolerance="reduction",
     cases=(
@@ -99,10 +99,14 @@ register_task(
         # visible: a long all-positive K in bfloat16, which a bfloat16 accumulator loses
         make_case("v1", 195, "bfloat16", {"a": (64, 1024), "b": (1024, 128)}, values="positive",
                   bm=32, bk=128, bn=128),
-        make_case("h0", 191, "float32", {"a": (40, 384), "b": (384, 300)}, True, **_mm),
+        # visible: K = 200 in blocks of 128, so the last K step's blocks stick out by 56
+        make_case("v2", 196, "float32", {"a": (32, 200), "b": (200, 256)}, **_mm),
+        # every dimension ragged: M, N and K (330 = 2 * 128 + 74) overhang their blocks
+        make_case("h0", 191, "float32", {"a": (40, 330), "b": (330, 300)}, True, **_mm),
         make_case("h1", 192, "bfloat16", {"a": (64, 256), "b": (256, 256)}, True,
                   bm=32, bk=128, bn=128),
-        make_case("h2", 193, "float32", {"a": (16, 512), "b": (512, 128)}, True, bm=8, bk=128,
+        # K = 140 with bk = 256: a single K step whose blocks are mostly overhang
+        make_case("h2", 193, "float32", {"a": (16, 140), "b": (140, 128)}, True, bm=8, bk=256,
                   bn=128),
         make_case("h3", 194, "bfloat16", {"a": (64, 1024), "b": (1024, 128)}, True,
                   values="positive", bm=32, bk=128, bn=128),

@@ -24,7 +24,7 @@ from grader.tasks.core import (
     dtype_of,
     grid_is,
     make_case,
-    matmul_reference,
+    matmul_transposed_reference,
     nbytes_of,
     normal_array,
     operands_with_role,
@@ -73,18 +73,19 @@ def estimated_seconds(call, flops: int, dtype: str) -> float:
 
 @functools.cache
 def blockings(m: int, k: int, n: int, dtype: str) -> tuple[tuple[float, int, tuple], ...]:
-    """Every candidate blocking of lesson 7's tiled matmul (``tiled_matmul_call``) of ``(m, k)
-    @ (k, n)``, traced by kernelsim: (estimated seconds, on-chip peak bytes, (bm, bk, bn)),
+    """Every candidate blocking of the task's tiled matmul (``tiled_matmul_call``) of ``(m, k)
+    @ (n, k).T``, traced by kernelsim: (estimated seconds, on-chip peak bytes, (bm, bk, bn)),
     fastest first, ties broken by the smaller footprint."""
     a = jax.ShapeDtypeStruct((m, k), dtype_of(dtype))
-    b = jax.ShapeDtypeStruct((k, n), dtype_of(dtype))
+    b = jax.ShapeDtypeStruct((n, k), dtype_of(dtype))
 
     def sizes(d):
         return [s for s in range(BLOCK_STEP, d + 1, BLOCK_STEP) if d % s == 0] or [d]
 
     found = []
     for blocks in itertools.product(sizes(m), sizes(k), sizes(n)):
-        call = kernelsim.trace(tiled_matmul_call(m, k, n, *blocks, a.dtype), a, b,
+        call = kernelsim.trace(tiled_matmul_call(m, k, n, *blocks, a.dtype,
+                                                 weight_transposed=True), a, b,
                                chip=CHIP.name).calls[0]
         found.append((estimated_seconds(call, 2 * m * n * k, dtype), call.onchip_peak_bytes,
                       blocks))
@@ -96,13 +97,13 @@ def best_blocks(m: int, k: int, n: int, dtype: str, budget: int) -> tuple[float,
     (bm, bk, bn), on-chip peak bytes)."""
     fitting = [b for b in blockings(m, k, n, dtype) if b[1] <= budget]
     if not fitting:
-        raise ValueError(f"no blocks of {m}x{k} @ {k}x{n} fit {budget:,} B")
+        raise ValueError(f"no blocks of {m}x{k} @ ({n}x{k}).T fit {budget:,} B")
     seconds, peak, blocks = fitting[0]
     return seconds, blocks, peak
 
 
 def _tuned_rules(call, case, rules, inputs):
-    (m, k), (_, n) = case.arrays["a"], case.arrays["b"]
+    (m, k), (n, _) = case.arrays["a"], case.arrays["b"]
     budget = case.params["vmem_budget"]
     rules.append(Rule("on-chip peak", f"<= {budget:,} B (the case's VMEM budget)",
                       f"{call.onchip_peak_bytes:,} B", call.onchip_peak_bytes <= budget))
@@ -173,29 +174,30 @@ register_task(
 _MiB = 2**20
 register_task(
     id="matmul_tuned", assignment=A6,
-    title="Choose matmul blocks for the estimated time under a VMEM budget",
+    title="Choose blocks of a @ b.T (b stored (N, K)) for the estimated time under "
+          "a VMEM budget",
     kernel_ops=(("dot_general",),),
-    reference=matmul_reference, tolerance="reduction",
+    reference=matmul_transposed_reference, tolerance="reduction",
     cases=(
         # the best is (256, 512, 128), 768 KiB on chip: a block spanning K reads A once, and
         # A's block never moves (one buffer); square 256-blocks fill the budget and are 14 %
         # slower, 128-blocks almost 5x
         make_case("v0", 16, "bfloat16", {"a": (256, 512), "b": (512, 512)}, vmem_budget=_MiB),
         # visible: the float32 accumulation the task names, on a long all-positive K (h3)
-        make_case("v1", 265, "bfloat16", {"a": (128, 2048), "b": (2048, 128)}, values="positive",
+        make_case("v1", 265, "bfloat16", {"a": (128, 2048), "b": (128, 2048)}, values="positive",
                   vmem_budget=3 * _MiB // 8),
         # float32: the visible case's blocks need 1,441,792 B, over the budget
-        make_case("h0", 261, "float32", {"a": (256, 512), "b": (512, 256)}, True,
+        make_case("h0", 261, "float32", {"a": (256, 512), "b": (256, 512)}, True,
                   vmem_budget=5 * _MiB // 4),
         make_case("h1", 262, "bfloat16", {"a": (384, 512), "b": (512, 512)}, True,
                   vmem_budget=_MiB),
         # the visible case with K doubled: the best, (256, 1024, 128), still spans K; the
         # visible case's blocks fit but read A four times and are 90 % slower
-        make_case("h2", 263, "bfloat16", {"a": (256, 1024), "b": (1024, 512)}, True,
+        make_case("h2", 263, "bfloat16", {"a": (256, 1024), "b": (512, 1024)}, True,
                   vmem_budget=5 * _MiB // 4),
         # a tight budget forces 8 K steps over a long all-positive K: a bfloat16 accumulator
         # loses what the float32 one keeps
-        make_case("h3", 264, "bfloat16", {"a": (128, 2048), "b": (2048, 128)}, True,
+        make_case("h3", 264, "bfloat16", {"a": (128, 2048), "b": (128, 2048)}, True,
                   values="positive",
                   vmem_budget=3 * _MiB // 8),
     ),

@@ -4,16 +4,18 @@
 
 How the backward task is graded, and why not with ``jax.grad`` directly: ``calling.rms_norm_vjp``
 calls ``jax.vjp(fn, x)`` and applies the pullback to the case's cotangent ``g``, an input of
-the traced program. That is the pullback ``jax.grad`` of ``sum(fn(x) * g)`` runs, but under
+the traced program. That is the pullback ``jax.grad`` of ``sum(fn(x, w) * g)`` runs, but under
 ``jax.grad`` the cotangent reaching the backward kernel is ``g`` times the loss's seed, a
 ``mul`` computed outside any kernel, and the shared work rules (``core.work_rules``: "kernel
 inputs are your function's inputs", "compute outside kernels") would fail every correct
-solution. The output judged is ``stack([y, dx])``, so the forward kernel's values count too.
+solution. The output judged is the rows of ``y``, ``dx`` and ``dw`` stacked, so the forward
+kernel's values count too.
 
 The shared rule "kernel inputs are your function's inputs" also rejects a backward kernel that
 reads a residual the forward *kernel* wrote (``pallas_call #0`` feeding ``pallas_call #1``),
-although that is a correct design. The task therefore asks for ``x`` as the only residual,
-with the backward kernel recomputing the row statistic (which also moves fewer bytes); see
+although that is a correct design. The task therefore asks for the inputs ``x`` and ``w`` as
+the only residuals, with the backward kernel recomputing the row statistic (which also moves
+fewer bytes), and for ``dw``'s sum over rows inside that kernel, across its grid steps; see
 tests/grader/test_transformations_tasks.py for the rejected alternative.
 """
 
@@ -83,21 +85,23 @@ register_task(
 
 
 # ----------------------------------------------------------------------------- task 2: custom_vjp
-def _rms_norm_f32(x):
+def _rms_norm_f32(x, w):
     x = as_f32(x)
-    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + RMS_EPS)
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + RMS_EPS) * as_f32(w)
 
 
-def _rms_norm_ref(x, g, bm):
-    """``stack([y, dx])``: the RMS norm and plain JAX's gradient for the cotangent ``g``, both
-    computed in float32 and rounded once to the input's dtype."""
-    y, pullback = jax.vjp(_rms_norm_f32, as_f32(x))
-    (dx,) = pullback(as_f32(g))
-    return jnp.stack([y, dx]).astype(x.dtype)
+def _rms_norm_ref(x, w, g, bm):
+    """The rows of ``y``, ``dx`` and ``dw`` stacked, (2M + 1, N): the scaled RMS norm and plain
+    JAX's gradients for the cotangent ``g``, computed in float32 and rounded once to the
+    input's dtype."""
+    y, pullback = jax.vjp(_rms_norm_f32, as_f32(x), as_f32(w))
+    dx, dw = pullback(as_f32(g))
+    return jnp.concatenate([y, dx, dw]).astype(x.dtype)
 
 
 def _make_rms_norm(rng, case):
-    """x and the cotangent g as drawn; with ``values="zero_row"`` row 1 of x is all zeros."""
+    """x, the weight w and the cotangent g as drawn; with ``values="zero_row"`` row 1 of x is
+    all zeros."""
     out = {k: drawn_values(rng, s, case) for k, s in case.arrays.items()}
     if case.values == "zero_row":
         out["x"][1] = 0
@@ -116,26 +120,37 @@ def _rms_norm_rules(t, case, inputs) -> list[Rule]:
         rules.append(Rule(f"{label} grid", str((cdiv(m, bm),)), str(tuple(call.grid)),
                           tuple(call.grid) == (cdiv(m, bm),)))
         rules.append(block_is(call, "output", 0, (bm, n), f"{label} output"))
-    rules.append(role_count(backward, "input", 2, "backward kernel inputs (x and the cotangent)"))
-    rules.append(block_is(backward, "input", 0, (bm, n), "backward input 0"))
+    rules.append(role_count(backward, "input", 3, "backward kernel inputs (x, w and the "
+                            "cotangent)"))
+    rules.append(block_is(backward, "input", 0, (bm, n), "backward input 0 (x)"))
+    rules.append(role_count(backward, "output", 2, "backward kernel outputs (dx and dw)"))
+    rules.append(block_is(backward, "output", 1, (1, n),
+                          "backward output 1 (dw: one row, summed across the grid steps)"))
     return rules
 
 
 register_task(
-    id="rms_norm", assignment=A10, title="RMS norm: forward and backward kernels via custom_vjp",
+    id="rms_norm", assignment=A10,
+    title="Scaled RMS norm: forward and backward kernels via custom_vjp, dw summed across steps",
     kernel_ops=(("rsqrt", "sqrt"),),
     reference=_rms_norm_ref, invoke=calling.rms_norm_vjp, make=_make_rms_norm,
     tolerance="reduction",
     cases=(
-        make_case("v0", 20, "float32", {"x": (16, 128), "g": (16, 128)}, bm=8),
+        make_case("v0", 20, "float32", {"x": (16, 128), "w": (1, 128), "g": (16, 128)}, bm=8),
         # visible: an all-zero row of x, whose mean square is 0: without RMS_EPS its
         # reciprocal square root is inf and the row NaN
-        make_case("v1", 21, "float32", {"x": (16, 128), "g": (16, 128)}, values="zero_row", bm=8),
-        make_case("h0", 2001, "float32", {"x": (37, 256), "g": (37, 256)}, True, bm=16),
-        make_case("h1", 2002, "bfloat16", {"x": (32, 512), "g": (32, 512)}, True, bm=8),
-        make_case("h2", 2003, "float32", {"x": (64, 128), "g": (64, 128)}, True, values="large",
-                  bm=32),
-        make_case("h3", 2004, "float32", {"x": (8, 1024), "g": (8, 1024)}, True, bm=8),
+        make_case("v1", 21, "float32", {"x": (16, 128), "w": (1, 128), "g": (16, 128)},
+                  values="zero_row", bm=8),
+        # visible: 20 rows in blocks of 8, so the last block's 4 rows past M must stay out of dw
+        make_case("v2", 22, "float32", {"x": (20, 128), "w": (1, 128), "g": (20, 128)}, bm=8),
+        make_case("h0", 2001, "float32", {"x": (37, 256), "w": (1, 256), "g": (37, 256)}, True,
+                  bm=16),
+        make_case("h1", 2002, "bfloat16", {"x": (32, 512), "w": (1, 512), "g": (32, 512)}, True,
+                  bm=8),
+        make_case("h2", 2003, "float32", {"x": (64, 128), "w": (1, 128), "g": (64, 128)}, True,
+                  values="large", bm=32),
+        make_case("h3", 2004, "float32", {"x": (8, 1024), "w": (1, 1024), "g": (8, 1024)}, True,
+                  bm=8),
     ),
     structure=_rms_norm_rules,
 )

@@ -360,29 +360,39 @@ def matmul_reference(a, b, *_, **__):
     return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
 
 
-def tiled_matmul_call(m: int, k: int, n: int, bm: int, bk: int, bn: int, dtype):
+def matmul_transposed_reference(a, b, *_, **__):
+    """``a @ b.T`` for ``b`` stored ``(N, K)``, accumulated in float32, rounded once."""
+    return jnp.dot(a, b.T, preferred_element_type=jnp.float32).astype(a.dtype)
+
+
+def tiled_matmul_call(m: int, k: int, n: int, bm: int, bk: int, bn: int, dtype,
+                      weight_transposed: bool = False):
     """The tiled matmul of lesson 7 and assignment 4 for ``(m, k) @ (k, n)`` with blocks ``(bm,
     bk, bn)``, as a callable of ``(a, b)``: grid ``(cdiv(m, bm), cdiv(n, bn), k // bk)``, K
-    innermost, a float32 ``(bm, bn)`` VMEM accumulator. The grader traces it with kernelsim for
-    the traffic and on-chip footprint of those blocks (a04's prediction, a06's best blocks); it
-    never runs here."""
+    innermost, a float32 ``(bm, bn)`` VMEM accumulator. ``weight_transposed``: ``b`` is stored
+    ``(n, k)`` and the product is ``a @ b.T`` (a06's task), its blocks ``(bn, bk)``. The grader
+    traces it with kernelsim for the traffic and on-chip footprint of those blocks (a04's
+    prediction, a06's best blocks); it never runs here."""
+    b_dim = 1 if weight_transposed else 0  # the dimension of b's block that runs along K
 
     def kernel(a_ref, b_ref, o_ref, acc_ref):
         @pl.when(pl.program_id(2) == 0)
         def _():
             acc_ref[...] = jnp.zeros_like(acc_ref)
 
-        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+        acc_ref[...] += jax.lax.dot_general(a_ref[...], b_ref[...], (((1,), (b_dim,)), ((), ())),
+                                            preferred_element_type=jnp.float32)
 
         @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
         def _():
             o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
+    b_spec = (pl.BlockSpec((bn, bk), lambda i, j, kk: (j, kk)) if weight_transposed
+              else pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)))
     return pl.pallas_call(
         kernel,
         grid=(cdiv(m, bm), cdiv(n, bn), k // bk),  # the output block stays on chip along K
-        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)), b_spec],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), dtype),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],

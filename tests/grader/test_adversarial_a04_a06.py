@@ -166,11 +166,11 @@ def test_every_a06_case_has_blocks_the_lowering_accepts(lowering):
 
 # ----------------------------------------------------------------------- matmul_tuned
 def tiled_matmul(choose_blocks, acc_dtype=jnp.float32, claimed_cost=None):
-    """A learner's matmul_tuned: lesson 7's kernel with blocks ``choose_blocks(m, k, n,
-    dtype, vmem_budget)``; ``acc_dtype=None`` accumulates in the input dtype, and
-    ``claimed_cost`` is a ``pl.CostEstimate`` the call carries."""
+    """A learner's matmul_tuned: lesson 7's kernel on the task's weight stored ``(N, K)``, with
+    blocks ``choose_blocks(m, k, n, dtype, vmem_budget)``; ``acc_dtype=None`` accumulates in
+    the input dtype, and ``claimed_cost`` is a ``pl.CostEstimate`` the call carries."""
     def matmul_tuned(a, b, vmem_budget):
-        (m, k), n = a.shape, b.shape[1]
+        (m, k), n = a.shape, b.shape[0]
         bm, bk, bn = choose_blocks(m, k, n, str(a.dtype), vmem_budget)
         acc = a.dtype if acc_dtype is None else acc_dtype
 
@@ -179,8 +179,9 @@ def tiled_matmul(choose_blocks, acc_dtype=jnp.float32, claimed_cost=None):
             def _():
                 acc_ref[...] = jnp.zeros_like(acc_ref)
 
-            acc_ref[...] += jnp.dot(a_ref[...], b_ref[...],
-                                    preferred_element_type=jnp.float32).astype(acc)
+            acc_ref[...] += jax.lax.dot_general(
+                a_ref[...], b_ref[...], (((1,), (1,)), ((), ())),
+                preferred_element_type=jnp.float32).astype(acc)
 
             @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
             def _():
@@ -189,7 +190,7 @@ def tiled_matmul(choose_blocks, acc_dtype=jnp.float32, claimed_cost=None):
         return pl.pallas_call(
             kernel, grid=(m // bm, n // bn, k // bk),
             in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                      pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+                      pl.BlockSpec((bn, bk), lambda i, j, kk: (j, kk))],
             out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
             out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
             scratch_shapes=[pltpu.VMEM((bm, bn), acc)], cost_estimate=claimed_cost,
@@ -207,7 +208,7 @@ def the_best(m, k, n, dtype, budget):
 
 
 def _shapes(case):
-    (m, k), (_, n) = case.arrays["a"], case.arrays["b"]
+    (m, k), (n, _) = case.arrays["a"], case.arrays["b"]
     return m, k, n
 
 
@@ -242,7 +243,7 @@ def test_the_instructor_model_chooses_as_kernelsim_at_every_budget(a06_solutions
     budget."""
     c = _case("matmul_tuned", case)
     m, k, n = _shapes(c)
-    a, b = (jax.ShapeDtypeStruct(s, jnp.dtype(c.dtype)) for s in ((m, k), (k, n)))
+    a, b = (jax.ShapeDtypeStruct(s, jnp.dtype(c.dtype)) for s in ((m, k), (n, k)))
     wrong = []
     for budget in sorted({peak for _, peak, _ in a06.blockings(m, k, n, c.dtype)}):
         (call,) = kernelsim.trace(a06_solutions["matmul_tuned"], a, b, budget,

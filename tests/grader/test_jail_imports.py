@@ -94,7 +94,7 @@ ATTACKS = {
     "block_search": ("06_performance", "matmul_tuned",
                      "_mine = matmul_tuned\ndef matmul_tuned(a, b, vmem_budget):\n"
                      "    from grader.tasks.a06_performance import best_blocks\n"
-                     "    best_blocks(a.shape[0], a.shape[1], b.shape[1], str(a.dtype), "
+                     "    best_blocks(a.shape[0], a.shape[1], b.shape[0], str(a.dtype), "
                      "vmem_budget)\n    return _mine(a, b, vmem_budget)\n"),
     # the prediction from the grader's own byte count
     "byte_count": ("04_memory_spaces", "predict_matmul_reads",

@@ -21,7 +21,7 @@ from test_adversarial_a01_a04 import _sum_all, wrong_values
 from test_adversarial_a04_a06 import layernorm, the_best, tiled_matmul
 from test_adversarial_a05_a07 import _bsmm, _flash
 from test_gpu_tasks import matmul_gpu_shape
-from test_tolerance import _matmul, _row_softmax
+from test_tolerance import _column_softmax, _matmul
 
 
 def _without_eps(assignment: str, task: str, old: str, new: str):
@@ -34,7 +34,7 @@ def _without_eps(assignment: str, task: str, old: str, new: str):
 
 
 PLANTED = {
-    "row_softmax": lambda: _row_softmax(subtract_max=False),
+    "column_softmax": lambda: _column_softmax(subtract_max=False),
     "flash_attention": lambda: _flash(subtract_max=False),
     "causal_flash_attention": lambda: _flash(causal=True, subtract_max=False),
     "rms_norm": lambda: _without_eps("10_transformations", "rms_norm", "eps = 1e-6",
@@ -60,7 +60,7 @@ def test_a_left_out_requirement_fails_the_visible_case(label):
 def test_every_named_requirement_has_its_visible_case():
     """Each task above has a visible v1 case, and the honest solutions pass it (the task tests
     run every solution on every case; here the planted switch turned off)."""
-    honest = {"row_softmax": _row_softmax(subtract_max=True), "flash_attention": _flash(),
+    honest = {"column_softmax": _column_softmax(subtract_max=True), "flash_attention": _flash(),
               "causal_flash_attention": _flash(causal=True), "layernorm": layernorm(),
               "sum_all": _sum_all(running_sum_in_input_dtype=False),
               "matmul": _matmul(accumulate_in_input_dtype=False),

@@ -137,57 +137,64 @@ course.check("row_sum", row_sum, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## Task 3 — `row_softmax(x, bm)` (3 points)
+# ## Task 3 — `column_softmax(x, bn)` (3 points)
 #
-# Softmax along the last axis, same blocks and grid as `row_sum`. Subtract the row maximum
-# before `exp`; compute in float32, return the dtype of `x`.
+# Softmax down each **column** of `x` (shape `(M, N)`): every column of the result sums to 1.
+# Give each grid step a block of `bn` whole columns and all `M` rows, so that a column never
+# spans two steps; the grid has `cdiv(N, bn)` steps. `bn` is a multiple of 128, and `N` need
+# not be a multiple of `bn`. Subtract each column's maximum before `exp`; compute in float32,
+# return the dtype of `x`.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
 #
-# Same grid and blocks as `row_sum`, with the output block equal to the input block. Every
-# row is whole inside its block, so the softmax needs no communication between steps:
-# subtract the row maximum, exponentiate, divide by the row sum, all in float32, then cast.
+# This is `row_sum`'s layout turned on its side: the block holds every row and a band of
+# columns, and the grid walks along the columns, so the index map puts the grid index in the
+# column position and keeps the row block at 0. Every statistic of the softmax is now taken
+# down a column, along the block's first axis. Columns past the end of `x` in the last block
+# hold unspecified values, but each column is computed on its own and their writes are
+# dropped.
 #
 # </details>
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# With `v` the float32 block, take every row statistic along axis 1 with `keepdims=True`, so its
-# `(bm, 1)` result broadcasts against `v`: subtract the row max from `v`, apply `jnp.exp`, divide by
-# the row sums of that, then cast to `o_ref.dtype`.
+# With `v` the float32 block, take the column maximum and the column sum along axis 0 with
+# `keepdims=True`: each gives a `(1, bn)` row that broadcasts against the `(M, bn)` block.
+# The block shape is all of `M` by `bn`; the index map takes the grid index `j` and returns a
+# block position whose row part is the first block and whose column part is `j`.
 #
 # </details>
 
-# %% nbgrader={"grade_id": "row_softmax_solution", "solution": true}
-def row_softmax(x, bm):
+# %% nbgrader={"grade_id": "column_softmax_solution", "solution": true}
+def column_softmax(x, bn):
     ### BEGIN SOLUTION
     m, n = x.shape
 
     def kernel(x_ref, o_ref):
-        v = x_ref[...].astype(jnp.float32)
-        e = jnp.exp(v - jnp.max(v, axis=1, keepdims=True))
-        o_ref[...] = (e / jnp.sum(e, axis=1, keepdims=True)).astype(o_ref.dtype)
+        cols = x_ref[...].astype(jnp.float32)
+        shifted = jnp.exp(cols - cols.max(axis=0, keepdims=True))
+        o_ref[...] = (shifted / shifted.sum(axis=0, keepdims=True)).astype(o_ref.dtype)
 
-    spec = pl.BlockSpec((bm, n), lambda i: (i, 0))
+    band = pl.BlockSpec((m, bn), lambda j: (0, j))  # whole columns: no column spans two steps
     return pl.pallas_call(
         kernel,
-        grid=(pl.cdiv(m, bm),),
-        in_specs=[spec],
-        out_specs=spec,
+        grid=(pl.cdiv(n, bn),),
+        in_specs=[band],
+        out_specs=band,
         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
         interpret=INTERPRET,
     )(x)
     ### END SOLUTION
 
 
-# %% nbgrader={"grade_id": "row_softmax_visible", "grade": true, "points": 1}
-course.check("row_softmax", row_softmax)
+# %% nbgrader={"grade_id": "column_softmax_visible", "grade": true, "points": 1}
+course.check("column_softmax", column_softmax)
 
-# %% nbgrader={"grade_id": "row_softmax_hidden", "grade": true, "points": 2}
-# Hidden tests: non-divisible row counts, bfloat16.
+# %% nbgrader={"grade_id": "column_softmax_hidden", "grade": true, "points": 2}
+# Hidden tests: column counts that are not a multiple of bn, bfloat16, large values.
 ### BEGIN HIDDEN TESTS
-course.check("row_softmax", row_softmax, hidden=True)
+course.check("column_softmax", column_softmax, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]

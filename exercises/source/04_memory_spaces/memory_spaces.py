@@ -32,28 +32,35 @@ INTERPRET = choose().interpret
 TPU_INTERPRET = choose(tpu_features=True).interpret
 
 # %% [markdown]
-# ## Task 1 — `matmul(a, b, bm, bk, bn)` (3 points)
+# ## Task 1 — `matmul(a, b, bm, bk, bn)` for any `K` (3 points)
 #
-# `a @ b` (output dtype of `a`) with grid `(cdiv(M, bm), cdiv(N, bn), K // bk)`, the K axis last,
-# and a float32 VMEM accumulator of shape `(bm, bn)`. `K` is a multiple of `bk`. Budget: `A` is
-# read at most `N / bn` times, `B` at most `M / bm` times, the output written once. The
-# accumulator is scratch, a TPU feature: run with `TPU_INTERPRET`.
+# `a @ b` (output dtype of `a`) with grid `(cdiv(M, bm), cdiv(N, bn), cdiv(K, bk))`, the K axis
+# last, and a float32 VMEM accumulator of shape `(bm, bn)`. Unlike lesson 5's matmul, `K` need
+# not be a multiple of `bk`: at the last K step, A's block sticks out past column `K - 1` and
+# B's past row `K - 1`, and what they hold there is unspecified (NaN in interpret mode). None
+# of it may reach the sum. Budget: `A` is read at most `N / bn` times, `B` at most `M / bm`
+# times, the output written once. The accumulator is scratch, a TPU feature: run with
+# `TPU_INTERPRET`.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
 #
 # Each grid step `(i, j, kk)` multiplies the `kk`-th `(bm, bk)` block of A's row band `i` by the
-# `kk`-th `(bk, bn)` block of B's column band `j`, and adds the product to the scratch buffer.
-# Zero the scratch at the first K step and store it, cast, into the output block at the last
-# one; the output's index map ignores `kk`, so the block stays on chip for the whole sweep.
+# `kk`-th `(bk, bn)` block of B's column band `j`, and adds the product to the scratch buffer,
+# zeroed at the first K step and stored, cast, at the last. For the overhang, do what lesson 3
+# did for rows past the end: compute each element's position along K from the step and an
+# iota, and replace what lies at `K` or beyond by zero before the product. Zero it in **both**
+# blocks: NaN times zero is NaN, so masking one side is not enough.
 #
 # </details>
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# Every index map takes the three grid indices `i`, `j`, `kk`. A's returns row block `i` and column
-# block `kk`; B's returns row block `kk` and column block `j`; the output's returns `i` and `j` and
-# ignores `kk`. The grid's last axis has `k // bk` steps, so `kk` runs fastest.
+# The position along K of A's block column `c` at step `kk` is `kk * bk + c`; for B's block it
+# is the row index instead. Build those positions with `jax.lax.broadcasted_iota` over each
+# block's shape (dimension 1 for A, 0 for B), compare them with `K`, and let `jnp.where` keep
+# the loaded values where the position is inside `K` and put 0 elsewhere; the dot then takes
+# the two masked blocks.
 #
 # </details>
 
@@ -63,19 +70,26 @@ def matmul(a, b, bm, bk, bn):
     (m, k), n = a.shape, b.shape[1]
 
     def kernel(a_ref, b_ref, o_ref, acc_ref):
-        @pl.when(pl.program_id(2) == 0)
+        kk = pl.program_id(2)
+
+        @pl.when(kk == 0)
         def _():
             acc_ref[...] = jnp.zeros_like(acc_ref)
 
-        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+        # past K the last step's blocks hold garbage: zero it on both sides (NaN * 0 is NaN)
+        a_col = kk * bk + jax.lax.broadcasted_iota(jnp.int32, (bm, bk), 1)
+        b_row = kk * bk + jax.lax.broadcasted_iota(jnp.int32, (bk, bn), 0)
+        a_blk = jnp.where(a_col < k, a_ref[...], 0)
+        b_blk = jnp.where(b_row < k, b_ref[...], 0)
+        acc_ref[...] += jnp.dot(a_blk, b_blk, preferred_element_type=jnp.float32)
 
-        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        @pl.when(kk == pl.num_programs(2) - 1)
         def _():
             o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
     return pl.pallas_call(
         kernel,
-        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), k // bk),  # the output block is reused along K
+        grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)),  # the output block stays along K
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
                   pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
@@ -90,7 +104,7 @@ def matmul(a, b, bm, bk, bn):
 course.check("matmul", matmul)
 
 # %% nbgrader={"grade_id": "matmul_hidden", "grade": true, "points": 2} timeout=120
-# Hidden tests: non-divisible M and N, bfloat16, other blocks.
+# Hidden tests: non-divisible M, N and K, bfloat16, other blocks.
 ### BEGIN HIDDEN TESTS
 course.check("matmul", matmul, hidden=True)
 ### END HIDDEN TESTS

@@ -82,10 +82,14 @@ course.check("fused_add_relu_mul", fused_add_relu_mul, hidden=True)
 # %% [markdown]
 # ## Task 2 — `matmul_tuned(a, b, vmem_budget)` (3 points)
 #
-# `a @ b` (float32 accumulation, the output in the dtype of `a`) with blocks `(bm, bk, bn)`
-# that you choose for the shape and for `vmem_budget`, the bytes of VMEM the kernel may hold.
-# Shapes are multiples of 128. Start from lesson 7's kernel: K innermost, a float32 VMEM
-# accumulator (a TPU feature: run it with `TPU_INTERPRET`).
+# `a @ b.T` for `a` of shape `(M, K)` and a weight `b` stored `(N, K)`, one row per output
+# feature, as PyTorch's `nn.Linear` keeps its weight (float32 accumulation, the output in the
+# dtype of `a`), with blocks `(bm, bk, bn)` that you choose for the shape and for
+# `vmem_budget`, the bytes of VMEM the kernel may hold. Shapes are multiples of 128. Do not
+# transpose `b` in HBM first (that is a whole extra pass over it): give the kernel `(bn, bk)`
+# blocks of `b` as stored and contract both blocks along their K dimension. Otherwise the
+# kernel is lesson 7's: K innermost, a float32 VMEM accumulator (a TPU feature: run it with
+# `TPU_INTERPRET`).
 #
 # The grade is kernelsim's **estimated time on a TPU v5e**, as lesson 7 computes it:
 #
@@ -94,7 +98,7 @@ course.check("fused_add_relu_mul", fused_add_relu_mul, hidden=True)
 #
 # with the HBM bytes and grid steps of your run's trace and the chip's numbers from
 # `CHIPS["tpu-v5e"]`. It must be within **10 %** of the fastest blocks kernelsim finds for
-# lesson 7's kernel under the budget (each block size a multiple of 128 that divides its
+# this kernel under the budget (each block size a multiple of 128 that divides its
 # dimension). Your kernel's on-chip peak must fit `vmem_budget`: two buffers per input and
 # output block, but one for a block that never moves, plus scratch. The output is written
 # once. Small square blocks miss: each of their many steps pays the fixed cost and re-reads
@@ -104,6 +108,9 @@ course.check("fused_add_relu_mul", fused_add_relu_mul, hidden=True)
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
 #
+# The kernel first: `B`'s blocks are `(bn, bk)`, their index map puts the output's column band
+# first and the K step second, and `jax.lax.dot_general` multiplies two blocks along the
+# dimensions you name, here dimension 1 of both. Then the blocks.
 # Write the estimate as a function of `(bm, bk, bn)`, as kernelsim counts it: `A` is read once
 # per column block of the output, or once in all when `bk == K` (its block index then stays the
 # same along `j`: assignment 4, task 2), `B` once per row block (once in all when `bk == K` and
@@ -127,7 +134,7 @@ course.check("fused_add_relu_mul", fused_add_relu_mul, hidden=True)
 # %% nbgrader={"grade_id": "matmul_tuned_solution", "solution": true}
 def matmul_tuned(a, b, vmem_budget):
     ### BEGIN SOLUTION
-    (m, k), n = a.shape, b.shape[1]
+    (m, k), n = a.shape, b.shape[0]
     size = a.dtype.itemsize
     v5e = CHIPS["tpu-v5e"]
     peak = v5e.peak_flops_bf16 if size == 2 else v5e.peak_flops_f32
@@ -157,12 +164,15 @@ def matmul_tuned(a, b, vmem_budget):
                if on_chip_bytes(bm, bk, bn) <= vmem_budget]
     bm, bk, bn = min(fitting, key=lambda blocks: estimated_seconds(*blocks))
 
+    both_k = (((1,), (1,)), ((), ()))  # contract a's dimension 1 with b's dimension 1
+
     def kernel(a_ref, b_ref, o_ref, acc_ref):
         @pl.when(pl.program_id(2) == 0)
         def _():
             acc_ref[...] = jnp.zeros_like(acc_ref)
 
-        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+        acc_ref[...] += jax.lax.dot_general(a_ref[...], b_ref[...], both_k,
+                                            preferred_element_type=jnp.float32)
 
         @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
         def _():
@@ -172,7 +182,7 @@ def matmul_tuned(a, b, vmem_budget):
         kernel,
         grid=(m // bm, n // bn, k // bk),  # the output block stays on chip along K
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+                  pl.BlockSpec((bn, bk), lambda i, j, kk: (j, kk))],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
         out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
@@ -197,7 +207,7 @@ course.check("matmul_tuned", matmul_tuned, hidden=True)
 
 # %%
 a = jnp.ones((256, 512), jnp.bfloat16)
-b = jnp.ones((512, 512), jnp.bfloat16)
+b = jnp.ones((512, 512), jnp.bfloat16)  # (N, K)
 try:
     call = kernelsim.trace(matmul_tuned, a, b, 2**20, chip="tpu-v5e").calls[0]
     cost = call.cost

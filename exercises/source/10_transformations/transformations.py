@@ -19,13 +19,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
 from grader import course
 from kernelsim.backend import choose
 
-# Compiled on a GPU or TPU, interpreted on a CPU.
+# Compiled on a GPU or TPU, interpreted on a CPU. TPU_INTERPRET is for kernels that use
+# TPU-only features (VMEM scratch) or revisit an output block across grid steps.
 INTERPRET = choose().interpret
+TPU_INTERPRET = choose(tpu_features=True).interpret
 
 # %% [markdown]
 # ## Task 1 — `batched_bias_tanh(x, bias, scale, bm)` (3 points)
@@ -95,39 +98,47 @@ course.check("batched_bias_tanh", batched_bias_tanh, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## Task 2 — `rms_norm(x, bm)` with its own backward kernel (3 points)
+# ## Task 2 — `rms_norm(x, w, bm)` with its own backward kernel (3 points)
 #
-# The RMS norm of each row of `x` (shape `(M, N)`):
+# The RMS norm of each row of `x` (shape `(M, N)`), scaled by a learned weight `w` of shape
+# `(1, N)`, as transformer layers use it:
 #
-# $$y = x \cdot r, \qquad r = \frac{1}{\sqrt{\tfrac1N \sum_j x_j^2 + \varepsilon}},
+# $$y = x \cdot r \cdot w, \qquad r = \frac{1}{\sqrt{\tfrac1N \sum_j x_j^2 + \varepsilon}},
 # \quad \varepsilon = 10^{-6}.$$
 #
-# For a cotangent `g` (the gradient of some loss with respect to `y`), the gradient with
-# respect to `x` is, row by row, with $\hat x = x \cdot r$:
+# For a cotangent `g` (the gradient of some loss with respect to `y`), with $\hat x = x \cdot
+# r$ and $h = g \cdot w$, the gradients are, row by row for `x` and summed over **all** rows
+# for `w`:
 #
-# $$dx = r \cdot \Big(g - \hat x \cdot \tfrac1N \sum_j g_j \hat x_j\Big).$$
+# $$dx = r \cdot \Big(h - \hat x \cdot \tfrac1N \sum_j h_j \hat x_j\Big), \qquad
+# dw = \sum_{\text{rows}} g \cdot \hat x.$$
 #
 # `jax.grad` cannot differentiate a `pallas_call` (lesson 10), so make `rms_norm`
-# differentiable with `jax.custom_vjp`:
+# differentiable in both `x` and `w` with `jax.custom_vjp`:
 #
 # * the **forward kernel** computes `y`, one block of `bm` full rows per step;
-# * the **only residual is `x`** itself; the **backward kernel** reads `x` and `g` (blocks of
-#   `bm` rows), recomputes `r` and writes `dx`. Recomputing costs one reduction per row and no
-#   HBM bytes: the backward kernel loads `x` anyway, whereas saving `r` would add a forward
-#   output, its write and its read.
+# * the **residuals are the inputs `x` and `w`**; one **backward kernel** (blocks of `bm`
+#   rows, grid `(cdiv(M, bm),)`) reads `x`, `w` and `g`, recomputes `r`, and writes both
+#   `dx` and `dw`. `dw` is one `(1, N)` row that every grid step adds to: the sum runs across
+#   grid steps, as the accumulators of lessons 4 and 5 do, so run this kernel (and, to keep
+#   one setting, the forward one) with `TPU_INTERPRET`. `M` need not be a multiple of `bm`:
+#   rows past `M` in the last block are unspecified (NaN in interpret mode) and must not
+#   reach `dw`.
 #
-# Compute in float32 inside both kernels; return the dtype of `x`. The check calls
-# `y, pullback = jax.vjp(lambda x: rms_norm(x, bm), x)` and `pullback(g)` — what `jax.grad`
-# does for the loss `sum(rms_norm(x) * g)` — and compares `stack([y, dx])` with plain JAX's
-# values and gradient (a wrong element at `[0, …]` is in `y`, at `[1, …]` in `dx`). Structure:
-# at least two `pallas_call`s, forward and backward, each with grid `(cdiv(M, bm),)`.
+# Compute in float32 inside both kernels; return the dtypes of `x` and `w`. The check calls
+# `y, pullback = jax.vjp(lambda x, w: rms_norm(x, w, bm), x, w)` and `pullback(g)` — what
+# `jax.grad` does for the loss `sum(rms_norm(x, w) * g)` — and compares the rows of `y`, then
+# `dx`, then the one row of `dw`, stacked, with plain JAX's (a wrong element at `[r, …]` is in
+# `y` for `r < M`, in `dx` for `M <= r < 2M`, and in `dw` at `r = 2M`). Structure: at least
+# two `pallas_call`s, forward and backward, each with grid `(cdiv(M, bm),)`; the backward one
+# has outputs `dx` (blocks `(bm, N)`) and `dw` (one `(1, N)` block).
 #
 # A skeleton for the wiring (the kernels are yours):
 #
 # ```python
 # @jax.custom_vjp
-# def f(x): ...            # forward pallas_call
-# def fwd(x): ...          # returns (f(x), residuals)
+# def f(x, w): ...            # forward pallas_call
+# def fwd(x, w): ...          # returns (f(x, w), residuals)
 # def bwd(residuals, g): ...  # returns a tuple: one cotangent per input of f
 # f.defvjp(fwd, bwd)
 # ```
@@ -138,65 +149,94 @@ course.check("batched_bias_tanh", batched_bias_tanh, hidden=True)
 # <details><summary>Hint 1: the approach</summary>
 #
 # Build the `custom_vjp` function inside `rms_norm`, where `bm` is a plain Python int the
-# kernels close over. Both kernels start the same way: load the rows in float32 and compute
-# `r` per row with `keepdims=True`, so it broadcasts against the `(bm, N)` block. `fwd` saves
-# `x`; `bwd` passes `x` and `g` to the second `pallas_call` and returns its output in a
-# one-element tuple.
+# kernels close over. `w` gets a `(1, N)` block that is the same at every step. Both kernels
+# start the same way: load the rows in float32 and compute `r` per row with `keepdims=True`.
+# In the backward kernel `dx` is a row-by-row formula, written block by block; `dw` is a
+# reduction over the grid: keep a float32 `(1, N)` running sum in VMEM scratch, zero it at the
+# first step, add this block's column sums of `g` times the normalised rows, and write it,
+# cast, at the last step. Rows past `M` are masked first, as lesson 3 masked the overhang.
 #
 # </details>
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# In the backward kernel the task's sum over `j`, divided by `N`, is a row mean: `jnp.mean` along
-# axis 1 with `keepdims=True` of `g` times `xh` (`xh` being the float32 rows times `r`), so the
-# result is `(bm, 1)` and broadcasts against the block in the task's formula for `dx`.
+# The mask: the global row index of each element of the block is the step times `bm` plus
+# `jax.lax.broadcasted_iota` along axis 0 of the block's shape; `jnp.where` keeps `g` times
+# the normalised rows where that index is below `M` and puts 0 elsewhere, and `jnp.sum`
+# along axis 0 with `keepdims=True` of that is this step's `(1, N)` share of `dw`. The
+# backward `pallas_call` has two `out_specs` and two `out_shape`s, and `bwd` returns both
+# outputs as a tuple.
 #
 # </details>
 
 # %% nbgrader={"grade_id": "rms_norm_solution", "solution": true}
-def rms_norm(x, bm):
+def rms_norm(x, w, bm):
     ### BEGIN SOLUTION
     eps = 1e-6
+    m, n = x.shape
+    steps = pl.cdiv(m, bm)
+    rows = pl.BlockSpec((bm, n), lambda i: (i, 0))
+    weight = pl.BlockSpec((1, n), lambda i: (0, 0))  # the same block at every step
 
-    def inv_rms(x):
-        return jax.lax.rsqrt(jnp.mean(x * x, axis=1, keepdims=True) + eps)
+    def inv_rms(v):
+        return jax.lax.rsqrt(jnp.mean(v * v, axis=1, keepdims=True) + eps)
 
-    def forward_kernel(x_ref, y_ref):
+    def forward_kernel(x_ref, w_ref, y_ref):
         v = x_ref[...].astype(jnp.float32)
-        y_ref[...] = (v * inv_rms(v)).astype(y_ref.dtype)
+        y_ref[...] = (v * inv_rms(v) * w_ref[...].astype(jnp.float32)).astype(y_ref.dtype)
 
-    def backward_kernel(x_ref, g_ref, dx_ref):
+    def backward_kernel(x_ref, w_ref, g_ref, dx_ref, dw_ref, dw_sum):
+        step = pl.program_id(0)
         v, g = x_ref[...].astype(jnp.float32), g_ref[...].astype(jnp.float32)
         r = inv_rms(v)
         xh = v * r
-        dx_ref[...] = (r * (g - xh * jnp.mean(g * xh, axis=1, keepdims=True))
+        h = g * w_ref[...].astype(jnp.float32)
+        dx_ref[...] = (r * (h - xh * jnp.mean(h * xh, axis=1, keepdims=True))
                        ).astype(dx_ref.dtype)
+        # rows past m in the last block hold garbage: keep them out of the sum over rows
+        row = step * bm + jax.lax.broadcasted_iota(jnp.int32, v.shape, 0)
+        share = jnp.sum(jnp.where(row < m, g * xh, 0.0), axis=0, keepdims=True)
 
-    def row_call(kernel, n_inputs, like):
-        m, n = like.shape
-        rows = pl.BlockSpec((bm, n), lambda i: (i, 0))
-        # Each block of rows is used by one step: nothing is reused.
+        @pl.when(step == 0)
+        def _():
+            dw_sum[...] = jnp.zeros_like(dw_sum)
+
+        dw_sum[...] += share
+
+        @pl.when(step == steps - 1)
+        def _():
+            dw_ref[...] = dw_sum[...].astype(dw_ref.dtype)
+
+    def forward(x, w):
         return pl.pallas_call(
-            kernel,
-            grid=(pl.cdiv(m, bm),),
-            in_specs=[rows] * n_inputs,
-            out_specs=rows,
-            out_shape=jax.ShapeDtypeStruct(like.shape, like.dtype),
-            interpret=INTERPRET,
-        )
+            forward_kernel, grid=(steps,), in_specs=[rows, weight], out_specs=rows,
+            out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=TPU_INTERPRET,
+        )(x, w)
+
+    def backward(x, w, g):
+        return pl.pallas_call(
+            backward_kernel,
+            grid=(steps,),  # dw's block is revisited by every step: the axis is a reduction
+            in_specs=[rows, weight, rows],
+            out_specs=[rows, weight],
+            out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       jax.ShapeDtypeStruct(w.shape, w.dtype)],
+            scratch_shapes=[pltpu.VMEM((1, n), jnp.float32)],
+            interpret=TPU_INTERPRET,
+        )(x, w, g)
 
     @jax.custom_vjp
-    def norm(x):
-        return row_call(forward_kernel, 1, x)(x)
+    def norm(x, w):
+        return forward(x, w)
 
-    def fwd(x):
-        return norm(x), x
+    def fwd(x, w):
+        return norm(x, w), (x, w)
 
-    def bwd(x, g):
-        return (row_call(backward_kernel, 2, x)(x, g),)
+    def bwd(residuals, g):
+        return tuple(backward(*residuals, g))
 
     norm.defvjp(fwd, bwd)
-    return norm(x)
+    return norm(x, w)
     ### END SOLUTION
 
 
