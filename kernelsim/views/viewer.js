@@ -19,7 +19,8 @@ const CSS = `
 .ks-viewer.ks-viewer{--ks-ink:#1f2933;--ks-soft:#52606d;--ks-line:#cbd2d9;--ks-idle:#eef1f4;
   font:13px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--ks-ink);
   background:#fff;position:relative;box-sizing:border-box;width:100%;max-width:100%;
-  border:1px solid var(--ks-line);border-radius:6px;padding:10px;outline-offset:2px}
+  border:1px solid var(--ks-line);border-radius:6px;padding:10px;outline-offset:2px;
+  overflow-wrap:anywhere}
 .ks-viewer.ks-viewer *{box-sizing:border-box}
 .ks-viewer.ks-viewer{container-type:inline-size}
 .ks-viewer .ks-controls{position:sticky;top:var(--ks-sticky-top,0px);z-index:6;background:#fff;
@@ -31,6 +32,7 @@ const CSS = `
 .ks-viewer .ks-body>[data-kind=events]{grid-column:1/-1}
 .ks-viewer button,.ks-viewer select{font:inherit;font-size:13px;padding:3px 9px;
   border:1px solid #9aa5b1;border-radius:4px;background:#f5f7fa;color:inherit;min-height:30px}
+.ks-viewer select{max-width:100%}
 .ks-viewer button:focus-visible,.ks-viewer select:focus-visible,.ks-viewer input:focus-visible{
   outline:2px solid #0072b2;outline-offset:1px}
 .ks-viewer .ks-title{font-weight:600;font-size:14px;margin:0 0 6px}

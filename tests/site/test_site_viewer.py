@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import re
 
+import jax
 import jax.numpy as jnp
 import pytest
+from jax.experimental import pallas as pl
 from sitetools import REPO, serve_folder
 
 import kernelsim
@@ -125,6 +127,38 @@ def test_phone_width_has_no_horizontal_scroll(browser, page_url):
     w.check()
 
 
+def _long_named_calls(x):
+    """Two calls whose names (no spaces to wrap at) are wider than a phone."""
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+    for i in range(2):
+        x = pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(2,),
+                           in_specs=[spec], out_specs=spec, interpret=True,
+                           name=f"a_kernel_name_longer_than_a_phone_screen_is_wide_{i}")(x)
+    return x
+
+
+def test_long_kernel_names_stay_inside_a_phone_width(browser, tmp_path):
+    """The title and the call picker wrap or shrink an unbreakable name: the page keeps its
+    width (the select's closed box shortens the name; its list shows it whole)."""
+    from sitetools import watch
+
+    kernelsim.trace(_long_named_calls, jnp.ones((16, 128))).to_html(tmp_path / "long.html")
+    with serve_folder(tmp_path) as url:
+        context = browser.new_context(viewport={"width": 390, "height": 844})
+        w = watch(context)
+        try:
+            w.page.goto(f"{url}long.html")
+            assert w.page.locator(".ks-call option").count() == 2
+            width = w.page.evaluate("document.documentElement.scrollWidth")
+            assert width <= 390, f"page is {width}px wide at a 390px viewport"
+        finally:
+            context.close()
+        w.check()
+
+
 # --- the built site --------------------------------------------------------------------------
 
 VIEWER_LESSONS = sorted(p.stem for p in (REPO / "lessons").glob("[0-9][0-9]-*.py")
@@ -164,13 +198,16 @@ def test_scalar_prefetch_lesson_shows_vmem_and_smem_lanes(watched, base_url):
     assert re.search(r"SMEM read \w+\[\d+\]", status), status
 
 
-def test_lesson_page_at_phone_width_has_no_horizontal_scroll(browser, base_url):
+@pytest.mark.parametrize("stem", VIEWER_LESSONS)
+def test_lesson_page_at_phone_width_has_no_horizontal_scroll(browser, base_url, stem):
+    """Every lesson with a viewer: its controls (a call picker naming a long kernel, say)
+    wrap or shrink inside a phone's width."""
     from sitetools import watch
 
     context = browser.new_context(viewport={"width": 390, "height": 844})
     w = watch(context)
     try:
-        w.page.goto(f"{base_url}lessons/06-scalar-prefetch/")
+        w.page.goto(f"{base_url}lessons/{stem}/")
         w.page.locator(".ks-viewer").first.scroll_into_view_if_needed()
         width = w.page.evaluate("document.documentElement.scrollWidth")
         assert width <= 390, f"the lesson page is {width}px wide at a 390px viewport"
