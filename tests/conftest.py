@@ -1,7 +1,9 @@
-"""Fixtures shared by every test folder: Debian's chromium, driven by playwright."""
+"""Fixtures shared by every test folder: Debian's chromium, driven by playwright; the course
+of exercises/ released once."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -22,3 +24,21 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="session")
+def released_course(tmp_path_factory) -> Path:
+    """A course folder like exercises/ (config, sources, reference cases) with every assignment
+    released, once per session (nbgrader's release is the slow part). Read-only: a test that
+    writes in a course copies it first."""
+    from grader import grading
+
+    repo = Path(__file__).resolve().parents[1]
+    root = tmp_path_factory.mktemp("released") / "exercises"
+    root.mkdir()
+    shutil.copy(repo / "exercises" / "nbgrader_config.py", root)
+    for name in ("source", "refs"):
+        shutil.copytree(repo / "exercises" / name, root / name,
+                        ignore=shutil.ignore_patterns("*.ipynb", "__pycache__"))
+    grading.release(root, log=lambda *a: None)
+    return root

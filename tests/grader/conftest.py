@@ -1,7 +1,9 @@
 """Every grader test is on the learner's side unless it sets up grading itself: course.check
-compares in its own process and writes no report."""
+compares in its own process and writes no report. The courses graded for several modules are
+built once per session (coursetools)."""
 
 import pytest
+from coursetools import graded_course, release_01
 
 
 @pytest.fixture(autouse=True)
@@ -20,3 +22,19 @@ def slot():
     number, lock = grading.claim_slot()
     yield number
     os.close(lock)
+
+
+@pytest.fixture(scope="session")
+def course(tmp_path_factory, released_course):
+    """The session's graded course (coursetools.graded_course): a copy of the released course,
+    one batch for test_grading's and test_jail_imports' submissions."""
+    return graded_course(released_course, tmp_path_factory.mktemp("course") / "exercises",
+                         tmp_path_factory.mktemp("subs"))
+
+
+@pytest.fixture(scope="session")
+def released_01(tmp_path_factory):
+    """Assignment 01 released once (coursetools.release_01); a batch grades in a copy of it."""
+    root = tmp_path_factory.mktemp("released-01") / "course"
+    release_01(root)
+    return root

@@ -1,6 +1,7 @@
 """End to end with real nbgrader: release, collect, autograde (2 workers), feedback, export.
 
-One session-scoped course copy is released and graded once; the tests read its results.
+One session-scoped course copy is released and graded once (``course``, tests/grader/conftest.py:
+coursetools.graded_course says who submitted what); the tests read its results.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from coursetools import FIRST_TASK
 
-from grader import build, cli, collect, grading, tasks
+from grader import build, cli, grading
 
 REPO = Path(__file__).resolve().parents[2]
-# every assignment is graded with a wrong answer to its first task
-FIRST_TASK = {a: next(t.id for t in tasks.TASKS if t.assignment == a) for a in tasks.ASSIGNMENTS}
 
 
 def points(root: Path, assignment: str) -> tuple[float, float]:
@@ -32,75 +32,6 @@ def points(root: Path, assignment: str) -> tuple[float, float]:
     return (sum(g["points"] for g in graded),
             sum(g["points"] for g in graded
                 if g["grade_id"] in (f"{first}_visible", f"{first}_hidden")))
-
-
-# learner cells (solutions) get this many seconds in the test batch instead of 60
-LEARNER_CELL_TIMEOUT = 5
-
-
-def _append_to_solution(nb, grade_id: str, code: str):
-    for cell in nb.cells:
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == grade_id:
-            cell.source += "\n" + code
-            return nb
-    raise AssertionError(grade_id)
-
-
-@pytest.fixture(scope="session")
-def course(tmp_path_factory):
-    root = tmp_path_factory.mktemp("course")
-    for name in ("source", "refs", "nbgrader_config.py"):
-        src = REPO / "exercises" / name
-        if src.is_dir():
-            shutil.copytree(src, root / name, ignore=shutil.ignore_patterns("*.ipynb"))
-        else:
-            shutil.copy(src, root / name)
-    grading.release(root, log=lambda *a: None)
-    subs = tmp_path_factory.mktemp("subs")
-    for a, task in FIRST_TASK.items():
-        (nb_path,) = (root / "source" / a).glob("*.ipynb")
-        for student, nb in [
-            ("inst", nbformat.read(nb_path, as_version=4)),
-            ("blank", nbformat.read(root / "release" / a / nb_path.name, as_version=4)),
-            # a wrong first task: values off by a factor of two
-            ("wrong", _append_to_solution(nbformat.read(nb_path, as_version=4),
-                                          f"{task}_solution",
-                                          f"_orig = {task}\n{task} = lambda *a, **k: "
-                                          f"_orig(*a, **k) * 2\n")),
-        ]:
-            d = subs / student / a
-            d.mkdir(parents=True)
-            nbformat.write(nb, d / nb_path.name)
-    # right values without a kernel: must fail the structural check
-    nb = _append_to_solution(nbformat.read(root / "source" / "01_first_kernel" /
-                                           "first_kernel.ipynb", as_version=4),
-                             "add_solution", "add = lambda x, y: np.asarray(x) + np.asarray(y)")
-    (subs / "numpy" / "01_first_kernel").mkdir(parents=True)
-    nbformat.write(nb, subs / "numpy" / "01_first_kernel" / "first_kernel.ipynb")
-    # a solution cell that never ends (the per-cell timeout interrupts it) and one that kills
-    # its kernel: statuses timeout and crashed, the rest of the batch unaffected
-    for student, code in [("loop", "while True:\n    pass\n"),
-                          ("dies", "import os\nos._exit(1)\n")]:
-        (subs / student / "01_first_kernel").mkdir(parents=True)
-        nbformat.write(_append_to_solution(nbformat.read(root / "source" / "01_first_kernel" /
-                                                         "first_kernel.ipynb", as_version=4),
-                                           "add_solution", code),
-                       subs / student / "01_first_kernel" / "first_kernel.ipynb")
-    (subs / "junk" / "01_first_kernel").mkdir(parents=True)
-    (subs / "junk" / "01_first_kernel" / "first_kernel.ipynb").write_text("{not a notebook")
-    (subs / "README.txt").write_text("stray")
-    collected = collect.collect(root, subs, log=lambda *a: None)
-    old = os.environ.get("PALLAS_COURSE_CELL_TIMEOUT")
-    os.environ["PALLAS_COURSE_CELL_TIMEOUT"] = str(LEARNER_CELL_TIMEOUT)
-    try:
-        results = grading.autograde(root, workers=2, progress=None, log=lambda *a: None)
-    finally:
-        if old is None:
-            os.environ.pop("PALLAS_COURSE_CELL_TIMEOUT", None)
-        else:
-            os.environ["PALLAS_COURSE_CELL_TIMEOUT"] = old
-    return {"root": root, "collected": collected,
-            "results": {(r["student"], r["assignment"]): r for r in results}}
 
 
 def test_release_has_no_solutions_or_hidden_refs(course):

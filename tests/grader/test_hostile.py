@@ -22,12 +22,11 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from coursetools import NB, A
 
 from grader import collect, grading, sandbox
 
 REPO = Path(__file__).resolve().parents[2]
-A = "01_first_kernel"
-NB = "first_kernel.ipynb"
 WRONG_ADD = "_right_add = add\nadd = lambda x, y: _right_add(x, y) * 2\n"
 # a Jupyter kernel (the learner's own JupyterLab; grading starts none), or the grader's run
 IN_KERNEL = "import sys\nif 'ipykernel' in sys.modules:\n"
@@ -215,24 +214,18 @@ BROKEN_FILES = {
 }
 
 
-def _course(root: Path) -> Path:
-    """A course with assignment 01 released; returns the instructor notebook."""
-    shutil.copytree(REPO / "exercises" / "source" / A, root / "source" / A,
-                    ignore=shutil.ignore_patterns("*.ipynb"))
-    shutil.copytree(REPO / "exercises" / "refs", root / "refs")
-    config = (REPO / "exercises" / "nbgrader_config.py").read_text()
-    # small limits keep the disk attacks quick; the per-cell timeout keeps the loop short
-    (root / "nbgrader_config.py").write_text(
-        config + "\nc.TrustedExecute.file_bytes = 32 << 20\n"
-        "c.TrustedExecute.disk_bytes = 96 << 20\nLEARNER_TIMEOUT = 5\n")
-    grading.release(root, A, log=lambda *a: None)
+def _course(root: Path, released: Path) -> Path:
+    """A course with assignment 01 released: a copy of the session's ``released`` (the
+    ``released_01`` fixture, coursetools.release_01: small limits keep the disk attacks
+    quick; the per-cell timeout keeps the loop short); returns the instructor notebook."""
+    shutil.copytree(released, root)
     return root / "source" / A / NB
 
 
 @pytest.fixture(scope="session")
-def hostile(tmp_path_factory):
-    root = tmp_path_factory.mktemp("hostile-course")
-    source = _course(root)
+def hostile(tmp_path_factory, released_01):
+    root = tmp_path_factory.mktemp("hostile-course") / "course"
+    source = _course(root, released_01)
     subs = tmp_path_factory.mktemp("hostile-subs")
     paths = {"root": str(root),
              "secrets": repr([str(root / "refs" / "manifest.json"), str(root / "gradebook.db"),
@@ -361,9 +354,9 @@ def _kill_processes_mentioning(text: str) -> int:
     return killed
 
 
-def test_interrupted_batch_resumes_without_regrading(tmp_path):
+def test_interrupted_batch_resumes_without_regrading(tmp_path, released_01):
     root = tmp_path / "course"
-    source = _course(root)
+    source = _course(root, released_01)
     subs = tmp_path / "subs"
     students = [f"s{i}" for i in range(4)]
     for s in students:

@@ -13,16 +13,16 @@ and each outcome has a status and a reason.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
+from coursetools import JAIL_ATTACKS as ATTACKS
 from test_replay import _fresh, _verdict
 
-from grader import collect, grading, refs, sandbox, trusted
+from grader import refs, sandbox, trusted
 
 REPO = refs.REPO
 # modules a cell could answer with, or that decide: never in the notebook's process
@@ -87,26 +87,9 @@ def test_a_cell_in_the_jail_gets_import_error_and_the_honest_add_still_passes(sl
 
 
 # ----------------------------------------------------------------------------- graded whole
+# ATTACKS (coursetools.JAIL_ATTACKS), student: (assignment, the task it attacks, what is added
+# to that task's solution cell): the grader's block search, its byte count, a task's reference
 ASSIGNMENTS = ("01_first_kernel", "04_memory_spaces", "06_performance")
-# student: (assignment, the task it attacks, what is added to that task's solution cell)
-ATTACKS = {
-    # the tuning task's blocks from the grader's own block search
-    "block_search": ("06_performance", "matmul_tuned",
-                     "_mine = matmul_tuned\ndef matmul_tuned(a, b, vmem_budget):\n"
-                     "    from grader.tasks.a06_performance import best_blocks\n"
-                     "    best_blocks(a.shape[0], a.shape[1], b.shape[0], str(a.dtype), "
-                     "vmem_budget)\n    return _mine(a, b, vmem_budget)\n"),
-    # the prediction from the grader's own byte count
-    "byte_count": ("04_memory_spaces", "predict_matmul_reads",
-                   "def predict_matmul_reads(m, k, n, bm, bk, bn, itemsize):\n"
-                   "    from grader.tasks import a04_memory_spaces\n"
-                   "    return a04_memory_spaces.matmul_read_bytes(m, k, n, bm, bk, bn, "
-                   "itemsize)\n"),
-    # the task's own reference, through its kernel
-    "reference": ("01_first_kernel", "add",
-                  "_mine = add\ndef add(x, y):\n    from grader import tasks\n"
-                  "    return _mine(x, y) + 0 * tasks.get('add').reference(x, y)\n"),
-}
 
 
 def _notebook(root: Path, assignment: str):
@@ -122,31 +105,10 @@ def _points(nb, task: str | None = None) -> float:
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    root = tmp_path_factory.mktemp("jail-course")
-    for a in ASSIGNMENTS:
-        shutil.copytree(REPO / "exercises" / "source" / a, root / "source" / a,
-                        ignore=shutil.ignore_patterns("*.ipynb"))
-    shutil.copytree(REPO / "exercises" / "refs", root / "refs")
-    shutil.copy(REPO / "exercises" / "nbgrader_config.py", root / "nbgrader_config.py")
-    for a in ASSIGNMENTS:
-        grading.release(root, a, log=lambda *a: None)
-    subs = tmp_path_factory.mktemp("jail-subs")
-    for a in ASSIGNMENTS:
-        path, nb = _notebook(root, a)
-        (subs / "inst" / a).mkdir(parents=True)
-        nbformat.write(nb, subs / "inst" / a / path.name)
-    for student, (a, task, code) in ATTACKS.items():
-        path, nb = _notebook(root, a)
-        (cell,) = [c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id")
-                   == f"{task}_solution"]
-        cell.source += "\n" + code
-        (subs / student / a).mkdir(parents=True)
-        nbformat.write(nb, subs / student / a / path.name)
-    collect.collect(root, subs, log=lambda *a: None)
-    results = grading.autograde(root, workers=2, timeout=600, progress=None,
-                                log=lambda *a: None)
-    return root, {(r["student"], r["assignment"]): r for r in results}
+def graded(course):
+    """The session's graded course (tests/grader/conftest.py): the instructor's notebooks of
+    every assignment and the ATTACKS were graded in its one batch, as a class's would be."""
+    return course["root"], course["results"]
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)

@@ -78,9 +78,9 @@ SUBMISSIONS = {
 
 
 @pytest.fixture(scope="module")
-def batch(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trust-course")
-    source = _course(root)
+def batch(tmp_path_factory, released_01):
+    root = tmp_path_factory.mktemp("trust-course") / "course"
+    source = _course(root, released_01)
     subs = tmp_path_factory.mktemp("trust-subs")
     for student, (mutate, *_) in SUBMISSIONS.items():
         (subs / student / A).mkdir(parents=True)
