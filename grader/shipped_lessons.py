@@ -145,7 +145,7 @@ def main() -> int:
     shipped = sorted(run.lesson for run in runs.values()
                      if run.source == "executed" and not run.error)
     size = sum(p.stat().st_size for p in STORE.iterdir())
-    print(f"{STORE.relative_to(REPO)}: {len(shipped)} lessons executed and shipped "
+    print(f"{STORE.relative_to(REPO)}: {len(shipped)} lesson(s) executed and shipped "
           f"({', '.join(shipped) or 'none'}), {len(runs) - len(shipped) - len(failed)} "
           f"were current, {len(removed)} files removed; {size / 1e6:.1f} MB", file=sys.stderr)
     return 1 if failed else 0

@@ -75,6 +75,29 @@ def build_command(strict: bool = True, site_dir: Path = SITE_DIR) -> list[str]:
 BUILD_ENV = {"NO_MKDOCS_2_WARNING": "1"}
 
 
+def lesson_pages_config():
+    """The site's mkdocs configuration as the build has it when it renders a page (site/hooks.py
+    has pinned the lessons' cache and the kernel's path, mkdocs-jupyter has set up its cache),
+    and the mkdocs-jupyter plugin."""
+    from mkdocs.config import load_config
+
+    config = load_config(str(REPO / "mkdocs.yml"))
+    config = config.plugins.on_config(config)
+    jupyter = config.plugins["mkdocs-jupyter"]
+    jupyter.on_pre_build(config)  # the build's next event
+    return config, jupyter
+
+
+def lesson_cache_file(jupyter, name: str) -> Path:
+    """Where mkdocs-jupyter's page hook reads and writes the page of ``lessons/<name>`` (its
+    cache entry; mkdocs-jupyter 0.26's key: the notebook's bytes and the plugin's settings)."""
+    from mkdocs_jupyter.plugin import _compute_cache_key, _get_cache_path
+
+    settings = jupyter.config
+    return _get_cache_path(settings["cache_dir"], _compute_cache_key(
+        str(REPO / "lessons" / name), settings, settings["execute"]))
+
+
 def render_lessons(names: list[str], report: Path, fresh: bool = False,
                    ship: bool = False) -> None:
     """Render ``lessons/<name>`` for each name the way the site build does, through
@@ -88,17 +111,12 @@ def render_lessons(names: list[str], report: Path, fresh: bool = False,
     removed first). ``ship``: a lesson whose shipped page is stale executes and is shipped.
     A lesson that fails does not stop the others: ``report`` gets one JSON line per lesson,
     ``LessonRun``'s fields."""
-    from mkdocs.config import load_config
     from mkdocs.structure.files import File, Files
     from mkdocs.structure.pages import Page
-    from mkdocs_jupyter.plugin import _compute_cache_key, _get_cache_path
 
     from grader import shipped_lessons
 
-    config = load_config(str(REPO / "mkdocs.yml"))
-    config = config.plugins.on_config(config)  # site/hooks.py pins the cache, the kernel's path
-    jupyter = config.plugins["mkdocs-jupyter"]
-    jupyter.on_pre_build(config)  # the build's next event: the plugin sets up its cache there
+    config, jupyter = lesson_pages_config()
     settings = dict(jupyter.config)
     for name in names:
         lesson = REPO / "lessons" / name
@@ -106,9 +124,7 @@ def render_lessons(names: list[str], report: Path, fresh: bool = False,
                     use_directory_urls=config["use_directory_urls"])
         page = Page(None, file, config)
         jupyter.on_pre_page(page, config, Files([file]))
-        # the entry the hook reads (mkdocs-jupyter 0.26's key: the notebook and its settings)
-        cached = _get_cache_path(settings["cache_dir"], _compute_cache_key(
-            file.abs_src_path, settings, settings["execute"]))
+        cached = lesson_cache_file(jupyter, name)
         if fresh or (ship and not shipped_lessons.is_current(lesson, settings)):
             cached.unlink(missing_ok=True)
         source = "cache" if cached.exists() else "shipped" \

@@ -5,6 +5,7 @@ that the build gets back exactly the page the lesson's execution made."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -23,6 +24,35 @@ def test_every_lesson_has_a_current_shipped_page():
     stale = shipped_lessons.stale(shipped_lessons.plugin_settings())
     assert not stale, f"shipped lesson pages are stale for {', '.join(stale)}: run `{REFRESH}` " \
         "(it executes those lessons only) and commit site/executed/"
+
+
+def test_a_clones_build_takes_the_shipped_page_and_executes_nothing(tmp_path, monkeypatch):
+    """What a fresh clone's build does with a lesson missing from the cache: mkdocs-jupyter's
+    page hook finds the shipped page where it looks for its own entry, and executes nothing."""
+    from mkdocs_jupyter import convert
+
+    from grader import site
+
+    if not shipped_lessons.is_current(LESSON, shipped_lessons.plugin_settings()):
+        pytest.skip("stale: test_every_lesson_has_a_current_shipped_page says what to do")
+
+    def executes(*args, **kwargs):
+        raise AssertionError("the hook executed the lesson")
+
+    def with_empty_cache(config=site.lesson_pages_config):
+        config, jupyter = config()
+        jupyter.config["cache_dir"] = str(tmp_path / "cache")
+        return config, jupyter
+
+    monkeypatch.setattr(convert, "nb2html", executes)
+    monkeypatch.setattr(site, "lesson_pages_config", with_empty_cache)
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))  # the hooks add lessons/
+    site.render_lessons([LESSON.name], tmp_path / "report.jsonl")
+    cache_file = site.lesson_cache_file(with_empty_cache()[1], LESSON.name)
+    run = site.LessonRun(**json.loads((tmp_path / "report.jsonl").read_text()))
+    assert (run.source, run.error) == ("shipped", None)
+    entry = json.loads((shipped_lessons.STORE / f"{LESSON.stem}.json").read_text())
+    assert json.loads(cache_file.read_text())["content"].endswith(entry["body"])
 
 
 @pytest.fixture
