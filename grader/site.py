@@ -191,8 +191,9 @@ def prerender_lessons(jobs: int | None = None, fresh: bool = False,
 
 
 def build_site(strict: bool = True, site_dir: Path = SITE_DIR) -> None:
-    """Build the site into ``site_dir``: the lessons executed in parallel into mkdocs-jupyter's
-    cache (``prerender_lessons``; unchanged ones are already there), then ``mkdocs build``.
+    """Build the site into ``site_dir``: the lessons into mkdocs-jupyter's cache
+    (``prerender_lessons``: a lesson already there or with a current shipped page costs a hash,
+    the others execute in parallel), then ``mkdocs build``; prints where the lessons came from.
     Raises CalledProcessError when a lesson or the build fails."""
     runs = prerender_lessons().values()
     print("lessons: " + ", ".join(f"{sum(r.source == source for r in runs)} {source}"
