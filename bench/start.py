@@ -9,7 +9,8 @@ environment's Python (`$(PY)`); the serve step gets free ports. Venv creation is
 is the `$(STAMP)` prerequisite, a no-op once installed. Per run it records the seconds until the
 URL box is printed, until both URLs answer (the site may still be the "being built" page) and
 until the built site replaces it (the cold run waits for that build, so the warm runs find the
-site built). Prints a table and writes bench/results/start.json.
+site built), and where the build took the lessons from (shipped in site/executed/, the cache,
+or executed). Prints a table and writes bench/results/start.json.
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ def one_start(clone: Path, timeout: float = 900) -> dict:
             built.wait(timeout)
         row["site_ready_s"] = round(time.perf_counter() - t0, 1) if building \
             else row["both_answer_s"]
+        # where the build's lessons came from: shipped pages, the cache, or executed now
+        log = clone / "build" / "logs" / "site-build.log"
+        row["lessons"] = next((x.removeprefix("lessons: ") for x in
+                               (log.read_text().splitlines() if building else [])
+                               if x.startswith("lessons: ")), "-")
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         try:
@@ -125,7 +131,7 @@ def main() -> int:
                      **{k: (statistics.median(r[k] for r in warm) if isinstance(v, float)
                             else v) for k, v in warm[0].items()}})
     keys = ["start", "setup_s", "url_printed_s", "both_answer_s", "site_built_behind",
-            "site_ready_s"]
+            "site_ready_s", "lessons"]
     rows = [{k: r.get(k, "-") for k in keys} for r in rows]
     write("start", rows, {"commit": head, "cpus": os.cpu_count(), "warm_runs": warm,
                           "goal": "the built site served <= 90 s after a cold make start "

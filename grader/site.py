@@ -75,27 +75,60 @@ def build_command(strict: bool = True, site_dir: Path = SITE_DIR) -> list[str]:
 BUILD_ENV = {"NO_MKDOCS_2_WARNING": "1"}
 
 
-def render_lessons(names: list[str], report: Path) -> None:
+def lesson_pages_config():
+    """The site's mkdocs configuration as the build has it when it renders a page (site/hooks.py
+    has pinned the lessons' cache and the kernel's path, mkdocs-jupyter has set up its cache),
+    and the mkdocs-jupyter plugin."""
+    from mkdocs.config import load_config
+
+    config = load_config(str(REPO / "mkdocs.yml"))
+    config = config.plugins.on_config(config)
+    jupyter = config.plugins["mkdocs-jupyter"]
+    jupyter.on_pre_build(config)  # the build's next event
+    return config, jupyter
+
+
+def lesson_cache_file(jupyter, name: str) -> Path:
+    """Where mkdocs-jupyter's page hook reads and writes the page of ``lessons/<name>`` (its
+    cache entry; mkdocs-jupyter 0.26's key: the notebook's bytes and the plugin's settings)."""
+    from mkdocs_jupyter.plugin import _compute_cache_key, _get_cache_path
+
+    settings = jupyter.config
+    return _get_cache_path(settings["cache_dir"], _compute_cache_key(
+        str(REPO / "lessons" / name), settings, settings["execute"]))
+
+
+def render_lessons(names: list[str], report: Path, fresh: bool = False,
+                   ship: bool = False) -> None:
     """Render ``lessons/<name>`` for each name the way the site build does, through
     mkdocs-jupyter's own page hook, which executes a lesson missing from its cache (keyed by the
     lesson's content, the plugin's settings and, through site/hooks.py, kernelsim) and stores
     it there. One process runs this per CPU (``prerender_lessons``); mkdocs then finds every
-    lesson in the cache instead of executing them one at a time. A lesson that fails does not
-    stop the others: ``report`` gets one JSON line per lesson, ``{"lesson", "seconds",
-    "error"}`` (error: None, or the failing cell's source and traceback as text)."""
-    from mkdocs.config import load_config
+    lesson in the cache instead of executing them one at a time.
+
+    A lesson missing from the cache whose shipped page is current (``grader.shipped_lessons``)
+    gets that page, and does not execute. ``fresh``: every lesson executes (its cache entry is
+    removed first). ``ship``: a lesson whose shipped page is stale executes and is shipped.
+    A lesson that fails does not stop the others: ``report`` gets one JSON line per lesson,
+    ``LessonRun``'s fields."""
     from mkdocs.structure.files import File, Files
     from mkdocs.structure.pages import Page
 
-    config = load_config(str(REPO / "mkdocs.yml"))
-    config = config.plugins.on_config(config)  # site/hooks.py pins the cache, the kernel's path
-    jupyter = config.plugins["mkdocs-jupyter"]
-    jupyter.on_pre_build(config)  # the build's next event: the plugin sets up its cache there
+    from grader import shipped_lessons
+
+    config, jupyter = lesson_pages_config()
+    settings = dict(jupyter.config)
     for name in names:
+        lesson = REPO / "lessons" / name
         file = File(f"lessons/{name}", src_dir=str(REPO), dest_dir=config["site_dir"],
                     use_directory_urls=config["use_directory_urls"])
         page = Page(None, file, config)
         jupyter.on_pre_page(page, config, Files([file]))
+        cached = lesson_cache_file(jupyter, name)
+        if fresh or (ship and not shipped_lessons.is_current(lesson, settings)):
+            cached.unlink(missing_ok=True)
+        source = "cache" if cached.exists() else "shipped" \
+            if not fresh and shipped_lessons.seed(lesson, settings, cached) else "executed"
         cwd = os.getcwd()
         os.chdir(REPO / "lessons")  # as the build does: a lesson runs in its own folder
         start, error = time.perf_counter(), None
@@ -105,38 +138,45 @@ def render_lessons(names: list[str], report: Path) -> None:
             error = f"{type(e).__name__}: {e}"
         finally:
             os.chdir(cwd)
+        if ship and source == "executed" and error is None:
+            shipped_lessons.ship(lesson, settings, cached)
         with open(report, "a") as out:
-            out.write(json.dumps({"lesson": name, "error": error,
+            out.write(json.dumps({"lesson": name, "error": error, "source": source,
                                   "seconds": round(time.perf_counter() - start, 1)}) + "\n")
 
 
 @dataclasses.dataclass(frozen=True)
 class LessonRun:
-    """One lesson's execution for the site: seconds it took (a lesson already in the cache
-    takes well under one), and error (None, or the failing cell and its traceback as text)."""
+    """One lesson's rendering for the site: seconds it took (a lesson already in the cache
+    takes well under one), error (None, or the failing cell and its traceback as text) and
+    source: "executed", "cache" (executed earlier on this machine) or "shipped" (its current
+    page from site/executed/)."""
 
     lesson: str
     seconds: float
     error: str | None
+    source: str = "executed"
 
 
-def prerender_lessons(jobs: int | None = None) -> dict[str, LessonRun]:
-    """Execute the lessons into mkdocs-jupyter's cache, ``jobs`` processes at once (default:
-    one per CPU), the longest lessons (by size) first and spread evenly; cached lessons cost a
-    hash each. Returns each lesson's run by file name; a lesson whose process died without a
-    report has that as its error. The build and tests/lessons both call this, so each lesson
-    executes once per change."""
+def prerender_lessons(jobs: int | None = None, fresh: bool = False,
+                      ship: bool = False) -> dict[str, LessonRun]:
+    """Render the lessons into mkdocs-jupyter's cache (``render_lessons``, which ``fresh``
+    and ``ship`` are passed to), ``jobs`` processes at once (default: one per CPU), the
+    longest lessons (by size) first and spread evenly; cached or shipped lessons cost a hash
+    each. Returns each lesson's run by file name; a lesson whose process died without a
+    report has that as its error. The build and tests/lessons (``fresh``) both call this."""
     lessons = sorted((REPO / "lessons").glob("[0-9][0-9]-*.py"),
                      key=lambda p: p.stat().st_size, reverse=True)
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(lessons)))
     shares: list[list[Path]] = [[] for _ in range(jobs)]
     for lesson in lessons:  # longest first, each to the least loaded process
         min(shares, key=lambda s: sum(p.stat().st_size for p in s)).append(lesson)
-    code = ("import sys; from pathlib import Path; from grader import site; "
-            "site.render_lessons(sys.argv[2:], Path(sys.argv[1]))")
+    code = ("import json, sys; from pathlib import Path; from grader import site; "
+            "site.render_lessons(sys.argv[3:], Path(sys.argv[1]), **json.loads(sys.argv[2]))")
+    flags = json.dumps({"fresh": fresh, "ship": ship})
     with tempfile.TemporaryDirectory() as d:
         reports = [Path(d) / f"share-{i}.jsonl" for i in range(len(shares))]
-        procs = [subprocess.Popen([sys.executable, "-c", code, str(report),
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(report), flags,
                                    *(p.name for p in share)],
                                   cwd=REPO, env={**os.environ, **BUILD_ENV})
                  for share, report in zip(shares, reports, strict=True) if share]
@@ -151,10 +191,15 @@ def prerender_lessons(jobs: int | None = None) -> dict[str, LessonRun]:
 
 
 def build_site(strict: bool = True, site_dir: Path = SITE_DIR) -> None:
-    """Build the site into ``site_dir``: the lessons executed in parallel into mkdocs-jupyter's
-    cache (``prerender_lessons``; unchanged ones are already there), then ``mkdocs build``.
+    """Build the site into ``site_dir``: the lessons into mkdocs-jupyter's cache
+    (``prerender_lessons``: a lesson already there or with a current shipped page costs a hash,
+    the others execute in parallel), then ``mkdocs build``; prints where the lessons came from.
     Raises CalledProcessError when a lesson or the build fails."""
-    failed = [run for run in prerender_lessons().values() if run.error]
+    runs = prerender_lessons().values()
+    print("lessons: " + ", ".join(f"{sum(r.source == source for r in runs)} {source}"
+                                  for source in ("shipped", "cache", "executed"))
+          + f" ({sum(r.seconds for r in runs):.0f} s in all)", flush=True)
+    failed = [run for run in runs if run.error]
     if failed:
         for run in failed:
             print(f"lessons/{run.lesson} failed:\n{run.error}", file=sys.stderr)
@@ -169,9 +214,9 @@ BUILDING_PAGE = b"""<!doctype html><html><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="5"><title>pallas-course: building the site</title></head>
 <body style="font-family: sans-serif; max-width: 40em; margin: 4em auto">
 <h1>The site is being built</h1>
-<p>The lessons are executed once, in parallel (later starts reuse what was executed). This
-page reloads itself every 5 seconds. JupyterLab is already running: the lessons and exercises
-are there.</p></body></html>"""
+<p>The lessons come as the repository ships them; one changed since is executed (once: later
+starts reuse it). This page reloads itself every 5 seconds. JupyterLab is already running: the
+lessons and exercises are there.</p></body></html>"""
 
 
 class _SiteHandler(http.server.SimpleHTTPRequestHandler):

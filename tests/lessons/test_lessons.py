@@ -2,7 +2,8 @@
 
 Execution: the site build's own path (``grader.site.prerender_lessons``: mkdocs-jupyter runs
 each lesson with the ``python3`` kernel in ``lessons/``, so ``import _course`` works, and keeps
-it in its cache, where the site tests' build finds it). A failing cell fails the lesson's test
+it in its cache, where the site tests' build finds it). Every lesson executes here, even when
+the cache or the shipped pages (site/executed/) hold it. A failing cell fails the lesson's test
 with the cell's source and traceback.
 """
 
@@ -57,7 +58,7 @@ def lesson_runs():
     one process per CPU): the site tests' build then finds them there."""
     from grader import site
 
-    return site.prerender_lessons()
+    return site.prerender_lessons(fresh=True)
 
 
 @pytest.mark.parametrize("path", LESSONS, ids=IDS)
@@ -67,6 +68,7 @@ def test_lesson_executes(path: Path, lesson_runs, record_property):
     print(f"{path.name}: executed in {run.seconds:.1f} s", file=sys.stderr)
     if run.error:
         pytest.fail(f"{path.name} failed:\n{run.error}", pytrace=False)
+    assert run.source == "executed", f"{path.name} was not executed but taken from {run.source}"
 
 
 FIGSIZE = re.compile(r"figsize=\((?P<width>[0-9.]+)")

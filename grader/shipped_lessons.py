@@ -1,0 +1,155 @@
+"""The lessons' executed pages, shipped in the repository (``site/executed/``), so that a fresh
+clone serves the whole site without executing sixteen lessons first.
+
+Each lesson's file holds the page mkdocs-jupyter made when it executed the lesson (HTML, table
+of contents, title) and ``sources``: the digest of everything that page came from
+(``sources_digest``). nbconvert's stylesheet and scripts, which open every such page and are
+the bulk of it, are stored once (``head-<digest>.html``).
+
+``grader.site.render_lessons`` copies a shipped page into mkdocs-jupyter's cache when its
+``sources`` are the present ones (``seed``); a lesson that changed executes as before. A page is
+only ever shipped right after its lesson executed (``ship``), so a shipped page is never older
+than what it claims to come from. ``python -m grader.shipped_lessons`` executes the lessons
+whose shipped pages are stale and ships them (seconds when none is); a test fails while any is
+stale. The lesson tests execute every lesson regardless (``prerender_lessons(fresh=True)``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+LESSONS_DIR = REPO / "lessons"
+STORE = REPO / "site" / "executed"
+REFRESH = "python -m grader.shipped_lessons"
+# where nbconvert's head (stylesheets, the copy button's script) ends and the notebook begins
+BODY_START = '<div class="jupyter-wrapper">'
+# a lesson that takes functions from another one: _course.definitions("08-flash-attention", ...)
+_DEFINITIONS = re.compile(r"""definitions\(\s*["'](\d\d-[\w-]+)["']""")
+
+
+def lessons() -> list[Path]:
+    return sorted(LESSONS_DIR.glob("[0-9][0-9]-*.py"))
+
+
+def lesson_inputs(lesson: Path) -> list[Path]:
+    """The files a lesson's outputs come from: the lesson, the lessons it takes functions from,
+    ``lessons/_course.py`` and kernelsim (Python and the viewer's JavaScript)."""
+    taken = {LESSONS_DIR / f"{stem}.py" for stem in _DEFINITIONS.findall(lesson.read_text())}
+    return sorted({lesson, *taken, LESSONS_DIR / "_course.py",
+                   *(REPO / "kernelsim").rglob("*.py"), *(REPO / "kernelsim").rglob("*.js")})
+
+
+def sources_digest(lesson: Path, settings: dict[str, Any]) -> str:
+    """sha256 of the lesson's inputs (``lesson_inputs``), mkdocs-jupyter's ``settings`` for the
+    lessons (the plugin's configuration, less its cache folder) and the JAX and jaxlib
+    versions that run it."""
+    wanted = {k: v for k, v in settings.items() if k != "cache_dir"}
+    digest = hashlib.sha256(json.dumps(
+        {"jax": version("jax"), "jaxlib": version("jaxlib"), "mkdocs-jupyter": wanted},
+        sort_keys=True, default=repr).encode())
+    for path in lesson_inputs(lesson):
+        digest.update(b"\0" + path.relative_to(REPO).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def plugin_settings() -> dict[str, Any]:
+    """mkdocs-jupyter's configuration, as mkdocs.yml sets it."""
+    from mkdocs.config import load_config
+
+    return dict(load_config(str(REPO / "mkdocs.yml")).plugins["mkdocs-jupyter"].config)
+
+
+def _entry_file(lesson: Path, store: Path) -> Path:
+    return store / f"{lesson.stem}.json"
+
+
+def _shipped(lesson: Path, store: Path) -> dict[str, Any] | None:
+    path = _entry_file(lesson, store)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def is_current(lesson: Path, settings: dict[str, Any], store: Path = STORE) -> bool:
+    """True when ``lesson`` has a shipped page made from its present sources."""
+    entry = _shipped(lesson, store)
+    return entry is not None and entry["sources"] == sources_digest(lesson, settings)
+
+
+def stale(settings: dict[str, Any], store: Path = STORE) -> list[str]:
+    """The lessons without a current shipped page."""
+    return [p.name for p in lessons() if not is_current(p, settings, store)]
+
+
+def seed(lesson: Path, settings: dict[str, Any], cache_file: Path, store: Path = STORE) -> bool:
+    """Write the shipped page of ``lesson`` to ``cache_file`` (mkdocs-jupyter's cache entry for
+    it) when it is current; returns whether it did."""
+    if not is_current(lesson, settings, store):
+        return False
+    entry = _shipped(lesson, store)
+    head = (store / f"head-{entry['head']}.html").read_text(encoding="utf-8") \
+        if entry["head"] else ""
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    cache_file.write_text(json.dumps({"content": head + entry["body"],
+                                      "toc_tokens": entry["toc_tokens"],
+                                      "title": entry["title"]}), encoding="utf-8")
+    return True
+
+
+def ship(lesson: Path, settings: dict[str, Any], cache_file: Path, store: Path = STORE) -> None:
+    """Store mkdocs-jupyter's cache entry ``cache_file``, just made by executing ``lesson``, as
+    its shipped page."""
+    cached = json.loads(cache_file.read_text(encoding="utf-8"))
+    content = cached["content"]
+    cut = content.find(BODY_START)
+    head, body = (content[:cut], content[cut:]) if cut > 0 else ("", content)
+    head_id = hashlib.sha256(head.encode()).hexdigest()[:12] if head else None
+    store.mkdir(parents=True, exist_ok=True)
+    if head_id and not (store / f"head-{head_id}.html").exists():
+        (store / f"head-{head_id}.html").write_text(head, encoding="utf-8")
+    _entry_file(lesson, store).write_text(json.dumps(
+        {"lesson": lesson.name, "sources": sources_digest(lesson, settings), "head": head_id,
+         "title": cached["title"], "toc_tokens": cached["toc_tokens"], "body": body},
+        indent=0) + "\n", encoding="utf-8")
+
+
+def prune(store: Path = STORE) -> list[Path]:
+    """Remove shipped pages of lessons that no longer exist and heads no page uses; returns
+    what it removed."""
+    names = {p.stem for p in lessons()}
+    removed = [p for p in store.glob("[0-9][0-9]-*.json") if p.stem not in names]
+    used = {json.loads(p.read_text())["head"] for p in store.glob("[0-9][0-9]-*.json")
+            if p.stem in names}
+    removed += [p for p in store.glob("head-*.html")
+                if p.stem.removeprefix("head-") not in used]
+    for path in removed:
+        path.unlink()
+    return removed
+
+
+def main() -> int:
+    """Execute the lessons whose shipped pages are stale, ship them, prune the rest."""
+    from grader import site
+
+    runs = site.prerender_lessons(ship=True)
+    failed = [run for run in runs.values() if run.error]
+    for run in failed:
+        print(f"lessons/{run.lesson} failed, not shipped:\n{run.error}", file=sys.stderr)
+    removed = prune()
+    shipped = sorted(run.lesson for run in runs.values()
+                     if run.source == "executed" and not run.error)
+    size = sum(p.stat().st_size for p in STORE.iterdir())
+    print(f"{STORE.relative_to(REPO)}: {len(shipped)} lesson(s) executed and shipped "
+          f"({', '.join(shipped) or 'none'}), {len(runs) - len(shipped) - len(failed)} "
+          f"were current, {len(removed)} files removed; {size / 1e6:.1f} MB", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
