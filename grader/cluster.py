@@ -17,7 +17,7 @@ worker; a course on JupyterHub already lives on shared storage (the exchange), s
 is there anyway.
 
 Each Dask worker process grades one submission at a time (start workers with ``--nthreads 1``;
-more threads would wait on the lock below) in a sandbox slot of its own (``grading.claim_slot``,
+more threads would wait on the lock below) in a sandbox slot of its own (``sandbox.claim_slot``,
 as the local pool's), so graders on one machine never share a sandbox uid. Its grading worker
 is kept between tasks: nbgrader starts once per Dask worker, not once per submission. Every
 Dask worker runs the jail check a local batch runs (``grading.check_jail``) before it grades
@@ -44,7 +44,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from grader import grading
+from grader import grading, sandbox
 
 CONNECT_TIMEOUT = "30s"
 
@@ -78,7 +78,7 @@ def _worker(root: str, db: str | None, address: str) -> grading.Worker:
     if not (Path(root) / "nbgrader_config.py").is_file():  # else: every submission "malformed"
         raise WorkerUnfit(address, f"the course folder {root} is not mounted here")
     if _here["slot"] is None:
-        _here["slot"], _here["lock"] = grading.claim_slot()
+        _here["slot"], _here["lock"] = sandbox.claim_slot()
     if _here["key"] != (root, db):  # another course or gradebook: a fresh grading worker
         if _here["worker"] is not None:
             _here["worker"].close()

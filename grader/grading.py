@@ -20,7 +20,6 @@ before grading); missing (no submission).
 from __future__ import annotations
 
 import csv
-import fcntl
 import json
 import os
 import queue
@@ -42,8 +41,6 @@ SUBMISSION_TIMEOUT = 900  # seconds for one whole submission (cells have their o
 # the gradebook's URL when it is not SQLite in the course folder (pallas-course --db); every
 # nbgrader process reads it through nbgrader_config.py
 DB_ENV = "PALLAS_COURSE_DB"
-SLOT_LOCKS = Path(tempfile.gettempdir()) / "pallas-course-slots"  # which slots are in use
-MAX_SLOTS = sandbox.SLOTS  # each slot has its own uids
 
 
 def _env(root: Path) -> dict[str, str]:
@@ -58,7 +55,7 @@ def run_worker(root: Path, *args: str, timeout: float | None = None) -> dict:
     """Run one ``grader.worker`` job in a fresh worker; its result dict (``success`` False on any
     failure). It claims a slot like a batch does: a release or a validation beside another
     grader on this machine must not run under, and kill, that grader's sandbox uid."""
-    slot, lock = claim_slot()
+    slot, lock = sandbox.claim_slot()
     worker = Worker(root, slot)
     try:
         return worker.run(*args, timeout=timeout)
@@ -233,22 +230,6 @@ class Worker:
             self.proc = None
 
 
-def claim_slot() -> tuple[int, int]:
-    """A sandbox slot (a uid of its own) that no other grader on this machine holds, and the fd
-    whose lock holds it until closed or until this process ends, however it ends: concurrent
-    batches and Dask workers on one machine never kill each other's runs."""
-    SLOT_LOCKS.mkdir(mode=0o700, exist_ok=True)
-    for slot in range(MAX_SLOTS):
-        fd = os.open(SLOT_LOCKS / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            continue
-        return slot, fd
-    raise RuntimeError(f"all {MAX_SLOTS} grading slots of this machine are taken")
-
-
 def check_jail(worker: Worker) -> None:
     """Stop before grading anything when a jailed run could not import the course."""
     res = worker.run("preflight", timeout=300)
@@ -402,7 +383,7 @@ def _graded_locally(root: Path, todo: list[tuple[str, str]], timeout: float, wor
 
     try:
         for _ in range(max(1, workers)):
-            slot, lock = claim_slot()
+            slot, lock = sandbox.claim_slot()
             locks.append(lock)
             slots.put(Worker(root, slot))
         if todo:

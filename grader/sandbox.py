@@ -21,6 +21,7 @@ The outcome is data, never an exception: a batch goes on whatever one submission
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import os
 import queue
@@ -28,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -40,6 +42,7 @@ Isolation = Literal["jail", "rlimits"]
 
 SANDBOX_UID_BASE = 61000  # uid SANDBOX_UID_BASE + slot runs slot's submission when root
 SLOTS = 256  # uid SANDBOX_UID_BASE + SLOTS + slot runs slot's checker (grader.checker)
+SLOT_LOCKS = Path(tempfile.gettempdir()) / "pallas-course-slots"  # which slots are in use
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,22 @@ def user_namespaces() -> bool:
                               capture_output=True, timeout=30, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
+
+
+def claim_slot() -> tuple[int, int]:
+    """A sandbox slot (a uid of its own) that no other grader on this machine holds, and the fd
+    whose lock holds it until closed or until this process ends, however it ends: concurrent
+    batches and Dask workers on one machine never kill each other's runs."""
+    SLOT_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    for slot in range(SLOTS):
+        fd = os.open(SLOT_LOCKS / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        return slot, fd
+    raise RuntimeError(f"all {SLOTS} grading slots of this machine are taken")
 
 
 def sandbox_uid(slot: int, checker: bool = False) -> int | None:

@@ -157,12 +157,19 @@ PREFLIGHT = ("import jax, jax.experimental.pallas, numpy, kernelsim, grader.cour
 PREFLIGHT_NOTEBOOK = "import jax, jax.experimental.pallas, numpy, kernelsim, grader.replay"
 
 
-def preflight(limits: sandbox.Limits, slot: int = 0) -> str | None:
+def preflight(limits: sandbox.Limits, slot: int | None = None) -> str | None:
     """None when a jailed Python, set up as the grading runs are, imports the course; else why.
 
     Run once before a batch: a jail that cannot see the venv or the course would otherwise
-    grade every submission 0 with status ``graded``.
+    grade every submission 0 with status ``graded``. ``slot``: the caller's sandbox slot; None
+    claims a free one for this check (slot 0 unclaimed may be another grader's).
     """
+    if slot is None:
+        slot, lock = sandbox.claim_slot()
+        try:
+            return preflight(limits, slot)
+        finally:
+            os.close(lock)
     view = notebook_view(jail_folder(slot, "-grader"))
     try:
         # the checker's view, then the notebook's process's
