@@ -43,8 +43,7 @@ from mkdocs.structure.files import File, Files
 
 log = logging.getLogger("mkdocs.hooks.pallas_course")
 
-SITE = Path(__file__).resolve().parent
-REPO = SITE.parent
+SITE = Path(__file__).resolve().parent  # to load the other rooms; they name the repository
 LESSONS_PLACEHOLDER = "<!-- lessons -->"
 VIEWER_COMMENT = re.compile(r"<!--\s*viewer:\s*([\w-]+)\s*-->")
 SUMMARY_COMMENT = re.compile(r"<!--\s*trace-summary:\s*([\w-]+)\s*-->")
@@ -69,6 +68,7 @@ def site_module(name: str):
 site_content = site_module("content")
 site_pages = site_module("pages")
 site_text = site_module("text")
+REPO = site_content.REPO
 
 
 def load_viewers() -> dict[str, Any]:
