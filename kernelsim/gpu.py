@@ -186,10 +186,11 @@ def _sub_jaxprs(eqn) -> list:
 
 
 def _find_kernels(jaxpr) -> list:
-    """Every ``mpmd_map`` equation (what ``plgpu.kernel`` binds), in program order."""
+    """Every ``mpmd_map`` equation on a GPU mesh (what ``plgpu.kernel`` binds; ``pl.kernel`` on a
+    TPU mesh binds it too), in program order."""
     found = []
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "mpmd_map":
+        if eqn.primitive.name == "mpmd_map" and hasattr(eqn.params["meshes"][0], "grid_names"):
             found.append(eqn)
         else:
             for sub in _sub_jaxprs(eqn):
@@ -540,14 +541,20 @@ def analyse(fn: Callable, *args: Any, chip: str = "h100",
     Nothing executes: ``fn`` is traced to a jaxpr. cta: the grid coordinates of the CTA whose
     events are listed (default: the first CTA).
     """
-    chip_: Chip = get_chip(chip)
     shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
-    closed = jax.make_jaxpr(fn)(*shapes)
-    eqns = _find_kernels(closed.jaxpr)
-    if not eqns:
+    kernels = kernels_in(jax.make_jaxpr(fn)(*shapes), chip=chip, cta=cta)
+    if not kernels:
         raise TraceError(f"{getattr(fn, '__name__', fn)!r} launches no Mosaic GPU kernel "
                          "(plgpu.kernel)")
-    return [_kernel(eqn, chip_, cta) for eqn in eqns]
+    return kernels
+
+
+def kernels_in(program, chip: str = "h100", cta: tuple[int, ...] | None = None
+               ) -> list[GpuKernel]:
+    """``analyse`` on a program already traced (``jax.make_jaxpr``'s, open or closed): every
+    Mosaic GPU kernel it launches, in program order ([] when none)."""
+    jaxpr = program if hasattr(program, "eqns") else program.jaxpr
+    return [_kernel(eqn, get_chip(chip), cta) for eqn in _find_kernels(jaxpr)]
 
 
 def _kernel(eqn, chip: Chip, cta) -> GpuKernel:
