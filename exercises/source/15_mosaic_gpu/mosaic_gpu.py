@@ -243,14 +243,15 @@ course.check("predict_matmul_tma_bytes", predict_matmul_tma_bytes, hidden=True)
 #
 # </details>
 #
-# <details><summary>Hint 2: the key lines</summary>
+# <details><summary>Hint 2: the key line</summary>
 #
-# After both waits, `rows = x_smem[...].astype(jnp.float32)`, then
-# `jax.lax.rsqrt(jnp.mean(rows * rows, axis=1) + 1e-6)` per row, and the stored result is
-# `rows * scale[:, None] * weights[None, :]`, cast back to the dtype. To compile on a GPU the
-# lowering needs to know how registers hold these values: wrap the band in
-# `plgpu.layout_cast(..., plgpu.Layout.WGMMA)` and the weights in
-# `plgpu.layout_cast(..., plgpu.Layout.WGMMA.reduce(0))` (interpret mode does not need it).
+# After both waits, read the band as float32. The key line computes one number per row: one
+# over the square root (`jax.lax.rsqrt`) of the mean of the squared band along axis 1, plus
+# 1e-6. The stored result is the band times that per-row scale (indexed `[:, None]`) times the
+# weights (indexed `[None, :]`), cast back to the dtype. To compile on a GPU the lowering needs
+# to know how registers hold these values: give the float32 band the layout
+# `plgpu.Layout.WGMMA` and the float32 weights that layout reduced along axis 0, each with
+# `plgpu.layout_cast` (interpret mode does without).
 #
 # </details>
 
