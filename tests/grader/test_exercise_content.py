@@ -17,9 +17,9 @@ Per graded task (every id in ``grader.tasks`` of that assignment):
   its key hint quotes only the buggy cell: every code span beyond a bare name is text of that
   cell, and at least one is, to point at the line to change;
 - the solution cell makes the kernel itself: it calls ``pl.pallas_call`` (or
-  ``pltpu.emit_pipeline``, ``pl.kernel`` or ``plgpu.kernel``), and it calls no function of a setup cell (a locked,
-  non-graded cell) that does. A "predict, then run" task (its id starts with ``predict_``)
-  returns a number and makes no kernel; it needs no call.
+  ``pltpu.emit_pipeline``, ``pl.kernel`` or ``plgpu.kernel``), and it calls no function of a
+  setup cell (a locked, non-graded cell) that does. A "predict, then run" task (its id starts
+  with ``predict_``) returns a number and makes no kernel; it needs no call.
 
 Every assignment folder is checked, so a new assignment is held to the same rules the moment it
 lands. The last tests plant each kind of violation in a copy of a notebook and show the checks
