@@ -25,7 +25,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.mosaic.gpu import core as mgpu_core
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
-from grader import calling, course, tasks, work
+import kernelsim
+from grader import calling, course, gpu_facts, tasks, verdict, work
 from grader.tasks import a15_mosaic_gpu as a15
 
 ASSIGNMENT = "15_mosaic_gpu"
@@ -225,3 +226,21 @@ def test_the_solution_matches_plain_jax(solutions):
     w = jax.random.normal(jax.random.key(1), (128,), jnp.float32)
     got = solutions["rms_norm_mgpu"](x, w, interpret=plgpu.InterpretGPUParams())
     np.testing.assert_allclose(got, a15.rms_norm_reference(x, w), rtol=1e-5, atol=1e-5)
+
+
+def test_the_verdict_reads_gpu_facts_and_refuses_garbage():
+    """The checker's answer carries each Mosaic GPU kernel's facts (grader.gpu_facts); the
+    trusted verdict reads them strictly, as it reads kernelsim's TPU trace."""
+    x = jnp.ones((128, 256), jnp.float32)
+    w = jnp.ones((256,), jnp.float32)
+    program = jax.make_jaxpr(functools.partial(_rms_kernel, interpret=None))(x, w)
+    trace = gpu_facts.trace(kernelsim.gpu.kernels_in(program))
+    (k,) = verdict.facts_from_dict(trace).gpu
+    assert (k.grid, k.tma_sources, k.tma_targets, k.unwaited_loads) == \
+        ((2,), ("in0", "in1"), ("out0",), 0)
+    # the (64, 256) and (256,) float32 tiles, the row mean's reduction scratch, 2 barriers
+    assert k.smem_bytes == 64 * 256 * 4 + 1024 + kernelsim.gpu.REDUCTION_SCRATCH_BYTES + 2 * 8
+    for bad in ({"tma_loads": "2"}, {"tma_sources": "in0"}, {"complete": 1}):
+        broken = {"calls": [], "gpu_kernels": [{**trace["gpu_kernels"][0], **bad}]}
+        with pytest.raises(ValueError):
+            verdict.facts_from_dict(broken)
