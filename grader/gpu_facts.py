@@ -7,7 +7,9 @@ trace's place (``grader.work.run_traced``): per kernel, which refs its TMA copie
 write, the copies into shared memory that no barrier wait consumes, the TMA stores that no
 ``commit_smem`` precedes or no ``wait_smem_to_gmem`` follows, and the plain loads and stores
 between global memory and registers that bypass the TMA. Counts are one CTA's (CTA 0), each
-warpgroup's events in its own program order.
+warpgroup's events in its own program order. ``would_hang`` stops a program before it runs
+when a kernel waits on a barrier nothing signals (GPU interpret mode would wait forever, as a
+GPU does), as ``grader.work.would_hang`` does for a TPU kernel's DMAs.
 """
 
 from __future__ import annotations
@@ -59,6 +61,32 @@ def kernel_facts(k: Any) -> dict:
         "gmem_loads": sum(e.kind == "load" for e in events),
         "gmem_stores": sum(e.kind == "store" for e in events),
         "complete": not k.events_dropped, "warnings": list(k.warnings)}
+
+
+# primitives that complete a barrier in a way kernelsim.gpu lists no event for
+UNLISTED_SIGNALS = ("tcgen05_mma", "tcgen05_commit_arrive", "barrier_arrive_and_wait")
+
+
+def _unsignalled(k: Any) -> list[str]:
+    """Barriers CTA 0 waits on that nothing in it signals: no TMA copy completes on them, no
+    warpgroup arrives."""
+    signalled = {e.barrier for e in k.events if e.kind in ("tma_load", "barrier_arrive")}
+    return sorted({e.barrier for e in k.events if e.kind == "barrier_wait"} - signalled)
+
+
+def would_hang(kernels: list, work: dict) -> str | None:
+    """Why running these Mosaic GPU kernels would block forever (GPU interpret mode waits as a
+    GPU does): a barrier wait that nothing signals. None: as far as the events show, none (and
+    whenever a kernel of the program, ``work``'s calls, may signal one unlisted)."""
+    if any(set(c["primitives"]) & set(UNLISTED_SIGNALS) for c in work["calls"]):
+        return None
+    for k in kernels:
+        if not k.events_dropped and (names := _unsignalled(k)):
+            return (f"BarrierWouldHang: plgpu.kernel {k.name} waits on {', '.join(names)}, a "
+                    "barrier no copy completes on and no warpgroup arrives at, so it would never "
+                    "return: pass the barrier to the plgpu.copy_gmem_to_smem whose tile you wait "
+                    "for, or wait only after that copy")
+    return None
 
 
 def trace(kernels: list) -> dict:

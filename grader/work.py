@@ -293,12 +293,12 @@ def run_traced(t: Traced) -> CaseRun:
     if t.error is not None:
         return CaseRun(error=t.error)
     try:
-        work = facts(t.program)
-        hang = would_hang(work)
-        if hang is not None:  # stopped before it runs: a hung case would cost the time limit
-            return CaseRun(error=f"DmaWouldHang: {hang}", work=work)
+        work, gpu = facts(t.program), kernelsim.gpu.kernels_in(t.program)
+        hang = would_hang(work) or gpu_facts.would_hang(gpu, work)
+        if hang:  # stopped before it runs: a hung case would cost the time limit
+            return CaseRun(error=hang, work=work)
         execute = jaxpr_as_fun(t.program)
-        if gpu := kernelsim.gpu.kernels_in(t.program):  # Mosaic GPU: kernelsim.gpu's model
+        if gpu:  # Mosaic GPU kernels: kernelsim.gpu's model of them
             outs = execute(*t.traced)
             run = CaseRun(trace=gpu_facts.trace(gpu), summary=gpu_facts.summary(gpu), work=work)
         else:
@@ -578,20 +578,21 @@ def dma_order(params: dict) -> dict | None:
 
 
 def would_hang(work: dict) -> str | None:
-    """Why executing the program would block forever, from its DMA order (None: it would
-    not, as far as the order shows): a wait no copy signals, where every semaphore slot was
-    known, or copies that cross grid steps on a grid whose steps may run in any order."""
+    """Why executing the program would block forever, from its DMA order, as the case's error
+    ("DmaWouldHang: ..."; None: it would not, as far as the order shows): a wait no copy
+    signals, where every semaphore slot was known, or copies that cross grid steps on a grid
+    whose steps may run in any order."""
     for c in work["calls"]:
         d = c["dma"]
         if d is None:
             continue
         if d["exact"] and d["waits_unmatched"]:
-            return (f"pallas_call #{c['number']} waits {d['waits_unmatched']} time(s) for a DMA "
-                    "that no copy started, so it would never return: pair every .wait() with "
-                    "the .start() of the same copy (same semaphore, same size)")
+            return (f"DmaWouldHang: pallas_call #{c['number']} waits {d['waits_unmatched']} "
+                    "time(s) for a DMA that no copy started, so it would never return: pair "
+                    "every .wait() with the .start() of the same copy (same semaphore, same size)")
         if d["crosses_steps"] and any(s != "arbitrary" for s in d["semantics"]):
-            return (f"pallas_call #{c['number']} waits at one grid step for a copy started at "
-                    f"another, on a {'/'.join(d['semantics'])} grid whose steps may run in any "
-                    "order or on two cores, where that wait never returns: mark the grid "
-                    "dimension_semantics=(\"arbitrary\",)")
+            return (f"DmaWouldHang: pallas_call #{c['number']} waits at one grid step for a "
+                    f"copy started at another, on a {'/'.join(d['semantics'])} grid whose steps "
+                    "may run in any order or on two cores, where that wait never returns: mark "
+                    "the grid dimension_semantics=(\"arbitrary\",)")
     return None

@@ -244,3 +244,41 @@ def test_the_verdict_reads_gpu_facts_and_refuses_garbage():
         broken = {"calls": [], "gpu_kernels": [{**trace["gpu_kernels"][0], **bad}]}
         with pytest.raises(ValueError):
             verdict.facts_from_dict(broken)
+
+
+def _waits_for_nothing(x, w, interpret):
+    """Waits on w's barrier, but w's copy completes on x's: GPU interpret mode, like a GPU,
+    would wait forever."""
+    m, n = x.shape
+
+    @functools.partial(
+        plgpu.kernel, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        scratch_types=dict(x_smem=plgpu.SMEM((m, n), x.dtype), x_bar=plgpu.Barrier(),
+                           w_bar=plgpu.Barrier()),
+        interpret=interpret)
+    def kernel(x_gmem, w_gmem, o_gmem, x_smem, x_bar, w_bar):
+        plgpu.copy_gmem_to_smem(x_gmem, x_smem, x_bar)
+        plgpu.barrier_wait(w_bar)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(x_smem, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    return kernel(x, w)
+
+
+def test_a_wait_nothing_signals_is_an_error_not_a_hang(monkeypatch):
+    """Stopped before it runs (``grader.gpu_facts.would_hang``), as a hung case would cost
+    its cell's time limit; the message says what to do. (Were it run, this test would say so
+    rather than hang.)"""
+    import jax.extend.core
+
+    def never(*_):
+        raise AssertionError("the program was executed")
+
+    monkeypatch.setattr(jax.extend.core, "jaxpr_as_fun", never)
+    x, w = np.ones((64, 128), np.float32), np.ones((128,), np.float32)
+    traced = calling.trace_case(tasks.get("rms_norm_mgpu"), _waits_for_nothing, [x, w], {})
+    run = work.run_traced(traced)
+    assert run.error.startswith("BarrierWouldHang: plgpu.kernel kernel waits on barrier"), \
+        run.error
+    assert "pass the barrier to the plgpu.copy_gmem_to_smem" in run.error
