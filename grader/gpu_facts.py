@@ -14,7 +14,6 @@ GPU does), as ``grader.work.would_hang`` does for a TPU kernel's DMAs.
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any
 
 
@@ -25,18 +24,12 @@ def _before(events: list, e: Any, kind: str, since: int = -1) -> bool:
 
 
 def _unwaited(events: list) -> int:
-    """TMA copies into shared memory that no barrier wait consumes: per barrier, the copies
-    completing on it less the waits on it that come after its first copy (in the copying
-    warpgroup, or in any other: a consumer waits on a producer's copies)."""
-    loads = [e for e in events if e.kind == "tma_load"]
-    first = {}
-    for e in loads:
-        first.setdefault(e.barrier, e)
-    waits = Counter(w.barrier for w in events if w.kind == "barrier_wait" and w.barrier in first
-                    and (w.warpgroup != first[w.barrier].warpgroup
-                         or w.order > first[w.barrier].order))
-    per_barrier = Counter(e.barrier for e in loads)
-    return sum(max(0, n - (waits[b] if b else 0)) for b, n in per_barrier.items())
+    """TMA copies into shared memory that no barrier wait on their barrier follows (in the
+    copying warpgroup after the copy, or in any other: a consumer waits on a producer's
+    copies). Copies may share a barrier and one wait (a pipeline step's operands)."""
+    return sum(not any(w.kind == "barrier_wait" and w.barrier == e.barrier and e.barrier and (
+        w.warpgroup != e.warpgroup or w.order > e.order) for w in events)
+        for e in events if e.kind == "tma_load")
 
 
 def kernel_facts(k: Any) -> dict:
@@ -81,7 +74,9 @@ def would_hang(kernels: list, work: dict) -> str | None:
     if any(set(c["primitives"]) & set(UNLISTED_SIGNALS) for c in work["calls"]):
         return None
     for k in kernels:
-        if not k.events_dropped and (names := _unsignalled(k)):
+        if k.events_dropped or any(e.conditional for e in k.events):
+            continue  # a branch kernelsim could not decide may hold the signal
+        if names := _unsignalled(k):
             return (f"BarrierWouldHang: plgpu.kernel {k.name} waits on {', '.join(names)}, a "
                     "barrier no copy completes on and no warpgroup arrives at, so it would never "
                     "return: pass the barrier to the plgpu.copy_gmem_to_smem whose tile you wait "

@@ -287,6 +287,7 @@ class _Walker:
         self.warpgroup = warpgroup
         self.events: list[GpuEvent] = []
         self.allocations: list[Allocation] = []
+        self.named: dict[int, int] = {}  # id of an allocation's variable -> its number
         self.dropped = 0
         self.order = 0
         self.loops = 0  # loops entered so far, for numbering them
@@ -347,7 +348,7 @@ class _Walker:
             return ins[1 + int(ins[0])]
         if name == "run_scoped":
             inner = p["jaxpr"]
-            refs = [self.allocate(v.aval) for v in inner.invars]
+            refs = [self.allocate(v) for v in inner.invars]
             self.run(inner, refs, step, conditional, consts=ins)  # it closes over ``ins``
             return unknown if eqn.primitive.multiple_results else _UNKNOWN
         if name == "scan":
@@ -387,8 +388,9 @@ class _Walker:
             return outs if eqn.primitive.multiple_results else outs[0]
         return unknown if eqn.primitive.multiple_results else _UNKNOWN
 
-    def allocate(self, aval) -> _Ref:
-        index = len(self.allocations)
+    def allocate(self, var) -> _Ref:
+        """A ``run_scoped`` allocation's ref, one name per variable in every warpgroup's walk."""
+        aval, index = var.aval, self.named.setdefault(id(var), len(self.named))
         if _is_barrier(aval):
             ref = _Ref(f"barrier{index}", "barrier", tuple(aval.shape), "barrier")
             nbytes = math.prod(aval.shape) * MBARRIER_BYTES
