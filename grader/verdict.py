@@ -55,10 +55,38 @@ class CallFacts:
 
 
 @dataclass(frozen=True)
+class GpuKernelFacts:
+    """One Mosaic GPU kernel (``plgpu.kernel``) as ``kernelsim.gpu`` models one CTA of it
+    (``grader.gpu_facts``): its launch and shared memory (bytes per CTA), its TMA copies into
+    shared memory (how many, the kernel refs they read: "in0", "in1", ...) and out of it (to
+    "out0", ...), the copies into shared memory no barrier wait consumes, the TMA stores no
+    ``commit_smem`` precedes or no ``wait_smem_to_gmem`` follows, and the plain loads and
+    stores of global memory (into registers, past the TMA)."""
+
+    name: str
+    grid: tuple[int, ...]
+    warpgroups: int
+    smem_bytes: int
+    barriers: int
+    tma_loads: int
+    tma_sources: tuple[str, ...]
+    tma_stores: int
+    tma_targets: tuple[str, ...]
+    unwaited_loads: int
+    uncommitted_stores: int
+    unawaited_stores: int
+    gmem_loads: int
+    gmem_stores: int
+    complete: bool  # every event of the CTA was kept (kernelsim.gpu.MAX_EVENTS)
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class TraceFacts:
-    """The pallas_calls a function reached, in program order."""
+    """The pallas_calls a function reached, in program order, and its Mosaic GPU kernels."""
 
     calls: tuple[CallFacts, ...]
+    gpu: tuple[GpuKernelFacts, ...] = ()
 
 
 def _bool(v: Any, what: str) -> bool:
@@ -92,8 +120,23 @@ def _memory_space(v: Any) -> str:
     return v
 
 
+def _gpu_kernel(d: Any) -> GpuKernelFacts:
+    if not isinstance(d, dict):
+        raise ValueError("a Mosaic GPU kernel's facts are not a mapping")
+    counts = {f: _int(d.get(f), f) for f in (
+        "warpgroups", "smem_bytes", "barriers", "tma_loads", "tma_stores", "unwaited_loads",
+        "uncommitted_stores", "unawaited_stores", "gmem_loads", "gmem_stores")}
+    return GpuKernelFacts(
+        name=str(d.get("name")), grid=_shape(d.get("grid"), "grid"),
+        tma_sources=_names(d.get("tma_sources"), "tma_sources"),
+        tma_targets=_names(d.get("tma_targets"), "tma_targets"),
+        complete=_bool(d.get("complete"), "complete"),
+        warnings=_names(d.get("warnings"), "warnings"), **counts)
+
+
 def facts_from_dict(d: Any) -> TraceFacts:
-    """Read ``Trace.to_dict()`` output; ValueError when it is not what kernelsim writes."""
+    """Read ``Trace.to_dict()`` output, or ``grader.gpu_facts.trace``'s for a program of Mosaic
+    GPU kernels; ValueError when it is not what kernelsim or that writes."""
     if not isinstance(d, dict) or not isinstance(d.get("calls"), list):
         raise ValueError("the trace has no list of calls")
     calls = []
@@ -120,7 +163,10 @@ def facts_from_dict(d: Any) -> TraceFacts:
             onchip_peak_bytes=_int(c.get("onchip_peak_bytes"), "onchip_peak_bytes"),
             block_shape_problems=tuple(w for w in _strings(c.get("warnings", []), "warnings")
                                        if BLOCK_SHAPE_REJECTED in w)))
-    return TraceFacts(tuple(calls))
+    gpu = d.get("gpu_kernels", [])
+    if not isinstance(gpu, list):
+        raise ValueError("the trace's Mosaic GPU kernels are not a list")
+    return TraceFacts(tuple(calls), tuple(_gpu_kernel(k) for k in gpu))
 
 
 @dataclass(frozen=True)
@@ -166,7 +212,7 @@ class KernelWork:
     operand comes from (scalar prefetch and inputs, in order), inputs the body never reads,
     whether the body is the course's own code (``grader.calling.COURSE_CODE``) or a Pallas op
     JAX ships (``grader.work.JAX_OPS``), its fingerprint up to renaming
-    (``grader.work.fingerprint``) and live size, and the order of its DMAs."""
+    (``grader.fingerprint``) and live size, and the order of its DMAs."""
 
     number: int
     primitives: frozenset[str]
@@ -424,10 +470,11 @@ def _rules(task_id: str, task, results: list[CaseResult], named, hidden: bool = 
     first: list = []  # the first case's rules, shown when everything passed
     for r in results:
         if r.trace is None or r.work is None:
-            rule = str(_tasks.Rule("pallas_call reached", "exactly 1", "none", False))
+            launch = "plgpu.kernel" if task.target == "mosaic_gpu" else "pl.pallas_call"
+            rule = str(_tasks.Rule(f"{launch} reached", "exactly 1", "none", False))
             why = "" if hidden else f" ({r.trace_error})"
             return Verdict(False, f"{task_id}: structural check failed: your function never "
-                           f"calls pl.pallas_call{why}. The answer must be a "
+                           f"calls {launch}{why}. The answer must be a "
                            "Pallas kernel.", [rule])
         case = next(c for c in task.cases if c.name == r.entry["case"])
         rules = task.structure(r.trace, case, r.inputs) + \

@@ -4,25 +4,27 @@
 program for the values and kernelsim's trace, and hands the program here. ``facts`` follows the
 data through it:
 
-- where each output comes from: a ``pallas_call``, or a computation outside any kernel, an
+- where each output comes from: a kernel, or a computation outside any kernel, an
   input or a constant (layout operations -- reshape, transpose, slice, pad, casts -- pass the
   origin through; anything else is a computation);
-- where each operand of each ``pallas_call`` comes from, the same way (a decoy ``zeros`` is a
+- where each operand of each kernel comes from, the same way (a decoy ``zeros`` is a
   constant; ``x * 2`` fed in is a computation outside the kernel);
 - the FLOPs computed outside kernels (a while loop's per iteration, as its trip count is
   unknown), and the host callbacks carrying data anywhere in the program;
-- per ``pallas_call``: the primitives its kernel uses (nested loops and branches included),
-  which of its inputs the kernel body never touches, whether floating-point data went into
-  each operand (a scalar-prefetch operand must hold indices, not a result), where its kernel
-  body was defined (the course's own code, ``grader/``, ``kernelsim/``, ``lessons/``; or a
-  Pallas op JAX ships), the body's fingerprint up to renaming (``fingerprint``, compared with
-  ``grader.tasks.shipped``), and, for a body that starts its own DMAs, their order over the
-  whole run (``dma_order``: overlap, buffers, copy sizes, in-place safety, waits, grid
-  semantics).
+- per kernel call (``pallas_call``, or the ``mpmd_map`` a Mosaic GPU ``plgpu.kernel`` binds
+  inside a ``custom_vmap_call``): the primitives its kernel uses (nested loops and branches
+  included), which of its inputs the kernel body never touches, whether floating-point data
+  went into each operand (a scalar-prefetch operand must hold indices, not a result), where
+  its kernel body was defined (the course's own code, ``grader/``, ``kernelsim/``,
+  ``lessons/``; or a Pallas op JAX ships), the body's fingerprint up to renaming
+  (``grader.fingerprint``, compared with ``grader.tasks.shipped``), and, for a body that starts
+  its own DMAs, their order over the whole run (``dma_order``: overlap, buffers, copy sizes,
+  in-place safety, waits, grid semantics).
 
 A program whose DMA order shows it would block forever (a wait no copy signals; copies that
 cross the steps of a "parallel" grid) is not executed: ``run_traced`` reports that as the
-case's error at once, instead of a hung case running into its cell's time limit.
+case's error at once, instead of a hung case running into its cell's time limit. A program
+of Mosaic GPU kernels is traced by ``kernelsim.gpu`` instead (``grader.gpu_facts``).
 
 The grader judges these (``grader.verdict`` with ``grader.tasks`` rules); nothing here imports
 ``jax._src``: only a jaxpr's public attributes (``eqns``, ``invars``, ``params``) are read.
@@ -30,17 +32,24 @@ The grader judges these (``grader.verdict`` with ``grader.tasks`` rules); nothin
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from jax.extend.core import Literal, jaxprs_in_params
 
-from grader.calling import COURSE_CODE, Traced, open_jaxpr, trace_case
+from grader.calling import (
+    COURSE_CODE,
+    KERNEL_CALLS,
+    Traced,
+    eqns,
+    kernel_body,
+    open_jaxpr,
+    trace_case,
+)
+from grader.fingerprint import body_size, fingerprint
 
 # operations that move or reinterpret data without computing on it
 LAYOUT = frozenset({
@@ -49,7 +58,8 @@ LAYOUT = frozenset({
     "device_put", "rev", "bitcast_convert_type", "optimization_barrier", "stop_gradient"})
 # calls whose body is inlined: what flows in and out is the body's
 TRANSPARENT = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
-                         "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint"})
+                         "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint",
+                         "custom_vmap_call"})
 # precedence when several origins meet in one layout operation (pad(kernel out, 0.0): kernel)
 _RANK = {"computed": 3, "kernel": 2, "input": 1, "constant": 0}
 def _jax_ops() -> str:
@@ -65,7 +75,8 @@ JAX_OPS = _jax_ops()
 @dataclass(frozen=True)
 class Origin:
     """Where a value comes from: ``kind`` in computed/kernel/input/constant; ``by`` the
-    primitive that computed it (computed) or the number of the pallas_call (kernel)."""
+    primitive that computed it (computed) or the kernel call, "pallas_call #N" or
+    "plgpu.kernel #N" (kernel)."""
 
     kind: str
     by: str = ""
@@ -74,7 +85,7 @@ class Origin:
         if self.kind == "computed":
             return f"computed outside the kernel by {self.by}"
         if self.kind == "kernel":
-            return f"pallas_call #{self.by}"
+            return self.by
         return {"input": "the function's inputs", "constant": "a constant"}[self.kind]
 
 
@@ -100,36 +111,51 @@ def eqn_flops(eqn: Any) -> int:
 
 def primitives(jaxpr: Any) -> set[str]:
     """Every primitive name in ``jaxpr``, nested jaxprs included."""
-    out: set[str] = set()
-    for eqn in open_jaxpr(jaxpr).eqns:
-        out.add(eqn.primitive.name)
-        for sub in jaxprs_in_params(eqn.params):
-            out |= primitives(sub)
-    return out
+    return {eqn.primitive.name for eqn in eqns(jaxpr)}
+
+
+def _scoped(jaxpr: Any) -> Any:
+    """The body a kernel's author wrote: ``plgpu.kernel`` wraps it in a ``run_scoped`` (its
+    scratch); any other body is itself."""
+    j = open_jaxpr(jaxpr)
+    if len(j.eqns) == 1 and j.eqns[0].primitive.name == "run_scoped":
+        return open_jaxpr(j.eqns[0].params["jaxpr"])
+    return j
 
 
 def _used(jaxpr: Any) -> set[int]:
     """ids of the variables some equation of ``jaxpr`` reads (nested jaxprs take theirs as
-    operands, so the top level sees every use)."""
+    operands, so the top level sees every use; a ``run_scoped`` takes the refs its body closes
+    over, read or not: those its body reads)."""
     j = open_jaxpr(jaxpr)
-    return {id(v) for eqn in j.eqns for v in eqn.invars if not isinstance(v, Literal)} | \
-        {id(v) for v in j.outvars if not isinstance(v, Literal)}
+    used = {id(v) for v in j.outvars if not isinstance(v, Literal)}
+    for eqn in j.eqns:
+        inner = open_jaxpr(eqn.params["jaxpr"]) if eqn.primitive.name == "run_scoped" else None
+        if inner is not None and len(inner.constvars) == len(eqn.invars):
+            read = _used(inner)
+            used |= {id(v) for v, c in zip(eqn.invars, inner.constvars, strict=True)
+                     if id(c) in read}
+        else:
+            used |= {id(v) for v in eqn.invars if not isinstance(v, Literal)}
+    return used
 
 
 def kernel_file(kernel: Any) -> str:
     """The file a kernel body was defined in, from its jaxpr's debug info ("name at file:line";
     '' when it names none)."""
-    where = (getattr(open_jaxpr(kernel).debug_info, "func_src_info",
+    where = (getattr(_scoped(kernel).debug_info, "func_src_info",
                      None) or "").rpartition(" at ")[2]
     return where.rpartition(":")[0]
 
 
 def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]]) -> dict:
-    gm = eqn.params["grid_mapping"]
-    n_idx, n_in = int(gm.num_index_operands), int(gm.num_inputs)
-    kernel = eqn.params["jaxpr"]
-    used = _used(kernel)
-    refs = open_jaxpr(kernel).invars
+    kernel = kernel_body(eqn)
+    if eqn.primitive.name == "pallas_call":
+        gm = eqn.params["grid_mapping"]
+        n_idx, n_in = int(gm.num_index_operands), int(gm.num_inputs)
+    else:  # mpmd_map: no scalar prefetch; the inputs' refs come first
+        n_idx, n_in = 0, len(eqn.invars)
+    refs, used = open_jaxpr(kernel).invars, _used(kernel)
     source = os.path.realpath(kernel_file(kernel)) if kernel_file(kernel) else ""
     return {"number": number,
             "course_kernel": source.startswith(COURSE_CODE),
@@ -141,7 +167,7 @@ def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]
                          for i, (o, f) in enumerate(operand_origins[:n_idx + n_in])],
             "unread": [i - n_idx for i in range(n_idx, n_idx + n_in)
                        if i < len(refs) and id(refs[i]) not in used],
-            "dma": dma_order(eqn.params)}
+            "dma": dma_order(eqn.params) if eqn.primitive.name == "pallas_call" else None}
 
 
 def _floating(v: Any) -> bool:
@@ -179,10 +205,11 @@ class _Walk:
             ins = [origin(v) for v in eqn.invars]
             fed = any(f for _, f in ins)
             subs = list(jaxprs_in_params(eqn.params))
-            if name == "pallas_call":
+            if name in KERNEL_CALLS:
                 number = len(self.calls)
                 self.calls.append(_call_facts(eqn, number, ins))
-                outs = [Origin("kernel", str(number))] * len(eqn.outvars)
+                launch = "pallas_call" if name == "pallas_call" else "plgpu.kernel"
+                outs = [Origin("kernel", f"{launch} #{number}")] * len(eqn.outvars)
             elif name in TRANSPARENT and len(subs) == 1 and \
                     len(open_jaxpr(subs[0]).invars) == len(ins):
                 found = self.run(subs[0], [o for o, _ in ins], reps, [f for _, f in ins])
@@ -218,15 +245,9 @@ def host_callbacks(jaxpr: Any) -> list[str]:
     """Host callbacks anywhere in a program (kernel bodies included) that carry array data:
     ``jax.pure_callback``, ``io_callback``, and ``jax.debug.callback`` with an array operand
     (``jax.debug.print`` and ``pl.debug_print`` are not callbacks of this kind)."""
-    found = []
-    for eqn in open_jaxpr(jaxpr).eqns:
-        name = eqn.primitive.name
-        if name in CALLBACKS and (name != "debug_callback" or any(
-                getattr(getattr(v, "aval", None), "shape", ()) for v in eqn.invars)):
-            found.append(name)
-        for sub in jaxprs_in_params(eqn.params):
-            found.extend(host_callbacks(sub))
-    return found
+    return [eqn.primitive.name for eqn in eqns(jaxpr) if eqn.primitive.name in CALLBACKS and (
+        eqn.primitive.name != "debug_callback" or any(
+            getattr(getattr(v, "aval", None), "shape", ()) for v in eqn.invars))]
 
 
 def facts(jaxpr: Any) -> dict:
@@ -267,20 +288,25 @@ def run_traced(t: Traced) -> CaseRun:
     from jax.extend.core import jaxpr_as_fun
 
     import kernelsim
+    from grader import gpu_facts
 
     if t.error is not None:
         return CaseRun(error=t.error)
     try:
-        work = facts(t.program)
-        hang = would_hang(work)
-        if hang is not None:  # stopped before it runs: a hung case would cost the time limit
-            return CaseRun(error=f"DmaWouldHang: {hang}", work=work)
+        work, gpu = facts(t.program), kernelsim.gpu.kernels_in(t.program)
+        hang = would_hang(work) or gpu_facts.would_hang(gpu, work)
+        if hang:  # stopped before it runs: a hung case would cost the time limit
+            return CaseRun(error=hang, work=work)
         execute = jaxpr_as_fun(t.program)
-        try:
-            outs, trace = kernelsim.run(execute, *t.traced, interpret=None)
-            run = CaseRun(trace=trace.to_dict(), summary=trace.summary(), work=work)
-        except kernelsim.TraceError as e:  # no pallas_call: the values are still judged
-            outs, run = execute(*t.traced), CaseRun(trace_error=str(e))
+        if gpu:  # Mosaic GPU kernels: kernelsim.gpu's model of them
+            outs = execute(*t.traced)
+            run = CaseRun(trace=gpu_facts.trace(gpu), summary=gpu_facts.summary(gpu), work=work)
+        else:
+            try:
+                outs, trace = kernelsim.run(execute, *t.traced, interpret=None)
+                run = CaseRun(trace=trace.to_dict(), summary=trace.summary(), work=work)
+            except kernelsim.TraceError as e:  # no kernel: the values are still judged
+                outs, run = execute(*t.traced), CaseRun(trace_error=str(e))
         run.output = np.asarray(jax.device_get(outs[0] if len(outs) == 1 else tuple(outs)))
     except Exception as e:  # noqa: BLE001 - the learner's error is the verdict
         return CaseRun(error=f"{type(e).__name__}: {e}")
@@ -292,81 +318,6 @@ def run_case(task: Any, fn: Any, arrays: list, params: dict) -> CaseRun:
     and kernelsim's trace, and read the work facts from it. Nothing the function does
     differently when traced can differ between what is judged: it is the same run."""
     return run_traced(trace_case(task, fn, arrays, params))
-
-
-# ----------------------------------------------------------------------------- whose kernel body
-# what a body's fingerprint leaves out: numbers (shapes, sizes, literal values, which differ with
-# the case a body runs on) and object addresses
-_ERASED = re.compile(r"0x[0-9a-fA-F]+|\d+")
-
-
-# parameters a body's author does not choose: a dot's precision is the grader's (it traces at
-# MATMUL_PRECISION), where the lesson or op that shipped the body ran at JAX's default
-_UNFINGERPRINTED = frozenset({"precision"})
-
-
-def _param_text(value: Any) -> str:
-    return _ERASED.sub("#", repr(value))
-
-
-def _live(j: Any) -> list:
-    """The equations of ``j`` that an output or an effect depends on (dead code removed, so a
-    copied body padded with unused arithmetic keeps its fingerprint)."""
-    needed = {id(v) for v in j.outvars if not isinstance(v, Literal)}
-    kept = []
-    for eqn in reversed(j.eqns):
-        if eqn.effects or any(id(v) in needed for v in eqn.outvars) or \
-                eqn.primitive.name in ("dma_start", "dma_wait", "swap", "addupdate"):
-            kept.append(eqn)
-            needed |= {id(v) for v in eqn.invars if not isinstance(v, Literal)}
-    return kept[::-1]
-
-
-def canonical(jaxpr: Any) -> str:
-    """A kernel body's jaxpr as text that two bodies share exactly when they are the same
-    program up to the names of their variables, dead code and the numbers in it: variables
-    numbered in order of first use, each equation its primitive, its non-jaxpr parameters
-    (numbers erased), its operands and its results' dtypes and ranks, nested jaxprs in place."""
-    j = open_jaxpr(jaxpr)
-    names: dict[int, str] = {}
-
-    def ref(v) -> str:
-        aval = getattr(v, "aval", None)
-        kind = f"{getattr(aval, 'dtype', '')}/{len(getattr(aval, 'shape', ()) or ())}"
-        if isinstance(v, Literal):
-            return f"lit:{kind}"
-        if id(v) not in names:
-            names[id(v)] = f"v{len(names)}:{kind}"
-        return names[id(v)]
-
-    lines = [" ".join(ref(v) for v in (*getattr(j, "constvars", ()), *j.invars))]
-    for eqn in _live(j):
-        nested = set()
-        subs = []
-        for k, p in sorted(eqn.params.items()):
-            found = list(jaxprs_in_params({k: p}))
-            if found:
-                nested.add(k)
-                subs.extend(canonical(s) for s in found)
-        params = ",".join(f"{k}={_param_text(p)}" for k, p in sorted(eqn.params.items())
-                          if k not in nested and k not in _UNFINGERPRINTED)
-        ins = " ".join(ref(v) for v in eqn.invars)
-        outs = " ".join(ref(v) for v in eqn.outvars)
-        lines.append(f"{outs} = {eqn.primitive.name}[{params}]({ins})" +
-                     "".join(f"{{{s}}}" for s in subs))
-    lines.append("-> " + " ".join(ref(v) for v in j.outvars))
-    return "\n".join(lines)
-
-
-def fingerprint(jaxpr: Any) -> str:
-    """sha256 of ``canonical(jaxpr)``: a kernel body's identity up to renaming."""
-    return hashlib.sha256(canonical(jaxpr).encode()).hexdigest()
-
-
-def body_size(jaxpr: Any) -> int:
-    """Live equations of a body, nested jaxprs included."""
-    return sum(1 + sum(body_size(s) for s in jaxprs_in_params(e.params))
-               for e in _live(open_jaxpr(jaxpr)))
 
 
 # ----------------------------------------------------------------------------- the order of DMAs
@@ -551,9 +502,7 @@ class _DmaWalk:
 
 
 def _has_dma(jaxpr: Any) -> bool:
-    return any(e.primitive.name == "dma_start" or any(_has_dma(s) for s in
-                                                       jaxprs_in_params(e.params))
-               for e in open_jaxpr(jaxpr).eqns)
+    return any(e.primitive.name == "dma_start" for e in eqns(jaxpr))
 
 
 def dma_order(params: dict) -> dict | None:
@@ -629,20 +578,21 @@ def dma_order(params: dict) -> dict | None:
 
 
 def would_hang(work: dict) -> str | None:
-    """Why executing the program would block forever, from its DMA order (None: it would
-    not, as far as the order shows): a wait no copy signals, where every semaphore slot was
-    known, or copies that cross grid steps on a grid whose steps may run in any order."""
+    """Why executing the program would block forever, from its DMA order, as the case's error
+    ("DmaWouldHang: ..."; None: it would not, as far as the order shows): a wait no copy
+    signals, where every semaphore slot was known, or copies that cross grid steps on a grid
+    whose steps may run in any order."""
     for c in work["calls"]:
         d = c["dma"]
         if d is None:
             continue
         if d["exact"] and d["waits_unmatched"]:
-            return (f"pallas_call #{c['number']} waits {d['waits_unmatched']} time(s) for a DMA "
-                    "that no copy started, so it would never return: pair every .wait() with "
-                    "the .start() of the same copy (same semaphore, same size)")
+            return (f"DmaWouldHang: pallas_call #{c['number']} waits {d['waits_unmatched']} "
+                    "time(s) for a DMA that no copy started, so it would never return: pair "
+                    "every .wait() with the .start() of the same copy (same semaphore, same size)")
         if d["crosses_steps"] and any(s != "arbitrary" for s in d["semantics"]):
-            return (f"pallas_call #{c['number']} waits at one grid step for a copy started at "
-                    f"another, on a {'/'.join(d['semantics'])} grid whose steps may run in any "
-                    "order or on two cores, where that wait never returns: mark the grid "
-                    "dimension_semantics=(\"arbitrary\",)")
+            return (f"DmaWouldHang: pallas_call #{c['number']} waits at one grid step for a "
+                    f"copy started at another, on a {'/'.join(d['semantics'])} grid whose steps "
+                    "may run in any order or on two cores, where that wait never returns: mark "
+                    "the grid dimension_semantics=(\"arbitrary\",)")
     return None

@@ -186,10 +186,11 @@ def _sub_jaxprs(eqn) -> list:
 
 
 def _find_kernels(jaxpr) -> list:
-    """Every ``mpmd_map`` equation (what ``plgpu.kernel`` binds), in program order."""
+    """Every ``mpmd_map`` equation on a GPU mesh (what ``plgpu.kernel`` binds; ``pl.kernel`` on a
+    TPU mesh binds it too), in program order."""
     found = []
     for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "mpmd_map":
+        if eqn.primitive.name == "mpmd_map" and hasattr(eqn.params["meshes"][0], "grid_names"):
             found.append(eqn)
         else:
             for sub in _sub_jaxprs(eqn):
@@ -286,6 +287,7 @@ class _Walker:
         self.warpgroup = warpgroup
         self.events: list[GpuEvent] = []
         self.allocations: list[Allocation] = []
+        self.named: dict[int, int] = {}  # id of an allocation's variable -> its number
         self.dropped = 0
         self.order = 0
         self.loops = 0  # loops entered so far, for numbering them
@@ -346,7 +348,7 @@ class _Walker:
             return ins[1 + int(ins[0])]
         if name == "run_scoped":
             inner = p["jaxpr"]
-            refs = [self.allocate(v.aval) for v in inner.invars]
+            refs = [self.allocate(v) for v in inner.invars]
             self.run(inner, refs, step, conditional, consts=ins)  # it closes over ``ins``
             return unknown if eqn.primitive.multiple_results else _UNKNOWN
         if name == "scan":
@@ -386,8 +388,9 @@ class _Walker:
             return outs if eqn.primitive.multiple_results else outs[0]
         return unknown if eqn.primitive.multiple_results else _UNKNOWN
 
-    def allocate(self, aval) -> _Ref:
-        index = len(self.allocations)
+    def allocate(self, var) -> _Ref:
+        """A ``run_scoped`` allocation's ref, one name per variable in every warpgroup's walk."""
+        aval, index = var.aval, self.named.setdefault(id(var), len(self.named))
         if _is_barrier(aval):
             ref = _Ref(f"barrier{index}", "barrier", tuple(aval.shape), "barrier")
             nbytes = math.prod(aval.shape) * MBARRIER_BYTES
@@ -540,14 +543,20 @@ def analyse(fn: Callable, *args: Any, chip: str = "h100",
     Nothing executes: ``fn`` is traced to a jaxpr. cta: the grid coordinates of the CTA whose
     events are listed (default: the first CTA).
     """
-    chip_: Chip = get_chip(chip)
     shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
-    closed = jax.make_jaxpr(fn)(*shapes)
-    eqns = _find_kernels(closed.jaxpr)
-    if not eqns:
+    kernels = kernels_in(jax.make_jaxpr(fn)(*shapes), chip=chip, cta=cta)
+    if not kernels:
         raise TraceError(f"{getattr(fn, '__name__', fn)!r} launches no Mosaic GPU kernel "
                          "(plgpu.kernel)")
-    return [_kernel(eqn, chip_, cta) for eqn in eqns]
+    return kernels
+
+
+def kernels_in(program, chip: str = "h100", cta: tuple[int, ...] | None = None
+               ) -> list[GpuKernel]:
+    """``analyse`` on a program already traced (``jax.make_jaxpr``'s, open or closed): every
+    Mosaic GPU kernel it launches, in program order ([] when none)."""
+    jaxpr = program if hasattr(program, "eqns") else program.jaxpr
+    return [_kernel(eqn, get_chip(chip), cta) for eqn in _find_kernels(jaxpr)]
 
 
 def _kernel(eqn, chip: Chip, cta) -> GpuKernel:

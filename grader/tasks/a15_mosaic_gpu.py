@@ -5,9 +5,15 @@ a WGMMA accumulator, and the bytes a WGMMA matmul's TMA copies read -- then run 
 Every answer is graded against ``kernelsim.gpu`` on a kernel of the shape the task describes
 (built here, traced, never run). kernelsim's shared-memory count is the Mosaic GPU lowering's
 own (``tests/kernelsim/test_gpu_model.py`` compares the two on the course's kernels and JAX's
-bundled ops). Kernels the learner writes with ``plgpu.kernel`` are checked against plain JAX in
-the notebook but not graded: the grader judges the ``pallas_call``\\s a function makes, and in
-the pinned release ``plgpu.kernel`` binds another primitive (``mpmd_map``).
+bundled ops).
+
+Task 5 is a kernel the learner writes with ``plgpu.kernel``: an RMS norm that stages its tiles
+by TMA. It runs in GPU interpret mode on a CPU (``calling.mosaic_gpu_here``), graded on values
+against plain JAX on every case and on structure through ``kernelsim.gpu``'s model of one CTA
+(``grader.gpu_facts``): both inputs reach shared memory by TMA copies that a barrier wait
+consumes, the result leaves by a committed and awaited TMA copy, and nothing moves between
+global memory and registers past the TMA. (GPU interpret mode completes a copy at once, so
+reading a tile before its wait still gives right values: the wait is judged by structure.)
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import kernelsim
 from grader import calling
 from grader.tasks.a04_memory_spaces import prediction_structure
-from grader.tasks.core import make_case, register_task
+from grader.tasks.core import Rule, make_case, register_task
 
 A15 = "15_mosaic_gpu"
 DTYPES = {2: jnp.bfloat16, 4: jnp.float32}
@@ -188,4 +194,66 @@ register_task(
                   itemsize=4),
     ),
     structure=prediction_structure,
+)
+
+
+# ----------------------------------------------------------------- task 5: a kernel of your own
+RMS_EPS = 1e-6
+
+
+def rms_norm_reference(x, w):
+    """Each row of ``x`` over its root mean square (plus ``RMS_EPS``), times ``w``; in float32,
+    rounded once to ``x``'s dtype."""
+    rows = x.astype(jnp.float32)
+    scale = jax.lax.rsqrt(jnp.mean(rows * rows, axis=1, keepdims=True) + RMS_EPS)
+    return (rows * scale * w.astype(jnp.float32)).astype(x.dtype)
+
+
+def staged_by_tma(t, case, inputs) -> list[Rule]:
+    """One Mosaic GPU kernel whose inputs reach shared memory by TMA copies that a barrier
+    wait consumes, whose result leaves by a TMA copy after ``commit_smem`` and before
+    ``wait_smem_to_gmem``, with no plain load or store of global memory (kernelsim.gpu's
+    model of one CTA)."""
+    rules = [Rule("Mosaic GPU kernel launched", "exactly 1 plgpu.kernel (and no pallas_call)",
+                  f"{len(t.gpu)} plgpu.kernel, {len(t.calls)} pallas_call",
+                  len(t.gpu) == 1 and not t.calls)]
+    if len(t.gpu) != 1:
+        return rules
+    (k,) = t.gpu
+    wanted = [f"in{i}" for i in range(len(inputs))]
+    missing = [f"{name} ({ref})" for name, ref in zip(inputs, wanted, strict=True)
+               if ref not in k.tma_sources]
+    rules += [
+        Rule("inputs staged by TMA", "a plgpu.copy_gmem_to_smem of every input",
+             f"{k.tma_loads} TMA copies in; " + (f"none of {', '.join(missing)}" if missing
+                                                 else "every input copied"), not missing),
+        Rule("every TMA copy waited on", "a plgpu.barrier_wait on each copy's barrier",
+             f"{k.unwaited_loads} of {k.tma_loads} copies never waited on",
+             k.tma_loads > 0 and not k.unwaited_loads),
+        Rule("result sent back by TMA", "plgpu.copy_smem_to_gmem of the output, after "
+             "plgpu.commit_smem, then plgpu.wait_smem_to_gmem",
+             f"{k.tma_stores} TMA copies out to {', '.join(k.tma_targets) or 'nothing'}; "
+             f"{k.uncommitted_stores} without commit_smem before, {k.unawaited_stores} "
+             "without a wait after",
+             "out0" in k.tma_targets and not k.uncommitted_stores and not k.unawaited_stores),
+        Rule("global memory only through the TMA", "no plain loads or stores of a global "
+             "ref (x_gmem[...]) in the kernel", f"{k.gmem_loads} loads, {k.gmem_stores} stores",
+             not k.gmem_loads and not k.gmem_stores),
+    ]
+    return rules
+
+
+register_task(
+    id="rms_norm_mgpu", assignment=A15,
+    title="RMS norm in a Mosaic GPU kernel: TMA copies, barriers, TMA back",
+    reference=rms_norm_reference, tolerance="reduction", target="mosaic_gpu",
+    invoke=calling.mosaic_gpu_here,
+    cases=(
+        make_case("v0", 15, "float32", {"x": (128, 256), "w": (256,)}),
+        make_case("h0", 16, "float32", {"x": (64, 128), "w": (128,)}, True),
+        make_case("h1", 17, "bfloat16", {"x": (256, 256), "w": (256,)}, True),
+        # rows far from zero mean: the mean of squares, not the variance
+        make_case("h2", 18, "float32", {"x": (192, 128), "w": (128,)}, True, values="large"),
+    ),
+    structure=staged_by_tma,
 )

@@ -1,7 +1,7 @@
 """Kernel bodies a learner did not write: the course's own and those of the Pallas ops JAX ships.
 
 "Kernels are your own" (``core.work_rules``) compares each kernel body a submission runs with
-these, by fingerprint (``grader.work.fingerprint``: the body's jaxpr up to the names of its
+these, by fingerprint (``grader.fingerprint``: the body's jaxpr up to the names of its
 variables, dead code and the numbers in it), so a body copied as source text and re-created
 with ``exec`` (whose debug info then points at the notebook) is still recognised.
 
@@ -9,7 +9,8 @@ The fingerprints are stored in ``shipped_kernels.json`` beside this module, made
 ``python -m grader.tasks.shipped`` from:
 
 - ``kernelsim.examples`` and the grader's own kernels (``core.tiled_matmul_call``);
-- the kernels the lessons define (``lessons/*.py``: every ``pallas_call`` a lesson runs);
+- the kernels the lessons define (``lessons/*.py``: every ``pallas_call`` and Mosaic GPU
+  ``plgpu.kernel`` a lesson runs);
 - JAX's bundled Pallas ops (``jax.experimental.pallas.ops``) that compute what a task asks:
   TPU matmul and flash attention, GPU softmax, layer norm, RMS norm and attention.
 
@@ -39,19 +40,6 @@ MIN_BODY = 8  # live equations: smaller bodies are what anyone writes
 def known() -> dict[str, str]:
     """fingerprint -> where the body ships (the stored corpus)."""
     return json.loads(STORE.read_text())["kernels"]
-
-
-def bodies(program) -> Iterator:
-    """The kernel body jaxpr of every pallas_call in ``program``, nested ones included."""
-    from jax.extend.core import jaxprs_in_params
-
-    from grader.calling import open_jaxpr
-
-    for eqn in open_jaxpr(program).eqns:
-        if eqn.primitive.name == "pallas_call":
-            yield eqn.params["jaxpr"]
-        for sub in jaxprs_in_params(eqn.params):
-            yield from bodies(sub)
 
 
 def _zeros(*shapes, dtype=jnp.float32):
@@ -99,41 +87,47 @@ def shipped_calls() -> Iterator[tuple[str, Callable, list]]:
 
 
 def _lesson_calls(log) -> Iterator[tuple[str, object]]:
-    """(where, kernel body) for every pallas_call the lessons run: each lesson's code is
-    executed with ``pl.pallas_call`` wrapped so that each call it makes is traced once."""
+    """(where, kernel body) for every kernel the lessons run: each lesson's code is executed
+    with ``pl.pallas_call`` and ``plgpu.kernel`` wrapped so that each call it makes is traced
+    once."""
     import jupytext
     from jax.experimental import pallas as pl
+    from jax.experimental.pallas import mosaic_gpu as plgpu
 
+    from grader.calling import kernel_bodies
     from grader.refs import REPO
 
     found: list = []
-    original = pl.pallas_call
+    originals = {pl: pl.pallas_call, plgpu: plgpu.kernel}
 
-    def recording(*args, **kwargs):
-        call = original(*args, **kwargs)
+    def recording(original):
+        def make(*args, **kwargs):
+            call = original(*args, **kwargs)
 
-        @functools.wraps(call)
-        def run(*operands):
-            try:
-                found.extend(bodies(jax.make_jaxpr(call)(*operands)))
-            except Exception:  # noqa: BLE001 - a lesson showing an error keeps its error
-                pass
-            return call(*operands)
+            @functools.wraps(call)
+            def run(*operands):
+                try:
+                    found.extend(kernel_bodies(jax.make_jaxpr(call)(*operands)))
+                except Exception:  # noqa: BLE001 - a lesson showing an error keeps its error
+                    pass
+                return call(*operands)
 
-        return run
+            return run
+
+        return make
 
     for path in sorted((REPO / "lessons").glob("[0-9]*.py")):
         source = "\n".join(c.source for c in jupytext.read(path).cells
                            if c.cell_type == "code" and not c.source.lstrip().startswith("%"))
         found.clear()
-        pl.pallas_call = recording
+        pl.pallas_call, plgpu.kernel = recording(pl.pallas_call), recording(plgpu.kernel)
         sys.path.insert(0, str(path.parent))  # the lessons' own helpers (_course.py)
         try:
             exec(compile(source, str(path), "exec"), {"__name__": "__lesson__"})  # noqa: S102
         except Exception as e:  # noqa: BLE001 - what ran until then still counts
             log(f"shipped: {path.name} stopped at {type(e).__name__}: {e}"[:200])
         finally:
-            pl.pallas_call = original
+            pl.pallas_call, plgpu.kernel = originals[pl], originals[plgpu]
             sys.path.remove(str(path.parent))
         for body in found:
             yield f"lessons/{path.name}", body
@@ -147,7 +141,7 @@ def _solution_bodies() -> Iterator[tuple[str, object]]:
     import jupytext
 
     from grader import tasks
-    from grader.calling import trace_case
+    from grader.calling import kernel_bodies, trace_case
     from grader.refs import REPO
 
     for assignment in tasks.ASSIGNMENTS:
@@ -172,14 +166,15 @@ def _solution_bodies() -> Iterator[tuple[str, object]]:
                 if traced.error is not None:
                     raise RuntimeError(f"{task_id}'s solution does not trace on case "
                                        f"{case.name}: {traced.error}")
-                for body in bodies(traced.program):
+                for body in kernel_bodies(traced.program):
                     yield task_id, body
 
 
 def collect(lessons: bool = True, log=print) -> dict[str, str]:
     """fingerprint -> where, for every shipped body of at least ``MIN_BODY`` equations that is
     not an instructor's solution."""
-    from grader.work import body_size, fingerprint
+    from grader.calling import kernel_bodies
+    from grader.fingerprint import body_size, fingerprint
 
     out: dict[str, str] = {}
 
@@ -188,7 +183,7 @@ def collect(lessons: bool = True, log=print) -> dict[str, str]:
             out.setdefault(fingerprint(body), where)
 
     for where, fn, args in shipped_calls():
-        for body in bodies(jax.make_jaxpr(fn)(*args)):
+        for body in kernel_bodies(jax.make_jaxpr(fn)(*args)):
             add(where, body)
     if lessons:
         for where, body in _lesson_calls(log):
@@ -208,7 +203,7 @@ def sources_digest() -> str:
 
     files = sorted({*REPO.glob("lessons/*.py"), *REPO.glob("bench/*.py"),
                     *REPO.glob("kernelsim/**/*.py"), *REPO.glob("grader/tasks/*.py"),
-                    REPO / "grader" / "work.py", REPO / "grader" / "calling.py",
+                    REPO / "grader" / "fingerprint.py", REPO / "grader" / "calling.py",
                     *REPO.glob("exercises/source/*/*.py")})
     digest = hashlib.sha256(f"jax {jax.__version__}".encode())
     for path in files:

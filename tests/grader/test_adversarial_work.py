@@ -28,7 +28,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from grader import course, tasks, work
+from grader import calling, course, fingerprint, tasks, work
 from grader.tasks import shipped
 
 TPU_INTERPRET = pltpu.InterpretParams()
@@ -93,11 +93,11 @@ def test_dead_arithmetic_does_not_hide_a_copied_body():
             out_specs=pl.BlockSpec((16, 128), lambda i, j, k: (i, j)),
             out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
             scratch_shapes=[pltpu.VMEM((16, 128), jnp.float32)], interpret=TPU_INTERPRET)
-        (body,) = shipped.bodies(jax.make_jaxpr(call)(a, b))
+        (body,) = calling.kernel_bodies(jax.make_jaxpr(call)(a, b))
         return body
 
-    assert work.fingerprint(program(padded_kernel)) == \
-        work.fingerprint(program(examples.matmul_kernel))
+    assert fingerprint.fingerprint(program(padded_kernel)) == \
+        fingerprint.fingerprint(program(examples.matmul_kernel))
 
 
 def test_a_pallas_op_jax_ships_is_not_the_learners():
@@ -128,9 +128,9 @@ def test_no_solution_is_shipped():
             arrays = [jnp.asarray(v) for v in task.inputs(case).values()]
             traced = work.trace_case(task, fn, arrays, case.params)
             assert traced.error is None, (task_id, traced.error)
-            found += [(task_id, shipped.known()[work.fingerprint(b)])
-                      for b in shipped.bodies(traced.program)
-                      if work.fingerprint(b) in shipped.known()]
+            found += [(task_id, shipped.known()[fingerprint.fingerprint(b)])
+                      for b in calling.kernel_bodies(traced.program)
+                      if fingerprint.fingerprint(b) in shipped.known()]
     assert found == []
 
 
@@ -235,8 +235,8 @@ def test_the_stored_corpus_holds_jaxs_ops():
     """Every body of the JAX ops the corpus traces is stored (none is a solution); the whole
     corpus, lessons included: the slow test below."""
     missing = [where for where, fn, args in shipped.shipped_calls() if where.startswith("jax")
-               for body in shipped.bodies(jax.make_jaxpr(fn)(*args))
-               if work.fingerprint(body) not in shipped.known()]
+               for body in calling.kernel_bodies(jax.make_jaxpr(fn)(*args))
+               if fingerprint.fingerprint(body) not in shipped.known()]
     assert missing == []
 
 

@@ -17,9 +17,9 @@ Per graded task (every id in ``grader.tasks`` of that assignment):
   its key hint quotes only the buggy cell: every code span beyond a bare name is text of that
   cell, and at least one is, to point at the line to change;
 - the solution cell makes the kernel itself: it calls ``pl.pallas_call`` (or
-  ``pltpu.emit_pipeline`` or ``pl.kernel``), and it calls no function of a setup cell (a locked,
-  non-graded cell) that does. A "predict, then run" task (its id starts with ``predict_``)
-  returns a number and makes no kernel; it needs no call.
+  ``pltpu.emit_pipeline``, ``pl.kernel`` or ``plgpu.kernel``), and it calls no function of a
+  setup cell (a locked, non-graded cell) that does. A "predict, then run" task (its id starts
+  with ``predict_``) returns a number and makes no kernel; it needs no call.
 
 Every assignment folder is checked, so a new assignment is held to the same rules the moment it
 lands. The last tests plant each kind of violation in a copy of a notebook and show the checks
@@ -47,7 +47,8 @@ HINTS = re.compile(
     r"<details><summary>Hint 1: the approach</summary>\n\n(?P<approach>\S.*?)\n\n</details>\n\n"
     r"<details><summary>Hint 2: the key line</summary>\n\n(?P<key>\S.*?)\n\n</details>",
     re.DOTALL)
-MAKES_KERNEL = re.compile(r"\bpl\.pallas_call\b|\bpltpu\.emit_pipeline\b|\bpl\.kernel\b")
+MAKES_KERNEL = re.compile(
+    r"\bpl\.pallas_call\b|\bpltpu\.emit_pipeline\b|\bpl\.kernel\b|\bplgpu\.kernel\b")
 SHORTEST_COPIED_LINE = 25
 SHORTEST_KEY_LINE_COPY = 12  # Hint 2 is held closer: the fix of a bug can be a short line
 SOLUTION_REGION = re.compile(r"^[ \t]*### BEGIN SOLUTION[ \t]*\n(.*?)^[ \t]*### END SOLUTION",
@@ -229,7 +230,7 @@ def problems(path: Path, task_ids: list[str]) -> list[str]:
             continue
         if not MAKES_KERNEL.search(solution.source):
             found.append(f"{where}: task {task!r}: the solution cell makes no kernel itself (no "
-                         "pl.pallas_call, pltpu.emit_pipeline or pl.kernel)")
+                         "pl.pallas_call, pltpu.emit_pipeline, pl.kernel or plgpu.kernel)")
         used = {n.id for n in ast.walk(ast.parse(solution.source)) if isinstance(n, ast.Name)}
         for name in sorted(used & set(helpers)):
             found.append(f"{where}: task {task!r}: the solution calls {name}(), a kernel that "

@@ -26,8 +26,8 @@ from grader import refs, sandbox, trusted
 
 REPO = refs.REPO
 # modules a cell could answer with, or that decide: never in the notebook's process
-GRADERS_OWN = ("tasks", "verdict", "work", "grading", "checker", "selfcheck", "trusted",
-               "messages", "sandbox")
+GRADERS_OWN = ("tasks", "verdict", "work", "gpu_facts", "fingerprint", "grading", "checker",
+               "selfcheck", "trusted", "messages", "sandbox")
 REFUSED = "is the grader's own code"
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
 
-from grader import course
+from grader import calling, course, fingerprint
 
 
 def _call(kernel, x, *operands):
@@ -112,15 +112,12 @@ def test_a_kernel_the_course_ships_is_not_the_learners():
 
 
 def _body(kernel, *shapes):
-    from grader.tasks import shipped
-
     args = [jnp.zeros(s) for s in shapes]
-    (body,) = shipped.bodies(jax.make_jaxpr(lambda *a: _call(kernel, a[0], *a))(*args))
+    (body,) = calling.kernel_bodies(jax.make_jaxpr(lambda *a: _call(kernel, a[0], *a))(*args))
     return body
 
 
 def test_a_fingerprint_is_the_body_up_to_renaming_and_numbers():
-    from grader import work
 
     def scaled(x_ref, y_ref, o_ref):
         o_ref[...] = jnp.exp(x_ref[...] * 2.0) + y_ref[...]
@@ -132,10 +129,11 @@ def test_a_fingerprint_is_the_body_up_to_renaming_and_numbers():
     def other_op(x_ref, y_ref, o_ref):
         o_ref[...] = jnp.exp(x_ref[...] * 2.0) - y_ref[...]
 
-    same = work.fingerprint(_body(scaled, (8, 128), (8, 128)))
-    assert work.fingerprint(_body(renamed, (16, 256), (16, 256))) == same
-    assert work.fingerprint(_body(other_op, (8, 128), (8, 128))) != same
-    assert work.body_size(_body(scaled, (8, 128), (8, 128))) == 6  # 2 reads, mul, exp, add, store
+    same = fingerprint.fingerprint(_body(scaled, (8, 128), (8, 128)))
+    assert fingerprint.fingerprint(_body(renamed, (16, 256), (16, 256))) == same
+    assert fingerprint.fingerprint(_body(other_op, (8, 128), (8, 128))) != same
+    # 2 reads, mul, exp, add, store
+    assert fingerprint.body_size(_body(scaled, (8, 128), (8, 128))) == 6
 
 
 def test_the_work_facts_name_host_callbacks_and_floating_prefetch():

@@ -8,10 +8,11 @@
 # bytes its copies pull from global memory. Predict each from the sizes alone, then let
 # `kernelsim.gpu` (whose shared-memory count is the Mosaic GPU lowering's own) check you.
 #
-# The graded answers are Python `int`s. The kernels of lesson 16 run at the end of the
-# notebook in GPU interpret mode, checked against plain JAX, so you can watch the numbers
-# you predicted. (They are not graded: the grader judges `pallas_call`s, and `plgpu.kernel`
-# is another primitive in the pinned release.)
+# Tasks 1 to 4 are predictions: Python `int`s. Task 5 is a kernel of your own, written with
+# `plgpu.kernel`: it runs in GPU interpret mode on a CPU (compiled on a GPU), and is graded
+# on its values against plain JAX and on what it moves, read by `kernelsim.gpu`. Lesson 16's
+# staging kernel runs at the end of the notebook, so you can watch the numbers you
+# predicted.
 #
 # **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
 # failing check shows its message and the run goes on) and the last cell lists what passed
@@ -205,6 +206,97 @@ course.check("predict_matmul_tma_bytes", predict_matmul_tma_bytes, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# ## Task 5 — write: `rms_norm_mgpu(x, w, interpret)` (6 points)
+#
+# RMS norm, the normalisation of most transformer layers: each row of `x`, shape `(m, n)`,
+# divided by its root mean square, then multiplied by the weights `w`, shape `(n,)`:
+#
+# `out[i, j] = x[i, j] / sqrt(mean(x[i, :]²) + 1e-6) · w[j]`
+#
+# Compute in float32 and return `x`'s dtype. Write it as one Mosaic GPU kernel
+# (`plgpu.kernel`) with one CTA per band of rows, and move the data the way lesson 16 does:
+#
+# * each CTA copies its band of `x`, and `w`, from global to shared memory by TMA
+#   (`plgpu.copy_gmem_to_smem`), each copy completing on a barrier (`plgpu.Barrier()`);
+# * it waits on those barriers (`plgpu.barrier_wait`) before it reads the tiles;
+# * the result goes back through shared memory: store it there, `plgpu.commit_smem()`, TMA it
+#   to the output (`plgpu.copy_smem_to_gmem`), and `plgpu.wait_smem_to_gmem(0)`.
+#
+# `m` is a multiple of 64 and `n` is 128 or 256 (a TMA copy moves at most 256 elements along
+# each dimension). Pass `interpret` on to `plgpu.kernel(interpret=...)`: the grader gives
+# GPU interpret mode on a CPU and `None` (compiled) on a GPU.
+#
+# The grader checks the values on every case, then reads your kernel with `kernelsim.gpu`
+# (one CTA's TMA copies and barrier waits, as in lesson 16): both inputs staged by TMA,
+# every copy waited on, the result sent back by TMA, and no plain load or store of a global
+# ref (`x_gmem[...]`), which would bypass the copy engine. GPU interpret mode finishes a
+# copy at once, so a read before the wait still gives the right values here, and a race on a
+# GPU: the wait is checked by structure.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Start from lesson 16's `scale_rows`: a grid of `m // 64` CTAs, each with a `(64, n)` tile
+# in `scratch_types`. Add a second shared-memory buffer for `w` and a barrier for each copy.
+# In the kernel, read the band as float32, take the mean of its squares along the row, and
+# scale.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# After both waits, read the band as float32. The key line computes one number per row: one
+# over the square root (`jax.lax.rsqrt`) of the mean of the squared band along axis 1, plus
+# 1e-6. The stored result is the band times that per-row scale (indexed `[:, None]`) times the
+# weights (indexed `[None, :]`), cast back to the dtype. To compile on a GPU the lowering needs
+# to know how registers hold these values: give the float32 band the layout
+# `plgpu.Layout.WGMMA` and the float32 weights that layout reduced along axis 0, each with
+# `plgpu.layout_cast` (interpret mode does without).
+#
+# </details>
+
+# %% nbgrader={"grade_id": "rms_norm_mgpu_solution", "solution": true}
+def rms_norm_mgpu(x, w, interpret=None):
+    ### BEGIN SOLUTION
+    band_rows = 64
+    m, n = x.shape
+
+    @functools.partial(
+        plgpu.kernel, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(m // band_rows,), grid_names=("band",),
+        scratch_types=dict(x_smem=plgpu.SMEM((band_rows, n), x.dtype),
+                           w_smem=plgpu.SMEM((n,), w.dtype),
+                           x_landed=plgpu.Barrier(), w_landed=plgpu.Barrier()),
+        interpret=interpret)
+    def kernel(x_gmem, w_gmem, o_gmem, x_smem, w_smem, x_landed, w_landed):
+        band = pl.ds(jax.lax.axis_index("band") * band_rows, band_rows)
+        plgpu.copy_gmem_to_smem(x_gmem.at[band], x_smem, x_landed)
+        plgpu.copy_gmem_to_smem(w_gmem, w_smem, w_landed)
+        plgpu.barrier_wait(x_landed)
+        plgpu.barrier_wait(w_landed)
+        rows = plgpu.layout_cast(x_smem[...].astype(jnp.float32), plgpu.Layout.WGMMA)
+        weights = plgpu.layout_cast(w_smem[...].astype(jnp.float32),
+                                    plgpu.Layout.WGMMA.reduce(0))
+        scale = jax.lax.rsqrt(jnp.mean(rows * rows, axis=1) + 1e-6)
+        x_smem[...] = (rows * scale[:, None] * weights[None, :]).astype(x_smem.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(x_smem, o_gmem.at[band])
+        plgpu.wait_smem_to_gmem(0)
+
+    return kernel(x, w)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "rms_norm_mgpu_visible", "grade": true, "points": 2}
+course.check("rms_norm_mgpu", rms_norm_mgpu)
+
+# %% nbgrader={"grade_id": "rms_norm_mgpu_hidden", "grade": true, "points": 4}
+# Hidden tests: one band, bfloat16, rows far from zero mean.
+### BEGIN HIDDEN TESTS
+course.check("rms_norm_mgpu", rms_norm_mgpu, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
 # ## Now run it
 #
 # Lesson 16's staging kernel, run in GPU interpret mode (compiled on a GPU) and checked
@@ -246,6 +338,19 @@ try:
           f"{predict_accumulator_registers(128, 256)} registers per thread (limit 255)")
 except NotImplementedError:
     print("implement predict_staging_smem and predict_accumulator_registers first")
+
+# %% [markdown]
+# Your kernel of task 5 through the same model: one CTA's events in the order it issues them
+# (the grader reads these), and its shared memory.
+
+# %%
+w = jax.random.normal(jax.random.key(16), (128,), jnp.float32)
+try:
+    (mine,) = kernelsim.gpu.analyse(functools.partial(rms_norm_mgpu, interpret=None), x, w)
+    print(" -> ".join(e.kind for e in mine.events))
+    print(f"{mine.smem_bytes:,} B of shared memory per CTA, grid {mine.grid}")
+except NotImplementedError:
+    print("implement rms_norm_mgpu first")
 
 # %% [markdown]
 # ## What passed

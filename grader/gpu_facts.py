@@ -1,0 +1,100 @@
+"""What a Mosaic GPU kernel moves and waits for, as the verdict reads it.
+
+kernelsim's TPU trace has no model of a ``plgpu.kernel`` (it receives global-memory refs and
+moves what its body says); ``kernelsim.gpu`` walks one CTA's body instead. ``trace`` turns its
+kernels into the facts the structural rules judge (``grader.verdict.GpuKernelFacts``), in the
+trace's place (``grader.work.run_traced``): per kernel, which refs its TMA copies read and
+write, the copies into shared memory that no barrier wait consumes, the TMA stores that no
+``commit_smem`` precedes or no ``wait_smem_to_gmem`` follows, and the plain loads and stores
+between global memory and registers that bypass the TMA. Counts are one CTA's (CTA 0), each
+warpgroup's events in its own program order. ``would_hang`` stops a program before it runs
+when a kernel waits on a barrier nothing signals (GPU interpret mode would wait forever, as a
+GPU does), as ``grader.work.would_hang`` does for a TPU kernel's DMAs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _before(events: list, e: Any, kind: str, since: int = -1) -> bool:
+    """Whether ``e``'s warpgroup issued a ``kind`` event before ``e`` (and after ``since``)."""
+    return any(x.kind == kind and x.warpgroup == e.warpgroup and since < x.order < e.order
+               for x in events)
+
+
+def _unwaited(events: list) -> int:
+    """TMA copies into shared memory that no barrier wait on their barrier follows (in the
+    copying warpgroup after the copy, or in any other: a consumer waits on a producer's
+    copies). Copies may share a barrier and one wait (a pipeline step's operands)."""
+    return sum(not any(w.kind == "barrier_wait" and w.barrier == e.barrier and e.barrier and (
+        w.warpgroup != e.warpgroup or w.order > e.order) for w in events)
+        for e in events if e.kind == "tma_load")
+
+
+def kernel_facts(k: Any) -> dict:
+    """One ``kernelsim.gpu.GpuKernel`` as ``verdict.gpu_from_dict`` reads it (JSON-ready)."""
+    events = k.events
+    stores = [e for e in events if e.kind == "tma_store"]
+    previous = {}  # the order of each warpgroup's last TMA store so far
+    uncommitted = 0
+    for e in stores:
+        uncommitted += not _before(events, e, "commit_smem", previous.get(e.warpgroup, -1))
+        previous[e.warpgroup] = e.order
+    unawaited = sum(not any(x.kind == "wait_tma_store" and x.warpgroup == e.warpgroup
+                            and x.order > e.order for x in events) for e in stores)
+    return {
+        "name": k.name, "grid": list(k.grid), "warpgroups": k.num_threads,
+        "smem_bytes": k.smem_bytes, "barriers": k.barriers,
+        "tma_loads": sum(e.kind == "tma_load" for e in events),
+        "tma_sources": sorted({e.src for e in events if e.kind == "tma_load"}),
+        "tma_stores": len(stores), "tma_targets": sorted({e.dst for e in stores}),
+        "unwaited_loads": _unwaited(events), "uncommitted_stores": uncommitted,
+        "unawaited_stores": unawaited,
+        "gmem_loads": sum(e.kind == "load" for e in events),
+        "gmem_stores": sum(e.kind == "store" for e in events),
+        "complete": not k.events_dropped, "warnings": list(k.warnings)}
+
+
+# primitives that complete a barrier in a way kernelsim.gpu lists no event for
+UNLISTED_SIGNALS = ("tcgen05_mma", "tcgen05_commit_arrive", "barrier_arrive_and_wait")
+
+
+def _unsignalled(k: Any) -> list[str]:
+    """Barriers CTA 0 waits on that nothing in it signals: no TMA copy completes on them, no
+    warpgroup arrives."""
+    signalled = {e.barrier for e in k.events if e.kind in ("tma_load", "barrier_arrive")}
+    return sorted({e.barrier for e in k.events if e.kind == "barrier_wait"} - signalled)
+
+
+def would_hang(kernels: list, work: dict) -> str | None:
+    """Why running these Mosaic GPU kernels would block forever (GPU interpret mode waits as a
+    GPU does): a barrier wait that nothing signals. None: as far as the events show, none (and
+    whenever a kernel of the program, ``work``'s calls, may signal one unlisted)."""
+    if any(set(c["primitives"]) & set(UNLISTED_SIGNALS) for c in work["calls"]):
+        return None
+    for k in kernels:
+        if k.events_dropped or any(e.conditional for e in k.events):
+            continue  # a branch kernelsim could not decide may hold the signal
+        if names := _unsignalled(k):
+            return (f"BarrierWouldHang: plgpu.kernel {k.name} waits on {', '.join(names)}, a "
+                    "barrier no copy completes on and no warpgroup arrives at, so it would never "
+                    "return: pass the barrier to the plgpu.copy_gmem_to_smem whose tile you wait "
+                    "for, or wait only after that copy")
+    return None
+
+
+def trace(kernels: list) -> dict:
+    """The trace of a program whose kernels are Mosaic GPU ones: no ``pallas_call``, and each
+    ``plgpu.kernel``'s facts (``grader.verdict.facts_from_dict`` reads it)."""
+    return {"calls": [], "gpu_kernels": [kernel_facts(k) for k in kernels]}
+
+
+def summary(kernels: list) -> str:
+    """One line per kernel: its launch, shared memory and one CTA's copies, in words."""
+    return "\n".join(
+        f"plgpu.kernel {k.name}: grid {tuple(k.grid)}, {k.smem_bytes:,} B of shared memory "
+        f"per CTA; CTA 0: {k.count('tma_load')} TMA copies into shared memory, "
+        f"{k.count('barrier_wait')} barrier waits, {k.count('tma_store')} TMA copies out; "
+        f"launch reads {k.gmem_read_bytes:,} B, writes {k.gmem_write_bytes:,} B"
+        for k in kernels)
