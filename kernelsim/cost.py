@@ -3,13 +3,28 @@
 Estimated time (seconds) = max(FLOPs / peak, HBM bytes / bandwidth) + steps x per-step cost
 (https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html discusses the per-step overhead).
 FLOPs are counted from the kernel jaxpr (dot_general 2*M*N*K, other arithmetic one per element)
-times the number of grid steps, unless the call carries its own ``pl.CostEstimate``.
+times the number of grid steps, unless the call carries its own ``pl.CostEstimate``. The peak
+and bandwidth are ``Chip.flops_per_second`` and ``Chip.estimate_bytes_per_second`` (the
+measured sustained rates where the chip table has them, float32 matmuls at TF32 on a GPU).
+
+GPU model, L2: a GPU runs many programs at once, and a block that one program reads is read
+again by its neighbours (a matmul's row panel by every program of that row) while it is still
+in L2, so it crosses HBM once, not once per program. kernelsim counts an input block read as
+an L2 hit when a program at most ``Chip.sms - 1`` places earlier in launch order read the same
+block (``l2_hits``): at least one program per SM is resident, so those ran alongside it. The
+launch order is the Triton lowering's: grid dimension 0 fastest (``_process_grid_to_3d_grid``
+in jax/_src/pallas/triton/lowering.py maps it to CUDA's x, which the hardware dispatches
+first -- an observed order, not a documented one). The reuse is keyed by block, not by what
+the body reads of it (a whole-array block is one block). The schedule's copies are unchanged
+(every program still loads its block, from L2 or HBM); only the HBM bytes drop.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+
+import numpy as np
 
 from kernelsim.chips import Chip
 from kernelsim.model import OFF_CHIP, KernelCall, Operand
@@ -49,8 +64,9 @@ class CallCost:
         whole call, so the peak is the sum), with the kernel body's ``run_scoped`` allocations
         at their peak (``KernelCall.scoped_vmem_bytes``; emit_pipeline's buffers among them).
     hbm_read_bytes / hbm_write_bytes: in-bounds bytes (edge blocks count only the part inside
-        the array); hbm_padded_bytes: reads plus writes with every pipeline copy counted as its
-        whole block buffer, as TPU interpret mode copies it (see ``kernelsim.schedule``).
+        the array; the gpu model leaves out L2 hits, see the module docstring);
+        hbm_padded_bytes: reads plus writes with every pipeline copy counted as its whole
+        block buffer, as TPU interpret mode copies it (see ``kernelsim.schedule``).
     compute_seconds / memory_seconds: the two roofline terms; estimated_seconds adds the per-step
         cost to their maximum.
     """
@@ -96,11 +112,40 @@ def _buffers(op: Operand, model: str) -> int:
     return op.buffer_count
 
 
+def launch_rank(grid: tuple[int, ...]) -> np.ndarray:
+    """int64 [steps]: each step's (row-major grid point's) place in a GPU's launch order,
+    grid dimension 0 fastest (see the module docstring)."""
+    if not grid:
+        return np.zeros(1, np.int64)
+    idx = np.indices(grid, dtype=np.int64).reshape(len(grid), -1)
+    return np.ravel_multi_index(tuple(idx), grid, order="F").astype(np.int64)
+
+
+def l2_hits(block_indices: np.ndarray, rank: np.ndarray, window: int) -> np.ndarray:
+    """bool [steps]: the step's block was read by a program fewer than ``window`` places
+    before it in launch order (``rank``), so it comes from L2 (all False if ``window`` < 2).
+
+    block_indices: int64 [steps, ndim], the operand's block index per step.
+    """
+    hits = np.zeros(rank.shape[0], bool)
+    if window < 2 or rank.shape[0] < 2:
+        return hits
+    keys = (np.unique(block_indices, axis=0, return_inverse=True)[1].ravel()
+            if block_indices.shape[1] else np.zeros(rank.shape[0], np.int64))
+    order = np.lexsort((rank, keys))  # by block, then launch order
+    same = keys[order][1:] == keys[order][:-1]
+    near = np.diff(rank[order]) < window
+    hits[order[1:]] = same & near
+    return hits
+
+
 def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
     """Totals of ``schedule`` and its roofline estimate on ``chip``."""
     call: KernelCall = schedule.call
     by_name = {s.operand.name: s for s in schedule.operands}
     # Kernel-body DMAs: HBM bytes of the operand on the off-chip end of each copy.
+    window = chip.sms if schedule.model == "gpu" else 0
+    rank = launch_rank(call.grid) if window else None
     body_read: Counter[str] = Counter()
     body_write: Counter[str] = Counter()
     for copy in call.body_copies:
@@ -123,6 +168,8 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         else:
             restored = int(sched.restored_bytes.sum())  # RevisitMode.ANY read-backs
             moved = int(sched.moved_bytes.sum()) - restored
+            if op.role == "input" and window:
+                moved -= int(sched.block_bytes[l2_hits(op.block_indices, rank, window)].sum())
             is_in = op.role == "input"
             costs.append(OperandCost(
                 op, sched.count(FETCH) + int(sched.restores.sum()), sched.count(SKIP),
@@ -141,10 +188,7 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         flops, source = int(call.cost_estimate_flops), "pl.CostEstimate"
     else:
         flops, source = call.flops_per_step * call.steps, "kernel jaxpr"
-    narrow = call.matmul_dtypes and all(d in ("bfloat16", "float16") or "float8" in d
-                                        for d in call.matmul_dtypes)
-    peak = chip.peak_flops_bf16 if narrow else chip.peak_flops_f32
     overhead = call.steps * chip.per_step_seconds if schedule.model == "tpu" else 0.0
     return CallCost(costs, read, write, read + write + edge_padding, vmem, smem, flops, source,
-                    flops / peak,
-                    (read + write) / chip.hbm_bytes_per_second, overhead)
+                    flops / chip.flops_per_second(call.matmul_dtypes),
+                    (read + write) / chip.estimate_bytes_per_second, overhead)

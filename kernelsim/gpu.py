@@ -99,7 +99,9 @@ class GpuKernel:
     grid: the CUDA grid (CTAs); num_threads: warpgroups per CTA. events: CTA ``cta``'s events
     (every warpgroup's). smem_bytes: shared memory the lowering allocates per CTA (see the
     module docstring). gmem_read_bytes / gmem_write_bytes / flops: for the whole launch, CTA
-    ``cta``'s counts times the number of CTAs (the CTAs of the kernels modelled do equal work).
+    ``cta``'s counts times the number of CTAs (the CTAs of the kernels modelled do equal work);
+    reads count HBM bytes only, the reads that neighbouring CTAs share coming from L2 (see
+    ``_hbm_read_bytes``; a CTA's own ``tma_load`` events still list every copy).
     chip: the chip (``kernelsim.chips``) it was modelled on.
     """
 
@@ -296,6 +298,8 @@ class _Walker:
         self.pending: list[set[tuple[str, int]]] = []
         self.inflight: list[set[tuple[str, int]]] = []
         self.hazards: list[str] = []
+        # every global-memory read in program order: (what it reads, bytes), for L2 reuse
+        self.reads: list[tuple[tuple, int]] = []
 
     # values -------------------------------------------------------------------------------
 
@@ -378,6 +382,9 @@ class _Walker:
         elif name in ("get", "swap") and isinstance(ins[0], _Ref) and ins[0].space == "gmem":
             out_aval = eqn.outvars[0].aval
             kind = "load" if name == "get" else "store"
+            if kind == "load":
+                self.reads.append(((ins[0].name, str(p.get("tree")), _known(ins[1:])),
+                                   _nbytes(out_aval.shape, out_aval.dtype)))
             self.emit(kind, step, conditional, bytes=_nbytes(out_aval.shape, out_aval.dtype),
                       **({"src": ins[0].name} if kind == "load" else {"dst": ins[0].name}))
         elif (subs := _sub_jaxprs(eqn)) and len(subs) == 1 and \
@@ -457,6 +464,7 @@ class _Walker:
                     f"{dst.name} slot {slot} while a WGMMA issued earlier may still read it "
                     "(a wgmma_wait(n > 0) left it in flight): refill one step later "
                     "(plgpu.BlockSpec(..., delay_release=1)) or wait for it (wgmma_wait(0))")
+            self.reads.append(((_name(src), str(tree), _known(leaves)), nbytes))
             barrier = _name(ins[2]) if p.get("has_barrier") else ""
             self.emit("tma_load", step, conditional, src=_name(src), dst=_name(dst),
                       barrier=barrier, bytes=nbytes)
@@ -487,6 +495,12 @@ class _Walker:
             skip += n_leaves
         self.pending.append(reads)
         self.emit("wgmma", step, conditional, flops=2 * m * n * k)
+
+
+def _known(values) -> tuple:
+    """``values`` as a key: a value kernelsim could not compute becomes a fresh object, so
+    two reads with unknown offsets never count as the same."""
+    return tuple(object() if v is _UNKNOWN or not np.isscalar(v) else int(v) for v in values)
 
 
 def _name(ref) -> str:
@@ -567,17 +581,18 @@ def _kernel(eqn, chip: Chip, cta) -> GpuKernel:
     io = [_Ref(f"in{i}" if i < len(jaxpr.invars) - len(p["out_avals"]) else
                f"out{i - (len(jaxpr.invars) - len(p['out_avals']))}", "gmem",
                tuple(v.aval.shape), v.aval.dtype) for i, v in enumerate(jaxpr.invars)]
+    walkers = _walk(jaxpr, io, coords, mesh, threads)
     events, allocations, dropped, totals, hazards = [], [], 0, Counter(), []
-    for wg in range(threads):
-        walker = _Walker(coords, getattr(mesh, "thread_name", None), wg)
-        walker.run(jaxpr, io)
+    for walker in walkers:
         events += walker.events
         allocations = allocations or walker.allocations
         dropped += walker.dropped
         totals += walker.totals
         hazards += walker.hazards
     ctas = math.prod(grid) * max(1, math.prod(getattr(mesh, "cluster", ()) or ()))
-    read = ctas * (totals["tma_load:bytes"] + totals["load:bytes"])
+    reads = [r for w in walkers for r in w.reads]
+    read = round(ctas * _hbm_read_bytes(reads, jaxpr, io, coords, mesh, threads, names,
+                                        grid, chip.sms))
     write = ctas * (totals["tma_store:bytes"] + totals["store:bytes"])
     flops = ctas * totals["wgmma:flops"]
     warnings = hazards[:1] + ([f"... and {len(hazards) - 1} more such refills"]
@@ -587,5 +602,62 @@ def _kernel(eqn, chip: Chip, cta) -> GpuKernel:
                         f"{chip.vmem_bytes:,} B: fewer pipeline stages or smaller tiles.")
     return GpuKernel(p.get("name") or "kernel", grid, names, threads, tuple(cta or (0,) *
                      len(grid)), allocations, smem_total, n_barriers, events, dropped, read,
-                     write, flops, flops / chip.peak_flops_bf16,
-                     (read + write) / chip.hbm_bytes_per_second, warnings, chip.name)
+                     write, flops, flops / chip.flops_per_second(("bfloat16",)),
+                     (read + write) / chip.estimate_bytes_per_second, warnings, chip.name)
+
+
+def _walk(jaxpr, io, coords, mesh, threads) -> list[_Walker]:
+    """One CTA's walk, one walker per warpgroup."""
+    walkers = []
+    for wg in range(threads):
+        walker = _Walker(coords, getattr(mesh, "thread_name", None), wg)
+        walker.run(jaxpr, io)
+        walkers.append(walker)
+    return walkers
+
+
+def _hbm_read_bytes(reads, jaxpr, io, coords, mesh, threads, names, grid, sms) -> float:
+    """Global-memory bytes one CTA reads from HBM on average, L2 reuse counted.
+
+    CTAs run in waves of ``sms`` (at least one per SM is resident), launched grid axis 0
+    first. A read that a CTA and its neighbour along a grid axis make at the same point of
+    their programs with the same offsets does not depend on that axis: the CTAs of a wave
+    that differ only along such axes share it, so it crosses HBM once per distinct
+    combination of the axes it does depend on (the rest are L2 hits). Each axis is judged
+    by one neighbour (the CTA one further along it); a persistent kernel whose CTAs share a
+    read with only some others is judged by that pair. A read whose offsets kernelsim cannot
+    compute (they come from data the kernel loads, a ragged kernel's group sizes) cannot be
+    matched: a wave's such reads of one operand count at most the operand's bytes (each byte
+    from HBM once per wave, the same assumption as for a matched read). Without ``sms`` (a
+    TPU chip table): every read from HBM.
+    """
+    total = sum(b for _, b in reads)
+    ctas = math.prod(grid)
+    if not sms or ctas < 2 or not reads:
+        return float(total)
+    wave = min(sms, ctas)
+    sizes = {r.name: _nbytes(r.shape, r.dtype) for r in io}
+    unmatched: Counter = Counter()
+    for key, nbytes in reads:
+        if not all(isinstance(v, int) for v in key[2]):
+            unmatched[key[0]] += nbytes
+    fetched = sum(min(b * wave, sizes.get(name, b * wave)) / wave
+                  for name, b in unmatched.items())
+    depends = np.zeros((len(reads), len(grid)), bool)
+    for axis, (name, extent) in enumerate(zip(names, grid, strict=False)):
+        if extent < 2:
+            continue
+        moved = {**coords, name: (coords.get(name, 0) + 1) % extent}
+        other = [r for w in _walk(jaxpr, io, moved, mesh, threads) for r in w.reads]
+        if len(other) != len(reads):
+            depends[:, axis] = True
+            continue
+        depends[:, axis] = [a[0] != b[0] for a, b in zip(reads, other, strict=True)]
+    points = np.stack(np.unravel_index(np.arange(wave), grid, order="F"), axis=1)
+    matched = np.array([all(isinstance(v, int) for v in k[2]) for k, _ in reads])
+    for pattern in {tuple(row) for row in depends}:
+        mask = np.all(depends == pattern, axis=1) & matched
+        nbytes = sum(b for (_, b), m in zip(reads, mask, strict=True) if m)
+        distinct = len(np.unique(points[:, list(pattern)], axis=0)) if any(pattern) else 1
+        fetched += nbytes * distinct / wave
+    return fetched
