@@ -619,21 +619,25 @@ def _walk(jaxpr, io, coords, mesh, threads) -> list[_Walker]:
 def _hbm_read_bytes(reads, jaxpr, io, coords, mesh, threads, names, grid, sms) -> float:
     """Global-memory bytes one CTA reads from HBM on average, L2 reuse counted.
 
-    CTAs run in waves of ``sms`` (at least one per SM is resident), launched grid axis 0
-    first. A read that a CTA and its neighbour along a grid axis make at the same point of
-    their programs with the same offsets does not depend on that axis: the CTAs of a wave
-    that differ only along such axes share it, so it crosses HBM once per distinct
-    combination of the axes it does depend on (the rest are L2 hits). Each axis is judged
-    by one neighbour (the CTA one further along it); a persistent kernel whose CTAs share a
-    read with only some others is judged by that pair. A read whose offsets kernelsim cannot
-    compute (they come from data the kernel loads, a ragged kernel's group sizes) cannot be
-    matched: a wave's such reads of one operand count at most the operand's bytes (each byte
-    from HBM once per wave, the same assumption as for a matched read). Without ``sms`` (a
-    TPU chip table): every read from HBM.
+    CTAs run in waves of ``sms`` (at least one per SM is resident), launched in row-major
+    order of the grid: the Mosaic GPU lowering reverses the grid so that its last axis is
+    CUDA's x (``parallel_grid[::-1]`` in jax/_src/pallas/mosaic_gpu/lowering.py), which the
+    hardware dispatches first (observed, not documented). A read that a CTA and its
+    neighbour along a grid axis make at the same point of their programs with the same
+    offsets does not depend on that axis: the CTAs of a wave that differ only along such
+    axes share it, so it crosses HBM once per distinct combination of the axes it does
+    depend on (the rest are L2 hits). Each axis is judged by one neighbour (the CTA one
+    further along it); a persistent kernel whose CTAs share a read with only some others is
+    judged by that pair. A read whose offsets kernelsim cannot compute (they come from data
+    the kernel loads, a ragged kernel's group sizes) cannot be matched: a wave's such reads
+    of one operand count at most the operand's bytes (each byte from HBM once per wave, the
+    same assumption as for a matched read). Without ``sms`` (a
+    TPU chip table), or a grid whose axes have no names to move a CTA along: every read from
+    HBM.
     """
     total = sum(b for _, b in reads)
     ctas = math.prod(grid)
-    if not sms or ctas < 2 or not reads:
+    if not sms or ctas < 2 or not reads or len(names) < len(grid):
         return float(total)
     wave = min(sms, ctas)
     sizes = {r.name: _nbytes(r.shape, r.dtype) for r in io}
@@ -653,7 +657,7 @@ def _hbm_read_bytes(reads, jaxpr, io, coords, mesh, threads, names, grid, sms) -
             depends[:, axis] = True
             continue
         depends[:, axis] = [a[0] != b[0] for a, b in zip(reads, other, strict=True)]
-    points = np.stack(np.unravel_index(np.arange(wave), grid, order="F"), axis=1)
+    points = np.stack(np.unravel_index(np.arange(wave), grid), axis=1)
     matched = np.array([all(isinstance(v, int) for v in k[2]) for k, _ in reads])
     for pattern in {tuple(row) for row in depends}:
         mask = np.all(depends == pattern, axis=1) & matched

@@ -115,20 +115,22 @@ def test_matmul_events_per_pipeline_step():
 
 
 def test_hbm_reads_count_one_wave_of_ctas_sharing_l2():
-    """256 CTAs on the H200's 132 SMs: per wave (launched grid axis 0 first) each A row panel
-    and B column panel the wave touches crosses HBM once; the rest are L2 hits. A panel's
-    reads do not depend on n, B's not on m: a wave of 132 CTAs covers all 16 values of m
-    and 9 of n."""
-    n, t = 1024, 64
+    """256 CTAs on the H200's 132 SMs: per wave (launched in row-major grid order, the last
+    axis fastest) each A row panel and B column panel the wave touches crosses HBM once; the
+    rest are L2 hits. A's reads do not depend on n, B's not on m: on the (32, 8) grid a wave
+    of 132 CTAs covers 17 values of m and all 8 of n (launched axis 0 first it would cover
+    all 32 of m and 5 of n)."""
+    t, k = 64, 1024
     fn = functools.partial(gk.matmul_mgpu, tm=t, tn=t, tk=t, stages=2)
-    (kernel,) = gpu.analyse(fn, S((n, n), BF16), S((n, n), BF16), chip="h200")
-    assert kernel.grid == (16, 16)
-    panel = t * n * 2  # one CTA's A (or B) reads over the K loop, bytes
+    args = S((32 * t, k), BF16), S((k, 8 * t), BF16)
+    (kernel,) = gpu.analyse(fn, *args, chip="h200")
+    assert kernel.grid == (32, 8)
+    panel = t * k * 2  # one CTA's A (or B) reads over the K loop, bytes
     per_cta = kernel.count("tma_load") * t * t * 2
     assert per_cta == 2 * panel
-    assert kernel.gmem_read_bytes == round(256 * (16 + 9) * panel / 132)
+    assert kernel.gmem_read_bytes == round(256 * (17 + 8) * panel / 132)
     # a chip table without an SM count: every CTA's reads from HBM
-    (flat,) = gpu.analyse(fn, S((n, n), BF16), S((n, n), BF16), chip="tpu-v5e")
+    (flat,) = gpu.analyse(fn, *args, chip="tpu-v5e")
     assert flat.gmem_read_bytes == 256 * per_cta
 
 
