@@ -35,7 +35,9 @@ from kernelsim.schedule import FETCH, KEEP, SKIP, WRITEBACK, CallSchedule
 class OperandCost:
     """Totals for one operand over the whole call (bytes are HBM bytes: the pipeline's copies
     plus the DMAs the kernel body starts to or from this operand). An output's ``fetches``
-    are its ``RevisitMode.ANY`` read-backs (none otherwise)."""
+    are its ``RevisitMode.ANY`` read-backs (none otherwise). l2_hit_bytes: gpu model, an
+    input's block reads that L2 serves (left out of ``hbm_read_bytes``; the two together are
+    what the programs load)."""
 
     operand: Operand
     fetches: int
@@ -46,6 +48,7 @@ class OperandCost:
     hbm_write_bytes: int
     onchip_bytes: int
     buffers: int
+    l2_hit_bytes: int = 0
 
     # The operand's own facts, so a view reads one object per operand.
     name = property(lambda self: self.operand.name)
@@ -82,6 +85,11 @@ class CallCost:
     compute_seconds: float
     memory_seconds: float
     overhead_seconds: float
+
+    @property
+    def l2_hit_bytes(self) -> int:
+        """gpu model: the input block reads L2 serves, left out of ``hbm_read_bytes``."""
+        return sum(c.l2_hit_bytes for c in self.operands)
 
     @property
     def onchip_peak_bytes(self) -> int:
@@ -168,14 +176,15 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         else:
             restored = int(sched.restored_bytes.sum())  # RevisitMode.ANY read-backs
             moved = int(sched.moved_bytes.sum()) - restored
-            if op.role == "input" and window:
-                moved -= int(sched.block_bytes[l2_hits(op.block_indices, rank, window)].sum())
+            hit = (int(sched.block_bytes[l2_hits(op.block_indices, rank, window)].sum())
+                   if op.role == "input" and window else 0)
+            moved -= hit
             is_in = op.role == "input"
             costs.append(OperandCost(
                 op, sched.count(FETCH) + int(sched.restores.sum()), sched.count(SKIP),
                 sched.count(WRITEBACK), sched.count(KEEP),
                 (moved if is_in else restored) + read, (0 if is_in else moved) + write,
-                onchip, buffers))
+                onchip, buffers, hit))
     read = sum(c.hbm_read_bytes for c in costs)
     write = sum(c.hbm_write_bytes for c in costs)
     edge_padding = sum(int((s.padded_moved_bytes - s.moved_bytes).sum())

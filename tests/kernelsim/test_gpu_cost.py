@@ -40,6 +40,7 @@ def test_whole_array_block_crosses_hbm_once_on_a_gpu():
     w_cost = next(o for o in c.cost.operands if o.shape == (512, 128))
     assert w_cost.fetches == 400  # every program still loads it (from L2 or HBM) ...
     assert w_cost.hbm_read_bytes == 512 * 128 * 4  # ... and it crosses HBM once
+    assert w_cost.l2_hit_bytes == 399 * 512 * 128 * 4 == c.cost.l2_hit_bytes
     assert c.hbm_read_bytes == (8 * 400 + 512) * 128 * 4
     # the TPU pipeline skips the unchanged block: once as well, as before
     (t,) = kernelsim.trace(_with_table, x, w, model="tpu", chip="tpu-v5e").calls
