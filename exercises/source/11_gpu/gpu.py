@@ -161,7 +161,7 @@ def gpu_matmul(a, b, bm, bn, bk, interpret=INTERPRET):
         o_ref[...] = acc.astype(o_ref.dtype)
 
     # one program per output block, written once; a's row band and b's column band are
-    # read again by every program that needs them (nothing is reused between programs)
+    # loaded again by every program that needs them (no pipeline between programs)
     return pl.pallas_call(
         kernel,
         grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
