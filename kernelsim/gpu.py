@@ -102,6 +102,8 @@ class GpuKernel:
     ``cta``'s counts times the number of CTAs (the CTAs of the kernels modelled do equal work);
     reads count HBM bytes only, the reads that neighbouring CTAs share coming from L2 (see
     ``_hbm_read_bytes``; a CTA's own ``tma_load`` events still list every copy).
+    gmem_load_bytes: what all the CTAs' copies and loads read from global memory, L2 hits
+    included (CTA ``cta``'s times the number of CTAs).
     chip: the chip (``kernelsim.chips``) it was modelled on.
     """
 
@@ -122,6 +124,7 @@ class GpuKernel:
     memory_seconds: float
     warnings: list[str] = field(default_factory=list)
     chip: str = "h100"
+    gmem_load_bytes: int = 0
 
     @property
     def ctas(self) -> int:
@@ -165,6 +168,7 @@ class GpuKernel:
                         "conditional": e.conditional} for e in self.events],
             "events_dropped": self.events_dropped,
             "gmem_read_bytes": self.gmem_read_bytes, "gmem_write_bytes": self.gmem_write_bytes,
+            "gmem_load_bytes": self.gmem_load_bytes,
             "flops": self.flops, "compute_seconds": self.compute_seconds,
             "memory_seconds": self.memory_seconds,
             "estimated_seconds": self.estimated_seconds, "warnings": list(self.warnings),
@@ -603,7 +607,8 @@ def _kernel(eqn, chip: Chip, cta) -> GpuKernel:
     return GpuKernel(p.get("name") or "kernel", grid, names, threads, tuple(cta or (0,) *
                      len(grid)), allocations, smem_total, n_barriers, events, dropped, read,
                      write, flops, flops / chip.flops_per_second(("bfloat16",)),
-                     (read + write) / chip.estimate_bytes_per_second, warnings, chip.name)
+                     (read + write) / chip.estimate_bytes_per_second, warnings, chip.name,
+                     ctas * (totals["tma_load:bytes"] + totals["load:bytes"]))
 
 
 def _walk(jaxpr, io, coords, mesh, threads) -> list[_Walker]:

@@ -129,6 +129,7 @@ def test_hbm_reads_count_one_wave_of_ctas_sharing_l2():
     per_cta = kernel.count("tma_load") * t * t * 2
     assert per_cta == 2 * panel
     assert kernel.gmem_read_bytes == round(256 * (17 + 8) * panel / 132)
+    assert kernel.gmem_load_bytes == 256 * per_cta  # every copy, L2 hits included
     # a chip table without an SM count: every CTA's reads from HBM
     (flat,) = gpu.analyse(fn, *args, chip="tpu-v5e")
     assert flat.gmem_read_bytes == 256 * per_cta
