@@ -7,16 +7,9 @@ times the number of grid steps, unless the call carries its own ``pl.CostEstimat
 and bandwidth are ``Chip.flops_per_second`` and ``Chip.estimate_bytes_per_second`` (the
 measured sustained rates where the chip table has them, float32 matmuls at TF32 on a GPU).
 
-GPU model, L2: a GPU runs many programs at once, and a block that one program reads is read
-again by its neighbours (a matmul's row panel by every program of that row) while it is still
-in L2, so it crosses HBM once, not once per program. kernelsim counts an input block read as
-an L2 hit when a program at most ``Chip.sms - 1`` places earlier in launch order read the same
-block (``l2_hits``): at least one program per SM is resident, so those ran alongside it. The
-launch order is the Triton lowering's: grid dimension 0 fastest (``_process_grid_to_3d_grid``
-in jax/_src/pallas/triton/lowering.py maps it to CUDA's x, which the hardware dispatches
-first -- an observed order, not a documented one). The reuse is keyed by block, not by what
-the body reads of it (a whole-array block is one block). The schedule's copies are unchanged
-(every program still loads its block, from L2 or HBM); only the HBM bytes drop.
+GPU model: reads that programs running side by side share come from L2, not HBM
+(``kernelsim.l2``); ``OperandCost.l2_hit_bytes`` keeps them, so HBM + L2 is what the programs
+load.
 """
 
 from __future__ import annotations
@@ -24,9 +17,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-import numpy as np
-
 from kernelsim.chips import Chip
+from kernelsim.l2 import l2_hits, launch_rank
 from kernelsim.model import OFF_CHIP, KernelCall, Operand
 from kernelsim.schedule import FETCH, KEEP, SKIP, WRITEBACK, CallSchedule
 
@@ -118,33 +110,6 @@ def _buffers(op: Operand, model: str) -> int:
     if model == "gpu":
         return 1
     return op.buffer_count
-
-
-def launch_rank(grid: tuple[int, ...]) -> np.ndarray:
-    """int64 [steps]: each step's (row-major grid point's) place in a GPU's launch order,
-    grid dimension 0 fastest (see the module docstring)."""
-    if not grid:
-        return np.zeros(1, np.int64)
-    idx = np.indices(grid, dtype=np.int64).reshape(len(grid), -1)
-    return np.ravel_multi_index(tuple(idx), grid, order="F").astype(np.int64)
-
-
-def l2_hits(block_indices: np.ndarray, rank: np.ndarray, window: int) -> np.ndarray:
-    """bool [steps]: the step's block was read by a program fewer than ``window`` places
-    before it in launch order (``rank``), so it comes from L2 (all False if ``window`` < 2).
-
-    block_indices: int64 [steps, ndim], the operand's block index per step.
-    """
-    hits = np.zeros(rank.shape[0], bool)
-    if window < 2 or rank.shape[0] < 2:
-        return hits
-    keys = (np.unique(block_indices, axis=0, return_inverse=True)[1].ravel()
-            if block_indices.shape[1] else np.zeros(rank.shape[0], np.int64))
-    order = np.lexsort((rank, keys))  # by block, then launch order
-    same = keys[order][1:] == keys[order][:-1]
-    near = np.diff(rank[order]) < window
-    hits[order[1:]] = same & near
-    return hits
 
 
 def compute(schedule: CallSchedule, chip: Chip) -> CallCost:

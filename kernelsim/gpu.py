@@ -39,6 +39,7 @@ import numpy as np
 
 from kernelsim.chips import Chip, get_chip
 from kernelsim.errors import TraceError
+from kernelsim.l2 import read_key, wave_read_bytes
 
 SMEM_ALIGNMENT = 1024  # jax/_src/pallas/mosaic_gpu/core.py
 MBARRIER_BYTES = 8  # jax/experimental/mosaic/gpu/utils.py
@@ -99,11 +100,8 @@ class GpuKernel:
     grid: the CUDA grid (CTAs); num_threads: warpgroups per CTA. events: CTA ``cta``'s events
     (every warpgroup's). smem_bytes: shared memory the lowering allocates per CTA (see the
     module docstring). gmem_read_bytes / gmem_write_bytes / flops: for the whole launch, CTA
-    ``cta``'s counts times the number of CTAs (the CTAs of the kernels modelled do equal work);
-    reads count HBM bytes only, the reads that neighbouring CTAs share coming from L2 (see
-    ``_hbm_read_bytes``; a CTA's own ``tma_load`` events still list every copy).
-    gmem_load_bytes: what all the CTAs' copies and loads read from global memory, L2 hits
-    included (CTA ``cta``'s times the number of CTAs).
+    ``cta``'s counts times the number of CTAs (the CTAs of the kernels modelled do equal work),
+    reads from HBM only (``kernelsim.l2.wave_read_bytes``); gmem_load_bytes: L2 hits included.
     chip: the chip (``kernelsim.chips``) it was modelled on.
     """
 
@@ -302,8 +300,7 @@ class _Walker:
         self.pending: list[set[tuple[str, int]]] = []
         self.inflight: list[set[tuple[str, int]]] = []
         self.hazards: list[str] = []
-        # every global-memory read in program order: (what it reads, bytes), for L2 reuse
-        self.reads: list[tuple[tuple, int]] = []
+        self.reads: list[tuple[tuple, int]] = []  # global reads, for kernelsim.l2
 
     # values -------------------------------------------------------------------------------
 
@@ -387,7 +384,7 @@ class _Walker:
             out_aval = eqn.outvars[0].aval
             kind = "load" if name == "get" else "store"
             if kind == "load":
-                self.reads.append(((ins[0].name, str(p.get("tree")), _known(ins[1:])),
+                self.reads.append(((ins[0].name, str(p.get("tree")), read_key(ins[1:], _UNKNOWN)),
                                    _nbytes(out_aval.shape, out_aval.dtype)))
             self.emit(kind, step, conditional, bytes=_nbytes(out_aval.shape, out_aval.dtype),
                       **({"src": ins[0].name} if kind == "load" else {"dst": ins[0].name}))
@@ -468,7 +465,7 @@ class _Walker:
                     f"{dst.name} slot {slot} while a WGMMA issued earlier may still read it "
                     "(a wgmma_wait(n > 0) left it in flight): refill one step later "
                     "(plgpu.BlockSpec(..., delay_release=1)) or wait for it (wgmma_wait(0))")
-            self.reads.append(((_name(src), str(tree), _known(leaves)), nbytes))
+            self.reads.append(((_name(src), str(tree), read_key(leaves, _UNKNOWN)), nbytes))
             barrier = _name(ins[2]) if p.get("has_barrier") else ""
             self.emit("tma_load", step, conditional, src=_name(src), dst=_name(dst),
                       barrier=barrier, bytes=nbytes)
@@ -499,12 +496,6 @@ class _Walker:
             skip += n_leaves
         self.pending.append(reads)
         self.emit("wgmma", step, conditional, flops=2 * m * n * k)
-
-
-def _known(values) -> tuple:
-    """``values`` as a key: a value kernelsim could not compute becomes a fresh object, so
-    two reads with unknown offsets never count as the same."""
-    return tuple(object() if v is _UNKNOWN or not np.isscalar(v) else int(v) for v in values)
 
 
 def _name(ref) -> str:
@@ -594,9 +585,10 @@ def _kernel(eqn, chip: Chip, cta) -> GpuKernel:
         totals += walker.totals
         hazards += walker.hazards
     ctas = math.prod(grid) * max(1, math.prod(getattr(mesh, "cluster", ()) or ()))
-    reads = [r for w in walkers for r in w.reads]
-    read = round(ctas * _hbm_read_bytes(reads, jaxpr, io, coords, mesh, threads, names,
-                                        grid, chip.sms))
+    read = round(ctas * wave_read_bytes(
+        [r for w in walkers for r in w.reads],
+        lambda moved: [r for w in _walk(jaxpr, io, moved, mesh, threads) for r in w.reads],
+        names, grid, coords, chip.sms, {r.name: _nbytes(r.shape, r.dtype) for r in io}))
     write = ctas * (totals["tma_store:bytes"] + totals["store:bytes"])
     flops = ctas * totals["wgmma:flops"]
     warnings = hazards[:1] + ([f"... and {len(hazards) - 1} more such refills"]
@@ -613,60 +605,7 @@ def _kernel(eqn, chip: Chip, cta) -> GpuKernel:
 
 def _walk(jaxpr, io, coords, mesh, threads) -> list[_Walker]:
     """One CTA's walk, one walker per warpgroup."""
-    walkers = []
-    for wg in range(threads):
-        walker = _Walker(coords, getattr(mesh, "thread_name", None), wg)
+    walkers = [_Walker(coords, getattr(mesh, "thread_name", None), wg) for wg in range(threads)]
+    for walker in walkers:
         walker.run(jaxpr, io)
-        walkers.append(walker)
     return walkers
-
-
-def _hbm_read_bytes(reads, jaxpr, io, coords, mesh, threads, names, grid, sms) -> float:
-    """Global-memory bytes one CTA reads from HBM on average, L2 reuse counted.
-
-    CTAs run in waves of ``sms`` (at least one per SM is resident), launched in row-major
-    order of the grid: the Mosaic GPU lowering reverses the grid so that its last axis is
-    CUDA's x (``parallel_grid[::-1]`` in jax/_src/pallas/mosaic_gpu/lowering.py), which the
-    hardware dispatches first (observed, not documented). A read that a CTA and its
-    neighbour along a grid axis make at the same point of their programs with the same
-    offsets does not depend on that axis: the CTAs of a wave that differ only along such
-    axes share it, so it crosses HBM once per distinct combination of the axes it does
-    depend on (the rest are L2 hits). Each axis is judged by one neighbour (the CTA one
-    further along it); a persistent kernel whose CTAs share a read with only some others is
-    judged by that pair. A read whose offsets kernelsim cannot compute (they come from data
-    the kernel loads, a ragged kernel's group sizes) cannot be matched: a wave's such reads
-    of one operand count at most the operand's bytes (each byte from HBM once per wave, the
-    same assumption as for a matched read). Without ``sms`` (a
-    TPU chip table), or a grid whose axes have no names to move a CTA along: every read from
-    HBM.
-    """
-    total = sum(b for _, b in reads)
-    ctas = math.prod(grid)
-    if not sms or ctas < 2 or not reads or len(names) < len(grid):
-        return float(total)
-    wave = min(sms, ctas)
-    sizes = {r.name: _nbytes(r.shape, r.dtype) for r in io}
-    unmatched: Counter = Counter()
-    for key, nbytes in reads:
-        if not all(isinstance(v, int) for v in key[2]):
-            unmatched[key[0]] += nbytes
-    fetched = sum(min(b * wave, sizes.get(name, b * wave)) / wave
-                  for name, b in unmatched.items())
-    depends = np.zeros((len(reads), len(grid)), bool)
-    for axis, (name, extent) in enumerate(zip(names, grid, strict=False)):
-        if extent < 2:
-            continue
-        moved = {**coords, name: (coords.get(name, 0) + 1) % extent}
-        other = [r for w in _walk(jaxpr, io, moved, mesh, threads) for r in w.reads]
-        if len(other) != len(reads):
-            depends[:, axis] = True
-            continue
-        depends[:, axis] = [a[0] != b[0] for a, b in zip(reads, other, strict=True)]
-    points = np.stack(np.unravel_index(np.arange(wave), grid), axis=1)
-    matched = np.array([all(isinstance(v, int) for v in k[2]) for k, _ in reads])
-    for pattern in {tuple(row) for row in depends}:
-        mask = np.all(depends == pattern, axis=1) & matched
-        nbytes = sum(b for (_, b), m in zip(reads, mask, strict=True) if m)
-        distinct = len(np.unique(points[:, list(pattern)], axis=0)) if any(pattern) else 1
-        fetched += nbytes * distinct / wave
-    return fetched
