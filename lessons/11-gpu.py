@@ -788,8 +788,9 @@ fig  # noqa: B018 - a cell's last expression is displayed
 # Limits of the model. Its L2 is a rule, not a cache: a re-read by a near neighbour in
 # launch order is free, any other costs HBM bytes again, whatever the size of L2 and
 # whatever order the hardware really dispatches programs in (not documented). It keys reuse
-# by block, not by the part of it the body reads. It does not count the revisiting kernel's reads of its own output (`o_ref[...] += ...`
-# loads the block before storing it), which a GPU pays too. And a block is not staged on
+# by block, not by the part of it the body reads. It does not count the revisiting
+# kernel's reads of its own output (`o_ref[...] += ...` loads the block before storing
+# it), which a GPU pays too. And a block is not staged on
 # chip: the Triton lowering makes each operand a pointer and allocates no shared memory for
 # it, and the GPU-safe program never holds its `(128, 1024)` band at once (it loads
 # `(128, 128)` chunks into registers). So the GPU model names its spaces "global memory" and

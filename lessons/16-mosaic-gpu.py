@@ -431,15 +431,15 @@ else:
 # row and column bands counted once per program and the grouped matmul's whole-array expert
 # table 1024 times (an estimate 60 times the measured time). On a GPU, programs that run
 # side by side share L2: kernelsim now counts a block as an L2 hit when a program launched
-# fewer than 132 places earlier (the H200's SM count) read it. It also divides by what an H200 was measured to
-# sustain (790 TFLOP/s, 4.3 TB/s) rather than the datasheet's 989 and 4.8, and runs float32
-# dots at TF32, as JAX's default precision does. Now the bf16 matmuls are at 1.0 to 1.2, the
-# grouped ones at 1.3 (Triton) and 1.1 (JAX's Mosaic GPU op), the row sums at 1.0: a factor
-# above 1 is time the kernel spends beyond the roofline. Flash attention sits at 1.6 to 1.9:
-# its softmax (exponentials on the special-function units) is work the roofline leaves out.
-# The float32 Triton matmul with B row-major is the one outlier, 4.9: it runs at 80 TFLOP/s,
-# the same kernel fed a K-major B at 217, and kernelsim does not model the lowering's choice
-# of matrix instruction that likely makes the difference.
+# fewer than 132 places earlier (the H200's SM count) read it. It also divides by what an
+# H200 was measured to sustain (790 TFLOP/s, 4.3 TB/s) rather than the datasheet's 989 and
+# 4.8, and runs float32 dots at TF32, as JAX's default precision does. Now the bf16 matmuls are at
+# 1.0 to 1.2, the grouped ones at 1.3 (Triton) and 1.1 (JAX's Mosaic GPU op), the row sums at 1.0: a
+# factor above 1 is time the kernel spends beyond the roofline. Flash attention sits at 1.6 to 1.9:
+# its softmax (exponentials on the special-function units) is work the roofline leaves out. The
+# float32 Triton matmul with B row-major is the one outlier, 4.9: it runs at 80 TFLOP/s, the same
+# kernel fed a K-major B at 217, and kernelsim does not model the lowering's choice of matrix
+# instruction that likely makes the difference.
 
 # %% [markdown]
 # ## What changes from the TPU model
