@@ -21,15 +21,26 @@ also *lowered* for CUDA at its production size (JAX's real lowering, nothing exe
 configuration the lowering refuses (shared memory over the 227 KiB limit, say) shows before a
 GPU is lent.
 
+``--reestimate RECORD``: no GPU needed. Recomputes kernelsim's estimate of every kernel row of
+a recorded run (``RECORD``, a JSON this script wrote on a GPU) from the current model, at the
+production sizes (kernelsim traces shapes, nothing runs), and writes the record back (or to
+``--out``) with each row's new figures under ``kernelsim_reestimated`` beside the original
+``kernelsim``, the summary's under ``kernelsim_reestimated_s`` / ``calibration_reestimated``,
+and a top-level ``reestimated`` saying when and by which model (the git commit of the tree).
+Measured seconds are kept as recorded.
+
 Usage: python bench/gpu_perf.py [--dry-run] [--out PATH] [--budget SECONDS] [--only NAME ...]
+       python bench/gpu_perf.py --reestimate RECORD [--out PATH]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import platform
+import subprocess
 import sys
 import time
 import traceback
@@ -51,14 +62,14 @@ import kernelsim  # noqa: E402
 from kernelsim.chips import get_chip  # noqa: E402
 
 CHIP = "h200"
-# Ceilings. Datasheet: kernelsim's H200 entry (kernelsim/chips.py). Measured on the H200s lent
-# here (/work/.library/device/KINDS.md, 2026-10-28 and 2026-11-04): an 8192³ bf16 product
-# through PyTorch at 769-798 TFLOP/s on random data, a device-to-device copy at ~4.3 TB/s.
-# TF32 (float32 inputs at JAX's default precision on a GPU): 494.7 TFLOP/s dense, NVIDIA H100
-# SXM datasheet (the H200 has the H100's tensor cores).
-MEASURED_BF16_FLOPS = 790e12
-MEASURED_HBM_BYTES_PER_S = 4.3e12
-TF32_FLOPS = 494.7e12
+# Ceilings, all from kernelsim's H200 entry (kernelsim/chips.py, sources there). Datasheet:
+# 989 TFLOP/s bf16, 4.8 TB/s. Measured on the H200s lent here: an 8192³ bf16 product through
+# PyTorch at 769-798 TFLOP/s on random data, a device-to-device copy at ~4.3 TB/s (kernelsim's
+# estimate divides by these). TF32 (float32 inputs at JAX's default precision on a GPU):
+# 494.7 TFLOP/s dense, the H100 SXM datasheet (the H200 has the H100's tensor cores).
+MEASURED_BF16_FLOPS = get_chip(CHIP).sustained_flops_bf16
+MEASURED_HBM_BYTES_PER_S = get_chip(CHIP).sustained_hbm_bytes_per_second
+TF32_FLOPS = get_chip(CHIP).peak_flops_tf32
 
 
 @dataclass
@@ -338,6 +349,90 @@ def _kernelsim(case: Case, args: tuple) -> dict[str, Any]:
             "bound": "compute" if c.cost.compute_seconds >= c.cost.memory_seconds else "memory"}
 
 
+@contextlib.contextmanager
+def _sm_count(sms: int):
+    """JAX's bundled Hopper matmul asks the device for its SM count while it traces; with no
+    GPU (a re-estimate) it is told the modelled chip's."""
+    from jax.experimental.pallas.ops.gpu import hopper_matmul_mgpu as hm
+
+    saved = hm.get_num_sms
+    hm.get_num_sms = lambda: sms
+    try:
+        yield
+    finally:
+        hm.get_num_sms = saved
+
+
+def _model_version() -> str:
+    """The git commit of the tree kernelsim is imported from ("+ changes" if it differs)."""
+    def git(*cmd):
+        return subprocess.run(["git", *cmd], cwd=ROOT, capture_output=True, text=True,
+                              timeout=30).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = git("status", "--porcelain", "kernelsim")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git)"
+    return f"kernelsim at commit {commit or 'unknown'}" + (" + changes" if dirty else "")
+
+
+def reestimate(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` (a GPU run of this script) with kernelsim's estimates recomputed by the
+    current model; measured seconds untouched, the original estimates kept."""
+    cases = {(c.family, c.name, json.dumps(c.config, sort_keys=True)): (fam, c)
+             for fam in families() for c in fam.cases}
+    shapes: dict[str, tuple] = {}
+    with _sm_count(get_chip(CHIP).sms):
+        for row in record["rows"]:
+            if "kernelsim" not in row:
+                continue
+            found = cases.get((row["family"], row["kernel"],
+                               json.dumps(row["config"], sort_keys=True)))
+            if found is None:
+                row["kernelsim_reestimated"] = {"error": "no such case in this script now"}
+                continue
+            fam, case = found
+            if fam.name not in shapes:
+                shapes[fam.name] = jax.eval_shape(functools.partial(fam.make_inputs, False))
+            try:
+                new = _kernelsim(case, shapes[fam.name])
+            except Exception as err:  # noqa: BLE001 - one kernel's failure is recorded
+                new = {"error": _error_text(err)}
+            if "seconds" in row and "estimated_s" in new:
+                new["calibration"] = row["seconds"] / new["estimated_s"]
+            row["kernelsim_reestimated"] = new
+    for fam_name, fam in record["summary"].items():
+        for kernel, entry in fam["kernels"].items():
+            row = next((r for r in record["rows"] if r["family"] == fam_name
+                        and r["kernel"] == kernel and r["config"] == entry["config"]), {})
+            new = row.get("kernelsim_reestimated", {})
+            entry["kernelsim_reestimated_s"] = new.get("estimated_s")
+            entry["calibration_reestimated"] = new.get("calibration")
+    record["reestimated"] = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": _model_version(), "jax": jax.__version__,
+        "note": "kernelsim_reestimated / *_reestimated: recomputed without a GPU from the "
+                "model named here; seconds are the measured ones of the run above; "
+                "kernelsim / kernelsim_estimated_s / calibration: the estimates recorded "
+                "with the run"}
+    return record
+
+
+def _print_reestimate(record: dict[str, Any]) -> None:
+    meta = record["reestimated"]
+    print(f"estimates recomputed {meta['when']} by {meta['model']}; measured seconds from the "
+          f"run of {record['when']}")
+    print(f"{'family':20} {'kernel':34} {'measured':>10} {'was':>10} {'cal':>6} "
+          f"{'now':>10} {'cal':>6}")
+    for fam, s in record["summary"].items():
+        for k, b in s["kernels"].items():
+            now, cal = b.get("kernelsim_reestimated_s"), b.get("calibration_reestimated")
+            print(f"{fam:20} {k:34} {b['seconds'] * 1e3:8.3f}ms "
+                  f"{(b['kernelsim_estimated_s'] or 0) * 1e3:8.3f}ms {b['calibration'] or 0:6.2f} "
+                  + (f"{now * 1e3:8.3f}ms {cal:6.2f}" if now else "     (none)"))
+
+
 def _lower(case: Case, args: tuple) -> str | None:
     """The CUDA lowering's error for the case at the production sizes (``args``: shapes and
     dtypes), or None."""
@@ -391,12 +486,23 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true",
                         help="tiny sizes, interpreted, plus CUDA lowering at production sizes")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_perf.json")
+    parser.add_argument("--out", type=Path, help="default: bench/results/gpu_perf.json; "
+                        "with --reestimate, the record itself")
     parser.add_argument("--budget", type=float, default=270.0,
                         help="seconds; configurations after it is spent are skipped")
     parser.add_argument("--only", nargs="*", default=(), help="family names to run")
+    parser.add_argument("--reestimate", type=Path, metavar="RECORD",
+                        help="recompute kernelsim's estimates of a recorded run (no GPU)")
     args = parser.parse_args(argv)
+    if args.reestimate:
+        out = args.out or args.reestimate
+        report = reestimate(json.loads(args.reestimate.read_text()))
+        out.write_text(json.dumps(report, indent=2, default=str) + "\n")
+        _print_reestimate(report)
+        print(f"wrote {out}")
+        return 0
     dry = args.dry_run
+    args.out = args.out or ROOT / "bench" / "results" / "gpu_perf.json"
     chip = get_chip(CHIP)
     began = time.perf_counter()
     rows: list[dict[str, Any]] = []

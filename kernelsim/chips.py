@@ -21,6 +21,16 @@ class Chip:
     vmem_bytes / smem_bytes: on-chip capacity in bytes (GPU: shared memory per block; smem 0).
     per_step_seconds: fixed cost of one grid step of a sequential TPU pipeline, seconds.
     sources: where each number comes from.
+    peak_flops_tf32: GPU only, FLOP/s of the tensor cores for float32 inputs at JAX's default
+        precision (TF32; the Triton lowering of ``jnp.dot`` picks it for ``Precision.DEFAULT``);
+        0 where a float32 matmul uses ``peak_flops_f32`` (TPU).
+    sms: GPU only, streaming multiprocessors: the programs (thread blocks) resident at once
+        are at least this many, which sets how far apart in launch order two programs may
+        read the same block and still find it in L2 (``kernelsim.cost``); 0 on a TPU.
+    sustained_flops_bf16 / sustained_hbm_bytes_per_second: what the chip was *measured* to
+        sustain (a large cuBLAS product, a device-to-device copy), FLOP/s and bytes/s; the
+        time estimate divides by these where known (0: by the datasheet peaks). The datasheet
+        figures stay the peaks reported beside them.
     scoped_vmem_exceeded_bytes: TPU only, a VMEM footprint JAX's own tests expect to exceed
         Mosaic's *default* scoped VMEM limit (the limit a kernel gets without
         ``vmem_limit_bytes``); 0 where unknown. The default itself is stated neither in JAX's
@@ -39,6 +49,29 @@ class Chip:
     per_step_seconds: float
     sources: tuple[str, ...]
     scoped_vmem_exceeded_bytes: int = 0
+    peak_flops_tf32: float = 0.0
+    sms: int = 0
+    sustained_flops_bf16: float = 0.0
+    sustained_hbm_bytes_per_second: float = 0.0
+
+    def flops_per_second(self, matmul_dtypes: tuple[str, ...]) -> float:
+        """FLOP/s the time estimate assumes for a kernel whose matmuls take ``matmul_dtypes``:
+        16-bit or narrower inputs run at the bf16 peak; float32 inputs at TF32 on a GPU that
+        has it (JAX's default precision), else at ``peak_flops_f32``, which is also the rate
+        of a kernel without a matmul. A matmul rate is scaled to the sustained bf16 rate
+        where one was measured (the same tensor cores at the same clock run both types)."""
+        if not matmul_dtypes:
+            return self.peak_flops_f32
+        narrow = all(d in ("bfloat16", "float16") or "float8" in d for d in matmul_dtypes)
+        peak = self.peak_flops_bf16 if narrow else (self.peak_flops_tf32 or self.peak_flops_f32)
+        if self.sustained_flops_bf16:
+            peak *= self.sustained_flops_bf16 / self.peak_flops_bf16
+        return peak
+
+    @property
+    def estimate_bytes_per_second(self) -> float:
+        """HBM bandwidth the time estimate assumes, bytes/s (sustained where measured)."""
+        return self.sustained_hbm_bytes_per_second or self.hbm_bytes_per_second
 
     @property
     def ridge_flops_per_byte(self) -> float:
@@ -54,6 +87,12 @@ _STEP = ("per-step cost 0.27 us: derived from the JAX TPU matmul guide's v5e 128
 _F32_TPU = ("f32 peak: the JAX TPU matmul guide quotes one figure for bf16/f32 on v5e; f32 at "
             "HIGHEST precision is multi-pass bf16, so this is an upper bound")
 _GPU_STEP = "GPU programs run concurrently: no per-step serial cost is modelled"
+_TF32 = "TF32 494.7 TF dense: NVIDIA H100 SXM datasheet (the H200 has the H100's tensor cores)"
+_SMS = "132 SMs: H100 SXM datasheet; PyTorch on the H200s lent here reported 132 multiprocessors"
+_SUSTAINED = ("sustained 790 TF bf16, 4.3 TB/s: measured on the H200s lent here "
+              "(/work/.library/device/KINDS.md, 2026-10-28 and 2026-11-04: an 8192^3 bf16 "
+              "PyTorch product at 769-798 TF on random data, SM clock 1980 MHz; a "
+              "device-to-device copy at ~4.3 TB/s counting reads and writes)")
 _SCOPED = ("default scoped VMEM: exceeded by two {0} MiB windows, per JAX's "
            "test_automatic_single_buffering (tests/pallas/tpu_pallas_test.py); the default "
            "itself is not stated in JAX's source or docs")
@@ -72,14 +111,19 @@ CHIPS: dict[str, Chip] = {
                     (_GCLOUD.format("v6e"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED.format(20)),
                     40 * MiB),
     "a100": Chip("a100", "gpu", 312e12, 19.5e12, 2039e9, 164 * KiB, 0, 0.0,
-                 ("NVIDIA A100 datasheet (SXM 80GB): 312 TF bf16, 19.5 TF FP32, 2039 GB/s",
-                  "NVIDIA Ampere tuning guide: up to 164 KB shared memory per SM", _GPU_STEP)),
+                 ("NVIDIA A100 datasheet (SXM 80GB): 312 TF bf16, 19.5 TF FP32, 156 TF TF32 "
+                  "dense, 2039 GB/s, 108 SMs",
+                  "NVIDIA Ampere tuning guide: up to 164 KB shared memory per SM", _GPU_STEP),
+                 peak_flops_tf32=156e12, sms=108),
     "h100": Chip("h100", "gpu", 989e12, 67e12, 3.35e12, 227 * KiB, 0, 0.0,
                  ("NVIDIA H100 SXM datasheet: 989 TF bf16 dense, 67 TF FP32, 3.35 TB/s",
-                  "Mosaic GPU core.py: 227 KiB shared memory per block", _GPU_STEP)),
+                  "Mosaic GPU core.py: 227 KiB shared memory per block", _GPU_STEP, _TF32,
+                  _SMS), peak_flops_tf32=494.7e12, sms=132),
     "h200": Chip("h200", "gpu", 989e12, 67e12, 4.8e12, 227 * KiB, 0, 0.0,
                  ("NVIDIA H200 SXM datasheet: same die as H100, 4.8 TB/s HBM3e",
-                  "Mosaic GPU core.py: 227 KiB shared memory per block", _GPU_STEP)),
+                  "Mosaic GPU core.py: 227 KiB shared memory per block", _GPU_STEP, _TF32,
+                  _SMS, _SUSTAINED), peak_flops_tf32=494.7e12, sms=132,
+                 sustained_flops_bf16=790e12, sustained_hbm_bytes_per_second=4.3e12),
 }
 
 

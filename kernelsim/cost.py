@@ -3,7 +3,13 @@
 Estimated time (seconds) = max(FLOPs / peak, HBM bytes / bandwidth) + steps x per-step cost
 (https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html discusses the per-step overhead).
 FLOPs are counted from the kernel jaxpr (dot_general 2*M*N*K, other arithmetic one per element)
-times the number of grid steps, unless the call carries its own ``pl.CostEstimate``.
+times the number of grid steps, unless the call carries its own ``pl.CostEstimate``. The peak
+and bandwidth are ``Chip.flops_per_second`` and ``Chip.estimate_bytes_per_second`` (the
+measured sustained rates where the chip table has them, float32 matmuls at TF32 on a GPU).
+
+GPU model: reads that programs running side by side share come from L2, not HBM
+(``kernelsim.l2``); ``OperandCost.l2_hit_bytes`` keeps them, so HBM + L2 is what the programs
+load.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from kernelsim.chips import Chip
+from kernelsim.l2 import l2_hits, launch_rank
 from kernelsim.model import OFF_CHIP, KernelCall, Operand
 from kernelsim.schedule import FETCH, KEEP, SKIP, WRITEBACK, CallSchedule
 
@@ -20,7 +27,9 @@ from kernelsim.schedule import FETCH, KEEP, SKIP, WRITEBACK, CallSchedule
 class OperandCost:
     """Totals for one operand over the whole call (bytes are HBM bytes: the pipeline's copies
     plus the DMAs the kernel body starts to or from this operand). An output's ``fetches``
-    are its ``RevisitMode.ANY`` read-backs (none otherwise)."""
+    are its ``RevisitMode.ANY`` read-backs (none otherwise). l2_hit_bytes: gpu model, an
+    input's block reads that L2 serves (left out of ``hbm_read_bytes``; the two together are
+    what the programs load)."""
 
     operand: Operand
     fetches: int
@@ -31,6 +40,7 @@ class OperandCost:
     hbm_write_bytes: int
     onchip_bytes: int
     buffers: int
+    l2_hit_bytes: int = 0
 
     # The operand's own facts, so a view reads one object per operand.
     name = property(lambda self: self.operand.name)
@@ -49,8 +59,9 @@ class CallCost:
         whole call, so the peak is the sum), with the kernel body's ``run_scoped`` allocations
         at their peak (``KernelCall.scoped_vmem_bytes``; emit_pipeline's buffers among them).
     hbm_read_bytes / hbm_write_bytes: in-bounds bytes (edge blocks count only the part inside
-        the array); hbm_padded_bytes: reads plus writes with every pipeline copy counted as its
-        whole block buffer, as TPU interpret mode copies it (see ``kernelsim.schedule``).
+        the array; the gpu model leaves out L2 hits, see the module docstring);
+        hbm_padded_bytes: reads plus writes with every pipeline copy counted as its whole
+        block buffer, as TPU interpret mode copies it (see ``kernelsim.schedule``).
     compute_seconds / memory_seconds: the two roofline terms; estimated_seconds adds the per-step
         cost to their maximum.
     """
@@ -66,6 +77,11 @@ class CallCost:
     compute_seconds: float
     memory_seconds: float
     overhead_seconds: float
+
+    @property
+    def l2_hit_bytes(self) -> int:
+        """gpu model: the input block reads L2 serves, left out of ``hbm_read_bytes``."""
+        return sum(c.l2_hit_bytes for c in self.operands)
 
     @property
     def onchip_peak_bytes(self) -> int:
@@ -101,6 +117,8 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
     call: KernelCall = schedule.call
     by_name = {s.operand.name: s for s in schedule.operands}
     # Kernel-body DMAs: HBM bytes of the operand on the off-chip end of each copy.
+    window = chip.sms if schedule.model == "gpu" else 0
+    rank = launch_rank(call.grid) if window else None
     body_read: Counter[str] = Counter()
     body_write: Counter[str] = Counter()
     for copy in call.body_copies:
@@ -123,12 +141,15 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         else:
             restored = int(sched.restored_bytes.sum())  # RevisitMode.ANY read-backs
             moved = int(sched.moved_bytes.sum()) - restored
+            hit = (int(sched.block_bytes[l2_hits(op.block_indices, rank, window)].sum())
+                   if op.role == "input" and window else 0)
+            moved -= hit
             is_in = op.role == "input"
             costs.append(OperandCost(
                 op, sched.count(FETCH) + int(sched.restores.sum()), sched.count(SKIP),
                 sched.count(WRITEBACK), sched.count(KEEP),
                 (moved if is_in else restored) + read, (0 if is_in else moved) + write,
-                onchip, buffers))
+                onchip, buffers, hit))
     read = sum(c.hbm_read_bytes for c in costs)
     write = sum(c.hbm_write_bytes for c in costs)
     edge_padding = sum(int((s.padded_moved_bytes - s.moved_bytes).sum())
@@ -141,10 +162,7 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         flops, source = int(call.cost_estimate_flops), "pl.CostEstimate"
     else:
         flops, source = call.flops_per_step * call.steps, "kernel jaxpr"
-    narrow = call.matmul_dtypes and all(d in ("bfloat16", "float16") or "float8" in d
-                                        for d in call.matmul_dtypes)
-    peak = chip.peak_flops_bf16 if narrow else chip.peak_flops_f32
     overhead = call.steps * chip.per_step_seconds if schedule.model == "tpu" else 0.0
     return CallCost(costs, read, write, read + write + edge_padding, vmem, smem, flops, source,
-                    flops / peak,
-                    (read + write) / chip.hbm_bytes_per_second, overhead)
+                    flops / chip.flops_per_second(call.matmul_dtypes),
+                    (read + write) / chip.estimate_bytes_per_second, overhead)

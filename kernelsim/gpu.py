@@ -39,6 +39,8 @@ import numpy as np
 
 from kernelsim.chips import Chip, get_chip
 from kernelsim.errors import TraceError
+from kernelsim.gpu_refs import UNKNOWN, Ref, ref_name, slot_index, transformed_shape
+from kernelsim.l2 import read_key, wave_read_bytes
 
 SMEM_ALIGNMENT = 1024  # jax/_src/pallas/mosaic_gpu/core.py
 MBARRIER_BYTES = 8  # jax/experimental/mosaic/gpu/utils.py
@@ -99,7 +101,8 @@ class GpuKernel:
     grid: the CUDA grid (CTAs); num_threads: warpgroups per CTA. events: CTA ``cta``'s events
     (every warpgroup's). smem_bytes: shared memory the lowering allocates per CTA (see the
     module docstring). gmem_read_bytes / gmem_write_bytes / flops: for the whole launch, CTA
-    ``cta``'s counts times the number of CTAs (the CTAs of the kernels modelled do equal work).
+    ``cta``'s counts times the number of CTAs (the CTAs of the kernels modelled do equal work),
+    reads from HBM only (``kernelsim.l2.wave_read_bytes``); gmem_load_bytes: L2 hits included.
     chip: the chip (``kernelsim.chips``) it was modelled on.
     """
 
@@ -120,6 +123,7 @@ class GpuKernel:
     memory_seconds: float
     warnings: list[str] = field(default_factory=list)
     chip: str = "h100"
+    gmem_load_bytes: int = 0
 
     @property
     def ctas(self) -> int:
@@ -163,6 +167,7 @@ class GpuKernel:
                         "conditional": e.conditional} for e in self.events],
             "events_dropped": self.events_dropped,
             "gmem_read_bytes": self.gmem_read_bytes, "gmem_write_bytes": self.gmem_write_bytes,
+            "gmem_load_bytes": self.gmem_load_bytes,
             "flops": self.flops, "compute_seconds": self.compute_seconds,
             "memory_seconds": self.memory_seconds,
             "estimated_seconds": self.estimated_seconds, "warnings": list(self.warnings),
@@ -263,16 +268,6 @@ def _barrier_count(barriers: Counter) -> int:
 # One CTA's events: the body walked in program order, scalar arithmetic evaluated
 
 
-@dataclass(frozen=True)
-class _Ref:
-    name: str
-    space: str
-    shape: tuple[int, ...]
-    dtype: Any
-
-
-_UNKNOWN = object()
-
 _BINARY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
            "max": max, "min": min, "eq": lambda a, b: a == b, "ne": lambda a, b: a != b,
            "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b,
@@ -298,13 +293,14 @@ class _Walker:
         self.pending: list[set[tuple[str, int]]] = []
         self.inflight: list[set[tuple[str, int]]] = []
         self.hazards: list[str] = []
+        self.reads: list[tuple[tuple, int]] = []  # global reads, for kernelsim.l2
 
     # values -------------------------------------------------------------------------------
 
     def read(self, env, v):
         if hasattr(v, "val"):  # a Literal
-            return v.val if np.ndim(v.val) == 0 else _UNKNOWN
-        return env.get(v, _UNKNOWN)
+            return v.val if np.ndim(v.val) == 0 else UNKNOWN
+        return env.get(v, UNKNOWN)
 
     def emit(self, kind, step, conditional, **kw):
         self.totals[kind + ":bytes"] += kw.get("bytes", 0)
@@ -332,25 +328,25 @@ class _Walker:
     def eqn(self, eqn, env, step, conditional):
         name = eqn.primitive.name
         ins = [self.read(env, v) for v in eqn.invars]
-        unknown = [_UNKNOWN] * len(eqn.outvars)
+        unknown = [UNKNOWN] * len(eqn.outvars)
         p = eqn.params
         if name == "axis_index":
             axis = p["axis_name"]
             axis = axis[0] if isinstance(axis, tuple) and len(axis) == 1 else axis
             return self.warpgroup if axis == self.thread_axis else self.coords.get(axis, 0)
-        if name in _BINARY and len(ins) == 2 and _UNKNOWN not in ins:
+        if name in _BINARY and len(ins) == 2 and UNKNOWN not in ins:
             return _BINARY[name](*(int(x) for x in ins))
-        if name == "convert_element_type" and ins[0] is not _UNKNOWN:
+        if name == "convert_element_type" and ins[0] is not UNKNOWN:
             return int(ins[0])
-        if name == "not" and ins[0] is not _UNKNOWN:
+        if name == "not" and ins[0] is not UNKNOWN:
             return ~int(ins[0]) if not isinstance(ins[0], bool) else not ins[0]
-        if name == "select_n" and _UNKNOWN not in ins:
+        if name == "select_n" and UNKNOWN not in ins:
             return ins[1 + int(ins[0])]
         if name == "run_scoped":
             inner = p["jaxpr"]
             refs = [self.allocate(v) for v in inner.invars]
             self.run(inner, refs, step, conditional, consts=ins)  # it closes over ``ins``
-            return unknown if eqn.primitive.multiple_results else _UNKNOWN
+            return unknown if eqn.primitive.multiple_results else UNKNOWN
         if name == "scan":
             return self.scan(eqn, ins, step, conditional)
         if name == "while":
@@ -358,13 +354,13 @@ class _Walker:
         if name == "cond":
             branches = p["branches"]
             index = ins[0]
-            known = index is not _UNKNOWN
+            known = index is not UNKNOWN
             branch = branches[min(int(index), len(branches) - 1)] if known else branches[-1]
             return self.run(branch.jaxpr, ins[1:], step, conditional or not known)
         if name in ("copy_gmem_to_smem", "copy_smem_to_gmem"):
             self.copy(eqn, ins, step, conditional)
         elif name in ("barrier_wait", "barrier_arrive"):
-            self.emit(name, step, conditional, barrier=_name(ins[0]))
+            self.emit(name, step, conditional, barrier=ref_name(ins[0]))
         elif name in ("wgmma", "wgmma_ref"):
             self.wgmma(eqn, ins, step, conditional)
         elif name == "wgmma_wait":
@@ -377,26 +373,29 @@ class _Walker:
             self.emit("commit_smem", step, conditional)
         elif name == "wait_smem_to_gmem":
             self.emit("wait_tma_store", step, conditional)
-        elif name in ("get", "swap") and isinstance(ins[0], _Ref) and ins[0].space == "gmem":
+        elif name in ("get", "swap") and isinstance(ins[0], Ref) and ins[0].space == "gmem":
             out_aval = eqn.outvars[0].aval
             kind = "load" if name == "get" else "store"
+            if kind == "load":
+                self.reads.append(((ins[0].name, str(p.get("tree")), read_key(ins[1:], UNKNOWN)),
+                                   _nbytes(out_aval.shape, out_aval.dtype)))
             self.emit(kind, step, conditional, bytes=_nbytes(out_aval.shape, out_aval.dtype),
                       **({"src": ins[0].name} if kind == "load" else {"dst": ins[0].name}))
         elif (subs := _sub_jaxprs(eqn)) and len(subs) == 1 and \
                 len(subs[0].invars) == len(ins):  # jit, custom_jvp/vjp, run_state
             outs = self.run(subs[0], ins, step, conditional)
             return outs if eqn.primitive.multiple_results else outs[0]
-        return unknown if eqn.primitive.multiple_results else _UNKNOWN
+        return unknown if eqn.primitive.multiple_results else UNKNOWN
 
-    def allocate(self, var) -> _Ref:
+    def allocate(self, var) -> Ref:
         """A ``run_scoped`` allocation's ref, one name per variable in every warpgroup's walk."""
         aval, index = var.aval, self.named.setdefault(id(var), len(self.named))
         if _is_barrier(aval):
-            ref = _Ref(f"barrier{index}", "barrier", tuple(aval.shape), "barrier")
+            ref = Ref(f"barrier{index}", "barrier", tuple(aval.shape), "barrier")
             nbytes = math.prod(aval.shape) * MBARRIER_BYTES
         else:
             space = _space(aval) or "smem"
-            ref = _Ref(f"{space}{index}", space, tuple(aval.shape), aval.dtype)
+            ref = Ref(f"{space}{index}", space, tuple(aval.shape), aval.dtype)
             nbytes = _nbytes(aval.shape, aval.dtype)
             nbytes = _align(nbytes) if space == "smem" else nbytes
         if not any(a.name == ref.name for a in self.allocations) and self.warpgroup == 0:
@@ -412,13 +411,13 @@ class _Walker:
             groups = p["ft_in"].update(list(range(len(ins)))).unpack()
             nc, ncarry = len(list(groups[0])), len(list(groups[1]))
         consts, carry = ins[:nc], ins[nc:nc + ncarry]
-        xs = [_UNKNOWN] * (len(ins) - nc - ncarry)
+        xs = [UNKNOWN] * (len(ins) - nc - ncarry)
         outer, self.loop, self.loops = self.loop, self.loops, self.loops + 1
         for i in range(p["length"]):
             outs = self.run(p["jaxpr"].jaxpr, consts + carry + xs, step + (i,), conditional)
             carry = outs[:ncarry]
         self.loop = outer
-        return carry + [_UNKNOWN] * (len(eqn.outvars) - ncarry)
+        return carry + [UNKNOWN] * (len(eqn.outvars) - ncarry)
 
     def while_(self, eqn, ins, step, conditional, cap: int = 1 << 16):
         p = eqn.params
@@ -433,7 +432,7 @@ class _Walker:
     def _iterate(self, p, cconsts, bconsts, carry, step, conditional, cap):
         for i in range(cap):
             (go,) = self.run(p["cond_jaxpr"].jaxpr, cconsts + carry, step, conditional)
-            if go is _UNKNOWN:  # one iteration, marked: the trip count depends on data
+            if go is UNKNOWN:  # one iteration, marked: the trip count depends on data
                 return self.run(p["body_jaxpr"].jaxpr, bconsts + carry, step + (i,), True)
             if not go:
                 break
@@ -450,21 +449,22 @@ class _Walker:
         # bytes from the global-memory side: its slice carries no shared-memory tiling
         gmem, tree, leaves = ((src, p["src_transforms_treedef"], rest[:n_src]) if load else
                               (dst, p["dst_transforms_treedef"], rest[n_src:n_src + n_dst]))
-        nbytes = (_nbytes(_transformed_shape(gmem, tree, leaves), gmem.dtype)
-                  if isinstance(gmem, _Ref) else 0)
+        nbytes = (_nbytes(transformed_shape(gmem, tree, leaves), gmem.dtype)
+                  if isinstance(gmem, Ref) else 0)
         if load:
-            slot = _slot(dst, p["dst_transforms_treedef"], rest[n_src:n_src + n_dst])
+            slot = slot_index(dst, p["dst_transforms_treedef"], rest[n_src:n_src + n_dst])
             if slot is not None and any((dst.name, slot) in group for group in self.inflight):
                 self.hazards.append(
                     f"loop {self.loop} step {step[-1] if step else '-'}: a TMA copy refills "
                     f"{dst.name} slot {slot} while a WGMMA issued earlier may still read it "
                     "(a wgmma_wait(n > 0) left it in flight): refill one step later "
                     "(plgpu.BlockSpec(..., delay_release=1)) or wait for it (wgmma_wait(0))")
-            barrier = _name(ins[2]) if p.get("has_barrier") else ""
-            self.emit("tma_load", step, conditional, src=_name(src), dst=_name(dst),
+            self.reads.append(((ref_name(src), str(tree), read_key(leaves, UNKNOWN)), nbytes))
+            barrier = ref_name(ins[2]) if p.get("has_barrier") else ""
+            self.emit("tma_load", step, conditional, src=ref_name(src), dst=ref_name(dst),
                       barrier=barrier, bytes=nbytes)
         else:
-            self.emit("tma_store", step, conditional, src=_name(src), dst=_name(dst),
+            self.emit("tma_store", step, conditional, src=ref_name(src), dst=ref_name(dst),
                       bytes=nbytes)
 
     def wgmma(self, eqn, ins, step, conditional):
@@ -475,7 +475,7 @@ class _Walker:
         trees = [p.get(f"{x}_transforms_tree") for x in ("acc", "a", "b")]
         if trees[1] is not None:  # a is a slice of a shared-memory allocation
             skip = 3 + (trees[0].num_leaves if trees[0] is not None else 0)
-            shape = _transformed_shape(_Ref("a", "smem", shape, a.dtype), trees[1],
+            shape = transformed_shape(Ref("a", "smem", shape, a.dtype), trees[1],
                                        ins[skip:skip + trees[1].num_leaves])
         k = math.prod(shape) // m  # a tiled SMEM ref keeps its (m, k) elements, not its shape
         reads = set()
@@ -484,52 +484,12 @@ class _Walker:
             n_leaves = tree.num_leaves if tree is not None else 0
             if trees[0] is not None and skip == 3:
                 skip += trees[0].num_leaves
-            slot = _slot(ref, tree, ins[skip:skip + n_leaves])
+            slot = slot_index(ref, tree, ins[skip:skip + n_leaves])
             if slot is not None:
                 reads.add((ref.name, slot))
             skip += n_leaves
         self.pending.append(reads)
         self.emit("wgmma", step, conditional, flops=2 * m * n * k)
-
-
-def _name(ref) -> str:
-    return ref.name if isinstance(ref, _Ref) else "?"
-
-
-def _transformed_shape(ref, treedef, leaves) -> tuple[int, ...]:
-    """The shape of ``ref`` after its transforms (slicing, indexing, reshapes)."""
-    if not isinstance(ref, _Ref):
-        return ()
-    shape = ref.shape
-    values = [np.int32(0) if v is _UNKNOWN or not np.isscalar(v) else np.int32(v)
-              for v in leaves]
-    try:
-        for t in treedef.unflatten(values):
-            if hasattr(t, "get_indexer_shape"):  # an indexer: ref.at[...]
-                shape = tuple(t.get_indexer_shape())
-            elif hasattr(t, "transform_shape"):  # reshapes, tiling, transposes
-                shape = tuple(t.transform_shape(shape))
-    except Exception:  # noqa: BLE001 - a transform kernelsim cannot size: the whole ref
-        return ref.shape
-    return shape
-
-
-def _slot(ref, treedef, leaves) -> int | None:
-    """The slot of a multi-buffered allocation a ref transform selects (``smem.at[slot]``: an
-    integer index on the first axis), when kernelsim knows its value; else None."""
-    if not isinstance(ref, _Ref) or treedef is None:
-        return None
-    unknown = [np.int32(0) for _ in leaves]
-    values = [u if v is _UNKNOWN or not np.isscalar(v) else np.int32(v)
-              for u, v in zip(unknown, leaves, strict=True)]
-    try:  # the indexer may follow layout transforms (unswizzle, untile), which select nothing
-        indexer = next((t for t in treedef.unflatten(values) if hasattr(t, "indices")), None)
-    except Exception:  # noqa: BLE001 - transforms kernelsim cannot read: no slot
-        return None
-    index = indexer.indices[0] if indexer is not None else None
-    if index is None or any(index is u for u in unknown) or not np.isscalar(index):
-        return None
-    return int(index)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -573,20 +533,22 @@ def _kernel(eqn, chip: Chip, cta) -> GpuKernel:
     smem, barriers = _resources(jaxpr, reduction)
     n_barriers = _barrier_count(barriers)
     smem_total = smem + n_barriers * MBARRIER_BYTES
-    io = [_Ref(f"in{i}" if i < len(jaxpr.invars) - len(p["out_avals"]) else
+    io = [Ref(f"in{i}" if i < len(jaxpr.invars) - len(p["out_avals"]) else
                f"out{i - (len(jaxpr.invars) - len(p['out_avals']))}", "gmem",
                tuple(v.aval.shape), v.aval.dtype) for i, v in enumerate(jaxpr.invars)]
+    walkers = _walk(jaxpr, io, coords, mesh, threads)
     events, allocations, dropped, totals, hazards = [], [], 0, Counter(), []
-    for wg in range(threads):
-        walker = _Walker(coords, getattr(mesh, "thread_name", None), wg)
-        walker.run(jaxpr, io)
+    for walker in walkers:
         events += walker.events
         allocations = allocations or walker.allocations
         dropped += walker.dropped
         totals += walker.totals
         hazards += walker.hazards
     ctas = math.prod(grid) * max(1, math.prod(getattr(mesh, "cluster", ()) or ()))
-    read = ctas * (totals["tma_load:bytes"] + totals["load:bytes"])
+    read = round(ctas * wave_read_bytes(
+        [r for w in walkers for r in w.reads],
+        lambda moved: [r for w in _walk(jaxpr, io, moved, mesh, threads) for r in w.reads],
+        names, grid, coords, chip.sms, {r.name: _nbytes(r.shape, r.dtype) for r in io}))
     write = ctas * (totals["tma_store:bytes"] + totals["store:bytes"])
     flops = ctas * totals["wgmma:flops"]
     warnings = hazards[:1] + ([f"... and {len(hazards) - 1} more such refills"]
@@ -596,5 +558,14 @@ def _kernel(eqn, chip: Chip, cta) -> GpuKernel:
                         f"{chip.vmem_bytes:,} B: fewer pipeline stages or smaller tiles.")
     return GpuKernel(p.get("name") or "kernel", grid, names, threads, tuple(cta or (0,) *
                      len(grid)), allocations, smem_total, n_barriers, events, dropped, read,
-                     write, flops, flops / chip.peak_flops_bf16,
-                     (read + write) / chip.hbm_bytes_per_second, warnings, chip.name)
+                     write, flops, flops / chip.flops_per_second(("bfloat16",)),
+                     (read + write) / chip.estimate_bytes_per_second, warnings, chip.name,
+                     ctas * (totals["tma_load:bytes"] + totals["load:bytes"]))
+
+
+def _walk(jaxpr, io, coords, mesh, threads) -> list[_Walker]:
+    """One CTA's walk, one walker per warpgroup."""
+    walkers = [_Walker(coords, getattr(mesh, "thread_name", None), wg) for wg in range(threads)]
+    for walker in walkers:
+        walker.run(jaxpr, io)
+    return walkers

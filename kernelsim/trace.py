@@ -282,7 +282,8 @@ def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
     """Analyse every pallas_call ``fn(*args)`` reaches, without running any kernel body.
 
     model: ``"tpu"`` (sequential grid, unchanged input blocks skipped) or ``"gpu"`` (one
-        program per grid point, nothing reused). chip: a name in ``kernelsim.chips.CHIPS``.
+        program per grid point, each loading its blocks; re-reads by programs running
+        alongside come from L2, see ``kernelsim.cost``). chip: a name in ``kernelsim.chips.CHIPS``.
     strict: raise ``TraceError`` instead of collecting warnings.
     record_access: also interpret each kernel body at every grid step and record its ref
         reads and writes (``CallTrace.accesses``, see ``kernelsim.access``). Indices come from

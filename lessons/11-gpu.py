@@ -28,8 +28,8 @@
 # 4. ask JAX's real lowerings, from a CPU, which kernels compile where
 #    (`kernelsim.gpu_lowering_error`, `kernelsim.tpu_lowering_error`), and say what a
 #    successful lowering does not prove;
-# 5. read kernelsim's `gpu` model: nothing is reused between programs, and a revisited output
-#    block costs one HBM write per program.
+# 5. read kernelsim's `gpu` model: programs that run at once share reads through L2, and a
+#    revisited output block costs one HBM write per program.
 #
 # Everything here runs on a CPU: kernels in interpret mode, lowerings for TPU and CUDA
 # without either chip. On a GPU the GPU-safe kernels compile; TPU-only ones run in TPU
@@ -729,10 +729,15 @@ fig  # noqa: B018 - a cell's last expression is displayed
 #
 # `kernelsim.trace(fn, *args, model="gpu", chip="h100")` models a grid as the Triton lowering
 # launches it: one program per grid point, every program loading each of its input blocks
-# and storing each of its output blocks, nothing reused between programs (there is no
-# pipeline to skip a copy). The estimate takes the H100's peak FLOP/s and HBM bandwidth and
-# adds no per-step cost, since the programs run concurrently. Compare the two matmul shapes
-# on a `1024³` float32 problem, both with `128`-wide blocks:
+# and storing each of its output blocks (there is no pipeline to skip a copy). Programs run
+# side by side, at least one per SM, so a block that another program read shortly before is
+# still in L2: kernelsim counts a read as HBM traffic only when no program launched fewer
+# places earlier than the chip has SMs (132 on an H100) read the same block, taking the
+# launch order of the Triton lowering (grid dimension 0 fastest). Every store goes to HBM.
+# The estimate takes the H100's peak FLOP/s (a float32 dot at TF32, which JAX's default
+# precision picks) and HBM bandwidth and adds no per-step cost, since the programs run
+# concurrently. Compare the two matmul shapes on a `1024³` float32 problem, both with
+# `128`-wide blocks:
 
 # %%
 big_a = jnp.zeros((1024, 1024), jnp.float32)
@@ -754,13 +759,14 @@ assert revisiting.operand("o_ref").writebacks == 8 * safe.operand("o_ref").write
 assert revisiting.hbm_write_bytes == 8 * safe.hbm_write_bytes
 
 # %% [markdown]
-# Both shapes read the same `A` and `B` bytes: without reuse between programs, every output
-# block needs its whole `A` row band and `B` column band either way. The difference is the
-# output. The revisiting shape stores every output block once per `k` step, 8 times here,
-# and even if those stores did not race they would cost 8 times the output's bytes: 32 MiB
-# instead of 4, which the memory time shows. (Both estimates end up compute-bound: kernelsim
-# takes the H100's float32 peak, 67 TFLOP/s, far below its bfloat16 peak.) The heatmaps count
-# the stores per output block under the GPU model:
+# Both shapes read the same `A` and `B` bytes, each once: every output block needs its
+# whole `A` row band and `B` column band either way, and the programs sharing a band run
+# close enough together to find it in L2. The difference is the output. The revisiting
+# shape stores every output block once per `k` step, 8 times here, and even if those
+# stores did not race they would cost 8 times the output's bytes: 32 MiB instead of 4,
+# which the memory time shows; it makes that shape's estimate memory-bound, while the
+# GPU-safe shape's is compute-bound. The heatmaps count the stores per output block under
+# the GPU model:
 
 # %%
 fig = Figure(figsize=(_course.FIGURE_WIDTH, 3.8), layout="constrained")
@@ -779,10 +785,12 @@ fig.colorbar(im, ax=axes, shrink=0.8, label="stores")
 fig  # noqa: B018 - a cell's last expression is displayed
 
 # %% [markdown]
-# Limits of the model. It counts every program's loads as HBM traffic, while a real GPU's L2
-# cache serves part of the repeated `A` and `B` reads: read those bytes as an upper bound.
-# It does not count the revisiting kernel's reads of its own output (`o_ref[...] += ...`
-# loads the block before storing it), which a GPU pays too. And a block is not staged on
+# Limits of the model. Its L2 is a rule, not a cache: a re-read by a near neighbour in
+# launch order is free, any other costs HBM bytes again, whatever the size of L2 and
+# whatever order the hardware really dispatches programs in (not documented). It keys reuse
+# by block, not by the part of it the body reads. It does not count the revisiting
+# kernel's reads of its own output (`o_ref[...] += ...` loads the block before storing
+# it), which a GPU pays too. And a block is not staged on
 # chip: the Triton lowering makes each operand a pointer and allocates no shared memory for
 # it, and the GPU-safe program never holds its `(128, 1024)` band at once (it loads
 # `(128, 128)` chunks into registers). So the GPU model names its spaces "global memory" and

@@ -158,7 +158,7 @@ register_task(
 def matmul_tma_read_bytes(m, n, k, tm, tn, tk, itemsize) -> int:
     """Global-memory bytes the TMA copies of lesson 16's WGMMA matmul read in the whole
     launch: one CTA per ``(tm, tn)`` output tile, an ``emit_pipeline`` over K copying an A and
-    a B tile per step."""
+    a B tile per step (every copy counted, whether L2 or HBM serves it)."""
     dtype = DTYPES[itemsize]
 
     @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((m, n), dtype),
@@ -175,7 +175,7 @@ def matmul_tma_read_bytes(m, n, k, tm, tn, tk, itemsize) -> int:
                       plgpu.BlockSpec((tk, tn), lambda kk: (kk, j))])(a_gmem, b_gmem)
 
     return _analyse(kernel, jax.ShapeDtypeStruct((m, k), dtype),
-                    jax.ShapeDtypeStruct((k, n), dtype)).gmem_read_bytes
+                    jax.ShapeDtypeStruct((k, n), dtype)).gmem_load_bytes
 
 
 register_task(

@@ -641,7 +641,8 @@ class Viewer {
     }
     const K = this.gpu.kernel;
     lane.append(row, h("div", {class: "ks-meta", text:
-      `whole launch: ${fmtBytes(K.gmem_read)} read, ${fmtBytes(K.gmem_write)} written`}));
+      `whole launch: ${fmtBytes(K.gmem_read)} read from HBM (L2 hits left out), ` +
+      `${fmtBytes(K.gmem_write)} written`}));
   }
 
   buildGpuAllocations(lane, spaces) {

@@ -38,3 +38,36 @@ def test_dry_run_checks_and_lowers_every_kernel(tmp_path):
     assert {r["family"] for r in rows} == {"matmul_bf16", "matmul_f32", "attention_4k",
                                           "attention_16k", "row_sums_f32",
                                           "grouped_matmul_bf16"}
+
+
+@pytest.mark.slow
+def test_reestimate_recomputes_a_recorded_run_without_a_gpu(tmp_path):
+    """``--reestimate``: the recorded H200 run's grouped matmuls traced at their production
+    sizes on the CPU; measured seconds and the estimates recorded with the run stay, the
+    current model's estimates come beside them, with when and which model made them."""
+    recorded = json.loads((ROOT / "bench" / "recorded" / "gpu_perf-h200.json").read_text())
+    family = "grouped_matmul_bf16"
+    trimmed = {**recorded, "rows": [r for r in recorded["rows"] if r["family"] == family],
+               "summary": {family: recorded["summary"][family]}}
+    trimmed.pop("reestimated", None)
+    for r in trimmed["rows"]:
+        r.pop("kernelsim_reestimated", None)
+    record = tmp_path / "run.json"
+    record.write_text(json.dumps(trimmed))
+    out = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_perf.py"), "--reestimate",
+                          str(record)], check=True, cwd=ROOT, timeout=600, capture_output=True,
+                         text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"}).stdout
+    report = json.loads(record.read_text())
+    assert "estimates recomputed" in out and report["reestimated"]["model"].startswith(
+        ("kernelsim at commit", "unknown"))
+    traced = [r for r in report["rows"] if "kernelsim" in r]
+    assert len(traced) == 3
+    for new, old in zip(traced, [r for r in trimmed["rows"] if "kernelsim" in r], strict=True):
+        assert (new["seconds"], new["kernelsim"]) == (old["seconds"], old["kernelsim"])
+        again = new["kernelsim_reestimated"]
+        assert again["calibration"] == new["seconds"] / again["estimated_s"]
+    best = report["summary"][family]["kernels"]
+    # the whole-array expert table was charged to every program: 0.016 with the run
+    triton = best["grouped_matmul_triton"]
+    assert triton["calibration"] < 0.02 and 0.5 < triton["calibration_reestimated"] < 2
+    assert 0.5 < best["ragged_dot_mgpu (JAX bundled)"]["calibration_reestimated"] < 2

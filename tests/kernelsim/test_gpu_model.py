@@ -104,12 +104,35 @@ def test_matmul_events_per_pipeline_step():
     assert [e.kind for e in kernel.events[-3:]] == ["commit_smem", "tma_store",
                                                    "wait_tma_store"]
     assert kernel.flops == 2 * 512 ** 3
-    assert kernel.gmem_read_bytes == 16 * k_steps * (tm * tk + tk * tn) * 2
+    # the 16 CTAs are one wave on an H200 (132 SMs): each A row panel and B column panel
+    # crosses HBM once, the other CTAs of its row or column find it in L2
+    assert kernel.gmem_read_bytes == 2 * 512 * 512 * 2
     assert kernel.gmem_write_bytes == 512 * 512 * 2
     d = kernel.to_dict()
     assert [s["name"] for s in d["memory_spaces"]] == ["global memory", "shared memory",
                                                        "registers"]
     assert {a["space"] for a in d["allocations"]} >= {"smem", "barrier", "regs"}
+
+
+def test_hbm_reads_count_one_wave_of_ctas_sharing_l2():
+    """256 CTAs on the H200's 132 SMs: per wave (launched in row-major grid order, the last
+    axis fastest) each A row panel and B column panel the wave touches crosses HBM once; the
+    rest are L2 hits. A's reads do not depend on n, B's not on m: on the (32, 8) grid a wave
+    of 132 CTAs covers 17 values of m and all 8 of n (launched axis 0 first it would cover
+    all 32 of m and 5 of n)."""
+    t, k = 64, 1024
+    fn = functools.partial(gk.matmul_mgpu, tm=t, tn=t, tk=t, stages=2)
+    args = S((32 * t, k), BF16), S((k, 8 * t), BF16)
+    (kernel,) = gpu.analyse(fn, *args, chip="h200")
+    assert kernel.grid == (32, 8)
+    panel = t * k * 2  # one CTA's A (or B) reads over the K loop, bytes
+    per_cta = kernel.count("tma_load") * t * t * 2
+    assert per_cta == 2 * panel
+    assert kernel.gmem_read_bytes == round(256 * (17 + 8) * panel / 132)
+    assert kernel.gmem_load_bytes == 256 * per_cta  # every copy, L2 hits included
+    # a chip table without an SM count: every CTA's reads from HBM
+    (flat,) = gpu.analyse(fn, *args, chip="tpu-v5e")
+    assert flat.gmem_read_bytes == 256 * per_cta
 
 
 def test_warp_specialized_matmul_splits_copies_and_math():

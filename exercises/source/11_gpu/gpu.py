@@ -161,7 +161,7 @@ def gpu_matmul(a, b, bm, bn, bk, interpret=INTERPRET):
         o_ref[...] = acc.astype(o_ref.dtype)
 
     # one program per output block, written once; a's row band and b's column band are
-    # read again by every program that needs them (nothing is reused between programs)
+    # loaded again by every program that needs them (no pipeline between programs)
     return pl.pallas_call(
         kernel,
         grid=(pl.cdiv(m, bm), pl.cdiv(n, bn)),
@@ -187,12 +187,15 @@ course.check("gpu_matmul", gpu_matmul, hidden=True)
 # ## Task 3 — predict, then run: `predict_gpu_reads(m, k, n, bm, bn, itemsize)` (3 points)
 #
 # Before running anything: how many bytes of `a` and `b` together does kernelsim's **GPU
-# model** (`kernelsim.trace(..., model="gpu")`) count as read from HBM by your task 2 kernel,
-# for `a` of shape `(m, k)`, `b` of shape `(k, n)`, blocks `bm` and `bn`, and `itemsize` bytes
-# per element? Return a Python `int`, computed from the sizes alone by your own code (a
-# prediction that calls kernelsim or the grader's code fails); the grade compares it with
-# kernelsim's count. The GPU model runs one program per grid point and reuses nothing
-# between programs; an edge block moves only its in-bounds part.
+# model** (`kernelsim.trace(..., model="gpu")`) have the programs of your task 2 kernel load
+# from global memory, for `a` of shape `(m, k)`, `b` of shape `(k, n)`, blocks `bm` and `bn`,
+# and `itemsize` bytes per element? Return a Python `int`, computed from the sizes alone by
+# your own code (a prediction that calls kernelsim or the grader's code fails); the grade
+# compares it with kernelsim's count. The GPU model runs one program per grid point, and
+# every program loads its own blocks (no pipeline skips one); an edge block moves only its
+# in-bounds part. Of those loads, kernelsim counts a re-read by a program running alongside
+# as served by L2 (`cost.l2_hit_bytes`) and the rest as HBM reads (`hbm_read_bytes`): the
+# two together are the loads you predict.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
@@ -233,8 +236,9 @@ course.check("predict_gpu_reads", predict_gpu_reads, hidden=True)
 
 # %% [markdown]
 # Now run it: kernelsim traces your `gpu_matmul` on these sizes under both models. The GPU
-# model's `fetches` column shows every program reading its bands; the TPU model, which runs
-# the grid in order, skips `a`'s band while `j` moves along a row of the grid.
+# model's `fetches` column shows every program reading its bands, most of them from L2 on
+# this small grid; the TPU model, which runs the grid in order, skips `a`'s band while `j`
+# moves along a row of the grid.
 
 # %%
 sizes = dict(m=128, k=512, n=512, bm=64, bn=128)
@@ -245,8 +249,10 @@ try:
     fn = functools.partial(gpu_matmul, bm=sizes["bm"], bn=sizes["bn"], bk=64)
     for model, chip in (("gpu", "h100"), ("tpu", "tpu-v5e")):
         traced = kernelsim.trace(fn, a, b, model=model, chip=chip)
-        print(f"{model} model: kernelsim counts {traced.calls[0].hbm_read_bytes:,} B read "
-              f"(you predicted {predicted:,} B for the GPU model)")
+        cost = traced.calls[0].cost
+        print(f"{model} model: the programs load {cost.hbm_read_bytes + cost.l2_hit_bytes:,} B "
+              f"({cost.hbm_read_bytes:,} B from HBM; you predicted {predicted:,} B for the "
+              "GPU model)")
         print(traced)
 except NotImplementedError:
     print("implement gpu_matmul and predict_gpu_reads first")

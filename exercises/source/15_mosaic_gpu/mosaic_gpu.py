@@ -168,7 +168,8 @@ course.check("predict_accumulator_registers", predict_accumulator_registers, hid
 # Lesson 16's WGMMA matmul for `(m, k) @ (k, n)`: one CTA per `(tm, tn)` output tile, and in
 # each CTA an `emit_pipeline` over K that TMA-copies one `(tm, tk)` tile of A and one
 # `(tk, tn)` tile of B per step. How many bytes do all the TMA copies of the launch read
-# from global memory? (The sizes divide evenly; no CTA shares a copy with another.)
+# from global memory? (The sizes divide evenly. Every CTA makes its own copies, even of a
+# tile another CTA copies too; count them all, whether L2 or HBM ends up serving them.)
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>

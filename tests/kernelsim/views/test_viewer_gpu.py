@@ -53,7 +53,8 @@ def test_numbers_are_the_kernels(kernels):
             assert K["event_counts"][w] == len(mine) == len(events)
             assert [(e["kind"], e["bytes"]) for e in events] == [(e.kind, e.bytes) for e in mine]
         # a CTA's global-memory traffic, per operand, adds up to the launch's over its CTAs
-        assert sum(g["read"] for g in data["gmem"]) * k.ctas == k.gmem_read_bytes
+        # (reads: at most that, the reads neighbouring CTAs share come from L2)
+        assert sum(g["read"] for g in data["gmem"]) * k.ctas >= k.gmem_read_bytes > 0
         assert sum(g["written"] for g in data["gmem"]) * k.ctas == k.gmem_write_bytes
     assert len(v.gpu_viewer_data(kernels[1])["events"]) == 3
 
