@@ -32,6 +32,9 @@ REFRESH = "python -m grader.shipped_lessons"
 BODY_START = '<div class="jupyter-wrapper">'
 # a lesson that takes functions from another one: _course.definitions("08-flash-attention", ...)
 _DEFINITIONS = re.compile(r"""definitions\(\s*["'](\d\d-[\w-]+)["']""")
+# a module a lesson imports (a benchmark's, from bench/ on its path), a record it reads
+_IMPORTED = re.compile(r"^\s*(?:import|from)\s+(\w+)", re.M)
+_RECORDED = re.compile(r"""["']recorded["']\s*/\s*["']([\w.-]+)["']""")
 
 
 def lessons() -> list[Path]:
@@ -40,9 +43,15 @@ def lessons() -> list[Path]:
 
 def lesson_inputs(lesson: Path) -> list[Path]:
     """The files a lesson's outputs come from: the lesson, the lessons it takes functions from,
-    ``lessons/_course.py`` and kernelsim (Python and the viewer's JavaScript)."""
-    taken = {LESSONS_DIR / f"{stem}.py" for stem in _DEFINITIONS.findall(lesson.read_text())}
+    ``lessons/_course.py``, kernelsim (Python and the viewer's JavaScript), and the benchmark's
+    modules it imports and records it reads (lesson 16: ``bench/gpu_kernels.py``, the H200
+    run)."""
+    text = lesson.read_text()
+    taken = {LESSONS_DIR / f"{stem}.py" for stem in _DEFINITIONS.findall(text)}
+    bench = {REPO / "bench" / f"{name}.py" for name in _IMPORTED.findall(text)}
+    recorded = {REPO / "bench" / "recorded" / name for name in _RECORDED.findall(text)}
     return sorted({lesson, *taken, LESSONS_DIR / "_course.py",
+                   *(p for p in bench | recorded if p.is_file()),
                    *(REPO / "kernelsim").rglob("*.py"), *(REPO / "kernelsim").rglob("*.js")})
 
 

@@ -195,14 +195,16 @@ def collect(lessons: bool = True, log=print) -> dict[str, str]:
 
 
 def sources_digest() -> str:
-    """A digest of everything ``collect`` reads: the lessons and the modules they import from
-    the repository, kernelsim, the grader's tasks, fingerprints and tracing (``calling``), the
-    instructor notebooks, and JAX's version. Equal to the stored one: the stored corpus was
+    """A digest of everything ``collect`` reads: the lessons and what they read from the
+    repository (``grader.shipped_lessons.lesson_inputs``: kernelsim, the bench modules they
+    import), the grader's tasks, fingerprints and tracing (``calling``), the instructor
+    notebooks, and JAX's version. Equal to the stored one: the stored corpus was
     made from these."""
     from grader.refs import REPO
+    from grader.shipped_lessons import lesson_inputs, lessons
 
-    files = sorted({*REPO.glob("lessons/*.py"), *REPO.glob("bench/*.py"),
-                    *REPO.glob("kernelsim/**/*.py"), *REPO.glob("grader/tasks/*.py"),
+    files = sorted({*(p for lesson in lessons() for p in lesson_inputs(lesson)),
+                    *REPO.glob("grader/tasks/*.py"),
                     REPO / "grader" / "fingerprint.py", REPO / "grader" / "calling.py",
                     *REPO.glob("exercises/source/*/*.py")})
     digest = hashlib.sha256(f"jax {jax.__version__}".encode())

@@ -90,6 +90,14 @@ def test_a_lesson_depends_on_the_lessons_it_takes_functions_from():
     assert "viewer.js" in names and "09-debugging.py" not in names
 
 
+def test_a_lesson_depends_on_the_bench_modules_it_imports_and_the_records_it_reads():
+    lesson16 = shipped_lessons.LESSONS_DIR / "16-mosaic-gpu.py"
+    names = {p.name for p in shipped_lessons.lesson_inputs(lesson16)}
+    assert {"gpu_kernels.py", "gpu_perf-h200.json"} <= names
+    # a standard module of the same name as nothing in bench/ is not an input
+    assert "json.py" not in names and "grading.py" not in names
+
+
 def test_prune_removes_pages_of_gone_lessons_and_unused_heads(shipped):
     (shipped / "99-gone.json").write_text(json.dumps({"head": "feedfeedfeed"}))
     (shipped / "head-feedfeedfeed.html").write_text("<style></style>")
