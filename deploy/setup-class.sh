@@ -57,16 +57,20 @@ PIDS=$STATE/run
 LOGS=$STATE/log
 
 # ----------------------------------------------------------------------------- services
-stop_pid() {  # stop_pid NAME: SIGTERM its session, SIGKILL what is left after 20 s
-  local f=$PIDS/$1.pid pid
-  [ -f "$f" ] || return 0
-  pid=$(cat "$f")
-  if kill -0 "$pid" 2>/dev/null; then
+stop_services() {  # stop_services NAME...: SIGTERM their sessions, SIGKILL what is left after
+  local name pid pids=()  # 20 s; all at once, each shuts down in about 2 s (hub, Dask)
+  for name in "$@"; do
+    [ -f "$PIDS/$name.pid" ] || continue
+    pid=$(cat "$PIDS/$name.pid")
+    kill -0 "$pid" 2>/dev/null || continue
     kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null || true
+    pids+=("$pid")
+  done
+  for pid in "${pids[@]}"; do
     for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     kill -KILL -- "-$pid" 2>/dev/null || true
-  fi
-  rm -f "$f"
+  done
+  for name in "$@"; do rm -f "$PIDS/$name.pid"; done
 }
 
 running() { [ -f "$PIDS/$1.pid" ] && kill -0 "$(cat "$PIDS/$1.pid")" 2>/dev/null; }
@@ -99,7 +103,7 @@ if [ "$REMOVE" = 1 ]; then
   [ -f "$STATE/demo" ] || [ ! -d "$STATE" ] || die "$STATE holds a class that was not set up \
 with --demo: --remove deletes its course folder and gradebook; back them up and delete \
 $STATE/.. by hand, or touch $STATE/demo to confirm"
-  for s in hub dask-workers dask-scheduler; do stop_pid "$s"; done
+  stop_services hub dask-workers dask-scheduler
   if command -v pg_lsclusters >/dev/null && read -r v n port st < <(pg_cluster) && [ -n "${v:-}" ]; then
     if [ "$st" = online ]; then
       as_postgres psql -p "$port" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)" || true
@@ -184,7 +188,7 @@ stamp="$SRC_VENV $(cd "$REPO" && { stat -c %Y "$SRC_VENV/pyvenv.cfg" pyproject.t
   find grader kernelsim -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 cat; } \
   | md5sum | cut -c1-32)"
 if [ ! -f "$VENV/.pallas-stamp" ] || [ "$(cat "$VENV/.pallas-stamp")" != "$stamp" ]; then
-  for s in hub dask-workers dask-scheduler; do stop_pid "$s"; done  # restarted on the new one
+  stop_services hub dask-workers dask-scheduler  # restarted on the new one
   if runuser -u nobody -- "$BASE/bin/python$PYVER" -c '' 2>/dev/null; then
     PYHOME=$BASE
   else
@@ -213,10 +217,12 @@ s|^command = .*|command = $PYHOME/bin/python$PYVER -m venv $VENV|" "$VENV.new/py
   done
   chmod -R a+rX "$VENV.new"
   rm -rf "$VENV"; mv "$VENV.new" "$VENV"
+  # checked before the stamp is written: a rerun skips this (2 s of imports) only for an
+  # environment that has run as an unprivileged account
+  runuser -u nobody -- "$VENV/bin/python" -c 'import grader.cli, nbgrader, jupyterhub' \
+    || die "$VENV/bin/python does not run as an unprivileged account; see the error above"
   echo "$stamp" >"$VENV/.pallas-stamp"
 fi
-runuser -u nobody -- "$VENV/bin/python" -c 'import grader.cli, nbgrader, jupyterhub' \
-  || die "$VENV/bin/python does not run as an unprivileged account; see the error above"
 # the hub's configuration and the per-role Jupyter configurations, readable by every server
 rm -rf "$PREFIX/jupyterhub"; cp -r "$REPO/deploy/jupyterhub" "$PREFIX/jupyterhub"
 chmod -R a+rX "$PREFIX"
