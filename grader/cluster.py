@@ -98,6 +98,14 @@ def _worker(root: str, db: str | None, address: str) -> grading.Worker:
     return _here["worker"]
 
 
+def dask_setup(dask_worker) -> None:
+    """Run when a Dask worker starts (``distributed.worker.preload`` in
+    deploy/dask/grading.yaml names this module): import what grading a submission needs in
+    this process (nbformat checks that a submission is a notebook: seconds of CPU on a busy
+    machine) once, when the worker starts, instead of in its first submission."""
+    import nbformat  # noqa: F401
+
+
 def preflight(root: str, db: str | None, dask_worker=None) -> None:
     """On every Dask worker before a batch (``Client.run`` passes ``dask_worker``), as before a
     local one: can a jailed Python there import the course?"""
