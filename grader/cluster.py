@@ -19,7 +19,11 @@ is there anyway.
 Each Dask worker process grades one submission at a time (start workers with ``--nthreads 1``;
 more threads would wait on the lock below) in a sandbox slot of its own (``grading.claim_slot``,
 as the local pool's), so graders on one machine never share a sandbox uid. Its grading worker
-is kept between tasks: nbgrader starts once per Dask worker, not once per submission. Every
+is kept between tasks: nbgrader starts once per Dask worker, not once per submission. The
+scheduler and workers read deploy/dask/grading.yaml (in ``DASK_CONFIG``): a worker is handed its
+next submission when it finishes the last, as in the local pool's queue, it imports what grading
+needs when it starts (``dask_setup``), and Dask's housekeeping, made for millisecond tasks,
+polls seldom beside tasks that wait seconds on their grading process. Every
 Dask worker runs the jail check a local batch runs (``grading.check_jail``) before it grades
 anything: the workers present run it before the batch starts (one failure stops the batch,
 nothing graded), a worker that joins mid-batch runs it before its first submission. A late
