@@ -9,9 +9,10 @@ course copy. Prints a table and writes bench/results/grading.json.
 
 Then the same batch on a Dask cluster on this machine speaking TLS only (``autograde
 --scheduler``: a scheduler and 1 or 2 ``dask worker --nthreads 1`` processes, started before
-the clock runs, as a class's cluster is), its overhead against the local pool with as many
-workers, and a model of a 2,000-learner term built from the measured cost of one submission
-(``term_model``).
+the clock runs, as a class's cluster is, with deploy/dask/grading.yaml's settings), its overhead
+against the local pool with as many workers, the CPU seconds of Dask's own processes per
+submission (the scheduler, nannies and workers, not the grading under them), and a model of
+a 2,000-learner term built from the measured cost of one submission (``term_model``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import dask  # noqa: E402
+import psutil  # noqa: E402
 
 from grader import build, collect, grading  # noqa: E402
 
@@ -93,6 +95,18 @@ def measured(row: dict):
     row["machine_cpu_s_per_submission"] = round((_busy_cpu_seconds() - busy) / N, 2)
 
 
+def dask_processes(cluster: DaskCluster) -> list[psutil.Process]:
+    """The cluster's own processes: the scheduler, each worker's nanny and its worker process
+    (not the grading processes under it, which the local pool runs too)."""
+    nannies = [psutil.Process(p.pid) for p in cluster.workers]
+    return [psutil.Process(cluster.scheduler.pid), *nannies,
+            *(c for n in nannies for c in n.children())]
+
+
+def _cpu_s(procs: list[psutil.Process]) -> float:
+    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+
+
 def dask_rows(tmp: Path, local: dict[int, dict]) -> list[dict]:
     """The batch on a Dask cluster of 1 and 2 workers; ``local``: the local pool's rows by
     worker count, for the overhead."""
@@ -103,10 +117,14 @@ def dask_rows(tmp: Path, local: dict[int, dict]) -> list[dict]:
         cluster = DaskCluster(workers, tmp / f"dask-{workers}", tls=True)
         row = {"runner": f"pallas-course --scheduler (dask, TLS, {workers} worker(s))"}
         try:
+            own = dask_processes(cluster)
+            before = _cpu_s(own)
             # the workers' CPU: the machine's (they are not our children)
             with measured(row), dask.config.set(cluster.client_config):
                 res = grading.autograde(root, A, scheduler=cluster.address, progress=None,
                                         log=lambda *a: None)
+            # what Dask itself costs beside the grading, whatever else the machine runs
+            row["dask_cpu_s_per_submission"] = round((_cpu_s(own) - before) / N, 2)
         finally:
             cluster.close()
         row.update({"median_s_per_submission": round(statistics.median(
@@ -194,7 +212,9 @@ def main() -> None:
     for r in rows[3:]:
         speedup = r.get("speedup_vs_1_worker")
         print(f"{r['runner']}: {100 * r['overhead_vs_local_pool']:+.1f} % vs the local pool"
-              + (f", {speedup}x one worker" if speedup else ""))
+              + (f", {speedup}x one worker" if speedup else "")
+              + f"; Dask's own processes {r['dask_cpu_s_per_submission']:.2f} CPU-s per "
+              "submission")
     print(model["text"])
     out.write_text(json.dumps({"submissions": N, "assignment": A, "cores": os.cpu_count(),
                                "rows": rows, "term_model": model}, indent=1))

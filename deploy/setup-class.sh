@@ -322,6 +322,8 @@ distributed:
   scheduler:
     no-workers-timeout: 10m
 EOF
+# Dask's housekeeping tuned for long grading tasks, and the workers' preload (no secret)
+install -m 0644 "$REPO/deploy/dask/grading.yaml" "$ETC/dask/grading.yaml"
 chmod -R a+rX "$ETC"
 SCHEDULER="tls://127.0.0.1:$DASK_PORT"
 grader_env=(env -i PATH="$VENV/bin:/usr/bin:/bin" HOME="$STATE/grader" LANG=C.UTF-8

@@ -19,7 +19,11 @@ is there anyway.
 Each Dask worker process grades one submission at a time (start workers with ``--nthreads 1``;
 more threads would wait on the lock below) in a sandbox slot of its own (``sandbox.claim_slot``,
 as the local pool's), so graders on one machine never share a sandbox uid. Its grading worker
-is kept between tasks: nbgrader starts once per Dask worker, not once per submission. Every
+is kept between tasks: nbgrader starts once per Dask worker, not once per submission. The
+scheduler and workers read deploy/dask/grading.yaml (in ``DASK_CONFIG``): a worker is handed its
+next submission when it finishes the last, as in the local pool's queue, it imports what grading
+needs when it starts (``dask_setup``), and Dask's housekeeping, made for millisecond tasks,
+polls seldom beside tasks that wait seconds on their grading process. Every
 Dask worker runs the jail check a local batch runs (``grading.check_jail``) before it grades
 anything: the workers present run it before the batch starts (one failure stops the batch,
 nothing graded), a worker that joins mid-batch runs it before its first submission. A late
@@ -96,6 +100,14 @@ def _worker(root: str, db: str | None, address: str) -> grading.Worker:
             raise WorkerUnfit(address, str(e)) from None
         _here["checked"] = True
     return _here["worker"]
+
+
+def dask_setup(dask_worker) -> None:
+    """Run when a Dask worker starts (``distributed.worker.preload`` in
+    deploy/dask/grading.yaml names this module): import what grading a submission needs in
+    this process (nbformat checks that a submission is a notebook: seconds of CPU on a busy
+    machine) once, when the worker starts, instead of in its first submission."""
+    import nbformat  # noqa: F401
 
 
 def preflight(root: str, db: str | None, dask_worker=None) -> None:

@@ -27,6 +27,8 @@ import psutil
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
 A = "01_first_kernel"
+# the Dask settings a class's scheduler and workers run with (deploy/setup-class.sh installs them)
+DASK_GRADING_CONFIG = REPO / "deploy" / "dask" / "grading.yaml"
 # learner cells get this many seconds instead of 60: a dying or looping submission ends sooner
 LEARNER_CELL_TIMEOUT = "5"
 
@@ -174,13 +176,15 @@ def tls_certificates(d: Path) -> dict[str, str]:
 
 class DaskCluster:
     """``dask scheduler`` and ``dask worker --nthreads 1`` processes, as deploy/README.md
-    starts them on a class's machines; ``env`` is added to the workers' environment. With
+    starts them on a class's machines, with its Dask settings (``DASK_GRADING_CONFIG``);
+    ``env`` is added to the workers' environment. With
     ``tls``, they speak TLS only (certificates of ``tls_certificates``); ``client_config`` is
     what a client needs (``dask.config.set``)."""
 
     def __init__(self, workers: int, logs: Path, env: dict[str, str] | None = None,
                  tls: bool = False):
-        self.logs, self.env = logs, {**os.environ, **(env or {})}
+        environ = {**os.environ, "DASK_CONFIG": str(DASK_GRADING_CONFIG)}
+        self.logs, self.env = logs, {**environ, **(env or {})}
         logs.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.tls_args: list = []
@@ -193,7 +197,7 @@ class DaskCluster:
         self.address = f"{'tls' if tls else 'tcp'}://127.0.0.1:{port}"
         self.scheduler = spawn([BIN / "dask", "scheduler", "--host", "127.0.0.1", "--port", port,
                                 "--no-dashboard", *(["--protocol", "tls"] if tls else []),
-                                *self.tls_args], logs / "scheduler.log")
+                                *self.tls_args], logs / "scheduler.log", env=environ)
         self.workers: list[subprocess.Popen] = []
         try:
             wait_for_port(port, self.scheduler, logs / "scheduler.log")
