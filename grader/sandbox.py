@@ -27,6 +27,7 @@ import os
 import queue
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -42,7 +43,6 @@ Isolation = Literal["jail", "rlimits"]
 
 SANDBOX_UID_BASE = 61000  # uid SANDBOX_UID_BASE + slot runs slot's submission when root
 SLOTS = 256  # uid SANDBOX_UID_BASE + SLOTS + slot runs slot's checker (grader.checker)
-SLOT_LOCKS = Path(tempfile.gettempdir()) / "pallas-course-slots"  # which slots are in use
 
 
 @dataclass(frozen=True)
@@ -102,13 +102,30 @@ def user_namespaces() -> bool:
         return False
 
 
+def private_folder(name: str, mode: int = 0o700) -> Path:
+    """``<tmp>/NAME-<uid>``: a folder of this account's own, made with ``mode`` when missing.
+
+    Per account, because root's grading and an instructor's own account on one machine must not
+    share it (a folder root made is closed to the other). Refused when it is not a directory
+    this account owns and alone can write: whoever made it first could otherwise swap what is
+    in it."""
+    folder = Path(tempfile.gettempdir()) / f"{name}-{os.geteuid()}"
+    folder.mkdir(mode=mode, exist_ok=True)
+    st = os.lstat(folder)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        raise RuntimeError(f"{folder} is not a directory owned by this user and writable by it "
+                           "alone; remove it and grade again")
+    return folder
+
+
 def claim_slot() -> tuple[int, int]:
-    """A sandbox slot (a uid of its own) that no other grader on this machine holds, and the fd
-    whose lock holds it until closed or until this process ends, however it ends: concurrent
-    batches and Dask workers on one machine never kill each other's runs."""
-    SLOT_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    """A sandbox slot (a uid of its own) that no other grader of this account on this machine
+    holds, and the fd whose lock holds it until closed or until this process ends, however it
+    ends: concurrent batches and Dask workers on one machine never kill each other's runs.
+    (Only root switches to a slot's uids, so only root's slots must be machine-wide.)"""
+    locks = private_folder("pallas-course-slots")
     for slot in range(SLOTS):
-        fd = os.open(SLOT_LOCKS / f"{slot}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fd = os.open(locks / f"{slot}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

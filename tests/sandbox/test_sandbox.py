@@ -110,3 +110,48 @@ def test_escaped_background_process_is_killed(tmp_path):
     if sandbox.isolation() == "jail":
         time.sleep(0.2)
         assert sandbox._pids_of_uid(sandbox.sandbox_uid(4)) == []
+
+
+# ----------------------------------------------------------------------------- slots and folders
+def test_a_squatted_private_folder_is_refused(tmp_path, monkeypatch):
+    """Someone who made ``<tmp>/NAME-<uid>`` first (writable by others) does not get to hold
+    this account's slot locks or jails: the grader stops and says what to do."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    mine = sandbox.private_folder("pallas-course-slots")
+    assert mine.name == f"pallas-course-slots-{os.geteuid()}"
+    assert mine.stat().st_mode & 0o777 == 0o700
+    squatted = tmp_path / f"pallas-course-jails-{os.geteuid()}"
+    squatted.mkdir()
+    squatted.chmod(0o777)
+    with pytest.raises(RuntimeError, match="remove it and grade again"):
+        sandbox.private_folder("pallas-course-jails", mode=0o711)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second account")
+def test_an_instructor_account_claims_a_slot_while_root_holds_one():
+    """Root grading on the machine must not lock an instructor's own account out of releasing
+    (one machine-wide lock folder, made 0700 by whoever came first, did)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    slot, lock = sandbox.claim_slot()
+    # the module alone, where the second account can read it (pytest's tmp_path is root's)
+    where = Path(tempfile.mkdtemp(dir="/tmp"))
+    where.chmod(0o755)
+    (where / "grader").mkdir()
+    shutil.copy(Path(sandbox.__file__), where / "grader" / "sandbox.py")
+    (where / "grader" / "__init__.py").write_text("")
+    try:
+        out = subprocess.run(
+            [shutil.which("runuser"), "-u", "nobody", "--", "/usr/bin/python3", "-c",
+             "from grader import sandbox; print(sandbox.claim_slot()[0])"],
+            cwd=where, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(where)},
+            capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "0"  # its own first slot: root's locks are root's alone
+    finally:
+        os.close(lock)
+        shutil.rmtree(where)
+        shutil.rmtree(Path("/tmp") / "pallas-course-slots-65534", ignore_errors=True)
+    assert slot >= 0
