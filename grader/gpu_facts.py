@@ -96,6 +96,6 @@ def summary(kernels: list) -> str:
         f"plgpu.kernel {k.name}: grid {tuple(k.grid)}, {k.smem_bytes:,} B of shared memory "
         f"per CTA; CTA 0: {k.count('tma_load')} TMA copies into shared memory, "
         f"{k.count('barrier_wait')} barrier waits, {k.count('tma_store')} TMA copies out; "
-        f"launch reads {k.gmem_read_bytes:,} B from HBM (L2 hits aside), "
-        f"writes {k.gmem_write_bytes:,} B"
+        f"launch: {k.gmem_read_bytes:,} B of global-memory reads that miss L2, "
+        f"{k.gmem_write_bytes:,} B written"
         for k in kernels)

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 from jax.extend.core import Literal, jaxprs_in_params
 
+from grader import gpu_facts
 from grader.calling import (
     COURSE_CODE,
     KERNEL_CALLS,
@@ -288,7 +289,6 @@ def run_traced(t: Traced) -> CaseRun:
     from jax.extend.core import jaxpr_as_fun
 
     import kernelsim
-    from grader import gpu_facts
 
     if t.error is not None:
         return CaseRun(error=t.error)

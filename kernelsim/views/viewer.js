@@ -641,7 +641,7 @@ class Viewer {
     }
     const K = this.gpu.kernel;
     lane.append(row, h("div", {class: "ks-meta", text:
-      `whole launch: ${fmtBytes(K.gmem_read)} read from HBM (L2 hits left out), ` +
+      `whole launch: ${fmtBytes(K.gmem_read)} of global-memory reads that miss L2, ` +
       `${fmtBytes(K.gmem_write)} written`}));
   }
 
