@@ -20,7 +20,7 @@ COMPAT_JAX    := 0.10.2
 COMPAT_PYTHON ?= $(call find_python,python3.11 python3 $(wildcard $(PYENV_ROOT)/versions/3.11*/bin/python3.11),11)
 KERNELSIM_TESTS := tests/kernelsim --ignore=tests/kernelsim/views
 
-.PHONY: start test test-jax venv lint site system-packages clean python-check
+.PHONY: start test test-main test-jax venv lint site system-packages clean python-check
 
 python-check:
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.12 or 3.13 found (jax 0.12 needs one)." \
@@ -66,14 +66,29 @@ lint: $(STAMP)
 site: $(STAMP)
 	$(PY) -m grader.cli build-site
 
-# kernelsim's suite on the oldest supported JAX runs beside the main suite, which keeps fewer
-# than one of CI's two cores busy on average (services, browsers and subprocesses start and
-# wait); its log follows the main suite's.
+# The main suite runs as two pytest processes at once, because one alone keeps fewer than one
+# of CI's two cores busy on average (services, browsers and jailed runs start and wait): the
+# lessons, the site and the class services (SIDE_TESTS, which share the lesson cache, the built
+# site and the class's accounts) in one, every other folder in the other. A new test folder
+# joins the second one. Each writes its own junit file for bench/ci_time.py.
+SIDE_TESTS := tests/lessons tests/site tests/cluster
+test-main: $(STAMP)
+	@mkdir -p build
+	@$(PY) -m pytest --durations=10 --junitxml=build/junit-side.xml $(SIDE_TESTS) \
+	  >build/test-side.log 2>&1 & side=$$!; \
+	$(PY) -m pytest --durations=20 --junitxml=build/junit.xml $(SIDE_TESTS:%=--ignore=%); main=$$?; \
+	wait $$side; side_rc=$$?; \
+	echo "--- $(SIDE_TESTS), run beside the above (build/test-side.log) ---"; \
+	cat build/test-side.log; \
+	exit $$(( main || side_rc ))
+
+# kernelsim's suite on the oldest supported JAX runs beside the main suite too; its log follows
+# the main suite's.
 test: $(STAMP) system-packages lint
 	@mkdir -p build
 	@$(MAKE) --no-print-directory test-jax JAX=$(COMPAT_JAX) PYTHON_FOR_JAX="$(COMPAT_PYTHON)" \
 	  JAX_VENV=.venv-compat >build/test-jax.log 2>&1 & compat=$$!; \
-	$(PY) -m pytest --durations=20 --junitxml=build/junit.xml; main=$$?; \
+	$(MAKE) --no-print-directory test-main; main=$$?; \
 	wait $$compat; compat_rc=$$?; \
 	echo "--- kernelsim's suite on jax $(COMPAT_JAX) (.venv-compat; build/test-jax.log) ---"; \
 	cat build/test-jax.log; \

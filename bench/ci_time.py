@@ -1,15 +1,17 @@
 """Where the test suite's time goes: the slowest tests, each folder's share, and the total.
 
-    .venv/bin/python bench/ci_time.py                      # runs the main suite once, then reports
-    .venv/bin/python bench/ci_time.py --junit FILE.xml     # reports a run made earlier
-                                                           # (`make test` writes build/junit.xml)
+    .venv/bin/python bench/ci_time.py                   # runs `make test-main`, then reports
+    .venv/bin/python bench/ci_time.py --junit F.xml ... # reports a run made earlier (`make test`
+                                                        # writes build/junit.xml and
+                                                        # build/junit-side.xml, one per process)
 
-A run is `pytest --junitxml`; a test's time there is its setup, call and teardown together
-(pytest's default ``junit_duration_report = total``), so a fixture shared by a module is charged
-to the first test that builds it. The report prints the 20 slowest tests, seconds per test folder
-and the total, and writes bench/results/ci_time.json. ``make test`` prints pytest's own
-``--durations`` table too; this script is for planning the suite's budget (20 minutes on two
-idle cores), not for CI.
+The main suite runs as two pytest processes at once (the Makefile's ``test-main``), so the
+tests' seconds add up to more than the wall time. A run is `pytest --junitxml`; a test's time
+there is its setup, call and teardown together (pytest's default ``junit_duration_report =
+total``), so a fixture shared by a module is charged to the first test that builds it. The
+report prints the 20 slowest tests, seconds per test folder and the total, and writes
+bench/results/ci_time.json. ``make test`` prints pytest's own ``--durations`` table too; this
+script is for planning the suite's budget (20 minutes on two idle cores), not for CI.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections import defaultdict
@@ -27,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import write  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
+# what `make test-main` writes: one junit file per pytest process
+MAIN_JUNITS = [REPO / "build" / "junit.xml", REPO / "build" / "junit-side.xml"]
 
 
 def test_times(junit: Path) -> list[tuple[str, float]]:
@@ -46,17 +49,18 @@ def folder_of(test_id: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--junit", type=Path, help="report this junit XML instead of running pytest")
+    ap.add_argument("--junit", type=Path, nargs="+",
+                    help="report these junit XML files instead of running the suite")
     ap.add_argument("--slowest", type=int, default=20)
     args = ap.parse_args()
     wall = None
-    junit = args.junit
-    if junit is None:
-        junit = Path(tempfile.mkdtemp()) / "suite.xml"
+    junits = args.junit
+    if junits is None:
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "pytest", "-q", f"--junitxml={junit}"], cwd=REPO)
+        subprocess.run(["make", "--no-print-directory", "test-main"], cwd=REPO)
         wall = time.perf_counter() - start
-    cases = test_times(junit)
+        junits = MAIN_JUNITS
+    cases = sorted((case for junit in junits for case in test_times(junit)), key=lambda c: -c[1])
     per_folder: dict[str, float] = defaultdict(float)
     for test_id, seconds in cases:
         per_folder[folder_of(test_id)] += seconds
