@@ -19,6 +19,7 @@ before grading); missing (no submission).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -55,13 +56,12 @@ def run_worker(root: Path, *args: str, timeout: float | None = None) -> dict:
     """Run one ``grader.worker`` job in a fresh worker; its result dict (``success`` False on any
     failure). It claims a slot like a batch does: a release or a validation beside another
     grader on this machine must not run under, and kill, that grader's sandbox uid."""
-    slot, lock = sandbox.claim_slot()
-    worker = Worker(root, slot)
-    try:
-        return worker.run(*args, timeout=timeout)
-    finally:
-        worker.close()
-        os.close(lock)
+    with sandbox.claimed_slot() as slot:
+        worker = Worker(root, slot)
+        try:
+            return worker.run(*args, timeout=timeout)
+        finally:
+            worker.close()
 
 
 # ----------------------------------------------------------------------------- release
@@ -372,7 +372,6 @@ def _bar(done: int, total: int, width: int = 30) -> str:
 def _graded_locally(root: Path, todo: list[tuple[str, str]], timeout: float, workers: int):
     """``(student, assignment, future)`` as each submission is graded by a local worker pool."""
     slots: queue.Queue[Worker] = queue.Queue()
-    locks: list[int] = []
 
     def grade(s: str, a: str) -> dict:
         worker = slots.get()  # one submission per worker at a time
@@ -381,22 +380,19 @@ def _graded_locally(root: Path, todo: list[tuple[str, str]], timeout: float, wor
         finally:
             slots.put(worker)
 
-    try:
-        for _ in range(max(1, workers)):
-            slot, lock = sandbox.claim_slot()
-            locks.append(lock)
-            slots.put(Worker(root, slot))
-        if todo:
-            check_jail(slots.queue[0])
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-            futs = {pool.submit(grade, s, a): (s, a) for s, a in todo}
-            for fut in as_completed(futs):
-                yield (*futs[fut], fut)
-    finally:
-        while not slots.empty():
-            slots.get().close()
-        for lock in locks:
-            os.close(lock)
+    with contextlib.ExitStack() as held:  # the slots' locks, released after the workers close
+        try:
+            for _ in range(max(1, workers)):
+                slots.put(Worker(root, held.enter_context(sandbox.claimed_slot())))
+            if todo:
+                check_jail(slots.queue[0])
+            with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+                futs = {pool.submit(grade, s, a): (s, a) for s, a in todo}
+                for fut in as_completed(futs):
+                    yield (*futs[fut], fut)
+        finally:
+            while not slots.empty():
+                slots.get().close()
 
 
 def autograde(root: Path, assignment: str | None = None, workers: int = 1,

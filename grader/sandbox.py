@@ -21,6 +21,7 @@ The outcome is data, never an exception: a batch goes on whatever one submission
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import os
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -133,6 +134,17 @@ def claim_slot() -> tuple[int, int]:
             continue
         return slot, fd
     raise RuntimeError(f"all {SLOTS} grading slots of this machine are taken")
+
+
+@contextlib.contextmanager
+def claimed_slot() -> Iterator[int]:
+    """A slot of ``claim_slot``'s, held for the ``with`` block: its lock is released on leaving
+    the block, however it is left."""
+    slot, lock = claim_slot()
+    try:
+        yield slot
+    finally:
+        os.close(lock)
 
 
 def sandbox_uid(slot: int, checker: bool = False) -> int | None:

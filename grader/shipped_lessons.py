@@ -20,6 +20,7 @@ import hashlib
 import json
 import re
 import sys
+from collections.abc import Iterable
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -60,10 +61,17 @@ def sources_digest(lesson: Path, settings: dict[str, Any]) -> str:
     lessons (the plugin's configuration, less its cache folder) and the JAX and jaxlib
     versions that run it."""
     wanted = {k: v for k, v in settings.items() if k != "cache_dir"}
-    digest = hashlib.sha256(json.dumps(
+    return files_digest(lesson_inputs(lesson), json.dumps(
         {"jax": version("jax"), "jaxlib": version("jaxlib"), "mkdocs-jupyter": wanted},
         sort_keys=True, default=repr).encode())
-    for path in lesson_inputs(lesson):
+
+
+def files_digest(paths: Iterable[Path], header: bytes = b"") -> str:
+    """sha256 (hex) of ``header`` then, in path order, each file's path under the repository
+    and its bytes: what a stored output (a shipped page, the shipped-kernels corpus) was made
+    from. The same files give the same digest in any order."""
+    digest = hashlib.sha256(header)
+    for path in sorted(set(paths)):
         digest.update(b"\0" + path.relative_to(REPO).as_posix().encode() + b"\0")
         digest.update(path.read_bytes())
     return digest.hexdigest()

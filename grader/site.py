@@ -102,9 +102,10 @@ def render_lessons(names: list[str], report: Path, fresh: bool = False,
                    ship: bool = False) -> None:
     """Render ``lessons/<name>`` for each name the way the site build does, through
     mkdocs-jupyter's own page hook, which executes a lesson missing from its cache (keyed by the
-    lesson's content, the plugin's settings and, through site/hooks.py, kernelsim) and stores
-    it there. One process runs this per CPU (``prerender_lessons``); mkdocs then finds every
-    lesson in the cache instead of executing them one at a time.
+    lesson's content, the plugin's settings and, through site/hooks.py, the lessons' sources
+    digests: ``grader.shipped_lessons.sources_digest``) and stores it there. One process runs
+    this per CPU (``prerender_lessons``); mkdocs then finds every lesson in the cache instead of
+    executing them one at a time.
 
     A lesson missing from the cache whose shipped page is current (``grader.shipped_lessons``)
     gets that page, and does not execute. ``fresh``: every lesson executes (its cache entry is

@@ -159,11 +159,8 @@ def preflight(limits: sandbox.Limits, slot: int | None = None) -> str | None:
     claims a free one for this check (slot 0 unclaimed may be another grader's).
     """
     if slot is None:
-        slot, lock = sandbox.claim_slot()
-        try:
+        with sandbox.claimed_slot() as slot:
             return preflight(limits, slot)
-        finally:
-            os.close(lock)
     view = notebook_view(jail_folder(slot, "-grader"))
     try:
         # the checker's view, then the notebook's process's

@@ -226,22 +226,31 @@ def collective_matmul_kernel(x_ref, w_ref, o_ref, shards, send_sems, recv_sems):
             copy.wait()
 
 
-def collective_matmul(x, w, *, interpret):
-    def local(x, w):  # x: (M / 4, K) rows of this device; w: (K, N / 4) columns
-        m, k = x.shape
-        vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
-        return pl.pallas_call(
-            collective_matmul_kernel,
-            out_shape=jax.ShapeDtypeStruct((DEVICES * m, w.shape[1]), jnp.float32),
-            in_specs=[vmem, vmem], out_specs=vmem,
-            scratch_shapes=[pltpu.VMEM((DEVICES, m, k), x.dtype),
-                            pltpu.SemaphoreType.DMA((DEVICES - 1,)),
-                            pltpu.SemaphoreType.DMA((DEVICES - 1,))],
-            interpret=interpret,
-        )(x, w)
+def sharded_matmul(kernel, grid=()):
+    """``x @ w`` over the mesh, ``kernel`` on each device: its rows of ``x`` and columns of
+    ``w``, a scratch for the ``N`` row shards and a DMA semaphore per send and per receive."""
+    def matmul(x, w, *, interpret):
+        def local(x, w):  # x: (M / 4, K) rows of this device; w: (K, N / 4) columns
+            m, k = x.shape
+            vmem = pl.BlockSpec(memory_space=pltpu.VMEM)  # whole arrays, the same at every step
+            return pl.pallas_call(
+                kernel,
+                grid=grid,
+                out_shape=jax.ShapeDtypeStruct((DEVICES * m, w.shape[1]), jnp.float32),
+                in_specs=[vmem, vmem], out_specs=vmem,
+                scratch_shapes=[pltpu.VMEM((DEVICES, m, k), x.dtype),
+                                pltpu.SemaphoreType.DMA((DEVICES - 1,)),
+                                pltpu.SemaphoreType.DMA((DEVICES - 1,))],
+                interpret=interpret,
+            )(x, w)
 
-    return jax.shard_map(local, mesh=mesh, in_specs=(P("x", None), P(None, "x")),
-                         out_specs=P(None, "x"), check_vma=False)(x, w)
+        return jax.shard_map(local, mesh=mesh, in_specs=(P("x", None), P(None, "x")),
+                             out_specs=P(None, "x"), check_vma=False)(x, w)
+
+    return matmul
+
+
+collective_matmul = sharded_matmul(collective_matmul_kernel)
 
 
 xm = jax.random.normal(keys[1], (DEVICES * 16, 128), jnp.float32)
@@ -342,23 +351,8 @@ def ring_matmul_kernel(x_ref, w_ref, o_ref, shards, send_sems, recv_sems):
                                             preferred_element_type=jnp.float32)
 
 
-def collective_matmul_grid(x, w, *, interpret):
-    def local(x, w):
-        m, k = x.shape
-        vmem = pl.BlockSpec(memory_space=pltpu.VMEM)  # whole arrays, the same at every step
-        return pl.pallas_call(
-            ring_matmul_kernel,
-            grid=(DEVICES,),  # one ring step per grid step: each one needs the last one's copy
-            out_shape=jax.ShapeDtypeStruct((DEVICES * m, w.shape[1]), jnp.float32),
-            in_specs=[vmem, vmem], out_specs=vmem,
-            scratch_shapes=[pltpu.VMEM((DEVICES, m, k), x.dtype),
-                            pltpu.SemaphoreType.DMA((DEVICES - 1,)),
-                            pltpu.SemaphoreType.DMA((DEVICES - 1,))],
-            interpret=interpret,
-        )(x, w)
-
-    return jax.shard_map(local, mesh=mesh, in_specs=(P("x", None), P(None, "x")),
-                         out_specs=P(None, "x"), check_vma=False)(x, w)
+# one ring step per grid step: each one needs the last one's copy
+collective_matmul_grid = sharded_matmul(ring_matmul_kernel, grid=(DEVICES,))
 
 
 _course.check(LESSON, "collective_matmul_grid", collective_matmul_grid,

@@ -41,6 +41,8 @@ from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 
+from grader import shipped_lessons
+
 log = logging.getLogger("mkdocs.hooks.pallas_course")
 
 SITE = Path(__file__).resolve().parent  # to load the other rooms; they name the repository
@@ -136,7 +138,8 @@ def on_config(config):
     # with lessons/ as working directory (on_pre_page): pin the cache to the repository's root
     jupyter = config["plugins"].get("mkdocs-jupyter")
     if jupyter is not None and not os.path.isabs(jupyter.config["cache_dir"]):
-        jupyter.config["cache_dir"] = str(lesson_cache_dir(REPO / jupyter.config["cache_dir"]))
+        jupyter.config["cache_dir"] = str(lesson_cache_dir(REPO / jupyter.config["cache_dir"],
+                                                           dict(jupyter.config)))
     nav = config.get("nav")
     if nav:
         _fill_nav(nav, "Lessons", [{lesson.nav_title: lesson.src_uri} for lesson in ls])
@@ -164,14 +167,16 @@ def on_files(files: Files, config) -> Files:
     return files
 
 
-def lesson_cache_dir(root: Path) -> Path:
-    """The folder of executed lessons for the present kernelsim: mkdocs-jupyter keys its cache
-    on the notebook alone, but a lesson's outputs (figures, the viewer's inline module and
-    data) also come from kernelsim and lessons/_course.py. Folders of other versions go."""
-    digest = hashlib.sha256()
-    for path in sorted([*(REPO / "kernelsim").rglob("*.py"), *(REPO / "kernelsim").rglob("*.js"),
-                        site_content.LESSONS_DIR / "_course.py"]):
-        digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
+def lesson_cache_dir(root: Path, settings: dict[str, Any]) -> Path:
+    """The folder of executed lessons made from the present sources: mkdocs-jupyter keys its
+    cache on the notebook alone, but a lesson's page also comes from what
+    ``grader.shipped_lessons.sources_digest`` covers (the lessons it takes functions from,
+    lessons/_course.py, kernelsim, the bench inputs it reads, JAX), the same definition that
+    decides whether its shipped page is current. ``settings``: mkdocs-jupyter's. Folders made
+    from other sources go."""
+    digest = hashlib.sha256("".join(
+        shipped_lessons.sources_digest(lesson, settings)
+        for lesson in shipped_lessons.lessons()).encode())
     here = root / f"kernelsim-{digest.hexdigest()[:12]}"
     for old in root.glob("kernelsim-*"):
         if old != here:

@@ -23,7 +23,6 @@ stored fingerprint is one).
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -201,17 +200,12 @@ def sources_digest() -> str:
     notebooks, and JAX's version. Equal to the stored one: the stored corpus was
     made from these."""
     from grader.refs import REPO
-    from grader.shipped_lessons import lesson_inputs, lessons
+    from grader.shipped_lessons import files_digest, lesson_inputs, lessons
 
-    files = sorted({*(p for lesson in lessons() for p in lesson_inputs(lesson)),
-                    *REPO.glob("grader/tasks/*.py"),
-                    REPO / "grader" / "fingerprint.py", REPO / "grader" / "calling.py",
-                    *REPO.glob("exercises/source/*/*.py")})
-    digest = hashlib.sha256(f"jax {jax.__version__}".encode())
-    for path in files:
-        digest.update(b"\0" + path.relative_to(REPO).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
+    return files_digest([*(p for lesson in lessons() for p in lesson_inputs(lesson)),
+                         *REPO.glob("grader/tasks/*.py"),
+                         REPO / "grader" / "fingerprint.py", REPO / "grader" / "calling.py",
+                         *REPO.glob("exercises/source/*/*.py")], f"jax {jax.__version__}".encode())
 
 
 def stored_digest() -> str | None:

@@ -127,6 +127,27 @@ def test_a_squatted_private_folder_is_refused(tmp_path, monkeypatch):
         sandbox.private_folder("pallas-course-jails", mode=0o711)
 
 
+def test_a_claimed_slot_is_held_in_its_block_and_released_however_the_block_ends():
+    """``claimed_slot`` serves the graders that hold a slot for one job (a release, the jail's
+    preflight, a local batch): a job that fails must not keep the slot from the next one."""
+    import fcntl
+
+    def free(slot: int) -> bool:
+        fd = os.open(sandbox.private_folder("pallas-course-slots") / f"{slot}.lock", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)  # and with it the lock this check took
+
+    with pytest.raises(KeyError), sandbox.claimed_slot() as slot:
+        assert not free(slot)
+        raise KeyError("the job failed")
+    assert free(slot)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second account")
 def test_an_instructor_account_claims_a_slot_while_root_holds_one():
     """Root grading on the machine must not lock an instructor's own account out of releasing

@@ -6,8 +6,11 @@ from __future__ import annotations
 import pytest
 from sitetools import load_hooks, load_site
 
+from grader import shipped_lessons
+
 hooks = load_hooks()
 content, pages, text = load_site("content"), load_site("pages"), load_site("text")
+SETTINGS = {"execute": True, "toc_depth": 2}  # mkdocs-jupyter's, as far as a digest cares
 
 
 @pytest.mark.parametrize(("repo_path", "site_path"), [
@@ -120,6 +123,23 @@ def test_docstrings_become_markdown_lists():
 def test_lesson_cache_is_per_kernelsim_version(tmp_path):
     stale = tmp_path / "kernelsim-000000000000"
     stale.mkdir()
-    here = hooks.lesson_cache_dir(tmp_path)
-    assert here.name.startswith("kernelsim-") and here == hooks.lesson_cache_dir(tmp_path)
+    here = hooks.lesson_cache_dir(tmp_path, SETTINGS)
+    assert here.name.startswith("kernelsim-") and here == hooks.lesson_cache_dir(tmp_path,
+                                                                                 SETTINGS)
     assert not stale.exists()
+
+
+def test_lesson_cache_follows_what_a_lesson_page_is_made_from(tmp_path, monkeypatch):
+    """The local cache and the shipped pages share one definition of a lesson's sources
+    (``shipped_lessons.sources_digest``: borrowed lessons and bench inputs too): when one
+    lesson's sources change, the cache made from the old ones is not used."""
+    before = hooks.lesson_cache_dir(tmp_path, SETTINGS)
+    before.mkdir()
+    digest = shipped_lessons.sources_digest
+
+    def borrowed_lesson_changed(lesson, settings):
+        return "changed" if lesson.name.startswith("08-") else digest(lesson, settings)
+
+    monkeypatch.setattr(shipped_lessons, "sources_digest", borrowed_lesson_changed)
+    assert hooks.lesson_cache_dir(tmp_path, SETTINGS) != before
+    assert not before.exists()

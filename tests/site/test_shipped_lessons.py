@@ -4,6 +4,7 @@ that the build gets back exactly the page the lesson's execution made."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 
@@ -96,6 +97,20 @@ def test_a_lesson_depends_on_the_bench_modules_it_imports_and_the_records_it_rea
     assert {"gpu_kernels.py", "gpu_perf-h200.json"} <= names
     # a standard module of the same name as nothing in bench/ is not an input
     assert "json.py" not in names and "grading.py" not in names
+
+
+def test_files_digest_is_each_files_path_and_bytes_in_path_order():
+    """The one digest of "made from these files" (shipped pages, the shipped-kernels corpus, the
+    local lesson cache): its format is what every stored digest was made with, so it must not
+    drift, and the order files are named in must not matter."""
+    course = shipped_lessons.LESSONS_DIR / "_course.py"
+    by_hand = hashlib.sha256(b"header")
+    for path in sorted([course, LESSON]):
+        by_hand.update(b"\0" + path.relative_to(shipped_lessons.REPO).as_posix().encode() + b"\0")
+        by_hand.update(path.read_bytes())
+    digest = shipped_lessons.files_digest([LESSON, course, LESSON], b"header")
+    assert digest == by_hand.hexdigest()
+    assert shipped_lessons.files_digest([LESSON], b"header") != digest
 
 
 def test_prune_removes_pages_of_gone_lessons_and_unused_heads(shipped):

@@ -77,6 +77,14 @@ def test_lanes_and_words_are_the_gpus(kernels):
     assert "tma_load" in producer and "wgmma" not in producer
 
 
+def test_each_kind_of_event_has_its_own_colour():
+    """The strip and the legend tell kinds apart by colour alone; only a barrier's wait and
+    arrive share one (the barrier's purple; the viewer's sentence says which)."""
+    colours = {kind: c for kind, c in palette.EVENT_COLORS.items() if kind != "barrier_arrive"}
+    assert palette.EVENT_COLORS["barrier_arrive"] == colours["barrier_wait"]
+    assert len(set(colours.values())) == len(colours), colours
+
+
 def test_show_and_to_html(kernels, tmp_path):
     k = kernels[0]
     out = k.show()  # no notebook front end here: the standalone viewer
