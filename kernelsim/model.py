@@ -189,9 +189,11 @@ class Matmul:
     dtype: its lhs input dtype. flops: what it performs in one kernel invocation (its loop
     repetitions included). k_major: both operands are contracted along the dimension that is
     minor (contiguous) where they were loaded: a block loaded from a ref is row-major, and a
-    ``transpose`` of a value only relabels its dimensions (the Triton lowering makes it a
-    layout change, ``tt.trans``), so ``a @ b`` with ``b`` a ``(K, N)`` block is not K-major
-    and ``a @ bt.T`` with ``bt`` an ``(N, K)`` block is. tf32: float32 inputs at a precision
+    ``transpose`` of a value only relabels its dimensions (the Triton lowering makes it
+    ``tt.trans``, which Triton folds into the shared-memory view a WGMMA reads:
+    ``FuseTransMMAV3Plus`` in its OptimizeDotOperands.cpp), so ``a @ b`` with ``b`` a
+    ``(K, N)`` block is not K-major and ``a @ bt.T`` with ``bt`` an ``(N, K)`` block is; so is
+    a ``dot_general`` contracting ``bt``'s dimension 1. tf32: float32 inputs at a precision
     the Triton lowering multiplies as TF32 (JAX's default; ``_TF32_PRECISIONS`` in
     jax/_src/pallas/triton/lowering.py), not ``Precision.HIGHEST``.
     """
