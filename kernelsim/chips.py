@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kernelsim.model import Matmul
+
 KiB, MiB = 1 << 10, 1 << 20
 
 
@@ -31,6 +33,13 @@ class Chip:
         sustain (a large cuBLAS product, a device-to-device copy), FLOP/s and bytes/s; the
         time estimate divides by these where known (0: by the datasheet peaks). The datasheet
         figures stay the peaks reported beside them.
+    transposed_tf32_flops: GPU with WGMMA (sm_90) only, FLOP/s of a Triton (``pallas_call``)
+        TF32 dot (float32 at JAX's default precision) with an operand that is not K-major
+        (``kernelsim.model.Matmul``): WGMMA reads TF32 operands from shared memory K-major
+        only (the PTX ISA's transpose bits are for .f16/.bf16), so Triton stores such an
+        operand to shared memory K-major through a transpose in registers and does not
+        pipeline its load. Calibrated from one recorded run (``_TRANSPOSED_TF32``); 0 where
+        the rule is not modelled (TPUs, the A100).
     scoped_vmem_exceeded_bytes: TPU only, a VMEM footprint JAX's own tests expect to exceed
         Mosaic's *default* scoped VMEM limit (the limit a kernel gets without
         ``vmem_limit_bytes``); 0 where unknown. The default itself is stated neither in JAX's
@@ -53,6 +62,7 @@ class Chip:
     sms: int = 0
     sustained_flops_bf16: float = 0.0
     sustained_hbm_bytes_per_second: float = 0.0
+    transposed_tf32_flops: float = 0.0
 
     def flops_per_second(self, matmul_dtypes: tuple[str, ...]) -> float:
         """FLOP/s the time estimate assumes for a kernel whose matmuls take ``matmul_dtypes``:
@@ -67,6 +77,12 @@ class Chip:
         if self.sustained_flops_bf16:
             peak *= self.sustained_flops_bf16 / self.peak_flops_bf16
         return peak
+
+    def transposes_in_registers(self, matmul: Matmul) -> bool:
+        """A Triton (``pallas_call``) ``matmul`` on this chip takes the slow path of
+        ``transposed_tf32_flops``: TF32 inputs (float32 at JAX's default precision), an operand
+        that is not K-major, and a chip with that rule."""
+        return bool(self.transposed_tf32_flops) and matmul.tf32 and not matmul.k_major
 
     @property
     def estimate_bytes_per_second(self) -> float:
@@ -93,6 +109,16 @@ _SUSTAINED = ("sustained 790 TF bf16, 4.3 TB/s: measured on the H200s lent here 
               "(/work/.library/device/KINDS.md, 2026-10-28 and 2026-11-04: an 8192^3 bf16 "
               "PyTorch product at 769-798 TF on random data, SM clock 1980 MHz; a "
               "device-to-device copy at ~4.3 TB/s counting reads and writes)")
+_TRANSPOSED_TF32 = (
+    "float32 dot with an operand not K-major on sm_90: 80 TF, calibrated from "
+    "bench/recorded/gpu_perf-h200.json, row matmul_f32 / matmul_triton (B row-major) bm=bn=128 "
+    "bk=32 num_warps=4 num_stages=4: 1.722 ms at 4096^3 = 79.8 TF (H200; the H100 has the same "
+    "SM and is assumed alike). The rule: PTX ISA 9.7.15.5.2 wgmma.mma_async (tf32 takes no "
+    "imm-trans-a/b; 'The transpose operation is only supported for ... .f16/.bf16 types'); "
+    "Triton lib/Dialect/TritonGPU/Transforms/AccelerateMatmul.cpp (BlockedToMMA: MMAv3 "
+    "allowTranspose only for f16/bf16; getSharedMemoryMMAOperand forces K-major shared order "
+    "and warns 'Registers will be transposed before SMEM store and the pipelined load for this "
+    "operand will be disabled')")
 _SCOPED = ("default scoped VMEM: exceeded by two {0} MiB windows, per JAX's "
            "test_automatic_single_buffering (tests/pallas/tpu_pallas_test.py); the default "
            "itself is not stated in JAX's source or docs")
@@ -118,12 +144,14 @@ CHIPS: dict[str, Chip] = {
     "h100": Chip("h100", "gpu", 989e12, 67e12, 3.35e12, 227 * KiB, 0, 0.0,
                  ("NVIDIA H100 SXM datasheet: 989 TF bf16 dense, 67 TF FP32, 3.35 TB/s",
                   "Mosaic GPU core.py: 227 KiB shared memory per block", _GPU_STEP, _TF32,
-                  _SMS), peak_flops_tf32=494.7e12, sms=132),
+                  _SMS, _TRANSPOSED_TF32), peak_flops_tf32=494.7e12, sms=132,
+                 transposed_tf32_flops=80e12),
     "h200": Chip("h200", "gpu", 989e12, 67e12, 4.8e12, 227 * KiB, 0, 0.0,
                  ("NVIDIA H200 SXM datasheet: same die as H100, 4.8 TB/s HBM3e",
                   "Mosaic GPU core.py: 227 KiB shared memory per block", _GPU_STEP, _TF32,
-                  _SMS, _SUSTAINED), peak_flops_tf32=494.7e12, sms=132,
-                 sustained_flops_bf16=790e12, sustained_hbm_bytes_per_second=4.3e12),
+                  _SMS, _SUSTAINED, _TRANSPOSED_TF32), peak_flops_tf32=494.7e12, sms=132,
+                 sustained_flops_bf16=790e12, sustained_hbm_bytes_per_second=4.3e12,
+                 transposed_tf32_flops=80e12),
 }
 
 

@@ -5,7 +5,9 @@ Estimated time (seconds) = max(FLOPs / peak, HBM bytes / bandwidth) + steps x pe
 FLOPs are counted from the kernel jaxpr (dot_general 2*M*N*K, other arithmetic one per element)
 times the number of grid steps, unless the call carries its own ``pl.CostEstimate``. The peak
 and bandwidth are ``Chip.flops_per_second`` and ``Chip.estimate_bytes_per_second`` (the
-measured sustained rates where the chip table has them, float32 matmuls at TF32 on a GPU).
+measured sustained rates where the chip table has them, float32 matmuls at TF32 on a GPU);
+a float32 dot with an operand that is not K-major runs at ``Chip.transposed_tf32_flops`` on
+a Hopper GPU (WGMMA reads TF32 operands K-major only; see ``kernelsim.chips``).
 
 GPU model: reads that programs running side by side share come from L2, not HBM
 (``kernelsim.l2``); ``OperandCost.l2_hit_bytes`` keeps them, so HBM + L2 is what the programs
@@ -164,5 +166,18 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         flops, source = call.flops_per_step * call.steps, "kernel jaxpr"
     overhead = call.steps * chip.per_step_seconds if schedule.model == "tpu" else 0.0
     return CallCost(costs, read, write, read + write + edge_padding, vmem, smem, flops, source,
-                    flops / chip.flops_per_second(call.matmul_dtypes),
+                    _compute_seconds(call, flops, chip),
                     (read + write) / chip.estimate_bytes_per_second, overhead)
+
+
+def _compute_seconds(call: KernelCall, flops: int, chip: Chip) -> float:
+    """``flops`` at the rate of the kernel's matmul dtypes, except the share of its matmuls
+    that transpose an operand in registers (``Chip.transposes_in_registers``), which runs at
+    ``Chip.transposed_tf32_flops``. The share is by the kernel jaxpr's count, so it holds for a
+    ``pl.CostEstimate`` total too."""
+    rate = chip.flops_per_second(call.matmul_dtypes)
+    slow = sum(m.flops for m in call.matmuls if chip.transposes_in_registers(m))
+    if not slow or not call.flops_per_step:
+        return flops / rate
+    share = flops * min(1.0, slow / call.flops_per_step)
+    return (flops - share) / rate + share / chip.transposed_tf32_flops

@@ -182,12 +182,36 @@ class BodyCopy:
         return self.src_device != self.dst_device
 
 
+@dataclass(frozen=True)
+class Matmul:
+    """One ``dot_general`` of a kernel body.
+
+    dtype: its lhs input dtype. flops: what it performs in one kernel invocation (its loop
+    repetitions included). k_major: both operands are contracted along the dimension that is
+    minor (contiguous) where they were loaded: a block loaded from a ref is row-major, and a
+    ``transpose`` of a value only relabels its dimensions (the Triton lowering makes it
+    ``tt.trans``, which Triton folds into the shared-memory view a WGMMA reads:
+    ``FuseTransMMAV3Plus`` in its OptimizeDotOperands.cpp), so ``a @ b`` with ``b`` a
+    ``(K, N)`` block is not K-major and ``a @ bt.T`` with ``bt`` an ``(N, K)`` block is; so is
+    a ``dot_general`` contracting ``bt``'s dimension 1. tf32: float32 inputs at a precision
+    the Triton lowering multiplies as TF32 (JAX's default; ``_TF32_PRECISIONS`` in
+    jax/_src/pallas/triton/lowering.py), not ``Precision.HIGHEST``.
+    """
+
+    dtype: str
+    flops: int
+    k_major: bool
+    tf32: bool = False
+
+
 @dataclass
 class KernelCall:
     """One captured pallas_call.
 
     grid: the grid's extents; steps run in row-major order (last axis fastest).
     flops_per_step: FLOPs one kernel invocation performs, counted from the kernel jaxpr.
+    matmuls: the kernel body's dot_generals (``kernelsim.flops.Matmul``: input dtype, FLOPs per
+        invocation, whether both operands are K-major).
     cost_estimate_flops / cost_estimate_bytes: the call's own ``pl.CostEstimate``, if given.
     body_copies: the DMAs the kernel body starts, in step and program order (empty unless the
         body has any; the pipeline's own copies are the schedule's).
@@ -210,7 +234,7 @@ class KernelCall:
     dimension_semantics: tuple[str, ...]
     operands: list[Operand]
     flops_per_step: int = 0
-    matmul_dtypes: tuple[str, ...] = ()
+    matmuls: tuple[Matmul, ...] = ()
     cost_estimate_flops: int | None = None
     cost_estimate_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
@@ -222,6 +246,11 @@ class KernelCall:
     referenced: frozenset[str] = frozenset()
     temporaries_vmem_bytes: int = 0
     device: MeshDevice | None = None
+
+    @property
+    def matmul_dtypes(self) -> tuple[str, ...]:
+        """The input dtype of each of the kernel body's matmuls."""
+        return tuple(m.dtype for m in self.matmuls)
 
     @property
     def steps(self) -> int:

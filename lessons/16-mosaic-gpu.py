@@ -436,10 +436,10 @@ else:
 # 4.8, and runs float32 dots at TF32, as JAX's default precision does. Now the bf16 matmuls are at
 # 1.0 to 1.2, the grouped ones at 1.3 (Triton) and 1.1 (JAX's Mosaic GPU op), the row sums at 1.0: a
 # factor above 1 is time the kernel spends beyond the roofline. Flash attention sits at 1.6 to 1.9:
-# its softmax (exponentials on the special-function units) is work the roofline leaves out. The
-# float32 Triton matmul with B row-major is the one outlier, 4.9: it runs at 80 TFLOP/s, the same
-# kernel fed a K-major B at 217, and kernelsim does not model the lowering's choice of matrix
-# instruction that likely makes the difference.
+# its softmax (exponentials on the special-function units) is work the roofline leaves out. A
+# float32 matmul needs a K-major B: Hopper's WGMMA transposes only 16-bit operands, so Triton
+# transposes a row-major B in registers and stops pipelining its load. It ran at 80 TFLOP/s (fed
+# Bᵀ, 217: factor 1.8); kernelsim charges that path the 80 measured here, so its factor is 1.0.
 
 # %% [markdown]
 # ## What changes from the TPU model

@@ -42,13 +42,14 @@ def test_dry_run_checks_and_lowers_every_kernel(tmp_path):
 
 @pytest.mark.slow
 def test_reestimate_recomputes_a_recorded_run_without_a_gpu(tmp_path):
-    """``--reestimate``: the recorded H200 run's grouped matmuls traced at their production
-    sizes on the CPU; measured seconds and the estimates recorded with the run stay, the
-    current model's estimates come beside them, with when and which model made them."""
+    """``--reestimate``: the recorded H200 run's grouped and float32 matmuls traced at their
+    production sizes on the CPU; measured seconds and the estimates recorded with the run
+    stay, the current model's estimates come beside them, with when and which model made
+    them."""
     recorded = json.loads((ROOT / "bench" / "recorded" / "gpu_perf-h200.json").read_text())
-    family = "grouped_matmul_bf16"
-    trimmed = {**recorded, "rows": [r for r in recorded["rows"] if r["family"] == family],
-               "summary": {family: recorded["summary"][family]}}
+    family, f32 = "grouped_matmul_bf16", "matmul_f32"
+    trimmed = {**recorded, "rows": [r for r in recorded["rows"] if r["family"] in (family, f32)],
+               "summary": {f: recorded["summary"][f] for f in (family, f32)}}
     trimmed.pop("reestimated", None)
     for r in trimmed["rows"]:
         r.pop("kernelsim_reestimated", None)
@@ -61,7 +62,7 @@ def test_reestimate_recomputes_a_recorded_run_without_a_gpu(tmp_path):
     assert "estimates recomputed" in out and report["reestimated"]["model"].startswith(
         ("kernelsim at commit", "unknown"))
     traced = [r for r in report["rows"] if "kernelsim" in r]
-    assert len(traced) == 3
+    assert len(traced) == 3 + 4
     for new, old in zip(traced, [r for r in trimmed["rows"] if "kernelsim" in r], strict=True):
         assert (new["seconds"], new["kernelsim"]) == (old["seconds"], old["kernelsim"])
         again = new["kernelsim_reestimated"]
@@ -71,3 +72,7 @@ def test_reestimate_recomputes_a_recorded_run_without_a_gpu(tmp_path):
     triton = best["grouped_matmul_triton"]
     assert triton["calibration"] < 0.02 and 0.5 < triton["calibration_reestimated"] < 2
     assert 0.5 < best["ragged_dot_mgpu (JAX bundled)"]["calibration_reestimated"] < 2
+    # float32 with B row-major: 4.9 while the model ran every TF32 dot at the TF32 rate
+    best = report["summary"][f32]["kernels"]
+    assert 0.5 < best["matmul_triton"]["calibration_reestimated"] < 2
+    assert 0.5 < best["matmul_triton, B K-major (transpose timed)"]["calibration_reestimated"] < 2

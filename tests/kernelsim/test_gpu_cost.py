@@ -83,18 +83,30 @@ def test_launch_rank_and_hits():
     assert not l2_hits(blocks, rank, window=0).any()
 
 
-def _matmul(a, b):
+def _matmul(a, b, b_k_major=False):
+    """``a @ b``, one (128, 128) output block per program. b_k_major: ``b`` is given as Bᵀ,
+    ``(N, K)``, and the kernel transposes its block, so both operands are K-major."""
     def kernel(a_ref, b_ref, o_ref):
-        o_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32
+        b = b_ref[...].T if b_k_major else b_ref[...]
+        o_ref[...] = jnp.dot(a_ref[...], b, preferred_element_type=jnp.float32
                              ).astype(o_ref.dtype)
 
     n = a.shape[0]
+    b_spec = (pl.BlockSpec((128, n), lambda i, j: (j, 0)) if b_k_major else
+              pl.BlockSpec((n, 128), lambda i, j: (0, j)))
     return pl.pallas_call(
         kernel, grid=(n // 128, n // 128),
-        in_specs=[pl.BlockSpec((128, n), lambda i, j: (i, 0)),
-                  pl.BlockSpec((n, 128), lambda i, j: (0, j))],
+        in_specs=[pl.BlockSpec((128, n), lambda i, j: (i, 0)), b_spec],
         out_specs=pl.BlockSpec((128, 128), lambda i, j: (i, j)),
         out_shape=jax.ShapeDtypeStruct((n, n), a.dtype))(a, b)
+
+
+def _call(dtype, chip, b_k_major=False, model="gpu"):
+    a = jax.ShapeDtypeStruct((1024, 1024), dtype)
+    fn = functools.partial(_matmul, b_k_major=b_k_major)
+    (c,) = kernelsim.trace(fn, a, a, model=model, chip=chip).calls
+    assert c.flops == 2 * 1024 ** 3
+    return c
 
 
 def test_gpu_rates_tf32_and_sustained():
@@ -103,13 +115,67 @@ def test_gpu_rates_tf32_and_sustained():
     H200 the estimate divides by the measured sustained rates, scaled alike for TF32."""
     h200 = get_chip("h200")
     for dtype, rate in ((jnp.bfloat16, 790e12), (jnp.float32, 494.7e12 * 790 / 989)):
-        a = jax.ShapeDtypeStruct((1024, 1024), dtype)
-        (c,) = kernelsim.trace(_matmul, a, a, model="gpu", chip="h200").calls
-        assert c.flops == 2 * 1024 ** 3
+        c = _call(dtype, "h200", b_k_major=True)
         assert np.isclose(c.cost.compute_seconds, c.flops / rate)
         assert np.isclose(c.cost.memory_seconds, c.cost.hbm_bytes / 4.3e12)
     assert h200.flops_per_second(()) == h200.peak_flops_f32  # no matmul: the FP32 units
     assert get_chip("h100").flops_per_second(("float32",)) == 494.7e12  # nothing measured
+
+
+def test_tf32_operand_not_k_major_runs_at_the_transposed_rate():
+    """WGMMA reads TF32 operands from shared memory K-major only, so on a Hopper GPU Triton
+    transposes a row-major B in registers and stops pipelining its load: the H200 record's
+    float32 matmul with B row-major ran at 80 TFLOP/s, the same kernel fed Bᵀ at 217, and
+    the estimate at TF32 for both was 4.9x the row-major time."""
+    for chip in ("h200", "h100"):
+        c = _call(jnp.float32, chip)
+        assert np.isclose(c.cost.compute_seconds, c.flops / 80e12)
+        assert c.cost.compute_seconds > 4 * _call(jnp.float32, chip, b_k_major=True
+                                                  ).cost.compute_seconds
+    # 16-bit WGMMA transposes in the instruction: a row-major bf16 B keeps the bf16 rate
+    c = _call(jnp.bfloat16, "h200")
+    assert np.isclose(c.cost.compute_seconds, c.flops / 790e12)
+    # not modelled off Hopper: the A100 (mma.sync) and the TPUs keep their rates
+    c = _call(jnp.float32, "a100")
+    assert np.isclose(c.cost.compute_seconds, c.flops / 156e12)
+    c = _call(jnp.float32, "tpu-v5e", model="tpu")
+    assert np.isclose(c.cost.compute_seconds, c.flops / 197e12)
+
+
+def _dot_kernel(form):
+    def kernel(x_ref, y_ref, o_ref):
+        x, y = x_ref[...], y_ref[...]
+        if form == "x @ y":
+            out = jnp.dot(x, y)
+        elif form == "x @ y.T":
+            out = jnp.dot(x, y.T)
+        elif form == "x.T @ y":
+            out = jnp.dot(x.T, y)
+        elif form == "x @ y, HIGHEST":  # float32 products: the lowering asks for IEEE, not TF32
+            out = jnp.dot(x, y, precision=jax.lax.Precision.HIGHEST)
+        else:  # contract y's minor dimension directly
+            out = jax.lax.dot_general(x, y, (((1,), (1,)), ((), ())))
+        o_ref[...] = out
+
+    return kernel
+
+
+def test_k_major_follows_the_loaded_layout_through_transposes():
+    """An operand is K-major when its contraction dimension is the minor one of the block it
+    was loaded from; ``.T`` relabels dimensions and keeps the layout. Only a TF32 dot that is
+    not K-major takes the transposed path."""
+    x = jax.ShapeDtypeStruct((128, 128), jnp.float32)
+    h200 = get_chip("h200")
+    for form, k_major, tf32 in (("x @ y", False, True), ("x @ y.T", True, True),
+                                ("x.T @ y", False, True), ("dot_general", True, True),
+                                ("x @ y, HIGHEST", False, False)):
+        fn = functools.partial(pl.pallas_call, _dot_kernel(form),
+                               out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32))
+        (c,) = kernelsim.trace(lambda a, b, fn=fn: fn()(a, b), x, x, model="gpu",
+                               chip="h200").calls
+        (m,) = c.call.matmuls
+        assert (m.k_major, m.tf32) == (k_major, tf32), form
+        assert h200.transposes_in_registers(m) == (tf32 and not k_major), form
 
 
 def test_tpu_rates_are_the_datasheet():
@@ -119,6 +185,5 @@ def test_tpu_rates_are_the_datasheet():
         assert chip.flops_per_second(("float32",)) == chip.peak_flops_f32
         assert chip.estimate_bytes_per_second == chip.hbm_bytes_per_second
         assert chip.sms == 0
-    a = jax.ShapeDtypeStruct((1024, 1024), jnp.bfloat16)
-    (c,) = kernelsim.trace(_matmul, a, a, model="tpu", chip="tpu-v5e").calls
+    c = _call(jnp.bfloat16, "tpu-v5e", model="tpu")
     assert np.isclose(c.cost.compute_seconds, 2 * 1024 ** 3 / 197e12)
