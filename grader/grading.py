@@ -167,7 +167,7 @@ class Worker:
     def _start(self) -> None:
         self.stderr = tempfile.TemporaryFile()
         self.lines = queue.Queue()
-        env = {**_env(self.root), "PALLAS_COURSE_SLOT": str(self.slot)}
+        env = {**_env(self.root), sandbox.SLOT_ENV: str(self.slot)}
         # it dies with the thread that started it (and its jailed run with it: bwrap
         # --die-with-parent): a grader or Dask worker killed mid-job leaves no autograde running
         # beside the one that grades the submission again

@@ -147,6 +147,24 @@ def claimed_slot() -> Iterator[int]:
         os.close(lock)
 
 
+# the environment variable in which a grading worker names the slot it claimed for its runs
+SLOT_ENV = "PALLAS_COURSE_SLOT"
+
+
+@contextlib.contextmanager
+def slot_for_this_run() -> Iterator[int]:
+    """The slot a grading run uses: the one its worker claimed and named in ``SLOT_ENV``, or,
+    where nbgrader runs by hand (its own ``autograde`` command, formgrader's button), one
+    claimed for this block: an unclaimed slot 0 may hold another grader's run, and the two
+    would kill each other's processes (a slot's runs are killed by its uid)."""
+    named = os.environ.get(SLOT_ENV)
+    if named is not None:
+        yield int(named)
+        return
+    with claimed_slot() as slot:
+        yield slot
+
+
 def sandbox_uid(slot: int, checker: bool = False) -> int | None:
     """The uid a jailed run in ``slot`` uses (``checker``: the slot's checker, a uid of its
     own, so that the notebook's process can neither signal it nor read its memory); None

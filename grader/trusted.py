@@ -31,7 +31,6 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
-import os
 import platform
 import secrets
 import shutil
@@ -384,7 +383,6 @@ class TrustedExecute(Execute):
                               disk_bytes=self.disk_bytes, output_bytes=self.output_bytes)
 
     def preprocess(self, nb, resources=None, km=None):
-        slot = int(os.environ.get("PALLAS_COURSE_SLOT", "0"))
         self.nb, self.resources = nb, resources if resources is not None else {}
         notebook = self.resources.get("nbgrader", {}).get("notebook", "")
         self.report = {"notebook": notebook, "tampered": [], "died": None, "limit": None,
@@ -392,12 +390,13 @@ class TrustedExecute(Execute):
         # grade id -> whether every check of that test cell passed; VerdictGrades scores it
         self.verdicts = self.resources.setdefault("pallas_course", {}).setdefault("verdicts", {})
         try:
-            fresh = FreshRun(nb.cells, slot, self.limits(), self._get_timeout)
-            got = fresh.finish()
-            self.report.update(tampered=list(dict.fromkeys(got.tampered)), died=got.died,
-                               limit=got.limit, timed_out=got.timed_out)
-            self._fill(got)
-            self._judge_all(got, fresh.loaded)
+            with sandbox.slot_for_this_run() as slot:
+                fresh = FreshRun(nb.cells, slot, self.limits(), self._get_timeout)
+                got = fresh.finish()
+                self.report.update(tampered=list(dict.fromkeys(got.tampered)), died=got.died,
+                                   limit=got.limit, timed_out=got.timed_out)
+                self._fill(got)
+                self._judge_all(got, fresh.loaded)
         finally:
             REPORTS.append(self.report)
         for cell in nb.cells:  # what the learner wrote, as a notebook file can hold it (a

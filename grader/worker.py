@@ -114,11 +114,10 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
             ok &= bool(r["success"])
         result["success"] = ok
     elif job == "preflight":
-        from grader import trusted
+        from grader import sandbox, trusted
 
-        # in this worker's own sandbox slot: another grader's kernels may run in slot 0
-        why = trusted.preflight(trusted.TrustedExecute(config=cfg).limits(),
-                                slot=int(os.environ.get("PALLAS_COURSE_SLOT", "0")))
+        with sandbox.slot_for_this_run() as slot:
+            why = trusted.preflight(trusted.TrustedExecute(config=cfg).limits(), slot=slot)
         result.update(success=why is None, error=why)
     elif job == "autograde":
         from grader import trusted

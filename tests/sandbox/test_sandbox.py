@@ -1,5 +1,6 @@
 """grader.sandbox: each way a submission can try to kill or starve the grader ends as data."""
 
+import contextlib
 import os
 import sys
 import time
@@ -14,8 +15,23 @@ FAST = sandbox.Limits(cpu_seconds=5, wall_seconds=8, memory_bytes=1 << 30, proce
                       file_bytes=1 << 20, disk_bytes=4 << 20, output_bytes=4096)
 
 
-def _run(tmp_path, code, limits=FAST, **kw):
-    return sandbox.run([PY, "-c", code], tmp_path / "work", limits, **kw)
+@pytest.fixture(scope="module", autouse=True)
+def held():
+    """Three slots claimed for this module's runs: graders beside this suite (the class tests,
+    a Dask cluster) claim others, and never kill these runs by their slot's uid."""
+    with contextlib.ExitStack() as stack:
+        HELD[:] = [stack.enter_context(sandbox.claimed_slot()) for _ in range(3)]
+        yield
+
+
+HELD: list[int] = []
+
+
+def _run(tmp_path, code, limits=FAST, slot=None, **kw):
+    """``code`` run in the sandbox, in the module's first held slot unless ``slot`` names
+    another."""
+    return sandbox.run([PY, "-c", code], tmp_path / "work", limits,
+                       slot=HELD[0] if slot is None else slot, **kw)
 
 
 def test_ok_and_failed(tmp_path):
@@ -74,10 +90,10 @@ def test_fork_bomb_is_contained_and_cleaned_up(tmp_path):
             "for _ in range(200):\n"
             "    try:\n        os.fork()\n    except OSError:\n        pass\n"
             "time.sleep(30)")
-    out = _run(tmp_path, code, slot=3)
+    out = _run(tmp_path, code, slot=HELD[1])
     assert out.status == "timeout"
     time.sleep(0.2)
-    assert sandbox._pids_of_uid(sandbox.sandbox_uid(3)) == []
+    assert sandbox._pids_of_uid(sandbox.sandbox_uid(HELD[1])) == []
 
 
 @pytest.mark.skipif(sandbox.isolation() != "jail", reason="the jail needs root and bubblewrap")
@@ -96,7 +112,7 @@ def test_jail_hides_secrets_and_the_grader(tmp_path):
     assert out.status == "ok", out.stderr
     lines = out.stdout.decode().splitlines()
     assert lines[:3] == [f"{secret} False", f"{repo_file} False", "/root/.bash_history False"]
-    assert lines[3] == f"uid {sandbox.SANDBOX_UID_BASE}"
+    assert lines[3] == f"uid {sandbox.sandbox_uid(HELD[0])}"  # its slot's, never root's
     assert lines[4] in ("kill ProcessLookupError", "kill PermissionError")
     assert out.isolation == "jail"
 
@@ -105,11 +121,11 @@ def test_escaped_background_process_is_killed(tmp_path):
     code = ("import subprocess, sys\n"
             "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
             " start_new_session=True)\nprint('left')")
-    out = _run(tmp_path, code, slot=4)
+    out = _run(tmp_path, code, slot=HELD[2])
     assert out.status == "ok"
     if sandbox.isolation() == "jail":
         time.sleep(0.2)
-        assert sandbox._pids_of_uid(sandbox.sandbox_uid(4)) == []
+        assert sandbox._pids_of_uid(sandbox.sandbox_uid(HELD[2])) == []
 
 
 # ----------------------------------------------------------------------------- slots and folders
@@ -176,3 +192,16 @@ def test_an_instructor_account_claims_a_slot_while_root_holds_one():
         shutil.rmtree(where)
         shutil.rmtree(Path("/tmp") / "pallas-course-slots-65534", ignore_errors=True)
     assert slot >= 0
+
+
+def test_nbgrader_run_by_hand_claims_its_slot(monkeypatch):
+    """A run outside a grading worker (nbgrader's own autograde, formgrader's button) names no
+    slot: it claims a free one, never slot 0 unclaimed, where another grader's run may be."""
+    monkeypatch.delenv(sandbox.SLOT_ENV, raising=False)
+    with sandbox.slot_for_this_run() as slot:
+        assert slot not in HELD
+        with sandbox.slot_for_this_run() as second:
+            assert second not in (*HELD, slot)
+    monkeypatch.setenv(sandbox.SLOT_ENV, "7")
+    with sandbox.slot_for_this_run() as slot:
+        assert slot == 7  # the one its worker claimed
