@@ -71,7 +71,7 @@ def run_case(name: str, direction: str) -> dict:
                 row["interpreter_ran"] = _last_line(ierr)
             return row
     row.update(interpreter_ran="yes", interpreter_calls=len(v.trace.calls),
-               pipeline_copies_equal=all(c.ok for c in v.checks),
+               pipeline_copies_equal=all(c.copies_match and c.bytes_match for c in v.checks),
                body_dmas_equal=all(d.ok for d in v.body_dma_checks),
                pipeline_copies=sum(len(c.interpreter_copies) for c in v.checks),
                interpreter_body_dmas=sum(len(d.interpreter_bytes) for d in v.body_dma_checks),
