@@ -1,1 +1,2 @@
-"""The `pallas-course` command: site build and serving, and the nbgrader wrappers."""
+"""The `pallas-course` command (``cli``) over three rooms: ``grading``, ``learner``, ``website``;
+``tasks`` defines each task's cases and rules."""
