@@ -1,10 +1,10 @@
 """Grading throughput: `pallas-course autograde` with 1 and 2 workers vs bare `nbgrader autograde`.
 
 pallas-course runs each notebook once, in the grader's own jailed run of it
-(``grader/replay.py``), which makes the facts and the outputs; the test cells are judged outside
-it. The bare run is nbgrader's own Execute on the same notebooks in a Jupyter kernel, unjailed,
-with the checks inside the kernel: the ratio is what isolation and the trusted verdict cost.
-20 submissions of assignment 01 (the instructor notebook under 20 student ids) in a temporary
+(``grader/grading/replay.py``), which makes the facts and the outputs; the test cells are judged
+outside it. The bare run is nbgrader's own Execute on the same notebooks in a Jupyter kernel,
+unjailed, with the checks inside the kernel: the ratio is what isolation and the trusted verdict
+cost. 20 submissions of assignment 01 (the instructor notebook under 20 student ids) in a temporary
 course copy. Prints a table and writes bench/results/grading.json.
 
 Then the same batch on a Dask cluster on this machine speaking TLS only (``autograde
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 import dask  # noqa: E402
 import psutil  # noqa: E402
 
-from grader import build, collect, grading  # noqa: E402
+from grader.grading import batch, build, collect  # noqa: E402
 
 sys.path.insert(0, str(REPO / "tests" / "cluster"))
 from clustertools import DaskCluster  # noqa: E402  - the tests' scheduler and workers
@@ -60,7 +60,7 @@ def fresh_course(tmp: Path) -> Path:
                     ignore=shutil.ignore_patterns("*.ipynb"))
     shutil.copytree(REPO / "exercises" / "refs", root / "refs")
     shutil.copy(REPO / "exercises" / "nbgrader_config.py", root)
-    grading.release(root, A, log=lambda *a: None)
+    batch.release(root, A, log=lambda *a: None)
     subs = tmp / "subs"
     shutil.rmtree(subs, ignore_errors=True)
     (nb,) = (root / "source" / A).glob("*.ipynb")
@@ -121,7 +121,7 @@ def dask_rows(tmp: Path, local: dict[int, dict]) -> list[dict]:
             before = _cpu_s(own)
             # the workers' CPU: the machine's (they are not our children)
             with measured(row), dask.config.set(cluster.client_config):
-                res = grading.autograde(root, A, scheduler=cluster.address, progress=None,
+                res = batch.autograde(root, A, scheduler=cluster.address, progress=None,
                                         log=lambda *a: None)
             # what Dask itself costs beside the grading, whatever else the machine runs
             row["dask_cpu_s_per_submission"] = round((_cpu_s(own) - before) / N, 2)
@@ -173,7 +173,7 @@ def main() -> None:
             root = fresh_course(tmp)
             row = {"runner": f"pallas-course --workers {workers}"}
             with measured(row):
-                res = grading.autograde(root, A, workers=workers, progress=None,
+                res = batch.autograde(root, A, workers=workers, progress=None,
                                         log=lambda *a: None)
             row.update({"median_s_per_submission": round(statistics.median(
                             r["seconds"] for r in res), 2),
@@ -184,7 +184,7 @@ def main() -> None:
         # bare: nbgrader's own Execute, so the kernel runs unjailed and checks itself
         with (root / "nbgrader_config.py").open("a") as f:
             f.write(BARE_CONFIG)
-        env = grading._env(root)
+        env = batch._env(root)
         row = {"runner": "bare nbgrader autograde"}
         with measured(row):
             subprocess.run([sys.executable, "-m", "nbgrader", "autograde", A, "--force"],

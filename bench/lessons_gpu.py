@@ -41,14 +41,15 @@ RECORD_ENV = "PALLAS_COURSE_RECORD"  # same name as lessons/_course.py
 TIMEOUT_S = 900  # per cell
 # Triton's refusal of a block whose size is not a power of two. Hidden cases hold such shapes
 # on purpose (a whole (5, 7) array, ragged rows): they are graded where grading runs, on the
-# CPU (grader/sandbox.py sets JAX_PLATFORMS=cpu), so on a GPU this is expected, not a failure.
+# CPU (grader/grading/sandbox.py sets JAX_PLATFORMS=cpu), so on a GPU this is expected, not a
+# failure.
 TRITON_SHAPE_REFUSAL = "Pallas Triton lowering currently requires"
 
 # Put first in each exercise notebook: records where each kernel ran, per course.check call.
 _PROBE = '''
 import json as _bench_json
 from jax.experimental import pallas as _bench_pl
-from grader import course as _bench_course
+from grader.learner import course as _bench_course
 
 _bench_pallas_call, _bench_check, _bench_modes = _bench_pl.pallas_call, _bench_course.check, []
 

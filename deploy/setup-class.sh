@@ -234,14 +234,14 @@ chmod -R a+rX "$PREFIX"
 # folder 2775 (instructors release into outbound/), inbound/ 3773 (learners create entries but
 # cannot list, rename or delete others'), feedback/ 2771 (nobody lists it; files are named by a
 # secret of the submission). Entries are made 2770 by the learner's own nbgrader
-# (grader.inbound.PrivateSubmit) and collected only when owned by the student they name.
+# (grader.grading.inbound.PrivateSubmit) and collected only when owned by the student they name.
 if [ ! -f "$COURSE/nbgrader_config.py" ]; then
   say "creating the course folder $COURSE from $REPO/exercises"
   mkdir -p "$COURSE"
   (cd "$REPO/exercises" && cp -r source refs nbgrader_config.py "$COURSE/")
   find "$COURSE" -name '*.ipynb' -delete
 fi
-# the gradebook's lock (grader/worker.py), shared by instructors and the grading account
+# the gradebook's lock (grader/grading/worker.py), shared by instructors and the grading account
 touch "$COURSE/gradebook.db.lock"
 chown -R root:"$INSTRUCTORS" "$COURSE"
 find "$COURSE" -type d -exec chmod 2770 {} +

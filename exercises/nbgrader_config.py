@@ -6,10 +6,10 @@ starts nbgrader with this folder as the working directory.
 
 import os
 
-from grader.feedback_css import FeedbackCSS
-from grader.feedback_pp import ClearHiddenOutputs, InertHtml
-from grader.late import LatePenalty
-from grader.trusted import RestoreTestCells, TrustedExecute, VerdictGrades
+from grader.grading.feedback_css import FeedbackCSS
+from grader.grading.feedback_pp import ClearHiddenOutputs, InertHtml
+from grader.grading.late import LatePenalty
+from grader.grading.trusted import RestoreTestCells, TrustedExecute, VerdictGrades
 from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.preprocessors import (
     AssignLatePenalties,
@@ -41,15 +41,15 @@ c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedb
 c.Exchange.path_includes_course = True
 # A class on one machine (deploy/setup-class.sh) names its exchange, outside this folder, which
 # learners cannot enter; the course's files are then the instructors' group's (groupshared), and
-# an inbound entry is collected only when the student it names owns it (grader/inbound.py). The
-# hub's default exchange, this folder's exchange/, keeps nbgrader's own collect: there every
+# an inbound entry is collected only when the student it names owns it (grader/grading/inbound.py).
+# The hub's default exchange, this folder's exchange/, keeps nbgrader's own collect: there every
 # server may run as one account (tests/cluster/test_hub.py), and owners cannot tell learners apart.
 CLASS_EXCHANGE = os.environ.get("PALLAS_COURSE_EXCHANGE")
 if CLASS_EXCHANGE and os.path.realpath(CLASS_EXCHANGE) != os.path.realpath(
         os.path.join(ROOT, "exchange")):
     c.Exchange.root = CLASS_EXCHANGE
     c.CourseDirectory.groupshared = True
-    c.ExchangeFactory.collect = "grader.inbound.OwnedCollect"
+    c.ExchangeFactory.collect = "grader.grading.inbound.OwnedCollect"
 else:
     c.Exchange.root = os.path.join(ROOT, "exchange")
 
@@ -58,26 +58,27 @@ c.OverwriteCells.add_missing_cells = True
 c.Autograde.create_student = True
 
 # Edited test-cell metadata is put back before nbgrader's OverwriteCells, which fails on it
-# (grader/trusted.py: RestoreTestCells). Otherwise nbgrader's default list.
+# (grader/grading/trusted.py: RestoreTestCells). Otherwise nbgrader's default list.
 c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, RestoreTestCells,
                                       OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
 # Learner code runs in the grader's own jailed run of the notebook; test cells are judged in the
 # grader's process and scored from those verdicts, never from what the cell printed
-# (grader/trusted.py). Same list as nbgrader's default with Execute and SaveAutoGrades replaced.
+# (grader/grading/trusted.py). Same list as nbgrader's default with Execute and SaveAutoGrades
+# replaced.
 c.Autograde.autograde_preprocessors = [TrustedExecute, IgnorePattern, ClearMetadataPreprocessor,
                                        LimitOutput, VerdictGrades, AssignLatePenalties,
                                        CheckCellMetadata]
 
-# Late policy (grader/late.py): points off per started hour and per started day past the
+# Late policy (grader/grading/late.py): points off per started hour and per started day past the
 # assignment's due date (set it in the formgrader), by the server's clock; `pallas-course
 # export` shows the penalty and "late by". 0 and 0: late work is marked late but not penalised.
 c.AssignLatePenalties.plugin_class = LatePenalty
 c.LatePenalty.points_per_hour = 0.0
 c.LatePenalty.points_per_day = 0.0
 
-# Feedback wraps long messages instead of clipping them (grader/feedback_css.py); it
+# Feedback wraps long messages instead of clipping them (grader/grading/feedback_css.py); it
 # must not show the hidden tests (nbgrader#917, #1156, #1363), nor run the learner's
-# HTML: scripts, event handlers, javascript: links (grader/feedback_pp.py).
+# HTML: scripts, event handlers, javascript: links (grader/grading/feedback_pp.py).
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenOutputs, ClearHiddenTests, InertHtml,
                                     FeedbackCSS]
 
@@ -114,5 +115,5 @@ def cell_timeout(cell):
 c.Execute.timeout = DEFAULT_TIMEOUT
 c.Execute.timeout_func = cell_timeout
 c.Execute.interrupt_on_timeout = True
-# the grading kernel finds the hidden references through this variable (grader.refs)
+# the grading kernel finds the hidden references through this variable (grader.grading.refs)
 os.environ.setdefault("PALLAS_COURSE_ROOT", ROOT)

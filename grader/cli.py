@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from grader import site
+from grader.website import site
 
 COURSE_MARKER = "nbgrader_config.py"
 
@@ -51,7 +51,7 @@ def course_root(option: Path | None) -> Path:
 
 def checkout(root: Path) -> Path:
     """Where the lessons are: the checkout around the course, else the installed package's."""
-    from grader import refs
+    from grader.grading import refs
 
     return root.parent if (root.parent / "lessons").is_dir() else refs.REPO
 
@@ -137,18 +137,18 @@ def main(argv: list[str] | None = None) -> int:
         return site.serve(port=args.port, lab_port=args.lab_port, build=not args.no_build,
                           workspace_dir=args.workspace)
     if args.command == "check":
-        from grader import check
+        from grader.learner import check
 
         return check.run(args.notebook)
 
     if args.db:
-        from grader import grading
+        from grader.grading import batch
 
-        os.environ[grading.DB_ENV] = args.db  # read by every nbgrader process, via its config
+        os.environ[batch.DB_ENV] = args.db  # read by every nbgrader process, via its config
     try:
         root = course_root(args.course)
         if args.command == "workspace":
-            from grader import workspace
+            from grader.learner import workspace
 
             repo = checkout(root)
             # the checkout's workspace/ when the course is in one, else one where you stand:
@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
                                  update=args.update,
                                  release_log=lambda line: print(line, file=out, flush=True))
         elif args.command == "dist":
-            from grader import dist
+            from grader.learner import dist
 
             dist.build(root, checkout(root), args.to.resolve())
         else:
@@ -175,25 +175,25 @@ def main(argv: list[str] | None = None) -> int:
 def _grading_command(args: argparse.Namespace, root: Path) -> int:
     """The instructor's commands (grading and its imports take seconds: make start's
     workspace step does without them when nothing needs releasing)."""
-    from grader import grading, refs
+    from grader.grading import batch, refs
 
     if args.command == "release":
-        grading.release(root, args.assignment)
+        batch.release(root, args.assignment)
     elif args.command == "collect":
-        from grader import collect
+        from grader.grading import collect
 
         collect.collect(root, args.path, archive_dates=args.archive_dates)
     elif args.command == "autograde":
-        res = grading.autograde(root, args.assignment, workers=args.workers,
+        res = batch.autograde(root, args.assignment, workers=args.workers,
                                 timeout=args.timeout, resume=args.resume,
                                 scheduler=args.scheduler, student=args.student)
         return 0 if all(r["status"] in ("graded",) for r in res) else 3
     elif args.command == "feedback":
-        grading.feedback(root, args.assignment)
+        batch.feedback(root, args.assignment)
     elif args.command == "export":
-        grading.export(root, args.to, lms=args.lms)
+        batch.export(root, args.to, lms=args.lms)
     elif args.command == "report":
-        from grader import report
+        from grader.grading import report
 
         report.write(root, args.assignment,
                      args.to or root / "reports" / f"{args.assignment}.html")

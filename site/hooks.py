@@ -41,7 +41,7 @@ from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 
-from grader import shipped_lessons
+from grader.website import shipped_lessons
 
 log = logging.getLogger("mkdocs.hooks.pallas_course")
 
@@ -170,7 +170,7 @@ def on_files(files: Files, config) -> Files:
 def lesson_cache_dir(root: Path, settings: dict[str, Any]) -> Path:
     """The folder of executed lessons made from the present sources: mkdocs-jupyter keys its
     cache on the notebook alone, but a lesson's page also comes from what
-    ``grader.shipped_lessons.sources_digest`` covers (the lessons it takes functions from,
+    ``grader.website.shipped_lessons.sources_digest`` covers (the lessons it takes functions from,
     lessons/_course.py, kernelsim, the bench inputs it reads, JAX), the same definition that
     decides whether its shipped page is current. ``settings``: mkdocs-jupyter's. Folders made
     from other sources go."""

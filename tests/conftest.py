@@ -31,7 +31,7 @@ def released_course(tmp_path_factory) -> Path:
     """A course folder like exercises/ (config, sources, reference cases) with every assignment
     released, once per session (nbgrader's release is the slow part). Read-only: a test that
     writes in a course copies it first."""
-    from grader import grading
+    from grader.grading import batch as grading
 
     repo = Path(__file__).resolve().parents[1]
     root = tmp_path_factory.mktemp("released") / "exercises"

@@ -21,7 +21,7 @@ absolute value (the first step of int8 absmax quantisation), with ``x`` left in 
   mode's DMA orders; only the race detector reports it.
 
 The skill each task states is graded from the order of the kernel's own DMAs
-(``grader.work.dma_order``, which follows the body over its grid and loops: ``pipelined``
+(``grader.grading.work.dma_order``, which follows the body over its grid and loops: ``pipelined``
 below): the next chunk's copy starts before this chunk's compute (at every compute but the
 last a copy into VMEM is in flight), two buffers, copies of the chunk size the case asks for
 and as many as there are chunks, no copy into a buffer whose write-back is still reading it,
@@ -30,8 +30,8 @@ every start waited, and copies that cross grid steps only on an "arbitrary" grid
 
 from __future__ import annotations
 
-from grader import calling
-from grader.calling import absmax_scale
+from grader.grading import calling
+from grader.grading.calling import absmax_scale
 from grader.tasks.core import (
     Rule,
     block_is,

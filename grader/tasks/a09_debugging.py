@@ -17,7 +17,7 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
-from grader import calling
+from grader.grading import calling
 from grader.tasks.a08_manual_dma import pipelined
 from grader.tasks.core import (
     Rule,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from grader import calling
+from grader.grading import calling
 from grader.tasks.core import (
     Rule,
     as_f32,

@@ -10,7 +10,7 @@ bundled ops).
 Task 5 is a kernel the learner writes with ``plgpu.kernel``: an RMS norm that stages its tiles
 by TMA. It runs in GPU interpret mode on a CPU (``calling.mosaic_gpu_here``), graded on values
 against plain JAX on every case and on structure through ``kernelsim.gpu``'s model of one CTA
-(``grader.gpu_facts``): both inputs reach shared memory by TMA copies that a barrier wait
+(``grader.grading.gpu_facts``): both inputs reach shared memory by TMA copies that a barrier wait
 consumes, the result leaves by a committed and awaited TMA copy, and nothing moves between
 global memory and registers past the TMA. (GPU interpret mode completes a copy at once, so
 reading a tile before its wait still gives right values: the wait is judged by structure.)
@@ -27,7 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import kernelsim
-from grader import calling
+from grader.grading import calling
 from grader.tasks.a04_memory_spaces import prediction_structure
 from grader.tasks.core import Rule, make_case, register_task
 

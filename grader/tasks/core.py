@@ -4,8 +4,8 @@ One ``Task`` per graded exercise. Its ``cases`` fix every input by shape, dtype 
 ``visible`` cases are the ones a learner sees, the ``hidden`` ones (other shapes, non-divisible
 edges, bfloat16, more seeds) only run at grading. ``pallas-course refs`` evaluates ``reference``
 on every case and stores inputs and expected output under ``exercises/refs/`` (see
-``grader.refs``); the notebooks' test cells call ``grader.course.check`` which compares against
-those files, never against this module's references directly.
+``grader.grading.refs``); the notebooks' test cells call ``grader.learner.course.check`` which
+compares against those files, never against this module's references directly.
 
 The structural rule of a task reads a ``kernelsim`` trace of the learner's function on one case
 and returns ``Rule`` results: what was required, what was found.
@@ -25,7 +25,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from grader.calling import INVOKES, Call
+from grader.grading.calling import INVOKES, Call
 
 # Tolerances, in one table: (rtol, atol) per kind of task and dtype. An element passes when
 # |got - expected| <= atol + rtol * |expected|. Every reference computes in float32 and rounds
@@ -91,7 +91,7 @@ class Task:
     tolerance: str = "exact"  # a row of TOLERANCES
     make: Callable[[np.random.Generator, Case], dict[str, np.ndarray]] | None = None
     # how the learner's function is called: invoke(fn, arrays, params) -> output, one of
-    # grader.calling.INVOKES
+    # grader.grading.calling.INVOKES
     invoke: Callable[[Callable, list, dict], Any] | None = None
     # trailing inputs the function gets as NumPy arrays to plan with on the host (a block
     # mask, group sizes); the others are traced, and the program they give is what runs
@@ -118,8 +118,9 @@ class Task:
 
     def __post_init__(self):
         if self.invoke is not None and INVOKES.get(self.invoke.__name__) is not self.invoke:
-            raise ValueError(f"task {self.id}: its invoke must be one of grader.calling.INVOKES "
-                             "(the notebook's process of the grader's run calls it by name)")
+            raise ValueError(f"task {self.id}: its invoke must be one of "
+                             "grader.grading.calling.INVOKES (the notebook's process of the "
+                             "grader's run calls it by name)")
 
     @property
     def calling(self) -> Call:
@@ -254,7 +255,7 @@ def reference_flops(task: Task, case: Case, inputs: dict) -> int:
     """FLOPs of the task's plain-JAX reference on ``case`` (cached)."""
     key = (task.id, case.name)
     if key not in _REFERENCE_FLOPS:
-        from grader import work
+        from grader.grading import work
 
         arrays = [jnp.asarray(v) for v in inputs.values()]
         split = len(arrays) - task.host_inputs

@@ -1,7 +1,7 @@
 """Kernel bodies a learner did not write: the course's own and those of the Pallas ops JAX ships.
 
 "Kernels are your own" (``core.work_rules``) compares each kernel body a submission runs with
-these, by fingerprint (``grader.fingerprint``: the body's jaxpr up to the names of its
+these, by fingerprint (``grader.grading.fingerprint``: the body's jaxpr up to the names of its
 variables, dead code and the numbers in it), so a body copied as source text and re-created
 with ``exec`` (whose debug info then points at the notebook) is still recognised.
 
@@ -93,8 +93,8 @@ def _lesson_calls(log) -> Iterator[tuple[str, object]]:
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu
 
-    from grader.calling import kernel_bodies
-    from grader.refs import REPO
+    from grader.grading.calling import kernel_bodies
+    from grader.grading.refs import REPO
 
     found: list = []
     originals = {pl: pl.pallas_call, plgpu: plgpu.kernel}
@@ -140,8 +140,8 @@ def _solution_bodies() -> Iterator[tuple[str, object]]:
     import jupytext
 
     from grader import tasks
-    from grader.calling import kernel_bodies, trace_case
-    from grader.refs import REPO
+    from grader.grading.calling import kernel_bodies, trace_case
+    from grader.grading.refs import REPO
 
     for assignment in tasks.ASSIGNMENTS:
         path = REPO / "exercises" / "source" / assignment / f"{assignment[3:]}.py"
@@ -172,8 +172,8 @@ def _solution_bodies() -> Iterator[tuple[str, object]]:
 def collect(lessons: bool = True, log=print) -> dict[str, str]:
     """fingerprint -> where, for every shipped body of at least ``MIN_BODY`` equations that is
     not an instructor's solution."""
-    from grader.calling import kernel_bodies
-    from grader.fingerprint import body_size, fingerprint
+    from grader.grading.calling import kernel_bodies
+    from grader.grading.fingerprint import body_size, fingerprint
 
     out: dict[str, str] = {}
 
@@ -195,16 +195,17 @@ def collect(lessons: bool = True, log=print) -> dict[str, str]:
 
 def sources_digest() -> str:
     """A digest of everything ``collect`` reads: the lessons and what they read from the
-    repository (``grader.shipped_lessons.lesson_inputs``: kernelsim, the bench modules they
+    repository (``grader.website.shipped_lessons.lesson_inputs``: kernelsim, the bench modules they
     import), the grader's tasks, fingerprints and tracing (``calling``), the instructor
     notebooks, and JAX's version. Equal to the stored one: the stored corpus was
     made from these."""
-    from grader.refs import REPO
-    from grader.shipped_lessons import files_digest, lesson_inputs, lessons
+    from grader.grading.refs import REPO
+    from grader.website.shipped_lessons import files_digest, lesson_inputs, lessons
 
     return files_digest([*(p for lesson in lessons() for p in lesson_inputs(lesson)),
                          *REPO.glob("grader/tasks/*.py"),
-                         REPO / "grader" / "fingerprint.py", REPO / "grader" / "calling.py",
+                         REPO / "grader" / "grading" / "fingerprint.py",
+                         REPO / "grader" / "grading" / "calling.py",
                          *REPO.glob("exercises/source/*/*.py")], f"jax {jax.__version__}".encode())
 
 

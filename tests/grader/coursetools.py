@@ -21,7 +21,9 @@ from pathlib import Path
 
 import nbformat
 
-from grader import collect, grading, tasks
+from grader import tasks
+from grader.grading import batch as grading
+from grader.grading import collect
 
 REPO = Path(__file__).resolve().parents[2]
 # every assignment is graded with a wrong answer to its first task

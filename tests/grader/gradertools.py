@@ -86,7 +86,7 @@ def fails(task: str, fn, expected: str, hidden: bool = False) -> str:
     """``course.check`` of ``fn`` fails with a message holding ``expected``; the message."""
     import pytest
 
-    from grader import course
+    from grader.learner import course
 
     with pytest.raises(course.CheckFailed) as failed:
         course.check(task, fn, hidden=hidden, quiet=True)

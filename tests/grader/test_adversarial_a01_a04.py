@@ -9,7 +9,7 @@ Assignment 04's adversarial hidden cases each fail a plausible wrong answer (iss
 Each planted answer below fails the hidden case added for it while the honest kernel passes
 that case; the rounding mistakes and the prediction formulas also pass the visible case, so
 only the hidden cases can catch them. Cases run one at a time, as the grader runs them
-(``grader.work.run_case``), judged with the task's tolerance.
+(``grader.grading.work.run_case``), judged with the task's tolerance.
 
 ``affine_row_blocks`` (lesson 5's "place an operand in SMEM"): a table left in VMEM gets every
 value right and fails on its memory space; a scale and shift read swapped fail the values.
@@ -25,7 +25,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from grader import course, refs, tasks, verdict, work
+from grader import tasks
+from grader.grading import refs, verdict, work
+from grader.learner import course
 
 TPU_INTERPRET = pltpu.InterpretParams()
 

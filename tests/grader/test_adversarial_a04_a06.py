@@ -21,8 +21,8 @@ and 16).
   bfloat16 case.
 
 (``sum_all`` and ``matmul_bias_relu``'s adversarial cases are tested in
-test_adversarial_a01_a04.py.) Single cases run as the grader runs them: ``grader.work.run_case``
-and ``grader.verdict.decide`` on the stored reference.
+test_adversarial_a01_a04.py.) Single cases run as the grader runs them:
+``grader.grading.work.run_case`` and ``grader.grading.verdict.decide`` on the stored reference.
 """
 
 from __future__ import annotations
@@ -39,7 +39,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from grader import course, refs, tasks, verdict, work
+from grader import tasks
+from grader.grading import refs, verdict, work
+from grader.learner import course
 from grader.tasks import a06_performance as a06
 
 SOURCE = refs.REPO / "exercises" / "source"

@@ -10,7 +10,7 @@ Each planted answer below is a mistake a learner makes. The value mistakes pass 
 case and fail the hidden case added for them, while the honest kernel (the same code with the
 switch off) passes it; the traffic mistakes fail the visible case's budget, which shows the
 visible cases are large enough for their budgets to fail. Cases run one at a time, as the grader
-runs them (``grader.work.run_case``), judged with the task's tolerance.
+runs them (``grader.grading.work.run_case``), judged with the task's tolerance.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from jax.experimental.pallas import tpu as pltpu
 from test_adversarial_a01_a04 import wrong_values
 
 import kernelsim
-from grader import course, tasks
+from grader import tasks
+from grader.learner import course
 
 TPU_INTERPRET = pltpu.InterpretParams()
 MINE = ("05_scalar_prefetch", "07_flash_attention")

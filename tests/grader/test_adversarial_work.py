@@ -28,7 +28,9 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from grader import calling, course, fingerprint, tasks, work
+from grader import tasks
+from grader.grading import calling, fingerprint, work
+from grader.learner import course
 from grader.tasks import shipped
 
 TPU_INTERPRET = pltpu.InterpretParams()

@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader import collect
+from grader.grading import collect
 
 A = "01_first_kernel"
 NB = "first_kernel.ipynb"

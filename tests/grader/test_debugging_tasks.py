@@ -19,7 +19,9 @@ import pytest
 from test_exercise_content import key_hints
 
 import kernelsim
-from grader import course, tasks, verdict
+from grader import tasks
+from grader.grading import verdict
+from grader.learner import course
 
 ASSIGNMENT = "09_debugging"
 NOTEBOOK = gradertools.notebook(ASSIGNMENT)
@@ -75,7 +77,7 @@ def test_the_reference_solution_passes(task, notebook):
 def test_every_case_exposes_the_bug_in_values(notebook):
     """Each case on its own, visible or hidden, gives wrong values with the buggy kernel
     (``pool_rows`` aside: its bug is a block shape, right values and a failed structure)."""
-    from grader import refs
+    from grader.grading import refs
 
     refdir = refs.course_root() / "refs"
     manifest = refs.load_manifest(refdir)

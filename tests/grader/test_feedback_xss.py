@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader import feedback_pp
+from grader.grading import feedback_pp
 
 REPO = Path(__file__).resolve().parents[2]
 # markup a learner can write into a markdown cell or an HTML/markdown output (after OWASP's

@@ -23,7 +23,9 @@ from jax.experimental.pallas import tpu as pltpu
 from test_adversarial_a04_a06 import judged
 
 import kernelsim
-from grader import course, refs, tasks, verdict, work
+from grader import tasks
+from grader.grading import refs, verdict, work
+from grader.learner import course
 
 ASSIGNMENT = "11_gpu"
 NOTEBOOK = gradertools.notebook(ASSIGNMENT)

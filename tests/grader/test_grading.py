@@ -17,7 +17,9 @@ import nbformat
 import pytest
 from coursetools import FIRST_TASK
 
-from grader import build, cli, grading
+from grader import cli
+from grader.grading import batch as grading
+from grader.grading import build
 
 REPO = Path(__file__).resolve().parents[2]
 

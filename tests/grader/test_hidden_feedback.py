@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from test_verdict import HONEST_ADD_WORK, _case, _whole_call
 
-from grader import verdict
+from grader.grading import verdict
 
 
 def _hidden_add(**changes):

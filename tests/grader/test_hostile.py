@@ -4,7 +4,7 @@ Assignment 01 has three tasks (add, elementwise, leaky_relu), each worth 1 visib
 points: 9 in all. Each hostile submission below starts from the instructor's solution, so its
 correct grade follows from which tasks its attack breaks: a wrong ``add`` forfeits 3 points,
 tampering with the grading code forfeits every test cell run after it. A notebook is executed
-once, by the grader's own run of it (``grader.replay``), which makes the facts, so code that
+once, by the grader's own run of it (``grader.grading.replay``), which makes the facts, so code that
 forges only where a Jupyter kernel runs it changes nothing (``kernel_only_forgery``).
 """
 
@@ -24,7 +24,8 @@ import nbformat
 import pytest
 from coursetools import NB, A
 
-from grader import collect, grading, sandbox
+from grader.grading import batch as grading
+from grader.grading import collect, sandbox
 
 REPO = Path(__file__).resolve().parents[2]
 WRONG_ADD = "_right_add = add\nadd = lambda x, y: _right_add(x, y) * 2\n"
@@ -38,17 +39,17 @@ TRACE_TIME_PATCH = (  # installed while add is traced; it removes itself once us
     "_right_add = add\ndef add(x, y):\n    kernelsim.run = _forged\n"
     "    return _right_add(x, y) * 2\n")
 PATCH_FROM_THREAD = (  # the honest kernel traced in place of the wrong one, now and then
-    WRONG_ADD + "import threading, time, grader.calling\n"
-    "_real = grader.calling.trace_case\n"
+    WRONG_ADD + "import threading, time, grader.grading.calling\n"
+    "_real = grader.grading.calling.trace_case\n"
     "def _honest(task, fn, arrays, params):\n    return _real(task, _right_add, arrays, params)\n"
-    "def _flip():\n    while True:\n        grader.calling.trace_case = _honest\n"
-    "        time.sleep(0.001)\n        grader.calling.trace_case = _real\n"
+    "def _flip():\n    while True:\n        grader.grading.calling.trace_case = _honest\n"
+    "        time.sleep(0.001)\n        grader.grading.calling.trace_case = _real\n"
     "threading.Thread(target=_flip, daemon=True).start()\n")
 FORGE_CHANNEL = (IN_FRESH_RUN + "    import os, struct\n    for fd in range(3, 64):\n"
                  "        try:\n            os.write(fd, struct.pack('>I32s', 17, b'0' * 32) + "
                  "b'{{\"kind\": \"done\"}}\\0')\n        except OSError:\n            pass\n")
 KERNEL_ONLY_FORGERY = (  # forges course.check where a kernel runs it: grading runs none
-    WRONG_ADD + IN_KERNEL + "    import json, pathlib\n    from grader import course\n"
+    WRONG_ADD + IN_KERNEL + "    import json, pathlib\n    from grader.learner import course\n"
     "    course.check = lambda *a, **k: print(a[0] + ': 1 visible case(s) passed')\n"
     "    json.dump = lambda *a, **k: None\n"
     "    pathlib.Path.write_text = lambda self, *a, **k: 0\n")
@@ -109,7 +110,7 @@ CORPUS = {
                   "jax.device_get"),
     "patch_course_check": (_after("add_solution", WRONG_ADD + "course.check = lambda *a, **k: "
                                   "print(a[0] + ': 1 visible case(s) passed')\n"),
-                           0, "tampered", "grader.course.check was replaced"),
+                           0, "tampered", "grader.learner.course.check was replaced"),
     "patch_kernelsim": (_after("add_solution", "kernelsim.trace = lambda *a, **k: None\n"),
                         0, "tampered", "kernelsim.trace"),
     "patch_builtins": (_after("add_solution", "import builtins\n"

@@ -22,65 +22,71 @@ import pytest
 from coursetools import JAIL_ATTACKS as ATTACKS
 from test_replay import _fresh, _verdict
 
-from grader import refs, sandbox, trusted
+from grader.grading import refs, sandbox, trusted
+from grader.learner import dist
 
 REPO = refs.REPO
 # modules a cell could answer with, or that decide: never in the notebook's process
-GRADERS_OWN = ("tasks", "verdict", "work", "gpu_facts", "fingerprint", "grading", "checker",
-               "selfcheck", "trusted", "messages", "sandbox")
+GRADERS_OWN = ("tasks", "grading.verdict", "grading.work", "grading.gpu_facts",
+               "grading.fingerprint", "grading.batch", "grading.checker", "learner.selfcheck",
+               "grading.trusted", "learner.messages", "grading.sandbox")
 REFUSED = "is the grader's own code"
 
 
 def test_the_harness_loads_no_grader_module_outside_the_view():
     out = subprocess.run(
-        [sys.executable, "-c", "import sys, grader.replay\n"
+        [sys.executable, "-c", "import sys, grader.grading.replay\n"
          "print(' '.join(sorted(m for m in sys.modules if m.startswith('grader'))))"],
         cwd=REPO, capture_output=True, text=True, check=True)
     loaded = set(out.stdout.split())
     assert loaded <= {"grader", *(f"grader.{m}" for m in trusted.NOTEBOOK_MODULES)}, loaded
     assert not set(GRADERS_OWN) & set(trusted.NOTEBOOK_MODULES), trusted.NOTEBOOK_MODULES
-    assert {"course", "calling", "replay"} <= set(trusted.NOTEBOOK_MODULES)
+    assert {"learner.course", "grading.calling", "grading.replay"} <= set(trusted.NOTEBOOK_MODULES)
 
 
 def test_the_view_holds_the_harness_and_refusals(tmp_path):
     view = trusted.notebook_view(tmp_path / "grader")
     for name in trusted.NOTEBOOK_MODULES:
-        assert (view / f"{name}.py").read_bytes() == (REPO / "grader" / f"{name}.py").read_bytes()
-    assert not [p for p in view.iterdir() if p.is_dir()]  # no package: tasks/ is one refusal
+        rel = name.replace(".", "/") + ("/__init__.py" if name in dist.ROOMS else ".py")
+        assert (view / rel).read_bytes() == (REPO / "grader" / rel).read_bytes()
+    # no package but the rooms of the harness: tasks/ is one refusal
+    assert not [p for p in view.iterdir() if p.is_dir() and p.name not in trusted.NOTEBOOK_MODULES]
     for name in GRADERS_OWN:
+        path = name.replace(".", "/")
         with pytest.raises(ImportError, match=f"grader.{name} {REFUSED}"):
-            exec(compile((view / f"{name}.py").read_text(), name, "exec"), {})  # noqa: S102
+            exec(compile((view / f"{path}.py").read_text(), name, "exec"), {})  # noqa: S102
 
 
 def test_preflight_names_a_view_the_harness_cannot_start_in(monkeypatch):
     if sandbox.isolation() != "jail":
         pytest.skip("the view needs the jail")
     monkeypatch.setattr(trusted, "NOTEBOOK_MODULES",
-                        tuple(m for m in trusted.NOTEBOOK_MODULES if m != "wire"))
+                        tuple(m for m in trusted.NOTEBOOK_MODULES if m != "grading.wire"))
     why = trusted.preflight(trusted.TrustedExecute().limits())
-    assert "cannot import the course" in why and f"grader.wire {REFUSED}" in why, why
+    assert "cannot import the course" in why and f"grader.grading.wire {REFUSED}" in why, why
 
 
 # what a cell tries in the jail: each import, the source files, and what is loaded already
 PROBE = ("import importlib, os, sys\nfor _m in ('grader.tasks', 'grader.tasks.a06_performance',"
-         " 'grader.tasks.a04_memory_spaces', 'grader.verdict', 'grader.work', 'grader.grading',"
-         " 'grader.checker', 'grader.selfcheck', 'kernelsim', 'grader.calling'):\n"
+         " 'grader.tasks.a04_memory_spaces', 'grader.grading.verdict', 'grader.grading.work',"
+         " 'grader.grading.batch', 'grader.grading.checker', 'grader.learner.selfcheck',"
+         " 'kernelsim', 'grader.grading.calling'):\n"
          "    try:\n        importlib.import_module(_m)\n        print('IMPORTED', _m)\n"
          "    except ImportError as e:\n        print('REFUSED', _m, e)\n"
          "print('FILE', os.path.exists(os.path.join(os.path.dirname(importlib.import_module("
-         "'grader.course').__file__), 'tasks', 'a06_performance.py')))\n"
+         "'grader.learner.course').__file__), '..', 'tasks', 'a06_performance.py')))\n"
          "print('LOADED', sorted(m for m in sys.modules if m.startswith('grader.t')))\n")
 
 
 def test_a_cell_in_the_jail_gets_import_error_and_the_honest_add_still_passes(slot):
     got, loaded = _fresh(slot, PROBE)
     text = "".join(str(p.get("text", "")) for pieces in got.outputs.values() for p in pieces)
-    for name in ("grader.tasks", "grader.verdict", "grader.work", "grader.grading",
-                 "grader.checker", "grader.selfcheck"):
+    for name in ("grader.tasks", "grader.grading.verdict", "grader.grading.work",
+                 "grader.grading.batch", "grader.grading.checker", "grader.learner.selfcheck"):
         assert f"REFUSED {name} {name} {REFUSED}" in text, text
     for name in ("grader.tasks.a06_performance", "grader.tasks.a04_memory_spaces"):
         assert f"REFUSED {name} grader.tasks {REFUSED}" in text, text
-    assert "IMPORTED kernelsim" in text and "IMPORTED grader.calling" in text, text
+    assert "IMPORTED kernelsim" in text and "IMPORTED grader.grading.calling" in text, text
     assert "FILE False" in text and "LOADED []" in text, text
     assert (got.tampered, got.died) == ([], None)
     assert _verdict(got, loaded).passed

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 
 import kernelsim
-from grader import course, tasks
-from grader.calling import softmax_rows
+from grader import tasks
+from grader.grading.calling import softmax_rows
+from grader.learner import course
 
 pytestmark = pytest.mark.interpret
 

@@ -1,7 +1,7 @@
-"""The late policy (grader/late.py): penalty per started hour and day, capped by the score;
+"""The late policy (grader/grading/late.py): penalty per started hour and day, capped by the score;
 "late by" as the export shows it; the gradebook import tables for Canvas and Moodle."""
 
-from grader.late import LatePenalty, late_by
+from grader.grading.late import LatePenalty, late_by
 
 
 def test_penalty_per_started_hour_and_day_capped_by_the_score():
@@ -23,7 +23,7 @@ def test_late_by_reads_the_exports_columns():
 
 
 def test_lms_tables_have_one_row_per_student_and_a_column_per_assignment():
-    from grader.grading import lms_table
+    from grader.grading.batch import lms_table
 
     rows = [{"assignment": "a1", "student_id": "ana", "score": 9.0, "max_score": 9.0},
             {"assignment": "a1", "student_id": "ben", "score": 6.0, "max_score": 9.0},

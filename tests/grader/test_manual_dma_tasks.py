@@ -20,8 +20,10 @@ from jax.experimental.pallas import tpu as pltpu
 from test_exercise_content import key_hints
 
 import kernelsim
-from grader import course, refs, tasks, verdict
-from grader.calling import RACE_CLOCK_SIZE, absmax_scale, traced_as_tpu
+from grader import tasks
+from grader.grading import refs, verdict
+from grader.grading.calling import RACE_CLOCK_SIZE, absmax_scale, traced_as_tpu
+from grader.learner import course
 
 pytestmark = pytest.mark.interpret
 
@@ -312,14 +314,14 @@ def test_waiting_too_late_still_races(notebook):
 # ------------------------------------------------------------------ the skills, from the DMA order
 # Each planted answer below gets every value right and has no race the detector reports; what
 # it gets wrong is the skill the task states, read from the order of its own DMAs
-# (grader.work.dma_order, rules in grader.tasks.a08_manual_dma.pipelined).
+# (grader.grading.work.dma_order, rules in grader.tasks.a08_manual_dma.pipelined).
 OVERLAP = "[FAIL] overlap: the next chunk's copy starts before this chunk's compute"
 
 
 def test_the_solutions_dma_order_is_double_buffered(notebook):
     """What the rules read off the honest kernels: a copy in flight at every compute but the
     last, two buffers each way, chunk-sized copies, nothing unsafe."""
-    from grader import work
+    from grader.grading import work
 
     for task, shape, chunk, out in (("absmax_dma", (40, 256), 16, False),
                                     ("absmax_pipeline", (40, 256), 16, True),
@@ -372,7 +374,7 @@ def test_the_shipped_race_is_also_seen_in_the_dma_order(notebook):
     the order shows it whatever the race detector's clocks draw."""
     message = _fails("absmax_in_place", notebook["absmax_in_place_buggy"], "RACE DETECTED")
     del message
-    from grader import work
+    from grader.grading import work
 
     program = jax.make_jaxpr(lambda x: notebook["absmax_in_place_buggy"](x, 16))(
         jnp.zeros((96, 256)))

@@ -1,7 +1,7 @@
 """Assignment 15 (Mosaic GPU): the instructor's predictions and kernel pass every case; planted
 wrong ones fail on the case or the rule that tells them apart, judged as the grader judges
 (``course.check``); the grader's answers, kernelsim's counts, equal what the Mosaic GPU
-lowering allocates; and ``grader.work`` sees a ``plgpu.kernel`` as a kernel call.
+lowering allocates; and ``grader.grading.work`` sees a ``plgpu.kernel`` as a kernel call.
 
 The planted answers are the mistakes the tasks are about: shared memory without the lowering's
 rounding to 1024 bytes or without the barriers, a pipeline's slots rounded one by one (they are
@@ -26,7 +26,9 @@ from jax.experimental.mosaic.gpu import core as mgpu_core
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import kernelsim
-from grader import calling, course, gpu_facts, tasks, verdict, work
+from grader import tasks
+from grader.grading import calling, gpu_facts, verdict, work
+from grader.learner import course
 from grader.tasks import a15_mosaic_gpu as a15
 
 ASSIGNMENT = "15_mosaic_gpu"
@@ -229,7 +231,7 @@ def test_the_solution_matches_plain_jax(solutions):
 
 
 def test_the_verdict_reads_gpu_facts_and_refuses_garbage():
-    """The checker's answer carries each Mosaic GPU kernel's facts (grader.gpu_facts); the
+    """The checker's answer carries each Mosaic GPU kernel's facts (grader.grading.gpu_facts); the
     trusted verdict reads them strictly, as it reads kernelsim's TPU trace."""
     x = jnp.ones((128, 256), jnp.float32)
     w = jnp.ones((256,), jnp.float32)
@@ -267,7 +269,7 @@ def _waits_for_nothing(x, w, interpret):
 
 
 def test_a_wait_nothing_signals_is_an_error_not_a_hang(monkeypatch):
-    """Stopped before it runs (``grader.gpu_facts.would_hang``), as a hung case would cost
+    """Stopped before it runs (``grader.grading.gpu_facts.would_hang``), as a hung case would cost
     its cell's time limit; the message says what to do. (Were it run, this test would say so
     rather than hang.)"""
     import jax.extend.core

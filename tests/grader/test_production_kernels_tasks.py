@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 import kernelsim
-from grader import course, tasks
+from grader import tasks
+from grader.learner import course
 
 pytestmark = pytest.mark.interpret
 

@@ -23,7 +23,7 @@ import nbformat
 import pytest
 from jax.experimental import pallas as pl
 
-from grader import checker, exchange, integrity, refs, sandbox, trusted, verdict, wire
+from grader.grading import checker, exchange, integrity, refs, sandbox, trusted, verdict, wire
 
 KEY = b"k" * 32
 
@@ -76,7 +76,7 @@ def test_the_notebook_gets_shapes_and_never_an_input_s_values():
 
 # ----------------------------------------------------------------------------- the snapshot
 def test_snapshot_notices_replaced_added_and_removed_code(monkeypatch):
-    from grader import work
+    from grader.grading import work
 
     shell = types.SimpleNamespace(events=types.SimpleNamespace(callbacks={"pre_run_cell": []}))
     snap = integrity.Snapshot(shell)
@@ -86,7 +86,7 @@ def test_snapshot_notices_replaced_added_and_removed_code(monkeypatch):
     monkeypatch.setattr(work, "len", lambda x: 0, raising=False)  # shadows a builtin there
     monkeypatch.setattr(verdict.Verdict, "__init__", lambda self, *a: None)
     monkeypatch.setattr(json, "dumps", lambda *a, **k: "{}")
-    monkeypatch.setitem(sys.modules, "grader.refs", types.ModuleType("grader.refs"))
+    monkeypatch.setitem(sys.modules, "grader.grading.refs", types.ModuleType("grader.grading.refs"))
     monkeypatch.setitem(sys.modules, "jax._lazy", types.ModuleType("jax._lazy"))
     monkeypatch.setitem(sys.modules, "learners_own", types.ModuleType("learners_own"))
     monkeypatch.setattr(shell, "showtraceback", lambda *a: None, raising=False)
@@ -94,9 +94,10 @@ def test_snapshot_notices_replaced_added_and_removed_code(monkeypatch):
     monkeypatch.setattr(signal, "getsignal", lambda s: "learner" if s == signal.SIGVTALRM
                         else signal.Handlers.SIG_DFL)
     found = snap.changes()
-    for line in ("grader.work.facts was replaced", "grader.work.LAYOUT was replaced",
-                 "grader.work.len was added", "grader.verdict.Verdict.__init__ was replaced",
-                 "json.dumps was replaced", "sys.modules['grader.refs'] was replaced",
+    for line in ("grader.grading.work.facts was replaced",
+                 "grader.grading.work.LAYOUT was replaced", "grader.grading.work.len was added",
+                 "grader.grading.verdict.Verdict.__init__ was replaced",
+                 "json.dumps was replaced", "sys.modules['grader.grading.refs'] was replaced",
                  "sys.modules['jax._lazy'] is not a module of the installed packages",
                  "the shell's showtraceback was replaced",
                  "an IPython pre_run_cell hook (",
@@ -123,7 +124,7 @@ def test_snapshot_refuses_learner_functions_in_a_module_loaded_later(monkeypatch
 # ----------------------------------------------------------------------------- the guard
 GUARD_SCRIPT = r"""
 import ctypes, gc, json, os, sys, threading
-from grader import integrity
+from grader.grading import integrity
 guard = integrity.Guard()
 sys.addaudithook(guard)
 guard.armed = True
@@ -210,7 +211,7 @@ def test_programs_that_would_run_learner_python_are_refused():
 
 # ----------------------------------------------------------------------------- fresh runs
 SETUP = ("import jax\nimport jax.numpy as jnp\nfrom jax.experimental import pallas as pl\n"
-         "from grader import course\n")
+         "from grader.learner import course\n")
 HONEST_ADD = ("def add(x, y):\n    def kernel(x_ref, y_ref, o_ref):\n"
               "        o_ref[...] = x_ref[...] + y_ref[...]\n"
               "    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, "
@@ -275,8 +276,8 @@ FORGERIES = {
         "import os, struct\nfor fd in range(3, 64):\n    try:\n"
         "        os.write(fd, struct.pack('>I32s', 4, b'0' * 32) + b'{}\\0x')\n"
         "    except OSError:\n        pass\n", "bytes its harness did not write"),
-    "swap_code": ("import grader.calling\n"
-                  "grader.calling.trace_case.__code__ = (lambda *a: None).__code__\n",
+    "swap_code": ("import grader.grading.calling\n"
+                  "grader.grading.calling.trace_case.__code__ = (lambda *a: None).__code__\n",
                   "replaced the code of trace_case"),
 }
 
@@ -327,7 +328,7 @@ def test_every_test_cell_holds_only_checks():
 
 
 def test_course_check_does_nothing_in_a_grading_run(monkeypatch, capsys):
-    from grader import course
+    from grader.learner import course
 
     monkeypatch.setenv("PALLAS_COURSE_GRADING", "1")
     assert course.check("add", None) is None

@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from grader import course
+from grader.learner import course
 
 ASSIGNMENT = "10_transformations"
 NOTEBOOK = gradertools.notebook(ASSIGNMENT)

@@ -21,7 +21,8 @@ import nbformat
 import pytest
 from test_hostile import NB, WRONG_ADD, A, _after, _cell, _course
 
-from grader import collect, grading, sandbox, trusted
+from grader.grading import batch as grading
+from grader.grading import collect, sandbox, trusted
 
 LEARNER_HTML = ('<script>alert("md")</script> <img src=x onerror="alert(1)"> '
                 '\n\n[click](javascript:alert(2)) [also](jav&#x61;script:alert(5))')

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from test_replay import HONEST_ADD, LIMITS, SETUP, _cells, _fresh, _verdict
 
-from grader import exchange, refs, sandbox, trusted, verdict
+from grader.grading import exchange, refs, sandbox, trusted, verdict
 
 # disarm the notebook process's tamper alarm through a stack walk, as an attacker would
 DISARM = ("import sys\n_f = sys._getframe()\nwhile _f is not None:\n"

@@ -9,8 +9,8 @@ import nbformat
 import numpy as np
 import pytest
 
-from grader import refs, trusted, verdict
-from grader.grading import test_cell_changes as cell_changes
+from grader.grading import refs, trusted, verdict
+from grader.grading.batch import test_cell_changes as cell_changes
 from kernelsim import examples
 
 

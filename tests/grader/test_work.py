@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
 
-from grader import calling, course, fingerprint
+from grader.grading import calling, fingerprint
+from grader.learner import course
 
 
 def _call(kernel, x, *operands):
@@ -137,7 +138,7 @@ def test_a_fingerprint_is_the_body_up_to_renaming_and_numbers():
 
 
 def test_the_work_facts_name_host_callbacks_and_floating_prefetch():
-    from grader import work
+    from grader.grading import work
 
     def add(x, y):
         s = jax.pure_callback(lambda a, b: a + b, jax.ShapeDtypeStruct(x.shape, x.dtype), x, y)

@@ -1,6 +1,6 @@
 """Every lesson executes top to bottom on the CPU, and every lesson has the parts a reader needs.
 
-Execution: the site build's own path (``grader.site.prerender_lessons``: mkdocs-jupyter runs
+Execution: the site build's own path (``grader.website.site.prerender_lessons``: mkdocs-jupyter runs
 each lesson with the ``python3`` kernel in ``lessons/``, so ``import _course`` works, and keeps
 it in its cache, where the site tests' build finds it). Every lesson executes here, even when
 the cache or the shipped pages (site/executed/) hold it. A failing cell fails the lesson's test
@@ -56,7 +56,7 @@ def test_lesson_structure(path: Path):
 def lesson_runs():
     """Every lesson executed once, as the site build executes it (into mkdocs-jupyter's cache,
     one process per CPU): the site tests' build then finds them there."""
-    from grader import site
+    from grader.website import site
 
     return site.prerender_lessons(fresh=True)
 

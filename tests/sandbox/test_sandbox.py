@@ -1,4 +1,5 @@
-"""grader.sandbox: each way a submission can try to kill or starve the grader ends as data."""
+"""grader.grading.sandbox: each way a submission can try to kill or starve the grader ends as
+data."""
 
 import contextlib
 import os
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import sandbox
+from grader.grading import sandbox
 
 PY = sys.executable
 FAST = sandbox.Limits(cpu_seconds=5, wall_seconds=8, memory_bytes=1 << 30, processes=32,
@@ -176,13 +177,14 @@ def test_an_instructor_account_claims_a_slot_while_root_holds_one():
     # the module alone, where the second account can read it (pytest's tmp_path is root's)
     where = Path(tempfile.mkdtemp(dir="/tmp"))
     where.chmod(0o755)
-    (where / "grader").mkdir()
-    shutil.copy(Path(sandbox.__file__), where / "grader" / "sandbox.py")
+    (where / "grader" / "grading").mkdir(parents=True)
+    shutil.copy(Path(sandbox.__file__), where / "grader" / "grading" / "sandbox.py")
     (where / "grader" / "__init__.py").write_text("")
+    (where / "grader" / "grading" / "__init__.py").write_text("")
     try:
         out = subprocess.run(
             [shutil.which("runuser"), "-u", "nobody", "--", "/usr/bin/python3", "-c",
-             "from grader import sandbox; print(sandbox.claim_slot()[0])"],
+             "from grader.grading import sandbox; print(sandbox.claim_slot()[0])"],
             cwd=where, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(where)},
             capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr

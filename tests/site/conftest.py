@@ -20,7 +20,7 @@ from sitetools import SITE_DIR, serve_folder, watch
 @pytest.fixture(scope="session")
 def built_site() -> Path:
     """build/site from one `mkdocs build --strict` (what `make site` runs)."""
-    from grader import site
+    from grader.website import site
 
     start = time.perf_counter()
     site.build_site(strict=True)

@@ -103,7 +103,7 @@ def watch(context) -> Watched:
 def start_lab(root, log):
     """JupyterLab serving ``root`` on a free port, as `pallas-course serve` starts it;
     returns (process, base URL, token). Stop it with os.killpg(process.pid, SIGTERM)."""
-    from grader import site
+    from grader.website import site
 
     port = free_port()
     settings, token = site.lab_settings(root, Path(tempfile.gettempdir()) / "pallas-course-labs")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from sitetools import load_hooks, load_site
 
-from grader import shipped_lessons
+from grader.website import shipped_lessons
 
 hooks = load_hooks()
 content, pages, text = load_site("content"), load_site("pages"), load_site("text")

@@ -79,7 +79,7 @@ def _lesson_opens_as_notebook(browser, lab_port: int, token: str) -> None:
 
 def lessons_workspace(dest: Path) -> Path:
     """A learner workspace holding only the lessons (what serve needs; no release step)."""
-    from grader import workspace
+    from grader.learner import workspace
 
     (dest / "lessons").mkdir(parents=True)
     for f in workspace.lesson_files(REPO):
@@ -137,7 +137,7 @@ def test_serve_answers_and_sigint_stops_both(built_site, tmp_path, request):
 def test_lab_opens_python_files_as_jupytext_notebooks():
     import json
 
-    from grader import site
+    from grader.website import site
 
     overrides = json.loads((site.LAB_CONFIG_DIR / "labconfig" /
                             "default_setting_overrides.json").read_text())
@@ -153,7 +153,7 @@ def test_lab_token_is_private_and_kept_per_workspace(tmp_path):
     the printed URL and the browser's login stay valid."""
     import stat
 
-    from grader import site
+    from grader.website import site
 
     ws, other = tmp_path / "ws", tmp_path / "other"
     folder, token = site.lab_settings(ws, tmp_path / "state")

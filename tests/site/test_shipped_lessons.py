@@ -1,5 +1,5 @@
-"""The lessons' executed pages shipped in site/executed/ (``grader.shipped_lessons``): current
-for every lesson, handed to the build only when made from the present sources, and stored so
+"""The lessons' executed pages shipped in site/executed/ (``grader.website.shipped_lessons``):
+current for every lesson, handed to the build only when made from the present sources, and stored so
 that the build gets back exactly the page the lesson's execution made."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from grader import shipped_lessons
-from grader.shipped_lessons import BODY_START, REFRESH
+from grader.website import shipped_lessons
+from grader.website.shipped_lessons import BODY_START, REFRESH
 
 LESSON = shipped_lessons.lessons()[0]
 SETTINGS = {"execute": True, "toc_depth": 2, "cache_dir": "/anywhere"}
@@ -32,7 +32,7 @@ def test_a_clones_build_takes_the_shipped_page_and_executes_nothing(tmp_path, mo
     page hook finds the shipped page where it looks for its own entry, and executes nothing."""
     from mkdocs_jupyter import convert
 
-    from grader import site
+    from grader.website import site
 
     if not shipped_lessons.is_current(LESSON, shipped_lessons.plugin_settings()):
         pytest.skip("stale: test_every_lesson_has_a_current_shipped_page says what to do")

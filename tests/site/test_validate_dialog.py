@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from sitetools import start_lab, watch
 
-from grader import site
+from grader.website import site
 
 HINT = ("Hint: the block's last two dimensions must be divisible by (8, 128) or equal the "
         "array's; for x of shape (256, 512) the nearest legal block is (8, 128).")

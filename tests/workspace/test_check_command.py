@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grader import check
+from grader.learner import check
 
 
 @pytest.fixture

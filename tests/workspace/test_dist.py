@@ -19,7 +19,7 @@ from wstools import COURSE, cli, ok
 
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 HIDDEN_CALL = re.compile(r"check\([^)]*hidden=True")
-INSTRUCTOR_FILES = ("nbgrader_config.py", "gradebook.db", "trusted.py", "grading.py",
+INSTRUCTOR_FILES = ("nbgrader_config.py", "gradebook.db", "trusted.py", "batch.py",
                     "sandbox.py", "worker.py", "exchange.py", "build.py")
 SOLUTION_RE = re.compile(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", re.S)
 
@@ -76,7 +76,7 @@ def test_distribution_has_no_answers(dist_dir, full_course, tmp_path):
     # what a learner needs is there
     for rel in ("README.md", "pyproject.toml", "lessons/01-why-pallas.py", "lessons/_course.py",
                 "exercises/01_first_kernel/first_kernel.ipynb", "kernelsim/__init__.py",
-                "grader/course.py", "exercises/01_first_kernel/refs/manifest.json"):
+                "grader/learner/course.py", "exercises/01_first_kernel/refs/manifest.json"):
         assert (dist_dir / rel).is_file(), rel
     assert "sh install.sh" in (dist_dir / "README.md").read_text()
     assert "nbgrader" not in (dist_dir / "pyproject.toml").read_text()
@@ -106,7 +106,7 @@ def test_zip_distribution_matches_the_folder(dist_dir, full_course, tmp_path):
 def test_distributions_own_check_passes_a_right_kernel_and_knows_no_hidden_case(dist_dir):
     code = (
         f"DIST = {str(dist_dir)!r}\n"
-        "import grader, jax\nfrom grader import course, tasks\n"
+        "import grader, jax\nfrom grader import tasks\nfrom grader.learner import course\n"
         "from jax.experimental import pallas as pl\n"
         "assert grader.__file__.startswith(DIST), grader.__file__\n"
         "assert not [c for t in tasks.TASKS for c in t.cases if c.hidden]\n"
@@ -130,7 +130,7 @@ def _readme_commands(dist: Path) -> list[str]:
 def test_the_copys_grader_imports_from_the_copy_alone(dist_dir):
     """Every module of the copy's grader/ imports with nothing of the checkout's grader/
     behind it: a module a shipped one imports but the copy lacks fails every notebook's setup
-    cell (CI found ``grader.integrity`` missing, imported by one task file)."""
+    cell (CI found ``grader.grading.integrity`` missing, imported by one task file)."""
     probe = ("import importlib, pathlib, sys\n"
              # the checkout's editable install would answer for a module the copy lacks
              "sys.meta_path[:] = [f for f in sys.meta_path\n"
@@ -191,7 +191,7 @@ def test_student_copy_installs_as_its_readme_says(dist_dir, tmp_path):
                             "mkdocs"}, installed
     size_mb = int(subprocess.run(["du", "-sm", str(copy / ".venv")], capture_output=True,
                                  text=True, check=True).stdout.split()[0])
-    from grader import dist
+    from grader.learner import dist
 
     assert abs(size_mb - dist.INSTALLED_MB) <= 0.25 * size_mb, (size_mb, dist.INSTALLED_MB)
     # the documented check command, from the exercise's folder, in the activated venv

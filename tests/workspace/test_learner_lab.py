@@ -20,7 +20,8 @@ import websocket
 from sitetools import free_port, load_hooks, load_site  # on sys.path: conftest.py puts it there
 from wstools import REPO
 
-from grader import site, workspace
+from grader.learner import workspace
+from grader.website import site
 
 INSTRUCTOR_TOOLS = ("Create Assignment", "Create assignment", "Formgrader", "Course List")
 

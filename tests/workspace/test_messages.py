@@ -1,7 +1,8 @@
-"""Messages a learner acts on: each hint of grader.messages.HINTS is triggered by the real error
-(JAX, Mosaic's TPU lowering or kernelsim) and shows up in course.check's failure; parameters
-print as Python literals; wrong values come with a map of the wrong blocks; a structural failure
-shows the learner's traffic; a failing check's traceback in a notebook has no grader frame."""
+"""Messages a learner acts on: each hint of grader.learner.messages.HINTS is triggered by the
+real error (JAX, Mosaic's TPU lowering or kernelsim) and shows up in course.check's failure;
+parameters print as Python literals; wrong values come with a map of the wrong blocks; a
+structural failure shows the learner's traffic; a failing check's traceback in a notebook has
+no grader frame."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from jax.experimental import pallas as pl
 
 import kernelsim
-from grader import course, messages
+from grader.learner import course, messages
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -170,7 +171,8 @@ def test_failing_check_traceback_shows_no_grader_frame(tmp_path):
 
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell(
-            "import jax\nfrom jax.experimental import pallas as pl\nfrom grader import course\n"
+            "import jax\nfrom jax.experimental import pallas as pl\n"
+            "from grader.learner import course\n"
             "def kernel(x_ref, y_ref, o_ref):\n    o_ref[...] = x_ref[...] - y_ref[...]\n"
             "def add(x, y):\n    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct("
             "x.shape, x.dtype), interpret=True)(x, y)"),
@@ -194,7 +196,7 @@ def test_feedback_page_shows_the_whole_message(browser, tmp_path):
     from nbconvert.exporters import HTMLExporter
     from traitlets.config import Config, PyFileConfigLoader
 
-    from grader.feedback_css import FeedbackCSS
+    from grader.grading.feedback_css import FeedbackCSS
 
     course = PyFileConfigLoader("nbgrader_config.py", path=str(REPO / "exercises")).load_config()
     assert FeedbackCSS in course.GenerateFeedback.preprocessors

@@ -14,13 +14,14 @@ import urllib.request
 from sitetools import free_port
 from wstools import REPO
 
-from grader import site, workspace
+from grader.learner import workspace
+from grader.website import site
 
 # serve with its site folder in tmp and a stand-in for mkdocs that takes 3 s
 DRIVER = """
 import sys
 from pathlib import Path
-from grader import site
+from grader.website import site
 site.SITE_DIR, site.LOG_DIR = Path(sys.argv[1]), Path(sys.argv[2])
 site.site_is_stale = lambda: True
 site.build_command = lambda strict=True, site_dir=None: [sys.executable, "-c",

@@ -101,7 +101,7 @@ def test_course_is_found_from_where_you_stand(tmp_path, monkeypatch, capsys):
 
 def test_update_never_overwrites_an_offered_version_either(tmp_path):
     """Without nbgrader: a course whose release/ is up to date, changed twice under --update."""
-    from grader import workspace
+    from grader.learner import workspace
 
     root, repo = tmp_path / "course", tmp_path / "checkout"
     (root / "source" / "a1").mkdir(parents=True)
@@ -138,7 +138,7 @@ def test_update_replaces_in_place_what_the_learner_never_edited(tmp_path, monkey
     """A lesson and a notebook nobody touched take the course's new version in place; an edited
     one keeps the learner's work and gets the new version beside it. The README says where to
     ask."""
-    from grader import workspace
+    from grader.learner import workspace
 
     monkeypatch.setenv(workspace.HELP_URL_ENV, "https://forum.example/pallas")
     root, repo = tmp_path / "course", tmp_path / "checkout"

@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from grader import course
+from grader.learner import course
 from kernelsim.backend import choose
 
 # Compiled on a GPU or TPU, interpreted on a CPU. TPU_INTERPRET is for kernels that use

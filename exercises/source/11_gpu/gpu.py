@@ -31,7 +31,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 import kernelsim
-from grader import course
+from grader.learner import course
 from kernelsim.backend import choose
 
 # Compiled on a GPU or TPU, interpreted on a CPU.

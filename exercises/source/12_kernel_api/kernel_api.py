@@ -29,8 +29,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from grader import course
-from grader.calling import softmax_rows, traced_as_tpu
+from grader.learner import course
+from grader.grading.calling import softmax_rows, traced_as_tpu
 from kernelsim.backend import choose
 
 # Compiled on a TPU; TPU interpret mode anywhere else (these kernels are TPU-only).

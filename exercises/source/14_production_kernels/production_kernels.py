@@ -27,7 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from grader import course
+from grader.learner import course
 from kernelsim.backend import choose
 
 # Compiled on a TPU; TPU interpret mode anywhere else (scratch and scalar prefetch).

@@ -29,7 +29,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import kernelsim
-from grader import course
+from grader.learner import course
 
 # %% [markdown]
 # ## Task 1 — predict: `predict_staging_smem(rows, cols, itemsize)` (3 points)

@@ -2,14 +2,14 @@
 
 kernelsim's TPU trace has no model of a ``plgpu.kernel`` (it receives global-memory refs and
 moves what its body says); ``kernelsim.gpu`` walks one CTA's body instead. ``trace`` turns its
-kernels into the facts the structural rules judge (``grader.verdict.GpuKernelFacts``), in the
-trace's place (``grader.work.run_traced``): per kernel, which refs its TMA copies read and
-write, the copies into shared memory that no barrier wait consumes, the TMA stores that no
+kernels into the facts the structural rules judge (``grader.grading.verdict.GpuKernelFacts``), in
+the trace's place (``grader.grading.work.run_traced``): per kernel, which refs its TMA copies read
+and write, the copies into shared memory that no barrier wait consumes, the TMA stores that no
 ``commit_smem`` precedes or no ``wait_smem_to_gmem`` follows, and the plain loads and stores
 between global memory and registers that bypass the TMA. Counts are one CTA's (CTA 0), each
 warpgroup's events in its own program order. ``would_hang`` stops a program before it runs
 when a kernel waits on a barrier nothing signals (GPU interpret mode would wait forever, as a
-GPU does), as ``grader.work.would_hang`` does for a TPU kernel's DMAs.
+GPU does), as ``grader.grading.work.would_hang`` does for a TPU kernel's DMAs.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def would_hang(kernels: list, work: dict) -> str | None:
 
 def trace(kernels: list) -> dict:
     """The trace of a program whose kernels are Mosaic GPU ones: no ``pallas_call``, and each
-    ``plgpu.kernel``'s facts (``grader.verdict.facts_from_dict`` reads it)."""
+    ``plgpu.kernel``'s facts (``grader.grading.verdict.facts_from_dict`` reads it)."""
     return {"calls": [], "gpu_kernels": [kernel_facts(k) for k in kernels]}
 
 

@@ -11,8 +11,8 @@ learners' ``nbgrader_config.py``):
   instructors' group (inherited from ``inbound/``, setgid) only;
 - :class:`OwnedCollect` (the formgrader's Collect and ``nbgrader collect``) takes an entry only
   when it is a real folder whose owner *is* the student it names, copies only regular files
-  owned by that student (no links followed, sizes capped as in ``grader.collect``), and stamps
-  the submission with the server's clock: the latest change time (``st_ctime``, which no
+  owned by that student (no links followed, sizes capped as in ``grader.grading.collect``), and
+  stamps the submission with the server's clock: the latest change time (``st_ctime``, which no
   user can set) of the entry and its files. The learner's ``timestamp.txt`` is ignored.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from nbgrader.exchange.default.collect import ExchangeCollect
 from nbgrader.exchange.default.submit import ExchangeSubmit
 
-from grader.collect import MAX_NOTEBOOK_BYTES, Skip, read_regular
+from grader.grading.collect import MAX_NOTEBOOK_BYTES, Skip, read_regular
 
 ENTRY_MODE = 0o2770
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f %Z"  # nbgrader's

@@ -4,7 +4,7 @@ Inputs: the learner's outputs per case (arrays), the errors their function raise
 kernelsim trace of their function as ``Trace.to_dict()`` produced it. Nothing here runs learner
 code, so the same functions serve ``pallas-course check`` on a learner's machine (everything in
 one process) and grading, where the outputs and the trace come out of the grader's jailed run
-of the notebook over its answer channel and the references never go in (``grader.trusted``).
+of the notebook over its answer channel and the references never go in (``grader.grading.trusted``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from grader import messages as _messages
 from grader import tasks as _tasks
+from grader.learner import messages as _messages
 from kernelsim.lint import BLOCK_SHAPE_REJECTED
 
 
@@ -57,8 +57,8 @@ class CallFacts:
 @dataclass(frozen=True)
 class GpuKernelFacts:
     """One Mosaic GPU kernel (``plgpu.kernel``) as ``kernelsim.gpu`` models one CTA of it
-    (``grader.gpu_facts``): its launch and shared memory (bytes per CTA), its TMA copies into
-    shared memory (how many, the kernel refs they read: "in0", "in1", ...) and out of it (to
+    (``grader.grading.gpu_facts``): its launch and shared memory (bytes per CTA), its TMA copies
+    into shared memory (how many, the kernel refs they read: "in0", "in1", ...) and out of it (to
     "out0", ...), the copies into shared memory no barrier wait consumes, the TMA stores no
     ``commit_smem`` precedes or no ``wait_smem_to_gmem`` follows, and the plain loads and
     stores of global memory (into registers, past the TMA)."""
@@ -135,8 +135,8 @@ def _gpu_kernel(d: Any) -> GpuKernelFacts:
 
 
 def facts_from_dict(d: Any) -> TraceFacts:
-    """Read ``Trace.to_dict()`` output, or ``grader.gpu_facts.trace``'s for a program of Mosaic
-    GPU kernels; ValueError when it is not what kernelsim or that writes."""
+    """Read ``Trace.to_dict()`` output, or ``grader.grading.gpu_facts.trace``'s for a program of
+    Mosaic GPU kernels; ValueError when it is not what kernelsim or that writes."""
     if not isinstance(d, dict) or not isinstance(d.get("calls"), list):
         raise ValueError("the trace has no list of calls")
     calls = []
@@ -171,7 +171,7 @@ def facts_from_dict(d: Any) -> TraceFacts:
 
 @dataclass(frozen=True)
 class Flow:
-    """Where a value comes from (``grader.work``): ``kind`` kernel, input, constant or
+    """Where a value comes from (``grader.grading.work``): ``kind`` kernel, input, constant or
     computed; ``origin`` in words; ``floating``: floating-point data went into it."""
 
     kind: str
@@ -192,7 +192,7 @@ class Copies:
 @dataclass(frozen=True)
 class DmaOrder:
     """The DMAs a kernel body starts by hand, in the order it issues them over its whole run
-    (``grader.work.dma_order``)."""
+    (``grader.grading.work.dma_order``)."""
 
     copies_in: Copies
     copies_out: Copies
@@ -203,16 +203,16 @@ class DmaOrder:
     never_waited: int
     waits_unmatched: int
     semantics: tuple[str, ...]
-    followed: bool  # the whole run was followed (not cut at grader.work.DMA_WALK_LIMIT)
+    followed: bool  # the whole run was followed (not cut at grader.grading.work.DMA_WALK_LIMIT)
 
 
 @dataclass(frozen=True)
 class KernelWork:
     """One pallas_call as its jaxpr shows it: the kernel body's primitives, where each
     operand comes from (scalar prefetch and inputs, in order), inputs the body never reads,
-    whether the body is the course's own code (``grader.calling.COURSE_CODE``) or a Pallas op
-    JAX ships (``grader.work.JAX_OPS``), its fingerprint up to renaming
-    (``grader.fingerprint``) and live size, and the order of its DMAs."""
+    whether the body is the course's own code (``grader.grading.calling.COURSE_CODE``) or a Pallas
+    op JAX ships (``grader.grading.work.JAX_OPS``), its fingerprint up to renaming
+    (``grader.grading.fingerprint``) and live size, and the order of its DMAs."""
 
     number: int
     primitives: frozenset[str]
@@ -229,7 +229,7 @@ class KernelWork:
 class WorkFacts:
     """Where a function's outputs come from, its kernels, the FLOPs it computes outside
     them (those inside while loops per iteration, as their trip count is unknown) and the
-    host callbacks carrying data (``grader.work.facts``)."""
+    host callbacks carrying data (``grader.grading.work.facts``)."""
 
     outputs: tuple[Flow, ...]
     calls: tuple[KernelWork, ...]
@@ -282,7 +282,7 @@ def _strings(v: Any, what: str) -> tuple[str, ...]:
 
 
 def work_from_dict(d: Any) -> WorkFacts:
-    """Read ``grader.work.facts`` output; ValueError when it is not what that writes."""
+    """Read ``grader.grading.work.facts`` output; ValueError when it is not what that writes."""
     if not isinstance(d, dict) or not isinstance(d.get("outputs"), list) or \
             not isinstance(d.get("calls"), list):
         raise ValueError("the work facts have no outputs or calls")
@@ -395,7 +395,7 @@ class CaseResult:
 def case_result(entry: dict, inputs: dict, expected: np.ndarray, params: dict, output: Any,
                 error: str | None, trace: Any, trace_error: Any, work: Any) -> CaseResult:
     """A ``CaseResult`` from what one run reported, its trace and work facts as the dicts
-    ``grader.work.run_case`` makes; ValueError when they are not."""
+    ``grader.grading.work.run_case`` makes; ValueError when they are not."""
     return CaseResult(entry, inputs, expected, params, output, error,
                       None if trace is None else facts_from_dict(trace),
                       None if trace_error is None else str(trace_error),

@@ -1,4 +1,5 @@
-"""A traced program as bytes: from the notebook's process to the checker (``grader.checker``).
+"""A traced program as bytes: from the notebook's process to the checker
+(``grader.grading.checker``).
 
 The notebook's process traces the learner's function into a program (``jax.make_jaxpr``); the
 checker, a process learner code never runs in, executes and analyses it. The program crosses
@@ -11,7 +12,7 @@ learner's to choose:
 - a primitive travels as the name of a module attribute that holds it, and is the checker's
   own primitive of that name (a primitive the learner made is in no such module: refused);
 - a Python callable in an equation's parameters (a callback) travels as a ``Callback`` marker
-  with its name: it never runs in the checker (``grader.checker`` refuses host callbacks; a
+  with its name: it never runs in the checker (``grader.grading.checker`` refuses host callbacks; a
   ``jax.debug.print`` of the installed packages becomes a no-op);
 - a device is the checker's device of that number; tracebacks and leaked tracers are dropped.
 """

@@ -2,9 +2,9 @@
 
 nbgrader calls the plugin once per notebook of a late submission (``AssignLatePenalties`` in
 ``nbgrader_config.py``), with the notebook's score and how late the submission was by the
-server's clock (``grader.inbound`` stamps it). The due date is the assignment's in the gradebook
-(formgrader: Manage Assignments, or ``nbgrader db assignment add A --duedate ...``). The penalty
-never exceeds the notebook's score. ``late_by`` is what ``pallas-course export`` shows.
+server's clock (``grader.grading.inbound`` stamps it). The due date is the assignment's in the
+gradebook (formgrader: Manage Assignments, or ``nbgrader db assignment add A --duedate ...``). The
+penalty never exceeds the notebook's score. ``late_by`` is what ``pallas-course export`` shows.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ _MARKER = "### {} HIDDEN TESTS"
 HIDDEN_RE = re.compile(re.escape(_MARKER.format("BEGIN")) + ".*?" +
                        re.escape(_MARKER.format("END")), re.S)
 WORKSPACE_ENV = "PALLAS_COURSE_WORKSPACE"
-WORKSPACE_LEDGER = ".pallas-course-workspace.json"  # what marks a workspace (grader.workspace)
+# what marks a workspace (grader.learner.workspace)
+WORKSPACE_LEDGER = ".pallas-course-workspace.json"
 
 
 class NotebookNotFound(FileNotFoundError):

@@ -1,6 +1,6 @@
-"""Tamper evidence inside the grader's own run of a notebook (``grader.replay``).
+"""Tamper evidence inside the grader's own run of a notebook (``grader.grading.replay``).
 
-The notebook's process of that run holds no secret and makes no fact (``grader.checker``
+The notebook's process of that run holds no secret and makes no fact (``grader.grading.checker``
 does, where no learner code runs): these are an alarm, not a protection. Its harness imports
 everything it uses, starts JAX, takes a ``Snapshot`` and arms a ``Guard`` before any learner
 code runs; then it runs the learner's cells and traces the learner's functions. These two
@@ -54,7 +54,7 @@ _PROC_MEM = re.compile(r"^/proc/(self|thread-self|\d+)(/task/\d+)?/mem$")
 
 def course_roots() -> tuple[str, ...]:
     """Where the course's own code lives (``grader/``, ``kernelsim/``)."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     return tuple(f"{repo / name}/" for name in ("grader", "kernelsim"))
 
 
@@ -158,7 +158,7 @@ class Snapshot:
         return str(getattr(mod, "__file__", "")).startswith(self.ours)
 
     def changes(self) -> list[str]:
-        """What differs from the snapshot, as ``grader.work.facts was replaced``; modules
+        """What differs from the snapshot, as ``grader.grading.work.facts was replaced``; modules
         loaded since are checked for learner-defined functions, then taken into it."""
         out: list[str] = []
         for name, (mod, attrs) in self.modules.items():

@@ -17,17 +17,17 @@ data through it:
   went into each operand (a scalar-prefetch operand must hold indices, not a result), where
   its kernel body was defined (the course's own code, ``grader/``, ``kernelsim/``,
   ``lessons/``; or a Pallas op JAX ships), the body's fingerprint up to renaming
-  (``grader.fingerprint``, compared with ``grader.tasks.shipped``), and, for a body that starts
-  its own DMAs, their order over the whole run (``dma_order``: overlap, buffers, copy sizes,
+  (``grader.grading.fingerprint``, compared with ``grader.tasks.shipped``), and, for a body that
+  starts its own DMAs, their order over the whole run (``dma_order``: overlap, buffers, copy sizes,
   in-place safety, waits, grid semantics).
 
 A program whose DMA order shows it would block forever (a wait no copy signals; copies that
 cross the steps of a "parallel" grid) is not executed: ``run_traced`` reports that as the
 case's error at once, instead of a hung case running into its cell's time limit. A program
-of Mosaic GPU kernels is traced by ``kernelsim.gpu`` instead (``grader.gpu_facts``).
+of Mosaic GPU kernels is traced by ``kernelsim.gpu`` instead (``grader.grading.gpu_facts``).
 
-The grader judges these (``grader.verdict`` with ``grader.tasks`` rules); nothing here imports
-``jax._src``: only a jaxpr's public attributes (``eqns``, ``invars``, ``params``) are read.
+The grader judges these (``grader.grading.verdict`` with ``grader.tasks`` rules); nothing here
+imports ``jax._src``: only a jaxpr's public attributes (``eqns``, ``invars``, ``params``) are read.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from typing import Any
 import numpy as np
 from jax.extend.core import Literal, jaxprs_in_params
 
-from grader import gpu_facts
-from grader.calling import (
+from grader.grading import gpu_facts
+from grader.grading.calling import (
     COURSE_CODE,
     KERNEL_CALLS,
     Traced,
@@ -50,7 +50,7 @@ from grader.calling import (
     open_jaxpr,
     trace_case,
 )
-from grader.fingerprint import body_size, fingerprint
+from grader.grading.fingerprint import body_size, fingerprint
 
 # operations that move or reinterpret data without computing on it
 LAYOUT = frozenset({

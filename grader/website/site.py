@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SITE_DIR = REPO / "build" / "site"
 SITE_SOURCES = ("mkdocs.yml", "site", "lessons", "exercises/source", "exercises/release",
                 "kernelsim")
@@ -103,19 +103,19 @@ def render_lessons(names: list[str], report: Path, fresh: bool = False,
     """Render ``lessons/<name>`` for each name the way the site build does, through
     mkdocs-jupyter's own page hook, which executes a lesson missing from its cache (keyed by the
     lesson's content, the plugin's settings and, through site/hooks.py, the lessons' sources
-    digests: ``grader.shipped_lessons.sources_digest``) and stores it there. One process runs
+    digests: ``shipped_lessons.sources_digest``) and stores it there. One process runs
     this per CPU (``prerender_lessons``); mkdocs then finds every lesson in the cache instead of
     executing them one at a time.
 
-    A lesson missing from the cache whose shipped page is current (``grader.shipped_lessons``)
-    gets that page, and does not execute. ``fresh``: every lesson executes (its cache entry is
-    removed first). ``ship``: a lesson whose shipped page is stale executes and is shipped.
-    A lesson that fails does not stop the others: ``report`` gets one JSON line per lesson,
-    ``LessonRun``'s fields."""
+    A lesson missing from the cache whose shipped page is current
+    (``grader.website.shipped_lessons``) gets that page, and does not execute. ``fresh``: every
+    lesson executes (its cache entry is removed first). ``ship``: a lesson whose shipped page is
+    stale executes and is shipped. A lesson that fails does not stop the others: ``report`` gets one
+    JSON line per lesson, ``LessonRun``'s fields."""
     from mkdocs.structure.files import File, Files
     from mkdocs.structure.pages import Page
 
-    from grader import shipped_lessons
+    from grader.website import shipped_lessons
 
     config, jupyter = lesson_pages_config()
     settings = dict(jupyter.config)
@@ -172,7 +172,7 @@ def prerender_lessons(jobs: int | None = None, fresh: bool = False,
     shares: list[list[Path]] = [[] for _ in range(jobs)]
     for lesson in lessons:  # longest first, each to the least loaded process
         min(shares, key=lambda s: sum(p.stat().st_size for p in s)).append(lesson)
-    code = ("import json, sys; from pathlib import Path; from grader import site; "
+    code = ("import json, sys; from pathlib import Path; from grader.website import site; "
             "site.render_lessons(sys.argv[3:], Path(sys.argv[1]), **json.loads(sys.argv[2]))")
     flags = json.dumps({"fresh": fresh, "ship": ship})
     with tempfile.TemporaryDirectory() as d:
@@ -317,7 +317,7 @@ def lab_env(workspace_dir: Path, settings_dir: Path) -> dict[str, str]:
     site/jupyter/ first on JUPYTER_CONFIG_PATH, this Python's ``bin`` first on PATH (the
     ``pallas-course`` command in a terminal), and ``$PALLAS_COURSE_WORKSPACE`` (where
     ``pallas-course check`` looks for a notebook)."""
-    from grader.check import WORKSPACE_ENV
+    from grader.learner.check import WORKSPACE_ENV
 
     config_path = os.pathsep.join(p for p in (str(settings_dir), str(LAB_CONFIG_DIR),
                                               os.environ.get("JUPYTER_CONFIG_PATH", "")) if p)

@@ -1,10 +1,10 @@
-"""The learner's own check of a task (``grader.course.check`` outside the grader's run): the
+"""The learner's own check of a task (``grader.learner.course.check`` outside the grader's run): the
 task's stored cases run through the learner's function, compared with the references under the
 task's tolerance, and its structure checked on kernelsim's trace.
 
-``grader.course`` imports this only when a check runs (in JupyterLab, ``pallas-course check``,
-a test): the notebook's process of the grader's run has no ``grader/selfcheck.py``, nor the
-tasks, references and verdict it imports (``grader.trusted.notebook_view``).
+``grader.learner.course`` imports this only when a check runs (in JupyterLab, ``pallas-course
+check``, a test): the notebook's process of the grader's run has no ``grader/learner/selfcheck.py``,
+nor the tasks, references and verdict it imports (``grader.grading.trusted.notebook_view``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from grader import messages, refs, tasks, verdict, work
-from grader.course import CheckFailed
+from grader import tasks
+from grader.grading import refs, verdict, work
+from grader.learner import messages
+from grader.learner.course import CheckFailed
 
 
 def task_ids(checked) -> list[str]:

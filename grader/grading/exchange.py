@@ -1,5 +1,5 @@
-"""What the grader, the notebook's process (``grader.replay``) and the checker
-(``grader.checker``) of its run send each other.
+"""What the grader, the notebook's process (``grader.grading.replay``) and the checker
+(``grader.grading.checker``) of its run send each other.
 
 Every message is a **frame**: a 4-byte length, a 32-byte HMAC-SHA256 tag under a key, and a
 payload: one JSON object, a NUL byte and a blob (an ``.npz`` of arrays, or pickled programs).
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from grader import refs as _refs
+from grader.grading import refs as _refs
 
 if TYPE_CHECKING:  # imported where outputs are rebuilt, in the grader: importing nbformat
     # imports jsonschema's format checkers, ~2 s, which every grading run would pay at start

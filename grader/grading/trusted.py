@@ -2,20 +2,20 @@
 
 ``TrustedExecute`` replaces nbgrader's ``Execute`` (see ``exercises/nbgrader_config.py``). It
 starts no kernel: a submission's notebook is executed once, by the grader's own run of it
-(``FreshRun``), two fresh Python processes in ``grader.sandbox``'s jail (their own namespaces,
-a filesystem that holds no references, no instructor notebooks, no gradebook and no other
-submission, and limits on CPU and wall seconds, memory, processes, file size, disk and output
-per cell). The notebook's process (``grader.replay``, a uid of the worker's slot) runs the
+(``FreshRun``), two fresh Python processes in ``grader.grading.sandbox``'s jail (their own
+namespaces, a filesystem that holds no references, no instructor notebooks, no gradebook and no
+other submission, and limits on CPU and wall seconds, memory, processes, file size, disk and output
+per cell). The notebook's process (``grader.grading.replay``, a uid of the worker's slot) runs the
 code cells in order under their time limits and traces each check's function on the cases'
-shapes; the checker (``grader.checker``, the slot's second uid) holds the cases' inputs and
+shapes; the checker (``grader.grading.checker``, the slot's second uid) holds the cases' inputs and
 makes the facts a grade is decided from out of those programs. This process relays between
-them (``grader.relay``): per cell what it showed (nbformat outputs, capped per cell), per check the
-programs one way and the facts the other.
+them (``grader.grading.relay``): per cell what it showed (nbformat outputs, capped per cell), per
+check the programs one way and the facts the other.
 
 When the run has ended, the notebook's code cells get those outputs and execution counts (as
 nbclient would have set them from a kernel), and each test cell's checks are decided here
-(``grader.verdict``), against references the jail never sees: a failing verdict is added to the
-cell as an error and ``VerdictGrades`` scores the cell from the verdict alone, so nothing the
+(``grader.grading.verdict``), against references the jail never sees: a failing verdict is added to
+the cell as an error and ``VerdictGrades`` scores the cell from the verdict alone, so nothing the
 run prints, displays or writes changes a score. What the run found (changed grading code, a
 refused hook, bytes on its channel it did not write) marks the submission ``tampered``; checks
 after it are not graded. A kernel's run gave two things this one does not: widget state (no
@@ -42,10 +42,12 @@ from nbgrader import utils as nbgrader_utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
 from traitlets import Integer
 
-from grader import dist, exchange, messages, refs, replay, sandbox, tasks, verdict
-from grader.relay import STARTUP_SECONDS, Relay, Replayed
+from grader import tasks
+from grader.grading import exchange, refs, replay, sandbox, verdict
+from grader.grading.relay import STARTUP_SECONDS, Relay, Replayed
+from grader.learner import dist, messages
 
-REPORTS: list[dict] = []  # one per executed notebook, read and cleared by grader.worker
+REPORTS: list[dict] = []  # one per executed notebook, read and cleared by grader.grading.worker
 # what ipykernel reports for this Python (the notebook's metadata.language_info)
 LANGUAGE_INFO = {"name": "python", "version": platform.python_version(),
                  "mimetype": "text/x-python",
@@ -100,12 +102,12 @@ def notebook_readable() -> list[Path]:
     return [p for p in readable() if p != refs.REPO / "grader"]
 
 
-# what the notebook's process (grader.replay) can import of grader/: the harness and what it
+# what the notebook's process (grader.grading.replay) can import of grader/: the harness and what it
 # imports at module level (course, calling for the tasks' invokes and the notebooks' helpers)
-NOTEBOOK_MODULES = tuple(dist.learner_modules(refs.REPO / "grader", "replay"))
+NOTEBOOK_MODULES = tuple(dist.learner_modules(refs.REPO / "grader", "grading.replay"))
 NOT_IN_THE_RUN = ("{name} is the grader's own code, which the grader's run of a notebook does "
-                  "not contain: a notebook may import grader.course, grader.calling and "
-                  "kernelsim (exercises/README.md, Threat model)")
+                  "not contain: a notebook may import grader.learner.course, "
+                  "grader.grading.calling and kernelsim (exercises/README.md, Threat model)")
 
 
 def notebook_view(folder: Path) -> Path:
@@ -113,22 +115,32 @@ def notebook_view(folder: Path) -> Path:
     (``sandbox.start``'s ``views``). ``NOTEBOOK_MODULES`` are copies; every other module or
     package of grader/ is a file that raises ``ImportError`` naming why, so a learner's cell
     that imports the tasks (their references, block searches, byte counts), the verdict or
-    the checker gets no code of theirs, whatever it does in its own process."""
-    source = refs.REPO / "grader"
+    the checker gets no code of theirs, whatever it does in its own process. A room of grader/
+    that holds one of ``NOTEBOOK_MODULES`` is a folder of copies and refusals in turn."""
+    _view_of(refs.REPO / "grader", folder, prefix="")
+    return folder
+
+
+def _view_of(source: Path, folder: Path, prefix: str) -> None:
+    """``notebook_view`` of ``source``: grader/ (``prefix`` "") or one of its rooms (the
+    ``NOTEBOOK_MODULES`` name of its modules starts with ``prefix``, "grading.")."""
     folder.mkdir(mode=0o755)
     for path in source.iterdir():
-        name = path.name.removesuffix(".py")
+        name = prefix + path.name.removesuffix(".py")
         if path.name.startswith((".", "__pycache__")) or not (
                 path.suffix == ".py" or (path / "__init__.py").exists()):
             continue
-        if name == "__init__" or name in NOTEBOOK_MODULES and path.is_file():
+        if path.name == "__init__.py" or name in NOTEBOOK_MODULES and path.is_file():
             shutil.copyfile(path, folder / path.name)
+        elif name in NOTEBOOK_MODULES and name in dist.ROOMS:
+            _view_of(path, folder / path.name, prefix=f"{name}.")
         else:
             message = NOT_IN_THE_RUN.format(name=f"grader.{name}")
-            (folder / f"{name}.py").write_text(f"raise ImportError({message!r})\n")
+            (folder / f"{path.name.removesuffix('.py')}.py").write_text(
+                f"raise ImportError({message!r})\n")
     for path in folder.iterdir():
-        path.chmod(0o644)
-    return folder
+        if path.is_file():
+            path.chmod(0o644)
 
 
 # the environment of the grader's run on top of ``sandbox.child_env``: ``course.check`` in a
@@ -144,10 +156,10 @@ def grading_env() -> dict[str, str]:
     install points."""
     return {**GRADING_ENV, "PYTHONPATH": str(refs.REPO)}
 # what the grader's run imports: without it every test cell would fail, and every grade be 0
-PREFLIGHT = ("import jax, jax.experimental.pallas, numpy, kernelsim, grader.course, "
-             "grader.replay, grader.checker, grader.tasks")
+PREFLIGHT = ("import jax, jax.experimental.pallas, numpy, kernelsim, grader.learner.course, "
+             "grader.grading.replay, grader.grading.checker, grader.tasks")
 # what the notebook's process imports, in its view of grader/ (``notebook_view``)
-PREFLIGHT_NOTEBOOK = "import jax, jax.experimental.pallas, numpy, kernelsim, grader.replay"
+PREFLIGHT_NOTEBOOK = "import jax, jax.experimental.pallas, numpy, kernelsim, grader.grading.replay"
 
 
 def preflight(limits: sandbox.Limits, slot: int | None = None) -> str | None:
@@ -181,7 +193,7 @@ def preflight(limits: sandbox.Limits, slot: int | None = None) -> str | None:
     tail = out.stderr.decode(errors="replace").strip().splitlines()[-1:] or [out.reason]
     return (f"the grading jail ({out.isolation}) cannot import the course with {sys.executable}:"
             f" it {out.reason}: {tail[0][:500]}. Nothing was graded; check that the venv and "
-            "the repository are readable by other users (grader/sandbox.py)")
+            "the repository are readable by other users (grader/grading/sandbox.py)")
 
 
 def _gid(cell, index: int) -> str:
@@ -237,11 +249,11 @@ def _code_cells(cells) -> list[tuple[int, NotebookNode]]:
 
 class FreshRun:
     """The grader's run of a notebook: its code cells in the notebook's process
-    (``grader.replay``, a uid of the slot) and its checks in the checker (``grader.checker``,
-    the slot's checker uid), both started at once in the jail; ``finish`` passes the
-    notebook's programs to the checker, and the hidden cases' shapes to the notebook after its
-    last cell, stops a check at its test cell's time limit (the checker is then started
-    again for the next one) and collects the answers."""
+    (``grader.grading.replay``, a uid of the slot) and its checks in the checker
+    (``grader.grading.checker``, the slot's checker uid), both started at once in the jail;
+    ``finish`` passes the notebook's programs to the checker, and the hidden cases' shapes to the
+    notebook after its last cell, stops a check at its test cell's time limit (the checker is then
+    started again for the next one) and collects the answers."""
 
     def __init__(self, cells, slot: int, limits: sandbox.Limits, timeout_of,
                  hidden_before: int | None = None):
@@ -270,7 +282,7 @@ class FreshRun:
         self.workdir = jail_folder(slot, "-fresh")
         self.view = notebook_view(jail_folder(slot, "-grader"))
         self.child = sandbox.start(
-            [sys.executable, "-m", "grader.replay"], self.workdir,
+            [sys.executable, "-m", "grader.grading.replay"], self.workdir,
             dataclasses.replace(limits, wall_seconds=self.wall), env=grading_env(),
             stdin=True, slot=slot, stdout_bytes=exchange.MAX_CHANNEL_BYTES,
             readable=notebook_readable(),
@@ -288,7 +300,7 @@ class FreshRun:
         workdir = jail_folder(self.slot, "-checker")
         self.checkers.append(workdir)
         checker = sandbox.start(
-            [sys.executable, "-m", "grader.checker"], workdir,
+            [sys.executable, "-m", "grader.grading.checker"], workdir,
             dataclasses.replace(self.limits, wall_seconds=self.wall), env=grading_env(),
             stdin=True, slot=self.slot, readable=readable(),
             stdout_bytes=exchange.MAX_CHANNEL_BYTES, checker=True)

@@ -1,30 +1,31 @@
-"""The notebook's process of the grader's run: ``python -m grader.replay`` in the jail.
+"""The notebook's process of the grader's run: ``python -m grader.grading.replay`` in the jail.
 
-It is the only execution of a submission's code cells. ``grader.trusted`` starts it under the
-grading limits and a uid of the worker's sandbox slot (``grader.sandbox``), next to the
-checker (``grader.checker``, another uid), and relays between the two. It holds no secret
+It is the only execution of a submission's code cells. ``grader.grading.trusted`` starts it under
+the grading limits and a uid of the worker's sandbox slot (``grader.grading.sandbox``), next to the
+checker (``grader.grading.checker``, another uid), and relays between the two. It holds no secret
 and decides nothing: the checker, which this process cannot reach, makes every fact.
 
 1. Before any learner code: it reads its job on stdin (the code cells, their time limits and
    checks, the visible cases' shapes and dtypes and the values of inputs a task plans with on
    the host), takes stdout for its channel, keeps stdin's pipe for one later message, starts
-   JAX, takes a ``grader.integrity.Snapshot`` and arms the ``grader.integrity.Guard`` (an
-   alarm: what they see is reported ``tampered``; they protect nothing the grade needs).
+   JAX, takes a ``grader.grading.integrity.Snapshot`` and arms the
+   ``grader.grading.integrity.Guard`` (an alarm: what they see is reported ``tampered``; they
+   protect nothing the grade needs).
 2. It runs the code cells in order, as nbgrader would, in an IPython shell, each under its
    time limit (an error does not stop the run). At a test cell it reads each check's function
    from the learner's namespace; for a visible check it traces it at once on every case's
-   shapes (``grader.calling.trace_case``, through the task's ``invoke`` the job names) and
-   sends the programs (``grader.wire``); a hidden check's function is traced after the last
+   shapes (``grader.grading.calling.trace_case``, through the task's ``invoke`` the job names) and
+   sends the programs (``grader.grading.wire``); a hidden check's function is traced after the last
    cell, once the grader has sent the hidden cases' shapes (``read_hidden``): no cell's
    output can show them.
 
-**What it can import of the grader.** Its ``grader/`` is ``grader.trusted.notebook_view``:
+**What it can import of the grader.** Its ``grader/`` is ``grader.grading.trusted.notebook_view``:
 this module and the few it imports (``NOTEBOOK_MODULES``); every other module of the grader
 (the tasks with their references, block searches and byte counts, the verdict, the checker)
 is a file there that raises ``ImportError`` saying why, so neither this harness nor a
 learner's cell can load one.
-3. It sends one frame per cell and per check (``grader.exchange.frame``): the cell's outputs,
-   or the check's programs and what the learner's code printed while they were traced.
+3. It sends one frame per cell and per check (``grader.grading.exchange.frame``): the cell's
+   outputs, or the check's programs and what the learner's code printed while they were traced.
 
 **Outputs.** What a cell shows is caught as nbformat outputs (``Outputs``): ``sys.stdout`` and
 ``sys.stderr`` are streams of the harness, the shell's display publisher and display hook
@@ -59,8 +60,8 @@ from traitlets import Type
 from traitlets.config import Config
 
 import kernelsim.backend  # noqa: F401
-from grader import calling, exchange, integrity, refs, wire
-from grader import course as _course  # noqa: F401
+from grader.grading import calling, exchange, integrity, refs, wire
+from grader.learner import course as _course  # noqa: F401
 
 CHANNEL_CLOSED = 86  # exit status: the answer channel could not be written
 
@@ -305,7 +306,7 @@ class Harness:
     def check(self, cell: dict, task_id: str, hidden: bool, fn, failed: str | None
               ) -> list[str]:
         """Trace ``fn`` on every case of one ``course.check`` (their shapes, dtypes and host
-        inputs only) and send the programs to be checked elsewhere (``grader.checker``).
+        inputs only) and send the programs to be checked elsewhere (``grader.grading.checker``).
         Returns the tampering found (then nothing was sent but a ``tampered`` frame)."""
         task = calling.Call(*self.job["calls"][task_id])
         message = {"kind": "programs", "cell": cell["index"], "task": task_id,
@@ -404,8 +405,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # run as the module grader.replay, not as __main__ (which the shell replaces and the
+    # run as the module grader.grading.replay, not as __main__ (which the shell replaces and the
     # snapshot skips): then the harness's own globals and classes are in the snapshot too
-    from grader import replay
+    from grader.grading import replay
 
     replay.main()

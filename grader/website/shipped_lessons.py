@@ -6,10 +6,10 @@ of contents, title) and ``sources``: the digest of everything that page came fro
 (``sources_digest``). nbconvert's stylesheet and scripts, which open every such page and are
 the bulk of it, are stored once (``head-<digest>.html``).
 
-``grader.site.render_lessons`` copies a shipped page into mkdocs-jupyter's cache when its
+``grader.website.site.render_lessons`` copies a shipped page into mkdocs-jupyter's cache when its
 ``sources`` are the present ones (``seed``); a lesson that changed executes as before. A page is
 only ever shipped right after its lesson executed (``ship``), so a shipped page is never older
-than what it claims to come from. ``python -m grader.shipped_lessons`` executes the lessons
+than what it claims to come from. ``python -m grader.website.shipped_lessons`` executes the lessons
 whose shipped pages are stale and ships them (seconds when none is); a test fails while any is
 stale. The lesson tests execute every lesson regardless (``prerender_lessons(fresh=True)``).
 """
@@ -25,10 +25,10 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 LESSONS_DIR = REPO / "lessons"
 STORE = REPO / "site" / "executed"
-REFRESH = "python -m grader.shipped_lessons"
+REFRESH = "python -m grader.website.shipped_lessons"
 # where nbconvert's head (stylesheets, the copy button's script) ends and the notebook begins
 BODY_START = '<div class="jupyter-wrapper">'
 # a lesson that takes functions from another one: _course.definitions("08-flash-attention", ...)
@@ -152,7 +152,7 @@ def prune(store: Path = STORE) -> list[Path]:
 
 def main() -> int:
     """Execute the lessons whose shipped pages are stale, ship them, prune the rest."""
-    from grader import site
+    from grader.website import site
 
     runs = site.prerender_lessons(ship=True)
     failed = [run for run in runs.values() if run.error]

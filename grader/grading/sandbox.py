@@ -43,7 +43,7 @@ Status = Literal["ok", "failed", "timeout", "memory", "disk", "crashed"]
 Isolation = Literal["jail", "rlimits"]
 
 SANDBOX_UID_BASE = 61000  # uid SANDBOX_UID_BASE + slot runs slot's submission when root
-SLOTS = 256  # uid SANDBOX_UID_BASE + SLOTS + slot runs slot's checker (grader.checker)
+SLOTS = 256  # uid SANDBOX_UID_BASE + SLOTS + slot runs slot's checker (grader.grading.checker)
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,13 @@
 """How a check calls the learner's function, and the helpers the exercise notebooks import.
 
 This is the part of the grader that the notebook's process of the grader's run
-(``grader.replay``, in the jail) needs: ``trace_case`` traces the learner's function on one
+(``grader.grading.replay``, in the jail) needs: ``trace_case`` traces the learner's function on one
 case's shapes through the task's ``invoke`` (named in the job, looked up in ``INVOKES``), and
 the exercise notebooks' setup cells import ``traced_as_tpu``, ``absmax_scale`` and
 ``softmax_rows`` from here. It holds no case, reference output, rule or count: the tasks
 (``grader.tasks``), their references, block searches and byte counts, the verdict and the
-work facts stay outside the jail's view of ``grader/`` (``grader.trusted.notebook_view``), and
-a task names its ``invoke`` from here (``Task.invoke``).
+work facts stay outside the jail's view of ``grader/`` (``grader.grading.trusted.notebook_view``),
+and a task names its ``invoke`` from here (``Task.invoke``).
 """
 
 from __future__ import annotations
@@ -30,15 +30,16 @@ from jax.experimental.pallas import triton as _pltriton  # noqa: F401 - see belo
 from jax.extend.core import jaxprs_in_params
 
 import kernelsim
-from grader import integrity
+from grader.grading import integrity
 
 # The pallas.triton import above loads JAX's Triton lowering with the grader's modules, not
 # the first time a check lowers a kernel for a GPU (``lowered_for_gpu``).
 
 # the course's own code, whose kernels (kernelsim's examples, the tasks' helpers) a submission
 # may not hand in as its own, and which a prediction may not call
-COURSE_CODE = tuple(os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir, d))
-                    + os.sep for d in ("grader", "kernelsim", "lessons"))
+COURSE_CODE = tuple(
+    os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, d)) + os.sep
+    for d in ("grader", "kernelsim", "lessons"))
 
 
 # ----------------------------------------------------------------------------- tracing a case
@@ -246,7 +247,7 @@ def rms_norm_vjp(fn, arrays, params):
     y, pullback = jax.vjp(lambda x, w: fn(x, w, **params), x, w)
     dx, dw = pullback(g)
     # concatenate, not jnp.stack: the pinned release has a `stack` primitive, which
-    # grader.work does not count among the layout operations
+    # grader.grading.work does not count among the layout operations
     return jnp.concatenate([y, dx, dw])
 
 

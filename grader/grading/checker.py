@@ -1,15 +1,15 @@
-"""The checker: ``python -m grader.checker``, the process that makes the facts a grade is
+"""The checker: ``python -m grader.grading.checker``, the process that makes the facts a grade is
 decided from, where no learner code runs.
 
-``grader.trusted`` starts it in the jail, under a uid of its own (not the notebook's: the
+``grader.grading.trusted`` starts it in the jail, under a uid of its own (not the notebook's: the
 notebook's process can neither signal it nor read its memory), next to the notebook's
-process (``grader.replay``). It reads, on stdin, the channel key and the job: every check's
+process (``grader.grading.replay``). It reads, on stdin, the channel key and the job: every check's
 cases with their inputs, hidden ones included, which never reach the notebook's process.
 Then, per check, the programs the notebook's process traced from the learner's function
-(``grader.wire``): it reads each with the allow-list unpickler, refuses a program that would
+(``grader.grading.wire``): it reads each with the allow-list unpickler, refuses a program that would
 run Python while it executes (a host callback, a primitive the course does not know, an
 object of a class that is not JAX's or NumPy's), executes it on the case's inputs, runs
-kernelsim over it and reads its work facts (``grader.work.run_traced``), and answers one
+kernelsim over it and reads its work facts (``grader.grading.work.run_traced``), and answers one
 frame per check on stdout, tagged under the key. The grader stops it, and starts another,
 when a check runs past its test cell's time limit.
 """
@@ -27,9 +27,10 @@ from jax.extend.core import Primitive
 
 import kernelsim  # noqa: F401
 import kernelsim.backend  # noqa: F401
-from grader import exchange, refs, tasks, wire
-from grader.calling import Traced
-from grader.work import run_traced
+from grader import tasks
+from grader.grading import exchange, refs, wire
+from grader.grading.calling import Traced
+from grader.grading.work import run_traced
 
 CALLBACKS = ("pure_callback", "io_callback", "debug_callback")  # primitives that run Python
 
@@ -58,7 +59,7 @@ def _callbacks_in(obj, depth: int = 4):
 
 def python_at_run_time(program, known: dict[int, Primitive]) -> str | None:
     """Why executing ``program`` would run the learner's Python, or None. A callback arrives
-    as a marker (``grader.wire``) and never runs here: a host callback on the data path is
+    as a marker (``grader.grading.wire``) and never runs here: a host callback on the data path is
     refused; a ``debug_callback`` of the installed packages (``jax.debug.print``) is a no-op."""
     for eqn in wire.eqns(program):
         prim = eqn.primitive

@@ -29,7 +29,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from grader import build, check
+from grader.grading import build
+from grader.learner import check
 
 RELEASE_LEDGER = ".pallas-course-release.json"  # in the course root, beside release/
 WORKSPACE_LEDGER = check.WORKSPACE_LEDGER  # in the workspace
@@ -187,11 +188,11 @@ def create(dest: Path, root: Path, repo: Path, update: bool = False,
     side of it (what nbgrader's release says), default ``log``."""
     stale = stale_releases(root)
     if stale:
-        from grader import grading
+        from grader.grading import batch
 
         log(f"preparing {len(stale)} exercise(s) for the workspace (nbgrader's release)...")
         # one nbgrader start for all of them (about 6 s each on two cores)
-        grading.release(root, stale[0] if len(stale) == 1 else None, log=release_log or log)
+        batch.release(root, stale[0] if len(stale) == 1 else None, log=release_log or log)
     dest.mkdir(parents=True, exist_ok=True)
     ledger_path = dest / WORKSPACE_LEDGER
     ledger = _read_json(ledger_path)

@@ -3,7 +3,7 @@
 ``fingerprint`` is the sha256 of ``canonical``: a kernel body's jaxpr as text that two bodies
 share exactly when they are the same program up to the names of their variables, dead code and
 the numbers in it (shapes, sizes, literal values, which differ with the case a body runs on).
-``grader.work`` records each kernel's fingerprint and live size (``body_size``) among its
+``grader.grading.work`` records each kernel's fingerprint and live size (``body_size``) among its
 facts; ``grader.tasks.shipped`` stores those of the bodies a learner did not write.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from jax.extend.core import Literal, jaxprs_in_params
 
-from grader.calling import open_jaxpr
+from grader.grading.calling import open_jaxpr
 
 # what a body's fingerprint leaves out: numbers (shapes, sizes, literal values, which differ with
 # the case a body runs on) and object addresses

@@ -1,6 +1,6 @@
 """The relay between the two processes of the grader's run of a notebook (``FreshRun`` in
-``grader.trusted``): the notebook's frames read in order, each check passed to the checker one
-at a time under its test cell's time limit, and the answers collected as ``Replayed``.
+``grader.grading.trusted``): the notebook's frames read in order, each check passed to the checker
+one at a time under its test cell's time limit, and the answers collected as ``Replayed``.
 
 Nothing here runs in the jail: this process reads what the jailed processes write.
 """
@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from grader import exchange, sandbox
+from grader.grading import exchange, sandbox
 
 if TYPE_CHECKING:
-    from grader.trusted import FreshRun
+    from grader.grading.trusted import FreshRun
 
 STARTUP_SECONDS = 120  # the run's imports and JAX start, beyond its cells' time limits
 

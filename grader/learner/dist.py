@@ -21,7 +21,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
-from grader import workspace
+from grader.learner import workspace
 
 # the student copy's size once installed: measured by tests/workspace/test_dist.py
 # (test_student_copy_installs_as_its_readme_says, `du -sm .venv`), Python 3.12 on Linux x86-64
@@ -110,13 +110,33 @@ def strip_hidden_cases(source: str) -> tuple[str, int]:
 
 
 # what a learner runs of grader/: the notebooks' checks and the `pallas-course check` command
-LEARNER_ENTRY_POINTS = ("course", "selfcheck", "check")
+LEARNER_ENTRY_POINTS = ("learner.course", "learner.selfcheck", "learner.check")
+# grader/'s folders of modules: a module there is named with its room ("grading.calling"), and
+# the room's own __init__ goes with it, not the room's other modules
+ROOMS = ("grading", "learner", "website")
 
 
-def learner_modules(grader_dir: Path, start: str = "course") -> list[str]:
-    """The learner side of grader/: ``course`` and the grader modules it imports at module
-    level, transitively (imports inside functions, such as grading's exchange, stay out). A
-    package (``tasks``) is named once and goes whole."""
+def _grader_module(dotted: str) -> str:
+    """``grader.grading.calling.trace_case`` -> ``grading.calling``; ``grader.tasks.core`` ->
+    ``tasks``: the module or package of grader/ that an import of ``dotted`` loads."""
+    parts = dotted.split(".")[1:]
+    return ".".join(parts[:2]) if parts[0] in ROOMS and len(parts) > 1 else parts[0]
+
+
+def module_files(grader_dir: Path, name: str) -> list[Path]:
+    """The files of one of ``learner_modules``'s names: a module's file, a room's __init__.py,
+    or every module of a package."""
+    path = grader_dir / name.replace(".", "/")
+    if name in ROOMS:
+        return [path / "__init__.py"]
+    # a package ships whole, so every one of its modules' imports ships with it
+    return sorted(path.glob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
+
+
+def learner_modules(grader_dir: Path, start: str = "learner.course") -> list[str]:
+    """The learner side of grader/: ``learner.course`` and the grader modules it imports at
+    module level, transitively (imports inside functions, such as grading's exchange, stay
+    out), with the rooms they are in. A package (``tasks``) is named once and goes whole."""
     seen: list[str] = []
     todo = [start]
     while todo:
@@ -124,23 +144,25 @@ def learner_modules(grader_dir: Path, start: str = "course") -> list[str]:
         if name in seen:
             continue
         seen.append(name)
-        package = grader_dir / name
-        # a package ships whole, so every one of its modules' imports ships with it
-        paths = sorted(package.glob("*.py")) if package.is_dir() else [package.with_suffix(".py")]
-        for node in (n for path in paths for n in ast.parse(path.read_text()).body):
+        if name.partition(".")[0] in ROOMS:
+            todo.append(name.partition(".")[0])  # importing grader.room.m imports grader.room
+        for node in (n for path in module_files(grader_dir, name)
+                     for n in ast.parse(path.read_text()).body):
             if isinstance(node, ast.ImportFrom) and node.module == "grader":
                 todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module in {f"grader.{r}" for r in ROOMS}:
+                todo += [f"{node.module.split('.')[1]}.{a.name}" for a in node.names]
             elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("grader."):
-                todo.append(node.module.split(".")[1])
+                todo.append(_grader_module(node.module))
             elif isinstance(node, ast.Import):
-                todo += [a.name.split(".")[1] for a in node.names
+                todo += [_grader_module(a.name) for a in node.names
                          if a.name.startswith("grader.")]
     return sorted(seen)
 
 
 def student_pyproject(repo: Path) -> str:
     """The copy's pyproject: the base and ``learner`` dependencies, and ``pallas-course`` as
-    the learner's command (``grader.check``: only ``check``)."""
+    the learner's command (``grader.learner.check``: only ``check``)."""
     project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
     deps = [*project["dependencies"], *project["optional-dependencies"]["learner"]]
     lines = ["[build-system]", 'requires = ["setuptools>=68", "wheel"]',
@@ -148,7 +170,7 @@ def student_pyproject(repo: Path) -> str:
              'name = "pallas-course-student"', f'version = "{project["version"]}"',
              f'requires-python = "{project["requires-python"]}"', "dependencies = ["]
     lines += [f'    "{d}",' for d in deps]
-    lines += ["]", "", "[project.scripts]", 'pallas-course = "grader.check:main"',
+    lines += ["]", "", "[project.scripts]", 'pallas-course = "grader.learner.check:main"',
               'kernelsim = "kernelsim.cli:main"', "",
               "[tool.setuptools.packages.find]", 'include = ["kernelsim*", "grader*"]', ""]
     return "\n".join(lines)
@@ -161,7 +183,7 @@ def _copytree(src: Path, dest: Path) -> None:
 
 def write_tree(root: Path, repo: Path, dest: Path) -> None:
     """The distribution as a folder ``dest`` (which must not exist)."""
-    from grader import refs
+    from grader.grading import refs
 
     package = refs.REPO  # where this grader/ and kernelsim/ come from
     dest.mkdir(parents=True)
@@ -175,11 +197,7 @@ def write_tree(root: Path, repo: Path, dest: Path) -> None:
     modules = {m for start in LEARNER_ENTRY_POINTS
                for m in learner_modules(package / "grader", start)}
     for name in ["__init__", *sorted(modules)]:
-        if (package / "grader" / name).is_dir():
-            files = sorted((package / "grader" / name).glob("*.py"))
-        else:
-            files = [package / "grader" / f"{name}.py"]
-        for src in files:
+        for src in module_files(package / "grader", name):
             text, removed = strip_hidden_cases(src.read_text())
             hidden_removed += removed
             target = dest / src.relative_to(package)
@@ -187,7 +205,7 @@ def write_tree(root: Path, repo: Path, dest: Path) -> None:
             target.write_text(text)
     if hidden_removed == 0:
         raise ValueError("grader/tasks/: no hidden make_case(...) cases found to remove; has the "
-                         "case syntax changed? (grader/dist.py strips them)")
+                         "case syntax changed? (grader/learner/dist.py strips them)")
     (dest / "jupyter" / "labconfig").mkdir(parents=True)
     shutil.copyfile(package / "site" / "jupyter" / "labconfig" /
                     "default_setting_overrides.json",
@@ -203,9 +221,9 @@ def build(root: Path, repo: Path, to: Path, log=print) -> Path:
     ``.zip`` file holding one folder ``pallas-course/``)."""
     stale = workspace.stale_releases(root)
     if stale:
-        from grader import grading
+        from grader.grading import batch
 
-        grading.release(root, stale[0] if len(stale) == 1 else None, log=log)
+        batch.release(root, stale[0] if len(stale) == 1 else None, log=log)
     if to.exists():
         raise FileExistsError(f"{to} already exists: dist never overwrites; remove it or "
                               "choose another --to")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
-from grader import build
+from grader.grading import build
 
 STUDENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")  # matched with fullmatch
 MAX_NOTEBOOK_BYTES = 32 << 20  # one submitted notebook, outputs included

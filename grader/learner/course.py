@@ -12,10 +12,10 @@ what was found. In a Jupyter kernel it is shown as the cell's error output but n
 Restart-and-Run-All reaches every task's check; ``summary()`` (each notebook's last cell) then
 lists what passed and failed. Outside a kernel (a script, a test) it is raised.
 
-The checking itself is ``grader.selfcheck``, imported when a check first runs; this module
+The checking itself is ``grader.learner.selfcheck``, imported when a check first runs; this module
 imports no other part of the grader, so it is what the notebook's process of the grader's run
 (its jail) can import of the checks, where ``check`` and ``summary`` do nothing. The verdict
-(``grader.verdict``) is a pure function of the outputs, the references and the trace's
+(``grader.grading.verdict``) is a pure function of the outputs, the references and the trace's
 ``to_dict()``; under grading it is reached from the grader's process, never from here.
 When ``$PALLAS_COURSE_REPORT`` names a file, one JSON line per check is appended to it (used by
 ``pallas-course check``).
@@ -47,7 +47,7 @@ class CheckFailed(AssertionError):
         """What IPython shows for this error: the learner's frames and the message, without
         the grader's frames (IPython always shows the raising frame, even with
         ``__tracebackhide__``; the full traceback stays on the exception for ``%debug``)."""
-        grader_dir = str(Path(__file__).resolve().parent) + os.sep
+        grader_dir = str(Path(__file__).resolve().parents[1]) + os.sep
         frames = [*self.caller_frames, *traceback.extract_tb(self.__traceback__)]
         frames = [f for f in frames if not str(Path(f.filename).resolve()).startswith(grader_dir)]
         lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] \
@@ -80,10 +80,10 @@ def _jupyter_shell():
 
 
 def selfcheck():
-    """``grader.selfcheck``, imported when a check runs outside the grader's run: the grader's
-    run of a notebook (its jail) has no such module, nor the tasks, references or verdict it
-    imports, and ``check`` does nothing there."""
-    from grader import selfcheck
+    """``grader.learner.selfcheck``, imported when a check runs outside the grader's run: the
+    grader's run of a notebook (its jail) has no such module, nor the tasks, references or verdict
+    it imports, and ``check`` does nothing there."""
+    from grader.learner import selfcheck
 
     return selfcheck
 
@@ -100,7 +100,7 @@ def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
     """Run ``fn`` on the task's visible (or hidden) cases and check values and structure.
 
     A failure is a ``CheckFailed``, shown as the learner's own frames and the message, never
-    the grader's code; known Pallas errors get a one-line hint (``grader.messages``). In a
+    the grader's code; known Pallas errors get a one-line hint (``grader.learner.messages``). In a
     Jupyter kernel it becomes the cell's error output without stopping the run (``Run All``
     checks every task; nbgrader's validate and ``pallas-course check`` read error outputs);
     elsewhere it is raised.
@@ -108,7 +108,7 @@ def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
     While a submission is graded (``$PALLAS_COURSE_GRADING`` is set) this does nothing: the
     grader runs the notebook again in a fresh process of its own, runs each test cell's checks
     there itself and compares the results in its own process, which holds the references
-    (``grader.trusted``, ``grader.replay``).
+    (``grader.grading.trusted``, ``grader.grading.replay``).
     """
     __tracebackhide__ = True  # debuggers (%debug) skip this frame
     if os.environ.get("PALLAS_COURSE_GRADING"):

@@ -1,4 +1,4 @@
-"""nbgrader jobs in a long-lived process: ``python -m grader.worker ROOT serve``.
+"""nbgrader jobs in a long-lived process: ``python -m grader.grading.worker ROOT serve``.
 
 It reads jobs as JSON lists, one per stdin line, until end of input: ``["generate", A...]``,
 ``["autograde", A, STUDENT]``, ``["feedback", A[, STUDENT]]`` (made, and released to the
@@ -6,7 +6,7 @@ exchange when the course has one), ``["export", FILE]``,
 ``["preflight"]`` (can a jailed Python import the course). Each runs
 real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON
 line (prefixed ``@@RESULT``) with the outcome; ``grading.Worker`` is the other end. Learner code
-never runs in this process: autograde executes it in a jailed run (``grader.trusted``).
+never runs in this process: autograde executes it in a jailed run (``grader.grading.trusted``).
 
 Gradebook safety: every ``nbgrader.api.Gradebook`` session in this process holds an exclusive
 ``fcntl`` lock on ``<root>/gradebook.db.lock`` from construction to ``close()``. nbgrader opens
@@ -114,13 +114,13 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
             ok &= bool(r["success"])
         result["success"] = ok
     elif job == "preflight":
-        from grader import sandbox, trusted
+        from grader.grading import sandbox, trusted
 
         with sandbox.slot_for_this_run() as slot:
             why = trusted.preflight(trusted.TrustedExecute(config=cfg).limits(), slot=slot)
         result.update(success=why is None, error=why)
     elif job == "autograde":
-        from grader import trusted
+        from grader.grading import trusted
 
         a, s = args
         trusted.REPORTS.clear()
@@ -163,7 +163,7 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
 
 def main(argv: list[str]) -> int:
     if argv[1:] != ["serve"]:
-        raise SystemExit("usage: python -m grader.worker ROOT serve  (jobs on stdin)")
+        raise SystemExit("usage: python -m grader.grading.worker ROOT serve  (jobs on stdin)")
     root = Path(argv[0]).resolve()
     os.chdir(root)
     os.environ["PALLAS_COURSE_ROOT"] = str(root)

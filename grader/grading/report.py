@@ -40,7 +40,7 @@ def gather(root: Path, assignment: str) -> dict:
     """The report's numbers: ``tasks`` (list of Task), ``statuses`` (Counter), ``seconds``."""
     from nbgrader.api import Gradebook
 
-    from grader.grading import DB_ENV
+    from grader.grading.batch import DB_ENV
 
     tasks: dict[str, Task] = {}
     url = os.environ.get(DB_ENV) or f"sqlite:///{root / 'gradebook.db'}?timeout=120"

@@ -1,9 +1,9 @@
 """The grading side of ``pallas-course``: release, collect, autograde, feedback, export, check.
 
-Every nbgrader step runs in a child process (``grader.worker``). Autograde keeps one worker
+Every nbgrader step runs in a child process (``grader.grading.worker``). Autograde keeps one worker
 process per slot for the whole batch; inside it, each notebook is executed once, by the
 grader's own run of it in the jail under limits, and the test cells are judged in the worker
-(``grader.trusted``), so a submission that kills that run, loops, exhausts memory or patches
+(``grader.grading.trusted``), so a submission that kills that run, loops, exhausts memory or patches
 the checks never takes the batch down or changes another grade.
 
 Statuses (one JSON file per submission under ``<root>/status/<assignment>/<student>.json``,
@@ -35,8 +35,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from grader import build, refs, sandbox, workspace
-from grader.check import HIDDEN_RE
+from grader.grading import build, refs, sandbox
+from grader.learner import workspace
+from grader.learner.check import HIDDEN_RE
 
 SUBMISSION_TIMEOUT = 900  # seconds for one whole submission (cells have their own timeouts)
 # the gradebook's URL when it is not SQLite in the course folder (pallas-course --db); every
@@ -53,8 +54,8 @@ def _env(root: Path) -> dict[str, str]:
 
 
 def run_worker(root: Path, *args: str, timeout: float | None = None) -> dict:
-    """Run one ``grader.worker`` job in a fresh worker; its result dict (``success`` False on any
-    failure). It claims a slot like a batch does: a release or a validation beside another
+    """Run one ``grader.grading.worker`` job in a fresh worker; its result dict (``success`` False
+    on any failure). It claims a slot like a batch does: a release or a validation beside another
     grader on this machine must not run under, and kill, that grader's sandbox uid."""
     with sandbox.claimed_slot() as slot:
         worker = Worker(root, slot)
@@ -151,7 +152,8 @@ def _scores(root: Path) -> dict[tuple[str, str], tuple[float, float]]:
 
 
 class Worker:
-    """A long-lived ``grader.worker serve`` process: nbgrader starts once, not per submission.
+    """A long-lived ``grader.grading.worker serve`` process: nbgrader starts once, not per
+    submission.
 
     ``slot`` picks the sandbox uid of the runs it starts, so concurrent workers never share
     one. A job that runs past its time kills the process (and its run); the next job starts
@@ -173,9 +175,9 @@ class Worker:
         # beside the one that grades the submission again
         die = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
         self.proc = subprocess.Popen(
-            [*die, sys.executable, "-m", "grader.worker", str(self.root), "serve"], cwd=self.root,
-            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-            text=True, start_new_session=True)
+            [*die, sys.executable, "-m", "grader.grading.worker", str(self.root), "serve"],
+            cwd=self.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.stderr, text=True, start_new_session=True)
         threading.Thread(target=self._read, args=(self.proc.stdout, self.lines),
                          daemon=True).start()
 
@@ -401,7 +403,7 @@ def autograde(root: Path, assignment: str | None = None, workers: int = 1,
               student: str | None = None) -> list[dict]:
     """Grade the submissions (of ``student`` only, when named) on ``workers`` local workers,
     or on the Dask cluster whose scheduler is at ``scheduler`` (``tcp://HOST:8786``, see
-    ``grader.cluster``)."""
+    ``grader.grading.cluster``)."""
     todo = [(s, a) for s, a in submissions(root, assignment) if student in (None, s)]
     if student is not None and not todo:
         raise FileNotFoundError(f"no submission of {student!r} under {root / 'submitted'}: "
@@ -417,7 +419,7 @@ def autograde(root: Path, assignment: str | None = None, workers: int = 1,
     if progress:
         print(_bar(0, len(todo)), end="\r", file=progress, flush=True)
     if scheduler:
-        from grader import cluster
+        from grader.grading import cluster
 
         finished = cluster.graded_on(scheduler, root, todo, timeout, log=log)
     else:
@@ -523,7 +525,7 @@ def export(root: Path, to: Path, log=print, lms: str | None = None) -> Path:
             rows = list(csv.DictReader(f))
             fields = list(rows[0].keys()) if rows else ["assignment", "student_id", "score",
                                                           "max_score"]
-    from grader.late import late_by
+    from grader.grading.late import late_by
 
     for row in rows:
         row["late_by"] = late_by(row.get("timestamp", ""), row.get("duedate", ""))

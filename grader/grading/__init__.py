@@ -1,0 +1,1 @@
+"""The grading pipeline, in data order: collect → jail → replay → facts → verdict → gradebook."""

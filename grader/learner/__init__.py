@@ -1,0 +1,1 @@
+"""The learner's tools: ``course.check``, ``pallas-course check``, hints, workspace, the copy."""

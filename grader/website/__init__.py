@@ -1,0 +1,1 @@
+"""The site's build (lessons executed into mkdocs-jupyter's cache) and its server."""
