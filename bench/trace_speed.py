@@ -138,8 +138,8 @@ THIRD_PARTY = {"tokamax": "test_tokamax", "flywheel-tpu": "test_flywheel",
 
 def _differentiable(module: str, name: str) -> bool:
     """The op has a backward the library implements with kernels of its own: every tokamax op;
-    flywheel's dense attention (its varlen backward is the dense one per sequence, its decode
-    kernel has none); deltanet's chunk_gdn (its variants run the same kernels)."""
+    flywheel's dense attention (its varlen and decode kernels are forward-only); deltanet's
+    chunk_gdn (its variants run the same kernels)."""
     return {"test_flywheel": name == "flash_attn_func",
             "test_deltanet": name == "chunk_gdn"}.get(module, True)
 

@@ -44,14 +44,15 @@ def flash_attention():
             lambda q, k, v: attention_reference(q, k, v, causal=True), (0, 1, 2), args)
 
 
-SEQ_LENS = (128, 128)
+SEQ_LENS = (128, 256)
 
 
 def varlen_attention():
-    """flash_attn_varlen_func: two packed causal sequences, (tokens, heads, head_dim)."""
+    """flash_attn_varlen_func: two packed causal sequences, head-major (heads, tokens,
+    head_dim)."""
     total = sum(SEQ_LENS)
     cu = jnp.array(np.cumsum((0, *SEQ_LENS)), jnp.int32)
-    args = (*(_bf16(i, (total, HEADS, HEAD_DIM)) for i in range(3)), cu)
+    args = (*(_bf16(i, (HEADS, total, HEAD_DIM)) for i in range(3)), cu)
 
     def op(q, k, v, cu):
         return flywheel.flash_attn_varlen_func(q, k, v, cu, cu, max(SEQ_LENS), max(SEQ_LENS),
@@ -60,9 +61,9 @@ def varlen_attention():
     def ref(q, k, v, cu):
         outs = []
         for start, n in zip(np.cumsum((0, *SEQ_LENS[:-1])), SEQ_LENS, strict=True):
-            one = [x[start:start + n].transpose(1, 0, 2)[None] for x in (q, k, v)]
-            outs.append(attention_reference(*one, causal=True)[0].transpose(1, 0, 2))
-        return jnp.concatenate(outs)
+            one = [x[None, :, start:start + n] for x in (q, k, v)]
+            outs.append(attention_reference(*one, causal=True)[0])
+        return jnp.concatenate(outs, axis=1)
 
     return op, ref, (0, 1, 2), args
 
@@ -101,7 +102,7 @@ def _f32_sum(f):
 @pytest.mark.parametrize("name", list(CASES))
 def test_flywheel_attention_equals_the_interpreter_and_plain_jax(name, direction):
     if direction == "bwd" and name != "flash_attn_func":
-        pytest.skip("the varlen kernel's backward is the dense one's, per sequence")
+        pytest.skip("flash_attn_varlen_func is forward-only (jax.grad raises)")
     op, ref, wrt, args = CASES[name]()
     if direction == "bwd":
         op, ref = (jax.grad(_f32_sum(f), argnums=wrt) for f in (op, ref))
