@@ -230,7 +230,7 @@ def _median_cold(case: str, what: str, repeat: int) -> dict:
 
 
 def real_code_table(only: str | None, repeat: int) -> None:
-    rows = []
+    rows, load_at_start = [], os.getloadavg()
     for case, (source, _) in _suite().items():
         if only and not any(part in case for part in only.split(",")):
             continue
@@ -250,7 +250,7 @@ def real_code_table(only: str | None, repeat: int) -> None:
         print(f"  {source}: median {s['median_speedup']:.1f}x, slowest "
               f"{s['slowest_speedup']:.1f}x ({s['slowest_case']}) over {s['compared']} cases")
     if any(r["source"] in THIRD_PARTY for r in rows):
-        _record_third_party(rows, per_source, repeat)
+        _record_third_party(rows, per_source, repeat, load_at_start)
     speedups = sorted(r["speedup"] for r in rows if r["speedup"] is not None)
     summary = {"cases": len(rows), "compared": len(speedups),
                "median_speedup": statistics.median(speedups) if speedups else None,
@@ -277,7 +277,8 @@ def _per_source(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-def _record_third_party(rows: list[dict], per_source: dict, repeat: int) -> None:
+def _record_third_party(rows: list[dict], per_source: dict, repeat: int,
+                        load_at_start: tuple[float, float, float]) -> None:
     """The third-party rows, per-library figures and the machine's load, kept in the repository
     (bench/recorded/): the libraries are not installed in CI, so this is their record."""
     versions = {}
@@ -288,11 +289,12 @@ def _record_third_party(rows: list[dict], per_source: dict, repeat: int) -> None
     speedups = [r["speedup"] for r in third if r["speedup"] is not None]
     payload = {"benchmark": "trace_speed third-party libraries, CPU",
                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               "how": "cold: each number the median of --repeat fresh processes (trace vs one "
-                      "run in TPU interpret mode); python bench/trace_speed.py --only LIBRARY",
+               "how": "cold: each number the median of cold_runs_per_number fresh processes "
+                      "(trace vs one run in TPU interpret mode): python bench/trace_speed.py "
+                      "--only tokamax:,flywheel-tpu:,deltanet-tpu: --repeat N",
                "cold_runs_per_number": repeat, "versions": versions,
                "jax": importlib.metadata.version("jax"), "cpus": os.cpu_count(),
-               "load_average_1_5_15": os.getloadavg(),
+               "load_average_1_5_15": {"start": load_at_start, "end": os.getloadavg()},
                "per_library": {k: v for k, v in per_source.items() if k in THIRD_PARTY},
                "median_speedup": statistics.median(speedups) if speedups else None,
                "slowest_speedup": min(speedups) if speedups else None, "rows": third}
