@@ -9,9 +9,11 @@ page pool as large as the DMA count): the trace must stay linear in the DMAs.
 
 Table 3 ("real code"): JAX's bundled TPU Pallas ops (tests/kernelsim/test_bundled_ops.py) and
 the kernels transcribed from JAX's Pallas tests (tests/kernelsim/test_jax_test_kernels.py),
-and, where tokamax is installed, tokamax's public TPU ops forward and backward
-(tests/kernelsim/test_tokamax.py, under ``tokamax.config.cross_compile``; interpreted on
-``kernelsim.trace.abstract_tpu()``, as they ask which TPU they target), each measured *cold*:
+and, where each is installed, third-party libraries' public Pallas TPU kernels (``THIRD_PARTY``):
+tokamax's ops forward and backward (tests/kernelsim/test_tokamax.py, under
+``tokamax.config.cross_compile``; interpreted on ``kernelsim.trace.abstract_tpu()``, as they ask
+which TPU they target), flywheel-tpu's attention (test_flywheel.py) and deltanet-tpu's chunked
+linear attention (test_deltanet.py), each measured *cold*:
 every number comes from a fresh Python process that imports JAX, builds the case's function
 and operands, and then times exactly one thing -- either
 ``kernelsim.trace(fn, *args)``, or ``fn(*args)`` under ``pltpu.force_tpu_interpret_mode()``
@@ -19,9 +21,11 @@ and operands, and then times exactly one thing -- either
 outputs awaited). The two never share a process, so neither warms a cache for the other.
 ``--repeat N`` takes each number N times, each in a fresh process, and reports the median.
 Cases interpret mode cannot run on a CPU (emit_pipeline needs a TPU device kind) are traced
-and listed, but have no speedup. The medians are also printed per source.
+and listed, but have no speedup. The medians and the slowest case are also printed per
+source (a library, or JAX's ops and tests); a run that includes third-party cases also writes
+them, per library and with the machine's load, to bench/recorded/trace_speed-third-party-cpu.json.
 
-Usage: python bench/trace_speed.py [--no-interpret] [--only SUBSTRING] [--repeat N]
+Usage: python bench/trace_speed.py [--no-interpret] [--only SUBSTRING[,...]] [--repeat N]
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import importlib
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -36,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,13 +119,29 @@ def _suite() -> dict[str, tuple[str, object]]:
 
     suite = {f"op:{name}": ("jax op", build) for name, build in TPU_OPS.items()}
     suite.update({f"test:{name}": ("jax test", build) for name, (build, _) in CASES.items()})
-    if importlib.util.find_spec("tokamax") is not None:  # third-party: where it is installed
-        from test_tokamax import OPS
-
-        for name, build in OPS.items():
-            suite[f"tokamax:{name}:fwd"] = ("tokamax", functools.partial(_forward, build))
-            suite[f"tokamax:{name}:bwd"] = ("tokamax", functools.partial(_backward, build))
+    for library, module in THIRD_PARTY.items():  # where the library is installed
+        if importlib.util.find_spec(library.replace("-", "_")) is None:
+            continue
+        ops = importlib.import_module(module).OPS
+        for name, build in ops.items():
+            suite[f"{library}:{name}:fwd"] = (library, functools.partial(_forward, build))
+            if _differentiable(module, name):
+                suite[f"{library}:{name}:bwd"] = (library, functools.partial(_backward, build))
     return suite
+
+
+# Third-party libraries installed from the package index: library -> its test module, whose
+# OPS maps an op name to a builder of (op, argnums to differentiate, operands).
+THIRD_PARTY = {"tokamax": "test_tokamax", "flywheel-tpu": "test_flywheel",
+               "deltanet-tpu": "test_deltanet"}
+
+
+def _differentiable(module: str, name: str) -> bool:
+    """The op has a backward the library implements with kernels of its own: every tokamax op;
+    flywheel's dense attention (its varlen and decode kernels are forward-only); deltanet's
+    chunk_gdn (its variants run the same kernels)."""
+    return {"test_flywheel": name == "flash_attn_func",
+            "test_deltanet": name == "chunk_gdn"}.get(module, True)
 
 
 def _forward(build):
@@ -136,8 +159,10 @@ def _backward(build):
 def _library_context(case: str, what: str):
     """tokamax runs its TPU kernels on a CPU only when asked to cross-compile, and its kernels
     ask which TPU they target: interpreted, they run on an abstract TPU (``kernelsim.trace``
-    finds that out by itself)."""
+    finds that out by itself). deltanet-tpu warns that it runs on a CPU."""
     stack = contextlib.ExitStack()
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore", UserWarning)
     if case.startswith("tokamax:"):
         import tokamax
 
@@ -205,9 +230,9 @@ def _median_cold(case: str, what: str, repeat: int) -> dict:
 
 
 def real_code_table(only: str | None, repeat: int) -> None:
-    rows = []
+    rows, load_at_start = [], os.getloadavg()
     for case, (source, _) in _suite().items():
-        if only and only not in case:
+        if only and not any(part in case for part in only.split(",")):
             continue
         traced = _median_cold(case, "trace", repeat)
         if traced["seconds"] is None:
@@ -220,13 +245,12 @@ def real_code_table(only: str | None, repeat: int) -> None:
         print(f"  {case}: trace {traced['seconds']:.3f} s, interpret "
               f"{interp['seconds'] if interp['seconds'] is None else round(interp['seconds'], 3)}"
               f" s", flush=True)
-    per_source = {}
-    for r in rows:
-        if r["speedup"] is not None:
-            per_source.setdefault(r["source"], []).append(r["speedup"])
-    for source, values in per_source.items():
-        print(f"  {source}: median {statistics.median(values):.1f}x, slowest "
-              f"{min(values):.1f}x over {len(values)} cases")
+    per_source = _per_source(rows)
+    for source, s in per_source.items():
+        print(f"  {source}: median {s['median_speedup']:.1f}x, slowest "
+              f"{s['slowest_speedup']:.1f}x ({s['slowest_case']}) over {s['compared']} cases")
+    if any(r["source"] in THIRD_PARTY for r in rows):
+        _record_third_party(rows, per_source, repeat, load_at_start)
     speedups = sorted(r["speedup"] for r in rows if r["speedup"] is not None)
     summary = {"cases": len(rows), "compared": len(speedups),
                "median_speedup": statistics.median(speedups) if speedups else None,
@@ -239,12 +263,53 @@ def real_code_table(only: str | None, repeat: int) -> None:
            "cold_runs_per_number": repeat, **summary})
 
 
+def _per_source(rows: list[dict]) -> dict[str, dict]:
+    """Per source (a library, or JAX's ops and tests): median and slowest speed-up, and which
+    case is slowest."""
+    out = {}
+    for source in dict.fromkeys(r["source"] for r in rows):
+        compared = [r for r in rows if r["source"] == source and r["speedup"] is not None]
+        if compared:
+            slowest = min(compared, key=lambda r: r["speedup"])
+            out[source] = {"compared": len(compared),
+                           "median_speedup": statistics.median(r["speedup"] for r in compared),
+                           "slowest_speedup": slowest["speedup"], "slowest_case": slowest["case"]}
+    return out
+
+
+def _record_third_party(rows: list[dict], per_source: dict, repeat: int,
+                        load_at_start: tuple[float, float, float]) -> None:
+    """The third-party rows, per-library figures and the machine's load, kept in the repository
+    (bench/recorded/): the libraries are not installed in CI, so this is their record."""
+    versions = {}
+    for library in THIRD_PARTY:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[library] = importlib.metadata.version(library)
+    third = [r for r in rows if r["source"] in THIRD_PARTY]
+    speedups = [r["speedup"] for r in third if r["speedup"] is not None]
+    payload = {"benchmark": "trace_speed third-party libraries, CPU",
+               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "how": "cold: each number the median of cold_runs_per_number fresh processes "
+                      "(trace vs one run in TPU interpret mode): python bench/trace_speed.py "
+                      "--only tokamax:,flywheel-tpu:,deltanet-tpu: --repeat N",
+               "cold_runs_per_number": repeat, "versions": versions,
+               "jax": importlib.metadata.version("jax"), "cpus": os.cpu_count(),
+               "load_average_1_5_15": {"start": load_at_start, "end": os.getloadavg()},
+               "per_library": {k: v for k, v in per_source.items() if k in THIRD_PARTY},
+               "median_speedup": statistics.median(speedups) if speedups else None,
+               "slowest_speedup": min(speedups) if speedups else None, "rows": third}
+    path = ROOT / "bench" / "recorded" / "trace_speed-third-party-cpu.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-interpret", action="store_true",
                         help="only table 1's trace times (no interpreter, no real-code table)")
-    parser.add_argument("--only", help="real-code cases whose name contains this")
+    parser.add_argument("--only", help="real-code cases whose name contains this (or any of "
+                        "several, comma-separated: tokamax:,flywheel-tpu:,deltanet-tpu:)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="fresh processes per real-code number (the median is reported)")
     parser.add_argument("--child", nargs=2, metavar=("CASE", "WHAT"), help=argparse.SUPPRESS)

@@ -90,6 +90,8 @@ class _Interpreter:
         self.grid_names = tuple(grid_names or ())
         self.device = device
         self.dmas = DmaLedger()
+        self._plans: dict[int, list] = {}
+        self._planned: list = []
         self.step, self.grid_index, self.order, self.scoped, self.dma_pos = 0, (), 0, 0, 0
 
     @property
@@ -204,24 +206,30 @@ class _Interpreter:
         self.order += 1
 
     def run(self, jaxpr: Any, consts: list, args: list) -> list:
-        env: dict[Any, Any] = {}
+        env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
+        env.update(zip(jaxpr.invars, args, strict=True))
+        get = env.get
+        for eqn, ins, multiple in self._plan(jaxpr):
+            outs = self.eqn(eqn, [get(v, _SKIP) if c is None else c for v, c in ins])
+            if multiple:
+                env.update(zip(eqn.outvars, outs, strict=True))
+            else:
+                env[eqn.outvars[0]] = outs
+        return [literal(v) if isinstance(v, Literal) else get(v, _SKIP) for v in jaxpr.outvars]
 
-        def read(v):
-            return literal(v) if isinstance(v, Literal) else env.get(v, _SKIP)
-
-        for v, x in zip(jaxpr.constvars, consts, strict=True):
-            env[v] = x
-        for v, x in zip(jaxpr.invars, args, strict=True):
-            env[v] = x
-        for eqn in jaxpr.eqns:
-            if not self._wanted(eqn):
-                continue
-            outs = self.eqn(eqn, [read(v) for v in eqn.invars])
-            if not eqn.primitive.multiple_results:
-                outs = [outs]
-            for v, x in zip(eqn.outvars, outs, strict=True):
-                env[v] = x
-        return [read(v) for v in jaxpr.outvars]
+    def _plan(self, jaxpr: Any) -> list:
+        """What ``run`` does with ``jaxpr``, decided once per jaxpr rather than at every grid
+        step and loop iteration: the wanted eqns, each with its operands (a var, or a literal's
+        value) and whether it has several results. (A pipeline's inner loop runs thousands of
+        times per call: deciding this per execution was a tenth of the interpretation.)"""
+        plan = self._plans.get(id(jaxpr))
+        if plan is None:
+            plan = [(eqn, [(v, literal(v)) if isinstance(v, Literal) else (v, None)
+                           for v in eqn.invars], eqn.primitive.multiple_results)
+                    for eqn in jaxpr.eqns if self._wanted(eqn)]
+            self._plans[id(jaxpr)] = plan
+            self._planned.append(jaxpr)  # kept alive, so its id is not reused
+        return plan
 
     def _wanted(self, eqn: Any) -> bool:
         """The eqn has a needed result, touches a ref, or contains something that does."""
