@@ -4,10 +4,18 @@ of exercises/ released once."""
 from __future__ import annotations
 
 import shutil
+import signal
 import sys
 from pathlib import Path
 
 import pytest
+
+# `make test` runs one of its two pytest processes in the background, and a shell starts a
+# background command with SIGINT ignored, which every program it starts inherits: a server a
+# test stops with Ctrl-C's signal, or a kernel JupyterLab interrupts, would never hear it.
+# A handler (unlike an ignored signal) is reset by exec, so this restores it for them too.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "site"))
 from sitetools import CHROMIUM, CHROMIUM_ARGS  # noqa: E402

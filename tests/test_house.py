@@ -264,3 +264,15 @@ def test_ci_time_reads_a_junit_file(tmp_path):
     cases = ci_time.test_times(junit)
     assert cases == [("tests/site/test_b::t2", 7.0), ("tests/grader/test_a::t1", 2.5)]
     assert ci_time.folder_of(cases[0][0]) == "tests/site"
+
+
+def test_a_program_a_test_starts_hears_ctrl_c():
+    """`make test` starts one pytest process in the background, where the shell ignores SIGINT
+    and every child would inherit that (test_serve's server then never stops on Ctrl-C):
+    tests/conftest.py restores it."""
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", "import signal; print(signal.getsignal("
+                          "signal.SIGINT) is signal.default_int_handler)"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "True", out.stderr
