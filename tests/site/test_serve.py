@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -130,8 +131,12 @@ def test_serve_answers_and_sigint_stops_both(built_site, tmp_path, request):
             time.sleep(0.2)
         assert not [k for k in kids if _alive(k)], f"left running: {kids}\n{log.read_text()}"
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # a failed test: stop what it started, JupyterLab (in a
+            leftover = _descendants(proc.pid)  # session of its own) and its kernel with it
             os.killpg(proc.pid, signal.SIGKILL)
+            for pid in leftover:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 def test_lab_opens_python_files_as_jupytext_notebooks():
