@@ -9,9 +9,10 @@ correctness check: ``kernelsim.verify`` at these sizes would run the interpreter
 case, so it is not repeated here (same code path, smaller shape).
 
 Where a production spec has more tokens (or a longer sequence, or a larger batch) than one cold
-interpreted run on a 2-core CPU can finish in about two minutes, the per-token dimensions (heads,
-head_dim, hidden size, vocabulary, expert count) stay as the spec gives them and only the token
-count is cut; each builder's comment says which.
+interpreted run on a 2-core CPU finishes in a few minutes (the longest here, ragged_dot's
+backward, takes about four), the per-token dimensions (heads, head_dim, hidden size, vocabulary,
+expert count) stay as the spec gives them and only the token count is cut; each builder's
+docstring says which.
 """
 
 from __future__ import annotations
