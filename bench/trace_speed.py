@@ -25,7 +25,14 @@ and listed, but have no speedup. The medians and the slowest case are also print
 source (a library, or JAX's ops and tests); a run that includes third-party cases also writes
 them, per library and with the machine's load, to bench/recorded/trace_speed-third-party-cpu.json.
 
+``--sizes production`` builds each third-party case at a size the library's users run
+(bench/production_sizes.py: from its benchmark specs or README; the same op as its test, larger
+operands) and records to trace_speed-third-party-production-cpu.json: at the tests' sizes a cold
+trace is mostly JAX tracing the library's Python, which the interpreter pays too, while
+interpreting grows with the grid steps a real size has.
+
 Usage: python bench/trace_speed.py [--no-interpret] [--only SUBSTRING[,...]] [--repeat N]
+                                   [--sizes tests|production]
 """
 
 from __future__ import annotations
@@ -112,8 +119,11 @@ def dma_count_table() -> None:
     write("trace_speed_dmas", rows, {"goals": {"trace_8192_dmas_s": "<= 5"}})
 
 
-def _suite() -> dict[str, tuple[str, object]]:
-    """case name -> (where it comes from, builder returning (fn, args))."""
+def _suite(sizes: str = "tests") -> dict[str, tuple[str, object]]:
+    """case name -> (where it comes from, builder returning (fn, args)). ``sizes``: the
+    third-party ops at their tests' shapes, or at ``production`` ones (production_sizes.py;
+    JAX's ops and test kernels keep their shapes either way)."""
+    from production_sizes import PRODUCTION
     from test_bundled_ops import TPU_OPS
     from test_jax_test_kernels import CASES
 
@@ -126,9 +136,10 @@ def _suite() -> dict[str, tuple[str, object]]:
         for name, build in cases.OPS.items():
             if name in getattr(cases, "NOT_INTERPRETED", {}):
                 continue  # traced in its test; TPU interpret mode cannot run it on a CPU
-            suite[f"{library}:{name}:fwd"] = (library, functools.partial(_forward, build))
+            sized = PRODUCTION[library][name] if sizes == "production" else build
+            suite[f"{library}:{name}:fwd"] = (library, functools.partial(_forward, sized))
             if _differentiable(module, name, build):
-                suite[f"{library}:{name}:bwd"] = (library, functools.partial(_backward, build))
+                suite[f"{library}:{name}:bwd"] = (library, functools.partial(_backward, sized))
     return suite
 
 
@@ -179,20 +190,23 @@ def _library_context(case: str, what: str):
     return stack
 
 
-def measure_one(case: str, what: str) -> dict:
+def measure_one(case: str, what: str, sizes: str) -> dict:
     """In this (fresh) process: build ``case`` and time one trace or one interpreted run."""
     import jax
     from jax.experimental.pallas import tpu as pltpu
 
-    _, build = _suite()[case]
+    _, build = _suite(sizes)[case]
     if what == "trace":
         import kernelsim
 
         with _library_context(case, what):
             fn, args = _built(build)
             t0 = time.perf_counter()
-            kernelsim.trace(fn, *args)
-        return {"seconds": time.perf_counter() - t0}
+            trace = kernelsim.trace(fn, *args)
+            seconds = time.perf_counter() - t0
+        return {"seconds": seconds, "grid_steps": sum(c.steps for c in trace.calls),
+                "operands": [f"{a.dtype}{list(a.shape)}" for a in jax.tree_util.tree_leaves(args)
+                             if isinstance(a, jax.Array)]}
     # pl.pallas_call reads the forced mode when the call is made, so build inside it too
     with pltpu.force_tpu_interpret_mode(), _library_context(case, what):
         fn, args = _built(build)
@@ -215,34 +229,35 @@ def _built(build):
     return fn, args
 
 
-def _in_fresh_process(case: str, what: str) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", case, what], cwd=ROOT,
-                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH":
-                                                              str(ROOT)})
+def _in_fresh_process(case: str, what: str, sizes: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", case, what, "--sizes", sizes],
+                         cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
     if out.returncode or not lines:
         return {"seconds": None, "error": (out.stderr.strip().splitlines() or ["?"])[-1]}
     return json.loads(lines[-1])
 
 
-def _median_cold(case: str, what: str, repeat: int) -> dict:
+def _median_cold(case: str, what: str, repeat: int, sizes: str) -> dict:
     """The median of ``repeat`` cold measurements, each in its own fresh process."""
-    runs = [_in_fresh_process(case, what) for _ in range(repeat)]
+    runs = [_in_fresh_process(case, what, sizes) for _ in range(repeat)]
     times = [r["seconds"] for r in runs if r["seconds"] is not None]
     if len(times) < len(runs):
         return next(r for r in runs if r["seconds"] is None)
-    return {"seconds": statistics.median(times)}
+    return {**runs[0], "seconds": statistics.median(times)}
 
 
-def real_code_table(only: str | None, repeat: int) -> None:
+def real_code_table(only: str | None, repeat: int, sizes: str) -> None:
     rows, load_at_start = [], os.getloadavg()
-    for case, (source, _) in _suite().items():
+    sized = {}  # third-party case -> its operands and grid steps, for the record
+    for case, (source, _) in _suite(sizes).items():
         if only and not any(part in case for part in only.split(",")):
             continue
-        traced = _median_cold(case, "trace", repeat)
+        traced = _median_cold(case, "trace", repeat, sizes)
         if traced["seconds"] is None:
             raise SystemExit(f"{case}: kernelsim.trace failed: {traced['error']}")
-        interp = _median_cold(case, "interpret", repeat)
+        interp = _median_cold(case, "interpret", repeat, sizes)
         speedup = None if interp["seconds"] is None else interp["seconds"] / traced["seconds"]
         rows.append({"case": case, "source": source, "trace_cold_s": traced["seconds"],
                      "interpret_cold_s": interp["seconds"], "speedup": speedup,
@@ -250,12 +265,15 @@ def real_code_table(only: str | None, repeat: int) -> None:
         print(f"  {case}: trace {traced['seconds']:.3f} s, interpret "
               f"{interp['seconds'] if interp['seconds'] is None else round(interp['seconds'], 3)}"
               f" s", flush=True)
+        if source in THIRD_PARTY:  # recorded as it goes: a production-size run takes ~40 min
+            sized[case] = {k: traced[k] for k in ("grid_steps", "operands")}
+            _record_third_party(rows, sized, repeat, sizes, load_at_start, finished=False)
     per_source = _per_source(rows)
     for source, s in per_source.items():
         print(f"  {source}: median {s['median_speedup']:.1f}x, slowest "
               f"{s['slowest_speedup']:.1f}x ({s['slowest_case']}) over {s['compared']} cases")
-    if any(r["source"] in THIRD_PARTY for r in rows):
-        _record_third_party(rows, per_source, repeat, load_at_start)
+    if sized:
+        _record_third_party(rows, sized, repeat, sizes, load_at_start, finished=True)
     speedups = sorted(r["speedup"] for r in rows if r["speedup"] is not None)
     summary = {"cases": len(rows), "compared": len(speedups),
                "median_speedup": statistics.median(speedups) if speedups else None,
@@ -265,7 +283,7 @@ def real_code_table(only: str | None, repeat: int) -> None:
                  "speedup": summary["median_speedup"], "note": f"{len(speedups)} compared"})
     write("trace_speed_real_code", rows,
           {"goals": {"median_speedup": ">= 20", "slowest_speedup": "> 1"},
-           "cold_runs_per_number": repeat, **summary})
+           "cold_runs_per_number": repeat, "sizes": sizes, **summary})
 
 
 def _per_source(rows: list[dict]) -> dict[str, dict]:
@@ -282,30 +300,38 @@ def _per_source(rows: list[dict]) -> dict[str, dict]:
     return out
 
 
-def _record_third_party(rows: list[dict], per_source: dict, repeat: int,
-                        load_at_start: tuple[float, float, float]) -> None:
-    """The third-party rows, per-library figures and the machine's load, kept in the repository
-    (bench/recorded/): the libraries are not installed in CI, so this is their record."""
+def _record_third_party(rows: list[dict], sized: dict[str, dict], repeat: int, sizes: str,
+                        load_at_start: tuple[float, float, float], finished: bool) -> None:
+    """The third-party rows (with each case's operands and grid steps), per-library figures and
+    the machine's load, kept in the repository (bench/recorded/): the libraries are not installed
+    in CI, so this is their record. ``finished`` is False while the run is still going."""
     versions = {}
     for library in THIRD_PARTY:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             versions[library] = importlib.metadata.version(library)
-    third = [r for r in rows if r["source"] in THIRD_PARTY]
+    third = [{**r, **sized[r["case"]]} for r in rows if r["source"] in THIRD_PARTY]
     speedups = [r["speedup"] for r in third if r["speedup"] is not None]
-    payload = {"benchmark": "trace_speed third-party libraries, CPU",
+    production = sizes == "production"
+    payload = {"benchmark": "trace_speed third-party libraries, CPU"
+                            + (", production sizes" if production else ""),
                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "how": "cold: each number the median of cold_runs_per_number fresh processes "
                       "(trace vs one run in TPU interpret mode): python bench/trace_speed.py "
-                      "--only tokamax:,flywheel-tpu:,deltanet-tpu: --repeat N",
-               "cold_runs_per_number": repeat, "versions": versions,
+                      + ("--sizes production " if production else "")
+                      + "--only tokamax:,flywheel-tpu:,deltanet-tpu: --repeat N",
+               "sizes": ("production_sizes.py: each op at a size from the library's benchmark "
+                         "specs or README" if production else "the tests' OPS"),
+               "finished": finished, "cold_runs_per_number": repeat, "versions": versions,
                "jax": importlib.metadata.version("jax"), "cpus": os.cpu_count(),
                "load_average_1_5_15": {"start": load_at_start, "end": os.getloadavg()},
-               "per_library": {k: v for k, v in per_source.items() if k in THIRD_PARTY},
+               "per_library": {k: v for k, v in _per_source(third).items() if k in THIRD_PARTY},
                "median_speedup": statistics.median(speedups) if speedups else None,
                "slowest_speedup": min(speedups) if speedups else None, "rows": third}
-    path = ROOT / "bench" / "recorded" / "trace_speed-third-party-cpu.json"
+    name = "trace_speed-third-party" + ("-production" if production else "") + "-cpu.json"
+    path = ROOT / "bench" / "recorded" / name
     path.write_text(json.dumps(payload, indent=2) + "\n")
-    print(f"wrote {path}")
+    if finished:
+        print(f"wrote {path}")
 
 
 def main() -> None:
@@ -317,16 +343,19 @@ def main() -> None:
                         "several, comma-separated: tokamax:,flywheel-tpu:,deltanet-tpu:)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="fresh processes per real-code number (the median is reported)")
+    parser.add_argument("--sizes", choices=("tests", "production"), default="tests",
+                        help="third-party ops at their tests' shapes, or at production ones "
+                        "(bench/production_sizes.py: a cold interpreted run takes minutes)")
     parser.add_argument("--child", nargs=2, metavar=("CASE", "WHAT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure_one(*args.child)))
+        print(json.dumps(measure_one(*args.child, args.sizes)))
         return
     if not args.only:
         matmul_table(not args.no_interpret)
         dma_count_table()
     if not args.no_interpret:
-        real_code_table(args.only, args.repeat)
+        real_code_table(args.only, args.repeat, args.sizes)
 
 
 if __name__ == "__main__":
