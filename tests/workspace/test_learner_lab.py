@@ -93,7 +93,9 @@ def test_learner_sees_no_instructor_tool_and_site_links_open(learner_lab, browse
             "/lab/tree/" + str(sorted(ws.glob("exercises/*/*.ipynb"))[0].relative_to(ws)))
         for path in [links[0], exercise]:
             page.goto(base + path)  # a site link: no token in it
-            page.locator(".jp-NotebookPanel .jp-CodeCell").first.wait_for(timeout=90000)
+            # the visible panel's: JupyterLab may restore the notebook opened before as a
+            # hidden tab, whose cells come first in the page
+            page.locator(".jp-NotebookPanel .jp-CodeCell:visible").first.wait_for(timeout=90000)
             assert "/login" not in page.url
         page.locator(".jp-Toolbar [title='Validate Assignment']").first.wait_for(timeout=30000)
         labels = page.locator(".lm-MenuBar-itemLabel").all_inner_texts()
