@@ -38,7 +38,7 @@ import psutil  # noqa: E402
 
 from grader.grading import batch, build, collect  # noqa: E402
 
-sys.path.insert(0, str(REPO / "tests" / "cluster"))
+sys.path[:0] = [str(REPO / "tests" / "cluster"), str(REPO / "tests" / "site")]
 from clustertools import DaskCluster  # noqa: E402  - the tests' scheduler and workers
 
 N = int(os.environ.get("BENCH_SUBMISSIONS", "20"))

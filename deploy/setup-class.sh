@@ -11,6 +11,9 @@
 #                         [--dask-port P] [--dask-workers N]
 #   deploy/setup-class.sh --remove        # undo a --demo set-up entirely
 #
+# The hub takes three ports: --hub-port P for the browser, P+1 for the hub's own server and
+# P+2 for its proxy's API; Dask's scheduler takes --dask-port.
+#
 # What it made is written to /etc/pallas-course/class.env (KEY=value, no secrets); source it
 # before running `pallas-course` as an instructor.
 set -euo pipefail
@@ -44,7 +47,7 @@ while [ $# -gt 0 ]; do
     --hub-port) HUB_PORT=${2:?}; shift 2 ;;
     --dask-port) DASK_PORT=${2:?}; shift 2 ;;
     --dask-workers) DASK_WORKERS=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -129,6 +132,22 @@ $STATE/.. by hand, or touch $STATE/demo to confirm"
   say "removed the demo class (accounts, services, $COURSE, $EXCHANGE, $PREFIX, $STATE, $ETC)"
   exit 0
 fi
+
+# ----------------------------------------------------------------------------- ports
+# Before anything is made: a port another program holds would otherwise surface minutes later
+# as a hub that answers with someone else's pages.
+ports_free() {  # ports_free NAME OPTION PORT...: die if a program other than NAME listens on one
+  local name=$1 option=$2 port; shift 2
+  running "$name" && return 0
+  for port in "$@"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      die "port $port (for $name) is taken by another program (\`ss -ltnp sport = :$port\` \
+names it): stop it, or choose other ports with $option"
+    fi
+  done
+}
+ports_free dask-scheduler --dask-port "$DASK_PORT"
+ports_free hub --hub-port "$HUB_PORT" $((HUB_PORT + 1)) $((HUB_PORT + 2))
 
 # ----------------------------------------------------------------------------- packages
 missing=""

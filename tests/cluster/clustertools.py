@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import psutil
+from sitetools import free_port
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[2]
@@ -41,12 +42,6 @@ def new_course(dest: Path) -> Path:
                         ignore=shutil.ignore_patterns("*.ipynb"))
     shutil.copy(REPO / "exercises" / "nbgrader_config.py", dest)
     return dest
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:

@@ -10,6 +10,7 @@ import csv
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -94,11 +95,30 @@ def setup_class(*args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PALLAS_COURSE_SOURCE_VENV": sys.prefix})
 
 
+def test_a_port_another_program_holds_stops_the_setup_before_it_makes_anything():
+    """The hub takes --hub-port and the two ports above it: a program on one of those would
+    answer in the hub's place (its pages, or a 404 for the hub's login) minutes later."""
+    if ENV_FILE.exists():
+        pytest.skip("a class is set up on this machine: the set-up would repair it, not stop")
+    made = [ENV_FILE, PASSWORDS.parent, Path("/opt/pallas-course")]
+    made_before = [p.exists() for p in made]
+    hub_port = free_port(3)
+    with socket.socket() as other_program:
+        other_program.bind(("127.0.0.1", hub_port + 1))
+        other_program.listen()
+        res = setup_class("--demo", "2", "--hub-port", str(hub_port),
+                          "--dask-port", str(free_port()))
+    assert res.returncode != 0
+    assert f"port {hub_port + 1} (for hub) is taken by another program" in res.stderr
+    assert "choose other ports with --hub-port" in res.stderr
+    assert [p.exists() for p in made] == made_before
+
+
 @pytest.fixture(scope="module")
 def klass():
     if Path("/var/lib/pallas-course").exists() and not Path("/var/lib/pallas-course/demo").exists():
         pytest.skip("a class set up on this machine without --demo: not touching it")
-    hub_port, dask_port = free_port(), free_port()
+    hub_port, dask_port = free_port(3), free_port()  # the hub takes hub_port + 0, 1, 2
     try:
         res = setup_class("--demo", "2", "--hub-port", str(hub_port), "--dask-port",
                           str(dask_port))

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import http.server
 import importlib.util
+import os
+import random
 import socket
 import subprocess
 import sys
@@ -58,10 +61,38 @@ def serve_folder(root: Path):
         server.server_close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# A port found by binding port 0 is free only until it is released: before the server a test
+# starts binds it, another process may take it (`make test`'s other pytest process, a Jupyter
+# kernel's sockets, a hub's spawner: all bind port 0). So a test's ports come from below the
+# kernel's ephemeral range, which binding port 0 never hands out, and each is claimed across
+# processes by a lock on a file, held until this process exits (the kernel drops it then).
+PORT_CLAIMS = Path(tempfile.gettempdir()) / "pallas-course-test-ports"
+_port_claims: list[int] = []  # the claims' file descriptors, open for the process's life
+
+
+def free_port(count: int = 1) -> int:
+    """The first of ``count`` consecutive free ports on 127.0.0.1, claimed for this process."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    PORT_CLAIMS.mkdir(exist_ok=True)
+    first_ports = list(range(max(1024, ephemeral_low - 12_000), ephemeral_low - count))
+    random.shuffle(first_ports)
+    for first in first_ports:
+        claims = []
+        for port in range(first, first + count):
+            fd = os.open(PORT_CLAIMS / str(port), os.O_CREAT | os.O_RDWR, 0o600)
+            claims.append(fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                break
+        else:
+            _port_claims.extend(claims)
+            return first
+        for fd in claims:
+            os.close(fd)
+    raise RuntimeError(f"no {count} free consecutive ports below {ephemeral_low}")
 
 
 class Watched:
