@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from kernelsim import lax_numpy
+from kernelsim import lax_numpy, scalar_code
 from kernelsim.adapter import Literal, consts_of, memory_space, open_jaxpr, scan_operands
 from kernelsim.body_needs import (
     IGNORED,
@@ -28,12 +28,15 @@ from kernelsim.body_needs import (
     has_body_dma,
     has_ref_effect,
     is_ref,
+    pure_call_body,
+    pure_slice,
 )
 from kernelsim.call_model import ref_array
 from kernelsim.errors import TraceError
 from kernelsim.jaxprs import CALL_PRIMITIVES, called_jaxpr, sub_jaxprs
 from kernelsim.model import BodyCopy, KernelCall, MemorySpace, MeshDevice, Operand, Slice
 from kernelsim.numpy_eval import NUMPY_BUDGET, literal, numpy_eqn
+from kernelsim.scalar_code import ScalarRun
 from kernelsim.selection import Selection, select
 
 
@@ -90,7 +93,8 @@ class _Interpreter:
         self.grid_names = tuple(grid_names or ())
         self.device = device
         self.dmas = DmaLedger()
-        self._plans: dict[int, list] = {}
+        self._plans: dict[tuple, list] = {}
+        self._runs: dict[int, bool] = {}  # jaxpr id -> some eqn of it is wanted
         self._planned: list = []
         self.step, self.grid_index, self.order, self.scoped, self.dma_pos = 0, (), 0, 0, 0
 
@@ -107,10 +111,11 @@ class _Interpreter:
 
     def _semaphore(self, sem: Any) -> str:
         """A DMA semaphore's name: ``name``, or ``name[i, ...]`` for one of an array."""
-        ref, (ids, *_) = self._dma_end(sem, "semaphore")
-        if ids.size != 1 or ref.data.ndim == 0:
+        ref, sel = self._dma_end(sem, "semaphore")
+        if sel.size != 1 or ref.data.ndim == 0:
             return ref.name
-        index = np.unravel_index(int(ids.reshape(-1)[0]), ref.data.shape)
+        index = (tuple(start for start, _, _ in sel.box) if sel.box is not None
+                 else np.unravel_index(int(sel.ids.reshape(-1)[0]), ref.data.shape))
         return f"{ref.name}[{', '.join(str(int(i)) for i in index)}]"
 
     def dma_wait(self, eqn: Any, vals: list) -> None:
@@ -146,12 +151,14 @@ class _Interpreter:
                         self._semaphore(dst_sem), None if self.device is None
                         else self.device.id, self._target(eqn, device_id))
         self.dma_pos += 1
-        src_ids, dst_ids = src_sel.ids, dst_sel.ids
         dst_var = [v for v in eqn.invars if is_ref(v)][1]
-        if self.needs.contents(dst_var) and not (src_sel.exact and dst_sel.exact):
+        if not self.needs.contents(dst_var):
+            return
+        if not (src_sel.exact and dst_sel.exact):
             raise TraceError("a value kernelsim needs is copied by a DMA through a ref bitcast "
                              "(kernelsim follows such DMAs' sizes, not their data)")
-        if self.needs.contents(dst_var) and src_ids.size == dst_ids.size:
+        src_ids, dst_ids = src_sel.ids, dst_sel.ids
+        if src_ids.size == dst_ids.size:
             flat = dst_ref.data.reshape(-1)
             data = src_ref.data.reshape(-1)[src_ids.reshape(-1)].astype(flat.dtype)
             if eqn.params.get("add"):
@@ -168,9 +175,9 @@ class _Interpreter:
         writes = swap and self.needs.contents(eqn.invars[0])
         if not (self.recording or reads or writes):
             return _SKIP
-        ids, box, _, exact = select(ref.data.shape, self._computed(eqn, list(transforms)),
-                                     ref.data.itemsize)
-        if (reads or writes) and not exact:
+        sel = select(ref.data.shape, self._computed(eqn, list(transforms)), ref.data.itemsize)
+        ids, box = sel.ids, sel.box
+        if (reads or writes) and not sel.exact:
             raise TraceError("a value kernelsim needs is read or written through a ref "
                              "bitcast (kernelsim follows such accesses' places, not data)")
         keep = None if mask is None else np.broadcast_to(
@@ -205,38 +212,109 @@ class _Interpreter:
                                 points))
         self.order += 1
 
-    def run(self, jaxpr: Any, consts: list, args: list) -> list:
+    def run(self, jaxpr: Any, consts: list, args: list,
+            out_needed: tuple[bool, ...] | None = None) -> list:
+        """``jaxpr``'s outputs on ``args`` (``_SKIP`` for those never computed). With
+        ``out_needed``, ``jaxpr`` is a pure call's body and only what those outputs depend on
+        runs; else what ``BodyNeeds`` and recording ask for."""
         env: dict[Any, Any] = dict(zip(jaxpr.constvars, consts, strict=True))
         env.update(zip(jaxpr.invars, args, strict=True))
         get = env.get
-        for eqn, ins, multiple in self._plan(jaxpr):
-            outs = self.eqn(eqn, [get(v, _SKIP) if c is None else c for v, c in ins])
+        for item in self._plan(jaxpr, out_needed):
+            if isinstance(item, ScalarRun):
+                try:
+                    env.update(zip(item.outputs, item.fn(*[get(v, _SKIP) for v in item.inputs]),
+                                   strict=True))
+                except TypeError:  # int(_SKIP): an operand that was never computed
+                    raise AssertionError("kernelsim: an operand of scalar arithmetic that a "
+                                         "recorded fact depends on was not computed") from None
+                continue
+            eqn, ins, multiple, call = item
+            vals = [get(v, _SKIP) if c is None else c for v, c in ins]
+            if call is None:
+                outs = self.eqn(eqn, vals)
+            else:  # a pure call: (its body, which of its results are needed)
+                body, needed = call
+                outs = self.run(open_jaxpr(body), consts_of(body), vals, needed)
             if multiple:
                 env.update(zip(eqn.outvars, outs, strict=True))
             else:
-                env[eqn.outvars[0]] = outs
+                env[eqn.outvars[0]] = outs if call is None else outs[0]
         return [literal(v) if isinstance(v, Literal) else get(v, _SKIP) for v in jaxpr.outvars]
 
-    def _plan(self, jaxpr: Any) -> list:
-        """What ``run`` does with ``jaxpr``, decided once per jaxpr rather than at every grid
-        step and loop iteration: the wanted eqns, each with its operands (a var, or a literal's
-        value) and whether it has several results. (A pipeline's inner loop runs thousands of
-        times per call: deciding this per execution was a tenth of the interpretation.)"""
-        plan = self._plans.get(id(jaxpr))
-        if plan is None:
-            plan = [(eqn, [(v, literal(v)) if isinstance(v, Literal) else (v, None)
-                           for v in eqn.invars], eqn.primitive.multiple_results)
-                    for eqn in jaxpr.eqns if self._wanted(eqn)]
-            self._plans[id(jaxpr)] = plan
-            self._planned.append(jaxpr)  # kept alive, so its id is not reused
+    def _plan(self, jaxpr: Any, out_needed: tuple[bool, ...] | None) -> list:
+        """What ``run`` does with ``jaxpr``, decided once per jaxpr (and needed outputs)
+        rather than at every grid step and loop iteration: the eqns to run, each with its
+        operands (a var, or a literal's value), whether it has several results and, for a
+        pure call, its body and needed results -- except that each run of consecutive scalar
+        integer eqns is one compiled ``ScalarRun``. (A pipeline's inner loop runs thousands
+        of times per call: deciding this per execution was a tenth of the interpretation,
+        and one numpy call per scalar eqn most of the rest.)"""
+        key = (id(jaxpr), out_needed)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        if out_needed is None:
+            wanted = [eqn for eqn in jaxpr.eqns if self._wanted(eqn)]
+        else:
+            evaluated, _ = pure_slice(jaxpr, out_needed)
+            wanted = [eqn for eqn in jaxpr.eqns if id(eqn) in evaluated]
+        last_read: dict[Any, int] = {}
+        for k, eqn in enumerate(wanted):
+            last_read.update((v, k) for v in eqn.invars if not isinstance(v, Literal))
+        last_read.update((v, len(wanted)) for v in jaxpr.outvars if not isinstance(v, Literal))
+        plan, k = [], 0
+        while k < len(wanted):
+            end = k
+            while end < len(wanted) and scalar_code.compiles(wanted[end]):
+                end += 1
+            if end > k:
+                plan.append(scalar_code.compile_run(
+                    wanted[k:end], lambda v, end=end: last_read.get(v, -1) >= end))
+                k = end
+                continue
+            eqn = wanted[k]
+            call = None
+            if (body := pure_call_body(eqn)) is not None:  # inside a pure body, all of it
+                call = (body, tuple(self.needs.value(v) for v in eqn.outvars)
+                        if out_needed is None else (True,) * len(eqn.outvars))
+            plan.append((eqn, [(v, literal(v)) if isinstance(v, Literal) else (v, None)
+                               for v in eqn.invars], eqn.primitive.multiple_results, call))
+            k += 1
+        self._plans[key] = plan
+        self._planned.append(jaxpr)  # kept alive, so its id is not reused
         return plan
 
     def _wanted(self, eqn: Any) -> bool:
-        """The eqn has a needed result, touches a ref, or contains something that does."""
-        return (any(self.needs.value(v) for v in eqn.outvars)
-                or any(is_ref(v) for v in eqn.invars)
-                or eqn.primitive.name in REF_EFFECTS
-                or any(has_ref_effect(j) for j, _ in sub_jaxprs(eqn)))
+        """The eqn has a needed result, starts or waits for a DMA, or contains something that
+        does; or it touches a ref, if accesses are recorded, else it writes a ref whose
+        contents are needed."""
+        if any(self.needs.value(v) for v in eqn.outvars):
+            return True
+        name = eqn.primitive.name
+        if self.recording:
+            return (any(is_ref(v) for v in eqn.invars) or name in REF_EFFECTS
+                    or any(has_ref_effect(j) for j, _ in sub_jaxprs(eqn)))
+        if name in ("dma_start", "dma_wait"):
+            return True
+        if name in ("swap", "addupdate", "masked_swap"):
+            return self.needs.contents(eqn.invars[0])
+        # A branch or loop runs for what its predicate decides (``BodyNeeds._decides``). (Its
+        # body may still hold wanted eqns when jaxprs are shared: JAX caches a fori_loop's
+        # condition, so one loop's needs show in all of its kind.)
+        decider = (eqn.invars[0] if name == "cond" else
+                   open_jaxpr(eqn.params["cond_jaxpr"]).outvars[0] if name == "while" else None)
+        if decider is not None and not isinstance(decider, Literal):
+            return self.needs.value(decider)
+        return any(self._runs_wanted(j) for j, _ in sub_jaxprs(eqn))
+
+    def _runs_wanted(self, jaxpr: Any) -> bool:
+        """Some eqn of ``jaxpr`` is wanted (decided once per jaxpr)."""
+        wanted = self._runs.get(id(jaxpr))
+        if wanted is None:
+            wanted = self._runs[id(jaxpr)] = any(self._wanted(e) for e in jaxpr.eqns)
+            self._planned.append(jaxpr)  # kept alive, so its id is not reused
+        return wanted
 
     def _computed(self, eqn: Any, vals: list) -> list:
         """``vals`` of a needed eqn (each one was marked needed, so each was computed)."""
@@ -264,8 +342,9 @@ class _Interpreter:
                 return [] if name == "addupdate" else _SKIP
             transforms = jax.tree_util.tree_unflatten(
                 p["tree"], self._computed(eqn, vals[1 + nval:]))
-            ids, box, _, exact = select(ref.data.shape, transforms, ref.data.itemsize)
-            if (reads or writes) and not exact:
+            sel = select(ref.data.shape, transforms, ref.data.itemsize)
+            ids, box = sel.ids, sel.box
+            if (reads or writes) and not sel.exact:
                 raise TraceError("a value kernelsim needs is read or written through a ref "
                                  "bitcast (kernelsim follows such accesses' places, not data)")
             if name in ("get", "addupdate"):
@@ -294,7 +373,7 @@ class _Interpreter:
         if name == "cond":
             branches = p["branches"]
             index = int(self._computed(eqn, vals[:1])[0])
-            b = branches[int(np.clip(index, 0, len(branches) - 1))]
+            b = branches[min(max(index, 0), len(branches) - 1)]  # HLO clamps the index
             return self.run(open_jaxpr(b), consts_of(b), vals[1:])
         if name == "while":
             cn, bn = p["cond_nconsts"], p["body_nconsts"]
@@ -393,7 +472,7 @@ def interpret_body(params: dict[str, Any], call: KernelCall, args: tuple | None 
     if len(jaxpr.invars) != len(call.operands):
         raise TraceError(f"pallas_call {call.name!r}: {len(jaxpr.invars)} kernel refs but "
                          f"{len(call.operands)} operands")
-    needs = body_needs(jaxpr)
+    needs = body_needs(jaxpr, record)
     gm = params["grid_mapping"]
     inputs = (list(args[len(args) - gm.num_inputs:]) if args is not None
               else [_UNKNOWN] * gm.num_inputs)

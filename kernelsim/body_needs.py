@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from kernelsim.adapter import AbstractRef, Literal, open_jaxpr, scan_operands
-from kernelsim.jaxprs import call_body, sub_jaxprs
+from kernelsim.jaxprs import CALL_PRIMITIVES, call_body, sub_jaxprs
 
 # Effects on semaphores other than DMA waits: no data moves, nothing to record.
 IGNORED = ("debug_callback", "debug_print", "semaphore_signal", "semaphore_wait")
@@ -21,6 +21,25 @@ def has_body_dma(jaxpr: Any) -> bool:
     """The kernel jaxpr starts a DMA somewhere (nested loops and branches included)."""
     return any(eqn.primitive.name == "dma_start" or
                any(has_body_dma(j) for j, _ in sub_jaxprs(eqn)) for eqn in open_jaxpr(jaxpr).eqns)
+
+
+@functools.lru_cache(maxsize=4096)
+def has_dma_effect(jaxpr: Any) -> bool:
+    """``jaxpr`` starts or waits for a DMA somewhere."""
+    return any(eqn.primitive.name in ("dma_start", "dma_wait") or
+               any(has_dma_effect(j) for j, _ in sub_jaxprs(eqn)) for eqn in open_jaxpr(jaxpr).eqns)
+
+
+def written_refs(jaxpr: Any) -> list:
+    """The ref vars ``jaxpr`` stores into, nested jaxprs included (their own vars, which
+    ``BodyNeeds`` binds to the refs passed in)."""
+    found = []
+    for eqn in open_jaxpr(jaxpr).eqns:
+        if eqn.primitive.name in ("swap", "addupdate", "masked_swap"):
+            found.append(eqn.invars[0])
+        for j, _ in sub_jaxprs(eqn):
+            found.extend(written_refs(j))
+    return found
 
 
 @functools.lru_cache(maxsize=4096)
@@ -38,16 +57,20 @@ def is_ref(v: Any) -> bool:
 class BodyNeeds:
     """Which values of a kernel body decide what kernelsim records, so only those are computed.
 
-    Needed from the start: the indices of every ref read and write, every operand of a DMA
-    other than its refs (slice starts and sizes), branch predicates and loop conditions.
-    Then, transitively: the operands of any eqn whose result is needed; the contents of a ref
+    Needed from the start: every operand of a DMA other than its refs (slice starts and sizes,
+    semaphore indices) and the predicates of the branches and loops that start or wait for
+    DMAs; when ref accesses are recorded (``record``), also the indices of every ref read and
+    write and every branch predicate and loop condition. (Without ``record``, a predicate is
+    needed only through what it decides: a needed result of its branch or loop, or a ref whose
+    contents are needed that the branch or loop writes.) Then, transitively: the operands of any eqn whose result is needed; the contents of a ref
     a needed value is read from (which needs every value written into it, and the source of
     every DMA into it). Refs are tracked by alias class: a ref passed into a branch, loop or
     call is the same ref inside (union-find over ref vars). Everything else -- the block
     arithmetic that is the kernel's actual work -- is never evaluated.
     """
 
-    def __init__(self, jaxpr: Any):
+    def __init__(self, jaxpr: Any, record: bool = True):
+        self.record = record
         self._parent: dict[Any, Any] = {}
         self._edges: list[tuple[Any, Any]] = []  # (a, b): if a is needed, b is needed
         self._seeds: list[Any] = []
@@ -111,6 +134,30 @@ class BodyNeeds:
         self._seeds.extend(("ref", v) if is_ref(v) else v for v in vs
                            if not isinstance(v, Literal))
 
+    def _where(self, indices: list, outs: list, written: Any) -> None:
+        """``indices`` say where a ref access reads (its results ``outs``) or writes (the ref
+        ``written``, or None): needed to record it, else only for what it reads or writes."""
+        if self.record:
+            self._seed(indices)
+            return
+        for i in indices:
+            for o in outs:
+                self._need(o, i)
+            if written is not None:
+                self._need(written, i)
+
+    def _decides(self, predicate: list, bodies: list, outs: list) -> None:
+        """``predicate`` decides whether (or how often) ``bodies`` run, with results ``outs``."""
+        if self.record or any(has_dma_effect(b) for b in bodies):
+            self._seed(predicate)
+            return
+        for p in predicate:
+            for o in outs:
+                self._need(o, p)
+            for b in bodies:
+                for ref in written_refs(b):
+                    self._need(ref, p)
+
     def _scan(self, j: Any) -> None:
         if id(j) in self._scanned:  # a shared sub-jaxpr: its own edges are recorded once
             return
@@ -123,7 +170,7 @@ class BodyNeeds:
         name, p, ins, outs = eqn.primitive.name, eqn.params, eqn.invars, eqn.outvars
         if name in ("get", "swap", "addupdate"):
             nval = 0 if name == "get" else 1
-            self._seed(ins[1 + nval:])
+            self._where(ins[1 + nval:], outs, ins[0] if nval else None)
             if nval:
                 self._need(ins[0], ins[1])
             for o in outs:
@@ -132,8 +179,8 @@ class BodyNeeds:
             # (ref, transforms, mask, other) for a load, (ref, transforms, val, mask) for a swap
             ref, transforms, a, b = p["args_tree"].unflatten(ins)
             value, mask, other = (a, b, None) if name == "masked_swap" else (None, a, b)
-            self._seed(jax.tree_util.tree_leaves(transforms))
-            self._seed([] if mask is None else [mask])
+            self._where(jax.tree_util.tree_leaves(transforms) + ([] if mask is None else [mask]),
+                        outs, ref if value is not None else None)
             if value is not None:
                 self._need(ref, value)
             for o in outs:
@@ -148,7 +195,7 @@ class BodyNeeds:
             if len(refs) >= 2:
                 self._need(refs[1], refs[0])
         elif name == "cond":
-            self._seed(ins[:1])
+            self._decides(ins[:1], [open_jaxpr(b) for b in p["branches"]], outs)
             for b in p["branches"]:
                 bj = open_jaxpr(b)
                 self._bind(bj.invars, ins[1:])
@@ -160,7 +207,7 @@ class BodyNeeds:
             carry = ins[cn + bn:]
             self._bind(cj.invars[:cn], ins[:cn])
             self._bind(bj.invars[:bn], ins[cn:cn + bn])
-            self._seed(cj.outvars)
+            self._decides(cj.outvars, [cj, bj], outs)
             for k, c in enumerate(carry):
                 for inner in (cj.invars[cn + k], bj.invars[bn + k]):
                     self._bind([inner], [c])
@@ -187,6 +234,13 @@ class BodyNeeds:
             self._bind(inner.constvars, ins)
             self._results(outs, inner.outvars)
             self._scan(inner)
+        elif (body := pure_call_body(eqn)) is not None:
+            # A pure call's jaxpr is often shared (jit caches it: every ``jnp.where`` on the
+            # same types is one jaxpr), so its vars would tie all its call sites together;
+            # its dependencies tie each site's results to that site's operands only.
+            for o, deps in zip(outs, pure_dependencies(body), strict=True):
+                for k in deps:
+                    self._need(o, ins[k])
         elif (body := call_body(eqn)) is not None:
             bj = open_jaxpr(body)
             self._bind(bj.invars, ins)
@@ -203,5 +257,44 @@ class BodyNeeds:
 
 
 @functools.lru_cache(maxsize=256)
-def body_needs(jaxpr: Any) -> BodyNeeds:
-    return BodyNeeds(jaxpr)
+def body_needs(jaxpr: Any, record: bool = True) -> BodyNeeds:
+    return BodyNeeds(jaxpr, record)
+
+
+def pure_call_body(eqn: Any) -> Any | None:
+    """The jaxpr a jit-like call runs, if it is a function of its operands in straight-line
+    code: it touches no ref, and holds no branch or loop (calls of such jaxprs are fine)."""
+    if eqn.primitive.name not in CALL_PRIMITIVES or any(is_ref(v) for v in eqn.invars):
+        return None
+    body = call_body(eqn)
+    return body if body is not None and _straight_line(body) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _straight_line(jaxpr: Any) -> bool:
+    return all(eqn.primitive.name not in REF_EFFECTS and
+               (not sub_jaxprs(eqn) or pure_call_body(eqn) is not None)
+               for eqn in open_jaxpr(jaxpr).eqns)
+
+
+@functools.lru_cache(maxsize=4096)
+def pure_slice(jaxpr: Any, out_needed: tuple[bool, ...]) -> tuple[frozenset, tuple[bool, ...]]:
+    """The eqns (ids) of pure ``jaxpr`` its needed outputs depend on, and which of its invars
+    they read. An eqn with nested jaxprs counts as reading all its operands."""
+    j = open_jaxpr(jaxpr)
+    live = {v for v, n in zip(j.outvars, out_needed, strict=True)
+            if n and not isinstance(v, Literal)}
+    evaluated = set()
+    for eqn in reversed(j.eqns):
+        if any(v in live for v in eqn.outvars):
+            evaluated.add(id(eqn))
+            live.update(v for v in eqn.invars if not isinstance(v, Literal))
+    return frozenset(evaluated), tuple(v in live for v in j.invars)
+
+
+@functools.lru_cache(maxsize=4096)
+def pure_dependencies(jaxpr: Any) -> tuple[tuple[int, ...], ...]:
+    """For each output of pure ``jaxpr``, the positions of the invars ``pure_slice`` reads."""
+    n = len(open_jaxpr(jaxpr).outvars)
+    return tuple(tuple(k for k, read in enumerate(
+        pure_slice(jaxpr, tuple(i == out for i in range(n)))[1]) if read) for out in range(n))

@@ -80,7 +80,7 @@ def _body_value_operands(eqn: Any, bodies: bool) -> list[int]:
     if not (bodies or has_body_dma(kernel)):
         return []
     gm = params["grid_mapping"]
-    needs = body_needs(kernel)
+    needs = body_needs(kernel, bodies)
     refs = open_jaxpr(kernel).invars[gm.num_index_operands:gm.num_index_operands + gm.num_inputs]
     first = len(eqn.invars) - gm.num_inputs
     return [first + k for k, v in enumerate(refs)

@@ -57,7 +57,7 @@ def numpy_eqn(eqn: Any, vals: list, budget: list) -> list:
         return numpy_eval(body, consts_of(body), vals, budget)
     if name == "cond":
         branches = p["branches"]
-        b = branches[int(np.clip(int(vals[0]), 0, len(branches) - 1))]
+        b = branches[min(max(int(vals[0]), 0), len(branches) - 1)]  # HLO clamps the index
         return numpy_eval(b, consts_of(b), vals[1:], budget)
     if name == "while":
         cn, bn = p["cond_nconsts"], p["body_nconsts"]

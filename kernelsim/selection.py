@@ -3,7 +3,8 @@ ref: the flat indices of its elements, and the strided box when the selection is
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import math
+from typing import Any
 
 import numpy as np
 
@@ -11,20 +12,30 @@ from kernelsim.adapter import BitcastTransform, IndexSlice, NDIndexer, ReshapeTr
 from kernelsim.errors import TraceError
 
 
-class Selection(NamedTuple):
+class Selection:
     """What a chain of ref transforms selects of a ref.
 
-    ids: flat indices of the ref's elements, shaped as the view (plus a trailing axis of the
-    ref elements one view element packs, after a bitcast to a wider dtype; a narrower one
-    repeats each ref element once per view element it holds); box: per dimension ``(start,
-    size, stride)`` when the selection is one strided box of the ref, else None; nbytes: the
-    bytes the view holds; exact: the view's elements are the ref's own (no bitcast between).
+    size: how many of the ref's elements it selects (with repeats; ``ids.size``); box: per
+    dimension ``(start, size, stride)`` when the selection is one strided box of the ref, else
+    None; nbytes: the bytes the view holds; exact: the view's elements are the ref's
+    own (no bitcast between); ids: flat indices of the ref's elements, shaped as the view (plus
+    a trailing axis of the ref elements one view element packs, after a bitcast to a wider
+    dtype; a narrower one repeats each ref element once per view element it holds) -- made
+    only when asked for, as a DMA's size and box need none.
     """
 
-    ids: np.ndarray
-    box: tuple | None
-    nbytes: int
-    exact: bool
+    __slots__ = ("size", "box", "nbytes", "exact", "_ids", "_grid")
+
+    def __init__(self, size: int, box: tuple | None, nbytes: int, exact: bool,
+                 ids: np.ndarray | None = None, grid: tuple | None = None):
+        self.size, self.box, self.nbytes, self.exact = size, box, nbytes, exact
+        self._ids, self._grid = ids, grid  # grid: (shape, coords) for _flat_ids
+
+    @property
+    def ids(self) -> np.ndarray:
+        if self._ids is None:
+            self._ids = _flat_ids(*self._grid)
+        return self._ids
 
 
 def select(shape: tuple[int, ...], transforms: tuple, itemsize: int = 1) -> Selection:
@@ -33,15 +44,16 @@ def select(shape: tuple[int, ...], transforms: tuple, itemsize: int = 1) -> Sele
 
     The box is only given for a single indexer of slices and integers (or no transform). The
     work is proportional to the selection, not to the ref: slices and integers narrow one
-    coordinate vector per dimension of the ref; a gather, reshape or bitcast makes the indices
+    coordinate range per dimension of the ref; a gather, reshape or bitcast makes the indices
     of the region selected so far explicit.
     """
     shape = tuple(int(n) for n in shape)
+    coords: list[Any] = [range(n) for n in shape]  # int: a dropped dim
     if not transforms:  # ref[...]: the whole ref
-        ids = _flat_ids(shape, [np.arange(n, dtype=np.int64) for n in shape])
-        return Selection(ids, tuple((0, n, 1) for n in shape), ids.size * itemsize, True)
+        size = math.prod(shape)
+        return Selection(size, tuple((0, n, 1) for n in shape), size * itemsize, True,
+                         grid=(shape, coords))
     box: list | None = [] if len(transforms) == 1 else None
-    coords: list[Any] = [np.arange(n, dtype=np.int64) for n in shape]  # int: a dropped dim
     ids: np.ndarray | None = None  # explicit indices, once a view made them necessary
     pack, view_itemsize = 1, itemsize  # ref elements per view element; bytes per one
     for t in transforms:
@@ -74,16 +86,19 @@ def select(shape: tuple[int, ...], transforms: tuple, itemsize: int = 1) -> Sele
         if ids is None and all(not isinstance(i, np.ndarray) or i.ndim == 0 for i in index):
             view = [d for d, c in enumerate(coords) if not isinstance(c, int)]
             for d, i in zip(view, index, strict=False):
-                coords[d] = coords[d][i] if isinstance(i, slice) else int(coords[d][int(i)])
+                coords[d] = coords[d][i] if isinstance(i, slice) else coords[d][int(i)]
             continue
         if ids is None:
             ids = _flat_ids(shape, coords)
         ids = ids[tuple(index)]
     if box is not None and len(box) != len(shape):
         box = None
-    ids = _flat_ids(shape, coords) if ids is None else ids
-    return Selection(ids, None if box is None else tuple(box),
-                     ids.size // pack * view_itemsize, view_itemsize == itemsize)
+    box = None if box is None else tuple(box)
+    if ids is None:
+        size = math.prod(len(c) for c in coords if not isinstance(c, int))
+        return Selection(size, box, size * view_itemsize, True, grid=(shape, coords))
+    return Selection(ids.size, box, ids.size // pack * view_itemsize, view_itemsize == itemsize,
+                     ids)
 
 
 def _bitcast_view(ids: np.ndarray, pack: int, itemsize: int, new_itemsize: int
@@ -119,7 +134,7 @@ def _bitcast_view(ids: np.ndarray, pack: int, itemsize: int, new_itemsize: int
 
 def _flat_ids(shape: tuple[int, ...], coords: list[Any]) -> np.ndarray:
     """Row-major flat indices of the open grid ``coords`` (per dimension of ``shape``: an
-    int for a dropped dimension, else a vector of coordinates), shaped as the grid."""
+    int for a dropped dimension, else a range of coordinates), shaped as the grid."""
     strides = [1] * len(shape)
     for k in range(len(shape) - 2, -1, -1):
         strides[k] = strides[k + 1] * shape[k + 1]
@@ -129,5 +144,6 @@ def _flat_ids(shape: tuple[int, ...], coords: list[Any]) -> np.ndarray:
     for j, k in enumerate(view):
         axis = [1] * len(view)
         axis[j] = -1
-        ids += (coords[k] * strides[k]).reshape(axis)
+        c = coords[k]
+        ids += (np.arange(c.start, c.stop, c.step, dtype=np.int64) * strides[k]).reshape(axis)
     return ids
