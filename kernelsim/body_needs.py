@@ -62,11 +62,14 @@ class BodyNeeds:
     DMAs; when ref accesses are recorded (``record``), also the indices of every ref read and
     write and every branch predicate and loop condition. (Without ``record``, a predicate is
     needed only through what it decides: a needed result of its branch or loop, or a ref whose
-    contents are needed that the branch or loop writes.) Then, transitively: the operands of any eqn whose result is needed; the contents of a ref
-    a needed value is read from (which needs every value written into it, and the source of
-    every DMA into it). Refs are tracked by alias class: a ref passed into a branch, loop or
-    call is the same ref inside (union-find over ref vars). Everything else -- the block
-    arithmetic that is the kernel's actual work -- is never evaluated.
+    contents are needed that the branch or loop writes.) Then, transitively: the operands of
+    any eqn whose result is needed; the contents of a ref a needed value is read from (which
+    needs every value written into it, and the source of every DMA into it). Refs are tracked
+    by alias class: a ref passed into a branch, loop or call is the same ref inside
+    (union-find over ref vars). A pure call (``pure_call_body``) ties each result to its own
+    site's operands (``pure_dependencies``): JAX shares one jaxpr between calls of a function
+    on the same types. Everything else -- the block arithmetic that is the kernel's actual
+    work -- is never evaluated.
     """
 
     def __init__(self, jaxpr: Any, record: bool = True):

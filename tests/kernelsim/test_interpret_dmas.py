@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -128,6 +129,100 @@ def test_kernel_body_dmas_match_the_interpreter_copy_for_copy():
     call = v.trace.calls[0]
     assert (call.hbm_read_bytes, call.hbm_write_bytes) == (x.nbytes, x.nbytes)
     assert call.warnings == []
+
+
+def _guarded_rescale(x):
+    """``_double_buffered_scale`` with flywheel's overflow guard (flywheel_tpu/pallas/
+    fwd_pipeline.py, ``guard_smem``): each step flags a block holding a value over 1 in SMEM
+    and halves it row by row in VMEM when flagged. The flag decides no DMA, yet JAX shares
+    jaxprs between it and what does: the next block's index and the flag both come from
+    ``jnp.where`` on (bool, int32, int32), and the loop that halves has the condition of the
+    loop that starts the first copy."""
+    nblocks = x.shape[0] // 8
+
+    def kernel(x_hbm, o_hbm, buf, sems, flag):
+        i = pl.program_id(0)
+
+        def fetch(block, slot):
+            return pltpu.make_async_copy(x_hbm.at[pl.ds(block * 8, 8)], buf.at[slot],
+                                         sems.at[slot])
+
+        def first(k, carry):
+            fetch(k, k).start()
+            return carry
+
+        lax.fori_loop(0, jnp.where(i == 0, jnp.int32(1), jnp.int32(0)), first, None)  # block 0
+        following = jnp.where(i + 1 < nblocks, i + 1, jnp.int32(0))
+
+        @pl.when(i + 1 < nblocks)
+        def _():
+            fetch(following, following % 2).start()
+
+        fetch(i, i % 2).wait()
+        flag[0] = jnp.where(jnp.any(buf[i % 2] > 1.0), jnp.int32(1), jnp.int32(0))
+
+        @pl.when(flag[0] > 0)
+        def _():
+            def halve(row, carry):
+                buf[i % 2, row] = buf[i % 2, row] * 0.5
+                return carry
+
+            lax.fori_loop(0, 8 + 0 * i, halve, None)
+
+        pltpu.sync_copy(buf.at[i % 2], o_hbm.at[pl.ds(i * 8, 8)])
+
+    return pl.pallas_call(
+        kernel, grid=(nblocks,), in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        scratch_shapes=[pltpu.VMEM((2, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA((2,)),
+                        pltpu.SMEM((1,), jnp.int32)],
+    )(x)
+
+
+def _eqns(jaxpr):
+    """Every eqn of ``jaxpr``, nested ones included."""
+    from kernelsim.jaxprs import sub_jaxprs
+
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for sub, _ in sub_jaxprs(eqn):
+            yield from _eqns(sub)
+
+
+def test_a_value_that_decides_no_dma_is_not_computed_to_trace_the_dmas(monkeypatch):
+    import kernelsim
+    from kernelsim import body
+
+    x = _normal((48, 128), 0) * jnp.repeat(jnp.array([0.1, 3.0] * 3), 8)[:, None]
+    blocks = x.reshape(6, 8, 128)
+    expected = jnp.where(jnp.any(blocks > 1.0, axis=(1, 2))[:, None, None], blocks * 0.5,
+                         blocks).reshape(x.shape)
+    v = verify(_guarded_rescale, x)
+    assert v.ok, v.report()
+    np.testing.assert_allclose(v.outputs, expected)
+    kernel = jax.make_jaxpr(_guarded_rescale)(x).eqns[0].params["jaxpr"]
+    wheres = [e for e in kernel.eqns
+              if e.primitive.name in ("pjit", "jit") and e.params["name"] == "_where"]
+    assert len({id(e.params["jaxpr"]) for e in wheres}) == 1 < len(wheres)  # one shared jaxpr
+    conditions = [id(e.params["cond_jaxpr"]) for e in _eqns(kernel) if e.primitive.name == "while"]
+    assert len(set(conditions)) == 1 < len(conditions)  # one shared loop condition
+
+    evaluated = []
+
+    def counting(eqn, vals, budget):
+        evaluated.append((eqn.primitive.name, np.shape(vals[0]) if vals else ()))
+        return numpy_eqn(eqn, vals, budget)
+
+    numpy_eqn = body.numpy_eqn
+    monkeypatch.setattr(body, "numpy_eqn", counting)
+    t = kernelsim.trace(_guarded_rescale, x)
+    assert [c.bytes for c in t.calls[0].call.body_copies] == [8 * 128 * 4] * 12
+    assert not [e for e in evaluated if e[1]], evaluated  # no block-sized value, no guard
+    # recording the accesses needs the flag: its 8 row writes at the flagged steps only
+    log = kernelsim.trace(_guarded_rescale, x, record_access=True).calls[0].accesses
+    assert [len([a for a in log.at(step, "buf") if a.kind == "write"])
+            for step in range(6)] == [0, 8] * 3
 
 
 def test_jvp_of_a_kernel_is_checked_under_positional_operand_names():
