@@ -184,7 +184,7 @@ class _Interpreter:
             np.asarray(self._computed(eqn, [mask])[0], bool), ids.shape)
         touched, box = (ids, box) if keep is None else (ids[keep], None)
         if not swap:
-            self.record(ref, "read", touched, box)
+            self.record_points(ref, "read", touched, box)
         out = _SKIP
         if reads:
             out = ref.data.reshape(-1)[ids].reshape(eqn.outvars[0].aval.shape)
@@ -195,10 +195,17 @@ class _Interpreter:
                 new = np.broadcast_to(np.asarray(self._computed(eqn, [value])[0],
                                                  ref.data.dtype), ids.shape)
                 ref.data.reshape(-1)[touched] = new if keep is None else new[keep]
-            self.record(ref, "write", touched, box)
+            self.record_points(ref, "write", touched, box)
         return out
 
-    def record(self, ref: _Ref, kind: str, ids: np.ndarray, box: tuple | None) -> None:
+    def record(self, ref: _Ref, kind: str, sel: Selection) -> None:
+        """A read or write of what ``sel`` selects of ``ref``, if accesses are recorded."""
+        if self.recording:
+            self.record_points(ref, kind, None if sel.box is not None else sel.ids, sel.box)
+
+    def record_points(self, ref: _Ref, kind: str, ids: np.ndarray | None,
+                      box: tuple | None) -> None:
+        """A read or write of ``box`` of ``ref``, or (``box`` None) of flat indices ``ids``."""
         if not self.recording:
             return
         from kernelsim.access import Access
@@ -343,22 +350,19 @@ class _Interpreter:
             transforms = jax.tree_util.tree_unflatten(
                 p["tree"], self._computed(eqn, vals[1 + nval:]))
             sel = select(ref.data.shape, transforms, ref.data.itemsize)
-            ids, box = sel.ids, sel.box
             if (reads or writes) and not sel.exact:
                 raise TraceError("a value kernelsim needs is read or written through a ref "
                                  "bitcast (kernelsim follows such accesses' places, not data)")
             if name in ("get", "addupdate"):
-                self.record(ref, "read", ids, box)
+                self.record(ref, "read", sel)
             out = _SKIP
             if reads:
-                out = ref.data.reshape(-1)[ids].reshape(eqn.outvars[0].aval.shape)
+                out = _read(ref.data, sel).reshape(eqn.outvars[0].aval.shape)
             if name != "get":
                 if writes:
-                    flat = ref.data.reshape(-1)
-                    new = np.broadcast_to(np.asarray(self._computed(eqn, vals[1:2])[0],
-                                                     ref.data.dtype), ids.shape)
-                    flat[ids] = flat[ids] + new if name == "addupdate" else new
-                self.record(ref, "write", ids, box)
+                    _write(ref.data, sel, np.asarray(self._computed(eqn, vals[1:2])[0],
+                                                     ref.data.dtype), add=name == "addupdate")
+                self.record(ref, "write", sel)
             return [] if name == "addupdate" else out
         if name in ("masked_load", "masked_swap"):
             return self.masked(eqn, vals)
@@ -431,6 +435,33 @@ class _Interpreter:
             outs = eqn.primitive.bind(*vals, **p)
             outs = [np.asarray(o) for o in (outs if eqn.primitive.multiple_results else [outs])]
         return outs if eqn.primitive.multiple_results else outs[0]
+
+
+def _region(data: np.ndarray, sel: Selection) -> np.ndarray | None:
+    """The view of ``data`` that ``sel`` selects, when it is one strided box (else None)."""
+    if sel.box is None:
+        return None
+    return data[tuple(slice(start, start + size * stride, stride)
+                      for start, size, stride in sel.box)]
+
+
+def _read(data: np.ndarray, sel: Selection) -> np.ndarray:
+    """A copy of what ``sel`` selects of ``data``: a box, or a flat array of ``sel.ids``."""
+    region = _region(data, sel)
+    return data.reshape(-1)[sel.ids] if region is None else region.copy()
+
+
+def _write(data: np.ndarray, sel: Selection, value: np.ndarray, add: bool = False) -> None:
+    """Store ``value`` (shaped as the selection, or broadcast to it) where ``sel`` points, or
+    add it to what is there."""
+    region = _region(data, sel)
+    if region is not None and value.size == region.size:
+        value = value.reshape(region.shape)
+        region[...] = region + value if add else value
+        return
+    flat, ids = data.reshape(-1), sel.ids
+    value = np.broadcast_to(value, ids.shape)
+    flat[ids] = flat[ids] + value if add else value
 
 
 def _block_of(value: np.ndarray, op: Operand, step: int, shape: tuple[int, ...]) -> np.ndarray:

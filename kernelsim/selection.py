@@ -53,11 +53,16 @@ def select(shape: tuple[int, ...], transforms: tuple, itemsize: int = 1) -> Sele
         size = math.prod(shape)
         return Selection(size, tuple((0, n, 1) for n in shape), size * itemsize, True,
                          grid=(shape, coords))
+    if len(transforms) == 1 and type(transforms[0]) is NDIndexer:
+        boxed = _one_box(shape, transforms[0].indices, itemsize)
+        if boxed is not None:
+            return boxed
     box: list | None = [] if len(transforms) == 1 else None
     ids: np.ndarray | None = None  # explicit indices, once a view made them necessary
     pack, view_itemsize = 1, itemsize  # ref elements per view element; bytes per one
     for t in transforms:
-        if isinstance(t, (ReshapeTransform, BitcastTransform)):
+        # an exact type check first: these are Protocol subclasses, whose isinstance is slow
+        if type(t) is not NDIndexer and isinstance(t, (ReshapeTransform, BitcastTransform)):
             ids = _flat_ids(shape, coords) if ids is None else ids
             box = None
             if isinstance(t, ReshapeTransform):
@@ -66,7 +71,7 @@ def select(shape: tuple[int, ...], transforms: tuple, itemsize: int = 1) -> Sele
             ids, pack, view_itemsize = _bitcast_view(ids, pack, view_itemsize,
                                                      np.dtype(t.dtype).itemsize)
             continue
-        if not isinstance(t, NDIndexer):
+        if type(t) is not NDIndexer and not isinstance(t, NDIndexer):
             raise TraceError(f"kernelsim follows ref indexing, reshape and bitcast, not "
                              f"{type(t).__name__}")
         index = []
@@ -99,6 +104,27 @@ def select(shape: tuple[int, ...], transforms: tuple, itemsize: int = 1) -> Sele
         return Selection(size, box, size * view_itemsize, True, grid=(shape, coords))
     return Selection(ids.size, box, ids.size // pack * view_itemsize, view_itemsize == itemsize,
                      ids)
+
+
+def _one_box(shape: tuple[int, ...], indices: tuple, itemsize: int) -> Selection | None:
+    """``select`` of one indexer of slices and integers, one per dimension (the usual
+    ``ref.at[...]``/``ref[...]``), in one pass; None for any other indexer."""
+    if len(indices) != len(shape):
+        return None
+    box, coords, size = [], [], 1
+    for n, ix in zip(shape, indices, strict=True):
+        if type(ix) is IndexSlice:
+            start, count, stride = int(ix.start), int(ix.size), int(ix.stride)
+            box.append((start, count, stride))
+            coord = range(n)[start:start + count * stride:stride]  # clamped, as numpy slices
+            size *= len(coord)
+        elif getattr(ix, "ndim", 0) == 0:
+            box.append((int(ix), 1, 1))
+            coord = range(n)[int(ix)]
+        else:
+            return None
+        coords.append(coord)
+    return Selection(size, tuple(box), size * itemsize, True, grid=(shape, coords))
 
 
 def _bitcast_view(ids: np.ndarray, pack: int, itemsize: int, new_itemsize: int
