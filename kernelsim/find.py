@@ -132,28 +132,14 @@ def _operands_needed(eqn: Any, outs: tuple[bool, ...], bodies: bool) -> tuple[bo
     if body is not None and _has_pallas_call(body):
         return _needed(body, outs, bodies)[0]
     if name == "scan" and _has_pallas_call(p["jaxpr"]):
-        consts, carry, _ = scan_operands(p, list(range(len(eqn.invars))))
-        ncarry = len(carry)
-        carry_out = list(outs[:ncarry])
-        while True:  # a carry is needed in every iteration once any iteration needs it
-            ins = _needed(p["jaxpr"], (*carry_out, *outs[ncarry:]), bodies)[0]
-            more = [a or b for a, b in zip(carry_out, ins[len(consts):len(consts) + ncarry],
-                                           strict=True)]
-            if more == carry_out:
-                return ins
-            carry_out = more
+        return _needed(p["jaxpr"], _loop_body_needed(eqn, outs, bodies), bodies)[0]
     if name == "while" and (_has_pallas_call(p["body_jaxpr"]) or
                             _has_pallas_call(p["cond_jaxpr"])):
         cn, bn = p["cond_nconsts"], p["body_nconsts"]
-        carry_out = list(outs)
-        while True:  # the predicate decides the trip count, so it is always needed
-            cond_in = _needed(p["cond_jaxpr"], (True,), bodies)[0]
-            body_in = _needed(p["body_jaxpr"], tuple(carry_out), bodies)[0]
-            carry_in = [a or b for a, b in zip(cond_in[cn:], body_in[bn:], strict=True)]
-            more = [a or b for a, b in zip(carry_out, carry_in, strict=True)]
-            if more == carry_out:
-                return (*cond_in[:cn], *body_in[:bn], *carry_in)
-            carry_out = more
+        cond_in = _needed(p["cond_jaxpr"], (True,), bodies)[0]
+        body_in = _needed(p["body_jaxpr"], _loop_body_needed(eqn, outs, bodies), bodies)[0]
+        carry_in = [a or b for a, b in zip(cond_in[cn:], body_in[bn:], strict=True)]
+        return (*cond_in[:cn], *body_in[:bn], *carry_in)
     if name == "cond" and any(_has_pallas_call(b) for b in p["branches"]):
         per_branch = [_needed(b, outs, bodies)[0] for b in p["branches"]]
         return (True, *(any(col) for col in zip(*per_branch, strict=True)))
@@ -162,6 +148,30 @@ def _operands_needed(eqn: Any, outs: tuple[bool, ...], bodies: bool) -> tuple[bo
     if any(_has_pallas_call(s) for s, _ in sub_jaxprs(eqn)):
         raise _unsupported_around_kernel(name)
     return (True,) * len(eqn.invars)
+
+
+@functools.lru_cache(maxsize=4096)
+def _loop_body_needed(eqn: Any, outs: tuple[bool, ...], bodies: bool) -> tuple[bool, ...]:
+    """Which results of a scan's or while loop's body are needed, given which of the loop's
+    are: a carry is needed in every iteration once any iteration needs it (for a while loop,
+    also once its condition reads it: the predicate decides the trip count)."""
+    p = eqn.params
+    if eqn.primitive.name == "scan":
+        consts, carry, _ = scan_operands(p, list(range(len(eqn.invars))))
+        first, ncarry = len(consts), len(carry)
+        body, extra = p["jaxpr"], outs[ncarry:]
+        read = lambda mask: _needed(body, mask, bodies)[0][first:first + ncarry]  # noqa: E731
+    else:
+        first, ncarry, body, extra = p["body_nconsts"], len(outs), p["body_jaxpr"], ()
+        by_cond = _needed(p["cond_jaxpr"], (True,), bodies)[0][p["cond_nconsts"]:]
+        read = lambda mask: [a or b for a, b in zip(  # noqa: E731
+            by_cond, _needed(body, mask, bodies)[0][first:first + ncarry], strict=True)]
+    carry_out = list(outs[:ncarry])
+    while True:
+        more = [a or b for a, b in zip(carry_out, read((*carry_out, *extra)), strict=True)]
+        if more == carry_out:
+            return (*carry_out, *extra)
+        carry_out = more
 
 
 def _unsupported_around_kernel(name: str) -> TraceError:
@@ -234,25 +244,29 @@ class _CallFinder:
                 continue
             else:
                 flush()
-                outs = self.eqn(eqn, [read(v) for v in eqn.invars])
+                outs = self.eqn(eqn, [read(v) for v in eqn.invars],
+                                tuple(v in live for v in eqn.outvars))
             env.update(zip(eqn.outvars, outs, strict=True))
         flush()
         return [read(v) for v in j.outvars]
 
-    def eqn(self, eqn: Any, vals: list) -> list:
+    def eqn(self, eqn: Any, vals: list, live: tuple[bool, ...]) -> list:
+        """A control-flow or call eqn with kernels inside, walked; ``live``: which of its
+        results the program needs (a call or branch computes only those, as ``_needed``
+        planned; a loop's carries, all of them)."""
         p, name = eqn.params, eqn.primitive.name
         body = call_body(eqn)
-        outs_needed = (True,) * len(eqn.outvars)
         if body is not None and _has_pallas_call(body):
-            return self.walk(open_jaxpr(body), consts_of(body), vals, outs_needed)
+            return self.walk(open_jaxpr(body), consts_of(body), vals, live)
         if name == "scan" and _has_pallas_call(p["jaxpr"]):
+            body_needed = _loop_body_needed(eqn, live, self.bodies)
             consts, carry, xs = scan_operands(p, vals)
             ys = []
             order = range(p["length"] - 1, -1, -1) if p["reverse"] else range(p["length"])
             for i in order:
                 step_xs = [x if x is _UNKNOWN else x[i] for x in xs]
                 out = self.walk(p["jaxpr"], consts_of(p["jaxpr"]), consts + carry + step_xs,
-                                outs_needed)
+                                body_needed)
                 carry, y = out[:len(carry)], out[len(carry):]
                 ys.append(y)
             if p["reverse"]:
@@ -266,15 +280,16 @@ class _CallFinder:
             cn, bn = p["cond_nconsts"], p["body_nconsts"]
             cc, bc, carry = vals[:cn], vals[cn:cn + bn], vals[cn + bn:]
             cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
+            body_needed = _loop_body_needed(eqn, live, self.bodies)
             while self._known(self.walk(cj, consts_of(cj), cc + carry, (True,))[0], "while_loop "
                               "condition"):
-                carry = self.walk(bj, consts_of(bj), bc + carry, outs_needed)
+                carry = self.walk(bj, consts_of(bj), bc + carry, body_needed)
             return carry
         if name == "cond" and any(_has_pallas_call(b) for b in p["branches"]):
             branches = p["branches"]
             index = int(self._known(vals[0], "cond predicate"))
             b = branches[min(max(index, 0), len(branches) - 1)]
-            return self.walk(b, consts_of(b), vals[1:], outs_needed)
+            return self.walk(b, consts_of(b), vals[1:], live)
         if name == "shard_map" and _has_pallas_call(p["jaxpr"]):
             return self.shard_map(eqn, vals)
         raise _unsupported_around_kernel(name)

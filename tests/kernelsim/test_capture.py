@@ -64,6 +64,20 @@ def test_code_a_schedule_does_not_need_never_runs():
     assert fetched == [(3, 0), (1, 0), (0, 0)]
 
 
+def test_a_result_of_a_function_around_a_kernel_the_program_drops_is_never_computed():
+    """A jit (or a custom_vjp's rule) around a kernel may return more than its caller uses,
+    e.g. a gradient's sum over the query heads (tokamax's splash attention backward)."""
+    spent = []
+    host = _counted(spent)
+
+    @jax.jit
+    def kernel_and_statistic(x):
+        return _copy(x), jnp.sum(host(x))
+
+    t = kernelsim.trace(lambda x: kernel_and_statistic(x)[0], ROWS)
+    assert len(t.calls) == 1 and spent == []
+
+
 def test_wrapper_primitive_without_an_eager_form_is_not_executed():
     def fn(x):
         return _copy(pltpu.with_memory_space_constraint(x, pltpu.HBM))
