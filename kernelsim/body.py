@@ -21,8 +21,10 @@ import numpy as np
 from kernelsim import lax_numpy, scalar_code
 from kernelsim.adapter import Literal, consts_of, memory_space, open_jaxpr, scan_operands
 from kernelsim.body_needs import (
+    DMA_EFFECTS,
     IGNORED,
     REF_EFFECTS,
+    REF_WRITES,
     BodyNeeds,
     body_needs,
     has_body_dma,
@@ -302,9 +304,9 @@ class _Interpreter:
         if self.recording:
             return (any(is_ref(v) for v in eqn.invars) or name in REF_EFFECTS
                     or any(has_ref_effect(j) for j, _ in sub_jaxprs(eqn)))
-        if name in ("dma_start", "dma_wait"):
+        if name in DMA_EFFECTS:
             return True
-        if name in ("swap", "addupdate", "masked_swap"):
+        if name in REF_WRITES:
             return self.needs.contents(eqn.invars[0])
         # A branch or loop runs for what its predicate decides (``BodyNeeds._decides``). (Its
         # body may still hold wanted eqns when jaxprs are shared: JAX caches a fori_loop's

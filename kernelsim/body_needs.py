@@ -17,17 +17,31 @@ REF_EFFECTS = ("get", "swap", "addupdate", "masked_load", "masked_swap", "dma_st
                "dma_wait", "run_scoped")
 
 
-def has_body_dma(jaxpr: Any) -> bool:
-    """The kernel jaxpr starts a DMA somewhere (nested loops and branches included)."""
-    return any(eqn.primitive.name == "dma_start" or
-               any(has_body_dma(j) for j, _ in sub_jaxprs(eqn)) for eqn in open_jaxpr(jaxpr).eqns)
+REF_WRITES = ("swap", "addupdate", "masked_swap")
+DMA_EFFECTS = ("dma_start", "dma_wait")
 
 
 @functools.lru_cache(maxsize=4096)
+def _holds(jaxpr: Any, names: tuple[str, ...]) -> bool:
+    """``jaxpr`` has an eqn of one of the primitives ``names`` somewhere (nested loops,
+    branches and calls included)."""
+    return any(eqn.primitive.name in names or any(_holds(j, names) for j, _ in sub_jaxprs(eqn))
+               for eqn in open_jaxpr(jaxpr).eqns)
+
+
+def has_body_dma(jaxpr: Any) -> bool:
+    """The kernel jaxpr starts a DMA somewhere (nested loops and branches included)."""
+    return _holds(jaxpr, ("dma_start",))
+
+
 def has_dma_effect(jaxpr: Any) -> bool:
     """``jaxpr`` starts or waits for a DMA somewhere."""
-    return any(eqn.primitive.name in ("dma_start", "dma_wait") or
-               any(has_dma_effect(j) for j, _ in sub_jaxprs(eqn)) for eqn in open_jaxpr(jaxpr).eqns)
+    return _holds(jaxpr, DMA_EFFECTS)
+
+
+def has_ref_effect(jaxpr: Any) -> bool:
+    """``jaxpr`` reads, writes, allocates or copies a ref somewhere."""
+    return _holds(jaxpr, REF_EFFECTS)
 
 
 def written_refs(jaxpr: Any) -> list:
@@ -35,18 +49,11 @@ def written_refs(jaxpr: Any) -> list:
     ``BodyNeeds`` binds to the refs passed in)."""
     found = []
     for eqn in open_jaxpr(jaxpr).eqns:
-        if eqn.primitive.name in ("swap", "addupdate", "masked_swap"):
+        if eqn.primitive.name in REF_WRITES:
             found.append(eqn.invars[0])
         for j, _ in sub_jaxprs(eqn):
             found.extend(written_refs(j))
     return found
-
-
-@functools.lru_cache(maxsize=4096)
-def has_ref_effect(jaxpr: Any) -> bool:
-    """``jaxpr`` reads, writes, allocates or copies a ref somewhere."""
-    return any(eqn.primitive.name in REF_EFFECTS or
-               any(has_ref_effect(j) for j, _ in sub_jaxprs(eqn)) for eqn in open_jaxpr(jaxpr).eqns)
 
 
 def is_ref(v: Any) -> bool:

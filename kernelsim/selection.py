@@ -53,25 +53,22 @@ def select(shape: tuple[int, ...], transforms: tuple, itemsize: int = 1) -> Sele
         size = math.prod(shape)
         return Selection(size, tuple((0, n, 1) for n in shape), size * itemsize, True,
                          grid=(shape, coords))
-    if len(transforms) == 1 and type(transforms[0]) is NDIndexer:
+    if len(transforms) == 1 and _is_indexer(transforms[0]):
         boxed = _one_box(shape, transforms[0].indices, itemsize)
         if boxed is not None:
             return boxed
-    box: list | None = [] if len(transforms) == 1 else None
     ids: np.ndarray | None = None  # explicit indices, once a view made them necessary
     pack, view_itemsize = 1, itemsize  # ref elements per view element; bytes per one
     for t in transforms:
-        # an exact type check first: these are Protocol subclasses, whose isinstance is slow
-        if type(t) is not NDIndexer and isinstance(t, (ReshapeTransform, BitcastTransform)):
+        if not _is_indexer(t) and isinstance(t, (ReshapeTransform, BitcastTransform)):
             ids = _flat_ids(shape, coords) if ids is None else ids
-            box = None
             if isinstance(t, ReshapeTransform):
                 ids = ids.reshape(tuple(t.shape) + ((pack,) if pack > 1 else ()))
                 continue
             ids, pack, view_itemsize = _bitcast_view(ids, pack, view_itemsize,
                                                      np.dtype(t.dtype).itemsize)
             continue
-        if type(t) is not NDIndexer and not isinstance(t, NDIndexer):
+        if not _is_indexer(t):
             raise TraceError(f"kernelsim follows ref indexing, reshape and bitcast, not "
                              f"{type(t).__name__}")
         index = []
@@ -79,15 +76,8 @@ def select(shape: tuple[int, ...], transforms: tuple, itemsize: int = 1) -> Sele
             if isinstance(ix, IndexSlice):
                 start, size, stride = int(ix.start), int(ix.size), int(ix.stride)
                 index.append(slice(start, start + size * stride, stride))
-                if box is not None:
-                    box.append((start, size, stride))
             else:
-                value = np.asarray(ix, dtype=np.int64)
-                index.append(value)
-                if box is not None and value.ndim == 0:
-                    box.append((int(value), 1, 1))
-                elif box is not None:
-                    box = None
+                index.append(np.asarray(ix, dtype=np.int64))
         if ids is None and all(not isinstance(i, np.ndarray) or i.ndim == 0 for i in index):
             view = [d for d, c in enumerate(coords) if not isinstance(c, int)]
             for d, i in zip(view, index, strict=False):
@@ -96,24 +86,27 @@ def select(shape: tuple[int, ...], transforms: tuple, itemsize: int = 1) -> Sele
         if ids is None:
             ids = _flat_ids(shape, coords)
         ids = ids[tuple(index)]
-    if box is not None and len(box) != len(shape):
-        box = None
-    box = None if box is None else tuple(box)
     if ids is None:
         size = math.prod(len(c) for c in coords if not isinstance(c, int))
-        return Selection(size, box, size * view_itemsize, True, grid=(shape, coords))
-    return Selection(ids.size, box, ids.size // pack * view_itemsize, view_itemsize == itemsize,
-                     ids)
+        return Selection(size, None, size * view_itemsize, True, grid=(shape, coords))
+    return Selection(ids.size, None, ids.size // pack * view_itemsize,
+                     view_itemsize == itemsize, ids)
+
+
+def _is_indexer(t: Any) -> bool:
+    # the exact type first: NDIndexer is a Protocol subclass, whose isinstance is slow
+    return type(t) is NDIndexer or isinstance(t, NDIndexer)
 
 
 def _one_box(shape: tuple[int, ...], indices: tuple, itemsize: int) -> Selection | None:
     """``select`` of one indexer of slices and integers, one per dimension (the usual
-    ``ref.at[...]``/``ref[...]``), in one pass; None for any other indexer."""
+    ``ref.at[...]``/``ref[...]``), in one pass: the only selection that is a box (besides the
+    whole ref); None for any other indexer."""
     if len(indices) != len(shape):
         return None
     box, coords, size = [], [], 1
     for n, ix in zip(shape, indices, strict=True):
-        if type(ix) is IndexSlice:
+        if isinstance(ix, IndexSlice):
             start, count, stride = int(ix.start), int(ix.size), int(ix.stride)
             box.append((start, count, stride))
             coord = range(n)[start:start + count * stride:stride]  # clamped, as numpy slices
