@@ -68,10 +68,12 @@ site: $(STAMP)
 
 # The main suite runs as two pytest processes at once, because one alone keeps fewer than one
 # of CI's two cores busy on average (services, browsers and jailed runs start and wait): the
-# lessons, the site and the class services (SIDE_TESTS, which share the lesson cache, the built
-# site and the class's accounts) in one, every other folder in the other. A new test folder
-# joins the second one. Each writes its own junit file for bench/ci_time.py.
-SIDE_TESTS := tests/lessons tests/site tests/cluster
+# lessons, the site and the class services (which share the lesson cache, the built site and the
+# class's accounts) in one, with kernelsim's, the sandbox's and bench's tests, which need no
+# course and balance the two (on 2 idle cores the grading tests alone took 848 of the other
+# process's 1,085 s, and the side ended 270 s before it); every other folder in the other. A new
+# test folder joins the second one. Each writes its own junit file for bench/ci_time.py.
+SIDE_TESTS := tests/lessons tests/site tests/cluster tests/kernelsim tests/sandbox tests/bench
 test-main: $(STAMP)
 	@mkdir -p build
 	@$(PY) -m pytest --durations=10 --junitxml=build/junit-side.xml $(SIDE_TESTS) \
