@@ -19,6 +19,9 @@ and operands, and then times exactly one thing -- either
 ``kernelsim.trace(fn, *args)``, or ``fn(*args)`` under ``pltpu.force_tpu_interpret_mode()``
 (the function as its author wrote it, jitted or not, with every pallas_call interpreted; its
 outputs awaited). The two never share a process, so neither warms a cache for the other.
+A third fresh process times ``jax.make_jaxpr(fn)(*args)`` alone: the tracing of the program
+that kernelsim's trace starts with and the interpreter pays too, so interpret / make_jaxpr
+(the *ceiling*) is the speed-up a tracer whose own analysis took no time would reach.
 ``--repeat N`` takes each number N times, each in a fresh process, and reports the median.
 Cases interpret mode cannot run on a CPU (emit_pipeline needs a TPU device kind) are traced
 and listed, but have no speedup. The medians and the slowest case are also printed per
@@ -119,10 +122,12 @@ def dma_count_table() -> None:
     write("trace_speed_dmas", rows, {"goals": {"trace_8192_dmas_s": "<= 5"}})
 
 
-def _suite(sizes: str = "tests") -> dict[str, tuple[str, object]]:
+def _suite(sizes: str = "tests", case: str | None = None) -> dict[str, tuple[str, object]]:
     """case name -> (where it comes from, builder returning (fn, args)). ``sizes``: the
     third-party ops at their tests' shapes, or at ``production`` ones (production_sizes.py;
-    JAX's ops and test kernels keep their shapes either way)."""
+    JAX's ops and test kernels keep their shapes either way). With ``case`` (a child process
+    measuring one), no library but the case's own is imported: importing tokamax loads JAX's
+    lowering modules, which would take ~0.15 s off every other case's cold interpreted run."""
     from production_sizes import PRODUCTION
     from test_bundled_ops import TPU_OPS
     from test_jax_test_kernels import CASES
@@ -130,7 +135,8 @@ def _suite(sizes: str = "tests") -> dict[str, tuple[str, object]]:
     suite = {f"op:{name}": ("jax op", build) for name, build in TPU_OPS.items()}
     suite.update({f"test:{name}": ("jax test", build) for name, (build, _) in CASES.items()})
     for library, module in THIRD_PARTY.items():  # where the library is installed
-        if importlib.util.find_spec(library.replace("-", "_")) is None:
+        if importlib.util.find_spec(library.replace("-", "_")) is None or (
+                case is not None and not case.startswith(f"{library}:")):
             continue
         cases = importlib.import_module(module)
         for name, build in cases.OPS.items():
@@ -185,7 +191,7 @@ def _library_context(case: str, what: str):
         from kernelsim.trace import abstract_tpu
 
         stack.enter_context(tokamax.config.cross_compile(True))
-        if what == "interpret":
+        if what != "trace":
             stack.enter_context(abstract_tpu())
     return stack
 
@@ -195,7 +201,13 @@ def measure_one(case: str, what: str, sizes: str) -> dict:
     import jax
     from jax.experimental.pallas import tpu as pltpu
 
-    _, build = _suite(sizes)[case]
+    _, build = _suite(sizes, case)[case]
+    if what == "jaxpr":
+        with _library_context(case, what):
+            fn, args = _built(build)
+            t0 = time.perf_counter()
+            jax.make_jaxpr(fn)(*args)
+        return {"seconds": time.perf_counter() - t0}
     if what == "trace":
         import kernelsim
 
@@ -258,20 +270,27 @@ def real_code_table(only: str | None, repeat: int, sizes: str) -> None:
         if traced["seconds"] is None:
             raise SystemExit(f"{case}: kernelsim.trace failed: {traced['error']}")
         interp = _median_cold(case, "interpret", repeat, sizes)
-        speedup = None if interp["seconds"] is None else interp["seconds"] / traced["seconds"]
+        jaxpr = _median_cold(case, "jaxpr", repeat, sizes)["seconds"]
+        speedup = ceiling = None
+        if interp["seconds"] is not None:
+            speedup = interp["seconds"] / traced["seconds"]
+            ceiling = interp["seconds"] / jaxpr if jaxpr else None
         rows.append({"case": case, "source": source, "trace_cold_s": traced["seconds"],
                      "interpret_cold_s": interp["seconds"], "speedup": speedup,
+                     "jaxpr_cold_s": jaxpr, "ceiling": ceiling,
                      "note": interp.get("error", "")[:60]})
         print(f"  {case}: trace {traced['seconds']:.3f} s, interpret "
               f"{interp['seconds'] if interp['seconds'] is None else round(interp['seconds'], 3)}"
-              f" s", flush=True)
+              f" s, make_jaxpr {jaxpr if jaxpr is None else round(jaxpr, 3)} s", flush=True)
         if source in THIRD_PARTY:  # recorded as it goes: a production-size run takes ~40 min
             sized[case] = {k: traced[k] for k in ("grid_steps", "operands")}
             _record_third_party(rows, sized, repeat, sizes, load_at_start, finished=False)
     per_source = _per_source(rows)
     for source, s in per_source.items():
-        print(f"  {source}: median {s['median_speedup']:.1f}x, slowest "
-              f"{s['slowest_speedup']:.1f}x ({s['slowest_case']}) over {s['compared']} cases")
+        ceiling = "" if s["median_ceiling"] is None else f" (ceiling {s['median_ceiling']:.1f}x)"
+        print(f"  {source}: median {s['median_speedup']:.1f}x{ceiling}, slowest "
+              f"{s['slowest_speedup']:.1f}x "
+              f"({s['slowest_case']}) over {s['compared']} cases")
     if sized:
         _record_third_party(rows, sized, repeat, sizes, load_at_start, finished=True)
     speedups = sorted(r["speedup"] for r in rows if r["speedup"] is not None)
@@ -280,15 +299,16 @@ def real_code_table(only: str | None, repeat: int, sizes: str) -> None:
                "slowest_speedup": speedups[0] if speedups else None,
                "slower_than_interpreting": sum(s < 1 for s in speedups)}
     rows.append({"case": "median", "source": "", "trace_cold_s": None, "interpret_cold_s": None,
-                 "speedup": summary["median_speedup"], "note": f"{len(speedups)} compared"})
+                 "speedup": summary["median_speedup"], "jaxpr_cold_s": None, "ceiling": None,
+                 "note": f"{len(speedups)} compared"})
     write("trace_speed_real_code", rows,
           {"goals": {"median_speedup": ">= 20", "slowest_speedup": "> 1"},
            "cold_runs_per_number": repeat, "sizes": sizes, **summary})
 
 
 def _per_source(rows: list[dict]) -> dict[str, dict]:
-    """Per source (a library, or JAX's ops and tests): median and slowest speed-up, and which
-    case is slowest."""
+    """Per source (a library, or JAX's ops and tests): median and slowest speed-up, which case
+    is slowest, and the median ceiling (interpret / make_jaxpr: no tracer's analysis is free)."""
     out = {}
     for source in dict.fromkeys(r["source"] for r in rows):
         compared = [r for r in rows if r["source"] == source and r["speedup"] is not None]
@@ -296,7 +316,9 @@ def _per_source(rows: list[dict]) -> dict[str, dict]:
             slowest = min(compared, key=lambda r: r["speedup"])
             out[source] = {"compared": len(compared),
                            "median_speedup": statistics.median(r["speedup"] for r in compared),
-                           "slowest_speedup": slowest["speedup"], "slowest_case": slowest["case"]}
+                           "slowest_speedup": slowest["speedup"], "slowest_case": slowest["case"],
+                           "median_ceiling": statistics.median(ceilings) if (ceilings := [
+                               r["ceiling"] for r in compared if r["ceiling"]]) else None}
     return out
 
 
