@@ -112,6 +112,8 @@ class OwnedCollect(ExchangeCollect):
             dest = Path(self.coursedir.format_path(self.coursedir.submitted_directory,
                                                    rec["username"], self.coursedir.assignment_id))
             old = self.coursedir.get_existing_timestamp(str(dest)) if dest.is_dir() else None
+            if old is not None and old.tzinfo is None:
+                old = old.replace(tzinfo=UTC)  # nbgrader's parse_utc drops the zone: it is UTC
             if old is not None and (old >= rec["timestamp"] or not self.update):
                 self.log.info("Submission already collected: %s", rec["username"])
                 continue

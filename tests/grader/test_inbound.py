@@ -1,0 +1,74 @@
+"""``OwnedCollect`` (a class's exchange, grader/grading/inbound.py) collects again: a second
+collect takes a resubmission and leaves an older copy alone (issue 35, item 2: the second
+collect crashed comparing nbgrader's naive timestamp with the server's aware one)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+from nbgrader.auth import Authenticator
+from nbgrader.coursedir import CourseDirectory
+from traitlets.config import Config
+
+from grader.grading.inbound import ENTRY_MODE, OwnedCollect
+
+A = "01_first_kernel"
+NB = "first_kernel.ipynb"
+
+
+def _entry(inbound: Path, student: str, cells: int, stamp: str) -> Path:
+    entry = inbound / f"{student}+{A}+{stamp}+{os.urandom(4).hex()}"
+    entry.mkdir(mode=ENTRY_MODE)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(f"x = {i}")
+                                         for i in range(cells)])
+    (entry / NB).write_text(nbformat.writes(nb))
+    (entry / "timestamp.txt").write_text("2000-01-01 00:00:00.000000 UTC")  # ignored
+    return entry
+
+
+def _collect(root: Path, exchange: Path, update: bool = True) -> None:
+    config = Config()
+    config.Exchange.root = str(exchange)
+    config.Exchange.path_includes_course = True
+    coursedir = CourseDirectory(root=str(root), config=config)
+    coursedir.assignment_id = A
+    coursedir.course_id = "pallas-course"
+    app = OwnedCollect(coursedir=coursedir, authenticator=Authenticator(config=config),
+                       config=config)
+    app.update = update
+    app.start()
+
+
+def _submitted(root: Path, student: str) -> tuple[int, str]:
+    d = root / "submitted" / student / A
+    return len(nbformat.read(d / NB, 4).cells), (d / "timestamp.txt").read_text()
+
+
+def test_collect_twice_takes_the_resubmission(tmp_path, monkeypatch):
+    # the gradebook is made by alembic, a command beside this Python
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    me = getpass.getuser()  # an entry is collected only when its owner is the student it names
+    root, exchange = tmp_path / "course", tmp_path / "exchange"
+    (root / "source" / A).mkdir(parents=True)
+    inbound = exchange / "pallas-course" / "inbound"
+    inbound.mkdir(parents=True)
+    _entry(inbound, me, 1, "2026-12-01 10:00:00.000000 UTC")
+    _collect(root, exchange)
+    cells, first = _submitted(root, me)
+    assert cells == 1
+
+    _collect(root, exchange)  # nothing new: the copy stays as it was
+    assert _submitted(root, me) == (1, first)
+
+    time.sleep(0.05)  # the server's clock (st_ctime) of the resubmission is later
+    _entry(inbound, me, 2, "2026-12-01 09:00:00.000000 UTC")  # the learner's clock is ignored
+    _collect(root, exchange, update=False)  # without --update an existing copy stays
+    assert _submitted(root, me) == (1, first)
+    _collect(root, exchange)
+    cells, second = _submitted(root, me)
+    assert cells == 2 and second > first
