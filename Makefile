@@ -42,7 +42,8 @@ $(STAMP): pyproject.toml | python-check
 venv: $(STAMP)
 
 # System packages: Debian's chromium for the browser tests (playwright's own browser
-# download cannot work offline), bubblewrap, the grader's sandbox for submissions, and for a
+# download cannot work offline), bubblewrap, the grader's sandbox for submissions, strace (the
+# class test records every command line a set-up runs, to find a secret on one), and for a
 # class on a hub (deploy/, tests/cluster): PostgreSQL (the gradebook on a server) and Node's npm,
 # which installs JupyterHub's proxy, configurable-http-proxy (4.6 runs on Debian 12's node 18).
 CHP_VERSION := 4.6.3
@@ -50,6 +51,7 @@ system-packages:
 	@missing=""; \
 	[ -x $(CHROMIUM) ] || missing="$$missing chromium"; \
 	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	command -v strace >/dev/null || missing="$$missing strace"; \
 	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	command -v npm >/dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \

@@ -307,7 +307,12 @@ done
 if [ "$(as_postgres psql -p "$PGPORT" -tAc "SELECT 1 FROM pg_roles WHERE rolname='$DB'")" != 1 ]; then
   as_postgres psql -p "$PGPORT" -qc "CREATE ROLE $DB LOGIN"
 fi
-as_postgres psql -p "$PGPORT" -q -v ON_ERROR_STOP=1 -v pw="$secret" <<<"ALTER ROLE $DB PASSWORD :'pw';"
+# the password travels on psql's standard input, never on a command line: every account can
+# read every process's /proc/PID/cmdline
+as_postgres psql -p "$PGPORT" -q -v ON_ERROR_STOP=1 <<EOF
+\set pw '$secret'
+ALTER ROLE $DB PASSWORD :'pw';
+EOF
 if [ "$(as_postgres psql -p "$PGPORT" -tAc "SELECT 1 FROM pg_database WHERE datname='$DB'")" != 1 ]; then
   as_postgres createdb -p "$PGPORT" -O "$DB" "$DB"
 fi

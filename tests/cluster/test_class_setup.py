@@ -9,10 +9,12 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -95,6 +97,59 @@ def setup_class(*args: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PALLAS_COURSE_SOURCE_VENV": sys.prefix})
 
 
+# What learner 2 runs while the instructor reruns the script (README, step 3): every command
+# line and environment that /proc lets her read, until her standard input closes.
+PROC_POLLER = """
+import glob, json, select, sys
+seen = set()
+while not select.select([sys.stdin], [], [], 0)[0]:
+    for path in glob.glob("/proc/[0-9]*/cmdline") + glob.glob("/proc/[0-9]*/environ"):
+        try:
+            seen.add(open(path, "rb").read().decode(errors="replace"))
+        except OSError:
+            pass
+json.dump(sorted(seen), sys.stdout)
+"""
+
+
+def setup_class_watched(trace: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """``setup_class(*args)`` under strace (every program it runs, with its arguments and
+    environment, into ``trace``) while learner 2 polls /proc; the run and what she read."""
+    poller = subprocess.Popen(["runuser", "-u", L2, "--", "python3", "-c", PROC_POLLER],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              cwd="/tmp")
+    try:
+        res = setup_class_traced(trace, *args)
+    finally:
+        read, _ = poller.communicate("stop", timeout=120)
+    return res, json.loads(read)
+
+
+def setup_class_traced(trace: Path, *args: str) -> subprocess.CompletedProcess:
+    """``setup_class`` under ``strace -f``; strace lets go of a service the script started
+    (which outlives it) once the script itself has ended."""
+    tracer = subprocess.Popen(
+        ["strace", "-f", "-v", "-s", "65536", "-e", "trace=execve", "-o", str(trace),
+         "bash", str(SETUP), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PALLAS_COURSE_SOURCE_VENV": sys.prefix})
+
+    def script_exit() -> int | None:  # the script's status, from the trace's first process
+        lines = trace.read_text().splitlines() if trace.exists() else []
+        if not lines:
+            return None
+        ended = re.compile(rf"{lines[0].split()[0]}\s+\+\+\+ exited with (\d+)")
+        return next((int(m[1]) for line in lines if (m := ended.match(line))), None)
+
+    deadline = time.monotonic() + 900
+    while tracer.poll() is None and script_exit() is None:
+        assert time.monotonic() < deadline, "setup-class.sh did not end in 900 s"
+        time.sleep(0.2)
+    tracer.terminate()  # detaches from whatever is still traced
+    out, err = tracer.communicate(timeout=60)
+    rc = script_exit()
+    return subprocess.CompletedProcess(tracer.args, 1 if rc is None else rc, out, err)
+
+
 def test_a_port_another_program_holds_stops_the_setup_before_it_makes_anything():
     """The hub takes --hub-port and the two ports above it: a program on one of those would
     answer in the hub's place (its pages, or a 404 for the hub's login) minutes later."""
@@ -123,11 +178,14 @@ def klass():
         res = setup_class("--demo", "2", "--hub-port", str(hub_port), "--dask-port",
                           str(dask_port))
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-        # idempotent: a second run changes nothing and succeeds
-        res = setup_class("--demo", "2", "--hub-port", str(hub_port), "--dask-port",
-                          str(dask_port))
+        # idempotent: a second run changes nothing and succeeds; learner 2 watches /proc
+        trace = Path(tempfile.mkdtemp(prefix="pallas-setup-trace-")) / "execve.log"
+        res, read_by_learner2 = setup_class_watched(
+            trace, "--demo", "2", "--hub-port", str(hub_port), "--dask-port", str(dask_port))
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
         k = Class()
+        k.rerun_trace, k.read_by_learner2 = trace.read_text(), read_by_learner2
+        shutil.rmtree(trace.parent)
         for u in (TEACHER, L1, L2):
             k.login(u)
             k.api("POST", f"/hub/api/users/{u}/server", u)
@@ -142,6 +200,21 @@ def klass():
         assert res.returncode == 0, res.stdout + res.stderr
         for u in (TEACHER, L1, L2, "pallas-grader"):
             assert subprocess.run(["id", u], capture_output=True).returncode != 0, u
+
+
+def test_no_secret_on_a_command_line_or_in_an_environment(klass):
+    """Issue 35, item 1: the script handed the gradebook's password to psql as ``-v pw=...``;
+    learner 2, polling /proc/*/cmdline during a rerun, read it and rewrote her grade. Every
+    program the rerun started (strace: arguments and environment) and everything learner 2
+    read from /proc meanwhile is free of the gradebook's password and the demo passwords."""
+    secrets = {Path("/var/lib/pallas-course/pgpass").read_text().strip().rsplit(":", 1)[1],
+               *klass.passwords.values()}
+    programs = [line for line in klass.rerun_trace.splitlines() if "execve(" in line]
+    assert any("psql" in line for line in programs)  # the trace saw the password being set
+    assert len(klass.read_by_learner2) > 10  # her poller ran (other accounts' command lines)
+    for secret in secrets:
+        assert not [line for line in programs if secret in line]
+        assert not [text for text in klass.read_by_learner2 if secret in text]
 
 
 def entries(k: Class, user: str) -> list[Path]:
