@@ -178,7 +178,8 @@ PASSWORDS=$STATE/demo-passwords  # root only: the demo accounts' PAM passwords, 
 if [ "$DEMO" -gt 0 ]; then
   touch "$STATE/demo" "$PASSWORDS"; chmod 0600 "$PASSWORDS"
   add_demo() {  # add_demo USER GROUP
-    id "$1" >/dev/null 2>&1 || useradd --create-home --shell /bin/bash -G "$2" "$1"
+    id "$1" >/dev/null 2>&1 || useradd --create-home -K HOME_MODE=0700 --shell /bin/bash \
+      -G "$2" "$1"
     usermod -a -G "$2" "$1"
     if ! grep -q "^$1 " "$PASSWORDS"; then
       pw=$(openssl rand -hex 12)
@@ -188,6 +189,23 @@ if [ "$DEMO" -gt 0 ]; then
   }
   add_demo demo-instructor "$INSTRUCTORS"
   for i in $(seq "$DEMO"); do add_demo "demo-learner$i" "$LEARNERS"; done
+fi
+
+# A learner's home holds her solved notebooks and her feedback: private to her (0700), whatever
+# mode useradd gave it (Debian's default is 0755). Every member of both groups, on every run.
+private=""
+for u in $(getent group "$LEARNERS" "$INSTRUCTORS" | cut -d: -f4 | tr ',' ' '); do
+  home=$(getent passwd "$u" | cut -d: -f6)
+  [ "$u" != "$GRADER" ] && [ -d "$home" ] && [ "$(stat -c %a "$home")" != 700 ] || continue
+  chmod 0700 "$home"; private="$private $u"
+done
+[ -z "$private" ] || say "made these homes private (mode 0700, was readable by others):$private"
+# The checkout holds the solutions and hidden cases (exercises/source, exercises/refs, .git):
+# nobody but root and the instructors may read it (README, "Teaching a class", step 1).
+if runuser -u nobody -- test -r "$REPO/exercises/source" 2>/dev/null; then
+  say "WARNING: every account can read $REPO, whose exercises/source and .git hold the \
+solutions: move it into a folder only root can enter (install -d -m 0700 /opt/src), or \
+chmod o-rwx $REPO"
 fi
 
 # ----------------------------------------------------------------------------- environment
