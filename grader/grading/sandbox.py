@@ -103,19 +103,42 @@ def user_namespaces() -> bool:
         return False
 
 
+# root's slot locks and jails: a folder only root can create in, which slot uids may traverse
+ROOT_STATE = Path("/var/cache/pallas-course")
+
+
+def private_base() -> Path:
+    """Where this account keeps its slot locks and jails: ``ROOT_STATE`` for root, else
+    ``$XDG_CACHE_HOME/pallas-course`` (``~/.cache/pallas-course``). Never a shared temp folder:
+    there anyone can make the name first, and a learner who did blocked every command of the
+    instructor whose uid it named (issue 35, item 7)."""
+    if is_root():
+        return ROOT_STATE
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "pallas-course"
+    if Path.home().is_dir():
+        return Path.home() / ".cache" / "pallas-course"
+    # an account without a home (a system account): the temp folder, where private_folder
+    # refuses a name someone else made first
+    return Path(tempfile.gettempdir()) / f"pallas-course-{os.geteuid()}"
+
+
 def private_folder(name: str, mode: int = 0o700) -> Path:
-    """``<tmp>/NAME-<uid>``: a folder of this account's own, made with ``mode`` when missing.
+    """``private_base()/NAME``: a folder of this account's own, made with ``mode`` when missing.
 
     Per account, because root's grading and an instructor's own account on one machine must not
     share it (a folder root made is closed to the other). Refused when it is not a directory
-    this account owns and alone can write: whoever made it first could otherwise swap what is
-    in it."""
-    folder = Path(tempfile.gettempdir()) / f"{name}-{os.geteuid()}"
+    this account owns and alone can write: whoever made it could otherwise swap what is in it."""
+    base = private_base()
+    base.mkdir(mode=0o711, parents=True, exist_ok=True)
+    folder = base / name
     folder.mkdir(mode=mode, exist_ok=True)
-    st = os.lstat(folder)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-        raise RuntimeError(f"{folder} is not a directory owned by this user and writable by it "
-                           "alone; remove it and grade again")
+    for path in (base, folder):
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            raise RuntimeError(f"{path} is not a directory owned by this user and writable by "
+                               "it alone; remove it and grade again (or set XDG_CACHE_HOME to "
+                               "a folder of your own)")
     return folder
 
 

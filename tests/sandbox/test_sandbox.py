@@ -4,6 +4,7 @@ data."""
 import contextlib
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -130,14 +131,31 @@ def test_escaped_background_process_is_killed(tmp_path):
 
 
 # ----------------------------------------------------------------------------- slots and folders
-def test_a_squatted_private_folder_is_refused(tmp_path, monkeypatch):
-    """Someone who made ``<tmp>/NAME-<uid>`` first (writable by others) does not get to hold
-    this account's slot locks or jails: the grader stops and says what to do."""
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+def test_a_folder_squatted_in_tmp_blocks_nothing_and_a_bad_private_one_is_refused(
+        tmp_path, monkeypatch):
+    """Issue 35, item 7: a learner's ``mkdir /tmp/pallas-course-slots-<uid>`` blocked every
+    command of that instructor. Slot locks and jails live in a folder of this account's own:
+    a squatted name in the temp folder changes nothing, and a private folder that is not
+    this account's alone is refused with what to do."""
+    squats = [Path(tempfile.gettempdir()) / f"{name}-{os.geteuid()}"
+              for name in ("pallas-course-slots", "pallas-course-jails")]
+    made = [p for p in squats if not p.exists()]
+    for p in made:  # as another account would leave them
+        p.mkdir()
+        p.chmod(0o777)
+    try:
+        with sandbox.claimed_slot() as slot:
+            assert 0 <= slot < sandbox.SLOTS
+        jails = sandbox.private_folder("pallas-course-jails", 0o711)
+        assert not jails.is_relative_to(tempfile.gettempdir())
+    finally:
+        for p in made:
+            p.rmdir()
+    monkeypatch.setattr(sandbox, "private_base", lambda: tmp_path / "base")
     mine = sandbox.private_folder("pallas-course-slots")
-    assert mine.name == f"pallas-course-slots-{os.geteuid()}"
+    assert mine == tmp_path / "base" / "pallas-course-slots"
     assert mine.stat().st_mode & 0o777 == 0o700
-    squatted = tmp_path / f"pallas-course-jails-{os.geteuid()}"
+    squatted = tmp_path / "base" / "pallas-course-jails"
     squatted.mkdir()
     squatted.chmod(0o777)
     with pytest.raises(RuntimeError, match="remove it and grade again"):
@@ -178,6 +196,8 @@ def test_an_instructor_account_claims_a_slot_while_root_holds_one():
     where = Path(tempfile.mkdtemp(dir="/tmp"))
     where.chmod(0o755)
     (where / "grader" / "grading").mkdir(parents=True)
+    (where / "cache").mkdir()
+    shutil.chown(where / "cache", "nobody")  # the second account's own folder
     shutil.copy(Path(sandbox.__file__), where / "grader" / "grading" / "sandbox.py")
     (where / "grader" / "__init__.py").write_text("")
     (where / "grader" / "grading" / "__init__.py").write_text("")
@@ -185,14 +205,14 @@ def test_an_instructor_account_claims_a_slot_while_root_holds_one():
         out = subprocess.run(
             [shutil.which("runuser"), "-u", "nobody", "--", "/usr/bin/python3", "-c",
              "from grader.grading import sandbox; print(sandbox.claim_slot()[0])"],
-            cwd=where, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(where)},
+            cwd=where, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(where),
+                            "XDG_CACHE_HOME": str(where / "cache")},
             capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "0"  # its own first slot: root's locks are root's alone
     finally:
         os.close(lock)
         shutil.rmtree(where)
-        shutil.rmtree(Path("/tmp") / "pallas-course-slots-65534", ignore_errors=True)
     assert slot >= 0
 
 
