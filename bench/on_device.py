@@ -21,7 +21,9 @@ On an accelerator, a kernel that runs interpreted is a *fallback*. It is declare
 kernel says why it cannot compile here (``_course.check(..., cannot_compile={backend: why})``),
 when its ``Execution`` asks for interpret mode (the lesson's own choice, its label the reason),
 or, for an assignment's check, when the task is written for another backend
-(``grader.tasks``' ``target``). An undeclared fallback is a failure. On a CPU nothing compiles
+(``grader.tasks``' ``target``). An undeclared fallback is a failure. A lesson passes when
+every cell ran without error, but for cells that say they need a newer JAX release
+(``_course.newer_api``; counted in ``cells_needing_newer_jax``). On a CPU nothing compiles
 and nothing is a fallback: everything runs interpreted (the run then checks the notebooks and
 this script, not the chip).
 
@@ -66,6 +68,7 @@ CORE_HALT_MARKS = ("RuntimeUnexpectedCoreHalt", "Core halted unexpectedly",
 # on purpose (a whole (5, 7) array, ragged rows); grading runs them on the CPU
 # (grader/grading/sandbox.py sets JAX_PLATFORMS=cpu), so on a GPU this is expected.
 TRITON_SHAPE_REFUSAL = "Pallas Triton lowering currently requires"
+NEEDS_NEWER_JAX = "NeedsNewerJax:"  # a cell's error naming the JAX release it needs
 
 
 # ---- reading a jupytext percent notebook ---------------------------------------------------
@@ -288,14 +291,17 @@ def run_notebook(name: str, path: Path, exercise: bool, timeout: int, logs: Path
     kernels = [_kernel_row(r) for r in _lines(work / "kernels.jsonl")]
     checks = [_check_row(r, backend) for r in _lines(work / "checks.jsonl")]
     error_cells = [{"cell": c["cell"], "error": c["error"]} for c in ran if c["error"]]
+    # a cell that says it needs a newer JAX (lessons/_course.py:newer_api) fails as it should
+    newer = [c for c in error_cells if c["error"].startswith(NEEDS_NEWER_JAX)]
     undeclared = [k for k in kernels if k["ran"] == "fell back" and not k["declared"]] + \
         [c for c in checks if c["fallback"] and not c["declared"]]
-    passed = done and code == 0 and not error_cells and not undeclared and \
+    passed = done and code == 0 and len(error_cells) == len(newer) and not undeclared and \
         all(c["passed"] or c["refused_by_triton"] for c in checks)
     result = {"notebook": name, "kind": "exercise" if exercise else "lesson",
               "path": os.path.relpath(path, ROOT), "passed": passed, "seconds": seconds,
               "returncode": code, "timed_out": timed_out, "core_halt": halted,
               "cells": n_cells, "cells_run": len(ran), "error_cells": error_cells,
+              "cells_needing_newer_jax": len(newer),
               "kernels": kernels, "checks": checks}
     if not passed:  # where it stopped, in the notebook's own words
         result["log_tail"] = tail[-3000:]

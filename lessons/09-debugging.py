@@ -246,9 +246,9 @@ except kernelsim.TraceError as err:
 # message names the operand, the block index, the grid step and the rows it tried to read.
 # After an exception inside TPU interpret mode, `pltpu.reset_tpu_interpret_mode_state()`
 # must run before the next interpreted kernel (the pinned release's `InterpretParams`
-# docstring says so). On a TPU that is not enough: with jax 0.10.2 on a v5e, the error stayed
-# with JAX's ordered effects, and every later interpreted kernel of the process raised it
-# again. So this lesson runs its deliberate failures with `_course.in_fresh_process`, in a
+# docstring says so). On a TPU that is not enough: with the last JAX release for Python
+# 3.11 on a v5e, the error stayed with JAX's ordered effects, and every later interpreted
+# kernel of the process raised it again. So this lesson runs its deliberate failures with `_course.in_fresh_process`, in a
 # Python process of their own, on the CPU; do the same with a failure you provoke on purpose.
 
 # %% [markdown]

@@ -46,6 +46,22 @@ MATMUL_PRECISION = "highest"
 jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
 
 
+class NeedsNewerJax(NotImplementedError):
+    """A cell uses an API that the running JAX release lacks; the message says which has it."""
+
+
+def newer_api(module: Any, name: str) -> Any:
+    """``module.name``, or, where the running JAX lacks it, a ``NeedsNewerJax`` error that says
+    which release the cell needs (the cells that do not use it still run)."""
+    if hasattr(module, name):
+        return getattr(module, name)
+    raise NeedsNewerJax(
+        f"{module.__name__}.{name} is not in JAX {jax.__version__}: this cell needs a newer "
+        f"release, such as JAX {CHECKED_JAX}, which the lessons were checked against "
+        "(jax 0.10.2 is the last release for Python 3.11: a newer one needs Python 3.12 or "
+        "newer)")
+
+
 def versions() -> None:
     """Print the running JAX release and backend, and the release the lessons were checked
     against; say so when the two differ."""
