@@ -248,8 +248,9 @@ except kernelsim.TraceError as err:
 # must run before the next interpreted kernel (the pinned release's `InterpretParams`
 # docstring says so). On a TPU that is not enough: with the last JAX release for Python
 # 3.11 on a v5e, the error stayed with JAX's ordered effects, and every later interpreted
-# kernel of the process raised it again. So this lesson runs its deliberate failures with `_course.in_fresh_process`, in a
-# Python process of their own, on the CPU; do the same with a failure you provoke on purpose.
+# kernel of the process raised it again. So this lesson runs its deliberate failures with
+# `_course.in_fresh_process`, in a Python process of their own, on the CPU; do the same with
+# a failure you provoke on purpose.
 
 # %% [markdown]
 # ## A DMA race
