@@ -58,6 +58,16 @@ keys = jax.random.split(jax.random.key(13), 4)
 tpu_run = choose(tpu_features=True)  # TPU-only features: compiled on a TPU, interpreted elsewhere
 print(tpu_run.label)
 
+
+def tensorcore_mesh(axis_name, num_cores):
+    """``pltpu.TensorCoreMesh(axis_name=..., num_cores=...)``, the pinned release's mesh of a
+    chip's TensorCores. The last JAX release for Python 3.11 has no such class and
+    spells it ``pltpu.create_tensorcore_mesh(axis_name, num_cores=...)`` (which newer
+    releases deprecate): the lesson runs on both."""
+    if hasattr(pltpu, "TensorCoreMesh"):
+        return pltpu.TensorCoreMesh(axis_name=axis_name, num_cores=num_cores)
+    return pltpu.create_tensorcore_mesh(axis_name, num_cores=num_cores)
+
 # %% [markdown]
 # `emit_pipeline`, and `pl.kernel`'s mesh, ask which TPU they target while they are traced.
 # On a TPU the chip answers; elsewhere `jax.sharding.use_abstract_mesh` names one (lesson 5
@@ -96,7 +106,7 @@ def scale_shift(x, *, interpret):
         return pl.kernel(
             scale_shift_kernel,
             out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=1),
+            mesh=tensorcore_mesh("core", num_cores=1),
             scratch_types=[pltpu.VMEM(x.shape, x.dtype)],
             interpret=interpret,
         )(x)
@@ -149,7 +159,7 @@ def scale_shift_halves(x, *, interpret):
         return pl.kernel(
             scale_shift_halves_kernel,
             out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
-            mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=1),
+            mesh=tensorcore_mesh("core", num_cores=1),
             scratch_types=[pltpu.VMEM(x.shape, x.dtype)],
             interpret=interpret,
         )(x)
@@ -243,7 +253,7 @@ def matmul_mesh(a, b, *, bm=128, bk=128, bn=128, cores=1, interpret):
         return pl.kernel(
             kernel,
             out_type=jax.ShapeDtypeStruct((m, n), jnp.float32),
-            mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=cores),
+            mesh=tensorcore_mesh("core", num_cores=cores),
             scratch_types=[pltpu.VMEM((bm, bn), jnp.float32)],
             interpret=interpret,
         )(a, b)
@@ -305,7 +315,7 @@ def which_core(m, n, *, bm=64, bn=128, interpret):
 
     with traced_for_tpu(2):
         return pl.kernel(kernel, out_type=jax.ShapeDtypeStruct((m, n), jnp.int32),
-                         mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=2),
+                         mesh=tensorcore_mesh("core", num_cores=2),
                          interpret=interpret)()
 
 

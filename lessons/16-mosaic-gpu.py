@@ -61,12 +61,14 @@ ROOT = Path(_course.__file__).resolve().parents[1]
 _course.versions()
 # Mosaic GPU kernels: compiled on a GPU, in GPU interpret mode anywhere else
 mgpu_run = Execution(False, "compiled for GPU") if platform() == "gpu" else Execution(
-    plgpu.InterpretGPUParams(), f"GPU interpret mode on {platform().upper()}")
+    _course.newer_api(plgpu, "InterpretGPUParams")(), f"GPU interpret mode on {platform().upper()}")
 
 
 def gpu_interpret(interpret):
     """``interpret=True`` (the course's fallback) means GPU interpret mode for these kernels."""
-    return plgpu.InterpretGPUParams() if interpret is True else (interpret or None)
+    if interpret is True:
+        return _course.newer_api(plgpu, "InterpretGPUParams")()
+    return interpret or None
 
 
 def lowering_smem_bytes(fn, *args):

@@ -1,10 +1,11 @@
 """Shared helper for the lessons: run a kernel, compare it with its plain-JAX reference, say
-where it ran, and (for bench/lessons_gpu.py) record timings.
+where it ran, and (for bench/on_device.py) record timings.
 
 Each lesson calls ``check(...)`` once per kernel. When the environment variable
-``PALLAS_COURSE_RECORD`` names a file, ``check`` also times the kernel and the reference and
-appends one JSON line per kernel to that file: lesson, kernel, execution label, whether the
-kernel compiled or fell back to interpret mode, seconds (median) for both.
+``PALLAS_COURSE_RECORD`` names a file, ``check`` appends one JSON line per kernel to that file:
+lesson, kernel, execution label, whether the kernel compiled or fell back to interpret mode
+(the compiler's error, the kernel's declared reason), whether it passed, and for a kernel
+that passed the median seconds of kernel and reference.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import ast
 import json
 import os
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -41,6 +44,22 @@ CHECKED_JAX = "0.12.0.1"
 # A dot without a precision takes this one when it is traced (lax.canonicalize_precision).
 MATMUL_PRECISION = "highest"
 jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
+
+
+class NeedsNewerJax(NotImplementedError):
+    """A cell uses an API that the running JAX release lacks; the message says which has it."""
+
+
+def newer_api(module: Any, name: str) -> Any:
+    """``module.name``, or, where the running JAX lacks it, a ``NeedsNewerJax`` error that says
+    which release the cell needs (the cells that do not use it still run)."""
+    if hasattr(module, name):
+        return getattr(module, name)
+    raise NeedsNewerJax(
+        f"{module.__name__}.{name} is not in JAX {jax.__version__}: this cell needs a newer "
+        f"release, such as JAX {CHECKED_JAX}, which the lessons were checked against "
+        "(jax 0.10.2 is the last release for Python 3.11: a newer one needs Python 3.12 or "
+        "newer)")
 
 
 def versions() -> None:
@@ -108,6 +127,28 @@ def definitions(lesson: str, *names: str, **constants: Any) -> SimpleNamespace:
     return SimpleNamespace(**{n: namespace[n] for n in names})
 
 
+def in_fresh_process(lesson: str, function: str, *helpers: str) -> None:
+    """Run ``function()``, a top-level function of lesson ``lesson`` that takes no arguments,
+    in a new Python process on the CPU, with the lesson's imports and its top-level functions
+    ``helpers`` (``definitions``); print what it printed.
+
+    For a demonstration that fails on purpose inside TPU interpret mode. On a TPU (jax 0.10.2
+    on a v5e) such an error stays with JAX's ordered effects for the rest of the process:
+    every later interpreted kernel raises it again, and ``reset_tpu_interpret_mode_state``
+    does not clear it. A process of its own takes the error with it when it exits.
+    """
+    code = (f"import _course\n_course.definitions({lesson!r}, {function!r}, "
+            f"*{helpers!r}).{function}()\n")
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=600)
+    if done.returncode:
+        raise RuntimeError(f"{function}() of {lesson} failed in its own process "
+                           f"(exit status {done.returncode}):\n{done.stderr[-3000:]}")
+    print(done.stdout, end="")
+
+
 def _run(fn: Callable, args: tuple) -> Any:
     return jax.block_until_ready(fn(*args))
 
@@ -122,45 +163,82 @@ def _median_seconds(fn: Callable, args: tuple, repeats: int = 5) -> float:
 
 
 def check(lesson: str, name: str, kernel: Callable, reference: Callable, args: tuple,
-          execution: Execution, rtol: float, atol: float) -> None:
+          execution: Execution, rtol: float, atol: float, *,
+          cannot_compile: Mapping[str, str] | None = None) -> None:
     """Run ``kernel(*args, interpret=execution.interpret)``, compare it with
     ``reference(*args)`` and print how the kernel ran. Returns nothing, so a cell that ends
     with ``check(...)`` shows the verdict, not a dump of the output array.
 
-    A kernel meant to compile that the present backend rejects is rerun in interpret mode, and
-    the label says so; a wrong result always raises.
+    A kernel meant to compile that the present backend rejects is rerun in interpret mode: a
+    *fallback*, printed as one, with the compiler's error. ``cannot_compile`` maps a backend
+    (``"tpu"``, ``"gpu"``) to why the kernel cannot compile there (a GPU-only kernel, a
+    deliberate mistake); a fallback on a backend it does not name is undeclared, and says so:
+    the kernel should have compiled. A wrong result always raises.
     """
     def jitted(ran: Execution) -> Callable:
         # a new function per execution: jit caches by function, and would hand the fallback
         # the executable that just failed
         return jax.jit(lambda *a: kernel(*a, interpret=ran.interpret))
 
-    ran = execution
-    fn = jitted(ran)
+    here = platform()
+    declared = (cannot_compile or {}).get(here)
+    record: dict[str, Any] = {"lesson": lesson, "kernel": name, "backend": here,
+                              "label": execution.label, "compiled": False, "fell_back": False,
+                              "declared": None, "compile_error": None, "passed": False,
+                              "error": None}
     try:
-        out = _run(fn, args)
+        ran, fn, out = _run_or_fall_back(jitted, execution, args, record)
+        record.update(label=ran.label, compiled=ran.interpret is False)
+        if record["fell_back"]:
+            record["declared"] = declared
+            print(f"{name}: FALLBACK to interpret mode: compiling for {here.upper()} failed "
+                  f"({record['compile_error']}).", file=sys.stderr)
+            print(f"  declared: {declared}" if declared else
+                  f"  UNDECLARED: this kernel should compile on {here.upper()}. The lesson "
+                  "goes on in interpret mode; if you did not change the kernel, report the "
+                  "error above to the course.", file=sys.stderr)
+        elif ran.interpret is not False and here != "cpu":
+            record["declared"] = declared or ran.label  # interpreted as its Execution asks
+        ref_fn = jax.jit(reference)
+        expected = _run(ref_fn, args)
+        for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(expected), strict=True):
+            np.testing.assert_allclose(np.asarray(got, np.float32),
+                                       np.asarray(want, np.float32),
+                                       rtol=rtol, atol=atol, err_msg=f"kernel {name!r}")
+        record["passed"] = True
+    except Exception as err:
+        record["error"] = _first_line(err)
+        raise
+    finally:
+        path = os.environ.get(RECORD_ENV)
+        if path and record["passed"]:
+            record.update(kernel_seconds=_median_seconds(fn, args),
+                          reference_seconds=_median_seconds(ref_fn, args))
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+    kind = "FELL BACK, " if record["fell_back"] else ""
+    print(f"{name}: matches the plain-JAX reference (rtol={rtol:g}, atol={atol:g}); "
+          f"this kernel ran: {kind}{ran.label}")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0][:200]}" if text else type(err).__name__
+
+
+def _run_or_fall_back(jitted: Callable[[Execution], Callable], execution: Execution,
+                      args: tuple, record: dict[str, Any]) -> tuple[Execution, Callable, Any]:
+    """(how it ran, the jitted kernel, its output): as ``execution`` says, or in interpret
+    mode when compiling fails (``record`` notes the fallback and the compiler's error)."""
+    fn = jitted(execution)
+    try:
+        return execution, fn, _run(fn, args)
     except Exception as err:  # noqa: BLE001 - any lowering error means "fall back"
         if execution.interpret is not False:
             raise
-        reason = f"{type(err).__name__}: {str(err).splitlines()[0][:120]}" if str(err) else \
-            type(err).__name__
-        ran = Execution(True, f"interpret mode on {platform().upper()} "
-                              f"(compiling failed: {reason})")
-        fn = jitted(ran)
-        out = _run(fn, args)
-    ref_fn = jax.jit(reference)
-    expected = _run(ref_fn, args)
-    for got, want in zip(jax.tree.leaves(out), jax.tree.leaves(expected), strict=True):
-        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want, np.float32),
-                                   rtol=rtol, atol=atol, err_msg=f"kernel {name!r}")
-    print(f"{name}: matches the plain-JAX reference (rtol={rtol:g}, atol={atol:g}); "
-          f"this kernel ran: {ran.label}")
-    path = os.environ.get(RECORD_ENV)
-    if path:
-        record = {"lesson": lesson, "kernel": name, "backend": platform(), "label": ran.label,
-                  "compiled": ran.interpret is False,
-                  "fell_back": ran is not execution,
-                  "kernel_seconds": _median_seconds(fn, args),
-                  "reference_seconds": _median_seconds(ref_fn, args)}
-        with open(path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        record.update(fell_back=True, compile_error=_first_line(err))
+    ran = Execution(True, f"interpret mode on {platform().upper()} "
+                          f"(compiling failed: {record['compile_error'][:120]})")
+    fn = jitted(ran)
+    return ran, fn, _run(fn, args)

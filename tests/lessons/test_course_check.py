@@ -1,0 +1,86 @@
+"""``_course.check`` never lets a fallback read as a pass: a kernel asked to compile that the
+backend rejects is rerun in interpret mode, and the check prints FALLBACK, the compiler's error,
+and whether the kernel declared that it cannot compile here (``cannot_compile``). The CPU
+stands in for an accelerator: nothing compiles for it, so ``interpret=False`` falls back.
+
+Lesson 9's deliberate interpreter errors run in a process of their own
+(``_course.in_fresh_process``): on a TPU, an error inside TPU interpret mode stayed with the
+lesson's process and failed every later interpreted kernel.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+
+LESSONS_DIR = Path(__file__).resolve().parents[2] / "lessons"
+sys.path.insert(0, str(LESSONS_DIR.parent / "bench"))
+import on_device  # noqa: E402 - bench/ is no package
+
+
+@pytest.fixture
+def course(monkeypatch):
+    monkeypatch.syspath_prepend(str(LESSONS_DIR))
+    spec = importlib.util.spec_from_file_location("_course", LESSONS_DIR / "_course.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def double(x, *, interpret):
+    def kernel(x_ref, o_ref):
+        o_ref[...] = 2.0 * x_ref[...]
+
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          interpret=interpret)(x)
+
+
+@pytest.mark.parametrize("declared", [None, "a kernel for another chip"])
+def test_a_fallback_is_printed_and_recorded(course, capsys, monkeypatch, tmp_path, declared):
+    record = tmp_path / "kernels.jsonl"
+    monkeypatch.setenv(course.RECORD_ENV, str(record))
+    x = jnp.ones((8, 128), jnp.float32)
+    course.check("00-test", "double", double, lambda a: 2.0 * a, (x,),
+                 course.Execution(False, "compiled"), rtol=0, atol=0,
+                 cannot_compile=declared and {"cpu": declared})
+    out = capsys.readouterr()
+    assert "FALLBACK to interpret mode: compiling for CPU failed" in out.err
+    assert (f"declared: {declared}" if declared else "UNDECLARED") in out.err
+    assert "this kernel ran: FELL BACK, interpret mode on CPU" in out.out
+    (line,) = [json.loads(x) for x in record.read_text().splitlines()]
+    assert line["fell_back"] and not line["compiled"] and line["passed"]
+    assert line["declared"] == declared and line["compile_error"]
+
+
+def test_a_wrong_kernel_is_recorded_before_it_raises(course, monkeypatch, tmp_path):
+    record = tmp_path / "kernels.jsonl"
+    monkeypatch.setenv(course.RECORD_ENV, str(record))
+    x = jnp.ones((8, 128), jnp.float32)
+    with pytest.raises(AssertionError):
+        course.check("00-test", "double", double, lambda a: 3.0 * a, (x,),
+                     course.Execution(True, "interpret mode"), rtol=0, atol=0)
+    (line,) = [json.loads(x) for x in record.read_text().splitlines()]
+    assert not line["passed"] and "AssertionError" in line["error"]
+
+
+@pytest.mark.slow
+def test_lesson_9_provokes_no_interpreter_error_in_its_own_process(course, monkeypatch):
+    """Every cell of lesson 9 runs, and the lesson's process never had to reset TPU interpret
+    mode (which it does only after an error inside it): the errors happened elsewhere."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    resets = []
+    monkeypatch.setattr(pltpu, "reset_tpu_interpret_mode_state", lambda: resets.append(1))
+    monkeypatch.chdir(LESSONS_DIR)
+    path = LESSONS_DIR / "09-debugging.py"
+    namespace = {"__name__": "__main__"}
+    for i, source in enumerate(on_device.code_cells(path.read_text())):
+        on_device.run_cell(source, namespace, f"<{path.name} cell {i}>")
+    assert resets == []
