@@ -168,15 +168,16 @@ def main(argv: list[str]) -> int:
     os.chdir(root)
     os.environ["PALLAS_COURSE_ROOT"] = str(root)
     install_gradebook_lock(root)
-    cfg, coursedir, api = load(root)
     # one JSON list [job, args...] per stdin line, one @@RESULT line per job; nbgrader and its
-    # imports are paid for once per worker instead of once per submission
+    # imports are paid for once per worker instead of once per submission. The course's
+    # configuration is read again for every job (~4 ms): a worker that kept the one it started
+    # with graded equally late work with the old late policy beside workers with the new one.
     for line in sys.stdin:
         if not line.strip():
             continue
         job, *args = json.loads(line)
         try:
-            result = do_job(root, cfg, coursedir, api, job, args)
+            result = do_job(root, *load(root), job, args)
         except Exception as e:  # noqa: BLE001 - report, and stay up for the next job
             result = {"job": job, "args": args, "success": False,
                       "error": f"{type(e).__name__}: {e}"}
