@@ -152,6 +152,20 @@ class Snapshot:
         paths = list(getattr(mod, "__path__", None) or ())
         return bool(paths) and all(str(p).startswith(self.roots) for p in paths)
 
+    def _extension_alias(self, key: str, mod) -> bool:
+        """``sys.modules[key]`` is a submodule an installed extension made, under a second
+        name: pyexpat makes ``pyexpat.model`` and ``pyexpat.errors`` (no file, no spec), and
+        ``xml.parsers.expat`` registers them as ``xml.parsers.expat.model`` and ``.errors``
+        (importing pyplot does this). It must be the attribute its own name says, of an
+        installed module, and hold no code from outside the installed packages."""
+        own = getattr(mod, "__name__", key)
+        parent, _, attr = own.rpartition(".")
+        holder = sys.modules.get(parent)
+        return (own != key and sys.modules.get(own) is mod and holder is not None
+                and self._installed(holder) and getattr(holder, attr, None) is mod
+                and not any(isinstance(v, types.FunctionType | type)
+                            and not defined_in(v, self.roots) for v in vars(mod).values()))
+
     def _ours(self, mod) -> bool:
         """A module of the course's own code, whose data is compared too (JAX keeps state in
         module globals: only its code is)."""
@@ -175,8 +189,9 @@ class Snapshot:
         for name, mod in list(sys.modules.items()):
             if name in self.modules or name in self.skip:
                 continue
-            if not self._installed(mod):  # the learner's own module, unless it takes the
-                if name.partition(".")[0] in self.packages:  # name of an installed one
+            if not self._installed(mod) and not self._extension_alias(name, mod):
+                # the learner's own module, unless it takes the name of an installed one
+                if name.partition(".")[0] in self.packages:
                     out.append(f"sys.modules[{name!r}] is not a module of the installed "
                                "packages")
                 continue

@@ -121,6 +121,34 @@ def test_snapshot_refuses_learner_functions_in_a_module_loaded_later(monkeypatch
     assert snap.changes() == ["kernelsim._late.forged was replaced"]
 
 
+PYPLOT_SCRIPT = r"""
+import json, sys, types
+import jax, xml  # loaded before learner code, as the harness's imports load them
+from grader.grading import integrity
+assert "matplotlib.pyplot" not in sys.modules and "pyexpat" not in sys.modules
+snap = integrity.Snapshot()
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+plt.plot([1, 2], [3, 4]); plt.savefig(sys.argv[1])
+honest = snap.changes()
+fake = types.ModuleType("pyexpat.fake")  # an alias that names no real submodule of pyexpat
+sys.modules["pyexpat.fake"] = sys.modules["jax.fake"] = fake
+print(json.dumps([honest, snap.changes()]))
+"""
+
+
+def test_pyplot_is_no_tampering(tmp_path):
+    """Issue 36: any notebook that drew with pyplot scored 0 as ``tampered``: importing it has
+    xml.parsers.expat register pyexpat's C-made submodules under a second name. Those pass; a
+    forged alias does not."""
+    out = subprocess.run([sys.executable, "-c", PYPLOT_SCRIPT, str(tmp_path / "f.png")],
+                         capture_output=True, text=True, check=True, cwd=refs.REPO)
+    honest, forged = json.loads(out.stdout.splitlines()[-1])
+    assert honest == []
+    assert forged == ["sys.modules['jax.fake'] is not a module of the installed packages"]
+
+
 # ----------------------------------------------------------------------------- the guard
 GUARD_SCRIPT = r"""
 import ctypes, gc, json, os, sys, threading
