@@ -14,16 +14,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
-
-import kernelsim
 from chip_verdicts_v5e import (
     COPY_BLOCKS,
     DEFAULT_SCOPED_VMEM,
     MATMUL_VMEM,
     TWO_9_MIB_WINDOWS_COMPILED,
 )
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import kernelsim
 
 JAX_TEST_SHAPES = [  # (array shape, block shape, dtype) as in JAX's test
     ((), (), "int32"), ((2,), (2,), "int32"), ((128,), (128,), "int32"),
