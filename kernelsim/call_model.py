@@ -2,7 +2,7 @@
 
 Grid, dimension semantics, operands with their block dimensions, memory spaces and buffer
 counts, block indices at every grid step (``index_maps``), FLOPs (``flops``), the VMEM that
-``pl.run_scoped`` scopes and the kernel body's temporaries hold at their peak, aliases and the
+``pl.run_scoped`` scopes and the values Mosaic keeps in VMEM hold at their peak, aliases and the
 author's cost estimate.
 """
 
@@ -25,9 +25,9 @@ from kernelsim.adapter import (
 )
 from kernelsim.errors import TraceError
 from kernelsim.flops import count_flops
-from kernelsim.index_maps import evaluate_index_map, window_moves
+from kernelsim.index_maps import evaluate_index_map, prefetch_read, window_moves
 from kernelsim.jaxprs import sub_jaxprs
-from kernelsim.model import BlockDim, KernelCall, Operand
+from kernelsim.model import BlockDim, KernelCall, Operand, tile_padded_bytes
 
 
 def uses_manual_dma(params: dict[str, Any]) -> bool:
@@ -137,34 +137,54 @@ def _scoped_peak(jaxpr: Any) -> dict[str, int]:
     return peak
 
 
-def _temporaries_peak(jaxpr: Any) -> int:
-    """The most bytes of array values (not refs, not scalars) the kernel body holds at once:
-    each value lives from the eqn that makes it to its last use; a loop or branch adds its
-    own body's peak while it runs. What Mosaic cannot keep in vector registers it places in
-    VMEM beside the pipeline's buffers, so this bounds that extra VMEM from above."""
+# Primitives whose result Mosaic must materialise whole before anything reads it (a matmul's
+# result, a reduction's), as against element-wise work it streams through vector registers.
+_WHOLE_RESULT = frozenset({"dot_general", "reduce_sum", "reduce_max", "reduce_min",
+                           "reduce_prod", "reduce_and", "reduce_or", "argmax", "argmin",
+                           "cumsum", "cumprod", "cummax", "cummin", "transpose"})
+# Reads of a ref: Mosaic reads the VMEM buffer in place, no copy of the block is made.
+_REF_READS = frozenset({"get", "load", "masked_load"})
+
+
+def _body_values_peak(jaxpr: Any) -> int:
+    """The most bytes of array values Mosaic keeps in VMEM beside the buffers at once, each
+    with its tile padding (``model.tile_padded_bytes``): a value is kept when it cannot be
+    streamed through vector registers into its one consumer -- the result of a matmul or a
+    reduction (e.g. the float32 product of a dot before it is added to an accumulator, a
+    softmax's row max and sum), or a value read by more than one operation or by a matmul or
+    reduction (a softmax's exp, read by its sum and its division). A ref read is not a copy.
+    Each kept value lives from the eqn that makes it to its last use; a loop or branch adds
+    its own body's peak while it runs."""
     eqns = jaxpr.eqns
     last: dict[Any, int] = {}
+    readers: dict[Any, int] = {}
+    whole_reader: set = set()
     for k, eqn in enumerate(eqns):
-        for v in eqn.invars:
-            if not isinstance(v, Literal):
-                last[v] = k
+        for v in {v for v in eqn.invars if not isinstance(v, Literal)}:
+            last[v] = k
+            readers[v] = readers.get(v, 0) + 1
+            if eqn.primitive.name in _WHOLE_RESULT:
+                whole_reader.add(v)
     for v in jaxpr.outvars:
         if not isinstance(v, Literal):
             last[v] = len(eqns)
 
-    def nbytes(v: Any) -> int:
+    def kept_bytes(v: Any, producer: str) -> int:
         aval = v.aval
-        if isinstance(aval, AbstractRef) or not getattr(aval, "shape", ()):
+        if (isinstance(aval, AbstractRef) or not getattr(aval, "shape", ())
+                or producer in _REF_READS or v not in last):
             return 0
-        return int(np.prod(aval.shape, dtype=np.int64)) * _itemsize(aval.dtype)
+        if producer in _WHOLE_RESULT or readers.get(v, 0) > 1 or v in whole_reader:
+            return tile_padded_bytes(tuple(aval.shape), str(aval.dtype), _itemsize(aval.dtype))
+        return 0
 
-    live: dict[Any, int] = {v: nbytes(v) for v in jaxpr.invars if v in last}
-    peak = sum(live.values())
+    live: dict[Any, int] = {}
+    peak = 0
     for k, eqn in enumerate(eqns):
-        inner = max((_temporaries_peak(j) for j, _ in sub_jaxprs(eqn)), default=0)
+        inner = max((_body_values_peak(j) for j, _ in sub_jaxprs(eqn)), default=0)
         for v in eqn.outvars:
-            if v in last:
-                live[v] = nbytes(v)
+            if n := kept_bytes(v, eqn.primitive.name):
+                live[v] = n
         peak = max(peak, sum(live.values()) + inner)
         for v in [v for v in live if last[v] <= k]:
             del live[v]
@@ -211,7 +231,9 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     kernel = open_jaxpr(params["jaxpr"])
     call.referenced = frozenset(n for n, v in zip(names, kernel.invars, strict=False)
                                 if v in _used_vars(kernel))
-    call.temporaries_vmem_bytes = _temporaries_peak(kernel)
+    call.body_values_vmem_bytes = _body_values_peak(kernel)
+    call.read_by_index_maps = frozenset(
+        names[i] for bm in gm.block_mappings for i in prefetch_read(bm, len(gm.grid)))
     limit = getattr(params.get("compiler_params"), "vmem_limit_bytes", None)
     call.vmem_limit_bytes = None if limit is None else int(limit)
     # input_output_aliases index the inputs after the scalar prefetch operands

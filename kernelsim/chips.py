@@ -40,12 +40,10 @@ class Chip:
         operand to shared memory K-major through a transpose in registers and does not
         pipeline its load. Calibrated from one recorded run (``_TRANSPOSED_TF32``); 0 where
         the rule is not modelled (TPUs, the A100).
-    scoped_vmem_exceeded_bytes: TPU only, a VMEM footprint JAX's own tests expect to exceed
-        Mosaic's *default* scoped VMEM limit (the limit a kernel gets without
-        ``vmem_limit_bytes``); 0 where unknown. The default itself is stated neither in JAX's
-        source nor in its docs: this is the bound JAX's test_automatic_single_buffering
-        (tests/pallas/tpu_pallas_test.py) sets -- two 10 MiB windows fail to compile before
-        TPU v6, two 20 MiB windows from v6 on, while one such window compiles.
+    default_scoped_vmem_bytes: TPU only, Mosaic's default scoped VMEM limit: the VMEM a kernel
+        may allocate without ``pltpu.CompilerParams(vmem_limit_bytes=...)``, bytes (its
+        buffers, scratch and the body values Mosaic keeps, ``CallCost.mosaic_vmem_bytes``);
+        0 where unknown. Each chip's source is in ``sources``.
     """
 
     name: str
@@ -57,7 +55,7 @@ class Chip:
     smem_bytes: int
     per_step_seconds: float
     sources: tuple[str, ...]
-    scoped_vmem_exceeded_bytes: int = 0
+    default_scoped_vmem_bytes: int = 0
     peak_flops_tf32: float = 0.0
     sms: int = 0
     sustained_flops_bf16: float = 0.0
@@ -119,23 +117,32 @@ _TRANSPOSED_TF32 = (
     "allowTranspose only for f16/bf16; getSharedMemoryMMAOperand forces K-major shared order "
     "and warns 'Registers will be transposed before SMEM store and the pipelined load for this "
     "operand will be disabled')")
-_SCOPED = ("default scoped VMEM: exceeded by two {0} MiB windows, per JAX's "
-           "test_automatic_single_buffering (tests/pallas/tpu_pallas_test.py); the default "
-           "itself is not stated in JAX's source or docs")
+_SCOPED_V5E = ("default scoped VMEM 16 MiB: measured on a TPU v5e (jax 0.10.2, libtpu 0.0.42.1, "
+               "2026-12-05, /work/shared/notes/tpu-v5e.md): Mosaic's CompileTimeScopedVmemOom "
+               "says 'limit 16.00M' for lesson 7's matmul with blocks (1024, 1024, 1024)")
+_SCOPED_PRE_V6 = ("default scoped VMEM 16 MiB: assumed as measured on v5e (a chip before v6, like "
+                  "it); consistent with JAX's test_automatic_single_buffering "
+                  "(tests/pallas/tpu_pallas_test.py, jax 0.12.0.1), where before TPU v6 one 10 "
+                  "MiB window compiles and two do not")
+_SCOPED_V6E = ("default scoped VMEM 32 MiB: JAX's test_automatic_single_buffering "
+               "(tests/pallas/tpu_pallas_test.py, jax 0.12.0.1) compiles one 20 MiB window and "
+               "not two from TPU v6 on, so the limit lies in [20, 40) MiB; Mosaic's "
+               "CompileTimeScopedVmemOom on v6e reports 'limit 32.00M' (public reports of the "
+               "error; not measured here)")
 
 CHIPS: dict[str, Chip] = {
     "tpu-v4": Chip("tpu-v4", "tpu", 275e12, 275e12, 1200e9, 16 * MiB, 1 * MiB, 0.27e-6,
-                   (_GCLOUD.format("v4"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED.format(10)),
-                   20 * MiB),
+                   (_GCLOUD.format("v4"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED_PRE_V6),
+                   default_scoped_vmem_bytes=16 * MiB),
     "tpu-v5e": Chip("tpu-v5e", "tpu", 197e12, 197e12, 819e9, 128 * MiB, 1 * MiB, 0.27e-6,
-                    (_GCLOUD.format("v5e"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED.format(10)),
-                    20 * MiB),
+                    (_GCLOUD.format("v5e"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED_V5E),
+                    default_scoped_vmem_bytes=16 * MiB),
     "tpu-v5p": Chip("tpu-v5p", "tpu", 459e12, 459e12, 2765e9, 64 * MiB, 1 * MiB, 0.27e-6,
-                    (_GCLOUD.format("v5p"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED.format(10)),
-                    20 * MiB),
+                    (_GCLOUD.format("v5p"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED_PRE_V6),
+                    default_scoped_vmem_bytes=16 * MiB),
     "tpu-v6e": Chip("tpu-v6e", "tpu", 918e12, 918e12, 1638e9, 128 * MiB, 1 * MiB, 0.27e-6,
-                    (_GCLOUD.format("v6e"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED.format(20)),
-                    40 * MiB),
+                    (_GCLOUD.format("v6e"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED_V6E),
+                    default_scoped_vmem_bytes=32 * MiB),
     "a100": Chip("a100", "gpu", 312e12, 19.5e12, 2039e9, 164 * KiB, 0, 0.0,
                  ("NVIDIA A100 datasheet (SXM 80GB): 312 TF bf16, 19.5 TF FP32, 156 TF TF32 "
                   "dense, 2039 GB/s, 108 SMs",

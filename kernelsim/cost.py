@@ -60,6 +60,12 @@ class CallCost:
     onchip_peak_bytes: VMEM + SMEM held at once (the pipeline allocates every buffer for the
         whole call, so the peak is the sum), with the kernel body's ``run_scoped`` allocations
         at their peak (``KernelCall.scoped_vmem_bytes``; emit_pipeline's buffers among them).
+        Under the tpu model each buffer is counted with Mosaic's tile padding
+        (``model.tile_padded_bytes``: a (20, 100) float32 block takes (24, 128) words).
+    body_values_vmem_bytes: tpu model, the kernel body's values Mosaic keeps in VMEM beside
+        the buffers at their peak (``KernelCall.body_values_vmem_bytes``); 0 under gpu.
+        ``mosaic_vmem_bytes`` adds them to ``vmem_bytes``: what Mosaic's scoped VMEM limit
+        is checked against.
     hbm_read_bytes / hbm_write_bytes: in-bounds bytes (edge blocks count only the part inside
         the array; the gpu model leaves out L2 hits, see the module docstring);
         hbm_padded_bytes: reads plus writes with every pipeline copy counted as its whole
@@ -79,6 +85,13 @@ class CallCost:
     compute_seconds: float
     memory_seconds: float
     overhead_seconds: float
+    body_values_vmem_bytes: int = 0
+
+    @property
+    def mosaic_vmem_bytes(self) -> int:
+        """VMEM the kernel needs as Mosaic allocates it: buffers, scratch and the body's kept
+        values (bytes)."""
+        return self.vmem_bytes + self.body_values_vmem_bytes
 
     @property
     def l2_hit_bytes(self) -> int:
@@ -131,7 +144,10 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
     costs = []
     for op in call.operands:
         buffers = _buffers(op, schedule.model)
-        onchip = buffers * (op.block_buffer_bytes if op.pipelined else op.nbytes)
+        if schedule.model == "tpu":  # Mosaic pads every VMEM/SMEM buffer to its tiling
+            onchip = buffers * op.tile_padded_buffer_bytes
+        else:
+            onchip = buffers * (op.block_buffer_bytes if op.pipelined else op.nbytes)
         if op.memory_space in ("hbm", "any", "semaphore"):
             onchip = 0
         sched = by_name.get(op.name)
@@ -167,7 +183,8 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
     overhead = call.steps * chip.per_step_seconds if schedule.model == "tpu" else 0.0
     return CallCost(costs, read, write, read + write + edge_padding, vmem, smem, flops, source,
                     _compute_seconds(call, flops, chip),
-                    (read + write) / chip.estimate_bytes_per_second, overhead)
+                    (read + write) / chip.estimate_bytes_per_second, overhead,
+                    call.body_values_vmem_bytes if schedule.model == "tpu" else 0)
 
 
 def _compute_seconds(call: KernelCall, flops: int, chip: Chip) -> float:

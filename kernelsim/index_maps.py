@@ -139,6 +139,15 @@ def window_moves(bm: Any, grid: tuple[int, ...]) -> bool:
     return any(i >= len(grid) or grid[i] > 1 for i in reached)
 
 
+def prefetch_read(bm: Any, ngrid: int) -> set[int]:
+    """The scalar-prefetch refs (by position) the index map of ``bm`` reads or passes on to a
+    nested call: its inputs after the ``ngrid`` grid indices that some eqn takes."""
+    j = open_jaxpr(bm.index_map_jaxpr)
+    refs = {v: i for i, v in enumerate(j.invars[ngrid:])}
+    return {refs[v] for eqn in j.eqns for v in eqn.invars
+            if not isinstance(v, Literal) and v in refs}
+
+
 def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
     """Per scalar-prefetch operand, the entries the index maps read at every grid step.
 

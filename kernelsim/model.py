@@ -95,9 +95,41 @@ class Operand:
         return int(np.prod([d.size for d in self.block_dims], dtype=np.int64)) * self.itemsize
 
     @property
+    def tile_padded_buffer_bytes(self) -> int:
+        """Bytes of one on-chip buffer of the block (the whole array, for an operand without a
+        window) with Mosaic's tile padding (``tile_padded_bytes``)."""
+        dims = (self.shape if self.block_dims is None
+                else tuple(d.size for d in self.block_dims if d.kind != "squeezed"))
+        return tile_padded_bytes(dims, self.dtype, self.itemsize)
+
+    @property
     def pipelined(self) -> bool:
         """Input/output with a window in VMEM or SMEM: the pipeline copies its blocks."""
         return self.role in ("input", "output") and self.memory_space in ("vmem", "smem")
+
+
+def tile_padded_bytes(shape: tuple[int, ...], dtype: str, itemsize: int) -> int:
+    """Bytes of an array of ``shape`` in TPU on-chip memory (VMEM or SMEM) as Mosaic lays it
+    out: the last dim padded to a multiple of 128 lanes and, from rank 2, the second-to-last
+    to the dtype's row tile -- 8 rows of 32-bit values, 16 of 16-bit, 32 of 8-bit (narrow
+    values pack into 32-bit words: the (8, 128), (16, 128) and (32, 128) tilings), or for
+    fewer rows the smallest power of two that holds them (at least the values one 32-bit
+    word packs). Mosaic's memref layout inference (``getTilingFactor`` in
+    jaxlib/mosaic/dialect/tpu/transforms/infer_memref_layout.cc, last in JAX's repository at
+    commit ba6a5ffbf8) makes those tiles and treats SMEM as VMEM. Bools are 32-bit words."""
+    if not shape:
+        return itemsize
+    width = 4 if dtype == "bool" else itemsize
+    dims = list(shape)
+    dims[-1] = -(-dims[-1] // _LANES) * _LANES
+    if len(dims) >= 2:
+        packing = max(1, 4 // max(width, 1))
+        tile = min(_SUBLANES * packing, max(packing, 1 << max(0, dims[-2] - 1).bit_length()))
+        dims[-2] = -(-dims[-2] // tile) * tile
+    return int(np.prod(dims, dtype=np.int64)) * width
+
+
+_SUBLANES, _LANES = 8, 128  # TPU vreg: sublanes x lanes of 32-bit words (jax/_src/tpu_info.py)
 
 
 OFF_CHIP: tuple[MemorySpace, ...] = ("hbm", "any")  # where a copy's bytes are HBM traffic
@@ -220,9 +252,10 @@ class KernelCall:
     scoped_vmem_bytes / scoped_smem_bytes: the most VMEM / SMEM the kernel body's
         ``pl.run_scoped`` allocations hold at once (``emit_pipeline`` allocates its buffers
         that way), on top of the pipeline's buffers and the scratch operands.
-    temporaries_vmem_bytes: the most bytes of array values the kernel body computes and holds
-        at once (an upper bound of the VMEM Mosaic adds beside the buffers for values that
-        do not fit in vector registers).
+    body_values_vmem_bytes: the most bytes of the kernel body's values that Mosaic keeps in
+        VMEM beside the buffers at once (a matmul's or reduction's result, a value read more
+        than once; ``kernelsim.call_model``), tile-padded.
+    read_by_index_maps: the scalar-prefetch operands some index map reads.
     referenced: the operands the kernel body's code names at all (a read, a write, a DMA or
         a wait on it, in any branch, whether or not it runs at these inputs).
     device: the mesh device this call runs on, for a kernel inside ``jax.shard_map`` (which
@@ -244,7 +277,8 @@ class KernelCall:
     scoped_vmem_bytes: int = 0
     scoped_smem_bytes: int = 0
     referenced: frozenset[str] = frozenset()
-    temporaries_vmem_bytes: int = 0
+    read_by_index_maps: frozenset[str] = frozenset()
+    body_values_vmem_bytes: int = 0
     device: MeshDevice | None = None
 
     @property

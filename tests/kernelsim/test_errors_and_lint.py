@@ -101,11 +101,11 @@ def test_lint_footprint_above_capacity():
     big = jnp.zeros((4096, 4096), jnp.float32)
     fn = functools.partial(_copy, block=(2048, 2048), in_map=lambda i, j: (i, j), grid=(2, 2))
     # 2 operands x 2 buffers x 16 MiB = 64 MiB: fits v5e's 128 MiB VMEM, not v4's 16 MiB --
-    # but on v5e it is above the default scoped limit (test_tpu_rules.py has JAX's bound)
+    # but on v5e it is above the default scoped limit (test_tpu_rules.py has the chip's)
     (w,) = [w for w in _warnings(fn, big, chip="tpu-v5e") if "footprint" in w]
-    assert "exceeds" not in w and "default scoped VMEM limit on tpu-v5e" in w
+    assert "exceeds Mosaic's default scoped VMEM limit on tpu-v5e, 16,777,216 B" in w
     (w,) = [w for w in _warnings(fn, big, chip="tpu-v4") if "footprint" in w]
-    assert "67,108,864 B exceeds tpu-v4's VMEM of 16,777,216 B" in w
+    assert "exceeds tpu-v4's VMEM of 16,777,216 B" in w and "67,108,864 B" in w
     with pytest.raises(TraceError, match="footprint"):
         kernelsim.trace(fn, big, chip="tpu-v4", strict=True)
 
@@ -210,15 +210,17 @@ def softmax_rows(x, rows):
                           out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
 
 
-def test_values_the_body_computes_count_beside_the_buffers():
+def test_values_mosaic_keeps_count_beside_the_buffers():
+    """A softmax keeps its exp (read by the sum and the division) and its row max and sum
+    (each (rows, 1) float32, padded to (rows, 128)); x - max streams into the exp."""
     x = jax.ShapeDtypeStruct((2048, 8192), jnp.float32)
     small = kernelsim.trace(softmax_rows, jnp.zeros((64, 1024)), 8).calls[0]
-    # two blocks of values live at once: x with x - max, x - max with e, e with e / sum
-    assert 2 * 8 * 1024 * 4 <= small.call.temporaries_vmem_bytes < 3 * 8 * 1024 * 4
-    assert small.to_dict()["temporaries_vmem_bytes"] == small.call.temporaries_vmem_bytes
-    assert not [w for w in small.warnings if "values the kernel body computes" in w]
-    # 1024-row blocks: 4 buffers of 32 MiB fill v5e's 128 MiB VMEM, the values do not fit
+    kept = small.cost.body_values_vmem_bytes
+    assert 8 * 1024 * 4 < kept <= 8 * 1024 * 4 + 2 * 8 * 128 * 4  # the exp, a max or sum
+    assert small.to_dict()["mosaic_vmem_bytes"] == small.cost.vmem_bytes + kept
+    assert not [w for w in small.warnings if "VMEM" in w]
+    # 1024-row blocks: 4 buffers of 32 MiB fill v5e's 128 MiB VMEM, the exp does not fit
     big = kernelsim.trace(softmax_rows, jnp.zeros(x.shape, x.dtype), 1024).calls[0]
-    assert big.cost.vmem_bytes <= 128 * 2**20 < big.cost.vmem_bytes + (
-        big.call.temporaries_vmem_bytes)
-    assert [w for w in big.warnings if "values the kernel body computes" in w]
+    assert big.cost.vmem_bytes <= 128 * 2**20 < big.cost.mosaic_vmem_bytes
+    (w,) = [w for w in big.warnings if kernelsim.lint.rule_of(w) == "vmem_capacity"]
+    assert "values the body keeps 33,554,432 B" not in w and "blocks that would fit" in w

@@ -1,0 +1,327 @@
+"""kernelsim's estimate beside the chip's time, and the compiler's verdicts, on a TPU.
+
+Runs on the TPU machine (Python 3.11, jax 0.10.2 + libtpu, only jax and numpy beside this
+repository; lessons/_course.py also wants matplotlib) and writes ``tpu_perf-<chip>.json`` to
+``--out`` (``$OUT`` on the device machine):
+
+- ``rows``: one per timed kernel -- lesson 7's matmul over block shapes and sizes, lesson 8's
+  flash attention over block sizes, causal and not, JAX's bundled
+  ``jax.experimental.pallas.ops.tpu.flash_attention`` (held out of any fit), elementwise and
+  reduction kernels. Each has ``kernel``, ``family`` (matmul, flash_attention, elementwise,
+  reduction, other), ``config``, ``measured_s`` (median of ``--repeats`` timings, each of
+  ``--inner`` calls issued back to back then synced, per call: the kernel without Python's
+  dispatch), ``synced_s`` (median of single synced calls, dispatch included, as the notes'
+  first table), ``estimated_s`` (kernelsim's, for tpu-v5e), ``fitted`` (whether a time-model
+  fit may use it) and kernelsim's terms (``kernelsim``). A config the compiler refuses is a
+  row with ``error`` and no time.
+- ``vmem``: lesson 7's matmul at 4096 over block shapes at the default scoped VMEM limit:
+  compiled or Mosaic's message, beside kernelsim's footprint and whether it warned.
+- ``lint``: copy kernels over packed and unpacked block shapes: compiled and exact, or the
+  error, beside kernelsim's block-shape warning.
+
+``--smoke`` runs a tiny sweep (on a CPU in interpret mode; JAX's bundled kernel is traced but
+not timed there) to check the script and its JSON. Prints the ratio table at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "lessons")]
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax.experimental import pallas as pl  # noqa: E402
+
+import kernelsim  # noqa: E402
+from kernelsim.lint import BLOCK_SHAPE_REJECTED, SCOPED_VMEM, rule_of  # noqa: E402
+
+CHIP = "tpu-v5e"
+FAMILIES = ("matmul", "flash_attention", "elementwise", "reduction", "other")
+MATMUL_BLOCKS = [(128, 128, 128), (256, 256, 256), (512, 512, 512), (512, 1024, 1024),
+                 (256, 512, 512), (512, 256, 512), (1024, 512, 512), (256, 1024, 256)]
+MATMUL_SIZES = {4096: True, 8192: True, 2048: False}  # n -> fitted (2048 held out)
+FLASH_BLOCKS = [(128, 128), (256, 256), (512, 256), (512, 512), (1024, 512)]
+FLASH_SHAPES = [(32, 2048), (16, 4096), (8, 8192)]  # (batch x heads, sequence), d = 128
+VMEM_BLOCKS = [(512, 1024, 1024), (1024, 512, 1024), (1024, 768, 1024), (1024, 896, 1024),
+               (1024, 1024, 1024), (512, 2048, 1024), (1024, 1280, 1024), (1024, 1536, 1024),
+               (2048, 512, 1024), (768, 1024, 1024), (1024, 640, 1024), (512, 1536, 1024)]
+LINT_CASES = [((rows_total, 256), (rows, 256), dtype)
+              for dtype in ("int8", "uint8", "float16", "bfloat16", "int16", "float32")
+              for rows_total, rows in ((32, 8), (32, 16), (64, 32), (32, 32), (8, 8),
+                                       (16, 16), (64, 48))]
+
+
+def interpreting() -> bool:
+    return jax.default_backend() != "tpu"
+
+
+def time_call(fn, args, repeats: int, inner: int) -> tuple[float, float]:
+    """(back-to-back seconds per call, synced seconds per call), medians, after a warm-up."""
+    jax.block_until_ready(fn(*args))
+    back_to_back, synced = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = None
+        for _ in range(inner):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        back_to_back.append((time.perf_counter() - start) / inner)
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        synced.append(time.perf_counter() - start)
+    return statistics.median(back_to_back), statistics.median(synced)
+
+
+def estimate(fn, args) -> dict:
+    """kernelsim's figures for the call(s) ``fn(*args)`` makes, summed over calls."""
+    calls = kernelsim.trace(fn, *args, chip=CHIP).to_dict()["calls"]
+    keys = ("estimated_seconds", "compute_seconds", "memory_seconds", "overhead_seconds",
+            "flops", "hbm_read_bytes", "hbm_write_bytes", "steps")
+    out = {k: sum(c[k] for c in calls) for k in keys}
+    out["mosaic_vmem_bytes"] = max(c["mosaic_vmem_bytes"] for c in calls)
+    out["warnings"] = [w for c in calls for w in c["warnings"]]
+    return out
+
+
+def first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {' / '.join(str(e).splitlines()[:3])}"[:400]
+
+
+def row(kernel, family, config, fn, args, fitted, opts) -> dict:
+    """Time ``fn(*args)`` compiled and estimate it; a refusal becomes the row's error."""
+    assert family in FAMILIES
+    est = estimate(fn, args)
+    out = {"kernel": kernel, "family": family, "config": config, "fitted": fitted,
+           "estimated_s": est.pop("estimated_seconds"), "kernelsim": est,
+           "measured_s": None, "synced_s": None}
+    if opts.get("untimed"):
+        out["error"] = "not timed here: " + opts["untimed"]
+        return out
+    if time.perf_counter() > opts["deadline"]:
+        out["error"] = "not timed: the sweep's --budget-s was spent"
+        return out
+    try:
+        out["measured_s"], out["synced_s"] = time_call(jax.jit(fn), args, opts["repeats"],
+                                                       opts["inner"])
+    except Exception as e:  # a refused config is recorded, not fatal
+        out["error"] = first_line(e)
+    return out
+
+
+def lesson_kernels():
+    import _course  # sets the process's matmul precision to "highest" for its lessons
+
+    jax.config.update("jax_default_matmul_precision", None)  # bf16 dots need the default
+    seven = _course.definitions("07-performance", "matmul_kernel", "matmul")
+    eight = _course.definitions("08-flash-attention", "last_kv_block", "flash_kernel",
+                                "flash_attention", SCALE=1 / 128 ** 0.5)
+    return seven.matmul, eight.flash_attention
+
+
+def matmul_rows(matmul, sizes, blocks, opts) -> list[dict]:
+    rows = []
+    for n, fitted in sizes.items():
+        a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+        b = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
+        for bm, bk, bn in blocks:
+            if max(bm, bk, bn) > n:
+                continue
+            fn = functools.partial(matmul, bm=bm, bk=bk, bn=bn, interpret=interpreting())
+            rows.append(row("lesson7 matmul", "matmul",
+                            {"n": n, "bm": bm, "bk": bk, "bn": bn, "dtype": "bfloat16"},
+                            fn, (a, b), fitted, opts))
+    return rows
+
+
+def flash_rows(flash, shapes, blocks, opts, bundled_sizes) -> list[dict]:
+    from jax.experimental.pallas.ops.tpu import flash_attention as bundled
+
+    rows = []
+    for bh, n in shapes:
+        q, k, v = (jax.random.normal(jax.random.key(i), (bh, n, 128), jnp.bfloat16)
+                   for i in range(3))
+        for causal in (False, True):
+            for bq, bkv in blocks:
+                fn = functools.partial(flash, bq=bq, bkv=bkv, causal=causal,
+                                       interpret=interpreting())
+                rows.append(row("lesson8 flash_attention", "flash_attention",
+                                {"bh": bh, "n": n, "d": 128, "bq": bq, "bkv": bkv,
+                                 "causal": causal}, fn, (q, k, v), True, opts))
+            q4, k4, v4 = (x.reshape(1, bh, n, 128) for x in (q, k, v))
+            for blk in bundled_sizes:
+                sizes = bundled.BlockSizes(block_q=blk, block_k_major=blk, block_k=blk,
+                                           block_b=1)
+                fn = functools.partial(bundled.flash_attention, causal=causal,
+                                       sm_scale=1 / 128 ** 0.5, block_sizes=sizes)
+                untimed = "JAX's bundled kernel has no interpret switch" if interpreting() \
+                    else None
+                rows.append(row("jax bundled flash_attention", "flash_attention",
+                                {"bh": bh, "n": n, "d": 128, "block": blk, "causal": causal},
+                                fn, (q4, k4, v4), False, {**opts, "untimed": untimed}))
+    return rows
+
+
+def _add_kernel(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] + y_ref[...]
+
+
+def _row_sum_kernel(x_ref, o_ref):
+    o_ref[...] = jnp.sum(x_ref[...], axis=1, keepdims=True)
+
+
+def elementwise_and_reduction_rows(sizes, blocks, opts) -> list[dict]:
+    rows = []
+    for rows_n, cols in sizes:
+        x = jax.random.normal(jax.random.key(2), (rows_n, cols), jnp.float32)
+        for br in blocks:
+            if br > rows_n:
+                continue
+            spec = pl.BlockSpec((br, cols), lambda i: (i, 0))
+            add = pl.pallas_call(_add_kernel, grid=(rows_n // br,), in_specs=[spec, spec],
+                                 out_specs=spec, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                                 interpret=interpreting())
+            rows.append(row("add", "elementwise", {"shape": [rows_n, cols], "block": br},
+                            add, (x, x), False, opts))
+            total = pl.pallas_call(
+                _row_sum_kernel, grid=(rows_n // br,), in_specs=[spec],
+                out_specs=pl.BlockSpec((br, 1), lambda i: (i, 0)),
+                out_shape=jax.ShapeDtypeStruct((rows_n, 1), x.dtype), interpret=interpreting())
+            rows.append(row("row sum", "reduction", {"shape": [rows_n, cols], "block": br},
+                            total, (x,), False, opts))
+    return rows
+
+
+def vmem_sweep(matmul, n, blocks) -> list[dict]:
+    """Compile (never run) each config at the default scoped VMEM limit."""
+    a = jax.ShapeDtypeStruct((n, n), jnp.bfloat16)
+    zeros = jnp.zeros((n, n), jnp.bfloat16)
+    out = []
+    for bm, bk, bn in blocks:
+        fn = functools.partial(matmul, bm=bm, bk=bk, bn=bn, interpret=interpreting())
+        call = kernelsim.trace(fn, zeros, zeros, chip=CHIP).calls[0]
+        verdict = {"blocks": [bm, bk, bn], "n": n,
+                   "kernelsim_mosaic_vmem_bytes": call.cost.mosaic_vmem_bytes,
+                   "kernelsim_warned": any(rule_of(w) == SCOPED_VMEM for w in call.warnings)}
+        try:
+            jax.jit(fn).lower(a, a).compile()
+            verdict["compiled"], verdict["error"] = True, None
+        except Exception as e:
+            verdict["compiled"], verdict["error"] = False, first_line(e)
+        out.append(verdict)
+    return out
+
+
+def _copy_kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+
+def lint_sweep(cases) -> list[dict]:
+    """Run a copy kernel over each (array, block, dtype): compiled and exact, or the error."""
+    out = []
+    for shape, block, dtype in cases:
+        spec = pl.BlockSpec(block, lambda i: (i, 0))
+        fn = pl.pallas_call(_copy_kernel, grid=(shape[0] // block[0],), in_specs=[spec],
+                            out_specs=spec, out_shape=jax.ShapeDtypeStruct(shape, dtype),
+                            interpret=interpreting())
+        x = (jnp.arange(np.prod(shape)) % 100).reshape(shape).astype(dtype)
+        flagged = [w for w in kernelsim.trace(fn, x, chip=CHIP).calls[0].warnings
+                   if BLOCK_SHAPE_REJECTED in w]
+        verdict = {"shape": list(shape), "block": list(block), "dtype": dtype,
+                   "kernelsim_rejects": bool(flagged)}
+        try:
+            y = jax.block_until_ready(jax.jit(fn)(x))
+            verdict["compiled"] = True
+            verdict["exact"] = bool(np.array_equal(np.asarray(y), np.asarray(x)))
+            verdict["error"] = None
+        except Exception as e:
+            verdict["compiled"], verdict["exact"], verdict["error"] = False, False, first_line(e)
+        out.append(verdict)
+    return out
+
+
+def ratio_table(rows: list[dict]) -> str:
+    lines = [f"{'kernel':28} {'config':58} {'measured ms':>11} {'est ms':>8} {'ratio':>6} fit"]
+    for r in rows:
+        cfg = json.dumps(r["config"], separators=(",", ":"))[:58]
+        if r["measured_s"] is None:
+            lines.append(f"{r['kernel']:28} {cfg:58} {'-':>11} {r['estimated_s'] * 1e3:8.3f} "
+                         f"{'-':>6} {r.get('error', '')[:60]}")
+            continue
+        ratio = r["measured_s"] / r["estimated_s"] if r["estimated_s"] else float("nan")
+        lines.append(f"{r['kernel']:28} {cfg:58} {r['measured_s'] * 1e3:11.3f} "
+                     f"{r['estimated_s'] * 1e3:8.3f} {ratio:6.2f} {'yes' if r['fitted'] else 'no'}")
+    return "\n".join(lines)
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("TPU_PERF_COMMIT", "unknown")
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench" / "recorded")))
+    p.add_argument("--smoke", action="store_true", help="a tiny sweep to test the script")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--inner", type=int, default=5)
+    p.add_argument("--budget-s", type=float, default=420.0,
+                   help="time no new kernel after this many seconds (still estimated)")
+    a = p.parse_args(argv)
+    started = time.perf_counter()
+    opts = {"repeats": 2 if a.smoke else a.repeats, "inner": 1 if a.smoke else a.inner,
+            "deadline": started + a.budget_s}
+    matmul, flash = lesson_kernels()
+    if a.smoke:
+        plan = [
+            lambda: matmul_rows(matmul, {256: True}, [(128, 128, 128)], opts),
+            lambda: flash_rows(flash, [(1, 256)], [(128, 128)], opts, [128]),
+            lambda: elementwise_and_reduction_rows([(64, 256)], [32], opts),
+        ]
+        vmem = lambda: vmem_sweep(matmul, 2048, [(512, 1024, 1024), (1024, 1024, 1024)])  # noqa: E731
+        lint = lambda: lint_sweep(LINT_CASES[:3])  # noqa: E731
+    else:
+        plan = [
+            lambda: matmul_rows(matmul, MATMUL_SIZES, MATMUL_BLOCKS, opts),
+            lambda: flash_rows(flash, FLASH_SHAPES, FLASH_BLOCKS, opts, [128, 512]),
+            lambda: elementwise_and_reduction_rows([(4096, 4096), (16384, 1024)],
+                                                   [64, 256, 1024], opts),
+        ]
+        vmem = lambda: vmem_sweep(matmul, 4096, VMEM_BLOCKS)  # noqa: E731
+        lint = lambda: lint_sweep(LINT_CASES)  # noqa: E731
+    result = {"commit": commit(), "jax": jax.__version__, "chip": CHIP,
+              "device_kind": jax.devices()[0].device_kind, "backend": jax.default_backend(),
+              "timing": f"median of {opts['repeats']}; measured_s: {opts['inner']} calls back "
+                        "to back, then synced, per call; synced_s: one synced call",
+              "rows": [], "vmem": vmem(), "lint": lint()}
+    for step in plan:
+        result["rows"] += step()
+    result["wall_s"] = time.perf_counter() - started
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"tpu_perf-{CHIP.removeprefix('tpu-')}{'-smoke' if a.smoke else ''}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(ratio_table(result["rows"]))
+    print(f"vmem: {sum(v['compiled'] for v in result['vmem'])} of {len(result['vmem'])} "
+          f"compiled; kernelsim warned {sum(v['kernelsim_warned'] for v in result['vmem'])}")
+    disagree = [v for v in result["lint"] if v["kernelsim_rejects"] == v["compiled"]]
+    print(f"lint: {len(disagree)} of {len(result['lint'])} disagree with the compiler")
+    print(f"wrote {path} in {result['wall_s']:.0f} s")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,69 @@
+"""bench/tpu_perf.py on the CPU: its rows' schema (fast, in process) and its --smoke sweep
+(slow, a fresh process) -- the script itself runs on a TPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+
+ROOT = Path(__file__).resolve().parents[2]
+ROW_KEYS = {"kernel", "family", "config", "measured_s", "estimated_s", "fitted"}
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("tpu_perf", ROOT / "bench" / "tpu_perf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _check_row(r, family):
+    assert ROW_KEYS <= set(r) and r["family"] == family in ("matmul", "flash_attention",
+                                                            "elementwise", "reduction", "other")
+    assert r["estimated_s"] > 0 and isinstance(r["fitted"], bool)
+    assert r["measured_s"] is None or r["measured_s"] > 0
+    json.dumps(r)
+
+
+def test_a_row_has_the_recorded_schema_and_a_refusal_is_not_fatal(monkeypatch):
+    tp = _module()
+    x = jnp.ones((64, 256), jnp.float32)
+    spec = pl.BlockSpec((32, 256), lambda i: (i, 0))
+    fn = pl.pallas_call(tp._add_kernel, grid=(2,), in_specs=[spec, spec], out_specs=spec,
+                        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True)
+    r = tp.row("add", "elementwise", {"block": 32}, fn, (x, x), False,
+               {"repeats": 1, "inner": 1, "deadline": float("inf")})
+    _check_row(r, "elementwise")
+    assert r["measured_s"] > 0 and "error" not in r
+
+    def refused(*args):  # what compiling a config over the scoped VMEM limit raises
+        raise RuntimeError("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom")
+
+    monkeypatch.setattr(tp, "time_call", refused)
+    r = tp.row("add", "elementwise", {"block": 32}, fn, (x, x), False,
+               {"repeats": 1, "inner": 1, "deadline": float("inf")})
+    _check_row(r, "elementwise")
+    assert r["measured_s"] is None and "CompileTimeScopedVmemOom" in r["error"]
+    assert "add" in tp.ratio_table([r])
+
+
+@pytest.mark.slow
+def test_smoke_sweep_writes_rows_vmem_and_lint_verdicts(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "bench" / "tpu_perf.py"), "--smoke", "--out",
+                    str(tmp_path)], check=True, cwd=ROOT, timeout=600,
+                   env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    report = json.loads((tmp_path / "tpu_perf-v5e-smoke.json").read_text())
+    assert {"commit", "jax", "chip", "rows", "vmem", "lint"} <= set(report)
+    for r in report["rows"]:
+        _check_row(r, r["family"])
+    assert {r["family"] for r in report["rows"]} >= {"matmul", "flash_attention"}
+    assert all({"compiled", "kernelsim_warned"} <= set(v) for v in report["vmem"])
