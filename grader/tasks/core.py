@@ -302,11 +302,11 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
     rules.append(Rule("scalar prefetch carries indices", f"{task.prefetch}, computed from "
                       "integer data (a result computed outside the kernel is not an index)",
                       "; ".join(results) or "it does", not results))
-    dots = [f"pallas_call #{c.number}: {d}" for c in w.calls for d in c.dot_precisions]
-    rules.append(Rule("dot precision right on a TPU", "float32 dots at HIGHEST, 16-bit dots at "
-                      "the default (with preferred_element_type=jnp.float32)",
-                      "; ".join(dots) or "they are", not dots))
-    if task.target == "tpu":
+    if task.target == "tpu":  # a GPU task's float32 dots: calling.lowered_for_gpu (TF32)
+        dots = [f"pallas_call #{c.number}: {d}" for c in w.calls for d in c.dot_precisions]
+        rules.append(Rule("dot precision right on a TPU", "float32 dots at HIGHEST, 16-bit "
+                          "dots at the default (with preferred_element_type=jnp.float32)",
+                          "; ".join(dots) or "they are", not dots))
         tables = [f"pallas_call #{c.number}: {t}" for c in w.calls for t in c.index_map_tables]
         rules.append(Rule(
             "index maps read 1-D scalar-prefetch tables (rule smem_2d_table)", "each table an "
