@@ -343,15 +343,15 @@ _course.check(LESSON, "paged_decode", paged_decode, paged_decode_reference,
 # %% [markdown]
 # **The page table goes in flat.** `paged_decode` passes `page_indices.reshape(-1)` and its
 # index map reads entry `s * slots + slot`, never `page_indices[s, slot]`, as JAX's own paged
-# attention does (`page_indices.reshape(-1)` in its `paged_attention`). On a TPU v5e (jax
-# 0.10.2, 2026-12-05) an index map that read a two-dimensional scalar-prefetch table *halted
-# the core* (assignment 14's append, "Core halted unexpectedly"; the process was dead after
-# it), and the same kernel with the table flattened ran right; interpret mode ran both right,
-# so only a chip shows it. Scalar prefetch lives in SMEM, and how Mosaic lays out a 2-D SMEM
-# array is decided inside its compiler, which ships without source; JAX's kernel flattens its
-# table without saying why (`bench/tpu_kernel_probe.py` runs both forms on a chip). The rule:
-# **every table an index map reads is 1-D**. The grader refuses a kernel that breaks it (rule
-# `smem_2d_table`).
+# attention does (`page_indices.reshape(-1)` in its `paged_attention`). On a TPU v5e on
+# 2026-12-05 (its JAX release: lessons/CHECKED.md) an index map that read a two-dimensional
+# scalar-prefetch table *halted the core* (assignment 14's append, "Core halted
+# unexpectedly"; the process was dead after it), and the same kernel with the table
+# flattened ran right; interpret mode ran both right, so only a chip shows it. Scalar
+# prefetch lives in SMEM, and how Mosaic lays out a 2-D SMEM array is decided inside its
+# compiler, which ships without source; JAX's kernel flattens its table without saying why
+# (`bench/tpu_kernel_probe.py` runs both forms on a chip). The rule: **every table an index
+# map reads is 1-D**. The grader refuses a kernel that breaks it (rule `smem_2d_table`).
 
 # %% [markdown]
 # kernelsim evaluates the index maps with the real page table: sequence 0 (40 tokens) reads
