@@ -183,7 +183,8 @@ print("block (256, 128), the full row count:", full_rows.calls[0].warnings or "n
 # %%
 def batched_matmul_kernel(x_ref, w_ref, o_ref):
     seen_shapes.append(x_ref.shape)  # recorded at trace time
-    o_ref[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+    o_ref[...] = jnp.dot(x_ref[...], w_ref[...],
+                         precision="highest", preferred_element_type=jnp.float32)
 
 
 def batched_matmul(x, w, *, bm=128, interpret):
@@ -361,7 +362,8 @@ finally:
 
 # %%
 def matmul_kernel(a_ref, b_ref, c_ref):
-    c_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+    c_ref[...] = jnp.dot(a_ref[...], b_ref[...],
+                         precision="highest", preferred_element_type=jnp.float32)
 
 
 def panel_matmul(a, b, *, bm=128, bn=128, interpret):

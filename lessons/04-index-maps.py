@@ -188,7 +188,8 @@ _course.check(LESSON, "reverse_row_blocks", reverse_row_blocks, reverse_row_bloc
 
 # %%
 def panel_kernel(a_ref, b_ref, c_ref):
-    c_ref[...] = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+    c_ref[...] = jnp.dot(a_ref[...], b_ref[...],
+                         precision="highest", preferred_element_type=jnp.float32)
 
 
 def panel_matmul(a, b, *, j_inner, interpret):
@@ -210,13 +211,15 @@ def panel_matmul(a, b, *, j_inner, interpret):
 
 
 M, N, K = 1024, 256, 512
+# the reference multiplies float32 in float32 on every backend (a TPU's default is one bf16 pass)
+exact_matmul = functools.partial(jnp.dot, precision="highest")
 a = jax.random.normal(keys[2], (M, K), jnp.float32)
 b = jax.random.normal(keys[3], (K, N), jnp.float32)
 # On a GPU these are interpreted: Triton stages both 512-deep panels in shared memory, over
 # the limit of an H200 (bench/recorded/lessons_gpu-h200.json).
 for j_inner in (True, False):
     _course.check(LESSON, f"panel_matmul_j_inner_{j_inner}",
-                  functools.partial(panel_matmul, j_inner=j_inner), jnp.dot, (a, b),
+                  functools.partial(panel_matmul, j_inner=j_inner), exact_matmul, (a, b),
                   choose(tpu_features=False, gpu_ok=False),
                   rtol=1e-4, atol=1e-3)
 
@@ -278,7 +281,8 @@ def matmul_acc_kernel(a_ref, b_ref, o_ref):
     def _init():
         o_ref[...] = jnp.zeros_like(o_ref)
 
-    o_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+    o_ref[...] += jnp.dot(a_ref[...], b_ref[...],
+                          precision="highest", preferred_element_type=jnp.float32)
 
 
 def matmul(a, b, *, semantics=("parallel", "parallel", "arbitrary"), interpret):
@@ -300,7 +304,7 @@ def matmul(a, b, *, semantics=("parallel", "parallel", "arbitrary"), interpret):
 a2 = jax.random.normal(keys[0], (256, 512), jnp.float32)
 b2 = jax.random.normal(keys[1], (512, 256), jnp.float32)
 tpu_run = choose(tpu_features=True)
-_course.check(LESSON, "matmul_k_arbitrary", matmul, jnp.dot, (a2, b2), tpu_run,
+_course.check(LESSON, "matmul_k_arbitrary", matmul, exact_matmul, (a2, b2), tpu_run,
               rtol=1e-4, atol=1e-3)
 t_acc = kernelsim.trace(functools.partial(matmul, interpret=True), a2, b2)
 print(t_acc.summary(steps=1))
@@ -344,7 +348,7 @@ t_acc.show()
 lie = ("parallel", "parallel", "parallel")
 plain = matmul(a2, b2, semantics=lie, interpret=True)
 shuffled = matmul(a2, b2, semantics=lie, interpret=pltpu.InterpretParams())
-want = jnp.dot(a2, b2)
+want = exact_matmul(a2, b2)
 print("interpret=True, k declared parallel    : max error", float(jnp.abs(plain - want).max()))
 print("TPU interpret, k declared parallel     : max error",
       float(jnp.abs(shuffled - want).max()))

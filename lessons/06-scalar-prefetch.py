@@ -159,7 +159,8 @@ def block_sparse_kernel(counts_ref, cols_ref, x_ref, y_ref, o_ref):
 
     @pl.when(k < counts_ref[i])  # padded steps do no work
     def _accumulate():
-        o_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+        o_ref[...] += jnp.dot(x_ref[...], y_ref[...],
+                              precision="highest", preferred_element_type=jnp.float32)
 
 
 def block_sparse_matmul(counts, cols, x, y, *, interpret):
@@ -290,7 +291,8 @@ def grouped_kernel(tiles_ref, groups_ref, first_ref, starts_ref, ends_ref, x_ref
 
     row = tiles_ref[step] * B + jax.lax.broadcasted_iota(jnp.int32, o_ref.shape, 0)
     in_group = (row >= starts_ref[g]) & (row < ends_ref[g])
-    product = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+    product = jnp.dot(x_ref[...], w_ref[...],
+                      precision="highest", preferred_element_type=jnp.float32)
     o_ref[...] += jnp.where(in_group, product, 0.0)
 
 

@@ -87,6 +87,18 @@ for name in ("tpu-v5e", "tpu-v6e", "h100"):
 # factory over the block sizes `(bm, bk, bn)`. It uses TPU-only features (scratch,
 # `pltpu.CompilerParams`).
 
+# **Precision on the MXU.** The MXU multiplies bfloat16 and adds in float32. A bfloat16 dot is
+# one pass and needs no precision (Mosaic refuses `precision="highest"` on bfloat16 operands:
+# "Bad lhs type"), only `preferred_element_type=jnp.float32` for the accumulator. A float32
+# dot is built from bfloat16 passes: at JAX's default precision one pass (each operand
+# rounded to bfloat16's 8 mantissa bits), at `precision="highest"` several, which together
+# keep float32's 24. Measured on a TPU v5e on 2026-12-05 (its JAX release: lessons/CHECKED.md):
+# a float32 dot at the default precision was 0.178 off float64, at "highest" 7.6e-6. So
+# every float32 dot in this course, kernel and reference, says `precision="highest"`, and
+# every bfloat16 dot says none; a kernel that takes either says
+# `"highest" if x.dtype == jnp.float32 else None`. The passes cost time: "highest" does
+# several MXU passes where bfloat16 does one, a reason the kernels we tune here are bfloat16.
+
 # %%
 def matmul_kernel(a_ref, b_ref, o_ref, acc_ref):
     @pl.when(pl.program_id(2) == 0)

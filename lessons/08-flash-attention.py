@@ -151,6 +151,9 @@ def last_kv_block(i, bq, bkv):
 def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, causal):
     q_block, kv_step = pl.program_id(1), pl.program_id(2)
     bq, bkv = q_ref.shape[0], k_ref.shape[0]
+    # float32 blocks: several MXU passes, exact; bfloat16 blocks: one pass, the MXU's own type
+    # (Mosaic refuses a bfloat16 dot at "highest"). Lesson 7 says why.
+    precision = "highest" if q_ref.dtype == jnp.float32 else None
 
     @pl.when(kv_step == 0)
     def _init():
@@ -159,7 +162,8 @@ def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, causa
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     def fold_in_block():
-        s = jnp.dot(q_ref[...], k_ref[...].T, preferred_element_type=jnp.float32) * SCALE
+        s = jnp.dot(q_ref[...], k_ref[...].T, precision=precision,
+                    preferred_element_type=jnp.float32) * SCALE
         if causal:  # Python `if`: decided at trace time, giving two kernels
             q_pos = q_block * bq + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
             k_pos = kv_step * bkv + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
@@ -170,6 +174,7 @@ def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, causa
         alpha = jnp.exp(m_prev - m_new)
         denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
         acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p.astype(v_ref.dtype), v_ref[...],
+                                                      precision=precision,
                                                       preferred_element_type=jnp.float32)
         m_ref[...] = m_new
 
@@ -231,12 +236,14 @@ def flash_loop_kernel(q_ref, k_ref, v_ref, o_ref, *, bkv):
     def body(j, carry):
         m, denom, acc = carry
         rows = pl.ds(j * bkv, bkv)
-        s = jnp.dot(q_block, k_ref[rows, :].T, preferred_element_type=jnp.float32) * SCALE
+        s = jnp.dot(q_block, k_ref[rows, :].T, precision="highest",
+                    preferred_element_type=jnp.float32) * SCALE
         m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
         p = jnp.exp(s - m_new)
         alpha = jnp.exp(m - m_new)
         denom = alpha * denom + p.sum(axis=1, keepdims=True)
-        acc = alpha * acc + jnp.dot(p, v_ref[rows, :], preferred_element_type=jnp.float32)
+        acc = alpha * acc + jnp.dot(p, v_ref[rows, :], precision="highest",
+                                    preferred_element_type=jnp.float32)
         return m_new, denom, acc
 
     bq = q_block.shape[0]

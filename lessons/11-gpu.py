@@ -369,11 +369,12 @@ def matmul_gpu_safe(a, b, *, bm=BM, bn=BN, bk=BK, interpret):
 
 a = jax.random.normal(keys[1], (128, 256), jnp.float32)
 b = jax.random.normal(keys[2], (256, 256), jnp.float32)
+exact_matmul = functools.partial(jnp.dot, precision=HIGHEST)  # the reference: float32 in float32
 tpu_params = pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"))
 _course.check(LESSON, "matmul_revisiting", functools.partial(
-    matmul_revisiting, compiler_params=tpu_params), jnp.dot, (a, b), tpu_run,
+    matmul_revisiting, compiler_params=tpu_params), exact_matmul, (a, b), tpu_run,
     rtol=1e-4, atol=1e-3)
-_course.check(LESSON, "matmul_gpu_safe", matmul_gpu_safe, jnp.dot, (a, b), run,
+_course.check(LESSON, "matmul_gpu_safe", matmul_gpu_safe, exact_matmul, (a, b), run,
               rtol=1e-4, atol=1e-3, cannot_compile={
                   "tpu": "written for Triton: its K chunks of BK = 32 columns miss the "
                          "TPU's 128-lane alignment (Mosaic's error E2003 on a v5e)"})
@@ -547,7 +548,8 @@ def matmul_scratch(a, b, *, block=128, interpret):
         def _zero():
             acc_ref[...] = jnp.zeros_like(acc_ref)
 
-        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...],
+                                precision="highest", preferred_element_type=jnp.float32)
 
         @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
         def _store():

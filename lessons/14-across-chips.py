@@ -220,7 +220,7 @@ def collective_matmul_kernel(x_ref, w_ref, o_ref, shards, send_sems, recv_sems):
                                                 device_id={"x": right})
             copy.start()
         # the matmul of the shard on hand overlaps its trip to the right
-        o_ref[pl.ds(shard * m, m), :] = jnp.dot(shards[shard], w_ref[...],
+        o_ref[pl.ds(shard * m, m), :] = jnp.dot(shards[shard], w_ref[...], precision="highest",
                                                 preferred_element_type=jnp.float32)
         if copy is not None:
             copy.wait()
@@ -347,7 +347,7 @@ def ring_matmul_kernel(x_ref, w_ref, o_ref, shards, send_sems, recv_sems):
     def _():
         forward(step).start()
 
-    o_ref[pl.ds(shard * m, m), :] = jnp.dot(shards[shard], w_ref[...],
+    o_ref[pl.ds(shard * m, m), :] = jnp.dot(shards[shard], w_ref[...], precision="highest",
                                             preferred_element_type=jnp.float32)
 
 

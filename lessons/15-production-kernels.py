@@ -101,7 +101,7 @@ def quantized_matmul_kernel(x_ref, q_ref, s_ref, o_ref, acc_ref):
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
     w = q_ref[...].astype(jnp.float32) * s_ref[...]  # (bk, bn) * (1, bn): this block's scales
-    acc_ref[...] += jnp.dot(x_ref[...], w, preferred_element_type=jnp.float32)
+    acc_ref[...] += jnp.dot(x_ref[...], w, precision="highest", preferred_element_type=jnp.float32)
 
     @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
     def _():
@@ -259,7 +259,7 @@ def last_page(kv_len, page_size):
     return jnp.maximum(kv_len - 1, 0) // page_size
 
 
-def paged_decode_kernel(kv_lens, page_indices, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref,
+def paged_decode_kernel(kv_lens, page_table, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref,
                         acc_ref, *, scale):
     s, p = pl.program_id(0), pl.program_id(1)
     page_size = k_ref.shape[0]
@@ -273,6 +273,7 @@ def paged_decode_kernel(kv_lens, page_indices, q_ref, k_ref, v_ref, o_ref, m_ref
     @pl.when(p * page_size < kv_lens[s])  # pages past the sequence's end: no work
     def _():
         scores = scale * jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                             precision="highest",
                                              preferred_element_type=jnp.float32)  # (G, page)
         pos = p * page_size + jax.lax.broadcasted_iota(jnp.int32, scores.shape, 1)
         scores = jnp.where(pos < kv_lens[s], scores, -jnp.inf)  # the last page's tail
@@ -281,7 +282,7 @@ def paged_decode_kernel(kv_lens, page_indices, q_ref, k_ref, v_ref, o_ref, m_ref
         probs = jnp.exp(scores - m_new)
         l_ref[...] = correction * l_ref[...] + jnp.sum(probs, axis=1, keepdims=True)
         acc_ref[...] = correction * acc_ref[...] + jnp.dot(
-            probs, v_ref[...], preferred_element_type=jnp.float32)
+            probs, v_ref[...], precision="highest", preferred_element_type=jnp.float32)
         m_ref[...] = m_new
 
     @pl.when(p == pl.num_programs(1) - 1)
@@ -293,9 +294,13 @@ def paged_decode(q, k_pages, v_pages, kv_lens, page_indices, *, interpret):
     n_seq, g, d = q.shape
     page_size = k_pages.shape[1]
 
-    def page_map(s, p, kv_lens, page_indices):
-        # past the end: repeat the last valid page, so the pipeline copies nothing
-        return (page_indices[s, jnp.minimum(p, last_page(kv_lens[s], page_size))], 0, 0)
+    slots = page_indices.shape[1]
+
+    def page_map(s, p, kv_lens, page_table):
+        # past the end: repeat the last valid page, so the pipeline copies nothing; the table
+        # is flat (see below): entry s * slots + slot
+        slot = jnp.minimum(p, last_page(kv_lens[s], page_size))
+        return (page_table[s * slots + slot], 0, 0)
 
     per_seq = pl.BlockSpec((None, g, d), lambda s, p, *_: (s, 0, 0))
     page = pl.BlockSpec((None, page_size, d), page_map)
@@ -303,7 +308,7 @@ def paged_decode(q, k_pages, v_pages, kv_lens, page_indices, *, interpret):
         functools.partial(paged_decode_kernel, scale=d ** -0.5),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2,
-            grid=(n_seq, page_indices.shape[1]),
+            grid=(n_seq, slots),
             in_specs=[per_seq, page, page],
             out_specs=per_seq,
             scratch_shapes=[pltpu.VMEM((g, 1), jnp.float32), pltpu.VMEM((g, 1), jnp.float32),
@@ -312,7 +317,7 @@ def paged_decode(q, k_pages, v_pages, kv_lens, page_indices, *, interpret):
         # p carries the running softmax: in order; s could be "parallel"
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
         interpret=interpret,
-    )(kv_lens, page_indices, q, k_pages, v_pages)
+    )(kv_lens, page_indices.reshape(-1), q, k_pages, v_pages)
 
 
 def paged_decode_reference(q, k_pages, v_pages, kv_lens, page_indices):
@@ -334,6 +339,19 @@ k_pages = jax.random.normal(keys[3], (PAGES, PAGE_SIZE, D), jnp.float32)
 v_pages = jax.random.normal(keys[4], (PAGES, PAGE_SIZE, D), jnp.float32)
 _course.check(LESSON, "paged_decode", paged_decode, paged_decode_reference,
               (qd, k_pages, v_pages, lengths, table), tpu_run, rtol=1e-4, atol=1e-4)
+
+# %% [markdown]
+# **The page table goes in flat.** `paged_decode` passes `page_indices.reshape(-1)` and its
+# index map reads entry `s * slots + slot`, never `page_indices[s, slot]`, as JAX's own paged
+# attention does (`page_indices.reshape(-1)` in its `paged_attention`). On a TPU v5e on
+# 2026-12-05 (its JAX release: lessons/CHECKED.md) an index map that read a two-dimensional
+# scalar-prefetch table *halted the core* (assignment 14's append, "Core halted
+# unexpectedly"; the process was dead after it), and the same kernel with the table
+# flattened ran right; interpret mode ran both right, so only a chip shows it. Scalar
+# prefetch lives in SMEM, and how Mosaic lays out a 2-D SMEM array is decided inside its
+# compiler, which ships without source; JAX's kernel flattens its table without saying why
+# (`bench/tpu_kernel_probe.py` runs both forms on a chip). The rule: **every table an index
+# map reads is 1-D**. The grader refuses a kernel that breaks it (rule `smem_2d_table`).
 
 # %% [markdown]
 # kernelsim evaluates the index maps with the real page table: sequence 0 (40 tokens) reads

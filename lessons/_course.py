@@ -36,14 +36,11 @@ RECORD_ENV = "PALLAS_COURSE_RECORD"
 # each statement with the source lines it was checked against.
 CHECKED_JAX = "0.12.0.1"
 
-# Every float32 matmul of a lesson (kernels, references, library calls) multiplies in float32.
-# JAX's default precision lets a GPU multiply float32 in TF32 (10 mantissa bits): XLA's dots,
-# so also a kernel run in interpret mode on a GPU, and the Triton lowering's dots
-# (jax/_src/pallas/triton/lowering.py, _TF32_PRECISIONS). A kernel and its reference would
-# then differ by ~1e-3 relative on a GPU and agree on a CPU (seen on an H200, bench/README.md).
-# A dot without a precision takes this one when it is traced (lax.canonicalize_precision).
-MATMUL_PRECISION = "highest"
-jax.config.update("jax_default_matmul_precision", MATMUL_PRECISION)
+# No process-wide matmul precision: each dot says its own. A float32 dot passes
+# precision="highest" (at JAX's default a TPU multiplies float32 in one bf16 pass and a GPU in
+# TF32: a kernel and its reference would differ by ~1e-3 relative there and agree on a CPU); a
+# bfloat16 dot passes none, as Mosaic refuses a bf16 dot at "highest" ("Bad lhs type", measured
+# on a TPU v5e), and asks for a float32 result with preferred_element_type. Lesson 7 says why.
 
 
 class NeedsNewerJax(NotImplementedError):
@@ -66,8 +63,7 @@ def versions() -> None:
     """Print the running JAX release and backend, and the release the lessons were checked
     against; say so when the two differ."""
     print(f"JAX {jax.__version__} on {jax.default_backend()}; the pinned release, which the "
-          f"lessons were checked against: JAX {CHECKED_JAX}; float32 matmuls at precision "
-          f"{MATMUL_PRECISION!r}")
+          f"lessons were checked against: JAX {CHECKED_JAX}")
     if jax.__version__ != CHECKED_JAX:
         print("  (a different release: statements about lowering details, defaults and error "
               "messages may no longer hold)")

@@ -49,12 +49,10 @@ TRACING_ERRORS = (jax_errors.TracerArrayConversionError, jax_errors.Concretizati
 TRACED = ("your function is traced once per case, as jax.jit traces it: compute on its array "
           "arguments with jax.numpy and pl.pallas_call (NumPy only on host inputs such as a "
           "block mask)")
-# A dot traced without a precision takes this one (lax.canonicalize_precision): float32
-# products in float32 on every backend, as the references computed them. At JAX's default a
-# GPU multiplies float32 in TF32, XLA's dots (interpret mode's too) and Triton's alike, and a
-# right kernel would fail a learner's check on a GPU that the grader's CPU passes. Assignment
-# 11, where TF32 is the lesson, judges the default precision itself (``lowered_for_gpu``).
-MATMUL_PRECISION = "highest"
+# The learner's function is traced at JAX's default matmul precision, as it runs on their
+# machine: a dot's precision is the kernel's own (a process-wide "highest" made every bfloat16
+# dot of a kernel one that Mosaic refuses to compile, "Bad lhs type" on a TPU v5e). Which
+# precisions a TPU gets right is a rule of the checker's (``grader.grading.work.dot_precisions``).
 
 
 @dataclass
@@ -83,15 +81,14 @@ class Call:
 
 
 def trace_case(task: Any, fn: Any, arrays: list, params: dict) -> Traced:
-    """Trace ``fn`` once on the case into a program (``jax.make_jaxpr``), at
-    ``MATMUL_PRECISION``: the only step that runs the learner's Python. ``task`` (a ``Call``
+    """Trace ``fn`` once on the case into a program (``jax.make_jaxpr``), at JAX's default
+    matmul precision: the only step that runs the learner's Python. ``task`` (a ``Call``
     or a ``grader.tasks.Task``) says how; its ``host_inputs`` trailing arrays reach the
     function as NumPy arrays (host planning); the others are traced."""
     split = len(arrays) - task.host_inputs
     traced, host = list(arrays[:split]), [np.asarray(a) for a in arrays[split:]]
     try:
-        with jax.default_matmul_precision(MATMUL_PRECISION):
-            program = jax.make_jaxpr(lambda *a: task.call(fn, [*a, *host], params))(*traced)
+        program = jax.make_jaxpr(lambda *a: task.call(fn, [*a, *host], params))(*traced)
     except TRACING_ERRORS as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         return Traced(error=f"{type(e).__name__}: {first} -- {TRACED}")
@@ -316,8 +313,7 @@ def lowered_for_gpu(fn, arrays, params):
     JAX's Triton lowering of ``pallas_call``."""
     out = fn(*arrays, **params)
     compiled = functools.partial(fn, **params, interpret=False)
-    with jax.default_matmul_precision(None):  # JAX's default, not MATMUL_PRECISION
-        program = jax.make_jaxpr(compiled)(*arrays)
+    program = jax.make_jaxpr(compiled)(*arrays)
     if any(e.params["interpret"] is not False for e in eqns(program)
            if e.primitive.name == "pallas_call"):
         raise InterpretIgnored(

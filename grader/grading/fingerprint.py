@@ -22,8 +22,8 @@ from grader.grading.calling import open_jaxpr
 _ERASED = re.compile(r"0x[0-9a-fA-F]+|\d+")
 
 
-# parameters a body's author does not choose: a dot's precision is the grader's (it traces at
-# MATMUL_PRECISION), where the lesson or op that shipped the body ran at JAX's default
+# parameters left out of a fingerprint: a dot's precision, so that a shipped body with
+# precision="highest" added (or left out) is still the same body
 _UNFINGERPRINTED = frozenset({"precision"})
 
 

@@ -149,6 +149,57 @@ def kernel_file(kernel: Any) -> str:
     return where.rpartition(":")[0]
 
 
+def _precision_name(precision: Any) -> str:
+    """A dot_general's ``precision`` parameter in words: "default" (None or DEFAULT for both
+    operands), else the precision (or algorithm) JAX records."""
+    if precision is None:
+        return "default"
+    names = {str(getattr(p, "name", p)).lower() for p in
+             (precision if isinstance(precision, tuple) else (precision,))}
+    return "default" if names == {"default"} else "/".join(sorted(names))
+
+
+def dot_precisions(kernel: Any) -> list[str]:
+    """Every dot_general of a kernel body whose precision a TPU gets wrong, in words:
+    16-bit operands at a precision above the default, which Mosaic refuses to compile ("Bad lhs
+    type" for highest, measured on a TPU v5e, jax 0.10.2; the MXU multiplies bfloat16
+    natively), and float32 operands below "highest", which a TPU multiplies in one bfloat16
+    pass and a GPU in TF32 (0.178 off float64 where "highest" was 7.6e-6 off, on that chip)."""
+    found = []
+    for e in eqns(kernel):
+        if e.primitive.name != "dot_general":
+            continue
+        dtypes = {str(v.aval.dtype) for v in e.invars[:2]}
+        precision = _precision_name(e.params.get("precision"))
+        if dtypes & {"bfloat16", "float16"} and precision != "default":
+            found.append(f"a {'x'.join(sorted(dtypes))} dot at precision {precision}: Mosaic "
+                         "refuses it on a TPU; pass no precision (a 16-bit product is exact) "
+                         "and preferred_element_type=jnp.float32")
+        elif dtypes == {"float32"} and precision != "highest":
+            found.append(f"a float32 dot at precision {precision}: a TPU multiplies it in one "
+                         "bfloat16 pass, a GPU in TF32; pass precision=jax.lax.Precision.HIGHEST")
+    return found
+
+
+def index_map_tables(eqn: Any) -> list[str]:
+    """The scalar-prefetch operands of a ``pallas_call`` with two or more dimensions that an
+    index map reads, in words. Read in an index map, such a table halted a TPU v5e's core
+    (kv_cache_append, jax 0.10.2); the same table flattened to 1-D ran. JAX's own paged
+    attention flattens its page table (``page_indices.reshape(-1)``) before the call."""
+    if eqn.primitive.name != "pallas_call":
+        return []
+    gm = eqn.params["grid_mapping"]
+    n_grid, n_idx = len(gm.grid), int(gm.num_index_operands)
+    found: set[int] = set()
+    for bm in gm.block_mappings:
+        index_map = open_jaxpr(bm.index_map_jaxpr)
+        tables = {id(v): i for i, v in enumerate(index_map.invars[n_grid:n_grid + n_idx])
+                  if len(getattr(v.aval, "shape", ())) >= 2}
+        found |= {tables[id(v)] for e in index_map.eqns for v in e.invars if id(v) in tables}
+    return [f"scalar-prefetch operand {i} ({'x'.join(map(str, eqn.invars[i].aval.shape))})"
+            for i in sorted(found)]
+
+
 def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]]) -> dict:
     kernel = kernel_body(eqn)
     if eqn.primitive.name == "pallas_call":
@@ -168,7 +219,9 @@ def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]
                          for i, (o, f) in enumerate(operand_origins[:n_idx + n_in])],
             "unread": [i - n_idx for i in range(n_idx, n_idx + n_in)
                        if i < len(refs) and id(refs[i]) not in used],
-            "dma": dma_order(eqn.params) if eqn.primitive.name == "pallas_call" else None}
+            "dma": dma_order(eqn.params) if eqn.primitive.name == "pallas_call" else None,
+            "dot_precisions": dot_precisions(kernel),
+            "index_map_tables": index_map_tables(eqn)}
 
 
 def _floating(v: Any) -> bool:

@@ -138,7 +138,8 @@ register_task(
     id="matmul_bias_relu", assignment=A4, title="Fused bias + ReLU epilogue",
     kernel_ops=(("dot_general",), ("max",)),
     reference=lambda a, b, bias, **_: jnp.maximum(
-        jnp.dot(a, b, preferred_element_type=jnp.float32) + as_f32(bias), 0).astype(a.dtype),
+        jnp.dot(a, b, precision="highest", preferred_element_type=jnp.float32) + as_f32(bias),
+        0).astype(a.dtype),
     tolerance="reduction",
     make=_make_mm_bias,
     cases=(

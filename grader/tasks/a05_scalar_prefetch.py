@@ -94,7 +94,7 @@ def _make_gmm(rng, case):
 
 def _gmm_ref(x, w, group_sizes, **_):
     gid = np.repeat(np.arange(w.shape[0]), np.asarray(group_sizes))
-    return jnp.einsum("mk,mkn->mn", as_f32(x), as_f32(w[gid]),
+    return jnp.einsum("mk,mkn->mn", as_f32(x), as_f32(w[gid]), precision="highest",
                       preferred_element_type=jnp.float32).astype(x.dtype)
 
 

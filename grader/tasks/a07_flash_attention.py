@@ -30,16 +30,18 @@ A7 = "07_flash_attention"
 
 def _scores_ref(q, k, bq, bk):
     d = q.shape[-1]
-    return (jnp.dot(q, k.T, preferred_element_type=jnp.float32) / math.sqrt(d)).astype(q.dtype)
+    s = jnp.dot(q, k.T, precision="highest", preferred_element_type=jnp.float32)
+    return (s / math.sqrt(d)).astype(q.dtype)
 
 
 def _attn_ref(q, k, v, bq, bk, causal=False):
-    s = jnp.dot(q, k.T, preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
+    s = jnp.dot(q, k.T, precision="highest",
+                preferred_element_type=jnp.float32) / math.sqrt(q.shape[-1])
     if causal:
         lq, lk = s.shape
         s = jnp.where(jnp.arange(lq)[:, None] >= jnp.arange(lk)[None, :], s, -jnp.inf)
     p = jax.nn.softmax(s, axis=-1)
-    return jnp.dot(p, as_f32(v)).astype(q.dtype)
+    return jnp.dot(p, as_f32(v), precision="highest").astype(q.dtype)
 
 
 def _scores_rules(call, case, rules, inputs):

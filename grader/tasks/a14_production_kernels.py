@@ -11,7 +11,8 @@ column, and the decode-time append to a paged KV cache.
   in place. Lesson 15 wrote whole pages; a decode step writes one row of a page and must keep
   the page's other rows. Rules: grid ``(S,)``, two scalar-prefetch operands (the page table and
   the positions), and HBM writes of exactly one page per sequence (the cache is the output's
-  own buffer, ``input_output_aliases``; a fresh output would be NaN in the unwritten pages).
+  own buffer, ``input_output_aliases``; a fresh output would be NaN in the unwritten pages);
+  like every TPU task, no index map reading a 2-D scalar-prefetch table (``core.work_rules``).
 """
 
 from __future__ import annotations

@@ -302,6 +302,18 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
     rules.append(Rule("scalar prefetch carries indices", f"{task.prefetch}, computed from "
                       "integer data (a result computed outside the kernel is not an index)",
                       "; ".join(results) or "it does", not results))
+    if task.target == "tpu":  # a GPU task's float32 dots: calling.lowered_for_gpu (TF32)
+        dots = [f"pallas_call #{c.number}: {d}" for c in w.calls for d in c.dot_precisions]
+        rules.append(Rule("dot precision right on a TPU", "float32 dots at HIGHEST, 16-bit "
+                          "dots at the default (with preferred_element_type=jnp.float32)",
+                          "; ".join(dots) or "they are", not dots))
+        tables = [f"pallas_call #{c.number}: {t}" for c in w.calls for t in c.index_map_tables]
+        rules.append(Rule(
+            "index maps read 1-D scalar-prefetch tables (rule smem_2d_table)", "each table an "
+            "index map reads flattened to 1-D: pass table.reshape(-1) and read "
+            "t[s * columns + j], as JAX's paged attention does",
+            "; ".join(f"{t} is read with two indices, which halted a TPU v5e core"
+                      for t in tables) or "they are", not tables))
     if task.own_kernels:
         rules.append(own_kernels(w))
     if task.dma_rules is not None:
@@ -358,12 +370,13 @@ def register_task(**kw) -> Task:
 
 
 def matmul_reference(a, b, *_, **__):
-    return jnp.dot(a, b, preferred_element_type=jnp.float32).astype(a.dtype)
+    return jnp.dot(a, b, precision="highest", preferred_element_type=jnp.float32).astype(a.dtype)
 
 
 def matmul_transposed_reference(a, b, *_, **__):
     """``a @ b.T`` for ``b`` stored ``(N, K)``, accumulated in float32, rounded once."""
-    return jnp.dot(a, b.T, preferred_element_type=jnp.float32).astype(a.dtype)
+    return jnp.dot(a, b.T, precision="highest",
+                   preferred_element_type=jnp.float32).astype(a.dtype)
 
 
 def tiled_matmul_call(m: int, k: int, n: int, bm: int, bk: int, bn: int, dtype,

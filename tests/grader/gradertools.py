@@ -93,3 +93,12 @@ def fails(task: str, fn, expected: str, hidden: bool = False) -> str:
     message = str(failed.value)
     assert expected in message, message
     return message
+
+
+def precision_for(dtype):
+    """The precision a planted kernel's dot passes, as the course's kernels do: HIGHEST for
+    float32 operands (exact on a TPU), none for bfloat16 (Mosaic refuses HIGHEST there)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.lax.Precision.HIGHEST if dtype == jnp.float32 else None

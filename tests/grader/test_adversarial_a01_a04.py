@@ -126,7 +126,8 @@ def _matmul_bias_relu(acc_dtype=jnp.float32, epilogue_in_output_dtype=False,
                 acc_ref[...] = start.astype(acc_t)
 
             acc = acc_ref[...].astype(jnp.float32) + jnp.dot(
-                a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+                a_ref[...], b_ref[...], precision=gradertools.precision_for(a_ref.dtype),
+                preferred_element_type=jnp.float32)
             if bias_first_relu_every_step:
                 acc = jnp.maximum(acc, 0.0)
             acc_ref[...] = acc.astype(acc_t)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import gradertools
 import jax
 import jax.numpy as jnp
 import jupytext
@@ -183,6 +184,7 @@ def tiled_matmul(choose_blocks, acc_dtype=jnp.float32, claimed_cost=None):
 
             acc_ref[...] += jax.lax.dot_general(
                 a_ref[...], b_ref[...], (((1,), (1,)), ((), ())),
+                precision=gradertools.precision_for(a_ref.dtype),
                 preferred_element_type=jnp.float32).astype(acc)
 
             @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)

@@ -171,6 +171,7 @@ def _bsmm(accumulate_in_input_dtype=False, every_k_block=False, at_least_one_ste
             @pl.when(s < cnt_ref[i])
             def _():
                 acc_ref[...] += jnp.dot(a_ref[...], b_ref[...],
+                                        precision=gradertools.precision_for(a_ref.dtype),
                                         preferred_element_type=jnp.float32).astype(acc_dtype)
 
             @pl.when(s == pl.num_programs(2) - 1)
@@ -224,6 +225,7 @@ def test_reading_every_groups_weights_fails_the_visible_budget():
 
         def kernel(gid_ref, x_ref, w_ref, o_ref):  # all groups on chip, one picked per block
             o_ref[...] = jnp.dot(x_ref[...], w_ref[gid_ref[pl.program_id(0)]],
+                                 precision=gradertools.precision_for(x_ref.dtype),
                                  preferred_element_type=jnp.float32).astype(o_ref.dtype)
 
         spec = pltpu.PrefetchScalarGridSpec(
@@ -270,6 +272,7 @@ def _flash(causal=False, subtract_max=True, last_block=last_query_block, clamp=T
 
             def step():
                 s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                        precision=gradertools.precision_for(q_ref.dtype),
                                         preferred_element_type=jnp.float32) / np.sqrt(d)
                 if causal:
                     q_pos = i * bq + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
@@ -281,7 +284,9 @@ def _flash(causal=False, subtract_max=True, last_block=last_query_block, clamp=T
                 p, alpha = jnp.exp(s - m_new), jnp.exp(m_ref[...] - m_new)
                 l_ref[...] = alpha * l_ref[...] + p.sum(axis=1, keepdims=True)
                 acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
-                    p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
+                    p.astype(v_ref.dtype), v_ref[...],
+                    precision=gradertools.precision_for(v_ref.dtype),
+                    preferred_element_type=jnp.float32)
                 m_ref[...] = m_new
 
             if causal:

@@ -8,6 +8,7 @@ cases are large enough for their traffic budgets to fail.
 
 from __future__ import annotations
 
+import gradertools
 import jax
 import jax.numpy as jnp
 import pytest
@@ -51,7 +52,8 @@ def _matmul(accumulate_in_input_dtype: bool, mask_a: bool = True, mask_b: bool =
             b_in = kk * bk + jax.lax.broadcasted_iota(jnp.int32, (bk, bn), 0) < k
             x = jnp.where(a_in, a_ref[...], 0) if mask_a else a_ref[...]
             y = jnp.where(b_in, b_ref[...], 0) if mask_b else b_ref[...]
-            acc_ref[...] += jnp.dot(x, y, preferred_element_type=jnp.float32).astype(acc_dtype)
+            acc_ref[...] += jnp.dot(x, y, precision=gradertools.precision_for(x.dtype),
+                                    preferred_element_type=jnp.float32).astype(acc_dtype)
 
             @pl.when(kk == pl.num_programs(2) - 1)
             def _():

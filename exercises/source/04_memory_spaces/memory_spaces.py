@@ -68,6 +68,8 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 def matmul(a, b, bm, bk, bn):
     ### BEGIN SOLUTION
     (m, k), n = a.shape, b.shape[1]
+    # float32: several MXU passes, exact; bfloat16: one pass (Mosaic refuses "highest" there)
+    precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
 
     def kernel(a_ref, b_ref, o_ref, acc_ref):
         kk = pl.program_id(2)
@@ -81,7 +83,8 @@ def matmul(a, b, bm, bk, bn):
         b_row = kk * bk + jax.lax.broadcasted_iota(jnp.int32, (bk, bn), 0)
         a_blk = jnp.where(a_col < k, a_ref[...], 0)
         b_blk = jnp.where(b_row < k, b_ref[...], 0)
-        acc_ref[...] += jnp.dot(a_blk, b_blk, preferred_element_type=jnp.float32)
+        acc_ref[...] += jnp.dot(a_blk, b_blk, precision=precision,
+                                preferred_element_type=jnp.float32)
 
         @pl.when(kk == pl.num_programs(2) - 1)
         def _():
@@ -204,6 +207,8 @@ except NotImplementedError:
 def matmul_bias_relu(a, b, bias, bm, bk, bn):
     ### BEGIN SOLUTION
     (m, k), n = a.shape, b.shape[1]
+    # float32: several MXU passes, exact; bfloat16: one pass (Mosaic refuses "highest" there)
+    precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
 
     def kernel(a_ref, b_ref, bias_ref, o_ref, acc_ref):
         last = pl.num_programs(2) - 1
@@ -212,7 +217,8 @@ def matmul_bias_relu(a, b, bias, bm, bk, bn):
         def _():
             acc_ref[...] = jnp.zeros_like(acc_ref)
 
-        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], precision=precision,
+                                preferred_element_type=jnp.float32)
 
         @pl.when(pl.program_id(2) == last)
         def _():

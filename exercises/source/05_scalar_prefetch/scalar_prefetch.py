@@ -138,6 +138,8 @@ def block_sparse_matmul(a, b, block_mask, bm, bk, bn):
             ids[i, : len(nz)] = nz
             ids[i, len(nz):] = nz[-1]
     ids = ids.reshape(-1)
+    # float32: several MXU passes, exact; bfloat16: one pass (Mosaic refuses "highest" there)
+    precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
 
     def kernel(ids_ref, cnt_ref, a_ref, b_ref, o_ref, acc_ref):
         i, s = pl.program_id(0), pl.program_id(2)
@@ -148,7 +150,8 @@ def block_sparse_matmul(a, b, block_mask, bm, bk, bn):
 
         @pl.when(s < cnt_ref[i])
         def _():
-            acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+            acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], precision=precision,
+                                    preferred_element_type=jnp.float32)
 
         @pl.when(s == pl.num_programs(2) - 1)
         def _():
@@ -215,8 +218,10 @@ def grouped_matmul(x, w, group_sizes, bm, bn):
     g, _, n = w.shape
     gid = np.repeat(np.arange(g, dtype=np.int32), np.asarray(group_sizes) // bm)
 
+    precision = jax.lax.Precision.HIGHEST if x.dtype == jnp.float32 else None  # as above
+
     def kernel(gid_ref, x_ref, w_ref, o_ref):
-        o_ref[...] = jnp.dot(x_ref[...], w_ref[...],
+        o_ref[...] = jnp.dot(x_ref[...], w_ref[...], precision=precision,
                              preferred_element_type=jnp.float32).astype(o_ref.dtype)
 
     spec = pltpu.PrefetchScalarGridSpec(

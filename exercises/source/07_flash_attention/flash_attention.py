@@ -61,10 +61,12 @@ def attention_scores(q, k, bq, bk):
     lq, d = q.shape
     lk = k.shape[0]
     scale = 1.0 / math.sqrt(d)
+    # float32: several MXU passes, exact; bfloat16: one pass (Mosaic refuses "highest" there)
+    precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
 
     def kernel(q_ref, k_ref, o_ref):
         s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.float32)
+                                precision=precision, preferred_element_type=jnp.float32)
         o_ref[...] = (s * scale).astype(o_ref.dtype)
 
     return pl.pallas_call(
@@ -129,6 +131,8 @@ def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, causal=Fa
     ### BEGIN SOLUTION
     i, j = pl.program_id(0), pl.program_id(1)
     (bq, d), bk = q_ref.shape, k_ref.shape[0]
+    # float32: several MXU passes, exact; bfloat16: one pass (Mosaic refuses "highest" there)
+    precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
 
     @pl.when(j == 0)
     def _init():
@@ -138,6 +142,7 @@ def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, causal=Fa
 
     def fold_in_block():
         s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                precision=precision,
                                 preferred_element_type=jnp.float32) / math.sqrt(d)
         if causal:  # a block straddling the diagonal: hide the keys after each query
             q_pos = i * bq + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
@@ -148,7 +153,8 @@ def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, *, causal=Fa
         alpha = jnp.exp(m_ref[...] - m_new)
         l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)
         acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
-            p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
+            p.astype(v_ref.dtype), v_ref[...], precision=precision,
+            preferred_element_type=jnp.float32)
         m_ref[...] = m_new
 
     if causal:  # a block wholly above the diagonal (first key after the last query) adds nothing

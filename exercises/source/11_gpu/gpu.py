@@ -149,11 +149,14 @@ course.check("gpu_row_sums", gpu_row_sums, hidden=True)
 def gpu_matmul(a, b, bm, bn, bk, interpret=INTERPRET):
     ### BEGIN SOLUTION
     (m, k), n = a.shape, b.shape[1]
+    # float32: IEEE float32 products (TF32 at the default); bfloat16: the default (a TPU
+    # refuses a bfloat16 dot at "highest")
+    precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
 
     def kernel(a_ref, b_ref, o_ref):
         def add_chunk(c, acc):
             ks = pl.ds(c * bk, bk)  # chunk c of K: columns of a's band, rows of b's
-            product = jnp.dot(a_ref[:, ks], b_ref[ks, :], precision=jax.lax.Precision.HIGHEST,
+            product = jnp.dot(a_ref[:, ks], b_ref[ks, :], precision=precision,
                               preferred_element_type=jnp.float32)
             return acc + product
 

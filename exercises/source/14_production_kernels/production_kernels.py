@@ -79,6 +79,7 @@ def int8_matmul_per_channel(x, wq, scale, bm, bn, bk):
 
         acc_ref[...] += jnp.dot(x_ref[...].astype(jnp.float32),
                                 wq_ref[...].astype(jnp.float32),
+                                precision=jax.lax.Precision.HIGHEST,
                                 preferred_element_type=jnp.float32)
 
         @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
@@ -125,6 +126,11 @@ course.check("int8_matmul_per_channel", int8_matmul_per_channel, hidden=True)
 # kernel must bring in the page it writes, keep its other rows and change one. Grid `(S,)`,
 # the page table and the positions as scalar prefetch (both, in that order), the output
 # aliased to the cache, and at most one page written per sequence.
+#
+# Pass the page table **flattened to 1-D** (`page_indices.reshape(-1)`) and read entry
+# `s * slots + j`, as JAX's paged attention does: an index map that reads a 2-D scalar-prefetch
+# table halted a TPU v5e's core on this very task, though interpret mode ran it right (lesson
+# 15 says more). The check refuses it (rule `smem_2d_table`).
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
@@ -140,8 +146,8 @@ course.check("int8_matmul_per_channel", int8_matmul_per_channel, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The page's index map: the page table ref indexed by the step and by the step's position
-# divided (floor) by the page size, then 0 and 0. `input_output_aliases` maps the cache's
+# The page's index map: the flat page table ref at the step times the slots per sequence
+# plus the step's position divided (floor) by the page size, then 0 and 0. `input_output_aliases` maps the cache's
 # operand number, counted after the two prefetched arrays, to output 0.
 #
 # </details>
@@ -150,6 +156,7 @@ course.check("int8_matmul_per_channel", int8_matmul_per_channel, hidden=True)
 def kv_cache_append(cache, new_rows, page_indices, positions):
     ### BEGIN SOLUTION
     _, page_size, d = cache.shape
+    slots = page_indices.shape[1]
 
     def kernel(table_ref, pos_ref, page_ref, new_ref, out_ref):
         row = pos_ref[pl.program_id(0)] % page_size
@@ -157,7 +164,8 @@ def kv_cache_append(cache, new_rows, page_indices, positions):
         out_ref[...] = jnp.where(rows == row, new_ref[...], page_ref[...])
 
     def page_of(s, table_ref, pos_ref):
-        return (table_ref[s, pos_ref[s] // page_size], 0, 0)
+        # the table flattened to 1-D: a 2-D scalar-prefetch table read here halted a TPU core
+        return (table_ref[s * slots + pos_ref[s] // page_size], 0, 0)
 
     page = pl.BlockSpec((None, page_size, d), page_of)
     # each step reads and writes back only the one page its sequence appends to
@@ -171,7 +179,7 @@ def kv_cache_append(cache, new_rows, page_indices, positions):
         out_shape=jax.ShapeDtypeStruct(cache.shape, cache.dtype),
         input_output_aliases={2: 0},
         interpret=TPU_INTERPRET,
-    )(page_indices, positions, cache, new_rows)
+    )(page_indices.reshape(-1), positions, cache, new_rows)
     ### END SOLUTION
 
 

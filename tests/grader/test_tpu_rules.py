@@ -1,0 +1,108 @@
+"""What a TPU refuses or gets wrong, caught on a CPU (issue 33: the course's first run on a TPU
+v5e, jax 0.10.2).
+
+- Dot precision. Mosaic refuses a bfloat16 dot at "highest" ("Bad lhs type"), and a float32
+  dot at JAX's default precision is one bfloat16 pass on a TPU. The CPU lowering of a kernel
+  for TPU accepts both (the refusal is in the chip's compiler), so the dots' precisions are
+  read from the traced program: the instructor solutions' bfloat16 dots carry none, their
+  float32 dots "highest". The grader traced every learner at a process-wide "highest", which
+  made every bfloat16 matmul solution one that Mosaic refuses; this test failed then.
+- An index map that reads a 2-D scalar-prefetch table halted a TPU v5e's core
+  (kv_cache_append); the check refuses it (rule smem_2d_table), and a dot at a precision a
+  TPU gets wrong ("dot precision right on a TPU").
+"""
+
+from __future__ import annotations
+
+import gradertools
+import jax.numpy as jnp
+import pytest
+
+from grader import tasks
+from grader.grading.calling import eqns, kernel_bodies, trace_case
+
+pytestmark = pytest.mark.interpret
+
+# every task whose instructor kernel multiplies, with its assignment
+MATMUL_TASKS = {
+    "matmul": "04_memory_spaces", "matmul_bias_relu": "04_memory_spaces",
+    "block_sparse_matmul": "05_scalar_prefetch", "grouped_matmul": "05_scalar_prefetch",
+    "matmul_tuned": "06_performance", "flash_attention": "07_flash_attention",
+    "gpu_matmul": "11_gpu", "matmul_bias_relu_cores": "12_kernel_api",
+    "int8_matmul_per_channel": "14_production_kernels",
+}
+
+
+def _precision(p) -> str:
+    if p is None:
+        return "default"
+    names = {str(getattr(x, "name", x)).lower() for x in (p if isinstance(p, tuple) else (p,))}
+    return "default" if names == {"default"} else "/".join(sorted(names))
+
+
+@pytest.fixture(scope="module")
+def solutions() -> dict:
+    found = {}
+    for assignment in sorted(set(MATMUL_TASKS.values())):
+        found.update(gradertools.solutions(assignment))
+    return found
+
+
+@pytest.mark.parametrize("task_id", sorted(MATMUL_TASKS))
+def test_every_solution_dot_has_the_precision_a_tpu_compiles_exactly(task_id, solutions):
+    task = tasks.get(task_id)
+    seen = set()
+    for case in task.cases:
+        arrays = [jnp.asarray(v) for v in task.inputs(case).values()]
+        traced = trace_case(task, solutions[task_id], arrays, case.params)
+        assert traced.error is None, traced.error
+        for body in kernel_bodies(traced.program):
+            for e in eqns(body):
+                if e.primitive.name != "dot_general":
+                    continue
+                dtypes = {str(v.aval.dtype) for v in e.invars[:2]}
+                precision = _precision(e.params["precision"])
+                seen.add(frozenset(dtypes))
+                if dtypes & {"bfloat16", "float16"}:
+                    assert precision == "default", (case.name, dtypes, precision)
+                if dtypes == {"float32"}:
+                    assert precision == "highest", (case.name, dtypes, precision)
+    assert seen, f"{task_id}: no dot in its kernel"
+
+
+def test_a_bfloat16_dot_at_highest_is_refused(solutions):
+    planted = gradertools.planted(
+        "04_memory_spaces", gradertools.run("04_memory_spaces"), "matmul_solution",
+        ("precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None",
+         "precision = jax.lax.Precision.HIGHEST"))
+    message = gradertools.fails("matmul", planted, "dot precision right on a TPU",
+                                hidden=True)
+    assert "FAIL" in message
+
+
+def test_a_float32_dot_at_the_default_precision_is_refused():
+    planted = gradertools.planted(
+        "04_memory_spaces", gradertools.run("04_memory_spaces"), "matmul_solution",
+        ("precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None",
+         "precision = None"))
+    message = gradertools.fails("matmul", planted, "dot precision right on a TPU")
+    assert "pass precision=jax.lax.Precision.HIGHEST" in message
+
+
+def test_an_index_map_reading_a_2d_table_is_refused():
+    """The form of kv_cache_append that halted a TPU v5e's core (issue 33)."""
+    notebook = gradertools.run("14_production_kernels")
+    planted = gradertools.planted(
+        "14_production_kernels", notebook, "kv_cache_append_solution",
+        ("table_ref[s * slots + pos_ref[s] // page_size]",
+         "table_ref[s, pos_ref[s] // page_size]"),
+        ("(page_indices.reshape(-1), positions, cache, new_rows)",
+         "(page_indices, positions, cache, new_rows)"))
+    message = gradertools.fails("kv_cache_append", planted, "smem_2d_table")
+    assert "reshape(-1)" in message and "scalar-prefetch operand 0 (3x4)" in message
+    # the values are right: only the rule refuses it (TPU interpret mode runs it right)
+    cache, rows, table, pos = (jnp.asarray(v) for v in tasks.get("kv_cache_append").inputs(
+        tasks.get("kv_cache_append").cases[0]).values())
+    assert jnp.array_equal(planted(cache, rows, table, pos),
+                           notebook["kv_cache_append"](cache, rows, table, pos))
+
