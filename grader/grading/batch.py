@@ -118,9 +118,18 @@ def _malformed(subdir: Path) -> str | None:
         return "no notebook in the submission"
     for nb in nbs:
         try:
-            nbformat.validate(nbformat.read(nb, as_version=4))
+            notebook = nbformat.read(nb, as_version=4)
+            nbformat.validate(notebook)
         except Exception as e:  # noqa: BLE001
             return f"{nb.name}: not a valid notebook ({type(e).__name__}: {str(e)[:200]})"
+        # JSON may spell a lone UTF-16 surrogate ("\ud800"), which no file can hold as UTF-8:
+        # nbgrader fails writing it, and the submission would read as a crash of the grader
+        for i, cell in enumerate(notebook.cells):
+            try:
+                cell.source.encode("utf-8")
+            except UnicodeEncodeError:
+                return (f"{nb.name}: cell {i + 1} ({cell.cell_type}) holds a character that is "
+                        "not valid Unicode (a lone surrogate); delete it and submit again")
     return None
 
 

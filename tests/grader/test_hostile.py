@@ -212,6 +212,9 @@ BROKEN_FILES = {
     "not_utf8": b"\xff\xfe\x00{\x00\x80\x81",
     "python_file": b"def add(x, y):\n    return x + y\n",
     "empty_file": b"",
+    # valid JSON, but a lone UTF-16 surrogate no file can hold as UTF-8 (issue 36: crashed)
+    "surrogate_in_markdown": json.dumps(nbformat.v4.new_notebook(
+        cells=[nbformat.v4.new_markdown_cell("\ud800")])).encode(),
 }
 
 
