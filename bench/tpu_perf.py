@@ -19,6 +19,12 @@ repository; lessons/_course.py also wants matplotlib) and writes ``tpu_perf-<chi
 - ``lint``: copy kernels over packed and unpacked block shapes: compiled and exact, or the
   error, beside kernelsim's block-shape warning.
 
+``--re-estimate FILE`` runs nothing on a chip: it re-estimates every row of a recorded
+``FILE`` with the current kernelsim (the configs are in the rows; kernelsim needs no chip),
+rewrites its ``estimated_s`` and ``kernelsim`` terms and the vmem and lint sweeps' kernelsim
+verdicts (the chip's measurements and verdicts untouched), and prints the ratio table with
+each family's range, fitted rows apart from held-out ones.
+
 ``--smoke`` runs a tiny sweep (on a CPU in interpret mode; JAX's bundled kernel is traced but
 not timed there) to check the script and its JSON. Prints the ratio table at the end.
 """
@@ -129,46 +135,56 @@ def lesson_kernels():
     return seven.matmul, eight.flash_attention
 
 
+def matmul_call(matmul, config):
+    """(fn, args) of lesson 7's matmul row ``config`` (random bfloat16 operands)."""
+    n = config["n"]
+    a, b = (jax.random.normal(jax.random.key(i), (n, n), jnp.bfloat16) for i in range(2))
+    return functools.partial(matmul, bm=config["bm"], bk=config["bk"], bn=config["bn"],
+                             interpret=interpreting()), (a, b)
+
+
 def matmul_rows(matmul, sizes, blocks, opts) -> list[dict]:
     rows = []
     for n, fitted in sizes.items():
-        a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
-        b = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
         for bm, bk, bn in blocks:
             if max(bm, bk, bn) > n:
                 continue
-            fn = functools.partial(matmul, bm=bm, bk=bk, bn=bn, interpret=interpreting())
-            rows.append(row("lesson7 matmul", "matmul",
-                            {"n": n, "bm": bm, "bk": bk, "bn": bn, "dtype": "bfloat16"},
-                            fn, (a, b), fitted, opts))
+            config = {"n": n, "bm": bm, "bk": bk, "bn": bn, "dtype": "bfloat16"}
+            rows.append(row("lesson7 matmul", "matmul", config, *matmul_call(matmul, config),
+                            fitted, opts))
     return rows
 
 
-def flash_rows(flash, shapes, blocks, opts, bundled_sizes) -> list[dict]:
+def flash_call(flash, config):
+    """(fn, args) of a flash-attention row ``config``: lesson 8's kernel (``bq``/``bkv``) or
+    JAX's bundled one (``block``), random bfloat16 q, k, v of (bh, n, d)."""
+    bh, n, d = config["bh"], config["n"], config["d"]
+    q, k, v = (jax.random.normal(jax.random.key(i), (bh, n, d), jnp.bfloat16) for i in range(3))
+    if "block" not in config:
+        return functools.partial(flash, bq=config["bq"], bkv=config["bkv"],
+                                 causal=config["causal"], interpret=interpreting()), (q, k, v)
     from jax.experimental.pallas.ops.tpu import flash_attention as bundled
 
+    blk = config["block"]
+    sizes = bundled.BlockSizes(block_q=blk, block_k_major=blk, block_k=blk, block_b=1)
+    fn = functools.partial(bundled.flash_attention, causal=config["causal"],
+                           sm_scale=1 / d ** 0.5, block_sizes=sizes)
+    return fn, tuple(x.reshape(1, bh, n, d) for x in (q, k, v))
+
+
+def flash_rows(flash, shapes, blocks, opts, bundled_sizes) -> list[dict]:
     rows = []
+    untimed = "JAX's bundled kernel has no interpret switch" if interpreting() else None
     for bh, n in shapes:
-        q, k, v = (jax.random.normal(jax.random.key(i), (bh, n, 128), jnp.bfloat16)
-                   for i in range(3))
         for causal in (False, True):
             for bq, bkv in blocks:
-                fn = functools.partial(flash, bq=bq, bkv=bkv, causal=causal,
-                                       interpret=interpreting())
-                rows.append(row("lesson8 flash_attention", "flash_attention",
-                                {"bh": bh, "n": n, "d": 128, "bq": bq, "bkv": bkv,
-                                 "causal": causal}, fn, (q, k, v), True, opts))
-            q4, k4, v4 = (x.reshape(1, bh, n, 128) for x in (q, k, v))
+                config = {"bh": bh, "n": n, "d": 128, "bq": bq, "bkv": bkv, "causal": causal}
+                rows.append(row("lesson8 flash_attention", "flash_attention", config,
+                                *flash_call(flash, config), True, opts))
             for blk in bundled_sizes:
-                sizes = bundled.BlockSizes(block_q=blk, block_k_major=blk, block_k=blk,
-                                           block_b=1)
-                fn = functools.partial(bundled.flash_attention, causal=causal,
-                                       sm_scale=1 / 128 ** 0.5, block_sizes=sizes)
-                untimed = "JAX's bundled kernel has no interpret switch" if interpreting() \
-                    else None
-                rows.append(row("jax bundled flash_attention", "flash_attention",
-                                {"bh": bh, "n": n, "d": 128, "block": blk, "causal": causal},
-                                fn, (q4, k4, v4), False, {**opts, "untimed": untimed}))
+                config = {"bh": bh, "n": n, "d": 128, "block": blk, "causal": causal}
+                rows.append(row("jax bundled flash_attention", "flash_attention", config,
+                                *flash_call(flash, config), False, {**opts, "untimed": untimed}))
     return rows
 
 
@@ -180,30 +196,47 @@ def _row_sum_kernel(x_ref, o_ref):
     o_ref[...] = jnp.sum(x_ref[...], axis=1, keepdims=True)
 
 
+def elementwise_call(kernel, config):
+    """(fn, args) of an ``add`` or ``row sum`` row ``config``: float32 (rows, cols) in
+    row blocks of ``block``."""
+    (rows_n, cols), br = config["shape"], config["block"]
+    x = jax.random.normal(jax.random.key(2), (rows_n, cols), jnp.float32)
+    spec = pl.BlockSpec((br, cols), lambda i: (i, 0))
+    if kernel == "add":
+        return pl.pallas_call(_add_kernel, grid=(rows_n // br,), in_specs=[spec, spec],
+                              out_specs=spec, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              interpret=interpreting()), (x, x)
+    return pl.pallas_call(
+        _row_sum_kernel, grid=(rows_n // br,), in_specs=[spec],
+        out_specs=pl.BlockSpec((br, 1), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((rows_n, 1), x.dtype), interpret=interpreting()), (x,)
+
+
 def elementwise_and_reduction_rows(sizes, blocks, opts) -> list[dict]:
     rows = []
     for rows_n, cols in sizes:
-        x = jax.random.normal(jax.random.key(2), (rows_n, cols), jnp.float32)
         for br in blocks:
             if br > rows_n:
                 continue
-            spec = pl.BlockSpec((br, cols), lambda i: (i, 0))
-            add = pl.pallas_call(_add_kernel, grid=(rows_n // br,), in_specs=[spec, spec],
-                                 out_specs=spec, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                                 interpret=interpreting())
-            rows.append(row("add", "elementwise", {"shape": [rows_n, cols], "block": br},
-                            add, (x, x), False, opts))
-            total = pl.pallas_call(
-                _row_sum_kernel, grid=(rows_n // br,), in_specs=[spec],
-                out_specs=pl.BlockSpec((br, 1), lambda i: (i, 0)),
-                out_shape=jax.ShapeDtypeStruct((rows_n, 1), x.dtype), interpret=interpreting())
-            rows.append(row("row sum", "reduction", {"shape": [rows_n, cols], "block": br},
-                            total, (x,), False, opts))
+            config = {"shape": [rows_n, cols], "block": br}
+            for kernel, family in (("add", "elementwise"), ("row sum", "reduction")):
+                rows.append(row(kernel, family, config, *elementwise_call(kernel, config),
+                                False, opts))
     return rows
 
 
-def vmem_sweep(matmul, n, blocks) -> list[dict]:
-    """Compile (never run) each config at the default scoped VMEM limit."""
+def row_call(r, matmul, flash):
+    """(fn, args) that a recorded row ``r`` timed, rebuilt from its kernel and config."""
+    if r["family"] == "matmul":
+        return matmul_call(matmul, r["config"])
+    if r["family"] == "flash_attention":
+        return flash_call(flash, r["config"])
+    return elementwise_call(r["kernel"], r["config"])
+
+
+def vmem_sweep(matmul, n, blocks, compile_: bool = True) -> list[dict]:
+    """Compile (never run) each config at the default scoped VMEM limit (``compile_``
+    False: kernelsim's side only)."""
     a = jax.ShapeDtypeStruct((n, n), jnp.bfloat16)
     zeros = jnp.zeros((n, n), jnp.bfloat16)
     out = []
@@ -213,6 +246,9 @@ def vmem_sweep(matmul, n, blocks) -> list[dict]:
         verdict = {"blocks": [bm, bk, bn], "n": n,
                    "kernelsim_mosaic_vmem_bytes": call.cost.mosaic_vmem_bytes,
                    "kernelsim_warned": any(rule_of(w) == SCOPED_VMEM for w in call.warnings)}
+        if not compile_:
+            out.append(verdict)
+            continue
         try:
             jax.jit(fn).lower(a, a).compile()
             verdict["compiled"], verdict["error"] = True, None
@@ -226,19 +262,28 @@ def _copy_kernel(x_ref, o_ref):
     o_ref[...] = x_ref[...]
 
 
+def _copy_call(shape, block, dtype):
+    spec = pl.BlockSpec(block, lambda i: (i, 0))
+    return pl.pallas_call(_copy_kernel, grid=(shape[0] // block[0],), in_specs=[spec],
+                          out_specs=spec, out_shape=jax.ShapeDtypeStruct(shape, dtype),
+                          interpret=interpreting())
+
+
+def lint_rejects(shape, block, dtype) -> bool:
+    """kernelsim's lint rejects the copy kernel's block (``BLOCK_SHAPE_REJECTED``)."""
+    x = jnp.zeros(shape, dtype)
+    warnings = kernelsim.trace(_copy_call(shape, block, dtype), x, chip=CHIP).calls[0].warnings
+    return any(BLOCK_SHAPE_REJECTED in w for w in warnings)
+
+
 def lint_sweep(cases) -> list[dict]:
     """Run a copy kernel over each (array, block, dtype): compiled and exact, or the error."""
     out = []
     for shape, block, dtype in cases:
-        spec = pl.BlockSpec(block, lambda i: (i, 0))
-        fn = pl.pallas_call(_copy_kernel, grid=(shape[0] // block[0],), in_specs=[spec],
-                            out_specs=spec, out_shape=jax.ShapeDtypeStruct(shape, dtype),
-                            interpret=interpreting())
+        fn = _copy_call(shape, block, dtype)
         x = (jnp.arange(np.prod(shape)) % 100).reshape(shape).astype(dtype)
-        flagged = [w for w in kernelsim.trace(fn, x, chip=CHIP).calls[0].warnings
-                   if BLOCK_SHAPE_REJECTED in w]
         verdict = {"shape": list(shape), "block": list(block), "dtype": dtype,
-                   "kernelsim_rejects": bool(flagged)}
+                   "kernelsim_rejects": lint_rejects(shape, block, dtype)}
         try:
             y = jax.block_until_ready(jax.jit(fn)(x))
             verdict["compiled"] = True
@@ -264,6 +309,41 @@ def ratio_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def ratio_ranges(rows: list[dict]) -> str:
+    """measured / estimated, min-max per kernel and n (matmuls), fitted apart from held out."""
+    groups: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r["measured_s"] is None:
+            continue
+        size = f" n={r['config']['n']}" if r["family"] == "matmul" else ""
+        key = (r["kernel"] + size, "fitted" if r["fitted"] else "held out")
+        groups.setdefault(key, []).append(r["measured_s"] / r["estimated_s"])
+    return "\n".join(f"{k:36} {fit:8} {min(v):5.2f}-{max(v):5.2f} ({len(v)} rows)"
+                     for (k, fit), v in groups.items())
+
+
+def re_estimate(path: Path) -> dict:
+    """Rewrite the kernelsim side of the recorded ``path`` with the current model."""
+    recorded = json.loads(path.read_text())
+    matmul, flash = lesson_kernels()
+    for r in recorded["rows"]:
+        est = estimate(*row_call(r, matmul, flash))
+        r["estimated_s"], r["kernelsim"] = est.pop("estimated_seconds"), est
+    fresh = {tuple(v["blocks"]): v for v in vmem_sweep(matmul, 4096, [
+        tuple(v["blocks"]) for v in recorded["vmem"]], compile_=False)}
+    for v in recorded["vmem"]:
+        for key in ("kernelsim_mosaic_vmem_bytes", "kernelsim_warned"):
+            v[key] = fresh[tuple(v["blocks"])][key]
+    for case in recorded["lint"]:
+        case["kernelsim_rejects"] = lint_rejects(tuple(case["shape"]), tuple(case["block"]),
+                                                 case["dtype"])
+    recorded["estimated_at"] = commit()
+    path.write_text(json.dumps(recorded, indent=1) + "\n")
+    print(ratio_table(recorded["rows"]))
+    print(ratio_ranges(recorded["rows"]))
+    return recorded
+
+
 def commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
@@ -280,7 +360,11 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--inner", type=int, default=5)
     p.add_argument("--budget-s", type=float, default=420.0,
                    help="time no new kernel after this many seconds (still estimated)")
+    p.add_argument("--re-estimate", metavar="FILE", type=Path,
+                   help="re-estimate a recorded FILE with the current kernelsim (no chip)")
     a = p.parse_args(argv)
+    if a.re_estimate:
+        return re_estimate(a.re_estimate)
     started = time.perf_counter()
     opts = {"repeats": 2 if a.smoke else a.repeats, "inner": 1 if a.smoke else a.inner,
             "deadline": started + a.budget_s}
@@ -315,6 +399,7 @@ def main(argv: list[str] | None = None) -> dict:
     path = out / f"tpu_perf-{CHIP.removeprefix('tpu-')}{'-smoke' if a.smoke else ''}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(ratio_table(result["rows"]))
+    print(ratio_ranges(result["rows"]))
     print(f"vmem: {sum(v['compiled'] for v in result['vmem'])} of {len(result['vmem'])} "
           f"compiled; kernelsim warned {sum(v['kernelsim_warned'] for v in result['vmem'])}")
     disagree = [v for v in result["lint"] if v["kernelsim_rejects"] == v["compiled"]]

@@ -19,6 +19,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from kernelsim.chips import Chip
 from kernelsim.l2 import l2_hits, launch_rank
 from kernelsim.model import OFF_CHIP, KernelCall, Operand
@@ -70,8 +72,15 @@ class CallCost:
         the array; the gpu model leaves out L2 hits, see the module docstring);
         hbm_padded_bytes: reads plus writes with every pipeline copy counted as its whole
         block buffer, as TPU interpret mode copies it (see ``kernelsim.schedule``).
-    compute_seconds / memory_seconds: the two roofline terms; estimated_seconds adds the per-step
-        cost to their maximum.
+    compute_seconds / memory_seconds: the two roofline terms; estimated_seconds adds the
+        overhead to their maximum. On a chip with a fitted TPU time model
+        (``Chip.tpu_time_model``) compute is the matmuls at ``Chip.mxu_efficiency`` of the peak
+        plus the vector work (``KernelCall.vector_vregs_per_step``) at
+        ``Chip.vector_vregs_per_second``, over the working steps only; memory is at
+        ``Chip.dma_efficiency`` of the bandwidth; overhead is ``Chip.call_seconds`` plus
+        ``per_step_seconds`` per working step and ``idle_step_seconds`` per skipped one.
+    working_steps: tpu model, the grid steps that do work (``working_steps``); all steps under
+        gpu.
     """
 
     operands: list[OperandCost]
@@ -86,6 +95,7 @@ class CallCost:
     memory_seconds: float
     overhead_seconds: float
     body_values_vmem_bytes: int = 0
+    working_steps: int = 0
 
     @property
     def mosaic_vmem_bytes(self) -> int:
@@ -180,11 +190,41 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         flops, source = int(call.cost_estimate_flops), "pl.CostEstimate"
     else:
         flops, source = call.flops_per_step * call.steps, "kernel jaxpr"
-    overhead = call.steps * chip.per_step_seconds if schedule.model == "tpu" else 0.0
+    tpu = schedule.model == "tpu"
+    working = working_steps(schedule) if tpu else call.steps
+    compute = _compute_seconds(call, flops, chip)
+    memory = (read + write) / chip.estimate_bytes_per_second
+    overhead = call.steps * chip.per_step_seconds if tpu else 0.0
+    if tpu and chip.tpu_time_model:
+        share = working / call.steps if call.steps else 1.0
+        compute = (compute * (share if source == "kernel jaxpr" else 1.0) / chip.mxu_efficiency
+                   + working * call.vector_vregs_per_step / chip.vector_vregs_per_second)
+        memory /= chip.dma_efficiency
+        overhead = (chip.call_seconds + working * chip.per_step_seconds
+                    + (call.steps - working) * chip.idle_step_seconds)
     return CallCost(costs, read, write, read + write + edge_padding, vmem, smem, flops, source,
-                    _compute_seconds(call, flops, chip),
-                    (read + write) / chip.estimate_bytes_per_second, overhead,
-                    call.body_values_vmem_bytes if schedule.model == "tpu" else 0)
+                    compute, memory, overhead,
+                    call.body_values_vmem_bytes if tpu else 0, working)
+
+
+def working_steps(schedule: CallSchedule) -> int:
+    """Grid steps that do work: all but those where no pipelined input block is fetched and
+    every output keeps its block -- the steps a kernel skips by repeating the last block it
+    needs in its index maps (no DMA) and ``pl.when``-ing its body away, as a causal attention
+    does above the diagonal. A kernel without pipelined inputs works at every step."""
+    call = schedule.call
+    inputs = [s for s in schedule.operands if s.operand.role == "input"]
+    if not inputs or not call.steps:
+        return call.steps
+    works = np.zeros(call.steps, bool)
+    works[0] = True
+    for s in inputs:
+        works |= s.actions == FETCH
+    for s in schedule.operands:
+        if s.operand.role == "output":
+            index = s.operand.block_indices
+            works[1:] |= np.any(index[1:] != index[:-1], axis=1)
+    return int(np.count_nonzero(works))
 
 
 def _compute_seconds(call: KernelCall, flops: int, chip: Chip) -> float:

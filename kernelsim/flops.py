@@ -8,7 +8,19 @@ import numpy as np
 
 from kernelsim.adapter import open_jaxpr
 from kernelsim.jaxprs import sub_jaxprs
-from kernelsim.model import Matmul
+from kernelsim.model import Matmul, tile_padded_bytes
+
+_VREG_BYTES = 8 * 128 * 4  # one TPU vector register: 8 sublanes x 128 lanes of 32-bit words
+
+
+def _vregs(aval: Any) -> int:
+    """Vector registers a value of ``aval`` fills as Mosaic lays it out (tile-padded: a
+    (512, 1) float32 value fills 64, as (512, 128) would); 0 for a non-array."""
+    shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+    if shape is None or dtype is None:
+        return 0
+    size = tile_padded_bytes(tuple(shape), str(dtype), np.dtype(dtype).itemsize)
+    return -(-size // _VREG_BYTES)
 
 _DATA_MOVEMENT = frozenset({
     "get", "swap", "program_id", "num_programs", "broadcast_in_dim", "reshape", "squeeze",
@@ -46,14 +58,16 @@ def _is_tf32(dtype: str, precision: Any) -> bool:
     return any(n in _TF32_NAMES for n in names)
 
 
-def count_flops(jaxpr: Any) -> tuple[int, tuple[Matmul, ...]]:
-    """FLOPs of one kernel invocation and its matmuls.
+def count_flops(jaxpr: Any) -> tuple[int, tuple[Matmul, ...], int]:
+    """FLOPs of one kernel invocation, its matmuls, and its vector work: the vector registers
+    its arithmetic other than matmuls produces (a reduction: that it reads), tile-padded
+    (``_vregs``), the unit of the TPU time model's VPU term.
 
     dot_general: 2 x output elements x contracted size; other arithmetic: one FLOP per output
     element (reductions: per input element); data movement is free. ``cond`` counts its most
     expensive branch, ``scan`` its body times its length, ``while`` one iteration.
     """
-    flops = 0
+    flops = vregs = 0
     matmuls: list[Matmul] = []
     layouts: dict = {}  # var -> its dimensions' places in the layout it was loaded with
     for eqn in open_jaxpr(jaxpr).eqns:
@@ -62,12 +76,14 @@ def count_flops(jaxpr: Any) -> tuple[int, tuple[Matmul, ...]]:
         if name == "cond":
             counted = [count_flops(j) for j, _ in subs]
             flops += max((c[0] for c in counted), default=0)
+            vregs += max((c[2] for c in counted), default=0)
             matmuls += [m for c in counted for m in c[1]]
             continue
         if subs:
             for j, reps in subs:
-                f, ms = count_flops(j)
+                f, ms, v = count_flops(j)
                 flops += f * reps
+                vregs += v * reps
                 matmuls += [Matmul(m.dtype, m.flops * reps, m.k_major, m.tf32) for m in ms]
             continue
         if name == "transpose" and not hasattr(eqn.invars[0], "val"):  # (not a Literal)
@@ -93,9 +109,11 @@ def count_flops(jaxpr: Any) -> tuple[int, tuple[Matmul, ...]]:
         elif name.startswith("reduce_") or name in ("argmax", "argmin", "cumsum", "cumprod",
                                                     "cummax", "cumlogsumexp"):
             flops += int(np.prod(getattr(eqn.invars[0].aval, "shape", ()), dtype=np.int64))
+            vregs += _vregs(eqn.invars[0].aval)
         else:
             for v in eqn.outvars:
                 shape = getattr(v.aval, "shape", None)
                 if shape is not None and hasattr(v.aval, "dtype"):
                     flops += int(np.prod(shape, dtype=np.int64))
-    return flops, tuple(matmuls)
+                    vregs += _vregs(v.aval)
+    return flops, tuple(matmuls), vregs

@@ -5,8 +5,9 @@ Each message names the operand and the rule; the rules' sources:
   jax/_src/pallas/mosaic/lowering.py (jax 0.12.0.1), mirrored rule for rule (rank >= 1; the last
   two dims divisible by (8, 128) or whole; the dtype-dependent 1-D rule; pl.ANY/HBM blocks whole
   with a zero index map); https://docs.jax.dev/en/latest/pallas/tpu/details.html explains it.
-  Stricter than JAX's check where the compiler is, as a TPU v5e showed (8-bit rows in 32s, no
-  float16 block of fewer than 16 rows; ``_row_multiple``, tests/kernelsim/chip_verdicts_v5e.py).
+  Stricter than JAX's check where the compiler is, as a TPU v5e showed (8-bit rows in 32s,
+  ``_row_multiple``; no float16 block loads at all; tests/kernelsim/chip_verdicts_v5e.py and
+  bench/recorded/tpu_perf-v5e.json ``lint``).
 - VMEM: ``CallCost.mosaic_vmem_bytes`` (tile-padded buffers plus the body's kept values) against
   the chip's VMEM and its default scoped limit (``Chip.default_scoped_vmem_bytes``) or the call's
   ``vmem_limit_bytes`` (jax/_src/pallas/mosaic/core.py).
@@ -80,6 +81,12 @@ def _block_shape_problem(op: Operand) -> str | None:
                     "returning zeros (the kernel copies from them itself); nearest legal block: "
                     f"{tuple(op.shape)}. {BLOCK_SHAPE_REJECTED}.")
         return None
+    if op.dtype == "float16" and op.memory_space == "vmem":
+        return (f"operand {op.name!r}: a float16 block {op.block_shape} in VMEM: Mosaic "
+                "fails to load float16 vectors on a TPU v5e ('Invalid vector type for load', "
+                "whatever the rows: 8, 16, 32, 48 and whole arrays; int16 and bfloat16 load). "
+                "Store the array as bfloat16 (x.astype(jnp.bfloat16)), or as float32 where "
+                f"float16's precision matters. {BLOCK_SHAPE_REJECTED}.")
     if not block:
         return (f"operand {op.name!r}: a rank-0 block; the TPU lowering supports blocks of "
                 f"rank >= 1 (e.g. the whole array, {tuple(op.shape)}). {BLOCK_SHAPE_REJECTED}.")
@@ -89,16 +96,10 @@ def _block_shape_problem(op: Operand) -> str | None:
                     for b, a, m, pos in ((block[-1], op.shape[-1], _LANES, "last"),
                                          (block[-2], op.shape[-2], rows, "second-to-last"))
                     if b != a and b % m]
-        if op.dtype == "float16" and block[-2] % 16 and not problems:
-            problems.append(f"second-to-last dim {block[-2]} is not a multiple of 16, and a "
-                            "float16 block of fewer rows fails Mosaic's load ('Invalid vector "
-                            "type for load' on a TPU v5e; int16 and bfloat16 load)")
         if not problems:
             return None
         nearest = (*block[:-2], _nearest_multiple(block[-2], op.shape[-2], rows),
                    _nearest_multiple(block[-1], op.shape[-1], _LANES))
-        if op.dtype == "float16" and nearest[-2] % 16:
-            nearest = (*nearest[:-2], max(16, round(nearest[-2] / 16) * 16), nearest[-1])
         tiling = f"({rows}, {_LANES})"
         return (f"operand {op.name!r}: block {op.block_shape} breaks TPU's {tiling} tiling "
                 f"rule ({op.dtype}): " + "; ".join(problems) + f". Nearest legal block: "

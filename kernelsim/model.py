@@ -242,6 +242,8 @@ class KernelCall:
 
     grid: the grid's extents; steps run in row-major order (last axis fastest).
     flops_per_step: FLOPs one kernel invocation performs, counted from the kernel jaxpr.
+    vector_vregs_per_step: the vector registers one invocation's arithmetic other than
+        matmuls produces, tile-padded (``kernelsim.flops.count_flops``).
     matmuls: the kernel body's dot_generals (``kernelsim.flops.Matmul``: input dtype, FLOPs per
         invocation, whether both operands are K-major).
     cost_estimate_flops / cost_estimate_bytes: the call's own ``pl.CostEstimate``, if given.
@@ -267,6 +269,7 @@ class KernelCall:
     dimension_semantics: tuple[str, ...]
     operands: list[Operand]
     flops_per_step: int = 0
+    vector_vregs_per_step: int = 0
     matmuls: tuple[Matmul, ...] = ()
     cost_estimate_flops: int | None = None
     cost_estimate_bytes: int | None = None

@@ -173,11 +173,10 @@ show(rows)
 # ## Per-step overhead
 #
 # The roofline ignores that each grid step has a fixed cost: the pipeline issues DMAs, waits
-# on semaphores and runs the scalar bookkeeping. kernelsim charges a constant per step. Its
-# value for TPUs, 0.27 µs, is **derived from the JAX TPU matmul guide's own v5e measurement
-# with 128-blocks** (0.35 µs per step observed, against a 0.08 µs roofline); the chip table
-# records that source. So agreement in the 128-block column at `n = 4096` and `8192` below is
-# by construction — the large-block column is not fitted to anything.
+# on semaphores and runs the scalar bookkeeping. kernelsim charges a constant per step. On a
+# v5e it is 0.34 µs, **fitted on this very matmul timed on a TPU v5e** (with a fixed cost per
+# call and the chip's matmul and copy rates; the chip table records the recorded run). So
+# agreement at `n = 4096` and `8192` below is largely by construction.
 
 # %%
 print(V5E.per_step_seconds, "s per step;", V5E.sources[2])
@@ -201,8 +200,8 @@ t_1024.timeline()
 #
 # The TPU matmul guide times `bfloat16` matmuls on a TPU v5e and reports the percentage of
 # peak FLOP/s reached. kernelsim traces the same kernels (index maps only — nothing this size
-# runs here) and estimates `max(compute, memory) + steps × per-step cost`; percentage of peak
-# is `2·n³ / P` over that estimate.
+# runs here) and estimates `max(compute, memory) + steps × per-step cost + a fixed cost per
+# call`, with constants fitted on a TPU v5e; percentage of peak is `2·n³ / P` over that estimate.
 
 # %%
 PUBLISHED = {  # JAX TPU matmul guide, TPU v5e, bf16: % of peak, sizes 1024, 4096, 8192
@@ -246,21 +245,19 @@ ax.legend(loc="center right")
 fig.tight_layout()
 
 # %% [markdown]
-# The shape matches at large sizes: 128-blocks stay near 6 % however big the matrices get,
-# because every step is tiny and the fixed cost per step dominates; `(512, 1024, 1024)` blocks
-# get close to peak (kernelsim 95 %, the guide 91.5 % at `n = 8192`), because each step does
-# enough arithmetic to hide both its copies and its overhead.
-#
-# The model is optimistic for large blocks on smaller problems: 95 % against 78 % at
-# `n = 4096`, and against 8.6 % at `n = 1024`. The guide's timings include dispatching the
-# kernel from Python, a fixed cost that kernelsim does not model and that a 2-step grid cannot
-# amortise; kernelsim also assumes copies overlap compute perfectly, including the first
-# step's, which nothing overlaps.
+# The shape matches: 128-blocks stay near 5–6 % however big the matrices get, because every
+# step is tiny and the fixed cost per step dominates; `(512, 1024, 1024)` blocks get close to
+# peak because each step does enough arithmetic to hide its copies and its overhead. kernelsim
+# predicts 75 % of peak at `n = 4096` and 84 % at 8192 for them; a TPU v5e measured 78 % and
+# 92 % (`bench/recorded/tpu_perf-v5e.json`: jax 0.10.2, 2026-12-05; the guide: 78.5 and
+# 91.5 %). At `n = 1024` the fixed cost of a call (about 0.1 ms: the first blocks' copies,
+# which nothing overlaps, and the last write-back) is most of the time: 9 % of peak.
 
 # %%
 assert 4 < estimates[(128, 128, 128), 8192] < 8
-# the large blocks: about 95 % at every size, against the guide's 91.5, 78 and 8.6 %
-assert all(93 < estimates[(512, 1024, 1024), n] < 97 for n in SIZES)
+# the large blocks: measured 78 % (n = 4096) and 92 % (8192) on a TPU v5e; the guide's 8.6 % at 1024
+assert 70 < estimates[(512, 1024, 1024), 4096] < 80 and 80 < estimates[(512, 1024, 1024), 8192] < 90
+assert estimates[(512, 1024, 1024), 1024] < 12
 
 # %% [markdown]
 # ## Measuring on a real backend
@@ -316,14 +313,13 @@ else:
 # 1. Memory: 1 GB / 819 GB/s ≈ 1.2 ms, against 100 GFLOP / 197 TFLOP/s ≈ 0.5 ms. (Its
 #    intensity, 100 FLOP/B, is below the ridge of about 240.)
 # 2. `2·256³ / (2·256²·2 B)` = 128 FLOP/B.
-# 3. The number of steps grows like `n³ / 128³`, and each step's fixed cost (≈ 0.27 µs) is
+# 3. The number of steps grows like `n³ / 128³`, and each step's fixed cost (≈ 0.34 µs on a v5e) is
 #    larger than its copy and compute time, so time per FLOP does not improve with `n`.
-# 4. Its per-step constant was derived from that column at `n = 4096` and `8192`, so agreement
-#    there is by construction. The large-block column was not used for calibration, and it
-#    agrees only in part: 95 % against the guide's 91.5 % at `n = 8192`, but 95 % against 78 %
-#    at 4096 and 8.6 % at 1024, where the dispatch cost and the unhidden first copy, which the
-#    model leaves out, matter. One matching point supports the model's account of large
-#    problems; it does not show that kernelsim predicts a given kernel's time.
+# 4. Its per-step constant was fitted on 128- to 1024-blocks timed on a TPU v5e at `n = 4096`
+#    and `8192`, so agreement there is by construction. The real test is what the fit did not
+#    see: the matmuls at `n = 2048` (measured within 0.81–0.94 of the estimate) and other
+#    kernels. One matching column supports the model's account of large problems; it does not
+#    show that kernelsim predicts a given kernel's time — measure it.
 # 5. The first call traces and compiles the kernel.
 #
 # </details>

@@ -67,3 +67,36 @@ def test_smoke_sweep_writes_rows_vmem_and_lint_verdicts(tmp_path):
         _check_row(r, r["family"])
     assert {r["family"] for r in report["rows"]} >= {"matmul", "flash_attention"}
     assert all({"compiled", "kernelsim_warned"} <= set(v) for v in report["vmem"])
+
+
+RECORDED = ROOT / "bench" / "recorded" / "tpu_perf-v5e.json"
+
+
+def test_recorded_ratios_stay_in_their_bands():
+    """measured / estimated on the TPU v5e's recorded rows (estimates rewritten by
+    ``--re-estimate``): every matmul with blocks >= 256 within 0.8-1.25 and every lesson 8
+    flash attention within 0.75-1.5, fitted and held-out rows alike."""
+    rows = json.loads(RECORDED.read_text())["rows"]
+    matmuls = [r for r in rows if r["family"] == "matmul" and r["measured_s"]
+               and min(r["config"][k] for k in ("bm", "bk", "bn")) >= 256]
+    flash = [r for r in rows if r["kernel"] == "lesson8 flash_attention" and r["measured_s"]]
+    assert len(matmuls) == 21 and len(flash) == 30
+    for group, low, high in ((matmuls, 0.8, 1.25), (flash, 0.75, 1.5)):
+        for r in group:
+            assert low <= r["measured_s"] / r["estimated_s"] <= high, r["config"]
+
+
+@pytest.mark.parametrize("pick", [
+    lambda r: r["family"] == "matmul" and r["config"]["n"] == 2048 and r["config"]["bm"] == 512
+    and r["config"]["bk"] == 1024,
+    lambda r: r["kernel"] == "lesson8 flash_attention" and r["config"]["n"] == 2048
+    and r["config"]["bq"] == 1024 and r["config"]["causal"],
+], ids=["matmul", "causal-flash"])
+def test_recorded_estimates_are_the_current_models(pick):
+    """The recorded estimates are what kernelsim says today: change the time model and this
+    fails until ``bench/tpu_perf.py --re-estimate`` has rewritten the file."""
+    tp = _module()
+    (r,) = [r for r in json.loads(RECORDED.read_text())["rows"] if pick(r)]
+    matmul, flash = tp.lesson_kernels()
+    est = tp.estimate(*tp.row_call(r, matmul, flash))
+    assert est["estimated_seconds"] == pytest.approx(r["estimated_s"], rel=1e-9)

@@ -138,8 +138,8 @@ def test_tf32_operand_not_k_major_runs_at_the_transposed_rate():
     # not modelled off Hopper: the A100 (mma.sync) and the TPUs keep their rates
     c = _call(jnp.float32, "a100")
     assert np.isclose(c.cost.compute_seconds, c.flops / 156e12)
-    c = _call(jnp.float32, "tpu-v5e", model="tpu")
-    assert np.isclose(c.cost.compute_seconds, c.flops / 197e12)
+    c = _call(jnp.float32, "tpu-v4", model="tpu")  # (v5e's rates are fitted: chips._FIT_V5E)
+    assert np.isclose(c.cost.compute_seconds, c.flops / 275e12)
 
 
 def _dot_kernel(form):
@@ -185,5 +185,5 @@ def test_tpu_rates_are_the_datasheet():
         assert chip.flops_per_second(("float32",)) == chip.peak_flops_f32
         assert chip.estimate_bytes_per_second == chip.hbm_bytes_per_second
         assert chip.sms == 0
-    c = _call(jnp.bfloat16, "tpu-v5e", model="tpu")
-    assert np.isclose(c.cost.compute_seconds, 2 * 1024 ** 3 / 197e12)
+    c = _call(jnp.bfloat16, "tpu-v4", model="tpu")  # v5e's time model is fitted on the chip
+    assert np.isclose(c.cost.compute_seconds, 2 * 1024 ** 3 / 275e12)

@@ -66,15 +66,32 @@ def test_gpu_model_reuses_nothing():
 
 
 def test_estimate_is_roofline_plus_step_overhead():
+    """A chip without a fitted time model (v4): the roofline plus the per-step cost."""
     t = kernelsim.trace(ex.matmul, _zeros(1024, 1024, dtype=jnp.bfloat16),
-                        _zeros(1024, 1024, dtype=jnp.bfloat16), chip="tpu-v5e")
+                        _zeros(1024, 1024, dtype=jnp.bfloat16), chip="tpu-v4")
     c = t.calls[0]
-    chip = kernelsim.chips.CHIPS["tpu-v5e"]
+    chip = kernelsim.chips.CHIPS["tpu-v4"]
     assert c.cost.compute_seconds == pytest.approx(c.flops / chip.peak_flops_bf16)
     bytes_ = c.hbm_read_bytes + c.hbm_write_bytes
     assert c.cost.memory_seconds == pytest.approx(bytes_ / chip.hbm_bytes_per_second)
     assert c.estimated_seconds == pytest.approx(
         max(c.cost.compute_seconds, c.cost.memory_seconds) + 512 * 0.27e-6)
+
+
+def test_fitted_tpu_time_model_terms():
+    """v5e's fitted model: matmuls at mxu_efficiency of the peak plus the vector work, copies
+    at dma_efficiency of the bandwidth, a fixed cost per call and per working step."""
+    t = kernelsim.trace(ex.matmul, _zeros(1024, 1024, dtype=jnp.bfloat16),
+                        _zeros(1024, 1024, dtype=jnp.bfloat16), chip="tpu-v5e")
+    c, chip = t.calls[0], kernelsim.chips.CHIPS["tpu-v5e"]
+    assert c.cost.working_steps == c.steps == 512
+    vector = 512 * c.call.vector_vregs_per_step / chip.vector_vregs_per_second
+    assert c.call.vector_vregs_per_step > 0
+    assert c.cost.compute_seconds == pytest.approx(
+        c.flops / (chip.peak_flops_bf16 * chip.mxu_efficiency) + vector)
+    assert c.cost.memory_seconds == pytest.approx(
+        c.cost.hbm_bytes / (chip.hbm_bytes_per_second * chip.dma_efficiency))
+    assert c.cost.overhead_seconds == pytest.approx(chip.call_seconds + 512 * 0.34e-6)
 
 
 def test_cost_estimate_overrides_counted_flops():
@@ -244,3 +261,23 @@ def test_emit_pipeline_copies_are_counted_as_body_dmas():
     routes = sorted((b.src_space, b.dst_space, b.bytes) for b in c.call.body_copies)
     assert routes == [("any", "vmem", 64 * 128 * 4)] * 4 + [("vmem", "any", 64 * 128 * 4)] * 4
     assert (c.hbm_read_bytes, c.hbm_write_bytes) == (x.nbytes, x.nbytes)
+
+
+def test_steps_that_repeat_every_block_are_skipped_steps():
+    """A causal-style index map repeats the last block it needs (no fetch) while the output
+    stays: those steps are skipped (``cost.working_steps``), charged ``idle_step_seconds``."""
+    def kernel(x_ref, o_ref):
+        o_ref[...] = x_ref[...]
+
+    def fn(x):
+        return pl.pallas_call(
+            kernel, grid=(2, 4),
+            in_specs=[pl.BlockSpec((8, 128), lambda i, j: (i, jnp.minimum(j, 1)))],
+            out_specs=pl.BlockSpec((8, 128), lambda i, j: (i, 0)),
+            out_shape=jax.ShapeDtypeStruct((16, 128), x.dtype))(x)
+
+    c = kernelsim.trace(fn, _zeros(16, 512), chip="tpu-v5e").calls[0]
+    chip = kernelsim.chips.CHIPS["tpu-v5e"]
+    assert (c.steps, c.cost.working_steps) == (8, 4)
+    assert c.cost.overhead_seconds == pytest.approx(
+        chip.call_seconds + 4 * chip.per_step_seconds + 4 * chip.idle_step_seconds)
