@@ -126,9 +126,8 @@ def row(kernel, family, config, fn, args, fitted, opts) -> dict:
 
 
 def lesson_kernels():
-    import _course  # sets the process's matmul precision to "highest" for its lessons
+    import _course
 
-    jax.config.update("jax_default_matmul_precision", None)  # bf16 dots need the default
     seven = _course.definitions("07-performance", "matmul_kernel", "matmul")
     eight = _course.definitions("08-flash-attention", "last_kv_block", "flash_kernel",
                                 "flash_attention", SCALE=1 / 128 ** 0.5)
