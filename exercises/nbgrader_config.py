@@ -5,10 +5,12 @@ starts nbgrader with this folder as the working directory.
 """
 
 import os
+from pathlib import Path
 
 from grader.grading.feedback_css import FeedbackCSS
 from grader.grading.feedback_pp import ClearHiddenOutputs, InertHtml
 from grader.grading.late import LatePenalty
+from grader.grading.shared import share_with_group
 from grader.grading.trusted import RestoreTestCells, TrustedExecute, VerdictGrades
 from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.preprocessors import (
@@ -30,6 +32,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 c.CourseDirectory.course_id = "pallas-course"
 c.CourseDirectory.root = ROOT
+# a class's course folder (setgid, deploy/setup-class.sh): what nbgrader writes here, in the
+# formgrader's server or a grading worker, stays writable for the other instructors
+share_with_group(Path(ROOT))
 # SQLite in this folder, with a busy timeout: concurrent autograde workers wait for the gradebook
 # lock instead of failing; or a server's URL, e.g. PostgreSQL for graders on several machines
 # (`pallas-course --db postgresql://...` sets $PALLAS_COURSE_DB for every nbgrader it starts)

@@ -314,6 +314,9 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float,
     t0 = time.monotonic()
     rec = {"student": student, "assignment": assignment}
     subdir = root / "submitted" / student / assignment
+    # a status file says how the last grading of the submission ended: the old one goes
+    # first, so that a grading that cannot finish (or write its status) never leaves "graded"
+    _status_path(root, assignment, student).unlink(missing_ok=True)
     why = _malformed(subdir)
     if why:
         rec.update(status="malformed", detail=why)

@@ -48,7 +48,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from grader.grading import batch, sandbox
+from grader.grading import batch, sandbox, shared
 
 CONNECT_TIMEOUT = "30s"
 
@@ -81,6 +81,7 @@ def _worker(root: str, db: str | None, address: str) -> batch.Worker:
     jail-checked (call under _lock). Raises ``WorkerUnfit`` when this machine cannot grade."""
     if not (Path(root) / "nbgrader_config.py").is_file():  # else: every submission "malformed"
         raise WorkerUnfit(address, f"the course folder {root} is not mounted here")
+    shared.share_with_group(Path(root))  # the instructors regrade what this worker writes
     if _here["slot"] is None:
         _here["slot"], _here["lock"] = sandbox.claim_slot()
     if _here["key"] != (root, db):  # another course or gradebook: a fresh grading worker

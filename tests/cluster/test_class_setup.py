@@ -334,6 +334,19 @@ open(os.path.join({str(forged)!r}, 'timestamp.txt'), 'w').write('2099-01-01 00:0
     status = json.loads((k.course / "status" / A / f"{L1}.json").read_text())
     assert status["status"] == "graded" and status.get("isolation") == "jail", status
 
+    # issue 35, item 6: the instructor grades learner 1 again over what the grading account
+    # wrote, without a scheduler and from the formgrader (PermissionError on its 2755 folders)
+    graded_nb = k.course / "autograded" / L1 / A / nb_name
+    k.pallas(TEACHER, "autograde", A, "--student", L1)
+    assert graded_nb.is_file()
+    assert json.loads((k.course / "status" / A / f"{L1}.json").read_text())["status"] == "graded"
+    res = k.api("POST", f"/user/{TEACHER}/formgrader/api/submission/{A}/{L1}/autograde", TEACHER)
+    assert res["success"], res.get("error")
+    assert graded_nb.is_file()
+    for p in (k.course / "autograded", k.course / "status"):
+        for made in (p, *p.rglob("*")):
+            assert made.stat().st_mode & 0o060 == 0o060, (made, oct(made.stat().st_mode))
+
     # one instructor step: the command makes the feedback and releases it to the exchange
     res = k.pallas(TEACHER, "feedback", A)
     assert "released to the exchange" in res.stdout, res.stdout
