@@ -44,6 +44,8 @@ c.CourseDirectory.db_url = (os.environ.get("PALLAS_COURSE_DB")
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.py",
                             "*.ipynb.tmp"]
 c.Exchange.path_includes_course = True
+# feedback is released for every learner it can be, also beside work collected from a folder
+c.ExchangeFactory.release_feedback = "grader.grading.inbound.ReleaseFeedbackWhereSubmitted"
 # A class on one machine (deploy/setup-class.sh) names its exchange, outside this folder, which
 # learners cannot enter; the course's files are then the instructors' group's (groupshared), and
 # an inbound entry is collected only when the student it names owns it (grader/grading/inbound.py).

@@ -480,6 +480,8 @@ def feedback(root: Path, assignment: str | None = None, log=print) -> list[Path]
                  else "no exchange to release it to: send the files, or set one up "
                  "(README, Teaching a class)")
         log(f"feedback {a}: {len(files)} HTML file(s) under {root / 'feedback'}; {where}")
+        for student, why in res.get("not_released", {}).items():
+            log(f"feedback {a}: not released for {student}: {why}")
     return out
 
 

@@ -143,10 +143,15 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
         # goes there too (nbgrader's release_feedback, as the formgrader's button does)
         exchange = cfg.Exchange.root if "root" in cfg.Exchange else ""
         if r["success"] and exchange and os.path.isdir(exchange):
+            from grader.grading.inbound import unreleasable
+
             released = api.release_feedback(a, s)
             result.update(success=released["success"], exchange=exchange,
                           error=released.get("error"),
                           log=(result["log"] + released.get("log", ""))[-4000:])
+            result["not_released"] = {
+                d.parent.name: why for d in sorted((root / "feedback").glob(f"{s or '*'}/{a}"))
+                if (why := unreleasable(d))}
     elif job == "export":
         from nbgrader.api import Gradebook
         from nbgrader.plugins.export import CsvExportPlugin

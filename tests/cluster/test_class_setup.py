@@ -428,3 +428,24 @@ def test_gradebook_restart_mid_batch_costs_no_grade(released):
     assert {s: float(rows[s]["score"]) for s in students} == dict.fromkeys(students, 9.0)
     if L1 in rows:  # the end-to-end test ran first: learner 1's grade, after all, unchanged
         assert float(rows[L1]["score"]) == 9.0
+
+
+def test_feedback_reaches_the_exchange_beside_work_collected_from_a_folder(released):
+    """Issue 35, item 5: one submission collected from a folder (``pallas-course collect DIR``,
+    no submission secret) made nbgrader's release of feedback stop for the whole class."""
+    k = released
+    papers = Path(tempfile.mkdtemp(prefix="pallas-papers-"))
+    try:
+        d = papers / "paper1" / A
+        d.mkdir(parents=True)
+        shutil.copy(next((k.course / "release" / A).glob("*.ipynb")), d)
+        subprocess.run(["chown", "-R", TEACHER, str(papers)], check=True)
+        k.pallas(TEACHER, "collect", str(papers))
+    finally:
+        shutil.rmtree(papers)
+    k.pallas(TEACHER, "autograde", A, "--student", "paper1", "--scheduler",
+             k.env["PALLAS_COURSE_SCHEDULER"], check=False)  # a blank notebook: 0 points
+    res = k.pallas(TEACHER, "feedback", A)
+    assert "released to the exchange" in res.stdout, res.stdout
+    assert "not released for paper1: its submission was collected from a folder" in res.stdout
+    assert str(k.course / "feedback" / "paper1" / A) in res.stdout
