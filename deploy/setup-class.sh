@@ -393,19 +393,20 @@ EOF
 # ----------------------------------------------------------------------------- JupyterHub
 # PAM logins (members of the learners' and instructors' groups), each server started as its
 # user's own Unix account (LocalProcessSpawner) from $VENV; the hub group "instructors" is the
-# Unix group's members and gets the formgrader on the course folder.
-cat >"$ETC/jupyterhub_config.py" <<EOF
+# Unix group's members and gets the formgrader on the course folder. The hub reads them when it
+# starts: the configuration names them, and a rerun that changes it restarts the hub, or a new
+# instructor's formgrader would answer 404 until someone did.
+instructors=$(getent group "$INSTRUCTORS" | cut -d: -f4 | tr ',' '\n' | grep -vx "$GRADER" \
+  | sort | paste -sd, -) || true
+hub_config=$(cat <<EOF
 # written by deploy/setup-class.sh
-import grp
-
 c = get_config()  # noqa: F821
 load_subconfig("$PREFIX/jupyterhub/jupyterhub_config.py")  # noqa: F821
 c.JupyterHub.authenticator_class = "pam"
 c.PAMAuthenticator.open_sessions = False  # no login session: pam_systemd needs systemd
 c.PAMAuthenticator.allowed_groups = {"$LEARNERS", "$INSTRUCTORS"}
 c.Authenticator.allowed_users = set()
-instructors = [u for u in grp.getgrnam("$INSTRUCTORS").gr_mem if u != "$GRADER"]
-c.JupyterHub.load_groups = {"instructors": {"users": instructors}}
+c.JupyterHub.load_groups = {"instructors": {"users": [u for u in "$instructors".split(",") if u]}}
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.ip = "127.0.0.1"
 c.Spawner.start_timeout = 120
@@ -417,6 +418,13 @@ c.JupyterHub.db_url = "sqlite:///$STATE/hub/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = "$STATE/hub/jupyterhub_cookie_secret"
 c.ConfigurableHTTPProxy.pid_file = "$STATE/hub/proxy.pid"
 EOF
+)
+if running hub && [ "$(cat "$ETC/jupyterhub_config.py" 2>/dev/null)" != "$hub_config" ]; then
+  say "restarting the hub, whose configuration changed (instructors: ${instructors:-none}); \
+the servers running now stop: their users start them again"
+  stop_services hub
+fi
+printf '%s\n' "$hub_config" >"$ETC/jupyterhub_config.py"
 cd "$STATE/hub"
 start_daemon hub env PATH="$VENV/bin:$(dirname "$(command -v configurable-http-proxy)"):/usr/bin:/bin" \
   PALLAS_COURSE_ROOT="$COURSE" PALLAS_COURSE_EXCHANGE="$EXCHANGE" PALLAS_COURSE_DB="$DB_URL" \

@@ -449,3 +449,30 @@ def test_feedback_reaches_the_exchange_beside_work_collected_from_a_folder(relea
     assert "released to the exchange" in res.stdout, res.stdout
     assert "not released for paper1: its submission was collected from a folder" in res.stdout
     assert str(k.course / "feedback" / "paper1" / A) in res.stdout
+
+
+def test_an_instructor_added_later_gets_the_formgrader_after_a_rerun(klass):
+    """Issue 35, item 9: the hub read the instructors' group when it started, and rerunning the
+    script (README, step 3) did not restart it: a new instructor's formgrader answered 404.
+    Last in this module: the rerun restarts the hub, which stops the servers running."""
+    k, ta = klass, "demo-ta"
+    hub_port = int(k.url.rsplit(":", 1)[1])
+    dask_port = k.env["PALLAS_COURSE_SCHEDULER"].rsplit(":", 1)[1]
+    subprocess.run(["useradd", "--create-home", "-K", "HOME_MODE=0700", "--shell", "/bin/bash",
+                    "-G", "pallas-instructors", ta], check=True)
+    k.passwords[ta] = os.urandom(12).hex()
+    subprocess.run(["chpasswd"], input=f"{ta}:{k.passwords[ta]}", text=True, check=True)
+    res = setup_class("--demo", "2", "--hub-port", str(hub_port), "--dask-port", dask_port)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    assert "restarting the hub" in res.stdout and ta in res.stdout, res.stdout
+    deadline = time.monotonic() + 60  # the proxy answers before the hub has added its route
+    while requests.get(f"{k.url}/hub/api/", timeout=60).status_code != 200:
+        assert time.monotonic() < deadline, "the restarted hub does not answer"
+        time.sleep(0.5)
+    k.login(ta)
+    k.api("POST", f"/hub/api/users/{ta}/server", ta)
+    deadline = time.monotonic() + 240
+    while not k.api("GET", f"/hub/api/users/{ta}", ta)["servers"].get("", {}).get("ready"):
+        assert time.monotonic() < deadline, f"{ta}'s server did not start"
+        time.sleep(1)
+    assert isinstance(k.api("GET", f"/user/{ta}/formgrader/api/assignments", ta), list)
