@@ -250,6 +250,20 @@ def test_services_run_as_whom_they_should_on_loopback(klass):
     assert "teacher" not in klass.env and "password" not in ENV_FILE.read_text().lower()
 
 
+def test_the_formgrader_tab_may_frame_the_instructors_own_formgrader(klass):
+    """Issue 35, item 10: the Formgrader tab of JupyterLab (a frame of the same server's
+    formgrader) was blank: the hub's servers answer ``frame-ancestors 'none'``. The
+    instructor's server lets its own origin frame it; a learner's still lets nobody."""
+    def policy(user: str, path: str) -> str:
+        r = requests.get(f"{klass.url}/user/{user}/{path}", timeout=120, allow_redirects=False,
+                         headers={"Authorization": f"token {klass.tokens[user]}"})
+        assert r.status_code == 200, (path, r.status_code)
+        return r.headers["Content-Security-Policy"]
+
+    assert policy(TEACHER, "formgrader").startswith("frame-ancestors 'self'")
+    assert "frame-ancestors 'none'" in policy(L1, "api/status")
+
+
 @pytest.fixture(scope="module")
 def released(klass):
     """The class with assignment A released by the instructor (every test that needs it asks
