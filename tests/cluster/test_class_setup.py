@@ -250,6 +250,33 @@ def test_services_run_as_whom_they_should_on_loopback(klass):
     assert "teacher" not in klass.env and "password" not in ENV_FILE.read_text().lower()
 
 
+# learner 2 asks every port given: an HTTP answer of any status is an answer
+HTTP_PROBE = """
+import sys, urllib.error, urllib.request
+for port in sys.argv[1:]:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/info/main/workers.html", timeout=10)
+        print("answered", port)
+    except urllib.error.HTTPError:
+        print("answered", port)
+    except OSError:
+        pass
+"""
+
+
+def test_nothing_of_dask_answers_http(klass):
+    """Issue 35, item 12: the Dask scheduler and workers served their HTTP pages (workers,
+    logs, exceptions) to any account on the machine, without TLS or a login."""
+    import psutil
+
+    ports = {c.laddr.port for c in psutil.net_connections("inet")
+             if c.status == psutil.CONN_LISTEN and c.pid
+             and psutil.Process(c.pid).username() == "pallas-grader"}
+    assert int(klass.env["PALLAS_COURSE_SCHEDULER"].rsplit(":", 1)[1]) in ports
+    res = as_user(L2, "python3", "-c", HTTP_PROBE, *map(str, sorted(ports)))
+    assert "answered" not in res.stdout, res.stdout
+
+
 def test_the_formgrader_tab_may_frame_the_instructors_own_formgrader(klass):
     """Issue 35, item 10: the Formgrader tab of JupyterLab (a frame of the same server's
     formgrader) was blank: the hub's servers answer ``frame-ancestors 'none'``. The
