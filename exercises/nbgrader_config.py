@@ -88,6 +88,10 @@ c.LatePenalty.points_per_day = 0.0
 # HTML: scripts, event handlers, javascript: links (grader/grading/feedback_pp.py).
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenOutputs, ClearHiddenTests, InertHtml,
                                     FeedbackCSS]
+# nbgrader's feedback template cleans InertHtml's cells again with nbconvert's clean_html, whose
+# short list of tags lacks headings and paragraphs: tasks and hints showed a literal </p>. The
+# course's own clean (the same list InertHtml applied) does that second pass instead.
+c.HTMLExporter.filters = {"clean_html": "grader.grading.feedback_pp.clean"}
 
 # Per-cell timeouts. Test cells are locked and restored from the gradebook at autograde, so their
 # "timeout" metadata comes from the instructor's source; a learner's own cells get the learner
