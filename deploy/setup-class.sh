@@ -114,14 +114,21 @@ $STATE/.. by hand, or touch $STATE/demo to confirm"
       if [ -f "$STATE/pg-started" ]; then pg_ctlcluster "$v" "$n" stop || true; fi
     fi
   fi
-  for u in $(getent group "$LEARNERS" "$INSTRUCTORS" | cut -d: -f4 | tr ',' '\n' | grep '^demo-' | sort -u); do
-    pkill -KILL -u "$u" 2>/dev/null || true
-    userdel -r "$u" 2>/dev/null || userdel "$u" || true
+  remove_account() {  # remove_account USER: its processes, home, and what it left in the
+    # shared temp folders (a slot or jail folder named by its uid, a learner's files), which
+    # the next account given that uid would own
+    local uid
+    uid=$(id -u "$1" 2>/dev/null) || return 0
+    pkill -KILL -u "$1" 2>/dev/null || true
+    userdel -r "$1" 2>/dev/null || userdel "$1" || true
+    find /tmp /var/tmp /dev/shm -xdev -mindepth 1 -maxdepth 1 -uid "$uid" \
+      -exec rm -rf {} + 2>/dev/null || true
+  }
+  for u in $(getent group "$LEARNERS" "$INSTRUCTORS" | cut -d: -f4 | tr ',' '\n' | grep '^demo-' | sort -u) \
+           demo-instructor $(getent passwd | cut -d: -f1 | grep '^demo-learner[0-9]*$' || true) \
+           "$GRADER"; do
+    remove_account "$u"
   done
-  for u in demo-instructor $(getent passwd | cut -d: -f1 | grep '^demo-learner[0-9]*$' || true); do
-    id "$u" >/dev/null 2>&1 && { pkill -KILL -u "$u" 2>/dev/null || true; userdel -r "$u" 2>/dev/null || true; }
-  done
-  id "$GRADER" >/dev/null 2>&1 && { pkill -KILL -u "$GRADER" 2>/dev/null || true; userdel "$GRADER"; }
   for g in "$LEARNERS" "$INSTRUCTORS" "$GRADER"; do getent group "$g" >/dev/null && groupdel "$g"; done
   if [ -f "$ETC/class.env" ]; then
     # the paths this set-up used, whatever the options of this run

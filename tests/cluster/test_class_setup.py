@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -174,11 +175,16 @@ def klass():
     if Path("/var/lib/pallas-course").exists() and not Path("/var/lib/pallas-course/demo").exists():
         pytest.skip("a class set up on this machine without --demo: not touching it")
     hub_port, dask_port = free_port(3), free_port()  # the hub takes hub_port + 0, 1, 2
+    uids: dict[str, int] = {}
     try:
         res = setup_class("--demo", "2", "--hub-port", str(hub_port), "--dask-port",
                           str(dask_port))
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
         first_run = res.stdout
+        uids = {u: pwd.getpwnam(u).pw_uid for u in (TEACHER, L1, L2, "pallas-grader")}
+        # what any account leaves in a shared temp folder (issue 35, item 13: --remove left
+        # them to the next account given the uid)
+        as_user(L2, "mkdir", "-p", f"/tmp/pallas-course-left-by-{L2}/inside")
         # idempotent: a second run changes nothing and succeeds; learner 2 watches /proc
         trace = Path(tempfile.mkdtemp(prefix="pallas-setup-trace-")) / "execve.log"
         res, read_by_learner2 = setup_class_watched(
@@ -202,6 +208,9 @@ def klass():
         assert res.returncode == 0, res.stdout + res.stderr
         for u in (TEACHER, L1, L2, "pallas-grader"):
             assert subprocess.run(["id", u], capture_output=True).returncode != 0, u
+        left = [str(p) for d in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(d).iterdir()
+                if p.lstat().st_uid in uids.values()]
+        assert left == [], left
 
 
 def test_no_secret_on_a_command_line_or_in_an_environment(klass):
