@@ -291,7 +291,7 @@ def test_the_formgrader_tab_may_frame_the_instructors_own_formgrader(klass):
     formgrader) was blank: the hub's servers answer ``frame-ancestors 'none'``. The
     instructor's server lets its own origin frame it; a learner's still lets nobody."""
     def policy(user: str, path: str) -> str:
-        r = requests.get(f"{klass.url}/user/{user}/{path}", timeout=120, allow_redirects=False,
+        r = requests.get(f"{klass.url}/user/{user}/{path}", timeout=120,
                          headers={"Authorization": f"token {klass.tokens[user]}"})
         assert r.status_code == 200, (path, r.status_code)
         return r.headers["Content-Security-Policy"]
