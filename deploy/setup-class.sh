@@ -114,14 +114,21 @@ $STATE/.. by hand, or touch $STATE/demo to confirm"
       if [ -f "$STATE/pg-started" ]; then pg_ctlcluster "$v" "$n" stop || true; fi
     fi
   fi
-  for u in $(getent group "$LEARNERS" "$INSTRUCTORS" | cut -d: -f4 | tr ',' '\n' | grep '^demo-' | sort -u); do
-    pkill -KILL -u "$u" 2>/dev/null || true
-    userdel -r "$u" 2>/dev/null || userdel "$u" || true
+  remove_account() {  # remove_account USER: its processes, home, and what it left in the
+    # shared temp folders (a slot or jail folder named by its uid, a learner's files), which
+    # the next account given that uid would own
+    local uid
+    uid=$(id -u "$1" 2>/dev/null) || return 0
+    pkill -KILL -u "$1" 2>/dev/null || true
+    userdel -r "$1" 2>/dev/null || userdel "$1" || true
+    find /tmp /var/tmp /dev/shm -xdev -mindepth 1 -maxdepth 1 -uid "$uid" \
+      -exec rm -rf {} + 2>/dev/null || true
+  }
+  for u in $(getent group "$LEARNERS" "$INSTRUCTORS" | cut -d: -f4 | tr ',' '\n' | grep '^demo-' | sort -u) \
+           demo-instructor $(getent passwd | cut -d: -f1 | grep '^demo-learner[0-9]*$' || true) \
+           "$GRADER"; do
+    remove_account "$u"
   done
-  for u in demo-instructor $(getent passwd | cut -d: -f1 | grep '^demo-learner[0-9]*$' || true); do
-    id "$u" >/dev/null 2>&1 && { pkill -KILL -u "$u" 2>/dev/null || true; userdel -r "$u" 2>/dev/null || true; }
-  done
-  id "$GRADER" >/dev/null 2>&1 && { pkill -KILL -u "$GRADER" 2>/dev/null || true; userdel "$GRADER"; }
   for g in "$LEARNERS" "$INSTRUCTORS" "$GRADER"; do getent group "$g" >/dev/null && groupdel "$g"; done
   if [ -f "$ETC/class.env" ]; then
     # the paths this set-up used, whatever the options of this run
@@ -393,19 +400,20 @@ EOF
 # ----------------------------------------------------------------------------- JupyterHub
 # PAM logins (members of the learners' and instructors' groups), each server started as its
 # user's own Unix account (LocalProcessSpawner) from $VENV; the hub group "instructors" is the
-# Unix group's members and gets the formgrader on the course folder.
-cat >"$ETC/jupyterhub_config.py" <<EOF
+# Unix group's members and gets the formgrader on the course folder. The hub reads them when it
+# starts: the configuration names them, and a rerun that changes it restarts the hub, or a new
+# instructor's formgrader would answer 404 until someone did.
+instructors=$(getent group "$INSTRUCTORS" | cut -d: -f4 | tr ',' '\n' | grep -vx "$GRADER" \
+  | sort | paste -sd, -) || true
+hub_config=$(cat <<EOF
 # written by deploy/setup-class.sh
-import grp
-
 c = get_config()  # noqa: F821
 load_subconfig("$PREFIX/jupyterhub/jupyterhub_config.py")  # noqa: F821
 c.JupyterHub.authenticator_class = "pam"
 c.PAMAuthenticator.open_sessions = False  # no login session: pam_systemd needs systemd
 c.PAMAuthenticator.allowed_groups = {"$LEARNERS", "$INSTRUCTORS"}
 c.Authenticator.allowed_users = set()
-instructors = [u for u in grp.getgrnam("$INSTRUCTORS").gr_mem if u != "$GRADER"]
-c.JupyterHub.load_groups = {"instructors": {"users": instructors}}
+c.JupyterHub.load_groups = {"instructors": {"users": [u for u in "$instructors".split(",") if u]}}
 c.JupyterHub.spawner_class = "localprocess"
 c.Spawner.ip = "127.0.0.1"
 c.Spawner.start_timeout = 120
@@ -417,6 +425,13 @@ c.JupyterHub.db_url = "sqlite:///$STATE/hub/jupyterhub.sqlite"
 c.JupyterHub.cookie_secret_file = "$STATE/hub/jupyterhub_cookie_secret"
 c.ConfigurableHTTPProxy.pid_file = "$STATE/hub/proxy.pid"
 EOF
+)
+if running hub && [ "$(cat "$ETC/jupyterhub_config.py" 2>/dev/null)" != "$hub_config" ]; then
+  say "restarting the hub, whose configuration changed (instructors: ${instructors:-none}); \
+the servers running now stop: their users start them again"
+  stop_services hub
+fi
+printf '%s\n' "$hub_config" >"$ETC/jupyterhub_config.py"
 cd "$STATE/hub"
 start_daemon hub env PATH="$VENV/bin:$(dirname "$(command -v configurable-http-proxy)"):/usr/bin:/bin" \
   PALLAS_COURSE_ROOT="$COURSE" PALLAS_COURSE_EXCHANGE="$EXCHANGE" PALLAS_COURSE_DB="$DB_URL" \

@@ -5,10 +5,12 @@ starts nbgrader with this folder as the working directory.
 """
 
 import os
+from pathlib import Path
 
 from grader.grading.feedback_css import FeedbackCSS
 from grader.grading.feedback_pp import ClearHiddenOutputs, InertHtml
 from grader.grading.late import LatePenalty
+from grader.grading.shared import share_with_group
 from grader.grading.trusted import RestoreTestCells, TrustedExecute, VerdictGrades
 from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.preprocessors import (
@@ -30,6 +32,9 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 c.CourseDirectory.course_id = "pallas-course"
 c.CourseDirectory.root = ROOT
+# a class's course folder (setgid, deploy/setup-class.sh): what nbgrader writes here, in the
+# formgrader's server or a grading worker, stays writable for the other instructors
+share_with_group(Path(ROOT))
 # SQLite in this folder, with a busy timeout: concurrent autograde workers wait for the gradebook
 # lock instead of failing; or a server's URL, e.g. PostgreSQL for graders on several machines
 # (`pallas-course --db postgresql://...` sets $PALLAS_COURSE_DB for every nbgrader it starts)
@@ -39,6 +44,8 @@ c.CourseDirectory.db_url = (os.environ.get("PALLAS_COURSE_DB")
 c.CourseDirectory.ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.py",
                             "*.ipynb.tmp"]
 c.Exchange.path_includes_course = True
+# feedback is released for every learner it can be, also beside work collected from a folder
+c.ExchangeFactory.release_feedback = "grader.grading.inbound.ReleaseFeedbackWhereSubmitted"
 # A class on one machine (deploy/setup-class.sh) names its exchange, outside this folder, which
 # learners cannot enter; the course's files are then the instructors' group's (groupshared), and
 # an inbound entry is collected only when the student it names owns it (grader/grading/inbound.py).
@@ -81,6 +88,10 @@ c.LatePenalty.points_per_day = 0.0
 # HTML: scripts, event handlers, javascript: links (grader/grading/feedback_pp.py).
 c.GenerateFeedback.preprocessors = [GetGrades, ClearHiddenOutputs, ClearHiddenTests, InertHtml,
                                     FeedbackCSS]
+# nbgrader's feedback template cleans InertHtml's cells again with nbconvert's clean_html, whose
+# short list of tags lacks headings and paragraphs: tasks and hints showed a literal </p>. The
+# course's own clean (the same list InertHtml applied) does that second pass instead.
+c.HTMLExporter.filters = {"clean_html": "grader.grading.feedback_pp.clean"}
 
 # Per-cell timeouts. Test cells are locked and restored from the gradebook at autograde, so their
 # "timeout" metadata comes from the instructor's source; a learner's own cells get the learner

@@ -19,7 +19,9 @@ PALLAS_COURSE_DB           the gradebook's URL when not SQLite in the course (po
 Everybody's server gets the exchange, ``<course>/exchange``, at the same path; the instructors'
 also get the course folder. Learners get nbgrader's student extensions (assignment list with
 fetch and submit, validate) and no formgrader or assignment creation; instructors get the
-formgrader, which uses the course's own nbgrader_config.py. Which is which: the hub group
+formgrader, which uses the course's own nbgrader_config.py, and may frame their own pages
+(``frame-ancestors 'self'``, instructor/jupyter_server_config.json: JupyterLab's Formgrader tab
+is a frame; the hub's default, ``'none'``, left it blank). Which is which: the hub group
 ``instructors``. The authenticator is left to the site (JupyterHub's default, PAM, for Unix
 accounts; an OAuth one from ``oauthenticator`` for a university login).
 """

@@ -133,6 +133,17 @@ def _malformed(subdir: Path) -> str | None:
     return None
 
 
+def _submitted_at(subdir: Path) -> str:
+    """When the submission in ``subdir`` was made (its timestamp.txt, UTC) as nbgrader's export
+    writes it (``2026-12-01 10:00:00``); ``""`` when it does not say."""
+    from nbgrader.utils import parse_utc
+
+    try:
+        return str(parse_utc((subdir / "timestamp.txt").read_text().strip()))
+    except (OSError, ValueError):
+        return ""
+
+
 def submissions(root: Path, assignment: str | None = None) -> list[tuple[str, str]]:
     sub = root / "submitted"
     out = []
@@ -323,9 +334,18 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float,
     t0 = time.monotonic()
     rec = {"student": student, "assignment": assignment}
     subdir = root / "submitted" / student / assignment
+    # a status file says how the last grading of the submission ended: the old one goes
+    # first, so that a grading that cannot finish (or write its status) never leaves "graded"
+    _status_path(root, assignment, student).unlink(missing_ok=True)
     why = _malformed(subdir)
     if why:
-        rec.update(status="malformed", detail=why)
+        # it replaces an earlier submission: no output (gradebook, table, export, feedback)
+        # may keep that one's score, time or feedback
+        res = worker.run("forget", assignment, student, timeout=timeout)
+        if not res.get("success"):
+            raise RuntimeError(f"the earlier grade of {student}/{assignment} could not be "
+                               f"removed: {res.get('error')}")
+        rec.update(status="malformed", detail=why, timestamp=_submitted_at(subdir))
     else:
         res = worker.run("autograde", assignment, student, timeout=timeout)
         for pause in GRADEBOOK_RETRIES:  # a gradebook restarting: wait and grade again
@@ -486,6 +506,8 @@ def feedback(root: Path, assignment: str | None = None, log=print) -> list[Path]
                  else "no exchange to release it to: send the files, or set one up "
                  "(README, Teaching a class)")
         log(f"feedback {a}: {len(files)} HTML file(s) under {root / 'feedback'}; {where}")
+        for student, why in res.get("not_released", {}).items():
+            log(f"feedback {a}: not released for {student}: {why}")
     return out
 
 
@@ -542,8 +564,9 @@ def export(root: Path, to: Path, log=print, lms: str | None = None) -> Path:
         row["reason"] = (st or {}).get("detail", "")
         if st:
             row["status"] = st["status"]
-            if st["status"] == "malformed":  # replaces the grade of an earlier submission
-                row["score"] = 0
+            if st["status"] == "malformed":  # its earlier grade is gone (grade_one): its time
+                row["timestamp"] = st.get("timestamp", "")
+                row["late_by"] = late_by(row["timestamp"], row.get("duedate", ""))
         elif row.get("timestamp") in ("", "None", None) and float(row.get("score") or 0) == 0:
             row["status"] = "missing"
         else:
@@ -553,8 +576,8 @@ def export(root: Path, to: Path, log=print, lms: str | None = None) -> Path:
         st = json.loads(st_file.read_text())
         if (st["student"], st["assignment"]) not in seen:  # never reached the gradebook
             rows.append({**{k: "" for k in fields}, "late_by": "", "assignment": st["assignment"],
-                         "student_id": st["student"], "score": 0, "status": st["status"],
-                         "reason": st.get("detail", "")})
+                         "student_id": st["student"], "timestamp": st.get("timestamp", ""),
+                         "score": 0, "status": st["status"], "reason": st.get("detail", "")})
     to.parent.mkdir(parents=True, exist_ok=True)
     with to.open("w", newline="") as f:
         if lms:

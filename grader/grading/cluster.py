@@ -48,7 +48,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from grader.grading import batch, sandbox
+from grader.grading import batch, sandbox, shared
 
 CONNECT_TIMEOUT = "30s"
 
@@ -81,6 +81,7 @@ def _worker(root: str, db: str | None, address: str) -> batch.Worker:
     jail-checked (call under _lock). Raises ``WorkerUnfit`` when this machine cannot grade."""
     if not (Path(root) / "nbgrader_config.py").is_file():  # else: every submission "malformed"
         raise WorkerUnfit(address, f"the course folder {root} is not mounted here")
+    shared.share_with_group(Path(root))  # the instructors regrade what this worker writes
     if _here["slot"] is None:
         _here["slot"], _here["lock"] = sandbox.claim_slot()
     if _here["key"] != (root, db):  # another course or gradebook: a fresh grading worker
@@ -102,12 +103,20 @@ def _worker(root: str, db: str | None, address: str) -> batch.Worker:
     return _here["worker"]
 
 
-def dask_setup(dask_worker) -> None:
-    """Run when a Dask worker starts (``distributed.worker.preload`` in
-    deploy/dask/grading.yaml names this module): import what grading a submission needs in
-    this process (nbformat checks that a submission is a notebook: seconds of CPU on a busy
-    machine) once, when the worker starts, instead of in its first submission."""
-    import nbformat  # noqa: F401
+def dask_setup(server) -> None:
+    """Run when a Dask scheduler or worker starts (``distributed.scheduler.preload`` and
+    ``distributed.worker.preload`` in deploy/dask/grading.yaml name this module).
+
+    Every Dask scheduler and worker serves HTTP pages (its workers, logs, exceptions) whatever
+    ``--no-dashboard`` says, without TLS or a login: any account on the machine could read
+    them. Grading needs none of them: that server stops listening here. A worker also imports
+    what grading a submission needs (nbformat checks that a submission is a notebook: seconds
+    of CPU on a busy machine) once, when it starts, instead of in its first submission."""
+    from distributed import Worker
+
+    server.http_server.stop()
+    if isinstance(server, Worker):
+        import nbformat  # noqa: F401
 
 
 def preflight(root: str, db: str | None, dask_worker=None) -> None:

@@ -14,10 +14,17 @@ learners' ``nbgrader_config.py``):
   owned by that student (no links followed, sizes capped as in ``grader.grading.collect``), and
   stamps the submission with the server's clock: the latest change time (``st_ctime``, which no
   user can set) of the entry and its files. The learner's ``timestamp.txt`` is ignored.
+
+And for any exchange: :class:`ReleaseFeedbackWhereSubmitted` (the formgrader's Release feedback,
+``pallas-course feedback``) releases every learner's feedback it can file. nbgrader's stopped at
+the first submission that never went through the exchange (``pallas-course collect DIR``: no
+``submission_secret.txt``, the name a learner's feedback is filed under), so nobody after it got
+any.
 """
 
 from __future__ import annotations
 
+import glob
 import os
 import pwd
 import stat
@@ -25,6 +32,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from nbgrader.exchange.default.collect import ExchangeCollect
+from nbgrader.exchange.default.release_feedback import ExchangeReleaseFeedback
 from nbgrader.exchange.default.submit import ExchangeSubmit
 
 from grader.grading.collect import MAX_NOTEBOOK_BYTES, Skip, read_regular
@@ -129,3 +137,33 @@ class OwnedCollect(ExchangeCollect):
             self.log.info("Collected %s %s (%d file(s), submitted %s by the server's clock)",
                           rec["username"], self.coursedir.assignment_id, len(rec["files"]),
                           rec["timestamp"].strftime(TIMESTAMP_FORMAT))
+
+
+def unreleasable(feedback: Path) -> str | None:
+    """Why the feedback in ``feedback`` (``<course>/feedback/<student>/<assignment>``) cannot be
+    released to the exchange, or None when it can."""
+    if (feedback / "submission_secret.txt").is_file():
+        return None
+    return ("its submission was collected from a folder or zip (pallas-course collect), not from "
+            "the exchange, so the exchange has no name to file it under: send the learner "
+            f"{feedback}")
+
+
+class ReleaseFeedbackWhereSubmitted(ExchangeReleaseFeedback):
+    """nbgrader's release of feedback, leaving out (with a warning that says why) the learners
+    whose feedback cannot be filed in the exchange instead of stopping at the first of them."""
+
+    def copy_files(self):
+        left_out = {}
+        for html in map(Path, glob.glob(os.path.join(self.src_path, "*.html"))):
+            why = unreleasable(html.parent)
+            if why:
+                left_out[html.parent.parent.name] = why
+        for student, why in sorted(left_out.items()):
+            self.log.warning("feedback of %s not released: %s", student, why)
+        excluded = self.coursedir.student_id_exclude
+        self.coursedir.student_id_exclude = ",".join(filter(None, [excluded, *left_out]))
+        try:
+            super().copy_files()
+        finally:  # the formgrader's course settings outlive this release
+            self.coursedir.student_id_exclude = excluded

@@ -37,7 +37,8 @@ def _failure(cell: dict) -> str | None:
 
 
 def gather(root: Path, assignment: str) -> dict:
-    """The report's numbers: ``tasks`` (list of Task), ``statuses`` (Counter), ``seconds``."""
+    """The report's numbers: ``tasks`` (list of Task), ``statuses`` (Counter), ``seconds`` (each
+    submission's grading time by the wall clock, from its status file)."""
     from nbgrader.api import Gradebook
 
     from grader.grading.batch import DB_ENV
@@ -85,7 +86,8 @@ def render(assignment: str, data: dict) -> str:
                     f"<td>{most}</td></tr>")
     secs = data["seconds"]
     timing = (f"{len(secs)} submission(s): median {statistics.median(secs):.1f} s, slowest "
-              f"{max(secs):.1f} s, {sum(secs) / 60:.1f} CPU-minutes in all" if secs
+              f"{max(secs):.1f} s, {sum(secs) / 60:.1f} minutes in all (wall-clock time, summed "
+              "over submissions; graded side by side, a batch takes less)" if secs
               else "no submission graded yet")
     statuses = ", ".join(f"{e(k)} {v}" for k, v in sorted(data["statuses"].items())) or "none"
     return f"""<!doctype html>

@@ -288,10 +288,27 @@ def kill_uid(uid: int) -> None:
         time.sleep(0.05)
 
 
+def _walk_opened(root: Path) -> Iterator[tuple[str, list[str]]]:
+    """``(folder, its files)`` under ``root`` (links not followed), each folder first given its
+    owner's read, write and search bits back where this process may: a run can lock a folder it
+    made (``chmod 0300``; without root, the run's files are this account's), which hid what it
+    holds from the disk limit and left it behind after the run."""
+    with contextlib.suppress(OSError):
+        os.chmod(root, stat.S_IMODE(os.lstat(root).st_mode) | stat.S_IRWXU)
+    for dirpath, dirnames, files in os.walk(root):
+        for name in dirnames:  # before os.walk lists them
+            with contextlib.suppress(OSError):
+                path = os.path.join(dirpath, name)
+                st = os.lstat(path)
+                if stat.S_ISDIR(st.st_mode):
+                    os.chmod(path, stat.S_IMODE(st.st_mode) | stat.S_IRWXU)
+        yield dirpath, files
+
+
 def disk_usage(root: Path) -> int:
-    """Bytes in files under ``root`` (links not followed)."""
+    """Bytes in files under ``root`` (links not followed), locked folders included."""
     total = 0
-    for dirpath, _, files in os.walk(root):
+    for dirpath, files in _walk_opened(root):
         for name in files:
             try:
                 total += os.lstat(os.path.join(dirpath, name)).st_size
@@ -492,4 +509,7 @@ def classify(code: int, stderr: bytes, limits: Limits) -> tuple[Status, str]:
 
 
 def remove_workdir(workdir: Path) -> None:
+    """Remove a run's folder, also what the run locked in it."""
+    for _ in _walk_opened(workdir):
+        pass
     shutil.rmtree(workdir, ignore_errors=True)

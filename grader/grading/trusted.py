@@ -183,7 +183,7 @@ def preflight(limits: sandbox.Limits, slot: int | None = None) -> str | None:
                 out = sandbox.run([sys.executable, "-c", command], workdir, limits, slot=slot,
                                   readable=folders, views=views, env=grading_env())
             finally:
-                shutil.rmtree(workdir, ignore_errors=True)
+                sandbox.remove_workdir(workdir)
             if out.status != "ok":
                 break
     finally:
@@ -325,10 +325,10 @@ class FreshRun:
         finally:
             outcome = run.outcome or self.child.wait(run.stop_notebook)
             run.end_checker()
-            shutil.rmtree(self.workdir, ignore_errors=True)
+            sandbox.remove_workdir(self.workdir)  # also what the notebook locked in it
             shutil.rmtree(self.view, ignore_errors=True)
             for workdir in self.checkers:
-                shutil.rmtree(workdir, ignore_errors=True)
+                sandbox.remove_workdir(workdir)
         if run.leftover and outcome.status != "timeout" and not run.stop_notebook:
             # the notebook's process ended by itself in the middle of a frame: it did not
             # write that (it writes whole frames, and only a limit stops it mid-way)

@@ -1,8 +1,10 @@
 """nbgrader jobs in a long-lived process: ``python -m grader.grading.worker ROOT serve``.
 
 It reads jobs as JSON lists, one per stdin line, until end of input: ``["generate", A...]``,
-``["autograde", A, STUDENT]``, ``["feedback", A[, STUDENT]]`` (made, and released to the
-exchange when the course has one), ``["export", FILE]``,
+``["autograde", A, STUDENT]``, ``["forget", A, STUDENT]`` (an earlier grading of a submission
+replaced by one that is not a notebook: its gradebook record, autograded notebooks and
+feedback), ``["feedback", A[, STUDENT]]`` (made, and released to the exchange when the course
+has one), ``["export", FILE]``,
 ``["preflight"]`` (can a jailed Python import the course). Each runs
 real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON
 line (prefixed ``@@RESULT``) with the outcome; ``grading.Worker`` is the other end. Learner code
@@ -134,6 +136,20 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
         result["disk"] = [c for x in limits for c in x["disk"]]
         result["notebooks"] = [p.name for p in nbs]
         result["reports"] = list(trusted.REPORTS)
+    elif job == "forget":
+        import shutil
+
+        from nbgrader.api import Gradebook, MissingEntry
+
+        a, s = args
+        with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
+            try:
+                gb.remove_submission(a, s)
+            except MissingEntry:
+                pass
+        for step in ("autograded", "feedback"):
+            shutil.rmtree(root / step / s / a, ignore_errors=True)
+        result["success"] = True
     elif job == "feedback":
         a = args[0]
         s = args[1] if len(args) > 1 else None
@@ -143,10 +159,15 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
         # goes there too (nbgrader's release_feedback, as the formgrader's button does)
         exchange = cfg.Exchange.root if "root" in cfg.Exchange else ""
         if r["success"] and exchange and os.path.isdir(exchange):
+            from grader.grading.inbound import unreleasable
+
             released = api.release_feedback(a, s)
             result.update(success=released["success"], exchange=exchange,
                           error=released.get("error"),
                           log=(result["log"] + released.get("log", ""))[-4000:])
+            result["not_released"] = {
+                d.parent.name: why for d in sorted((root / "feedback").glob(f"{s or '*'}/{a}"))
+                if (why := unreleasable(d))}
     elif job == "export":
         from nbgrader.api import Gradebook
         from nbgrader.plugins.export import CsvExportPlugin

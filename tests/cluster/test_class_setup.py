@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import pwd
 import re
 import shutil
 import socket
@@ -174,11 +175,16 @@ def klass():
     if Path("/var/lib/pallas-course").exists() and not Path("/var/lib/pallas-course/demo").exists():
         pytest.skip("a class set up on this machine without --demo: not touching it")
     hub_port, dask_port = free_port(3), free_port()  # the hub takes hub_port + 0, 1, 2
+    uids: dict[str, int] = {}
     try:
         res = setup_class("--demo", "2", "--hub-port", str(hub_port), "--dask-port",
                           str(dask_port))
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
         first_run = res.stdout
+        uids = {u: pwd.getpwnam(u).pw_uid for u in (TEACHER, L1, L2, "pallas-grader")}
+        # what any account leaves in a shared temp folder (issue 35, item 13: --remove left
+        # them to the next account given the uid)
+        as_user(L2, "mkdir", "-p", f"/tmp/pallas-course-left-by-{L2}/inside")
         # idempotent: a second run changes nothing and succeeds; learner 2 watches /proc
         trace = Path(tempfile.mkdtemp(prefix="pallas-setup-trace-")) / "execve.log"
         res, read_by_learner2 = setup_class_watched(
@@ -202,6 +208,9 @@ def klass():
         assert res.returncode == 0, res.stdout + res.stderr
         for u in (TEACHER, L1, L2, "pallas-grader"):
             assert subprocess.run(["id", u], capture_output=True).returncode != 0, u
+        left = [str(p) for d in ("/tmp", "/var/tmp", "/dev/shm") for p in Path(d).iterdir()
+                if p.lstat().st_uid in uids.values()]
+        assert left == [], left
 
 
 def test_no_secret_on_a_command_line_or_in_an_environment(klass):
@@ -248,6 +257,47 @@ def test_services_run_as_whom_they_should_on_loopback(klass):
     assert users == {"pallas-grader"}, users
     assert (klass.venv / "bin" / "python").resolve().is_relative_to("/opt/pallas-course")
     assert "teacher" not in klass.env and "password" not in ENV_FILE.read_text().lower()
+
+
+# learner 2 asks every port given: an HTTP answer of any status is an answer
+HTTP_PROBE = """
+import sys, urllib.error, urllib.request
+for port in sys.argv[1:]:
+    try:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/info/main/workers.html", timeout=10)
+        print("answered", port)
+    except urllib.error.HTTPError:
+        print("answered", port)
+    except OSError:
+        pass
+"""
+
+
+def test_nothing_of_dask_answers_http(klass):
+    """Issue 35, item 12: the Dask scheduler and workers served their HTTP pages (workers,
+    logs, exceptions) to any account on the machine, without TLS or a login."""
+    import psutil
+
+    ports = {c.laddr.port for c in psutil.net_connections("inet")
+             if c.status == psutil.CONN_LISTEN and c.pid
+             and psutil.Process(c.pid).username() == "pallas-grader"}
+    assert int(klass.env["PALLAS_COURSE_SCHEDULER"].rsplit(":", 1)[1]) in ports
+    res = as_user(L2, "python3", "-c", HTTP_PROBE, *map(str, sorted(ports)))
+    assert "answered" not in res.stdout, res.stdout
+
+
+def test_the_formgrader_tab_may_frame_the_instructors_own_formgrader(klass):
+    """Issue 35, item 10: the Formgrader tab of JupyterLab (a frame of the same server's
+    formgrader) was blank: the hub's servers answer ``frame-ancestors 'none'``. The
+    instructor's server lets its own origin frame it; a learner's still lets nobody."""
+    def policy(user: str, path: str) -> str:
+        r = requests.get(f"{klass.url}/user/{user}/{path}", timeout=120,
+                         headers={"Authorization": f"token {klass.tokens[user]}"})
+        assert r.status_code == 200, (path, r.status_code)
+        return r.headers["Content-Security-Policy"]
+
+    assert policy(TEACHER, "formgrader").startswith("frame-ancestors 'self'")
+    assert "frame-ancestors 'none'" in policy(L1, "api/status")
 
 
 @pytest.fixture(scope="module")
@@ -334,6 +384,19 @@ open(os.path.join({str(forged)!r}, 'timestamp.txt'), 'w').write('2099-01-01 00:0
     status = json.loads((k.course / "status" / A / f"{L1}.json").read_text())
     assert status["status"] == "graded" and status.get("isolation") == "jail", status
 
+    # issue 35, item 6: the instructor grades learner 1 again over what the grading account
+    # wrote, without a scheduler and from the formgrader (PermissionError on its 2755 folders)
+    graded_nb = k.course / "autograded" / L1 / A / nb_name
+    k.pallas(TEACHER, "autograde", A, "--student", L1)
+    assert graded_nb.is_file()
+    assert json.loads((k.course / "status" / A / f"{L1}.json").read_text())["status"] == "graded"
+    res = k.api("POST", f"/user/{TEACHER}/formgrader/api/submission/{A}/{L1}/autograde", TEACHER)
+    assert res["success"], res.get("error")
+    assert graded_nb.is_file()
+    for p in (k.course / "autograded", k.course / "status"):
+        for made in (p, *p.rglob("*")):
+            assert made.stat().st_mode & 0o060 == 0o060, (made, oct(made.stat().st_mode))
+
     # one instructor step: the command makes the feedback and releases it to the exchange
     res = k.pallas(TEACHER, "feedback", A)
     assert "released to the exchange" in res.stdout, res.stdout
@@ -415,3 +478,51 @@ def test_gradebook_restart_mid_batch_costs_no_grade(released):
     assert {s: float(rows[s]["score"]) for s in students} == dict.fromkeys(students, 9.0)
     if L1 in rows:  # the end-to-end test ran first: learner 1's grade, after all, unchanged
         assert float(rows[L1]["score"]) == 9.0
+
+
+def test_feedback_reaches_the_exchange_beside_work_collected_from_a_folder(released):
+    """Issue 35, item 5: one submission collected from a folder (``pallas-course collect DIR``,
+    no submission secret) made nbgrader's release of feedback stop for the whole class."""
+    k = released
+    papers = Path(tempfile.mkdtemp(prefix="pallas-papers-"))
+    try:
+        d = papers / "paper1" / A
+        d.mkdir(parents=True)
+        shutil.copy(next((k.course / "release" / A).glob("*.ipynb")), d)
+        subprocess.run(["chown", "-R", TEACHER, str(papers)], check=True)
+        k.pallas(TEACHER, "collect", str(papers))
+    finally:
+        shutil.rmtree(papers)
+    k.pallas(TEACHER, "autograde", A, "--student", "paper1", "--scheduler",
+             k.env["PALLAS_COURSE_SCHEDULER"], check=False)  # a blank notebook: 0 points
+    res = k.pallas(TEACHER, "feedback", A)
+    assert "released to the exchange" in res.stdout, res.stdout
+    assert "not released for paper1: its submission was collected from a folder" in res.stdout
+    assert str(k.course / "feedback" / "paper1" / A) in res.stdout
+
+
+def test_an_instructor_added_later_gets_the_formgrader_after_a_rerun(klass):
+    """Issue 35, item 9: the hub read the instructors' group when it started, and rerunning the
+    script (README, step 3) did not restart it: a new instructor's formgrader answered 404.
+    Last in this module: the rerun restarts the hub, which stops the servers running."""
+    k, ta = klass, "demo-ta"
+    hub_port = int(k.url.rsplit(":", 1)[1])
+    dask_port = k.env["PALLAS_COURSE_SCHEDULER"].rsplit(":", 1)[1]
+    subprocess.run(["useradd", "--create-home", "-K", "HOME_MODE=0700", "--shell", "/bin/bash",
+                    "-G", "pallas-instructors", ta], check=True)
+    k.passwords[ta] = os.urandom(12).hex()
+    subprocess.run(["chpasswd"], input=f"{ta}:{k.passwords[ta]}", text=True, check=True)
+    res = setup_class("--demo", "2", "--hub-port", str(hub_port), "--dask-port", dask_port)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+    assert "restarting the hub" in res.stdout and ta in res.stdout, res.stdout
+    deadline = time.monotonic() + 60  # the proxy answers before the hub has added its route
+    while requests.get(f"{k.url}/hub/api/", timeout=60).status_code != 200:
+        assert time.monotonic() < deadline, "the restarted hub does not answer"
+        time.sleep(0.5)
+    k.login(ta)
+    k.api("POST", f"/hub/api/users/{ta}/server", ta)
+    deadline = time.monotonic() + 240
+    while not k.api("GET", f"/hub/api/users/{ta}", ta)["servers"].get("", {}).get("ready"):
+        assert time.monotonic() < deadline, f"{ta}'s server did not start"
+        time.sleep(1)
+    assert isinstance(k.api("GET", f"/user/{ta}/formgrader/api/assignments", ta), list)

@@ -33,3 +33,23 @@ def test_workers_run_with_the_grading_settings(dask_cluster):
     # one submission per worker at a time, handed out as each finishes: none waits on a busy
     # worker while another is idle
     assert scheduler == {"saturation": 1.0, "stealing": False}, scheduler
+
+
+def test_no_dask_process_serves_http(dask_cluster):
+    """Issue 35, item 12: Dask's HTTP pages (workers, logs, exceptions) answered any account on
+    the machine, without TLS or a login, from the scheduler and every worker."""
+    import socket
+
+    import dask
+    from distributed import Client
+
+    def http_port(dask_worker=None, dask_scheduler=None) -> int:
+        return (dask_worker or dask_scheduler).http_server.port
+
+    with dask.config.set(dask_cluster.client_config), \
+            Client(dask_cluster.address, timeout="30s") as client:
+        ports = [*client.run(http_port).values(), client.run_on_scheduler(http_port)]
+    assert len(ports) == len(dask_cluster.workers) + 1
+    for port in ports:
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, port

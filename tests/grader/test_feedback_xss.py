@@ -92,20 +92,22 @@ def _notebook():
         nbformat.v4.new_code_cell("print('hi')  # " + html, outputs=outputs)])
 
 
-def _page(tmp_path: Path) -> Path:
-    """The notebook through the course's feedback preprocessors and nbgrader's template."""
+def _page(tmp_path: Path, nb=None) -> Path:
+    """The notebook (``_notebook()`` unless given) through the course's feedback preprocessors
+    and nbgrader's template."""
     import nbgrader
     from nbconvert.exporters import HTMLExporter
-    from traitlets.config import Config
+    from traitlets.config.loader import PyFileConfigLoader
 
     templates = Path(nbgrader.__file__).parent / "server_extensions" / "formgrader"
-    c = Config()  # what nbgrader's GenerateFeedback sets up
+    # the course's configuration, and what nbgrader's GenerateFeedback adds to it
+    c = PyFileConfigLoader("nbgrader_config.py", path=str(REPO / "exercises")).load_config()
     c.HTMLExporter.template_name = "feedback"
     c.HTMLExporter.extra_template_basedirs = [str(templates / "templates")]
     c.HTMLExporter.extra_template_paths = [
         str(templates / "static" / "node_modules" / "bootstrap" / "dist" / "css")]
     exporter = HTMLExporter(config=c)
-    nb = _notebook()
+    nb = nb or _notebook()
     resources = {"nbgrader": {"notebook": "x", "score": 0, "max_score": 1, "late_penalty": 0}}
     for index, cell in enumerate(nb.cells):
         feedback_pp.InertHtml().preprocess_cell(cell, resources, index)
@@ -113,6 +115,17 @@ def _page(tmp_path: Path) -> Path:
     path = tmp_path / "feedback.html"
     path.write_text(html)
     return path
+
+
+def test_tasks_and_hints_show_as_markup_not_as_text(tmp_path):
+    """Issue 35, item 13: nbgrader's template cleaned the cleaned cells again with nbconvert's
+    list of tags, which lacks headings and paragraphs: feedback showed a literal </p>."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell(
+        "## Task 1 \u2014 add\n\nAdd *two* arrays.\n\n<details><summary>Hint 1</summary>\n\n"
+        "Load both inputs.\n\n</details>")])
+    page = _page(tmp_path, nb).read_text()
+    assert "<p>Add <em>two</em> arrays.</p>" in page and "<p>Load both inputs.</p>" in page
+    assert "&lt;" not in page.split("<body", 1)[1]
 
 
 def test_clean_keeps_harmless_markup_and_drops_the_rest():

@@ -1,6 +1,7 @@
 """``OwnedCollect`` (a class's exchange, grader/grading/inbound.py) collects again: a second
 collect takes a resubmission and leaves an older copy alone (issue 35, item 2: the second
-collect crashed comparing nbgrader's naive timestamp with the server's aware one)."""
+collect crashed comparing nbgrader's naive timestamp with the server's aware one); feedback is
+released beside work collected from a folder (item 5: nbgrader's release stopped for everyone)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from nbgrader.auth import Authenticator
 from nbgrader.coursedir import CourseDirectory
 from traitlets.config import Config
 
-from grader.grading.inbound import ENTRY_MODE, OwnedCollect
+from grader.grading.inbound import ENTRY_MODE, OwnedCollect, ReleaseFeedbackWhereSubmitted
 
 A = "01_first_kernel"
 NB = "first_kernel.ipynb"
@@ -31,13 +32,18 @@ def _entry(inbound: Path, student: str, cells: int, stamp: str) -> Path:
     return entry
 
 
-def _collect(root: Path, exchange: Path, update: bool = True) -> None:
+def _course(root: Path, exchange: Path) -> tuple[Config, CourseDirectory]:
     config = Config()
     config.Exchange.root = str(exchange)
     config.Exchange.path_includes_course = True
     coursedir = CourseDirectory(root=str(root), config=config)
     coursedir.assignment_id = A
     coursedir.course_id = "pallas-course"
+    return config, coursedir
+
+
+def _collect(root: Path, exchange: Path, update: bool = True) -> None:
+    config, coursedir = _course(root, exchange)
     app = OwnedCollect(coursedir=coursedir, authenticator=Authenticator(config=config),
                        config=config)
     app.update = update
@@ -72,3 +78,24 @@ def test_collect_twice_takes_the_resubmission(tmp_path, monkeypatch):
     _collect(root, exchange)
     cells, second = _submitted(root, me)
     assert cells == 2 and second > first
+
+
+def test_feedback_is_released_for_all_but_work_collected_from_a_folder(tmp_path, caplog):
+    root, exchange = tmp_path / "course", tmp_path / "exchange"
+    for student, secret in (("a-from-a-zip", None), ("b-through-the-exchange", "s3cret")):
+        d = root / "feedback" / student / A
+        d.mkdir(parents=True)
+        (d / "first_kernel.html").write_text(f"<p>{student}</p>")
+        (d / "timestamp.txt").write_text("2026-12-01 10:00:00.000000 UTC")
+        if secret:
+            (d / "submission_secret.txt").write_text(secret)
+    (exchange / "pallas-course").mkdir(parents=True)
+    config, coursedir = _course(root, exchange)
+    app = ReleaseFeedbackWhereSubmitted(coursedir=coursedir,
+                                        authenticator=Authenticator(config=config), config=config)
+    app.start()
+    (released,) = (exchange / "pallas-course" / "feedback").glob("*.html")
+    assert released.read_text() == "<p>b-through-the-exchange</p>"
+    assert "feedback of a-from-a-zip not released: its submission was collected from a folder" \
+        in caplog.text
+    assert coursedir.student_id_exclude == ""

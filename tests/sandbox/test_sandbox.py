@@ -227,3 +227,36 @@ def test_nbgrader_run_by_hand_claims_its_slot(monkeypatch):
     monkeypatch.setenv(sandbox.SLOT_ENV, "7")
     with sandbox.slot_for_this_run() as slot:
         assert slot == 7  # the one its worker claimed
+
+
+# a run's folder as a run without root leaves it: its files are the grading account's, and a
+# folder in it locked (chmod 0300: no listing); then what the grader measures and removes
+LOCKED_FOLDER = """
+import os, sys
+from pathlib import Path
+from grader.grading import sandbox
+work = Path(sys.argv[1]) / "work"
+(work / "locked").mkdir(parents=True)
+(work / "locked" / "big").write_bytes(b"x" * (1 << 20))
+(work / "locked").chmod(0o300)
+print(sandbox.disk_usage(work), flush=True)
+sandbox.remove_workdir(work)
+print(work.exists())
+"""
+
+
+def test_a_locked_folder_counts_against_the_disk_limit_and_is_removed(tmp_path):
+    """Issue 35, item 8: 300 MiB written into a folder the run locked (mode 0300) passed the
+    256 MiB limit, and locked folders piled up after each run."""
+    import subprocess
+
+    # root reads and removes whatever the modes say: the class's grader is an account, as root
+    # without the capabilities that override modes
+    as_account = (["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--"]
+                  if os.geteuid() == 0 else [])
+    out = subprocess.run([*as_account, PY, "-c", LOCKED_FOLDER, str(tmp_path)],
+                         capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    usage, exists = out.stdout.split()
+    assert int(usage) >= 1 << 20 and exists == "False", out.stdout
