@@ -84,9 +84,10 @@ echo "done: . .venv/bin/activate, then JUPYTER_CONFIG_PATH=jupyter jupyter lab"
 
 def strip_hidden_cases(source: str) -> tuple[str, int]:
     """A task module's source without its hidden cases, and how many were removed: every
-    ``make_case(...)`` call whose fifth argument (or ``hidden=``) is True is removed from the tuple
-    that holds it."""
-    tree = ast.parse(source)
+    ``make_case(...)`` call whose fifth argument (or ``hidden=``) is True is cut out of the tuple
+    or list that holds it. The rest of the text is kept as written (not re-printed by
+    ``ast.unparse``, whose f-strings from Python 3.12 do not parse on 3.11, where the copy runs
+    too), and the result is checked to be the module with those calls removed."""
 
     def hidden(node: ast.AST) -> bool:
         if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "make_case"):
@@ -95,18 +96,47 @@ def strip_hidden_cases(source: str) -> tuple[str, int]:
             (k.value for k in node.keywords if k.arg == "hidden"), None)
         return isinstance(flag, ast.Constant) and flag.value is True
 
-    removed = 0
+    tree = ast.parse(source)
+    text = source.encode()  # the tree's column offsets count UTF-8 bytes
+    line_starts = [0]
+    for line in text.splitlines(keepends=True):
+        line_starts.append(line_starts[-1] + len(line))
+
+    def offset(line: int, col: int) -> int:
+        return line_starts[line - 1] + col
+
+    cuts: list[tuple[int, int, bytes]] = []  # (start, end, replacement) in ``text``
     for node in ast.walk(tree):
-        if isinstance(node, ast.Tuple | ast.List):
-            kept = [e for e in node.elts if not hidden(e)]
-            removed += len(node.elts) - len(kept)
-            node.elts = kept
+        if not isinstance(node, ast.Tuple | ast.List):
+            continue
+        for e in (e for e in node.elts if hidden(e)):
+            start, end = offset(e.lineno, e.col_offset), offset(e.end_lineno, e.end_col_offset)
+            end += len(text[end:]) - len(text[end:].lstrip(b" \t"))  # the separating comma
+            end += text[end:end + 1] == b","
+            end += len(text[end:]) - len(text[end:].lstrip(b" \t"))
+            line_start = line_starts[e.lineno - 1]
+            if not text[line_start:start].strip() and text[end:end + 1] in (b"\n", b""):
+                start, end = line_start, end + 1  # a case on lines of its own: drop the lines
+            cuts.append((start, end, b""))
+        node.elts = [e for e in node.elts if not hidden(e)]
+    removed = len(cuts)
     if removed == 0:
         return source, 0
     doc = tree.body[0]
     if isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
-        doc.value.value += " Visible cases only (written by pallas-course dist)."
-    return ast.unparse(tree) + "\n", removed
+        note = " Visible cases only (written by pallas-course dist)."
+        doc.value.value += note
+        end = offset(doc.end_lineno, doc.end_col_offset)
+        quote = 3 if text[end - 3:end] in (b'"""', b"'''") else 1
+        cuts.append((end - quote, end - quote, note.encode()))
+    for start, end, replacement in sorted(cuts, reverse=True):
+        text = text[:start] + replacement + text[end:]
+    stripped = text.decode()
+    if ast.dump(ast.parse(stripped)) != ast.dump(tree):
+        raise ValueError("grader/learner/dist.py could not cut the hidden make_case(...) cases "
+                         "out of a task module's text; write each case of a task's cases tuple "
+                         "on lines of its own, followed by a comma")
+    return stripped, removed
 
 
 # what a learner runs of grader/: the notebooks' checks and the `pallas-course check` command

@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from wstools import COURSE, cli, ok
+from wstools import COURSE, REPO, cli, ok
 
 MARKERS = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "END HIDDEN TESTS")
 HIDDEN_CALL = re.compile(r"check\([^)]*hidden=True")
@@ -120,6 +120,21 @@ def test_distributions_own_check_passes_a_right_kernel_and_knows_no_hidden_case(
                          "01_first_kernel", env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "add: 1 visible case(s) passed" in res.stdout
+
+
+def test_hidden_cases_are_cut_from_the_task_text_as_written():
+    """The copy's task modules are their source less the hidden cases' lines: nothing is
+    re-printed (``ast.unparse`` on Python 3.12 wrote f-strings that Python 3.11 cannot parse,
+    and the copy runs on 3.11)."""
+    from grader.learner import dist
+
+    for path in sorted((REPO / "grader" / "tasks").glob("a*.py")):
+        source = path.read_text()
+        stripped, removed = dist.strip_hidden_cases(source)
+        assert removed >= 1, path.name
+        # past the docstring, which gains one sentence, every line is the source's, in order
+        kept = iter(source.split('"""', 2)[2].splitlines())
+        assert all(line in kept for line in stripped.split('"""', 2)[2].splitlines()), path.name
 
 
 def _readme_commands(dist: Path) -> list[str]:
