@@ -19,6 +19,8 @@ CHROMIUM := /usr/bin/chromium
 COMPAT_JAX    := 0.10.2
 COMPAT_PYTHON ?= $(call find_python,python3.11 python3 $(wildcard $(PYENV_ROOT)/versions/3.11*/bin/python3.11),11)
 KERNELSIM_TESTS := tests/kernelsim --ignore=tests/kernelsim/views
+# and the learner's side (a student copy installs on Python 3.11 with jax 0.10.2)
+COMPAT_TESTS := $(KERNELSIM_TESTS) tests/learner
 
 .PHONY: start test test-main test-jax venv lint site system-packages clean python-check
 
@@ -107,7 +109,7 @@ test-jax:
 	@test -n "$(PYTHON_FOR_JAX)" || { echo "make test-jax: no Python for jax $(JAX) found;" \
 	  "name one: PYTHON_FOR_JAX=/path/to/python" >&2; exit 1; }
 	$(PYTHON_FOR_JAX) .ci/jax_env.py $(JAX_VENV) $(JAX)
-	$(JAX_VENV)/bin/python -m pytest -p no:cacheprovider -q $(KERNELSIM_TESTS)
+	$(JAX_VENV)/bin/python -m pytest -p no:cacheprovider -q $(COMPAT_TESTS)
 
 # The learner's workspace/ (git-ignored) gets the lessons and the released student notebooks;
 # a file the learner edited is never overwritten. No system package is needed to learn. JupyterLab opens there;

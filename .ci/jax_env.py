@@ -2,9 +2,11 @@
 
 usage: python .ci/jax_env.py VENV JAX_VERSION
 
-The venv's Python is the one running this script. It gets ``jax[cpu]==JAX_VERSION`` and the
-``kernelsim-test`` extra of pyproject.toml; kernelsim itself is imported from the checkout (the
-course's own pins need a newer Python than old JAX releases support). A stamp records what was
+The venv's Python is the one running this script. It gets ``jax[cpu]==JAX_VERSION``, the
+``kernelsim-test`` extra of pyproject.toml and what the learner's ``pallas-course check`` needs
+of the ``learner`` extra (tests/learner: a student copy installs on such a Python and JAX);
+kernelsim and grader are imported from the checkout (the course's own pins need a newer Python
+than old JAX releases support). A stamp records what was
 installed, so a second run with the same list installs nothing.
 """
 
@@ -17,11 +19,16 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# of the learner extra, what tests/learner needs: a notebook run in a kernel, and absl, which
+# jax 0.10.2's Mosaic GPU module imports (grader.tasks imports that module)
+LEARNER_CHECK = ("nbclient", "absl-py")
 
 
 def requirements(jax_version: str) -> list[str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [f"jax[cpu]=={jax_version}", *project["optional-dependencies"]["kernelsim-test"]]
+    extras = project["optional-dependencies"]
+    learner = [d for d in extras["learner"] if d.split("=")[0].split(">")[0] in LEARNER_CHECK]
+    return [f"jax[cpu]=={jax_version}", *extras["kernelsim-test"], *learner, "ipykernel>=6,<8"]
 
 
 def main(argv: list[str]) -> int:
