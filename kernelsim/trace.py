@@ -59,6 +59,7 @@ class CallTrace:
     onchip_peak_bytes = property(lambda self: self.cost.onchip_peak_bytes)
     flops = property(lambda self: self.cost.flops)
     estimated_seconds = property(lambda self: self.cost.estimated_seconds)
+    own_estimated_seconds = property(lambda self: self.cost.own_estimated_seconds)
 
     def operand(self, name: str) -> OperandCost:
         """The operand called ``name`` (the kernel's parameter name, e.g. ``"x_ref"``)."""
@@ -89,6 +90,7 @@ class CallTrace:
             "smem_bytes": c.smem_bytes, "flops": c.flops, "flops_source": c.flops_source,
             "compute_seconds": c.compute_seconds, "memory_seconds": c.memory_seconds,
             "overhead_seconds": c.overhead_seconds, "estimated_seconds": c.estimated_seconds,
+            "own_estimated_seconds": c.own_estimated_seconds,
             "device": device_dict(self.call.device),
             "body_dmas": [body_dma_dict(c) for c in self.call.body_copies],
             "warnings": list(self.warnings),

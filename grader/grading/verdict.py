@@ -52,6 +52,9 @@ class CallFacts:
     onchip_peak_bytes: int
     # kernelsim's block-shape warnings: why Mosaic's TPU lowering would reject a block
     block_shape_problems: tuple[str, ...]
+    # kernelsim's time estimate on its default TPU from the kernel's own FLOPs (seconds): a
+    # pl.CostEstimate in the learner's call cannot change it
+    own_estimated_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,12 @@ def _int(v: Any, what: str) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise ValueError(f"{what} is {type(v).__name__}, not an integer")
     return v
+
+
+def _seconds(v: Any, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+        raise ValueError(f"{what} is {v!r}, not a number of seconds")
+    return float(v)
 
 
 def _shape(v: Any, what: str, squeezed: bool = False) -> tuple:
@@ -162,7 +171,9 @@ def facts_from_dict(d: Any) -> TraceFacts:
             hbm_write_bytes=_int(c.get("hbm_write_bytes"), "hbm_write_bytes"),
             onchip_peak_bytes=_int(c.get("onchip_peak_bytes"), "onchip_peak_bytes"),
             block_shape_problems=tuple(w for w in _strings(c.get("warnings", []), "warnings")
-                                       if BLOCK_SHAPE_REJECTED in w)))
+                                       if BLOCK_SHAPE_REJECTED in w),
+            own_estimated_seconds=_seconds(c.get("own_estimated_seconds", 0.0),
+                                           "own_estimated_seconds")))
     gpu = d.get("gpu_kernels", [])
     if not isinstance(gpu, list):
         raise ValueError("the trace's Mosaic GPU kernels are not a list")
