@@ -199,7 +199,9 @@ fig.tight_layout()
 # `(pages, page_size, heads, head_dim)` and gives every sequence a row of a **page table**:
 # the page numbers that hold its tokens, in order. JAX ships a kernel for this,
 # `jax.experimental.pallas.ops.tpu.ragged_paged_attention` ("ragged": queries of several
-# sequences packed into one array, some decoding one token, some prefilling many).
+# sequences packed into one array, some decoding one token, some prefilling many). It keeps
+# keys and values in one cache array, `kv_pages`, whose heads axis is twice the number of
+# key/value heads: keys at the even head indices, values at the odd ones.
 
 # %%
 print(inspect.signature(rpa.ragged_paged_attention))
@@ -237,7 +239,7 @@ def rpa_example(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, inte
 
 
 rpa_args = (jax.ShapeDtypeStruct((8, 4, 128), jnp.float32),            # 8 query tokens
-            jax.ShapeDtypeStruct((16, 16, 4, 128), jnp.float32),       # 16 pages of 16 tokens
+            jax.ShapeDtypeStruct((16, 16, 4, 128), jnp.float32),       # 16 pages: 16 tokens, K V K V
             jax.ShapeDtypeStruct((4,), jnp.int32), jax.ShapeDtypeStruct((4, 4), jnp.int32),
             jax.ShapeDtypeStruct((5,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))
 rpa_error = kernelsim.tpu_lowering_error(functools.partial(rpa_example, interpret=False),
