@@ -30,6 +30,9 @@ _MARKER = "### {} HIDDEN TESTS"
 HIDDEN_RE = re.compile(re.escape(_MARKER.format("BEGIN")) + ".*?" +
                        re.escape(_MARKER.format("END")), re.S)
 WORKSPACE_ENV = "PALLAS_COURSE_WORKSPACE"
+# the check's kernel logs errors only (ipykernel warns on every start that its local TCP
+# sockets are unencrypted, which a learner can do nothing about)
+KERNEL_LOG_LEVEL = "--IPKernelApp.log_level=ERROR"
 # what marks a workspace (grader.learner.workspace)
 WORKSPACE_LEDGER = ".pallas-course-workspace.json"
 
@@ -115,7 +118,8 @@ def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
         try:
             client = nbclient.NotebookClient(nb, timeout=timeout, allow_errors=True,
                                              interrupt_on_timeout=True, kernel_name="python3",
-                                             resources={"metadata": {"path": str(path.parent)}})
+                                             resources={"metadata": {"path": str(path.parent)}},
+                                             extra_arguments=[KERNEL_LOG_LEVEL])
             try:
                 client.execute()
             except nbclient.exceptions.DeadKernelError:
