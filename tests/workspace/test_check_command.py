@@ -78,3 +78,17 @@ def test_an_error_before_the_checks_is_named_first(tmp_path, capfd):
     assert lines[1].startswith("FAIL  add_visible: NameError")
     printed = capfd.readouterr()
     assert "IPKernelApp" not in printed.out + printed.err, printed.err
+
+
+@pytest.mark.parametrize("main", [check.main, "checkout"])
+def test_check_help_says_what_the_command_does(main, capsys):
+    """`pallas-course check --help`, in a student copy and in a checkout."""
+    if main == "checkout":
+        from grader import cli
+
+        main = cli.main
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal
+    assert "visible checks (never its hidden tests) in a fresh kernel" in out, out
+    assert "Exit status: 0" in out and "just the notebook's name" in out, out
