@@ -239,7 +239,7 @@ def rpa_example(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, inte
 
 
 rpa_args = (jax.ShapeDtypeStruct((8, 4, 128), jnp.float32),            # 8 query tokens
-            jax.ShapeDtypeStruct((16, 16, 4, 128), jnp.float32),       # 16 pages: 16 tokens, K V K V
+            jax.ShapeDtypeStruct((16, 16, 4, 128), jnp.float32),  # 16 pages of 16 tokens; K V K V
             jax.ShapeDtypeStruct((4,), jnp.int32), jax.ShapeDtypeStruct((4, 4), jnp.int32),
             jax.ShapeDtypeStruct((5,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))
 rpa_error = kernelsim.tpu_lowering_error(functools.partial(rpa_example, interpret=False),
