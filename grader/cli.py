@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from grader.learner import check
 from grader.website import site
 
 COURSE_MARKER = "nbgrader_config.py"
@@ -120,9 +121,7 @@ def _build_parser() -> argparse.ArgumentParser:
     rp.add_argument("assignment")
     rp.add_argument("--to", type=Path, default=None,
                     help="default: reports/<assignment>.html in the course")
-    k = sub.add_parser("check", help="run a notebook's visible checks in a fresh kernel (the "
-                       "notebook: a path from here or from the workspace, or just its name)")
-    k.add_argument("notebook", type=Path)
+    check.add_command(sub)
     rf = sub.add_parser("refs", help="regenerate reference outputs under exercises/refs/")
     rf.add_argument("only", nargs="*", help="task ids or assignments (default: all)")
     return parser
@@ -137,8 +136,6 @@ def main(argv: list[str] | None = None) -> int:
         return site.serve(port=args.port, lab_port=args.lab_port, build=not args.no_build,
                           workspace_dir=args.workspace)
     if args.command == "check":
-        from grader.learner import check
-
         return check.run(args.notebook)
 
     if args.db:

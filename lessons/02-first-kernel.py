@@ -82,8 +82,9 @@ print("this machine:", run.label)
 _course.check(LESSON, "add", add, lambda a, b: a + b, (x, y), run, rtol=0, atol=0)
 
 # %% [markdown]
-# `choose` (from `kernelsim.backend`) returns `interpret=False` on a TPU, and on a GPU for
-# kernels the GPU lowering supports, so that Pallas compiles them; on a CPU, where Pallas has
+# `choose` (from `kernelsim.backend`) returns `interpret=False` on a TPU, and on a GPU when
+# its flags say the GPU lowering takes the kernel (`gpu_ok=True`, `tpu_features=False`: it
+# trusts them and looks at no kernel), so that Pallas compiles it; on a CPU, where Pallas has
 # no compiler, it returns `interpret=True`.
 # `_course.check` runs the kernel, compares it with the reference using
 # `np.testing.assert_allclose`, and prints where it ran. Each output element is a single

@@ -89,10 +89,11 @@ _course.check(LESSON, "tiled_add", tiled_add, lambda a, b: a + b, (x, y), run, r
 # On TPU the grid runs sequentially, in row-major order (lesson 4: on megacore chips the
 # compiler may split an axis declared `"parallel"` between two cores). Steps count from 0
 # here and in kernelsim's tables. Before step `s` the pipeline copies the input blocks that
-# step needs from HBM into VMEM; after it, it copies the output block back. While step `s`
-# computes, the copy for step `s + 1` is already under way into a *second* buffer — double
-# buffering — so each pipelined operand holds two blocks of VMEM. An input block whose index
-# does not change between consecutive steps is not copied again
+# step needs from HBM into VMEM; after it, it copies the output block back if the next step
+# writes a different output block or the grid ends. While step `s` computes, the copy for
+# step `s + 1` is already under way into a *second* buffer — double buffering — so each
+# pipelined operand holds two blocks of VMEM. An input block whose index does not change
+# between consecutive steps is not copied again
 # ([software pipelining](https://docs.jax.dev/en/latest/pallas/pipelining.html)).
 #
 # The buffer count is per operand: `pl.BlockSpec(..., pipeline_mode=pl.Buffered(n))`, default

@@ -99,7 +99,9 @@ _course.check(LESSON, "batched_scale_rows", batched_scale_rows, lambda x, w: x *
 # There is still one `pallas_call`. The batching rule of `pallas_call` in the pinned release
 # (`_pallas_call_batching_rule` in `jax/_src/pallas/pallas_call.py`) rewrites it:
 #
-# * the grid gains a new **leading** axis of size `B`: `(M/BM,)` becomes `(B, M/BM)`;
+# * the grid gains a new **leading** axis of size `B`: `(M/BM,)` becomes `(B, M/BM)`. The
+#   TPU lowering marks that axis `"parallel"` (batch elements are independent) and applies
+#   the `dimension_semantics` you gave to the axes after it;
 # * every batched operand's block gains a **squeezed** dimension (`None`) at its batch axis,
 #   and its index map a new first argument, the batch index, placed at that axis;
 # * an unbatched operand (`in_axes=None`) keeps its BlockSpec: its index ignores the batch

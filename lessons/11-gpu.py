@@ -242,9 +242,9 @@ assert reports and all(w == "0:16, 0:256" for r in reports for _, w in accesses(
 #
 # Own whole output blocks, not parts of a shared one. Triton stores straight to memory, so
 # programs writing disjoint columns of one block would be safe there; but a pipeline that
-# stages blocks, like Mosaic GPU's `pallas_call` as its reference describes it ("x_ref and
-# y_ref are in SMEM") or a TPU's, copies each block back whole, and two programs' copies of
-# one block collide. One block per program is safe on all of them.
+# stages blocks, like a TPU's or Mosaic GPU's `plgpu.emit_pipeline` (lesson 16), copies each
+# block back whole, and two programs' copies of one block collide. One block per program is
+# safe on all of them.
 
 
 # %%
@@ -451,6 +451,8 @@ assert on_gpu is None and "atomic_rmw" in on_tpu
 #   must operate on arrays whose size is a power of 2");
 # * scalar prefetch and dynamic grid bounds;
 # * scratch operands — so no VMEM accumulators and no DMA semaphores;
+# * a `pl.debug_print` format with a `{}` placeholder: Triton prints the format before the
+#   values, so it must have none (`pl.debug_print("x", x)`, not `"x = {}"`);
 # * TPU compiler parameters: `pltpu.CompilerParams` raises "Compiler params for platform tpu
 #   cannot be used for gpu lowering" — once a TPU lowering has run in the process, since JAX
 #   registers the TPU rule when it first lowers for a TPU; before that, the same kernel stops

@@ -283,8 +283,10 @@ assert (t_call.hbm_read_bytes, t_call.hbm_write_bytes) == \
 #   writes the copies, `vmap` adds a grid axis (lesson 10), and the lowering checks every
 #   block. Most kernels in this course are of this kind.
 # * `pl.kernel` when the kernel decides what to copy and when: data-dependent copies (a page
-#   table, lesson 15), several pipelines one after another in one kernel, copies between
-#   chips (lesson 14), or code that must know which core it runs on. It is also the form the
+#   table), several pipelines one after another in one kernel, copies between chips, or code
+#   that must know which core it runs on. A `pallas_call` can start copies by hand too:
+#   lesson 14's collectives copy between chips from VMEM operands, and lesson 15's paged
+#   attention copies pages of a cache left in `pl.ANY`. `pl.kernel` is also the form the
 #   quickstart teaches first, and `pl.core_map` and `pltpu.create_tensorcore_mesh`, its older
 #   spellings, print deprecation warnings in the pinned release.
 
@@ -292,7 +294,7 @@ assert (t_call.hbm_read_bytes, t_call.hbm_write_bytes) == \
 # ## Two TensorCores
 #
 # Some TPUs have two TensorCores per chip (the pinned release's `tpu_info` table: v4 and v5p,
-# combined into one "megacore" device, and TPU7x, whose cores are not combined). With
+# combined into one "megacore" device; v2, v3, TPU7, TPU7x and 8i, not combined). With
 # `TensorCoreMesh(num_cores=2)` the body runs on both, and `jax.lax.axis_index("core")` tells
 # them apart. `emit_pipeline(..., core_axis_name="core")` splits its grid between them: it
 # takes the first `PARALLEL` axis whose size the core count divides and gives each core a
@@ -353,9 +355,12 @@ _course.check(LESSON, "matmul_pl_kernel_two_cores",
 # A `pallas_call` says nothing about cores. On a megacore chip (v4, v5p) its grid axes marked
 # `"parallel"` are the compiler's licence to run them on both TensorCores; lesson 4 showed
 # that TPU interpret mode tests this licence by shuffling. Given
-# `InterpretParams(num_cores_or_threads=2)` it also simulates the split: the parallel part of
-# the grid is cut into one contiguous range per core, each core walking its range with the
-# `"arbitrary"` axes inside (`interpret_pallas_call.py`, `_execute_grid_for_core`).
+# `InterpretParams(num_cores_or_threads=2)` it also simulates the split, after the shuffle:
+# the shuffled order of the parallel grid points is cut into one contiguous range per core,
+# each core walking its range with the `"arbitrary"` axes inside (`interpret_pallas_call.py`,
+# `_execute_grid_for_core`). With one parallel axis of 64 blocks and the default seed, core 0
+# gets blocks 43, 22, 49, 0, …, not 0 to 31. A `pl.kernel` over a `TensorCoreMesh` is not
+# shuffled: its split is the fixed one above.
 #
 # To choose the split yourself in a `pallas_call`, mark one grid axis
 # `pltpu.CORE_PARALLEL` (`"core_parallel"`): the lowering makes that axis's size the number

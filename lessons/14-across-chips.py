@@ -33,7 +33,8 @@
 # why it can be fused with the matmul that consumes it. TPU interpret mode simulates several
 # devices, their memories, DMAs and semaphores; here four CPU devices stand in for four chips.
 # Reference: [distributed computing in Pallas for TPUs](https://docs.jax.dev/en/latest/pallas/tpu/distributed.html).
-# Matching exercises: [`../exercises/`](../exercises/) (assignment 13).
+# Matching exercises: none yet; this lesson has no graded assignment (lesson 15's is
+# assignment 14, [`../exercises/`](../exercises/)).
 
 # %% [markdown]
 # JAX reads the number of CPU devices once, when its CPU backend starts, so the flag comes
@@ -114,14 +115,16 @@ _course.check(LESSON, "double_per_device", double_per_device, lambda a: 2.0 * a,
 # holds all `N`. At step `s` device `d` forwards shard `(d - s) mod N`, the one it received
 # last (its own at step 0), into the same rows of its right-hand neighbour's output; at the
 # same time it receives shard `(d - 1 - s) mod N` from its left. No device writes rows another
-# device is reading in the same step. On real chips the distributed guide also has each
-# kernel signal its neighbours on a barrier semaphore (`pltpu.get_barrier_semaphore`, with a
-# `collective_id` in `pltpu.CompilerParams`) before the first remote copy, so that no copy
-# lands on a chip whose kernel has not started; interpret mode starts all four together.
+# device is reading in the same step. On real chips no copy may land on a chip whose kernel
+# has not started: a compiled TPU kernel runs behind a default device barrier for that
+# (`pltpu.CompilerParams(skip_device_barrier=True)` turns it off), so this kernel needs no
+# barrier of its own. A kernel that must also know its neighbours have reached some point
+# signals them on a barrier semaphore (`pltpu.get_barrier_semaphore`, with a `collective_id`
+# in `pltpu.CompilerParams`); interpret mode starts all four devices together.
 # JAX ships a teaching version of this collective,
-# `jax.experimental.pallas.ops.tpu.all_gather`: it starts with that barrier and sends half of
-# each shard each way round the ring, so the links in both directions carry data at every
-# step.
+# `jax.experimental.pallas.ops.tpu.all_gather`: it starts with such a handshake and sends
+# half of each shard each way round the ring, so the links in both directions carry data at
+# every step.
 
 # %%
 def ring_all_gather_kernel(x_ref, o_ref, send_sems, recv_sems):
@@ -183,8 +186,9 @@ fig.tight_layout()
 
 # %% [markdown]
 # Each device sends `N - 1` shards and receives `N - 1`: `(N - 1) · m · n · 4` bytes each way
-# over its links, the least an all-gather can move, and each step uses every link of the
-# ring at once.
+# over its links, the least an all-gather can move. Each step uses every link of the ring at
+# once, but in one direction only: an ICI link carries data both ways, so this one-way ring
+# leaves half of each link idle; JAX's bidirectional version above uses both halves.
 
 # %%
 m_local = x.shape[0] // DEVICES

@@ -183,10 +183,13 @@ fig.tight_layout()
 # error follows each weight's own size and barely depends on the block. Both are near 2 % of
 # the largest output here: far outside float32's `1e-4`, and expected.
 #
-# Which format a chip multiplies natively differs: the pinned release's `tpu_info` lists int8
-# at twice bfloat16's rate on v5e and v6e, fp8 at bfloat16's rate on v6e and twice it on
-# TPU7x, which lists no int8 rate. A kernel that dequantizes to float32, like this one, saves
-# HBM bytes everywhere but multiplies at the float rate.
+# 8-bit weights alone do not buy the chips' 8-bit rates. The pinned release's `tpu_info`
+# lists int8 at twice bfloat16's rate on v5e and v6e, but its `is_matmul_supported` takes
+# int8 there only when *both* operands are int8: the activations must be quantized too.
+# `float8_e4m3fn`, the fp8 here, is native only on TPU7x (beside bfloat16 activations or on
+# both sides), which lists fp8 at twice bfloat16's rate and no int8 rate. This kernel
+# dequantizes to float32 and reaches neither path: it saves HBM bytes on every chip but
+# multiplies at the float rate.
 
 # %% [markdown]
 # ## Reading JAX's ragged paged attention
@@ -196,7 +199,9 @@ fig.tight_layout()
 # `(pages, page_size, heads, head_dim)` and gives every sequence a row of a **page table**:
 # the page numbers that hold its tokens, in order. JAX ships a kernel for this,
 # `jax.experimental.pallas.ops.tpu.ragged_paged_attention` ("ragged": queries of several
-# sequences packed into one array, some decoding one token, some prefilling many).
+# sequences packed into one array, some decoding one token, some prefilling many). It keeps
+# keys and values in one cache array, `kv_pages`, whose heads axis is twice the number of
+# key/value heads: keys at the even head indices, values at the odd ones.
 
 # %%
 print(inspect.signature(rpa.ragged_paged_attention))
@@ -234,7 +239,7 @@ def rpa_example(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, *, inte
 
 
 rpa_args = (jax.ShapeDtypeStruct((8, 4, 128), jnp.float32),            # 8 query tokens
-            jax.ShapeDtypeStruct((16, 16, 4, 128), jnp.float32),       # 16 pages of 16 tokens
+            jax.ShapeDtypeStruct((16, 16, 4, 128), jnp.float32),  # 16 pages of 16 tokens; K V K V
             jax.ShapeDtypeStruct((4,), jnp.int32), jax.ShapeDtypeStruct((4, 4), jnp.int32),
             jax.ShapeDtypeStruct((5,), jnp.int32), jax.ShapeDtypeStruct((1,), jnp.int32))
 rpa_error = kernelsim.tpu_lowering_error(functools.partial(rpa_example, interpret=False),

@@ -175,7 +175,8 @@ assert scale_kernel.smem_bytes == lowering_smem_bytes(compiled_scale, x) == 64 *
 # tiles should keep several copies in flight: while the kernel adds tile `j`, tiles `j + 1`
 # and `j + 2` are already on their way. `plgpu.emit_pipeline(body, grid=..., in_specs=...,
 # max_concurrent_steps=S)` builds that loop inside the kernel. Its grid, unlike the kernel's,
-# runs **in order**; each input gets `S` slots in shared memory, and each slot its barrier.
+# runs **in order**; each input gets `S` slots in shared memory, and each of the `S` slot
+# positions one barrier, which every input's copy into that position completes on.
 #
 # The kernel folds a row band's column tiles into one: `o[i, c] = Σ_j x[i, j·tn + c]`. The
 # running total is the pipeline's carry, held in registers from step to step.
@@ -235,10 +236,11 @@ assert len(loads) == 1024 // 128 and {e.bytes for e in loads} == {64 * 128 * 4}
 assert sum(e.order < first_wait for e in loads) == 3  # S copies in flight before the 1st wait
 
 # %% [markdown]
-# Shared memory is where the stages cost: each input takes `S` slots of one tile, plus one
-# barrier per slot, plus the output tile. The table sweeps `S` for this kernel and checks
-# kernelsim's count against the lowering's at each; past 227 KiB the lowering refuses the
-# kernel (it asks the device for the limit, and assumes 227 KiB when none is attached).
+# Shared memory is where the stages cost: each input takes `S` slots of one tile, plus `S`
+# barriers shared by all inputs, plus the output tile. The table sweeps `S` for this kernel
+# and checks kernelsim's count against the lowering's at each; past 227 KiB the lowering
+# refuses the kernel (it asks the device for the limit, and assumes 227 KiB when none is
+# attached).
 
 # %%
 print(" S   kernelsim    lowering")

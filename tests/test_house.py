@@ -41,6 +41,16 @@ def test_architecture_path_check_can_fail():
     assert architecture_paths("see `kernelsim/nowhere.py` and `x`") == ["kernelsim/nowhere.py"]
 
 
+def test_readme_counts_the_graded_assignments():
+    """README.md's count of graded assignments is the number of exercises/source/ folders."""
+    counted = re.search(r"nbgrader course of (\d+) graded assignments",
+                        (REPO / "README.md").read_text())
+    assert counted, "README.md should say how many graded assignments the course has"
+    folders = [d for d in (REPO / "exercises" / "source").glob("[0-9][0-9]_*") if d.is_dir()]
+    assert int(counted[1]) == len(folders), f"README.md says {counted[1]}, " \
+        f"exercises/source/ has {len(folders)}"
+
+
 def jax_internal_imports(source: str) -> list[str]:
     """Module names under ``jax._src`` that ``source`` imports."""
     found = []

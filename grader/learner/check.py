@@ -30,6 +30,9 @@ _MARKER = "### {} HIDDEN TESTS"
 HIDDEN_RE = re.compile(re.escape(_MARKER.format("BEGIN")) + ".*?" +
                        re.escape(_MARKER.format("END")), re.S)
 WORKSPACE_ENV = "PALLAS_COURSE_WORKSPACE"
+# the check's kernel logs errors only (ipykernel warns on every start that its local TCP
+# sockets are unencrypted, which a learner can do nothing about)
+KERNEL_LOG_LEVEL = "--IPKernelApp.log_level=ERROR"
 # what marks a workspace (grader.learner.workspace)
 WORKSPACE_LEDGER = ".pallas-course-workspace.json"
 
@@ -115,7 +118,8 @@ def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
         try:
             client = nbclient.NotebookClient(nb, timeout=timeout, allow_errors=True,
                                              interrupt_on_timeout=True, kernel_name="python3",
-                                             resources={"metadata": {"path": str(path.parent)}})
+                                             resources={"metadata": {"path": str(path.parent)}},
+                                             extra_arguments=[KERNEL_LOG_LEVEL])
             try:
                 client.execute()
             except nbclient.exceptions.DeadKernelError:
@@ -171,12 +175,23 @@ def run(notebook: Path) -> int:
     return check_notebook(path)
 
 
+def add_command(subparsers) -> None:
+    """``check NOTEBOOK`` among ``pallas-course``'s subcommands (a checkout's and a student
+    copy's alike)."""
+    k = subparsers.add_parser(
+        "check", help="run a notebook's visible checks in a fresh kernel",
+        description="Run a notebook's visible checks (never its hidden tests) in a fresh "
+        "kernel and print, per task, pass or fail, the structural rules and kernelsim's "
+        "summary. Exit status: 0 when every check passed, 1 when one failed, 2 when the "
+        "notebook cannot be found or read.")
+    k.add_argument("notebook", type=Path, help="a path from here or from your workspace, or "
+                   "just the notebook's name (first_kernel.ipynb)")
+
+
 def main(argv: list[str] | None = None) -> int:
     """The student copy's ``pallas-course``: only ``check``."""
     parser = argparse.ArgumentParser(prog="pallas-course", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    k = sub.add_parser("check", help="run a notebook's visible checks in a fresh kernel")
-    k.add_argument("notebook", type=Path)
+    add_command(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     return run(args.notebook)
 

@@ -155,6 +155,7 @@ def summary() -> None:
             passed += 1
             lines.append(f"  pass         {tid}")
         else:
-            first = (record.get("message") or "failed").splitlines()[0]
+            # a check's message starts with its task id, which this line already shows
+            first = (record.get("message") or "failed").splitlines()[0].removeprefix(f"{tid}: ")
             lines.append(f"  FAIL         {tid}: {first}")
     print(f"Checks in this kernel: {passed} of {len(ids)} task(s) passed\n" + "\n".join(lines))

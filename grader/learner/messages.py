@@ -115,7 +115,7 @@ def traffic_table(facts: Any) -> str:
     """One line per operand of each traced call: block, fetches, HBM bytes read and written."""
     lines = []
     for call in facts.calls:
-        lines.append(f"your kernel {call.name} (grid {tuple(call.grid)}): HBM read "
+        lines.append(f"your call of `{call.name}` (grid {tuple(call.grid)}): HBM read "
                      f"{call.hbm_read_bytes:,} B, written {call.hbm_write_bytes:,} B")
         for o in call.operands:
             lines.append(f"  {o.role:<7} {o.name:<10} block {o.block_shape}: {o.fetches} "

@@ -299,9 +299,11 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
                "floating-point data" for c in w.calls
                for i, (role, f) in enumerate(c.operands)
                if role == "scalar_prefetch" and f.floating]
+    prefetched = any(role == "scalar_prefetch" for c in w.calls for role, _ in c.operands)
     rules.append(Rule("scalar prefetch carries indices", f"{task.prefetch}, computed from "
                       "integer data (a result computed outside the kernel is not an index)",
-                      "; ".join(results) or "it does", not results))
+                      "; ".join(results) or ("it does" if prefetched else
+                                             "no scalar-prefetch operand"), not results))
     if task.target == "tpu":  # a GPU task's float32 dots: calling.lowered_for_gpu (TF32)
         dots = [f"pallas_call #{c.number}: {d}" for c in w.calls for d in c.dot_precisions]
         rules.append(Rule("dot precision right on a TPU", "float32 dots at HIGHEST, 16-bit "

@@ -55,9 +55,9 @@ def test_unknown_or_ambiguous_names_say_what_to_do(ws):
     assert check.run(Path("nope.ipynb")) == 2
 
 
-def test_an_error_before_the_checks_is_named_first(tmp_path):
+def test_an_error_before_the_checks_is_named_first(tmp_path, capfd):
     """A setup cell that cannot import makes every check fail with a NameError; the learner is
-    first told which cell raised what."""
+    first told which cell raised what, and nothing else: not the kernel's own start-up log."""
     import nbformat
 
     def code(source, grade_id, grade=False):
@@ -76,3 +76,19 @@ def test_an_error_before_the_checks_is_named_first(tmp_path):
     assert lines[0] == ("ERROR in cell 1 (setup): ModuleNotFoundError: No module named "
                         "'no_such_module_for_the_course'")
     assert lines[1].startswith("FAIL  add_visible: NameError")
+    printed = capfd.readouterr()
+    assert "IPKernelApp" not in printed.out + printed.err, printed.err
+
+
+@pytest.mark.parametrize("main", [check.main, "checkout"])
+def test_check_help_says_what_the_command_does(main, capsys):
+    """`pallas-course check --help`, in a student copy and in a checkout."""
+    if main == "checkout":
+        from grader import cli
+
+        main = cli.main
+    with pytest.raises(SystemExit):
+        main(["check", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal
+    assert "visible checks (never its hidden tests) in a fresh kernel" in out, out
+    assert "Exit status: 0" in out and "just the notebook's name" in out, out

@@ -16,7 +16,7 @@ import pytest
 from jax.experimental import pallas as pl
 
 import kernelsim
-from grader.learner import course, messages
+from grader.learner import course, messages, selfcheck
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -160,8 +160,36 @@ def test_structural_failure_shows_the_learners_traffic():
 
     text = _failure("tiled_add", whole)
     assert "[FAIL]" in text, text
-    assert re.search(r"your kernel \S+ \(grid \(\)\): HBM read 65,536 B", text), text
+    assert "your call of `_copy` (grid ()): HBM read 65,536 B" in text, text
     assert re.search(r"input +x_ref +block \(32, 256\): 1 fetch\(es\)", text), text
+
+
+def test_traffic_and_rules_read_as_english():
+    """A kernel function named ``kernel`` (the usual name) is not "your kernel kernel", and a
+    kernel with no scalar prefetch is not said to carry indices in it."""
+    def whole(x, y, block):
+        def kernel(x_ref, y_ref, o_ref):
+            o_ref[...] = x_ref[...] + y_ref[...]
+        return _add(kernel)(x, y)
+
+    record = {}
+    with pytest.raises(course.CheckFailed) as err:
+        selfcheck.check("tiled_add", whole, False, True, record)
+    assert "your call of `kernel` (grid ())" in str(err.value), err.value
+    assert "kernel kernel" not in str(err.value)
+    prefetch = next(r for r in record["rules"] if "scalar prefetch carries indices" in r)
+    assert prefetch.endswith("found no scalar-prefetch operand"), prefetch
+
+
+def test_summary_names_each_task_once(monkeypatch, capsys):
+    """The summary's line starts with the task id; the check's message, which starts with it
+    too, is not shown after it again ("add: add: ...")."""
+    monkeypatch.delenv("PALLAS_COURSE_GRADING", raising=False)
+    monkeypatch.setattr(course, "_SESSION", {"add": {
+        "task": "add", "passed": False, "message": "add: not implemented yet"}})
+    course.summary()
+    out = capsys.readouterr().out
+    assert "FAIL         add: not implemented yet" in out, out
 
 
 def test_failing_check_traceback_shows_no_grader_frame(tmp_path):
