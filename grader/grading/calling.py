@@ -276,6 +276,15 @@ def eqns(program):
 
 # the primitives that launch a kernel: ``pl.pallas_call``, and ``mpmd_map``, which
 # ``plgpu.kernel`` (and ``pl.kernel``) bind
+# operations that move or reinterpret data without computing on it
+LAYOUT = frozenset({
+    "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose", "slice",
+    "dynamic_slice", "concatenate", "stack", "pad", "convert_element_type", "copy", "copy_p",
+    "device_put", "rev", "bitcast_convert_type", "optimization_barrier", "stop_gradient"})
+# calls whose body is inlined: what flows in and out is the body's
+TRANSPARENT = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
+                         "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint",
+                         "custom_vmap_call"})
 KERNEL_CALLS = frozenset({"pallas_call", "mpmd_map"})
 
 

@@ -9,7 +9,7 @@ and write, the copies into shared memory that no barrier wait consumes, the TMA 
 between global memory and registers that bypass the TMA. Counts are one CTA's (CTA 0), each
 warpgroup's events in its own program order. ``would_hang`` stops a program before it runs
 when a kernel waits on a barrier nothing signals (GPU interpret mode would wait forever, as a
-GPU does), as ``grader.grading.work.would_hang`` does for a TPU kernel's DMAs.
+GPU does), as ``grader.grading.dma_order.would_hang`` does for a TPU kernel's DMAs.
 """
 
 from __future__ import annotations

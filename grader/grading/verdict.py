@@ -203,7 +203,7 @@ class Copies:
 @dataclass(frozen=True)
 class DmaOrder:
     """The DMAs a kernel body starts by hand, in the order it issues them over its whole run
-    (``grader.grading.work.dma_order``)."""
+    (``grader.grading.dma_order.dma_order``)."""
 
     copies_in: Copies
     copies_out: Copies

@@ -21,11 +21,11 @@ absolute value (the first step of int8 absmax quantisation), with ``x`` left in 
   mode's DMA orders; only the race detector reports it.
 
 The skill each task states is graded from the order of the kernel's own DMAs
-(``grader.grading.work.dma_order``, which follows the body over its grid and loops: ``pipelined``
-below): the next chunk's copy starts before this chunk's compute (at every compute but the
-last a copy into VMEM is in flight), two buffers, copies of the chunk size the case asks for
-and as many as there are chunks, no copy into a buffer whose write-back is still reading it,
-every start waited, and copies that cross grid steps only on an "arbitrary" grid.
+(``grader.grading.dma_order.dma_order``, which follows the body over its grid and loops:
+``pipelined`` below): the next chunk's copy starts before this chunk's compute (at every
+compute but the last a copy into VMEM is in flight), two buffers, copies of the chunk size the
+case asks for and as many as there are chunks, no copy into a buffer whose write-back is still
+reading it, every start waited, and copies that cross grid steps only on an "arbitrary" grid.
 """
 
 from __future__ import annotations

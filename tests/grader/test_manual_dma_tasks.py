@@ -314,14 +314,14 @@ def test_waiting_too_late_still_races(notebook):
 # ------------------------------------------------------------------ the skills, from the DMA order
 # Each planted answer below gets every value right and has no race the detector reports; what
 # it gets wrong is the skill the task states, read from the order of its own DMAs
-# (grader.grading.work.dma_order, rules in grader.tasks.a08_manual_dma.pipelined).
+# (grader.grading.dma_order.dma_order, rules in grader.tasks.a08_manual_dma.pipelined).
 OVERLAP = "[FAIL] overlap: the next chunk's copy starts before this chunk's compute"
 
 
 def test_the_solutions_dma_order_is_double_buffered(notebook):
     """What the rules read off the honest kernels: a copy in flight at every compute but the
     last, two buffers each way, chunk-sized copies, nothing unsafe."""
-    from grader.grading import work
+    from grader.grading import dma_order
 
     for task, shape, chunk, out in (("absmax_dma", (40, 256), 16, False),
                                     ("absmax_pipeline", (40, 256), 16, True),
@@ -329,7 +329,7 @@ def test_the_solutions_dma_order_is_double_buffered(notebook):
         fn = traced_as_tpu(notebook[task]) if task == "absmax_pipeline" else notebook[task]
         program = jax.make_jaxpr(lambda x, f=fn, c=chunk: f(x, c))(jnp.zeros(shape))
         (eqn,) = [e for e in program.eqns if e.primitive.name == "pallas_call"]
-        order = work.dma_order(eqn.params)
+        order = dma_order.dma_order(eqn.params)
         chunks = -(-shape[0] // chunk)
         assert order["computes"] == chunks and order["overlapped"] == chunks - 1, (task, order)
         assert order["copies"]["in"]["buffers"] == 2 and order["unsafe"] == 0, (task, order)
@@ -374,12 +374,12 @@ def test_the_shipped_race_is_also_seen_in_the_dma_order(notebook):
     the order shows it whatever the race detector's clocks draw."""
     message = _fails("absmax_in_place", notebook["absmax_in_place_buggy"], "RACE DETECTED")
     del message
-    from grader.grading import work
+    from grader.grading import dma_order
 
     program = jax.make_jaxpr(lambda x: notebook["absmax_in_place_buggy"](x, 16))(
         jnp.zeros((96, 256)))
     (eqn,) = [e for e in program.eqns if e.primitive.name == "pallas_call"]
-    assert work.dma_order(eqn.params)["unsafe"] == 4
+    assert dma_order.dma_order(eqn.params)["unsafe"] == 4
 
 
 def test_a_chunk_sum_without_double_buffering_fails():
