@@ -51,7 +51,8 @@ def _random(key, shape, dtype=jnp.float32):
 def cases(course):
     l13 = course.definitions("13-kernel-api", "traced_for_tpu", "scale_shift_kernel",
                              "scale_shift", "scale_shift_halves_kernel", "scale_shift_halves",
-                             "matmul_body", "matmul_specs", "matmul_call", "matmul_mesh")
+                             "matmul_body", "matmul_specs", "matmul_call", "matmul_mesh",
+                             "tensorcore_mesh")
     l15 = course.definitions("15-production-kernels", "quantize", "quantized_matmul_kernel",
                              "quantized_matmul", "last_page", "paged_decode_kernel",
                              "paged_decode", "write_pages_kernel", "write_pages",
