@@ -50,3 +50,19 @@ def choose(tpu_features: bool = False, gpu_ok: bool = True) -> Execution:
     if tpu_features:
         return Execution(pltpu.InterpretParams(), f"TPU interpret mode on {backend.upper()}")
     return Execution(True, f"interpret mode on {backend.upper()}")
+
+
+# The TensorCores TPU interpret mode simulates for a "core_parallel" grid axis where there is no
+# TPU: two, the split between two cores the course teaches (lesson 13, assignment 12).
+INTERPRETED_TENSORCORES = 2
+
+
+def tensorcores() -> int:
+    """TensorCores one device of the present TPU drives, the size a ``pltpu.CORE_PARALLEL``
+    grid axis must have to compile: ``pltpu.get_tpu_info().num_cores``, which reads the
+    device (1 on v5e and v6e, measured 1 on a TPU v5e with jax 0.10.2; 2 on a megacore v4 or
+    v5p; jax/_src/tpu_info.py). Off a TPU, ``INTERPRETED_TENSORCORES``: kernels run in TPU
+    interpret mode there, which simulates as many cores as the axis has."""
+    if platform() != "tpu":
+        return INTERPRETED_TENSORCORES
+    return int(pltpu.get_tpu_info().num_cores)
