@@ -331,9 +331,9 @@ def pool_rows_buggy(x, interpret=INTERPRET):
 #
 # The two BlockSpecs: blocks `(4, n)` in and `(1, n)` out break the TPU's rule on the second-to-last
 # dimension. Keep the kernel's idea, each output row the mean of 4 input rows, but give each step 8
-# output rows from 32 input rows. Inside, with `rows` a `jax.lax.broadcasted_iota` over the block's
-# rows, `jnp.sum(jnp.where((rows >= 4 * j) & (rows < 4 * j + 4), x, 0.0), axis=0, keepdims=True)`
-# is output row `j`; place it with a `jnp.where` on the output's row numbers.
+# output rows from 32 input rows. Inside, number the block's rows with a broadcasted iota: output
+# row j is the column sum of the block with every row outside rows 4j to 4j+3 masked to zero, and a
+# second mask on the output's own row numbers puts it in place.
 #
 # </details>
 
