@@ -35,14 +35,19 @@ def platform() -> str:
     return jax.default_backend()
 
 
-def choose(tpu_features: bool = False, gpu_ok: bool = True) -> Execution:
+def choose(tpu_features: bool = False, gpu_ok: bool = True, tpu_ok: bool = True) -> Execution:
     """Pick how a kernel runs here.
 
     tpu_features: the kernel uses TPU-only features (VMEM/SMEM scratch, scalar prefetch, manual
         DMAs and semaphores, ``pltpu.CompilerParams``); on a GPU it must be interpreted.
     gpu_ok: the kernel's block shapes and ops are supported by the GPU lowering.
+    tpu_ok: the same for the TPU's (Mosaic); False for a kernel written for a GPU's blocks
+        (assignment 11's: a 64-column slice of K failed Mosaic's alignment, E2003, on a TPU
+        v5e), which then runs interpreted on a TPU.
     """
     backend = platform()
+    if backend == "tpu" and not tpu_ok:
+        return Execution(True, "interpret mode on TPU (a kernel for a GPU's blocks)")
     if backend == "tpu":
         return Execution(False, "compiled for TPU (Mosaic)")
     if backend == "gpu" and gpu_ok and not tpu_features:
@@ -50,3 +55,19 @@ def choose(tpu_features: bool = False, gpu_ok: bool = True) -> Execution:
     if tpu_features:
         return Execution(pltpu.InterpretParams(), f"TPU interpret mode on {backend.upper()}")
     return Execution(True, f"interpret mode on {backend.upper()}")
+
+
+# The TensorCores TPU interpret mode simulates for a "core_parallel" grid axis where there is no
+# TPU: two, the split between two cores the course teaches (lesson 13, assignment 12).
+INTERPRETED_TENSORCORES = 2
+
+
+def tensorcores() -> int:
+    """TensorCores one device of the present TPU drives, the size a ``pltpu.CORE_PARALLEL``
+    grid axis must have to compile: ``pltpu.get_tpu_info().num_cores``, which reads the
+    device (1 on v5e and v6e, measured 1 on a TPU v5e with jax 0.10.2; 2 on a megacore v4 or
+    v5p; jax/_src/tpu_info.py). Off a TPU, ``INTERPRETED_TENSORCORES``: kernels run in TPU
+    interpret mode there, which simulates as many cores as the axis has."""
+    if platform() != "tpu":
+        return INTERPRETED_TENSORCORES
+    return int(pltpu.get_tpu_info().num_cores)

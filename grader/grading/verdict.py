@@ -236,6 +236,7 @@ class KernelWork:
     dma: DmaOrder | None
     dot_precisions: tuple[str, ...] = ()  # dots a TPU gets wrong (``work.dot_precisions``)
     index_map_tables: tuple[str, ...] = ()  # 2-D tables read by index maps (work.py)
+    strided_refs: tuple[str, ...] = ()  # strided ref accesses Mosaic refuses (work.py)
 
 
 @dataclass(frozen=True)
@@ -313,7 +314,8 @@ def work_from_dict(d: Any) -> WorkFacts:
             _bool(c.get("jax_kernel"), "jax_kernel"),
             str(c.get("fingerprint")), _int(c.get("body_size"), "body_size"),
             _dma(c.get("dma")), _strings(c.get("dot_precisions", []), "dot_precisions"),
-            _strings(c.get("index_map_tables", []), "index_map_tables")))
+            _strings(c.get("index_map_tables", []), "index_map_tables"),
+            _strings(c.get("strided_refs", []), "strided_refs")))
     return WorkFacts(tuple(_flow(o) for o in d["outputs"]), tuple(calls),
                      _int(d.get("outside_flops"), "outside_flops"),
                      _strings(d.get("outside_ops"), "outside_ops"),

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 from jax.extend.core import Literal, jaxprs_in_params
+from jax.tree_util import tree_unflatten
 
 from grader.grading import gpu_facts
 from grader.grading.calling import (
@@ -175,6 +176,38 @@ def dot_precisions(kernel: Any) -> list[str]:
     return found
 
 
+def strided_refs(kernel: Any) -> list[str]:
+    """Every strided ref read or write of a kernel body (``pl.ds(start, size, stride=k)``,
+    k > 1) that Mosaic cannot lower, in words. Mosaic lowers a strided load or store only of
+    32-bit data (layout inference: "Strided load with non 32-bit data"), from a ref whose last
+    dim is exactly 128 lanes and not strided ("The last dim size is not 128 in original base
+    memref"; jaxlib/mosaic/dialect/tpu/transforms/apply_vector_layout.cc). A TPU v5e refused
+    both forms (pool_rows, jax 0.10.2); TPU interpret mode runs them."""
+    found = []
+    for e in eqns(kernel):
+        if e.primitive.name not in ("get", "swap"):
+            continue
+        tree = e.params["tree"]
+        transforms = tree_unflatten(tree, e.invars[len(e.invars) - tree.num_leaves:])
+        strides = [(k, s.stride) for t in transforms
+                   for k, s in enumerate(getattr(t, "indices", ()))
+                   if getattr(s, "stride", 1) > 1]
+        if not strides:
+            continue
+        ref = e.invars[0].aval
+        bits, shape = 8 * np.dtype(ref.dtype).itemsize, tuple(ref.shape)
+        why = [f"{ref.dtype} is not 32-bit"] if bits != 32 else []
+        if shape[-1] != 128:
+            why.append(f"its last dim is {shape[-1]}, not 128")
+        if any(k == len(shape) - 1 for k, _ in strides):
+            why.append("the stride is on the last dim")
+        if why:
+            access = "read" if e.primitive.name == "get" else "write"
+            found.append(f"a strided {access} (stride {strides[0][1]}) of a "
+                         f"{'x'.join(map(str, shape))} {ref.dtype} ref: " + "; ".join(why))
+    return list(dict.fromkeys(found))  # a loop's reads alike, said once
+
+
 def index_map_tables(eqn: Any) -> list[str]:
     """The scalar-prefetch operands of a ``pallas_call`` with two or more dimensions that an
     index map reads, in words. Read in an index map, such a table halted a TPU v5e's core
@@ -215,6 +248,7 @@ def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]
                        if i < len(refs) and id(refs[i]) not in used],
             "dma": dma_order(eqn.params) if eqn.primitive.name == "pallas_call" else None,
             "dot_precisions": dot_precisions(kernel),
+            "strided_refs": strided_refs(kernel),
             "index_map_tables": index_map_tables(eqn)}
 
 

@@ -316,6 +316,14 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
             "t[s * columns + j], as JAX's paged attention does",
             "; ".join(f"{t} is read with two indices, which halted a TPU v5e core"
                       for t in tables) or "they are", not tables))
+        strided = [f"pallas_call #{c.number}: {r}" for c in w.calls for r in c.strided_refs]
+        rules.append(Rule(
+            "strided ref reads Mosaic lowers (rule strided_load)", "a pl.ds(..., stride=k) read "
+            "or write only of 32-bit data in a ref exactly 128 lanes wide; otherwise read the "
+            "whole block, convert it to float32 and select rows with a mask (jnp.where on a "
+            "jax.lax.broadcasted_iota)",
+            "; ".join(f"{r}, which Mosaic refuses to compile" for r in strided) or "they are",
+            not strided))
     if task.own_kernels:
         rules.append(own_kernels(w))
     if task.dma_rules is not None:

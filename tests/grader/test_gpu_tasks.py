@@ -57,6 +57,20 @@ def test_reference_solution_lowers_for_gpu_and_tpu(solutions, task_id):
         assert kernelsim.tpu_lowering_error(fn, *arrays) is None, case.name
 
 
+def test_on_a_tpu_the_assignments_kernels_run_interpreted(monkeypatch):
+    """On a TPU v5e, gpu_matmul's solution compiled by Mosaic failed its alignment (E2003, a
+    64-column slice of K; issue 33): the assignment's kernels are written for a GPU's blocks,
+    so on a TPU they run interpreted, and every task is for a GPU, which makes the TPU pass
+    (bench/on_device.py) count those runs as declared fallbacks."""
+    from kernelsim import backend
+
+    monkeypatch.setattr(backend, "platform", lambda: "tpu")
+    assert backend.choose(tpu_ok=False).interpret is True
+    assert backend.choose().interpret is False
+    assert "INTERPRET = choose(tpu_ok=False).interpret" in gradertools.cells("11_gpu")["setup"]
+    assert {t.target for t in tasks.TASKS if t.assignment == "11_gpu"} == {"gpu"}
+
+
 def _wrong_values(task_id: str, case: str, fn) -> str | None:
     """None when ``fn`` gets case ``case`` of ``task_id`` right, else what is wrong (one case
     at a time, as the grader runs it)."""

@@ -121,10 +121,41 @@ def test_both_cores_doing_everything_fail(notebook):
     _fails("matmul_bias_relu_cores", both, "HBM write traffic")
 
 
+ONE_CORE = ("grid=(tensorcores(),)", "grid=(1,)")
+
+
 def test_one_core_fails_the_grid_rule(notebook):
-    one = _planted(notebook, "matmul_bias_relu_cores_solution",
-                   ("        grid=(2,),\n", "        grid=(1,),\n"))
+    """Interpreted, the grid must have the two cores the interpreter simulates."""
+    one = _planted(notebook, "matmul_bias_relu_cores_solution", ONE_CORE)
     _fails("matmul_bias_relu_cores", one, "grid")
+
+
+def test_tensorcores_is_the_chips_count(monkeypatch):
+    """On a TPU the count comes from the chip (its device kind): 1 on a TPU v5e, whose one
+    TensorCore refused the solution's core-parallel axis of 2 (issue 33), 2 on a megacore v5p;
+    off a TPU the two cores interpret mode simulates."""
+    from kernelsim import adapter, backend
+
+    assert backend.tensorcores() == 2  # this CPU
+    monkeypatch.setattr(backend, "platform", lambda: "tpu")
+    with adapter.on_abstract_tpu("TPU v5 lite"):
+        assert backend.tensorcores() == 1
+    with jax.sharding.use_abstract_mesh(adapter.abstract_mesh("TPU v5", num_cores=2)):
+        assert backend.tensorcores() == 2
+
+
+def test_a_one_core_chip_takes_the_one_core_grid(notebook, monkeypatch):
+    """Graded where the chip has one TensorCore (a TPU v5e), the grid (1,) passes every case
+    and a grid of 2, which that chip cannot compile, fails."""
+    from kernelsim import backend
+
+    monkeypatch.setattr(backend, "tensorcores", lambda: 1)
+    one = _planted(notebook, "matmul_bias_relu_cores_solution", ONE_CORE)
+    course.check("matmul_bias_relu_cores", one, quiet=True)
+    course.check("matmul_bias_relu_cores", one, hidden=True, quiet=True)
+    two = _planted(notebook, "matmul_bias_relu_cores_solution",
+                   ("grid=(tensorcores(),)", "grid=(2,)"))
+    assert "(1,): one index per TensorCore" in _fails("matmul_bias_relu_cores", two, "grid")
 
 
 def test_parallel_instead_of_core_parallel_fails(notebook):

@@ -10,13 +10,20 @@ v5e, jax 0.10.2).
 - An index map that reads a 2-D scalar-prefetch table halted a TPU v5e's core
   (kv_cache_append); the check refuses it (rule smem_2d_table), and a dot at a precision a
   TPU gets wrong ("dot precision right on a TPU").
+- A strided ref read (``pl.ds(r, 8, stride=4)``) Mosaic lowers only of 32-bit data in a ref
+  exactly 128 lanes wide: pool_rows's solution read so failed to compile on the chip, for
+  bfloat16 ("Strided load with non 32-bit data") and for a float32 block of 256 columns ("The
+  last dim size is not 128"); TPU interpret mode runs it right. Rule strided_load.
 """
 
 from __future__ import annotations
 
 import gradertools
+import jax
 import jax.numpy as jnp
 import pytest
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from grader import tasks
 from grader.grading.calling import eqns, kernel_bodies, trace_case
@@ -106,3 +113,49 @@ def test_an_index_map_reading_a_2d_table_is_refused():
     assert jnp.array_equal(planted(cache, rows, table, pos),
                            notebook["kv_cache_append"](cache, rows, table, pos))
 
+
+
+# pool_rows as its solution first read each group: one strided read per row of a group
+STRIDED_POOL = ("""        x = x_ref[...].astype(jnp.float32)
+        rows = jax.lax.broadcasted_iota(jnp.int32, x.shape, 0)
+        out_row = jax.lax.broadcasted_iota(jnp.int32, o_ref.shape, 0)
+        pooled = jnp.zeros(o_ref.shape, jnp.float32)
+        for j in range(out_rows):
+            group = (rows >= 4 * j) & (rows < 4 * j + 4)
+            total = jnp.sum(jnp.where(group, x, 0.0), axis=0, keepdims=True)
+            pooled = jnp.where(out_row == j, total, pooled)
+        o_ref[...] = (pooled / 4).astype(o_ref.dtype)""",
+                """        total = sum(x_ref[pl.ds(r, out_rows, stride=4), :].astype(jnp.float32)
+                    for r in range(4))
+        o_ref[...] = (total / 4).astype(o_ref.dtype)""")
+
+
+def test_a_strided_read_mosaic_cannot_lower_is_refused():
+    """pool_rows read with strides: right values, refused on a 256-column float32 block (the
+    visible case) and on bfloat16 (hidden), as the chip refused them."""
+    notebook = gradertools.run("09_debugging")
+    planted = gradertools.planted("09_debugging", notebook, "pool_rows_solution", STRIDED_POOL)
+    message = gradertools.fails("pool_rows", planted, "strided_load")
+    assert "of a 32x256 float32 ref: its last dim is 256, not 128" in message
+    message = gradertools.fails("pool_rows", planted, "strided_load", hidden=True)
+    assert "bfloat16 is not 32-bit" in message
+    x = jnp.asarray(tasks.get("pool_rows").inputs(tasks.get("pool_rows").cases[0])["x"])
+    assert jnp.array_equal(planted(x), notebook["pool_rows"](x))
+
+
+def test_a_strided_read_of_32_bit_data_128_lanes_wide_passes():
+    """The one strided read Mosaic lowers: float32, a ref exactly 128 lanes wide."""
+    from grader.grading.work import strided_refs
+
+    def body(width, dtype):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = x_ref[pl.ds(1, 8, stride=4), :]
+        return jax.make_jaxpr(lambda x: pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((8, width), dtype),
+            interpret=pltpu.InterpretParams())(x))(jnp.zeros((32, width), dtype))
+
+    [call] = [e for e in eqns(body(128, jnp.float32)) if e.primitive.name == "pallas_call"]
+    assert strided_refs(call.params["jaxpr"]) == []
+    [call] = [e for e in eqns(body(128, jnp.bfloat16)) if e.primitive.name == "pallas_call"]
+    assert strided_refs(call.params["jaxpr"]) == [
+        "a strided read (stride 4) of a 32x128 bfloat16 ref: bfloat16 is not 32-bit"]

@@ -316,8 +316,14 @@ def pool_rows_buggy(x, interpret=INTERPRET):
 #
 # The lowering wants the second-to-last block dimension to be a multiple of 8 (or the whole
 # array's). So let each step produce 8 output rows from 32 input rows, with a `cdiv` grid for
-# the last, partial block. Inside, row `r` of each group of 4 is a strided read: every 4th
-# row of the block, starting at `r`.
+# the last, partial block. Inside, read the whole block once, convert it to float32, and sum
+# each group of 4 rows with a mask: output row `j` is the column sum of the rows `4j … 4j+3`.
+#
+# A strided read, `x_ref[pl.ds(r, 8, stride=4), :]`, looks like the natural way to pick every
+# 4th row, and interpret mode runs it, but Mosaic lowers a strided load only of 32-bit data
+# from a ref exactly 128 lanes wide: a bfloat16 block fails "Strided load with non 32-bit
+# data", a float32 block of 256 columns "The last dim size is not 128" (both on a TPU v5e).
+# The grader refuses such a read (rule strided_load).
 #
 # </details>
 #
@@ -325,8 +331,9 @@ def pool_rows_buggy(x, interpret=INTERPRET):
 #
 # The two BlockSpecs: blocks `(4, n)` in and `(1, n)` out break the TPU's rule on the second-to-last
 # dimension. Keep the kernel's idea, each output row the mean of 4 input rows, but give each step 8
-# output rows from 32 input rows; inside, the 8 rows at position `r` of their group are one `pl.ds`
-# read with a `stride` of 4, for each `r` from 0 to 3.
+# output rows from 32 input rows. Inside, number the block's rows with a broadcasted iota: output
+# row j is the column sum of the block with every row outside rows 4j to 4j+3 masked to zero, and a
+# second mask on the output's own row numbers puts it in place.
 #
 # </details>
 
@@ -337,9 +344,18 @@ def pool_rows(x, interpret=INTERPRET):
     out_rows = 8  # a multiple of 8 output rows per step, from 4 times as many input rows
 
     def kernel(x_ref, o_ref):
-        total = sum(x_ref[pl.ds(r, out_rows, stride=4), :].astype(jnp.float32)
-                    for r in range(4))
-        o_ref[...] = (total / 4).astype(o_ref.dtype)
+        # The whole block, in 32-bit: Mosaic lowers a strided read (pl.ds(r, 8, stride=4))
+        # only of 32-bit data from a ref exactly 128 lanes wide, so each group of 4 rows is
+        # summed under a mask instead. Rows past the array's edge are never selected.
+        x = x_ref[...].astype(jnp.float32)
+        rows = jax.lax.broadcasted_iota(jnp.int32, x.shape, 0)
+        out_row = jax.lax.broadcasted_iota(jnp.int32, o_ref.shape, 0)
+        pooled = jnp.zeros(o_ref.shape, jnp.float32)
+        for j in range(out_rows):
+            group = (rows >= 4 * j) & (rows < 4 * j + 4)
+            total = jnp.sum(jnp.where(group, x, 0.0), axis=0, keepdims=True)
+            pooled = jnp.where(out_row == j, total, pooled)
+        o_ref[...] = (pooled / 4).astype(o_ref.dtype)
 
     # Each x block is read once; the last block may hang over the edge (its rows are dropped).
     return pl.pallas_call(

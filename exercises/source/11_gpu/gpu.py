@@ -17,6 +17,10 @@
 #                                                interpret=False), x)   # None: it lowers
 # ```
 #
+# **GPU-only**: the kernels compile on a GPU and run in interpret mode anywhere else (`INTERPRET`
+# below), a TPU included: Mosaic asks of a slice of a block an alignment that a GPU's blocks
+# need not meet.
+#
 # **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
 # failing check shows its message and the run goes on) and the last cell lists what passed
 # and failed. From a terminal (in JupyterLab: *File > New > Terminal*), in your workspace or
@@ -34,8 +38,9 @@ import kernelsim
 from grader.learner import course
 from kernelsim.backend import choose
 
-# Compiled on a GPU or TPU, interpreted on a CPU.
-INTERPRET = choose().interpret
+# Compiled on a GPU, interpreted elsewhere: these kernels are written for a GPU's blocks (a TPU
+# would ask Mosaic's alignment of them, which a 64-column slice of K does not meet).
+INTERPRET = choose(tpu_ok=False).interpret
 
 # %% [markdown]
 # ## Task 1 — `gpu_row_sums(x, bm, bk, interpret=INTERPRET)` (3 points)

@@ -31,7 +31,7 @@ from jax.experimental.pallas import tpu as pltpu
 import kernelsim
 from grader.learner import course
 from grader.grading.calling import softmax_rows, traced_as_tpu
-from kernelsim.backend import choose
+from kernelsim.backend import choose, tensorcores
 
 # Compiled on a TPU; TPU interpret mode anywhere else (these kernels are TPU-only).
 TPU_INTERPRET = choose(tpu_features=True).interpret
@@ -127,11 +127,15 @@ course.check("softmax_in_parts", softmax_in_parts, hidden=True)
 # ## Task 2 — `matmul_bias_relu_cores(a, b, bias, bm, bk, bn, interpret=...)` (4 points)
 #
 # `relu(a @ b + bias)` for `a` `(M, K)`, `b` `(K, N)` and `bias` `(1, N)`, accumulated in
-# float32 and returned in `a.dtype`, on **two TensorCores**, in the `pallas_call` form lesson
-# 13 described but did not write:
+# float32 and returned in `a.dtype`, on **every TensorCore** of the chip (two here), in the
+# `pallas_call` form lesson 13 described but did not write:
 #
-# * the `pallas_call` has grid `(2,)` whose one axis is `pltpu.CORE_PARALLEL`: one index per
-#   core. Every operand stays in HBM, and the accumulator, `(bm, bn)` float32, is scratch.
+# * the `pallas_call` has grid `(tensorcores(),)` whose one axis is `pltpu.CORE_PARALLEL`: one
+#   index per core. `tensorcores()` (from `kernelsim.backend`) is the chip's count,
+#   `pltpu.get_tpu_info().num_cores` on a TPU (1 on a v5e or v6e, 2 on a v4 or v5p), and 2
+#   in interpret mode, which simulates two cores: a core-parallel axis larger than the chip's
+#   cores does not compile. Every operand stays in HBM, and the accumulator, `(bm, bn)`
+#   float32, is scratch.
 # * the body runs a `pltpu.emit_pipeline` over the tiled matmul's grid
 #   `(M // bm, N // bn, K // bk)` with `k` innermost and `dimension_semantics`
 #   `(PARALLEL, PARALLEL, ARBITRARY)`, and hands the pipeline the core index through
@@ -142,11 +146,10 @@ course.check("softmax_in_parts", softmax_in_parts, hidden=True)
 # On a TPU the pipeline asks the chip for its tiling; elsewhere call your function through
 # `traced_as_tpu` (as in assignment 8):
 # `traced_as_tpu(matmul_bias_relu_cores)(a, b, bias, 128, 128, 128, interpret=RACES)`.
-# Graded on values and on kernelsim's trace: grid `(2,)`, semantics `("core_parallel",)`,
-# every operand in `pl.ANY`, the output written once (`M · N` elements) and at most the tiled
-# matmul's reads (`a` once per column block, `b` and the bias once per row block). Two cores
-# that both compute everything write the output twice and fail. On a TPU with one TensorCore
-# (v5e, v6e) two core-parallel indices cannot run compiled: pass `interpret=RACES` there.
+# Graded on values and on kernelsim's trace: grid `(tensorcores(),)` (`(2,)` here), semantics
+# `("core_parallel",)`, every operand in `pl.ANY`, the output written once (`M · N` elements)
+# and at most the tiled matmul's reads (`a` once per column block, `b` and the bias once per
+# row block). Two cores that both compute everything write the output twice and fail.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
@@ -205,7 +208,7 @@ def matmul_bias_relu_cores(a, b, bias, bm, bk, bn, interpret=TPU_INTERPRET):
     hbm = pl.BlockSpec(memory_space=pl.ANY)
     return pl.pallas_call(
         kernel,
-        grid=(2,),
+        grid=(tensorcores(),),  # one index per TensorCore: 1 on a v5e, 2 interpreted
         in_specs=[hbm, hbm, hbm],
         out_specs=hbm,
         out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
