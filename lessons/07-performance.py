@@ -245,12 +245,13 @@ ax.legend(loc="center right")
 fig.tight_layout()
 
 # %% [markdown]
-# The shape matches: 128-blocks stay near 5–6 % however big the matrices get, because every
-# step is tiny and the fixed cost per step dominates; `(512, 1024, 1024)` blocks get close to
-# peak because each step does enough arithmetic to hide its copies and its overhead. kernelsim
-# predicts 75 % of peak at `n = 4096` and 84 % at 8192 for them; a TPU v5e measured 78 % and
-# 92 % (`bench/recorded/tpu_perf-v5e.json`, 2026-12-05; the guide: 78.5 and 91.5 %). At `n = 1024` the fixed cost of a call (about 0.1 ms: the first blocks' copies,
-# which nothing overlaps, and the last write-back) is most of the time: 9 % of peak.
+# The shape matches: 128-blocks stay near 5–6 % however big the matrices get, because every step is
+# tiny and the fixed cost per step dominates; `(512, 1024, 1024)` blocks get close to peak because
+# each step does enough arithmetic to hide its copies and its overhead. kernelsim predicts 75 % of
+# peak at `n = 4096` and 84 % at 8192 for them; a TPU v5e measured 78 % and 92 %
+# (`bench/recorded/tpu_perf-v5e.json`, 2026-12-05; the guide: 78.5 and 91.5 %). At `n = 1024` the
+# fixed cost of a call (about 0.1 ms: the first blocks' copies, which nothing overlaps, and the
+# last write-back) is most of the time: 9 % of peak.
 
 # %%
 assert 4 < estimates[(128, 128, 128), 8192] < 8

@@ -146,9 +146,9 @@ course.check("int8_matmul_per_channel", int8_matmul_per_channel, hidden=True)
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The page's index map: the flat page table ref at the step times the slots per sequence
-# plus the step's position divided (floor) by the page size, then 0 and 0. `input_output_aliases` maps the cache's
-# operand number, counted after the two prefetched arrays, to output 0.
+# The page's index map: the flat page table ref at the step times the slots per sequence plus the
+# step's position divided (floor) by the page size, then 0 and 0. `input_output_aliases` maps the
+# cache's operand number, counted after the two prefetched arrays, to output 0.
 #
 # </details>
 
