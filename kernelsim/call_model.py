@@ -25,7 +25,12 @@ from kernelsim.adapter import (
 )
 from kernelsim.errors import TraceError
 from kernelsim.flops import count_flops
-from kernelsim.index_maps import evaluate_index_map, prefetch_read, window_moves
+from kernelsim.index_maps import (
+    evaluate_index_map,
+    prefetch_read,
+    reads_prefetch_at_prefetched_index,
+    window_moves,
+)
 from kernelsim.jaxprs import sub_jaxprs
 from kernelsim.model import BlockDim, KernelCall, Operand, tile_padded_bytes
 
@@ -243,6 +248,9 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     call.body_values_vmem_bytes = _body_values_peak(kernel)
     call.read_by_index_maps = frozenset(
         names[i] for bm in gm.block_mappings for i in prefetch_read(bm, len(gm.grid)))
+    call.dependent_prefetch_reads = frozenset(
+        names[nprefetch + k] for k, bm in enumerate(gm.block_mappings)
+        if reads_prefetch_at_prefetched_index(bm, len(gm.grid)))
     limit = getattr(params.get("compiler_params"), "vmem_limit_bytes", None)
     call.vmem_limit_bytes = None if limit is None else int(limit)
     # input_output_aliases index the inputs after the scalar prefetch operands

@@ -148,6 +148,23 @@ def prefetch_read(bm: Any, ngrid: int) -> set[int]:
             if not isinstance(v, Literal) and v in refs}
 
 
+def reads_prefetch_at_prefetched_index(bm: Any, ngrid: int) -> bool:
+    """Whether the index map of ``bm`` reads a scalar-prefetch ref at an index computed from
+    another read of scalar prefetch (``table[s * slots + positions[s] // page_size]``)."""
+    j = open_jaxpr(bm.index_map_jaxpr)
+    refs = set(j.invars[ngrid:])
+    read: set[Any] = set()  # values that depend on a read of scalar prefetch
+    for eqn in j.eqns:
+        ins = [v for v in eqn.invars if not isinstance(v, Literal)]
+        if eqn.primitive.name == "get" and ins and ins[0] in refs:
+            if any(v in read for v in ins[1:]):
+                return True
+        elif not any(v in read for v in ins):
+            continue
+        read |= set(eqn.outvars)
+    return False
+
+
 def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
     """Per scalar-prefetch operand, the entries the index maps read at every grid step.
 

@@ -11,10 +11,9 @@ Each message names the operand and the rule; the rules' sources:
 - VMEM: ``CallCost.mosaic_vmem_bytes`` (tile-padded buffers plus the body's kept values) against
   the chip's VMEM and its default scoped limit (``Chip.default_scoped_vmem_bytes``) or the call's
   ``vmem_limit_bytes`` (jax/_src/pallas/mosaic/core.py).
-- 2-D scalar-prefetch tables in index maps (``_smem_tables``): what a TPU v5e did with one;
-  Mosaic's memref layout inference (jaxlib/mosaic/dialect/tpu/transforms/
-  infer_memref_layout.cc, last in JAX's repository at commit ba6a5ffbf8) tiles an SMEM memref
-  as a VMEM one: it has no case for SMEM.
+- output index maps reading scalar prefetch at a prefetched index
+  (``_dependent_prefetch_reads``): what a TPU v5e did with every such index map it was given
+  (tests/kernelsim/chip_verdicts_v5e.py).
 - parallel after arbitrary, output revisits: same page, "Multicore / Pipelining" sections, and
   the TPU interpreter's revisit check (jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py);
   an output with ``RevisitMode.ANY`` may revisit (its restores are modelled, kernelsim.schedule),
@@ -39,7 +38,8 @@ BLOCK_SHAPE_REJECTED = "Mosaic will reject this block shape"
 # Stable ids some warnings start with, in brackets (``rule_of``), for a grader to select by:
 SCOPED_VMEM = "scoped_vmem"  # over the default scoped VMEM limit or the call's vmem_limit_bytes
 VMEM_CAPACITY = "vmem_capacity"  # over the chip's whole VMEM
-SMEM_2D_TABLE = "smem_2d_table"  # a 2-D scalar-prefetch table read by an index map
+# an output's index map reading scalar prefetch at an index read from scalar prefetch
+DEPENDENT_PREFETCH_READ = "dependent_prefetch_read"
 
 
 def _nearest_multiple(b: int, a: int, m: int) -> int:
@@ -157,31 +157,25 @@ def _fitting_blocks(call: KernelCall, cost: CallCost, budget: int) -> str:
     return f"; blocks that would fit: {', '.join(changed)}" if changed else ""
 
 
-def _smem_tables(call: KernelCall) -> list[str]:
-    """A 2-D scalar-prefetch table that an index map reads: on a TPU v5e such a page table
-    halted the core, and its 1-D form worked (tests/kernelsim/chip_verdicts_v5e.py). Kept to
-    what the chip showed: JAX's splash attention reads a 3-D SMEM table in its index maps and
-    its ragged paged attention a 2-D one in its body, both in production use."""
-    found = []
-    for op in call.operands:
-        if (op.role != "scalar_prefetch" or len(op.shape) != 2
-                or op.name not in call.read_by_index_maps):
-            continue
-        padded = tile_padded_bytes(op.shape, op.dtype, op.itemsize)
-        found.append(
-            f"[{SMEM_2D_TABLE}] scalar-prefetch table {op.name!r} of shape {op.shape} "
-            f"({op.dtype}) is read by an index map. On a TPU v5e a (3, 4) int32 page table "
-            "read this way halted the core (E0200 'Core halted unexpectedly', the process "
-            "lost), and the same table flattened to 1-D worked. Mosaic lays out a 2-D SMEM "
-            "array as it tiles VMEM (rows in tiles of up to 8, the last dim padded to 128 "
-            f"words), so this table takes {padded:,} B of SMEM, not {op.nbytes:,} B. Flatten "
-            f"it: pass the table as .reshape(-1) and read t[i * {op.shape[-1]} + j] for "
-            "t[i, j], as JAX's paged_attention passes page_indices.reshape(-1).")
-    return found
+def _dependent_prefetch_reads(call: KernelCall) -> list[str]:
+    """An output's index map that reads scalar prefetch at an index it read from scalar
+    prefetch: on a TPU v5e every such index map of A14's kv_cache_append halted the core, its
+    page table 1-D or 2-D, while the table or the positions read at the step's own index ran;
+    input index maps of that form ran (lesson 15's paged_decode, JAX's paged attention)
+    (tests/kernelsim/chip_verdicts_v5e.py)."""
+    outputs = {o.name for o in call.operands if o.role == "output"}
+    return [f"[{DEPENDENT_PREFETCH_READ}] the index map of output {name!r} reads scalar "
+            "prefetch at an index it read from scalar prefetch (e.g. table[s * slots + "
+            "positions[s] // page_size]). On a TPU v5e such an output index map halted the "
+            "core (E0200 'Core halted unexpectedly', the process lost), though TPU interpret "
+            "mode runs it right. Look the table up before the call (pages = page_indices["
+            "jnp.arange(S), positions // page_size]) and prefetch the result, so that the "
+            "index map reads it at the step's own index."
+            for name in sorted(call.dependent_prefetch_reads & outputs)]
 
 
 def rule_of(warning: str) -> str | None:
-    """The stable rule id a lint warning starts with (``"[smem_2d_table] ..."``), or None."""
+    """The stable rule id a lint warning starts with (``"[scoped_vmem] ..."``), or None."""
     if warning.startswith("[") and "]" in warning:
         return warning[1:warning.index("]")]
     return None
@@ -229,7 +223,7 @@ def lint(call: KernelCall, schedule: CallSchedule, cost: CallCost, chip: Chip) -
         warnings.append(f"SMEM footprint {cost.smem_bytes:,} B exceeds {chip.name}'s "
                         f"{chip.smem_bytes:,} B: prefetch fewer scalars.")
     if tpu:
-        warnings += _smem_tables(call)
+        warnings += _dependent_prefetch_reads(call)
     sem = call.dimension_semantics
     if tpu and "arbitrary" in sem:
         first_arbitrary = sem.index("arbitrary")

@@ -258,6 +258,8 @@ class KernelCall:
         VMEM beside the buffers at once (a matmul's or reduction's result, a value read more
         than once; ``kernelsim.call_model``), tile-padded.
     read_by_index_maps: the scalar-prefetch operands some index map reads.
+    dependent_prefetch_reads: the block operands whose index map reads scalar prefetch at an
+        index read from scalar prefetch (``index_maps.reads_prefetch_at_prefetched_index``).
     referenced: the operands the kernel body's code names at all (a read, a write, a DMA or
         a wait on it, in any branch, whether or not it runs at these inputs).
     device: the mesh device this call runs on, for a kernel inside ``jax.shard_map`` (which
@@ -281,6 +283,7 @@ class KernelCall:
     scoped_smem_bytes: int = 0
     referenced: frozenset[str] = frozenset()
     read_by_index_maps: frozenset[str] = frozenset()
+    dependent_prefetch_reads: frozenset[str] = frozenset()
     body_values_vmem_bytes: int = 0
     device: MeshDevice | None = None
 

@@ -303,7 +303,7 @@ def paged_decode(q, k_pages, v_pages, kv_lens, page_indices, *, interpret):
 
     def page_map(s, p, kv_lens, page_table):
         # past the end: repeat the last valid page, so the pipeline copies nothing; the table
-        # is flat (see below): entry s * slots + slot
+        # goes in flat: entry s * slots + slot
         slot = jnp.minimum(p, last_page(kv_lens[s], page_size))
         return (page_table[s * slots + slot], 0, 0)
 
@@ -346,17 +346,20 @@ _course.check(LESSON, "paged_decode", paged_decode, paged_decode_reference,
               (qd, k_pages, v_pages, lengths, table), tpu_run, rtol=1e-4, atol=1e-4)
 
 # %% [markdown]
-# **The page table goes in flat.** `paged_decode` passes `page_indices.reshape(-1)` and its
-# index map reads entry `s * slots + slot`, never `page_indices[s, slot]`, as JAX's own paged
-# attention does (`page_indices.reshape(-1)` in its `paged_attention`). On a TPU v5e on
-# 2026-12-05 (its JAX release: lessons/CHECKED.md) an index map that read a two-dimensional
-# scalar-prefetch table *halted the core* (assignment 14's append, "Core halted
-# unexpectedly"; the process was dead after it), and the same kernel with the table
-# flattened ran right; interpret mode ran both right, so only a chip shows it. Scalar
-# prefetch lives in SMEM, and how Mosaic lays out a 2-D SMEM array is decided inside its
-# compiler, which ships without source; JAX's kernel flattens its table without saying why
-# (`bench/tpu_kernel_probe.py` runs both forms on a chip). The rule: **every table an index
-# map reads is 1-D**. The grader refuses a kernel that breaks it (rule `smem_2d_table`).
+# **Where an index map may look a page up.** `paged_decode`'s K and V index maps read the table
+# at an index they computed from another prefetched array (`kv_lens[s]`), and on a TPU v5e
+# (2026-12-05; its JAX release: lessons/CHECKED.md) it ran compiled and right. (JAX's own paged
+# attention reads its table in the kernel body instead and starts each page's copy itself.)
+# Assignment 14's append first did the same for its *output*, the cache page it writes
+# (`page_indices[s, positions[s] // page_size]`), and that *halted the core* ("Core halted
+# unexpectedly"; the process was dead after it), with the table 2-D or flattened, a shift or a
+# division, while the same kernel reading the table or the positions at the step's own index ran
+# (`bench/kv_halt_probe.py`, one process per variant). Interpret mode ran every form right, so
+# only a chip shows it, and the compiler that decides it ships without source. The rule the
+# course keeps: **an output's index map reads scalar prefetch at an index of the grid alone**;
+# look a page up before the call (`page_indices[jnp.arange(S), positions // page_size]`, S
+# integers) and prefetch the result. kernelsim warns and the grader refuses a kernel that breaks
+# it (rule `dependent_prefetch_read`).
 
 # %% [markdown]
 # kernelsim evaluates the index maps with the real page table: sequence 0 (40 tokens) reads

@@ -17,7 +17,7 @@ import numpy as np
 
 from grader import tasks as _tasks
 from grader.learner import messages as _messages
-from kernelsim.lint import BLOCK_SHAPE_REJECTED
+from kernelsim.lint import BLOCK_SHAPE_REJECTED, DEPENDENT_PREFETCH_READ, rule_of
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,9 @@ class CallFacts:
     onchip_peak_bytes: int
     # kernelsim's block-shape warnings: why Mosaic's TPU lowering would reject a block
     block_shape_problems: tuple[str, ...]
+    # kernelsim's warnings of index maps that read scalar prefetch at a prefetched index,
+    # which halted a TPU v5e's core
+    dependent_prefetch_reads: tuple[str, ...] = ()
     # kernelsim's time estimate on its default TPU from the kernel's own FLOPs (seconds): a
     # pl.CostEstimate in the learner's call cannot change it
     own_estimated_seconds: float = 0.0
@@ -172,6 +175,9 @@ def facts_from_dict(d: Any) -> TraceFacts:
             onchip_peak_bytes=_int(c.get("onchip_peak_bytes"), "onchip_peak_bytes"),
             block_shape_problems=tuple(w for w in _strings(c.get("warnings", []), "warnings")
                                        if BLOCK_SHAPE_REJECTED in w),
+            dependent_prefetch_reads=tuple(
+                w for w in _strings(c.get("warnings", []), "warnings")
+                if rule_of(w) == DEPENDENT_PREFETCH_READ),
             own_estimated_seconds=_seconds(c.get("own_estimated_seconds", 0.0),
                                            "own_estimated_seconds")))
     gpu = d.get("gpu_kernels", [])
@@ -235,7 +241,6 @@ class KernelWork:
     body_size: int
     dma: DmaOrder | None
     dot_precisions: tuple[str, ...] = ()  # dots a TPU gets wrong (``work.dot_precisions``)
-    index_map_tables: tuple[str, ...] = ()  # 2-D tables read by index maps (work.py)
     strided_refs: tuple[str, ...] = ()  # strided ref accesses Mosaic refuses (work.py)
 
 
@@ -314,7 +319,6 @@ def work_from_dict(d: Any) -> WorkFacts:
             _bool(c.get("jax_kernel"), "jax_kernel"),
             str(c.get("fingerprint")), _int(c.get("body_size"), "body_size"),
             _dma(c.get("dma")), _strings(c.get("dot_precisions", []), "dot_precisions"),
-            _strings(c.get("index_map_tables", []), "index_map_tables"),
             _strings(c.get("strided_refs", []), "strided_refs")))
     return WorkFacts(tuple(_flow(o) for o in d["outputs"]), tuple(calls),
                      _int(d.get("outside_flops"), "outside_flops"),

@@ -208,25 +208,6 @@ def strided_refs(kernel: Any) -> list[str]:
     return list(dict.fromkeys(found))  # a loop's reads alike, said once
 
 
-def index_map_tables(eqn: Any) -> list[str]:
-    """The scalar-prefetch operands of a ``pallas_call`` with two or more dimensions that an
-    index map reads, in words. Read in an index map, such a table halted a TPU v5e's core
-    (kv_cache_append, jax 0.10.2); the same table flattened to 1-D ran. JAX's own paged
-    attention flattens its page table (``page_indices.reshape(-1)``) before the call."""
-    if eqn.primitive.name != "pallas_call":
-        return []
-    gm = eqn.params["grid_mapping"]
-    n_grid, n_idx = len(gm.grid), int(gm.num_index_operands)
-    found: set[int] = set()
-    for bm in gm.block_mappings:
-        index_map = open_jaxpr(bm.index_map_jaxpr)
-        tables = {id(v): i for i, v in enumerate(index_map.invars[n_grid:n_grid + n_idx])
-                  if len(getattr(v.aval, "shape", ())) >= 2}
-        found |= {tables[id(v)] for e in index_map.eqns for v in e.invars if id(v) in tables}
-    return [f"scalar-prefetch operand {i} ({'x'.join(map(str, eqn.invars[i].aval.shape))})"
-            for i in sorted(found)]
-
-
 def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]]) -> dict:
     kernel = kernel_body(eqn)
     if eqn.primitive.name == "pallas_call":
@@ -248,8 +229,7 @@ def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]
                        if i < len(refs) and id(refs[i]) not in used],
             "dma": dma_order(eqn.params) if eqn.primitive.name == "pallas_call" else None,
             "dot_precisions": dot_precisions(kernel),
-            "strided_refs": strided_refs(kernel),
-            "index_map_tables": index_map_tables(eqn)}
+            "strided_refs": strided_refs(kernel)}
 
 
 def _floating(v: Any) -> bool:

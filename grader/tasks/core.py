@@ -309,13 +309,6 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
         rules.append(Rule("dot precision right on a TPU", "float32 dots at HIGHEST, 16-bit "
                           "dots at the default (with preferred_element_type=jnp.float32)",
                           "; ".join(dots) or "they are", not dots))
-        tables = [f"pallas_call #{c.number}: {t}" for c in w.calls for t in c.index_map_tables]
-        rules.append(Rule(
-            "index maps read 1-D scalar-prefetch tables (rule smem_2d_table)", "each table an "
-            "index map reads flattened to 1-D: pass table.reshape(-1) and read "
-            "t[s * columns + j], as JAX's paged attention does",
-            "; ".join(f"{t} is read with two indices, which halted a TPU v5e core"
-                      for t in tables) or "they are", not tables))
         strided = [f"pallas_call #{c.number}: {r}" for c in w.calls for r in c.strided_refs]
         rules.append(Rule(
             "strided ref reads Mosaic lowers (rule strided_load)", "a pl.ds(..., stride=k) read "
@@ -332,9 +325,10 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
 
 
 def tpu_block_rule(task: Task, facts: Any) -> list[Rule]:
-    """For a kernel meant for TPU: every block shape Mosaic's lowering would accept (the
-    (8, 128) tiling rule and its 1-D and HBM variants: kernelsim's lint, which names the operand,
-    the rule and the nearest legal block)."""
+    """For a kernel meant for TPU, from kernelsim's lint: every block shape Mosaic's lowering
+    would accept (the (8, 128) tiling rule and its 1-D and HBM variants; the message names the
+    operand, the rule and the nearest legal block), and no index map that reads scalar prefetch
+    at an index read from scalar prefetch (which halted a TPU v5e's core)."""
     if task.target != "tpu":
         return []
     problems = [p for c in facts.calls for p in c.block_shape_problems]
@@ -342,9 +336,18 @@ def tpu_block_rule(task: Task, facts: Any) -> list[Rule]:
     others = [m[1] for p in problems[1:] if (m := re.match(r"operand '([^']+)'", p))]
     if others:
         found += f" The same for {', '.join(others)}."
+    dependent = [w.split("] ", 1)[1].split(". On a TPU", 1)[0] for c in facts.calls
+                 for w in c.dependent_prefetch_reads]
     return [Rule("block shapes Mosaic accepts (TPU's (8, 128) tiling rule)",
                  "the last two block dims multiples of (8, 128) or the array's own", found,
-                 not problems)]
+                 not problems),
+            Rule("output index maps read scalar prefetch at the step's own index (rule "
+                 "dependent_prefetch_read)", "an output's index map reads a scalar-prefetch "
+                 "array at an index computed from the grid alone: look a table up before the call "
+                 "(e.g. pages = page_indices[jnp.arange(S), positions // page_size]) and "
+                 "prefetch the result",
+                 "; ".join(f"{d}, which halted a TPU v5e core" for d in dependent)
+                 or "they do", not dependent)]
 def own_kernels(w) -> Rule:
     """No kernel body is the course's own or a Pallas op JAX ships: by the file it was defined
     in, or by its fingerprint (``grader.tasks.shipped``), which re-created source keeps."""

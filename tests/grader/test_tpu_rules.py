@@ -8,7 +8,7 @@ v5e, jax 0.10.2).
   float32 dots "highest". The grader traced every learner at a process-wide "highest", which
   made every bfloat16 matmul solution one that Mosaic refuses; this test failed then.
 - An index map that reads a 2-D scalar-prefetch table halted a TPU v5e's core
-  (kv_cache_append); the check refuses it (rule smem_2d_table), and a dot at a precision a
+  (kv_cache_append); the check refuses it (rule dependent_prefetch_read), and a dot at a precision a
   TPU gets wrong ("dot precision right on a TPU").
 - A strided ref read (``pl.ds(r, 8, stride=4)``) Mosaic lowers only of 32-bit data in a ref
   exactly 128 lanes wide: pool_rows's solution read so failed to compile on the chip, for
@@ -96,18 +96,29 @@ def test_a_float32_dot_at_the_default_precision_is_refused():
     assert "pass precision=jax.lax.Precision.HIGHEST" in message
 
 
-def test_an_index_map_reading_a_2d_table_is_refused():
-    """The form of kv_cache_append that halted a TPU v5e's core (issue 33)."""
+# kv_cache_append's index maps that halted a TPU v5e core (issue 33): the page read from the
+# table at an index read from the positions, the table 2-D (the first solution) or 1-D
+DEPENDENT_READS = {
+    "2-D": ("(page_indices, positions, cache, new_rows)",
+            "table_ref[s, pos_ref[s] // page_size]"),
+    "1-D": ("(page_indices.reshape(-1), positions, cache, new_rows)",
+            "table_ref[s * page_indices.shape[1] + pos_ref[s] // page_size]"),
+}
+
+
+@pytest.mark.parametrize("form", sorted(DEPENDENT_READS))
+def test_an_index_map_reading_prefetch_at_a_prefetched_index_is_refused(form):
+    """Every such form halted the chip's core; the check refuses each, though TPU interpret
+    mode runs it right (bench/recorded/kv_halt_probe-v5e.json)."""
+    call_args, index = DEPENDENT_READS[form]
     notebook = gradertools.run("14_production_kernels")
     planted = gradertools.planted(
         "14_production_kernels", notebook, "kv_cache_append_solution",
-        ("table_ref[s * slots + pos_ref[s] // page_size]",
-         "table_ref[s, pos_ref[s] // page_size]"),
-        ("(page_indices.reshape(-1), positions, cache, new_rows)",
-         "(page_indices, positions, cache, new_rows)"))
-    message = gradertools.fails("kv_cache_append", planted, "smem_2d_table")
-    assert "reshape(-1)" in message and "scalar-prefetch operand 0 (3x4)" in message
-    # the values are right: only the rule refuses it (TPU interpret mode runs it right)
+        ("(pages, positions, cache, new_rows)", call_args),
+        ("(pages_ref[s], 0, 0))", f"({index}, 0, 0))"),
+        ("lambda s, pages_ref, pos_ref:", "lambda s, table_ref, pos_ref:"))
+    message = gradertools.fails("kv_cache_append", planted, "dependent_prefetch_read")
+    assert "at an index it read from scalar prefetch" in message and "before the call" in message
     cache, rows, table, pos = (jnp.asarray(v) for v in tasks.get("kv_cache_append").inputs(
         tasks.get("kv_cache_append").cases[0]).values())
     assert jnp.array_equal(planted(cache, rows, table, pos),

@@ -45,9 +45,22 @@ COPY_BLOCKS = {
 # (CompileTimeScopedVmemOom), while kernelsim before this table warned from 20 MiB only.
 TWO_9_MIB_WINDOWS_COMPILED = False
 
-# Assignment 14's kv_cache_append (float32 cache (12, 16, 128), new_rows (3, 1, 128),
-# page_indices (3, 4) int32 and positions (3,) as scalar prefetch, the page's index map
-# reading page_indices[s, positions[s] // 16]): E0200 RuntimeUnexpectedCoreHalt "Core halted
-# unexpectedly", the process dead after it. The 1-D form page_indices.reshape(-1) read at
-# s * 4 + positions[s] // 16 works.
-TWO_D_PAGE_TABLE_IN_INDEX_MAP_HALTED = True
+# Assignment 14's kv_cache_append (float32 cache (12, 16, 128), new_rows (3, 1, 128), a (3, 4)
+# int32 page table and (3,) positions as scalar prefetch), each variant of the page's index map
+# in a process of its own (bench/kv_halt_probe.py; bench/recorded/kv_halt_probe-v5e.json):
+# True where it ran, False where the core halted (E0200 RuntimeUnexpectedCoreHalt, the
+# process lost). The table read at an index read from the positions halts whatever the form;
+# the table or the positions read at the step's own index run. Each variant's index map places
+# the output block too (the cache, aliased); input index maps of the halting form ran: lesson
+# 15's paged_decode reads page_table[s * slots + min(p, last_page(kv_lens[s]))] for its K and
+# V pages and passed compiled (bench/recorded/on_tpu-v5e.json), as JAX's paged attention does.
+KV_INDEX_MAP_RAN = {
+    "table[s, positions[s] // 16] (2-D table)": False,
+    "table[s * 4 + positions[s] // 16] (1-D table)": False,
+    "table[s * 4 + (positions[s] >> 4)]": False,
+    "table[s * 4 + lax.div(positions[s], 16)]": False,
+    "table[s * 4]": True,
+    "positions[s] // 16": True,
+    "0 (a constant page)": True,
+}
+INPUT_INDEX_MAP_OF_THE_HALTING_FORM_RAN = True

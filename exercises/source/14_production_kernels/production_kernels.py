@@ -124,31 +124,32 @@ course.check("int8_matmul_per_channel", int8_matmul_per_channel, hidden=True)
 #
 # Lesson 15's `write_pages` replaced whole pages. A decode step writes **one row**: the
 # kernel must bring in the page it writes, keep its other rows and change one. Grid `(S,)`,
-# the page table and the positions as scalar prefetch (both, in that order), the output
+# each sequence's page and the positions as scalar prefetch (in that order), the output
 # aliased to the cache, and at most one page written per sequence.
 #
-# Pass the page table **flattened to 1-D** (`page_indices.reshape(-1)`) and read entry
-# `s * slots + j`, as JAX's paged attention does: an index map that reads a 2-D scalar-prefetch
-# table halted a TPU v5e's core on this very task, though interpret mode ran it right (lesson
-# 15 says more). The check refuses it (rule `smem_2d_table`).
+# Look each sequence's page up **before the call**, in plain JAX
+# (`page_indices[jnp.arange(S), positions // page_size]`: S integers), and let the index map
+# read it at the step alone. An output's index map that reads a scalar-prefetch array at an
+# index it read from scalar prefetch (`table[s * slots + positions[s] // page_size]`, the table
+# 1-D or 2-D) halted a TPU v5e's core on this very task, though interpret mode ran it right
+# (lesson 15 says more). The check refuses it (rule `dependent_prefetch_read`).
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
 #
 # One grid step per sequence. The cache's input block and the output block are the same
-# `(None, page_size, D)` block, chosen by an index map that reads the page table at the
-# sequence's row and the slot its position falls in; the output is the cache's own buffer.
-# In the body the row inside the page is a scalar from the positions; build a row mask with
-# an iota along the page's rows and select the new row where the mask holds, the page's old
-# row elsewhere.
+# `(None, page_size, D)` block, chosen by an index map that reads the page you looked up for
+# the sequence; the output is the cache's own buffer. In the body the row inside the page is a
+# scalar from the positions; build a row mask with an iota along the page's rows and select
+# the new row where the mask holds, the page's old row elsewhere.
 #
 # </details>
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The page's index map: the flat page table ref at the step times the slots per sequence plus the
-# step's position divided (floor) by the page size, then 0 and 0. `input_output_aliases` maps the
-# cache's operand number, counted after the two prefetched arrays, to output 0.
+# The page's index map: the looked-up pages ref at the step, then 0 and 0.
+# `input_output_aliases` maps the cache's operand number, counted after the two prefetched
+# arrays, to output 0.
 #
 # </details>
 
@@ -156,30 +157,29 @@ course.check("int8_matmul_per_channel", int8_matmul_per_channel, hidden=True)
 def kv_cache_append(cache, new_rows, page_indices, positions):
     ### BEGIN SOLUTION
     _, page_size, d = cache.shape
-    slots = page_indices.shape[1]
+    n = new_rows.shape[0]
+    # each sequence's page, looked up here: an output index map that reads scalar prefetch at
+    # an index read from scalar prefetch halted a TPU v5e core
+    pages = page_indices[jnp.arange(n), positions // page_size]
 
-    def kernel(table_ref, pos_ref, page_ref, new_ref, out_ref):
+    def kernel(pages_ref, pos_ref, page_ref, new_ref, out_ref):
         row = pos_ref[pl.program_id(0)] % page_size
         rows = jax.lax.broadcasted_iota(jnp.int32, page_ref.shape, 0)
         out_ref[...] = jnp.where(rows == row, new_ref[...], page_ref[...])
 
-    def page_of(s, table_ref, pos_ref):
-        # the table flattened to 1-D: a 2-D scalar-prefetch table read here halted a TPU core
-        return (table_ref[s * slots + pos_ref[s] // page_size], 0, 0)
-
-    page = pl.BlockSpec((None, page_size, d), page_of)
+    page = pl.BlockSpec((None, page_size, d), lambda s, pages_ref, pos_ref: (pages_ref[s], 0, 0))
     # each step reads and writes back only the one page its sequence appends to
     return pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2,
-            grid=(new_rows.shape[0],),
+            grid=(n,),
             in_specs=[page, pl.BlockSpec((None, 1, d), lambda s, *_: (s, 0, 0))],
             out_specs=page),
         out_shape=jax.ShapeDtypeStruct(cache.shape, cache.dtype),
         input_output_aliases={2: 0},
         interpret=TPU_INTERPRET,
-    )(page_indices.reshape(-1), positions, cache, new_rows)
+    )(pages, positions, cache, new_rows)
     ### END SOLUTION
 
 
