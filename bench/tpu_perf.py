@@ -35,7 +35,6 @@ import argparse
 import functools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -51,6 +50,7 @@ from jax.experimental import pallas as pl  # noqa: E402
 
 import kernelsim  # noqa: E402
 from kernelsim.lint import BLOCK_SHAPE_REJECTED, SCOPED_VMEM, rule_of  # noqa: E402
+from kernelsim.timing import time_call  # noqa: E402
 
 CHIP = "tpu-v5e"
 FAMILIES = ("matmul", "flash_attention", "elementwise", "reduction", "other")
@@ -70,23 +70,6 @@ LINT_CASES = [((rows_total, 256), (rows, 256), dtype)
 
 def interpreting() -> bool:
     return jax.default_backend() != "tpu"
-
-
-def time_call(fn, args, repeats: int, inner: int) -> tuple[float, float]:
-    """(back-to-back seconds per call, synced seconds per call), medians, after a warm-up."""
-    jax.block_until_ready(fn(*args))
-    back_to_back, synced = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = None
-        for _ in range(inner):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        back_to_back.append((time.perf_counter() - start) / inner)
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        synced.append(time.perf_counter() - start)
-    return statistics.median(back_to_back), statistics.median(synced)
 
 
 def estimate(fn, args) -> dict:
