@@ -17,7 +17,8 @@ load.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -81,6 +82,8 @@ class CallCost:
         ``per_step_seconds`` per working step and ``idle_step_seconds`` per skipped one.
     working_steps: tpu model, the grid steps that do work (``working_steps``); all steps under
         gpu.
+    time_terms: on a chip with a fitted TPU time model, what its constants scale
+        (``TimeTerms``; bench/tpu_perf.py --fit refits them); None otherwise.
     """
 
     operands: list[OperandCost]
@@ -96,6 +99,7 @@ class CallCost:
     overhead_seconds: float
     body_values_vmem_bytes: int = 0
     working_steps: int = 0
+    time_terms: TimeTerms | None = None
 
     @property
     def mosaic_vmem_bytes(self) -> int:
@@ -195,16 +199,63 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
     compute = _compute_seconds(call, flops, chip)
     memory = (read + write) / chip.estimate_bytes_per_second
     overhead = call.steps * chip.per_step_seconds if tpu else 0.0
+    terms = None
     if tpu and chip.tpu_time_model:
         share = working / call.steps if call.steps else 1.0
-        compute = (compute * (share if source == "kernel jaxpr" else 1.0) / chip.mxu_efficiency
-                   + working * call.vector_vregs_per_step / chip.vector_vregs_per_second)
-        memory /= chip.dma_efficiency
-        overhead = (chip.call_seconds + working * chip.per_step_seconds
-                    + (call.steps - working) * chip.idle_step_seconds)
+        terms = TimeTerms(compute * (share if source == "kernel jaxpr" else 1.0),
+                          working * call.vector_vregs_per_step, working,
+                          call.steps - working, memory)
+        compute, memory, overhead = fitted_seconds(terms, TimeConstants.of(chip))
     return CallCost(costs, read, write, read + write + edge_padding, vmem, smem, flops, source,
                     compute, memory, overhead,
-                    call.body_values_vmem_bytes if tpu else 0, working)
+                    call.body_values_vmem_bytes if tpu else 0, working, terms)
+
+
+@dataclass(frozen=True)
+class TimeTerms:
+    """What the fitted TPU time model (``fitted_seconds``) scales by its constants, for one
+    call, or for many as numpy arrays (the fit in bench/tpu_perf.py --fit).
+
+    matmul_seconds: the FLOPs of the working steps at the chip's peak, seconds.
+    vector_vregs: tile-padded vector registers produced over the working steps.
+    working_steps / idle_steps: grid steps that do work and that are skipped
+        (``working_steps``).
+    dma_seconds: the HBM bytes at the chip's bandwidth, seconds.
+    """
+
+    matmul_seconds: Any
+    vector_vregs: Any
+    working_steps: Any
+    idle_steps: Any
+    dma_seconds: Any
+
+
+@dataclass(frozen=True)
+class TimeConstants:
+    """The fitted TPU time model's constants (``Chip``'s fields of the same names and units)."""
+
+    call_seconds: float
+    per_step_seconds: float
+    idle_step_seconds: float
+    mxu_efficiency: float
+    vector_vregs_per_second: float
+    dma_efficiency: float
+
+    @classmethod
+    def of(cls, chip: Chip) -> TimeConstants:
+        return cls(*(getattr(chip, f.name) for f in fields(cls)))
+
+
+def fitted_seconds(t: TimeTerms, k: TimeConstants) -> tuple[Any, Any, Any]:
+    """(compute, memory, overhead) seconds of the fitted TPU time model: the matmuls at
+    ``mxu_efficiency`` of the peak plus the vector work, the DMAs at ``dma_efficiency`` of the
+    bandwidth, a cost per call, per working step and per skipped step. The estimate is
+    max(compute, memory) + overhead (``CallCost.estimated_seconds``)."""
+    compute = t.matmul_seconds / k.mxu_efficiency + t.vector_vregs / k.vector_vregs_per_second
+    memory = t.dma_seconds / k.dma_efficiency
+    overhead = (k.call_seconds + t.working_steps * k.per_step_seconds
+                + t.idle_steps * k.idle_step_seconds)
+    return compute, memory, overhead
 
 
 def working_steps(schedule: CallSchedule) -> int:
