@@ -25,6 +25,13 @@ rewrites its ``estimated_s`` and ``kernelsim`` terms and the vmem and lint sweep
 verdicts (the chip's measurements and verdicts untouched), and prints the ratio table with
 each family's range, fitted rows apart from held-out ones.
 
+``--fit FILE`` runs nothing on a chip either: it refits the TPU time model's constants on
+``FILE``'s fitted rows (``fit_constants``: the worst |log(measured / estimated)| minimised
+with numpy only) and prints them beside chips.py's; it changes no file.
+
+The timing is ``kernelsim.timing.time_call``, which ``kernelsim.run(..., measure=True)`` uses
+too.
+
 ``--smoke`` runs a tiny sweep (on a CPU in interpret mode; JAX's bundled kernel is traced but
 not timed there) to check the script and its JSON. Prints the ratio table at the end.
 """
@@ -32,10 +39,11 @@ not timed there) to check the script and its JSON. Prints the ratio table at the
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import itertools
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -50,7 +58,9 @@ import numpy as np  # noqa: E402
 from jax.experimental import pallas as pl  # noqa: E402
 
 import kernelsim  # noqa: E402
+from kernelsim.cost import TimeConstants, TimeTerms, fitted_seconds  # noqa: E402
 from kernelsim.lint import BLOCK_SHAPE_REJECTED, SCOPED_VMEM, rule_of  # noqa: E402
+from kernelsim.timing import time_call  # noqa: E402
 
 CHIP = "tpu-v5e"
 FAMILIES = ("matmul", "flash_attention", "elementwise", "reduction", "other")
@@ -70,23 +80,6 @@ LINT_CASES = [((rows_total, 256), (rows, 256), dtype)
 
 def interpreting() -> bool:
     return jax.default_backend() != "tpu"
-
-
-def time_call(fn, args, repeats: int, inner: int) -> tuple[float, float]:
-    """(back-to-back seconds per call, synced seconds per call), medians, after a warm-up."""
-    jax.block_until_ready(fn(*args))
-    back_to_back, synced = [], []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = None
-        for _ in range(inner):
-            out = fn(*args)
-        jax.block_until_ready(out)
-        back_to_back.append((time.perf_counter() - start) / inner)
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        synced.append(time.perf_counter() - start)
-    return statistics.median(back_to_back), statistics.median(synced)
 
 
 def estimate(fn, args) -> dict:
@@ -343,6 +336,115 @@ def re_estimate(path: Path) -> dict:
     return recorded
 
 
+FIT_START = {  # the coarse grid the fit starts from: datasheet-neutral guesses, not chips.py's
+    "call_seconds": (10e-6, 50e-6, 200e-6), "per_step_seconds": (0.1e-6, 0.35e-6, 1e-6),
+    "idle_step_seconds": (0.01e-6, 0.1e-6, 0.35e-6), "mxu_efficiency": (0.6, 0.8, 1.0),
+    "vector_vregs_per_second": (0.5e9, 2e9, 8e9), "dma_efficiency": (0.6, 0.8, 1.0)}
+AT_MOST_ONE = ("mxu_efficiency", "dma_efficiency")  # shares of a peak
+
+
+def fit_terms(rows: list[dict]) -> tuple[TimeTerms, np.ndarray]:
+    """Every call of ``rows`` (kernelsim's ``TimeTerms`` on tpu-v5e, as numpy arrays) and the
+    row each belongs to."""
+    matmul, flash = lesson_kernels()
+    terms, owner = [], []
+    for i, r in enumerate(rows):
+        fn, args = row_call(r, matmul, flash)
+        for call in kernelsim.trace(fn, *args, chip=CHIP).calls:
+            terms.append(call.cost.time_terms)
+            owner.append(i)
+    return TimeTerms(*(np.array([getattr(t, f.name) for t in terms], float)
+                       for f in dataclasses.fields(TimeTerms))), np.array(owner)
+
+
+def log_ratios(k: TimeConstants, terms: TimeTerms, owner: np.ndarray,
+               measured: np.ndarray) -> np.ndarray:
+    """log(measured / estimated) per row under the constants ``k``."""
+    compute, memory, overhead = fitted_seconds(terms, k)
+    estimated = np.bincount(owner, np.maximum(compute, memory) + overhead, len(measured))
+    return np.log(measured / estimated)
+
+
+def worst_log_ratio(k: TimeConstants, terms: TimeTerms, owner: np.ndarray,
+                    measured: np.ndarray) -> float:
+    """max over rows of |log(measured / estimated)| under the constants ``k``."""
+    return float(np.max(np.abs(log_ratios(k, terms, owner, measured))))
+
+
+def pattern_search(score, x: list[float], capped: list[bool]) -> list[float]:
+    """A local minimum of ``score`` from ``x``: scale one constant, or two at once (a worst
+    case that two rows share moves only so), up or down by a factor shrinking from 2 to
+    1.0005 while the score improves; a ``capped`` constant stays at most 1."""
+    n = len(x)
+    moves = [((i, s),) for i in range(n) for s in (1, -1)]
+    moves += [((i, s), (j, t)) for i, j in itertools.combinations(range(n), 2)
+              for s in (1, -1) for t in (1, -1)]
+    fx = score(x)
+    for factor in (2.0, 1.4, 1.1, 1.02, 1.005, 1.0005):
+        improved = True
+        while improved:
+            improved = False
+            for move in moves:
+                y = x.copy()
+                for i, sign in move:
+                    y[i] *= factor ** sign
+                    y[i] = min(y[i], 1.0) if capped[i] else y[i]
+                fy = score(y)
+                if fy < fx - 1e-12:
+                    x, fx, improved = y, fy, True
+    return x
+
+
+def fit_constants(terms: TimeTerms, owner: np.ndarray, measured: np.ndarray) -> TimeConstants:
+    """The constants that minimise the worst |log(measured / estimated)| over the rows: a
+    coarse grid (``FIT_START``), then ``pattern_search`` in log space from its 8 best points,
+    on the p-norm of the |log ratio|s for p = 2, 8, 32 and then on their maximum; numpy
+    only."""
+    names = list(FIT_START)
+    capped = [name in AT_MOST_ONE for name in names]
+
+    def norm(p: float):
+        """The p-norm of the rows' |log ratio| (p = inf: the worst), of the constants."""
+        def score(values) -> float:
+            r = np.abs(log_ratios(TimeConstants(**dict(zip(names, values, strict=True))),
+                                  terms, owner, measured))
+            return float(r.max() if p == np.inf else np.mean(r ** p) ** (1 / p))
+        return score
+
+    def search(start) -> list[float]:
+        # the worst case alone has corners a search along the axes stops at; smoother norms
+        # first, each from where the last stopped
+        x = list(start)
+        for p in (2, 8, 32, np.inf):
+            x = pattern_search(norm(p), x, capped)
+        return x
+
+    worst = norm(np.inf)
+    grid = sorted(itertools.product(*FIT_START.values()), key=worst)
+    best = min((search(start) for start in grid[:8]), key=worst)
+    return TimeConstants(**dict(zip(names, best, strict=True)))
+
+
+def fit(path: Path) -> TimeConstants:
+    """Refit the TPU time model on the rows of ``path`` marked fitted (``fit_constants``, on
+    kernelsim's terms of each row today) and print the constants beside chips.py's."""
+    rows = [r for r in json.loads(path.read_text())["rows"]
+            if r["fitted"] and r["measured_s"] is not None]
+    terms, owner = fit_terms(rows)
+    measured = np.array([r["measured_s"] for r in rows])
+    found = fit_constants(terms, owner, measured)
+    current = TimeConstants.of(kernelsim.chips.get_chip(CHIP))
+    print(f"fitted on {len(rows)} rows of {path} (worst |log(measured / estimated)|)")
+    print(f"{'constant':24} {'found':>12} {'chips.py':>12}")
+    for name in FIT_START:
+        print(f"{name:24} {getattr(found, name):12.4g} {getattr(current, name):12.4g}")
+    for label, k in (("found", found), ("chips.py", current)):
+        w = worst_log_ratio(k, terms, owner, measured)
+        print(f"{label:24} worst {w:.4f}: measured / estimated within "
+              f"{np.exp(-w):.3f}-{np.exp(w):.3f}")
+    return found
+
+
 def commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
@@ -361,7 +463,11 @@ def main(argv: list[str] | None = None) -> dict:
                    help="time no new kernel after this many seconds (still estimated)")
     p.add_argument("--re-estimate", metavar="FILE", type=Path,
                    help="re-estimate a recorded FILE with the current kernelsim (no chip)")
+    p.add_argument("--fit", metavar="FILE", type=Path,
+                   help="refit the TPU time model on a recorded FILE's fitted rows (no chip)")
     a = p.parse_args(argv)
+    if a.fit:
+        return fit(a.fit)
     if a.re_estimate:
         return re_estimate(a.re_estimate)
     started = time.perf_counter()

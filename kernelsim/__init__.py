@@ -4,7 +4,7 @@ Data flows one way: captured ``pallas_call`` -> ``model`` (grid, operands, index
 ``schedule`` (per-step events) -> ``cost`` (bytes, footprint, roofline) -> views.
 """
 
-from kernelsim import backend, chips, gpu
+from kernelsim import backend, chips, gpu, timing
 from kernelsim.errors import TraceError
 from kernelsim.schedule import StepEvent
 from kernelsim.trace import CallTrace, Trace, gpu_lowering_error, run, tpu_lowering_error, trace
@@ -18,4 +18,4 @@ def compare(*traces: Trace, labels: list[str] | None = None, call: int = 0):
 
 
 __all__ = ["CallTrace", "StepEvent", "Trace", "TraceError", "backend", "chips", "compare", "gpu",
-           "gpu_lowering_error", "run", "tpu_lowering_error", "trace"]
+           "gpu_lowering_error", "run", "timing", "tpu_lowering_error", "trace"]

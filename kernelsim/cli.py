@@ -50,6 +50,20 @@ def load_target(spec: str) -> tuple[Any, tuple]:
     return fn, tuple(args)
 
 
+MEASURE_HELP = ("run the target (kernelsim.run) and time each call compiled on the accelerator, "
+                "shown beside the estimate (without one: says none is present)")
+
+
+def _analysed(args, fn, fn_args, strict: bool = False):
+    """The target's Trace: analysed only, or run and timed (``--measure``)."""
+    from kernelsim.trace import run, trace
+
+    if args.measure:
+        return run(fn, *fn_args, model=args.model, chip=args.chip, strict=strict,
+                   measure=True)[1]
+    return trace(fn, *fn_args, model=args.model, chip=args.chip, strict=strict)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kernelsim", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -61,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--steps", type=int, default=3, help="first and last N steps to list")
     t.add_argument("--json", action="store_true", help="print Trace.to_dict() as JSON")
     t.add_argument("--strict", action="store_true", help="exit 2 on any warning")
+    t.add_argument("--measure", action="store_true", help=MEASURE_HELP)
     v = sub.add_parser("verify", help="compare the model with TPU interpret mode's DMAs")
     v.add_argument("target", metavar="FILE.py:FUNC")
     h = sub.add_parser("html", help="write the self-contained HTML step viewer")
@@ -70,6 +85,7 @@ def _parser() -> argparse.ArgumentParser:
     h.add_argument("--chip", choices=sorted(CHIPS), default=None)
     h.add_argument("--call", type=int, default=0, help="which pallas_call (0-based)")
     h.add_argument("--fragment", action="store_true", help="an embeddable <div>, not a page")
+    h.add_argument("--measure", action="store_true", help=MEASURE_HELP)
     return parser
 
 
@@ -78,15 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         fn, fn_args = load_target(args.target)
         if args.command == "trace":
-            from kernelsim.trace import trace
-
-            t = trace(fn, *fn_args, model=args.model, chip=args.chip, strict=args.strict)
+            t = _analysed(args, fn, fn_args, args.strict)
             print(json.dumps(t.to_dict(), indent=2) if args.json else t.summary(args.steps))
             return 0
         if args.command == "html":
-            from kernelsim.trace import trace
-
-            t = trace(fn, *fn_args, model=args.model, chip=args.chip)
+            t = _analysed(args, fn, fn_args)
             if not 0 <= args.call < len(t.calls):
                 raise TraceError(f"--call {args.call}: the target has {len(t.calls)} call(s)")
             size = len(t.to_html(args.output, args.call, args.fragment).encode())

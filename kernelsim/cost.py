@@ -17,7 +17,8 @@ load.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import numpy as np
 
@@ -85,6 +86,8 @@ class CallCost:
         ``pl.CostEstimate`` says (``compute_seconds`` when the call gives none);
         ``own_estimated_seconds`` is the estimate with it: what a grader compares, which the
         kernel's author cannot set.
+    time_terms: on a chip with a fitted TPU time model, what its constants scale
+        (``TimeTerms``; bench/tpu_perf.py --fit refits them); None otherwise.
     """
 
     operands: list[OperandCost]
@@ -101,6 +104,7 @@ class CallCost:
     body_values_vmem_bytes: int = 0
     working_steps: int = 0
     own_compute_seconds: float = 0.0
+    time_terms: TimeTerms | None = None
 
     @property
     def mosaic_vmem_bytes(self) -> int:
@@ -202,26 +206,23 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         flops, source = own_flops, "kernel jaxpr"
     tpu = schedule.model == "tpu"
     working = working_steps(schedule) if tpu else call.steps
-    fitted = tpu and chip.tpu_time_model
-
-    def compute_seconds(flops: int, source: str) -> float:
-        seconds = _compute_seconds(call, flops, chip)
-        if not fitted:
-            return seconds
-        share = working / call.steps if call.steps and source == "kernel jaxpr" else 1.0
-        return (seconds * share / chip.mxu_efficiency
-                + working * call.vector_vregs_per_step / chip.vector_vregs_per_second)
-
+    compute = _compute_seconds(call, flops, chip)
+    own_compute = _compute_seconds(call, own_flops, chip)
     memory = (read + write) / chip.estimate_bytes_per_second
     overhead = call.steps * chip.per_step_seconds if tpu else 0.0
-    if fitted:
-        memory /= chip.dma_efficiency
-        overhead = (chip.call_seconds + working * chip.per_step_seconds
-                    + (call.steps - working) * chip.idle_step_seconds)
+    terms = None
+    if tpu and chip.tpu_time_model:
+        share = working / call.steps if call.steps else 1.0
+        terms = TimeTerms(compute * (share if source == "kernel jaxpr" else 1.0),
+                          working * call.vector_vregs_per_step, working,
+                          call.steps - working, memory)
+        constants = TimeConstants.of(chip)
+        compute, memory, overhead = fitted_seconds(terms, constants)
+        own_compute = fitted_seconds(replace(terms, matmul_seconds=own_compute * share),
+                                     constants)[0]
     return CallCost(costs, read, write, read + write + edge_padding, vmem, smem, flops, source,
-                    compute_seconds(flops, source), memory, overhead,
-                    call.body_values_vmem_bytes if tpu else 0, working,
-                    compute_seconds(own_flops, "kernel jaxpr"))
+                    compute, memory, overhead,
+                    call.body_values_vmem_bytes if tpu else 0, working, own_compute, terms)
 
 
 def working_steps(schedule: CallSchedule) -> int:

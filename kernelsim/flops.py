@@ -22,13 +22,17 @@ def _vregs(aval: Any) -> int:
     size = tile_padded_bytes(tuple(shape), str(dtype), np.dtype(dtype).itemsize)
     return -(-size // _VREG_BYTES)
 
+# Copies and relabellings, no arithmetic. ``tile`` (jnp.tile, pltpu.repeat) lowers to a
+# tpu.concatenate of the same value (jax/_src/pallas/mosaic/lowering.py, _tile_lowering_rule),
+# like ``concatenate``: JAX's bundled flash attention repeats its lane-replicated statistics
+# this way and does no vector work for it.
 _DATA_MOVEMENT = frozenset({
     "get", "swap", "program_id", "num_programs", "broadcast_in_dim", "reshape", "squeeze",
     "expand_dims", "transpose", "convert_element_type", "iota", "slice", "dynamic_slice",
     "dynamic_update_slice", "concatenate", "pad", "copy", "copy_p", "select_n", "rev",
     "bitcast_convert_type", "dma_start", "dma_wait", "semaphore_signal", "semaphore_wait",
     "semaphore_read", "gather", "scatter", "device_id", "load", "store", "masked_load",
-    "masked_swap", "multiple_of", "pjit_dce", "optimization_barrier", "stop_gradient",
+    "masked_swap", "multiple_of", "pjit_dce", "optimization_barrier", "stop_gradient", "tile",
 })
 
 

@@ -28,6 +28,19 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def measured_line(c: CallTrace, chip: str) -> str:
+    """The call's measured time beside its estimate on ``chip`` (``run(..., measure=True)``),
+    or why it was not measured; "" when no measurement was asked for."""
+    m = c.measured
+    if m is None:
+        return ""
+    if m.seconds is None:
+        return f"not measured: {m.note}"
+    return (f"measured {seconds(m.seconds)} on {m.device} · estimated "
+            f"{seconds(c.estimated_seconds)} on {chip} ({c.measured_over_estimated:.2f}x the "
+            f"estimate); median of {m.repeats} rounds of {m.inner} calls back to back")
+
+
 def call_summary(t: Trace, index: int, steps: int = 0) -> str:
     c: CallTrace = t.calls[index]
     cost = c.cost
@@ -57,6 +70,9 @@ def call_summary(t: Trace, index: int, steps: int = 0) -> str:
              f"estimate {seconds(cost.estimated_seconds)} = max(compute "
              f"{seconds(cost.compute_seconds)}, memory {seconds(cost.memory_seconds)}) + "
              f"overhead {seconds(cost.overhead_seconds)}  [{bound}-bound]"]
+    measured = measured_line(c, t.chip.name)
+    if measured:
+        lines.append(measured)
     remote = [d for d in c.call.body_copies if d.remote]
     if remote:
         lines.append(f"remote copies: {len(remote)}, {sum(d.bytes for d in remote):,} B sent; "

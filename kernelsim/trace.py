@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelsim import adapter, backend, body, call_model, find, index_maps, lowering
+from kernelsim import adapter, backend, body, call_model, find, index_maps, lowering, timing
 from kernelsim.access import AccessLog, PrefetchReads
 from kernelsim.chips import GPU_DEVICE_KIND, TPU_DEVICE_KIND, Chip, get_chip
 from kernelsim.cost import CallCost, OperandCost, compute
@@ -40,6 +40,8 @@ class CallTrace:
 
     prefetch_reads: per scalar-prefetch operand, the entries the index maps read per step.
     accesses: the kernel body's ref reads and writes per step (``record_access=True``).
+    measured: the call timed on the device (``run(..., measure=True)``; ``timing.Measurement``,
+        seconds), or why it was not; None when not asked.
     """
 
     call: KernelCall
@@ -48,6 +50,7 @@ class CallTrace:
     warnings: list[str]
     prefetch_reads: dict[str, PrefetchReads] = field(default_factory=dict)
     accesses: AccessLog | None = None
+    measured: timing.Measurement | None = None
 
     name = property(lambda self: self.call.name)
     grid = property(lambda self: self.call.grid)
@@ -60,6 +63,14 @@ class CallTrace:
     flops = property(lambda self: self.cost.flops)
     estimated_seconds = property(lambda self: self.cost.estimated_seconds)
     own_estimated_seconds = property(lambda self: self.cost.own_estimated_seconds)
+
+    @property
+    def measured_over_estimated(self) -> float | None:
+        """The measured time over the estimate (both in seconds); None without a measured
+        time."""
+        if self.measured is None or self.measured.seconds is None or not self.estimated_seconds:
+            return None
+        return self.measured.seconds / self.estimated_seconds
 
     def operand(self, name: str) -> OperandCost:
         """The operand called ``name`` (the kernel's parameter name, e.g. ``"x_ref"``)."""
@@ -94,6 +105,8 @@ class CallTrace:
             "device": device_dict(self.call.device),
             "body_dmas": [body_dma_dict(c) for c in self.call.body_copies],
             "warnings": list(self.warnings),
+            "measured": None if self.measured is None else self.measured.to_dict(),
+            "measured_over_estimated": self.measured_over_estimated,
         }
 
 
@@ -317,12 +330,18 @@ class _MappedWith(find.MappedRunner):
 
 
 def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
-        strict: bool = False, interpret: Any = "auto") -> tuple[Any, Trace]:
+        strict: bool = False, interpret: Any = "auto", measure: bool = False
+        ) -> tuple[Any, Trace]:
     """Execute ``fn(*args)`` and analyse its pallas_calls; returns ``(outputs, trace)``.
 
     interpret: ``"auto"`` compiles on a TPU/GPU backend and interprets on the CPU (the TPU
         interpreter for kernels with manual DMAs or semaphores); ``None`` keeps each call's
         own setting; any other value replaces it (True, ``pltpu.InterpretParams()``, False).
+    measure: also time every call compiled on the device, alone, on the arguments it ran with
+        (``kernelsim.timing.measure_call``: a warm-up, then the median of 10 rounds of 5 calls
+        back to back, seconds per call) and keep it beside the estimate
+        (``CallTrace.measured``; the summary and the viewer show both). Without an
+        accelerator each call's ``measured`` says that none is present.
     """
     model_, chip_ = resolve(model, chip)
 
@@ -337,7 +356,23 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
         return adapter.execute(call_args, params, setting(params))
 
     out, captured = collect(fn, args, execute, chip_, _MappedWith(setting))
-    return out, analyse(captured, model_, chip_, strict)
+    traced = analyse(captured, model_, chip_, strict)
+    if measure:
+        for c, ct in zip(captured, traced.calls, strict=True):
+            ct.measured = _measure(c)
+    return out, traced
+
+
+def _measure(c: adapter.Captured) -> timing.Measurement:
+    """A captured call timed compiled on the device, or why it is not."""
+    if timing.accelerator() is None:
+        return timing.no_accelerator()
+    if c.device is not None:
+        return timing.Measurement(None, None, "", timing.REPEATS, timing.INNER,
+                                  "a kernel inside a shard_map runs with every device of its "
+                                  "mesh; time the whole jitted function with "
+                                  "kernelsim.timing.time_call")
+    return timing.measure_call(c.args, c.params)
 
 
 def abstract_tpu(chip: str = "tpu-v5e"):

@@ -36,6 +36,8 @@ const CSS = `
 .ks-viewer button:focus-visible,.ks-viewer select:focus-visible,.ks-viewer input:focus-visible{
   outline:2px solid #0072b2;outline-offset:1px}
 .ks-viewer .ks-title{font-weight:600;font-size:14px;margin:0 0 6px}
+.ks-viewer .ks-measured{margin:-2px 0 6px;font-variant-numeric:tabular-nums}
+.ks-viewer .ks-measured>span{white-space:nowrap}
 .ks-viewer .ks-row{display:flex;flex-wrap:wrap;gap:6px 10px;align-items:center;margin:4px 0}
 .ks-viewer .ks-slider{flex:1 1 140px;min-width:120px}
 .ks-viewer .ks-stepno{font-variant-numeric:tabular-nums;white-space:nowrap;font-weight:600}
@@ -127,6 +129,19 @@ function fmtSeconds(s) {
     if (s >= k) return `${+(s / k).toPrecision(3)} ${u}`;
   }
   return `${+(s * 1e9).toPrecision(3)} ns`;
+}
+
+// the header's line of `kernelsim.run(..., measure=True)`: the chip's time beside the
+// trace's estimate and their ratio (all three sent by viewer.py), or why it was not measured
+function measuredLine(M) {
+  if (M.seconds === null) {
+    return h("div", {class: "ks-measured ks-meta", text: `not measured: ${M.note}`});
+  }
+  return h("div", {class: "ks-measured",
+                   title: `median of ${M.repeats} rounds of ${M.inner} calls back to back`},
+           h("span", {text: `measured ${fmtSeconds(M.seconds)} on ${M.device}`}), " · ",
+           h("span", {text: `estimated ${fmtSeconds(M.estimate_s)} on ${M.chip}`}), " ",
+           h("span", {class: "ks-ratio", text: `(${M.ratio.toFixed(2)}× the estimate)`}));
 }
 
 const tuple = (a) => `(${Array.from(a).join(", ")})`;
@@ -243,6 +258,7 @@ class Viewer {
             (call.device ? ` · device ${call.device.id}` : "") + ` · grid ${tuple(call.grid)} = ` +
             `${call.total_steps.toLocaleString("en-US")} steps${sem}` +
             (n < call.total_steps ? ` · showing ${n.toLocaleString("en-US")} of them` : "")}));
+    if (call.measured) this.root.append(measuredLine(call.measured));
     const {prev, play, next, speed, slider} = this.playback("step", "grid step");
     this.speedSel = speed;
     const opts = h("div", {class: "ks-row ks-options"}, h("label", {}, "speed ", speed));

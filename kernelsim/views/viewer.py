@@ -242,6 +242,17 @@ def _accesses(ct: CallTrace, shown: np.ndarray) -> dict | None:
     return out
 
 
+def _measured(t: Trace, ct: CallTrace) -> dict | None:
+    """The call's measured time beside the trace's own estimate (its model and chip, seconds)
+    and their ratio, or why it was not measured (``note``); None when not asked for."""
+    m = ct.measured
+    if m is None:
+        return None
+    return {"seconds": m.seconds, "device": m.device, "note": m.note,
+            "repeats": m.repeats, "inner": m.inner, "estimate_s": ct.estimated_seconds,
+            "chip": t.chip.name, "ratio": ct.measured_over_estimated}
+
+
 def _sample(steps: int, n: int) -> np.ndarray:
     """``n`` evenly spread steps of ``steps``, always the first and the last."""
     if steps <= 2 or n >= steps:
@@ -267,6 +278,7 @@ def call_data(t: Trace, call: int, models: tuple[str, ...] = MODELS,
         "shown": int(len(shown)), "grid_index": _typed(grid.reshape(-1), "i32"),
         "operands": _windowed(ct, shown), "prefetch": _prefetch(ct, shown),
         "scratch": _scratch(ct), "accesses": _accesses(ct, shown),
+        "measured": _measured(t, ct),
         "models": {m: _model_data(ct, m, chips.get(m) or
                                   [n for n, c in CHIPS.items() if c.kind == m], shown)
                    for m in models},

@@ -100,3 +100,28 @@ def test_recorded_estimates_are_the_current_models(pick):
     matmul, flash = tp.lesson_kernels()
     est = tp.estimate(*tp.row_call(r, matmul, flash))
     assert est["estimated_seconds"] == pytest.approx(r["estimated_s"], rel=1e-9)
+
+
+def test_fit_finds_the_constants_that_made_the_times():
+    """--fit's search (numpy only) on rows timed by a known model: it recovers times within
+    0.5 % from a grid that does not contain the constants."""
+    import numpy as np
+
+    from kernelsim.cost import TimeConstants, TimeTerms, fitted_seconds
+
+    tp = _module()
+    rng = np.random.default_rng(0)
+    n = 40
+    terms = TimeTerms(rng.uniform(0, 2e-3, n), rng.uniform(0, 2e6, n),
+                      rng.integers(8, 40000, n).astype(float), rng.integers(0, 2000, n) * 1.0,
+                      rng.uniform(0, 3e-3, n))
+    truth = TimeConstants(111e-6, 0.34e-6, 0.059e-6, 0.95, 1.845e9, 0.926)
+    compute, memory, overhead = fitted_seconds(terms, truth)
+    measured = np.maximum(compute, memory) + overhead
+    owner = np.arange(n)
+    assert tp.worst_log_ratio(truth, terms, owner, measured) == 0
+    start = TimeConstants(*(v[1] for v in tp.FIT_START.values()))
+    assert tp.worst_log_ratio(start, terms, owner, measured) > 0.1
+    found = tp.fit_constants(terms, owner, measured)
+    assert tp.worst_log_ratio(found, terms, owner, measured) < np.log(1.005)
+    assert found.mxu_efficiency <= 1 and found.dma_efficiency <= 1

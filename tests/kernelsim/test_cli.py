@@ -26,6 +26,12 @@ def test_trace_prints_a_summary_with_first_and_last_steps():
     assert "511   (7, 7, 7)   o_ref    (7, 7)  writeback" in out
 
 
+def test_trace_measure_runs_the_target_and_says_no_accelerator_is_present():
+    r = _kernelsim("trace", f"{EXAMPLES}:add_target", "--measure", "--steps", "0")
+    assert r.returncode == 0, r.stderr
+    assert "not measured: no accelerator is present (JAX's backend is cpu)" in r.stdout
+
+
 def test_trace_json_is_to_dict(tmp_path):
     r = _kernelsim("trace", f"{EXAMPLES}:add_target", "--json", "--model", "gpu")
     assert r.returncode == 0, r.stderr

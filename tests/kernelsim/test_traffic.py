@@ -281,3 +281,22 @@ def test_steps_that_repeat_every_block_are_skipped_steps():
     assert (c.steps, c.cost.working_steps) == (8, 4)
     assert c.cost.overhead_seconds == pytest.approx(
         chip.call_seconds + 4 * chip.per_step_seconds + 4 * chip.idle_step_seconds)
+
+
+def test_tiling_a_value_is_data_movement_like_concatenating_it():
+    """``jnp.tile`` (pltpu.repeat) lowers to a concatenate of the same value: vector work of
+    neither, only the add after it (as JAX's bundled flash attention repeats its statistics)."""
+
+    def body(join):
+        def kernel(x_ref, o_ref):
+            o_ref[...] = join(x_ref[...]) + 1.0
+        return kernel
+
+    def call(join, x):
+        return pl.pallas_call(body(join), out_shape=jax.ShapeDtypeStruct((64, 512), x.dtype),
+                              interpret=True)(x)
+
+    x = _zeros(64, 128)
+    tiled = kernelsim.trace(lambda x: call(lambda v: jnp.tile(v, (1, 4)), x), x).calls[0]
+    joined = kernelsim.trace(lambda x: call(lambda v: jnp.concatenate([v] * 4, 1), x), x)
+    assert tiled.call.vector_vregs_per_step == joined.calls[0].call.vector_vregs_per_step == 32

@@ -4,6 +4,7 @@ for console errors and requests to other hosts (the ``watched`` fixture)."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import jax
@@ -14,6 +15,7 @@ from sitetools import REPO, serve_folder
 
 import kernelsim
 from kernelsim import examples
+from kernelsim.report import seconds
 
 MIN_LABEL_PX = 11
 
@@ -157,6 +159,50 @@ def test_long_kernel_names_stay_inside_a_phone_width(browser, tmp_path):
         finally:
             context.close()
         w.check()
+
+
+def test_measured_time_shows_beside_the_estimate_at_phone_and_desktop_width(browser, tmp_path):
+    """``run(..., measure=True)`` on a chip: the header says both times and their ratio, and
+    at 390 px each part stays inside the viewer, on its own box (wrapped, not cut or over
+    the title)."""
+    from sitetools import watch
+
+    x = jnp.ones((256, 256), jnp.float32)
+    _, t = kernelsim.run(examples.matmul, x, x)
+    t.calls[0].measured = kernelsim.timing.Measurement(1.5e-3, 1.6e-3, "TPU v5 lite", 10, 5)
+    ratio = t.calls[0].measured_over_estimated
+    estimate = seconds(t.calls[0].estimated_seconds).replace("us", "µs")
+    t.to_html(tmp_path / "measured.html")
+    with serve_folder(tmp_path) as url:
+        for width in (1280, 390):
+            context = browser.new_context(viewport={"width": width, "height": 844})
+            w = watch(context)
+            try:
+                w.page.goto(f"{url}measured.html")
+                header = w.page.locator(".ks-measured")
+                assert header.inner_text() == (f"measured 1.5 ms on TPU v5 lite · estimated "
+                                               f"{estimate} on tpu-v5e ({ratio:.2f}× the "
+                                               "estimate)")
+                assert w.page.evaluate("document.documentElement.scrollWidth") <= width
+                boxes = w.page.evaluate("""() => {
+                    const r = (e) => { const b = e.getBoundingClientRect();
+                      return [b.left, b.top, b.right, b.bottom]; };
+                    const v = document.querySelector('.ks-viewer');
+                    return {viewer: r(v), title: r(v.querySelector('.ks-title')),
+                            parts: [...v.querySelectorAll('.ks-measured>span')].map(r)}; }""")
+                left, _, right, _ = boxes["viewer"]
+                title_bottom = boxes["title"][3]
+                parts = boxes["parts"]
+                assert len(parts) == 3
+                for a in parts:
+                    assert left <= a[0] and a[2] <= right, f"{a} leaves the viewer {boxes}"
+                    assert a[1] >= title_bottom, f"{a} overlaps the title {boxes}"
+                for a, b in itertools.pairwise(parts):
+                    assert a[2] <= b[0] or a[3] <= b[1], f"{a} and {b} overlap"
+                assert small_labels(w.page) == []
+            finally:
+                context.close()
+            w.check()
 
 
 # --- the built site --------------------------------------------------------------------------
