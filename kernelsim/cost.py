@@ -225,6 +225,53 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
                     call.body_values_vmem_bytes if tpu else 0, working, own_compute, terms)
 
 
+@dataclass(frozen=True)
+class TimeTerms:
+    """What the fitted TPU time model (``fitted_seconds``) scales by its constants, for one
+    call, or for many as numpy arrays (the fit in bench/tpu_perf.py --fit).
+
+    matmul_seconds: the FLOPs of the working steps at the chip's peak, seconds.
+    vector_vregs: tile-padded vector registers produced over the working steps.
+    working_steps / idle_steps: grid steps that do work and that are skipped
+        (``working_steps``).
+    dma_seconds: the HBM bytes at the chip's bandwidth, seconds.
+    """
+
+    matmul_seconds: Any
+    vector_vregs: Any
+    working_steps: Any
+    idle_steps: Any
+    dma_seconds: Any
+
+
+@dataclass(frozen=True)
+class TimeConstants:
+    """The fitted TPU time model's constants (``Chip``'s fields of the same names and units)."""
+
+    call_seconds: float
+    per_step_seconds: float
+    idle_step_seconds: float
+    mxu_efficiency: float
+    vector_vregs_per_second: float
+    dma_efficiency: float
+
+    @classmethod
+    def of(cls, chip: Chip) -> TimeConstants:
+        return cls(*(getattr(chip, f.name) for f in fields(cls)))
+
+
+def fitted_seconds(t: TimeTerms, k: TimeConstants) -> tuple[Any, Any, Any]:
+    """(compute, memory, overhead) seconds of the fitted TPU time model: the matmuls at
+    ``mxu_efficiency`` of the peak plus the vector work, the DMAs at ``dma_efficiency`` of the
+    bandwidth, a cost per call, per working step and per skipped step. The estimate is
+    max(compute, memory) + overhead (``CallCost.estimated_seconds``)."""
+    compute = t.matmul_seconds / k.mxu_efficiency + t.vector_vregs / k.vector_vregs_per_second
+    memory = t.dma_seconds / k.dma_efficiency
+    overhead = (k.call_seconds + t.working_steps * k.per_step_seconds
+                + t.idle_steps * k.idle_step_seconds)
+    return compute, memory, overhead
+
+
 def working_steps(schedule: CallSchedule) -> int:
     """Grid steps that do work: all but those where no pipelined input block is fetched and
     every output keeps its block -- the steps a kernel skips by repeating the last block it
