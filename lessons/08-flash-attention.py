@@ -72,7 +72,9 @@ def attention_reference(q, k, v):
 
 # jax.nn.dot_product_attention wants (batch, sequence, heads, head_dim).
 to_bshd = functools.partial(jnp.transpose, axes=(1, 0, 2))
-library = jax.nn.dot_product_attention(to_bshd(q)[None], to_bshd(k)[None], to_bshd(v)[None])
+with jax.default_matmul_precision("highest"):  # float32 in float32, as the reference (a TPU's
+    # default multiplies float32 in one bfloat16 pass: lesson 7)
+    library = jax.nn.dot_product_attention(to_bshd(q)[None], to_bshd(k)[None], to_bshd(v)[None])
 np.testing.assert_allclose(attention_reference(q, k, v), to_bshd(library[0]),
                            rtol=1e-5, atol=1e-5)
 print("plain-JAX reference agrees with jax.nn.dot_product_attention")
@@ -110,12 +112,12 @@ def online_softmax_attention(q, k, v, block):
     denom = jnp.zeros((q.shape[0], 1))
     acc = jnp.zeros_like(q)
     for start in range(0, k.shape[0], block):
-        s = (q @ k[start:start + block].T) * SCALE
+        s = jnp.dot(q, k[start:start + block].T, precision="highest") * SCALE
         m_new = jnp.maximum(m, s.max(axis=1, keepdims=True))
         p = jnp.exp(s - m_new)
         alpha = jnp.exp(m - m_new)
         denom = alpha * denom + p.sum(axis=1, keepdims=True)
-        acc = alpha * acc + p @ v[start:start + block]
+        acc = alpha * acc + jnp.dot(p, v[start:start + block], precision="highest")
         m = m_new
     return acc / denom
 
@@ -361,8 +363,9 @@ def causal_attention_reference(q, k, v):
     return jnp.einsum("hqk,hkd->hqd", jax.nn.softmax(scores, axis=-1), v, precision="highest")
 
 
-library_causal = jax.nn.dot_product_attention(to_bshd(q)[None], to_bshd(k)[None],
-                                              to_bshd(v)[None], is_causal=True)
+with jax.default_matmul_precision("highest"):
+    library_causal = jax.nn.dot_product_attention(to_bshd(q)[None], to_bshd(k)[None],
+                                                  to_bshd(v)[None], is_causal=True)
 np.testing.assert_allclose(causal_attention_reference(q, k, v), to_bshd(library_causal[0]),
                            rtol=1e-5, atol=1e-5)
 print("causal reference agrees with jax.nn.dot_product_attention(is_causal=True)")

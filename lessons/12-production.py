@@ -155,10 +155,11 @@ def attention_reference(q, k, v, causal=False):
 
 
 to_bshd = functools.partial(jnp.transpose, axes=(0, 2, 1, 3))
-np.testing.assert_allclose(
-    to_bshd(attention_reference(q, k, v, causal=True)),
-    jax.nn.dot_product_attention(to_bshd(q), to_bshd(k), to_bshd(v), is_causal=True),
-    rtol=1e-5, atol=1e-5)
+with jax.default_matmul_precision("highest"):  # float32 in float32, as the reference: a TPU
+    # multiplies float32 in one bfloat16 pass by default (lesson 7)
+    library = jax.nn.dot_product_attention(to_bshd(q), to_bshd(k), to_bshd(v), is_causal=True)
+np.testing.assert_allclose(to_bshd(attention_reference(q, k, v, causal=True)), library,
+                           rtol=1e-5, atol=1e-5)
 print("reference agrees with jax.nn.dot_product_attention(is_causal=True)")
 
 _course.check(LESSON, "jax_flash_attention", jax_flash, attention_reference, (q, k, v),
@@ -453,7 +454,10 @@ def jax_splash_causal(q, k, v, *, interpret):
         masks.MultiHeadMask([masks.CausalMask((N, N))] * H), head_shards=1, q_seq_shards=1,
         block_sizes=splash.BlockSizes(block_q=128, block_kv=128, block_kv_compute=128),
         interpret=interpret)
-    return kernel(q[0] * SCALE, k[0], v[0])[None]  # splash takes (heads, sequence, head_dim)
+    # splash's dots take JAX's default precision when they are traced: float32 in float32
+    # here, as the reference (a TPU's default is one bfloat16 pass: lesson 7)
+    with jax.default_matmul_precision("highest"):
+        return kernel(q[0] * SCALE, k[0], v[0])[None]  # splash takes (heads, sequence, head_dim)
 
 
 _course.check(LESSON, "splash_attention_causal", jax_splash_causal,
@@ -550,7 +554,9 @@ def weighted_grads(attention):
 
 
 def jax_flash_grads(q, k, v, *, interpret):
-    return on_tpu_or_interpreted(weighted_grads(op(causal=True)), q, k, v, interpret=interpret)
+    with jax.default_matmul_precision("highest"):  # the op's dots in float32, as the reference
+        return on_tpu_or_interpreted(weighted_grads(op(causal=True)), q, k, v,
+                                     interpret=interpret)
 
 
 _course.check(LESSON, "jax_flash_attention_grad", jax_flash_grads,
