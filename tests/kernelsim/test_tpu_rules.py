@@ -27,6 +27,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
+from kernelsim import examples
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -308,34 +309,12 @@ def test_two_9_mib_windows_are_warned_as_the_chip_refused_them():
     assert "blocks that would fit: o_ref (" in scoped[0], scoped
 
 
-def _lesson7_matmul(bm, bk, bn):
-    def kernel(a_ref, b_ref, o_ref, acc_ref):
-        @pl.when(pl.program_id(2) == 0)
-        def _init():
-            acc_ref[...] = jnp.zeros_like(acc_ref)
-
-        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
-
-        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-        def _finalize():
-            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-    def fn(a, b):
-        (m, k), n = a.shape, b.shape[1]
-        return pl.pallas_call(
-            kernel, grid=(m // bm, n // bn, k // bk),
-            in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                      pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
-            out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
-            scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
-            out_shape=jax.ShapeDtypeStruct((m, n), a.dtype))(a, b)
-
-    return fn
-
-
 def _matmul_call(blocks):
+    """Lesson 7's matmul (kernelsim.examples.matmul is the same kernel) at the sweep's size."""
     a = jnp.zeros((4096, 4096), jnp.bfloat16)
-    return kernelsim.trace(_lesson7_matmul(*blocks), a, a, chip="tpu-v5e").calls[0]
+    bm, bk, bn = blocks
+    return kernelsim.trace(lambda x, y: examples.matmul(x, y, bm, bk, bn), a, a,
+                           chip="tpu-v5e").calls[0]
 
 
 def test_vmem_sweep_warns_every_configuration_the_chip_refused():
@@ -359,7 +338,7 @@ def test_vmem_sweep_warns_every_configuration_the_chip_refused():
 def test_a_fitting_block_the_warning_names_fits():
     """The blocks the warning proposes for (1024, 1024, 1024) trace without the warning."""
     (w,) = [w for w in _matmul_call((1024, 1024, 1024)).warnings if "would fit" in w]
-    assert "a_ref (512, 512), b_ref (512, 512), o_ref (512, 512)" in w
+    assert "x_ref (512, 512), y_ref (512, 512), o_ref (512, 512)" in w
     assert not [w for w in _matmul_call((512, 512, 512)).warnings if "scoped VMEM" in w]
 
 
