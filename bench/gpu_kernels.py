@@ -33,12 +33,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
+from kernelsim.backend import newer_api
+
 LOG2E = math.log2(math.e)
 
 
 def _mgpu_interpret(interpret):
     """Mosaic GPU kernels run on a CPU only in GPU interpret mode."""
-    return plgpu.InterpretGPUParams() if interpret is True else (interpret or None)
+    return newer_api(plgpu, "InterpretGPUParams")() if interpret is True else (interpret or None)
 
 
 def _grouped_ids(lin, rows, cols, group):

@@ -23,9 +23,10 @@ when its ``Execution`` asks for interpret mode (the lesson's own choice, its lab
 or, for an assignment's check, when the task is written for another backend
 (``grader.tasks``' ``target``). An undeclared fallback is a failure. A lesson passes when
 every cell ran without error, but for cells that say they need a newer JAX release
-(``_course.newer_api``; counted in ``cells_needing_newer_jax``). On a CPU nothing compiles
-and nothing is a fallback: everything runs interpreted (the run then checks the notebooks and
-this script, not the chip).
+(``kernelsim.backend.newer_api``, or a name such a cell left undefined; counted in
+``cells_needing_newer_jax``; a check that says so: ``checks_needing_newer_jax``). On a CPU
+nothing compiles and nothing is a fallback: everything runs interpreted (the run then checks
+the notebooks and this script, not the chip).
 
 Writes JSON (``bench/results/on_device.json``; with ``--record``,
 ``bench/recorded/on_<chip>.json``; ``--out DIR`` puts it, and each notebook's output log, in
@@ -89,6 +90,20 @@ def code_cells(text: str) -> list[str]:
             current.append(line)
     stripped = ["\n".join(c).strip("\n") for c in cells]
     return [c for c in stripped if c.strip()]
+
+
+def bound_names(source: str) -> set[str]:
+    """The names a cell binds at its top level: assignments, imports, functions, classes."""
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        else:
+            names |= {n.id for n in ast.walk(node)
+                      if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    return names
 
 
 # ---- the notebook's own process ------------------------------------------------------------
@@ -202,6 +217,7 @@ def execute(path: Path, exercise: bool, work: Path) -> int:
     if exercise:
         _probe_checks(work / "checks.jsonl")
     namespace: dict[str, Any] = {"__name__": "__main__"}
+    unbound: set[str] = set()  # names a cell that needs a newer JAX stopped before binding
     for i, source in enumerate(cells):
         start, error = time.perf_counter(), None
         try:
@@ -209,6 +225,12 @@ def execute(path: Path, exercise: bool, work: Path) -> int:
         except Exception as err:  # noqa: BLE001 - record it and run the next cell
             error = _one_line(err)
             traceback.print_exc()
+            if error.startswith(NEEDS_NEWER_JAX):
+                unbound |= bound_names(source) - namespace.keys()
+            elif isinstance(err, NameError) and err.name in unbound:
+                error = f"{NEEDS_NEWER_JAX} uses {err.name}, which a cell needing a newer " \
+                        f"JAX did not define ({error})"
+                unbound |= bound_names(source) - namespace.keys()
         finally:
             if "matplotlib.pyplot" in sys.modules:
                 sys.modules["matplotlib.pyplot"].close("all")
@@ -258,7 +280,8 @@ def _check_row(r: dict, backend: str) -> dict:
             "declared": (f"a task for {r['target'].upper()}" if fallback and
                          r["target"] != backend else None),
             "refused_by_triton": backend == "gpu" and r["hidden"] and
-            TRITON_SHAPE_REFUSAL in (r["error"] or "")}
+            TRITON_SHAPE_REFUSAL in (r["error"] or ""),
+            "needs_newer_jax": (r["error"] or "").startswith(NEEDS_NEWER_JAX)}
 
 
 def run_notebook(name: str, path: Path, exercise: bool, timeout: int, logs: Path,
@@ -296,7 +319,7 @@ def run_notebook(name: str, path: Path, exercise: bool, timeout: int, logs: Path
     undeclared = [k for k in kernels if k["ran"] == "fell back" and not k["declared"]] + \
         [c for c in checks if c["fallback"] and not c["declared"]]
     passed = done and code == 0 and len(error_cells) == len(newer) and not undeclared and \
-        all(c["passed"] or c["refused_by_triton"] for c in checks)
+        all(c["passed"] or c["refused_by_triton"] or c["needs_newer_jax"] for c in checks)
     result = {"notebook": name, "kind": "exercise" if exercise else "lesson",
               "path": os.path.relpath(path, ROOT), "passed": passed, "seconds": seconds,
               "returncode": code, "timed_out": timed_out, "core_halt": halted,
@@ -324,6 +347,7 @@ def summarise(runs: list[dict], backend: str) -> dict[str, int]:
         "fallbacks_declared": sum(bool(f["declared"]) for f in fallbacks),
         "fallbacks_undeclared": sum(not f["declared"] for f in fallbacks),
         "checks": len(checks), "checks_passed": sum(c["passed"] for c in checks),
+        "checks_needing_newer_jax": sum(c["needs_newer_jax"] for c in checks),
         "core_halts": sum(r["core_halt"] for r in runs),
         "timeouts": sum(r["timed_out"] for r in runs)}
 
@@ -387,6 +411,8 @@ def print_table(record: dict) -> None:
                                                             "interpreted") if w in ran)
         else:
             what = f"{sum(c['passed'] for c in r['checks'])}/{len(r['checks'])} checks passed"
+            newer = sum(c["needs_newer_jax"] for c in r["checks"])
+            what += f", {newer} need a newer JAX" if newer else ""
         print(f"{r['notebook']:<26} {result:<9} {r['seconds']:>6.1f}  "
               f"{r['cells_run']:>3}/{r['cells']:<3}  {what}")
         for c in r["error_cells"]:

@@ -42,6 +42,11 @@ SUPPORTED_JAX = ("0.10.2", "0.12.0.1")
 # ---------------------------------------------------------------------------------------------
 # What differs between JAX releases
 
+# kernelsim.gpu's model of a Mosaic GPU kernel is checked against the lowering of jax 0.12 and
+# newer only (tests/kernelsim/test_gpu_model.py); older releases' plgpu.kernel pipelines differ.
+GPU_MODEL_FROM_JAX = (0, 12)
+MODELS_MOSAIC_GPU = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= GPU_MODEL_FROM_JAX
+
 # jax <= 0.10 wraps a Jaxpr and its constants in ClosedJaxpr; from 0.11 a Jaxpr carries its
 # constants itself (``.consts``, and ``.jaxpr`` returns the Jaxpr), and ClosedJaxpr is gone.
 _CLOSED_JAXPR: type | None = getattr(jax_core, "ClosedJaxpr", None)

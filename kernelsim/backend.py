@@ -18,6 +18,25 @@ from typing import Any
 import jax
 from jax.experimental.pallas import tpu as pltpu
 
+from kernelsim.adapter import SUPPORTED_JAX
+
+
+class NeedsNewerJax(NotImplementedError):
+    """An API the running JAX release lacks; the message names a release that has it. Not the
+    caller's mistake: a lesson's cell or a learner's check that raises it needs another JAX."""
+
+
+def newer_api(module: Any, name: str) -> Any:
+    """``module.name``, or, where the running JAX lacks it, ``NeedsNewerJax`` saying which
+    release has it (what does not use it still runs)."""
+    if hasattr(module, name):
+        return getattr(module, name)
+    raise NeedsNewerJax(
+        f"{module.__name__}.{name} is not in JAX {jax.__version__}: this needs a newer "
+        f"release, such as JAX {SUPPORTED_JAX[-1]}, which the course is checked against "
+        "(jax 0.10.2 is the last release for Python 3.11: a newer one needs Python 3.12 or "
+        "newer)")
+
 
 @dataclass(frozen=True)
 class Execution:
@@ -47,7 +66,7 @@ def choose(tpu_features: bool = False, gpu_ok: bool = True, tpu_ok: bool = True)
     """
     backend = platform()
     if backend == "tpu" and not tpu_ok:
-        return Execution(True, "interpret mode on TPU (a kernel for a GPU's blocks)")
+        return Execution(True, "interpret mode (a kernel for a GPU's blocks)")
     if backend == "tpu":
         return Execution(False, "compiled for TPU (Mosaic)")
     if backend == "gpu" and gpu_ok and not tpu_features:
@@ -55,6 +74,17 @@ def choose(tpu_features: bool = False, gpu_ok: bool = True, tpu_ok: bool = True)
     if tpu_features:
         return Execution(pltpu.InterpretParams(), f"TPU interpret mode on {backend.upper()}")
     return Execution(True, f"interpret mode on {backend.upper()}")
+
+
+def gpu_interpret() -> Any:
+    """``plgpu.kernel(interpret=...)`` for a Mosaic GPU kernel here: ``None`` (compiled) on a
+    GPU, GPU interpret mode (``plgpu.InterpretGPUParams()``) anywhere else; ``NeedsNewerJax``
+    on a release without GPU interpret mode (jax 0.10.2, a TPU runtime's)."""
+    if platform() == "gpu":
+        return None
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    return newer_api(plgpu, "InterpretGPUParams")()
 
 
 # The TensorCores TPU interpret mode simulates for a "core_parallel" grid axis where there is no

@@ -37,6 +37,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from kernelsim import adapter
+from kernelsim.backend import NeedsNewerJax
 from kernelsim.chips import Chip, get_chip
 from kernelsim.errors import TraceError
 from kernelsim.gpu_refs import UNKNOWN, Ref, ref_name, slot_index, transformed_shape
@@ -503,6 +505,12 @@ def analyse(fn: Callable, *args: Any, chip: str = "h100",
     Nothing executes: ``fn`` is traced to a jaxpr. cta: the grid coordinates of the CTA whose
     events are listed (default: the first CTA).
     """
+    if not adapter.MODELS_MOSAIC_GPU:
+        first = ".".join(map(str, adapter.GPU_MODEL_FROM_JAX))
+        raise NeedsNewerJax(
+            f"kernelsim.gpu models Mosaic GPU kernels as JAX {first} and newer lower them; "
+            f"JAX {jax.__version__} is older: this needs a newer release, such as JAX "
+            f"{adapter.SUPPORTED_JAX[-1]}")
     shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
     kernels = kernels_in(jax.make_jaxpr(fn)(*shapes), chip=chip, cta=cta)
     if not kernels:

@@ -295,8 +295,8 @@ out, reports = as_a_gpu_runs_it(chunk_sum_owned_mgpu, x)
 print(f"GPU-safe kernel, GPU interpret mode: {len(reports)} race reports")
 assert not reports
 # Mosaic GPU kernels: compiled on a GPU, in GPU interpret mode anywhere else
-mgpu_run = run if platform() == "gpu" else Execution(
-    _course.newer_api(plgpu, "InterpretGPUParams")(), f"GPU interpret mode on {platform().upper()}")
+mgpu_run = run if platform() == "gpu" else Execution(  # True: see mosaic_gpu_interpret
+    True, f"GPU interpret mode on {platform().upper()}")
 _course.check(LESSON, "chunk_sum_owned_mgpu", chunk_sum_owned_mgpu, chunk_sum_reference, (x,),
               mgpu_run, rtol=1e-5, atol=1e-5)
 
@@ -474,14 +474,17 @@ assert on_gpu is None and "atomic_rmw" in on_tpu
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     lowerings(chunk_sum_owned, x)
-print("warned:", next(str(w.message) for w in caught if w.category is DeprecationWarning)
-      .split(". ")[0])
+warned = next((str(w.message) for w in caught if w.category is DeprecationWarning), "")
+print("warned:", warned.split(". ")[0])
+_course.pinned_claim(warned.startswith("The Pallas Triton backend is deprecated"),
+                     "lowering a pallas_call for a GPU warns that Triton is deprecated")
 for label, params in [("pltpu.CompilerParams", tpu_params),
                       ("plgpu.CompilerParams", plgpu.CompilerParams())]:
     _, refusal = lowerings(functools.partial(matmul_revisiting, compiler_params=params), a, b)
     print(f"pallas_call with {label} on a GPU: {refusal}")
-    assert refusal in ("ValueError: Compiler params for platform tpu cannot be used for gpu "
-                       "lowering.", "AssertionError: ")
+    _course.pinned_claim(refusal in ("ValueError: Compiler params for platform tpu cannot be "
+                                     "used for gpu lowering.", "AssertionError: "),
+                         f"pallas_call with {label} is refused for a GPU")
 
 # %% [markdown]
 # Mosaic GPU's own rules are largely about register layouts. Every array value in a kernel is
@@ -512,7 +515,8 @@ def column_sums_mgpu(x, *, interpret):
 
 _, refusal = lowerings(column_sums_mgpu, x)
 print("Mosaic GPU:", refusal.split(".")[0])
-assert refusal.startswith("ValueError: Failed to infer a possible set of layouts")
+_course.pinned_claim(refusal.startswith("ValueError: Failed to infer a possible set of layouts"),
+                     "Mosaic GPU finds no register layout for the column sums")
 
 # %% [markdown]
 # ## Which course kernels lower where
@@ -699,7 +703,8 @@ table = []
 for name, fn, args, want_tpu, want_gpu in rows:
     on_tpu, on_gpu = (verdict(e) for e in lowerings(fn, *args))
     table.append((name, on_tpu, on_gpu))
-    assert (on_tpu, on_gpu) == (want_tpu, want_gpu), (name, on_tpu, on_gpu)
+    _course.pinned_claim((on_tpu, on_gpu) == (want_tpu, want_gpu),
+                         f"{name}: TPU {on_tpu!r}, GPU {on_gpu!r}")
 width = max(len(r[0]) for r in table)
 print(f"{'kernel':{width}}  {'TPU (Mosaic, v5e)':31}  GPU (Triton or Mosaic GPU, H100)")
 for name, on_tpu, on_gpu in table:

@@ -50,7 +50,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from kernelsim.backend import Execution, choose
+from kernelsim.backend import Execution, choose, platform, tensorcores
 
 LESSON = "13-kernel-api"
 _course.versions()
@@ -169,7 +169,8 @@ _course.check(LESSON, "scale_shift_async_copy", scale_shift_halves, lambda a: 2.
               (x,), tpu_run, rtol=0, atol=0)
 # The race detector raises on a race; its vector clock needs room for each DMA (lesson 5).
 checked = pltpu.InterpretParams(detect_races=True, vector_clock_size=64)
-race_free = jax.jit(functools.partial(scale_shift_halves, interpret=checked))(x)
+with _course.on_host():  # interpret mode runs on the CPU, also on a TPU machine (below)
+    race_free = jax.jit(functools.partial(scale_shift_halves, interpret=checked))(x)
 print("race detector: no race; result right:", bool(jnp.all(race_free == 2.0 * x + 1.0)))
 
 # %% [markdown]
@@ -323,7 +324,8 @@ def which_core(m, n, *, bm=64, bn=128, interpret):
 
 
 two_cores = pltpu.InterpretParams()  # the mesh sets the interpreter's core count to 2
-owner = np.asarray(jax.jit(functools.partial(which_core, 256, 256, interpret=two_cores))())
+with _course.on_host():
+    owner = np.asarray(jax.jit(functools.partial(which_core, 256, 256, interpret=two_cores))())
 block_owner = owner[::64, ::128]
 print("core of each output block (rows: i, columns: j):\n", block_owner)
 assert (block_owner[:2] == 0).all() and (block_owner[2:] == 1).all()
@@ -341,13 +343,22 @@ fig.tight_layout()
 # %% [markdown]
 # The matmul needs no change but the mesh: two cores, each `m/2` rows of output. In TPU
 # interpret mode the two simulated cores share one HBM, as the two cores of a chip do.
+#
+# Interpret mode is a simulation on the host, and on a TPU machine it must be asked for
+# there: the TPU lowering of `pl.kernel` drops its `interpret=` argument
+# (`mpmd_map_tpu_lowering_rule`, `del interpret`) and hands Mosaic the interpreter's host
+# callbacks, which it cannot compile (measured on a TPU v5e). `_course.on_host()` runs the
+# cell's calls on the CPU device instead; `_course.check` does so for every interpreted
+# kernel on a TPU.
 
 # %%
-# Interpreted everywhere: a chip with one TensorCore (a v5e) cannot run a mesh of two.
+# Compiled where the chip has two TensorCores (v4, v5p); a v5e or v6e has one, so there
+# the two cores are simulated, on the host.
+two_core_run = (tpu_run if platform() == "tpu" and tensorcores() == 2 else
+                Execution(two_cores, "TPU interpret mode, two simulated TensorCores"))
 _course.check(LESSON, "matmul_pl_kernel_two_cores",
               functools.partial(matmul_mesh, cores=2), matmul_reference, (a, b),
-              Execution(two_cores, "TPU interpret mode, two simulated TensorCores"),
-              rtol=1e-4, atol=1e-3)
+              two_core_run, rtol=1e-4, atol=1e-3)
 
 # %% [markdown]
 # ## What megacore does to a `"parallel"` axis, and `"core_parallel"`

@@ -11,6 +11,7 @@ that passed the median seconds of kernel and reference.
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
 import os
 import statistics
@@ -25,7 +26,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from kernelsim.backend import Execution, platform
+# NeedsNewerJax and newer_api: what a cell raises and calls where the running JAX lacks an API
+from kernelsim.backend import Execution, NeedsNewerJax, newer_api, platform  # noqa: F401
 from kernelsim.views.figure import DPI, FONT, WIDTH
 
 RECORD_ENV = "PALLAS_COURSE_RECORD"
@@ -43,20 +45,28 @@ CHECKED_JAX = "0.12.0.1"
 # on a TPU v5e), and asks for a float32 result with preferred_element_type. Lesson 7 says why.
 
 
-class NeedsNewerJax(NotImplementedError):
-    """A cell uses an API that the running JAX release lacks; the message says which has it."""
+@contextlib.contextmanager
+def on_host():
+    """Run what is inside on the host's CPU device: where interpret mode belongs on a TPU.
+    There ``pl.kernel``'s TPU lowering drops its ``interpret=`` argument
+    (``mpmd_map_tpu_lowering_rule`` in jax/_src/pallas/mosaic/pallas_call_registration.py,
+    ``del interpret``) and Mosaic is handed the interpreter's callbacks, which it cannot lower
+    ("Lowering rule for `mpmd_map` needs to set `tokens_out`", on a TPU v5e); lowered for the
+    CPU, the same call is interpreted. Arrays made on the TPU and not placed by hand move."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
 
 
-def newer_api(module: Any, name: str) -> Any:
-    """``module.name``, or, where the running JAX lacks it, a ``NeedsNewerJax`` error that says
-    which release the cell needs (the cells that do not use it still run)."""
-    if hasattr(module, name):
-        return getattr(module, name)
-    raise NeedsNewerJax(
-        f"{module.__name__}.{name} is not in JAX {jax.__version__}: this cell needs a newer "
-        f"release, such as JAX {CHECKED_JAX}, which the lessons were checked against "
-        "(jax 0.10.2 is the last release for Python 3.11: a newer one needs Python 3.12 or "
-        "newer)")
+def pinned_claim(holds: bool, what: str) -> None:
+    """Hold the lesson to a statement about the pinned release (a lowering's error, a warning;
+    lessons/CHECKED.md): on it, a statement that no longer holds stops the lesson; on another
+    release (a TPU runtime's jax 0.10.2) the cell says it differs there, and the lesson goes on."""
+    if holds:
+        return
+    if jax.__version__ == CHECKED_JAX:
+        raise AssertionError(what)
+    print(f"  (JAX {jax.__version__} differs here from JAX {CHECKED_JAX}, which this lesson "
+          f"describes: {what})")
 
 
 def versions() -> None:
@@ -171,12 +181,20 @@ def check(lesson: str, name: str, kernel: Callable, reference: Callable, args: t
     deliberate mistake); a fallback on a backend it does not name is undeclared, and says so:
     the kernel should have compiled. A wrong result always raises.
     """
+    here = platform()
+
     def jitted(ran: Execution) -> Callable:
         # a new function per execution: jit caches by function, and would hand the fallback
         # the executable that just failed
-        return jax.jit(lambda *a: kernel(*a, interpret=ran.interpret))
+        fn = jax.jit(lambda *a: kernel(*a, interpret=ran.interpret))
+        if ran.interpret is False or here != "tpu":
+            return fn
 
-    here = platform()
+        def interpreted_on_host(*args):
+            with on_host():
+                return fn(*args)
+        return interpreted_on_host
+
     declared = (cannot_compile or {}).get(here)
     record: dict[str, Any] = {"lesson": lesson, "kernel": name, "backend": here,
                               "label": execution.label, "compiled": False, "fell_back": False,
@@ -234,7 +252,8 @@ def _run_or_fall_back(jitted: Callable[[Execution], Callable], execution: Execut
         if execution.interpret is not False:
             raise
         record.update(fell_back=True, compile_error=_first_line(err))
-    ran = Execution(True, f"interpret mode on {platform().upper()} "
+    where = "the TPU machine's CPU" if platform() == "tpu" else platform().upper()
+    ran = Execution(True, f"interpret mode on {where} "
                           f"(compiling failed: {record['compile_error'][:120]})")
     fn = jitted(ran)
     return ran, fn, _run(fn, args)

@@ -358,10 +358,9 @@ def mosaic_gpu_here(fn: Callable, arrays: list, params: dict) -> Any:
     """Assignment 15: ``fn(*arrays, **params, interpret=...)`` with the Mosaic GPU kernels
     compiled on a GPU and run in GPU interpret mode anywhere else (``plgpu.kernel``'s
     ``interpret``)."""
-    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from kernelsim.backend import gpu_interpret
 
-    interpret = None if jax.default_backend() == "gpu" else plgpu.InterpretGPUParams()
-    return fn(*arrays, **params, interpret=interpret)
+    return fn(*arrays, **params, interpret=gpu_interpret())
 
 
 # every invoke a task may name (``Task.invoke``), by the name the job carries

@@ -84,6 +84,25 @@ def test_a_failing_cell_is_recorded_and_the_next_one_runs(tmp_path):
     assert not run["core_halt"] and not run["timed_out"]
 
 
+def test_a_cell_needing_a_newer_jax_and_the_cells_that_use_its_names_pass(tmp_path):
+    """A TPU runtime's jax 0.10.2 lacks APIs the pinned release has: the cell that asks for one
+    says which release it needs, a later cell that reads a name it left undefined is counted
+    with it, and any other error, a NameError included, still fails the notebook."""
+    needs = ("from kernelsim.backend import newer_api\nimport types\n"
+             "params = newer_api(types.SimpleNamespace(__name__='m'), 'GoneParams')()")
+    run = _run(tmp_path, needs, "print(params)", "x = 2")
+    assert run["passed"] and run["cells_needing_newer_jax"] == 2, run["error_cells"]
+    assert run["error_cells"][1]["error"].startswith("NeedsNewerJax: uses params")
+    other = _run(tmp_path, needs, "print(undefined_elsewhere)")
+    assert not other["passed"] and other["cells_needing_newer_jax"] == 1
+
+
+def test_bound_names():
+    assert on_device.bound_names("import a.b as c, d.e\nfrom f import g\nx, (y, z) = 1, (2, 3)\n"
+                                 "def h(): w = 1\nclass K: pass\nfor i in []: pass") == {
+        "c", "d", "g", "x", "y", "z", "h", "K", "i"}
+
+
 def test_a_core_halt_ends_the_notebook_and_is_recorded(tmp_path):
     halt = ("raise RuntimeError('INTERNAL: Core halted unexpectedly: E0200: "
             "RuntimeUnexpectedCoreHalt')")

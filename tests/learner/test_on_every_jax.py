@@ -6,11 +6,17 @@ only what a learner's check needs: nbclient, ipykernel and absl-py (.ci/jax_env.
 from __future__ import annotations
 
 import importlib
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
+import jax
 import nbformat
 import pytest
+
+from kernelsim.adapter import SUPPORTED_JAX
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -42,3 +48,22 @@ def test_pallas_course_check_passes_a_right_kernel(tmp_path, monkeypatch):
     said: list[str] = []
     assert check.check_notebook(notebook, log=said.append) == 0, said
     assert "pass  add_visible" in said and said[-1].strip() == "1 passed, 0 failed", said
+
+
+@pytest.mark.skipif(
+    jax.__version__ == SUPPORTED_JAX[-1],
+    reason="on the pinned JAX, tests/lessons and tests/grader execute these notebooks")
+def test_every_lesson_and_instructor_notebook_runs_on_this_jax(tmp_path):
+    """Every lesson and every assignment's instructor notebook (solutions, visible and hidden
+    checks) runs to its end on this JAX, as on a TPU runtime's: bench/on_device.py on the CPU,
+    one process per notebook. A cell may only fail by saying which newer release it needs."""
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "on_device.py"), "--jobs", "2",
+                           "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                          env={**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=1500)
+    record = json.loads((tmp_path / "on_device.json").read_text())
+    failed = {n["notebook"]: n["error_cells"] or n.get("log_tail", "")[-800:]
+              for n in record["notebooks"] if not n["passed"]}
+    assert not failed and done.returncode == 0, (failed, done.stdout[-3000:])
+    summary = record["summary"]
+    assert summary["lessons"] == summary["lessons_passed"] >= 16
+    assert summary["checks"] == summary["checks_passed"] + summary["checks_needing_newer_jax"]

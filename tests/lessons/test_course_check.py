@@ -84,3 +84,49 @@ def test_lesson_9_provokes_no_interpreter_error_in_its_own_process(course, monke
     for i, source in enumerate(on_device.code_cells(path.read_text())):
         on_device.run_cell(source, namespace, f"<{path.name} cell {i}>")
     assert resets == []
+
+
+def copy_by_kernel(x, *, interpret):
+    """pl.kernel on a one-core TensorCore mesh: the body copies HBM to HBM (lesson 13)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    mesh = (pltpu.TensorCoreMesh(axis_name="core", num_cores=1)
+            if hasattr(pltpu, "TensorCoreMesh")
+            else pltpu.create_tensorcore_mesh("core", num_cores=1))
+    return pl.kernel(lambda x_hbm, o_hbm: pltpu.sync_copy(x_hbm, o_hbm),
+                     out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=mesh,
+                     interpret=interpret)(x)
+
+
+def test_an_interpreted_pl_kernel_does_not_lower_for_a_tpu():
+    """Why interpreted kernels run on the host on a TPU: lowered for a TPU, pl.kernel ignores
+    ``interpret=`` and Mosaic gets the interpreter's callbacks (the TPU v5e's error for lesson
+    13's two-core matmul and race check, jax 0.10.2)."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    device = jax.sharding.AbstractDevice("TPU v5e", 1, "tpu")
+    x = jnp.ones((8, 128), jnp.float32)
+    fn = jax.jit(lambda a: copy_by_kernel(a, interpret=pltpu.InterpretParams()))
+    with jax.sharding.use_abstract_mesh(
+            jax.sharding.AbstractMesh((1,), ("chip",), abstract_device=device)):
+        with pytest.raises(ValueError, match="tokens_out"):
+            fn.trace(x).lower(lowering_platforms=("tpu",))
+    assert float(fn(x).sum()) == 8 * 128  # lowered for the CPU, the same call is interpreted
+
+
+def test_on_a_tpu_an_interpreted_kernel_runs_on_the_host(course, monkeypatch):
+    """``check`` runs every kernel it interprets on a TPU machine on its CPU device
+    (``_course.on_host``); a compiled one stays on the chip."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    placed = []
+
+    def noting_where(x, *, interpret):
+        placed.append(jax.config.jax_default_device)
+        return copy_by_kernel(x, interpret=interpret)
+
+    monkeypatch.setattr(course, "platform", lambda: "tpu")
+    x = jnp.ones((8, 128), jnp.float32)
+    course.check("00-test", "copy", noting_where, lambda a: a, (x,),
+                 course.Execution(pltpu.InterpretParams(), "TPU interpret mode"), rtol=0, atol=0)
+    assert placed == [jax.devices("cpu")[0]]

@@ -83,6 +83,10 @@ def test_checked_jax_is_the_installed_and_pinned_release():
         "re-check the statements in lessons/CHECKED.md, then update _course.CHECKED_JAX")
     assert checked == _pinned_jax(), (
         f"_course.CHECKED_JAX is {checked}, pyproject.toml pins jax[cpu]=={_pinned_jax()}")
+    # the release a NeedsNewerJax error names (kernelsim.backend.newer_api)
+    from kernelsim.adapter import SUPPORTED_JAX
+    assert SUPPORTED_JAX[-1] == checked, (
+        f"kernelsim.adapter.SUPPORTED_JAX ends with {SUPPORTED_JAX[-1]}, not {checked}")
 
 
 def test_readme_names_the_checked_release():

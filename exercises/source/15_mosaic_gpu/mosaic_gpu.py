@@ -30,6 +30,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import kernelsim
 from grader.learner import course
+from kernelsim.backend import NeedsNewerJax, gpu_interpret
 
 # %% [markdown]
 # ## Task 1 — predict: `predict_staging_smem(rows, cols, itemsize)` (3 points)
@@ -306,10 +307,9 @@ course.check("rms_norm_mgpu", rms_norm_mgpu, hidden=True)
 
 # %%
 ROWS = 64
-run_here = None if jax.default_backend() == "gpu" else plgpu.InterpretGPUParams()
 
 
-def scale_rows(x, s, interpret=run_here):
+def scale_rows(x, s, interpret=None):
     m, n = x.shape
 
     @functools.partial(
@@ -330,8 +330,9 @@ def scale_rows(x, s, interpret=run_here):
 
 
 x = jax.random.normal(jax.random.key(15), (256, 128), jnp.float32)
-np.testing.assert_allclose(scale_rows(x, 3.0), 3.0 * x, rtol=1e-6)
-(staged,) = kernelsim.gpu.analyse(functools.partial(scale_rows, s=3.0, interpret=None), x)
+# compiled on a GPU, in GPU interpret mode elsewhere (which JAX 0.10.2 lacks: it says so)
+np.testing.assert_allclose(scale_rows(x, 3.0, interpret=gpu_interpret()), 3.0 * x, rtol=1e-6)
+(staged,) = kernelsim.gpu.analyse(functools.partial(scale_rows, s=3.0), x)
 try:
     print(f"kernelsim: {staged.smem_bytes:,} B of shared memory per CTA; you predicted "
           f"{predict_staging_smem(ROWS, 128, 4):,} B")
@@ -350,6 +351,8 @@ try:
     (mine,) = kernelsim.gpu.analyse(functools.partial(rms_norm_mgpu, interpret=None), x, w)
     print(" -> ".join(e.kind for e in mine.events))
     print(f"{mine.smem_bytes:,} B of shared memory per CTA, grid {mine.grid}")
+except NeedsNewerJax:  # kernelsim.gpu on an older JAX: not an unfinished task
+    raise
 except NotImplementedError:
     print("implement rms_norm_mgpu first")
 
