@@ -141,7 +141,8 @@ def op(causal=False, block_sizes=BLOCKS):
 
 
 def jax_flash(q, k, v, *, causal=False, interpret):
-    return on_tpu_or_interpreted(op(causal), q, k, v, interpret=interpret)
+    with jax.default_matmul_precision("highest"):  # the op's dots in float32, as the reference
+        return on_tpu_or_interpreted(op(causal), q, k, v, interpret=interpret)
 
 
 def attention_reference(q, k, v, causal=False):

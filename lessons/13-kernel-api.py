@@ -75,8 +75,10 @@ def tensorcore_mesh(axis_name, num_cores):
 
 # %%
 def traced_for_tpu(cores=1):
-    """A context naming the TPU to trace for: none on a TPU, else a v5e (1 core) or v5p (2)."""
-    if jax.default_backend() == "tpu":
+    """A context naming the TPU to trace for: none where the kernel runs on a TPU, else a v5e
+    (1 core) or v5p (2): off a TPU, and on a TPU machine's CPU (interpret mode there)."""
+    here = jax.config.jax_default_device or jax.devices()[0]
+    if getattr(here, "platform", here) == "tpu":
         return contextlib.nullcontext()
     device = jax.sharding.AbstractDevice("TPU v5p" if cores == 2 else "TPU v5e", cores, "tpu")
     return jax.sharding.use_abstract_mesh(

@@ -130,3 +130,19 @@ def test_on_a_tpu_an_interpreted_kernel_runs_on_the_host(course, monkeypatch):
     course.check("00-test", "copy", noting_where, lambda a: a, (x,),
                  course.Execution(pltpu.InterpretParams(), "TPU interpret mode"), rtol=0, atol=0)
     assert placed == [jax.devices("cpu")[0]]
+
+
+def test_lesson_13_traces_for_a_named_tpu_on_a_tpu_machines_host(course, monkeypatch):
+    """On a TPU machine, interpret mode runs on its CPU (``on_host``); emit_pipeline then asks
+    the default device which TPU it is ("Unsupported TPU device kind: cpu" on the v5e), so
+    lesson 13 names one there too, and only a kernel that runs on the chip asks the chip."""
+    import contextlib
+    from types import SimpleNamespace
+
+    lesson13 = course.definitions("13-kernel-api", "traced_for_tpu")
+    devices = jax.devices
+    monkeypatch.setattr(jax, "devices", lambda *backend: devices(*backend) if backend
+                        else [SimpleNamespace(platform="tpu")])
+    assert isinstance(lesson13.traced_for_tpu(), contextlib.nullcontext)  # on the chip
+    with course.on_host():
+        assert not isinstance(lesson13.traced_for_tpu(), contextlib.nullcontext)
