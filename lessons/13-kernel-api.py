@@ -325,10 +325,17 @@ def which_core(m, n, *, bm=64, bn=128, interpret):
                          interpret=interpret)()
 
 
-two_cores = pltpu.InterpretParams()  # the mesh sets the interpreter's core count to 2
-with _course.on_host():
-    owner = np.asarray(jax.jit(functools.partial(which_core, 256, 256, interpret=two_cores))())
-block_owner = owner[::64, ::128]
+def two_core_block_owners():
+    """The core that wrote each (64, 128) block of ``which_core(256, 256)``, in TPU interpret
+    mode (the mesh sets the interpreter's core count to 2)."""
+    two_cores = pltpu.InterpretParams()
+    owner = jax.jit(functools.partial(which_core, 256, 256, interpret=two_cores))()
+    return np.asarray(owner)[::64, ::128].tolist()
+
+
+# two simulated cores run in a CPU process of their own (why: below the next figure)
+block_owner = np.array(_course.in_fresh_process(LESSON, "two_core_block_owners", "which_core",
+                                                "traced_for_tpu", "tensorcore_mesh"))
 print("core of each output block (rows: i, columns: j):\n", block_owner)
 assert (block_owner[:2] == 0).all() and (block_owner[2:] == 1).all()
 
@@ -349,18 +356,32 @@ fig.tight_layout()
 # Interpret mode is a simulation on the host, and on a TPU machine it must be asked for
 # there: the TPU lowering of `pl.kernel` drops its `interpret=` argument
 # (`mpmd_map_tpu_lowering_rule`, `del interpret`) and hands Mosaic the interpreter's host
-# callbacks, which it cannot compile (measured on a TPU v5e). `_course.on_host()` runs the
-# cell's calls on the CPU device instead; `_course.check` does so for every interpreted
-# kernel on a TPU.
+# callbacks, which it cannot compile (measured on a TPU v5e). `_course.check` runs every
+# kernel it interprets on a TPU on the CPU device (`_course.on_host()`). Two simulated cores
+# need more: in a TPU machine's own process their callbacks lost the interpreter's simulated
+# memory (on the v5e, with the last release for Python 3.11), so the lesson runs them in a
+# CPU process of its own, `_course.in_fresh_process`, on every machine.
 
 # %%
-# Compiled where the chip has two TensorCores (v4, v5p); a v5e or v6e has one, so there
-# the two cores are simulated, on the host.
-two_core_run = (tpu_run if platform() == "tpu" and tensorcores() == 2 else
-                Execution(two_cores, "TPU interpret mode, two simulated TensorCores"))
-_course.check(LESSON, "matmul_pl_kernel_two_cores",
-              functools.partial(matmul_mesh, cores=2), matmul_reference, (a, b),
-              two_core_run, rtol=1e-4, atol=1e-3)
+def two_core_matmul_check():
+    """The matmul on a mesh of two TensorCores in TPU interpret mode, against plain JAX."""
+    keys = jax.random.split(jax.random.key(13), 4)  # the lesson's a and b
+    a = jax.random.normal(keys[1], (256, 384), jnp.float32)
+    b = jax.random.normal(keys[2], (384, 256), jnp.float32)
+    _course.check("13-kernel-api", "matmul_pl_kernel_two_cores",
+                  functools.partial(matmul_mesh, cores=2),
+                  functools.partial(jnp.dot, precision="highest"), (a, b),
+                  Execution(pltpu.InterpretParams(),
+                            "TPU interpret mode, two simulated TensorCores"),
+                  rtol=1e-4, atol=1e-3)
+
+
+if platform() == "tpu" and tensorcores() == 2:  # v4, v5p: compiled, on the chip's two cores
+    _course.check(LESSON, "matmul_pl_kernel_two_cores", functools.partial(matmul_mesh, cores=2),
+                  matmul_reference, (a, b), tpu_run, rtol=1e-4, atol=1e-3)
+else:  # a v5e or v6e has one TensorCore, a CPU none: two simulated ones
+    _course.in_fresh_process(LESSON, "two_core_matmul_check", "matmul_mesh", "matmul_specs",
+                             "matmul_body", "traced_for_tpu", "tensorcore_mesh")
 
 # %% [markdown]
 # ## What megacore does to a `"parallel"` axis, and `"core_parallel"`

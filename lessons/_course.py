@@ -133,18 +133,26 @@ def definitions(lesson: str, *names: str, **constants: Any) -> SimpleNamespace:
     return SimpleNamespace(**{n: namespace[n] for n in names})
 
 
-def in_fresh_process(lesson: str, function: str, *helpers: str) -> None:
+# the line before a fresh process's JSON result (``in_fresh_process``)
+RESULT_MARK = "--- in_fresh_process result ---"
+
+
+def in_fresh_process(lesson: str, function: str, *helpers: str) -> Any:
     """Run ``function()``, a top-level function of lesson ``lesson`` that takes no arguments,
     in a new Python process on the CPU, with the lesson's imports and its top-level functions
-    ``helpers`` (``definitions``); print what it printed.
+    ``helpers`` (``definitions``); print what it printed and return what it returned (as
+    JSON carries it: lists, numbers, strings).
 
-    For a demonstration that fails on purpose inside TPU interpret mode. On a TPU (jax 0.10.2
-    on a v5e) such an error stays with JAX's ordered effects for the rest of the process:
-    every later interpreted kernel raises it again, and ``reset_tpu_interpret_mode_state``
-    does not clear it. A process of its own takes the error with it when it exits.
+    For what TPU interpret mode cannot do in a TPU machine's own process (jax 0.10.2 on a
+    v5e): a demonstration that fails on purpose inside it, as its error stays with JAX's
+    ordered effects for the rest of the process (every later interpreted kernel raises it
+    again, and ``reset_tpu_interpret_mode_state`` does not clear it); and two simulated
+    TensorCores, whose callbacks there lost the interpreter's simulated memory ("assert
+    _shared_memory is not None"). A process of its own, on the CPU, has neither problem.
     """
-    code = (f"import _course\n_course.definitions({lesson!r}, {function!r}, "
-            f"*{helpers!r}).{function}()\n")
+    code = (f"import json, _course\nresult = _course.definitions({lesson!r}, {function!r}, "
+            f"*{helpers!r}).{function}()\n"
+            f"print({RESULT_MARK!r}, json.dumps(result), sep='\\n')\n")
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -152,7 +160,9 @@ def in_fresh_process(lesson: str, function: str, *helpers: str) -> None:
     if done.returncode:
         raise RuntimeError(f"{function}() of {lesson} failed in its own process "
                            f"(exit status {done.returncode}):\n{done.stderr[-3000:]}")
-    print(done.stdout, end="")
+    printed, _, result = done.stdout.rpartition(RESULT_MARK + "\n")
+    print(printed, end="")
+    return json.loads(result)
 
 
 def _run(fn: Callable, args: tuple) -> Any:
@@ -211,7 +221,7 @@ def check(lesson: str, name: str, kernel: Callable, reference: Callable, args: t
                   f"  UNDECLARED: this kernel should compile on {here.upper()}. The lesson "
                   "goes on in interpret mode; if you did not change the kernel, report the "
                   "error above to the course.", file=sys.stderr)
-        elif ran.interpret is not False and here != "cpu":
+        elif ran.interpret is not False:
             record["declared"] = declared or ran.label  # interpreted as its Execution asks
         ref_fn = jax.jit(reference)
         expected = _run(ref_fn, args)

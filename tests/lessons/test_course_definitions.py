@@ -43,3 +43,10 @@ def test_unknown_function_names_the_file_and_what_it_defines(course):
 def test_unknown_lesson(course):
     with pytest.raises(FileNotFoundError, match="no lesson 99-nothing.py"):
         course.definitions("99-nothing", "f")
+
+
+def test_in_fresh_process_prints_and_returns_what_the_function_did(course, capsys):
+    """Lesson 13 reads which core wrote each block from a CPU process of its own."""
+    owners = course.in_fresh_process("13-kernel-api", "two_core_block_owners", "which_core",
+                                     "traced_for_tpu", "tensorcore_mesh")
+    assert owners == [[0, 0], [0, 0], [1, 1], [1, 1]]
