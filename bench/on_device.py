@@ -437,19 +437,47 @@ def write(record: dict, out: Path | None, recorded: bool) -> Path:
     return path
 
 
+# what a notebook's run depends on: a change here between its run and the merged commit is
+# listed beside it (``changed_since_run``)
+COURSE_CODE = ("lessons", "exercises/source", "kernelsim", "grader", "bench/on_device.py",
+               "bench/gpu_kernels.py")
+
+
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+
+
 def merge(paths: list[Path]) -> dict:
-    """One record from the records of runs over disjoint notebooks on the same tree and chip."""
+    """One record from the records of runs on the same chip, JAX and libtpu. Runs may come from
+    different commits of one line of history: the record takes the newest; a notebook that ran
+    in several keeps its run at the newest commit (a rerun after a fix); and each notebook
+    keeps the commit it ran at and the course files changed since (none, or what a reader
+    must weigh)."""
     records = [json.loads(p.read_text()) for p in paths]
-    same = ("commit", "jax", "libtpu", "chip")
+    same = ("jax", "libtpu", "chip")
     for r in records[1:]:
         differ = [k for k in same if r[k] != records[0][k]]
         if differ:
             raise SystemExit(f"cannot merge runs that differ in {', '.join(differ)}")
-    runs = [n for r in records for n in r["notebooks"]]
-    names = [n["notebook"] for n in runs]
-    if len(set(names)) != len(names):
-        raise SystemExit("cannot merge: a notebook ran in more than one record")
-    merged = {**records[0], "notebooks": runs,
+
+    def age(commit: str) -> int:  # commits before it: the order of one line of history
+        return int(_git("rev-list", "--count", commit).stdout or -1)
+
+    records.sort(key=lambda r: age(r["commit"]))
+    newest = records[-1]["commit"]
+    if any(_git("merge-base", "--is-ancestor", r["commit"], newest).returncode for r in records):
+        raise SystemExit("cannot merge: the runs' commits are not one line of history")
+    by_name: dict[str, dict] = {}
+    for r in records:
+        changed = sorted(_git("diff", "--name-only", r["commit"], newest, "--",
+                              *COURSE_CODE).stdout.split()) if r["commit"] != newest else []
+        for n in r["notebooks"]:
+            earlier = by_name.get(n["notebook"])
+            if earlier is not None and earlier["commit"] == r["commit"]:
+                raise SystemExit(f"cannot merge: {n['notebook']} ran twice at {r['commit']}")
+            by_name[n["notebook"]] = {**n, "commit": r["commit"], "changed_since_run": changed}
+    runs = sorted(by_name.values(), key=lambda n: (n["kind"] != "lesson", n["notebook"]))
+    merged = {**records[-1], "notebooks": runs, "commit": newest,
               "when": max(r["when"] for r in records)}
     merged["summary"] = summarise(runs, merged["backend"])
     return merged

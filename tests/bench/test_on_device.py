@@ -139,9 +139,41 @@ def test_chip_names():
     assert on_device.chip_name("gpu", "NVIDIA H200") == "gpu-nvidia-h200"
 
 
+def _commit(rev: str) -> str:
+    found = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True,
+                           text=True)
+    if found.returncode:
+        pytest.skip(f"no commit {rev} in this checkout (a shallow clone)")
+    return found.stdout.strip()
+
+
+def test_merge_keeps_a_rerun_and_names_what_changed_since(tmp_path):
+    """A notebook rerun after a fix replaces its first run; each notebook keeps its commit and
+    the course files changed between it and the record's (the newest) commit."""
+    old, new = _commit("HEAD~3"), _commit("HEAD")
+    base = {"jax": "0.10.2", "libtpu": "0.0.42.1", "chip": "tpu-v5e", "backend": "tpu",
+            "when": "t"}
+    run = {"kind": "lesson", "core_halt": False, "timed_out": False, "kernels": [],
+           "checks": []}
+    first, rerun = tmp_path / "first.json", tmp_path / "rerun.json"
+    first.write_text(json.dumps({**base, "commit": old, "notebooks": [
+        {**run, "notebook": "01", "passed": True}, {**run, "notebook": "02", "passed": False}]}))
+    rerun.write_text(json.dumps({**base, "commit": new, "notebooks": [
+        {**run, "notebook": "02", "passed": True}]}))
+    merged = on_device.merge([rerun, first])
+    assert merged["commit"] == new
+    assert merged["summary"]["lessons"] == merged["summary"]["lessons_passed"] == 2
+    one, two = merged["notebooks"]
+    assert (one["commit"], two["commit"], two["changed_since_run"]) == (old, new, [])
+    changed = subprocess.run(["git", "diff", "--name-only", old, new, "--",
+                              *on_device.COURSE_CODE], cwd=ROOT, capture_output=True,
+                             text=True).stdout.split()
+    assert one["changed_since_run"] == sorted(changed)
+
+
 def test_merge_joins_disjoint_runs(tmp_path):
-    base = {"commit": "c", "jax": "0.10.2", "libtpu": "0.0.42.1", "chip": "tpu-v5e",
-            "backend": "tpu", "when": "t"}
+    base = {"commit": _commit("HEAD"), "jax": "0.10.2", "libtpu": "0.0.42.1",
+            "chip": "tpu-v5e", "backend": "tpu", "when": "t"}
     run = {"kind": "lesson", "passed": True, "core_halt": False, "timed_out": False,
            "kernels": [], "checks": []}
     a, b = tmp_path / "a.json", tmp_path / "b.json"
