@@ -121,13 +121,17 @@ def test_a_notebook_past_its_time_limit_is_stopped(tmp_path):
 
 
 def test_fallbacks_count_only_on_an_accelerator():
-    kernel = {"ran": "fell back", "declared": None, "passed": True}
+    kernel = {"ran": "fell back", "declared": None, "passed": True, "error": None}
     declared = {**kernel, "declared": "GPU only"}
+    # a kernel whose JAX lacks what it needs never ran: no fallback (lesson 16 on jax 0.10.2)
+    never_ran = {**kernel, "ran": "interpreted", "passed": False,
+                 "error": "NeedsNewerJax: jax.experimental.pallas.mosaic_gpu.InterpretGPUParams"}
     runs = [{"kind": "lesson", "passed": False, "core_halt": False, "timed_out": False,
-             "kernels": [kernel, declared, {**kernel, "ran": "compiled"}], "checks": []}]
+             "kernels": [kernel, declared, {**kernel, "ran": "compiled"}, never_ran],
+             "checks": []}]
     tpu = on_device.summarise(runs, "tpu")
     assert (tpu["fallbacks_declared"], tpu["fallbacks_undeclared"]) == (1, 1)
-    assert tpu["kernels"] == 3 and tpu["kernels_compiled"] == 1
+    assert tpu["kernels"] == 4 and tpu["kernels_compiled"] == 1
     cpu = on_device.summarise(runs, "cpu")
     assert cpu["fallbacks_declared"] == cpu["fallbacks_undeclared"] == 0
 
