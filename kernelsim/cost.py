@@ -150,6 +150,26 @@ def _buffers(op: Operand, model: str) -> int:
     return op.buffer_count
 
 
+@dataclass(frozen=True)
+class VmemLimit:
+    """The VMEM a TPU kernel's allocation (``CallCost.mosaic_vmem_bytes``) must fit in, bytes,
+    and what sets it: the call's ``vmem_limit_bytes``, else Mosaic's default scoped limit on the
+    chip (16 MiB on v5e, measured), else the chip's physical VMEM."""
+
+    bytes: int
+    source: str
+
+
+def vmem_limit(call: KernelCall, chip: Chip) -> VmemLimit:
+    """The limit lint warns at and the views draw the footprint against."""
+    if call.vmem_limit_bytes is not None:
+        return VmemLimit(call.vmem_limit_bytes, "the call's vmem_limit_bytes")
+    if chip.default_scoped_vmem_bytes:
+        return VmemLimit(chip.default_scoped_vmem_bytes,
+                         f"Mosaic's default scoped VMEM limit on {chip.name}")
+    return VmemLimit(chip.vmem_bytes, f"{chip.name}'s VMEM")
+
+
 def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
     """Totals of ``schedule`` and its roofline estimate on ``chip``."""
     call: KernelCall = schedule.call

@@ -24,7 +24,7 @@ Each message names the operand and the rule; the rules' sources:
 from __future__ import annotations
 
 from kernelsim.chips import Chip
-from kernelsim.cost import CallCost
+from kernelsim.cost import CallCost, vmem_limit
 from kernelsim.model import KernelCall, Operand, tile_padded_bytes
 from kernelsim.schedule import CallSchedule, revisit_steps
 
@@ -201,17 +201,16 @@ def lint(call: KernelCall, schedule: CallSchedule, cost: CallCost, chip: Chip) -
             f"[{VMEM_CAPACITY}] VMEM footprint {need:,} B (buffers {cost.vmem_bytes:,} B, "
             f"values the body keeps {cost.body_values_vmem_bytes:,} B) exceeds {chip.name}'s "
             f"VMEM of {capacity:,} B: use smaller blocks{_fitting_blocks(call, cost, capacity)}.")
-    limit = call.vmem_limit_bytes
-    default = chip.default_scoped_vmem_bytes
-    if tpu and limit is None and default and capacity >= need > default:
+    limit = vmem_limit(call, chip).bytes  # (capacity itself where the chip has no other)
+    if tpu and call.vmem_limit_bytes is None and capacity >= need > limit:
         warnings.append(
             f"[{SCOPED_VMEM}] VMEM footprint {need:,} B (buffers {cost.vmem_bytes:,} B, "
             f"values the body keeps {cost.body_values_vmem_bytes:,} B) exceeds Mosaic's "
-            f"default scoped VMEM limit on {chip.name}, {default:,} B: the compile fails "
+            f"default scoped VMEM limit on {chip.name}, {limit:,} B: the compile fails "
             "with CompileTimeScopedVmemOom. Set pltpu.CompilerParams(vmem_limit_bytes=...) "
             f"above {need:,} B (XLA's --xla_tpu_scoped_vmem_limit_kib must allow it) or use "
-            f"smaller blocks{_fitting_blocks(call, cost, default)}.")
-    if tpu and limit is not None and capacity >= need > limit:
+            f"smaller blocks{_fitting_blocks(call, cost, limit)}.")
+    elif tpu and capacity >= need > limit:
         # jax/_src/pallas/mosaic/core.py, CompilerParams: the limit also needs XLA's
         # --xla_tpu_scoped_vmem_limit_kib raised above it.
         warnings.append(

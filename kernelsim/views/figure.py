@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
+from kernelsim.cost import vmem_limit
 from kernelsim.schedule import ACTIONS
 from kernelsim.views import palette as pal
 from kernelsim.views.data import (
@@ -195,11 +196,16 @@ class StepFigure:
     def _onchip_panel(self, ax) -> None:
         """One row per operand: its label, then its buffers; scratch rows after them."""
         ax.set_axis_off()
-        space = "shared memory" if self.view.model == "gpu" else "VMEM"
-        footprint = self.view.cost.vmem_bytes + self.view.cost.smem_bytes
-        ax.set_title(f"on chip ({space}): {fmt_bytes(footprint)} of "
-                     f"{fmt_bytes(self.view.chip.vmem_bytes)} on {self.view.chip.name}",
-                     fontsize=FONT, color=pal.INK, loc="left")
+        if self.view.model == "gpu":
+            footprint = self.view.cost.vmem_bytes + self.view.cost.smem_bytes
+            title = (f"on chip (shared memory): {fmt_bytes(footprint)} of "
+                     f"{fmt_bytes(self.view.chip.vmem_bytes)} on {self.view.chip.name}")
+        else:  # what Mosaic allocates, against the limit its compile enforces
+            limit = vmem_limit(self.view.call, self.view.chip)
+            title = (f"on chip (VMEM): Mosaic allocates "
+                     f"{fmt_bytes(self.view.cost.mosaic_vmem_bytes)}, limit "
+                     f"{fmt_bytes(limit.bytes)}")
+        ax.set_title(title, fontsize=FONT, color=pal.INK, loc="left")
         rows = len(self.scheds) + len(self.scratch)
         ax.set_xlim(0, 10)
         ax.set_ylim(max(rows, 1), 0)

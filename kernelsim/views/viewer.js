@@ -414,19 +414,24 @@ class Viewer {
                         `${fmtBytes(s.bytes)}, lives for the whole call`, access))));
       this.scratchAccess[s.name] = access;
     }
-    // capacity: the call's on-chip footprint against the chip's
-    const used = cost.onchip;
-    const cap = cost.chip_vmem;
+    // capacity: on a TPU what Mosaic allocates (buffers, padded tiles, the body's values)
+    // against the limit the compile enforces; else the call's on-chip footprint against the
+    // chip's memory
+    const scoped = Boolean(cost.vmem_limit);
+    const used = scoped ? cost.mosaic_vmem : cost.onchip;
+    const cap = scoped ? cost.vmem_limit : cost.chip_vmem;
     const pct = cap ? (100 * used) / cap : 0;
+    const share = `${pct < 0.1 ? pct.toPrecision(1) : pct.toFixed(1)}%`;
     const bar = h("div", {class: "ks-capbar" + (used > cap ? " ks-over" : ""),
                           role: "meter", "aria-valuemin": 0, "aria-valuemax": cap,
                           "aria-valuenow": used, "aria-label": `${space} footprint`},
                   h("div", {style: `width:${Math.min(pct, 100)}%`}));
     lane.append(h("div", {class: "ks-cap"},
-                  h("div", {class: "ks-meta", text:
-                    `footprint ${fmtBytes(used)} of ${fmtBytes(cap)} ${space} on ` +
-                    `${this.chip} (${pct < 0.1 ? pct.toPrecision(1) : pct.toFixed(1)}%)` +
-                    (used > cap ? " — does not fit" : "")}), bar));
+                  h("div", {class: "ks-meta", text: (scoped ?
+                    `Mosaic allocates ${fmtBytes(used)} (${share}) of ${fmtBytes(cap)}, ` +
+                    `${cost.vmem_limit_source}; ${fmtBytes(cost.chip_vmem)} ${space} in all` :
+                    `footprint ${fmtBytes(used)} of ${fmtBytes(cap)} ${space} on ${this.chip} ` +
+                    `(${share})`) + (used > cap ? " — does not fit" : "")}), bar));
   }
 
   buildScalars(lane) {

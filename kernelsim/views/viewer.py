@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kernelsim.chips import CHIPS
-from kernelsim.cost import compute
+from kernelsim.cost import compute, vmem_limit
 from kernelsim.memories import MEMORY_NAMES, MemoryNames, memory_spaces
 from kernelsim.schedule import build
 from kernelsim.trace import DEFAULT_CHIP, body_dma_dict, device_dict
@@ -74,6 +74,8 @@ def _lines(op, axis) -> int:
 
 def _cost(schedule, chip, names: MemoryNames) -> dict[str, Any]:
     c = compute(schedule, chip)
+    # a TPU kernel's VMEM as Mosaic allocates it, against the limit the compile enforces
+    limit = vmem_limit(schedule.call, chip) if names.scalars else None
     return {
         "hbm_read": c.hbm_read_bytes, "hbm_write": c.hbm_write_bytes, "vmem": c.vmem_bytes,
         "smem": c.smem_bytes, "flops": c.flops, "compute_s": c.compute_seconds,
@@ -83,6 +85,8 @@ def _cost(schedule, chip, names: MemoryNames) -> dict[str, Any]:
         "estimate_s": c.estimated_seconds,
         "bound": "compute" if c.compute_seconds >= c.memory_seconds else "memory",
         "chip_vmem": chip.vmem_bytes, "chip_smem": chip.smem_bytes,
+        "mosaic_vmem": c.mosaic_vmem_bytes, "vmem_limit": limit and limit.bytes,
+        "vmem_limit_source": limit and limit.source,
         "buffers": {o.name: o.buffers for o in c.operands},
     }
 

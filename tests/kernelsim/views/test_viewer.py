@@ -49,6 +49,17 @@ def test_data_is_the_schedule_of_both_models_on_every_chip(mm_trace):
     assert set(_decode(call["models"]["tpu"]["operands"]["x_ref"]["slot"]).tolist()) == {0, 1}
 
 
+def test_a_tpu_kernels_vmem_is_drawn_against_the_limit_mosaic_enforces(mm_trace):
+    """The TPU model's capacity bar is Mosaic's allocation against the scoped limit (16 MiB
+    by default on a v5e, measured), not against the chip's 128 MiB; the GPU model has none."""
+    call = v.viewer_data(mm_trace)["calls"][0]
+    v5e = call["models"]["tpu"]["costs"]["tpu-v5e"]
+    cost = mm_trace.calls[0].cost
+    assert v5e["vmem_limit"] == 16 * 2**20 and "default scoped" in v5e["vmem_limit_source"]
+    assert v5e["mosaic_vmem"] == cost.mosaic_vmem_bytes > v5e["vmem"]
+    assert call["models"]["gpu"]["costs"]["h100"]["vmem_limit"] is None
+
+
 def test_prefetch_reads_and_accesses_travel_per_step():
     from views_kernels import gather_rows
 
