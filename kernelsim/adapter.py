@@ -42,10 +42,21 @@ SUPPORTED_JAX = ("0.10.2", "0.12.0.1")
 # ---------------------------------------------------------------------------------------------
 # What differs between JAX releases
 
-# kernelsim.gpu's model of a Mosaic GPU kernel is checked against the lowering of jax 0.12 and
-# newer only (tests/kernelsim/test_gpu_model.py); older releases' plgpu.kernel pipelines differ.
-GPU_MODEL_FROM_JAX = (0, 12)
-MODELS_MOSAIC_GPU = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= GPU_MODEL_FROM_JAX
+# The running release, for messages only (what differs is detected, never compared by number).
+RUNNING_JAX = jax.__version__
+
+# kernelsim.gpu's model of a Mosaic GPU kernel is checked against the lowering of the Mosaic GPU
+# that came with GPU interpret mode (plgpu.InterpretGPUParams; tests/kernelsim/test_gpu_model.py);
+# the older one (jax 0.10.2's) pipelines plgpu.kernel differently, and nothing checks it.
+@functools.cache
+def models_mosaic_gpu() -> bool:
+    """This JAX's Mosaic GPU is the one kernelsim.gpu models (asked once, when first needed:
+    importing Mosaic GPU is slow)."""
+    try:
+        from jax.experimental.pallas import mosaic_gpu as plgpu
+    except ImportError:  # a jaxlib without Mosaic GPU
+        return False
+    return hasattr(plgpu, "InterpretGPUParams")
 
 # jax <= 0.10 wraps a Jaxpr and its constants in ClosedJaxpr; from 0.11 a Jaxpr carries its
 # constants itself (``.consts``, and ``.jaxpr`` returns the Jaxpr), and ClosedJaxpr is gone.

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 from jax.experimental.pallas import tpu as pltpu
 
-from kernelsim.adapter import SUPPORTED_JAX
+from kernelsim.adapter import RUNNING_JAX, SUPPORTED_JAX
 
 
 class NeedsNewerJax(NotImplementedError):
@@ -32,7 +32,7 @@ def newer_api(module: Any, name: str) -> Any:
     if hasattr(module, name):
         return getattr(module, name)
     raise NeedsNewerJax(
-        f"{module.__name__}.{name} is not in JAX {jax.__version__}: this needs a newer "
+        f"{module.__name__}.{name} is not in JAX {RUNNING_JAX}: this needs a newer "
         f"release, such as JAX {SUPPORTED_JAX[-1]}, which the course is checked against "
         "(jax 0.10.2 is the last release for Python 3.11: a newer one needs Python 3.12 or "
         "newer)")

@@ -505,12 +505,11 @@ def analyse(fn: Callable, *args: Any, chip: str = "h100",
     Nothing executes: ``fn`` is traced to a jaxpr. cta: the grid coordinates of the CTA whose
     events are listed (default: the first CTA).
     """
-    if not adapter.MODELS_MOSAIC_GPU:
-        first = ".".join(map(str, adapter.GPU_MODEL_FROM_JAX))
+    if not adapter.models_mosaic_gpu():
         raise NeedsNewerJax(
-            f"kernelsim.gpu models Mosaic GPU kernels as JAX {first} and newer lower them; "
-            f"JAX {jax.__version__} is older: this needs a newer release, such as JAX "
-            f"{adapter.SUPPORTED_JAX[-1]}")
+            "kernelsim.gpu models Mosaic GPU kernels as the releases with GPU interpret mode "
+            f"lower them; JAX {adapter.RUNNING_JAX} is older: this needs a newer release, such "
+            f"as JAX {adapter.SUPPORTED_JAX[-1]}")
     shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), args)
     kernels = kernels_in(jax.make_jaxpr(fn)(*shapes), chip=chip, cta=cta)
     if not kernels:
