@@ -113,14 +113,14 @@ def test_decide_values_then_structure():
     assert not v.passed and "grid" in v.message
 
 
-def _add_result(output=None, trace=None, error=None):
-    """A visible case of ``add`` with the honest kernel's work: right values and one whole-array
-    call unless ``output`` or ``trace`` says otherwise."""
+def _add_result(output=None, trace=None, error=None, work=HONEST_ADD_WORK):
+    """A visible case of ``add``: right values, one whole-array call and the honest kernel's
+    work unless ``output``, ``trace`` or ``work`` says otherwise."""
     _, _, entry, inputs, expected, params = _case("add", False)
     return verdict.CaseResult(entry, inputs, expected, params,
                               expected if output is None and error is None else output, error,
                               _whole_call() if trace is None else trace, None,
-                              verdict.work_from_dict(HONEST_ADD_WORK))
+                              verdict.work_from_dict(work))
 
 
 def test_a_failed_check_lists_every_failure_at_once():
@@ -148,6 +148,24 @@ def test_each_failed_rule_is_named_once_under_the_first_case_it_failed_on():
     stub = _add_result(error="NotImplementedError: ")
     assert verdict.decide("add", [stub, _add_result(trace=_whole_call((2,)))]).message == \
         "add: not implemented yet"
+
+
+def test_a_rule_is_reported_where_it_applies():
+    """The scalar-prefetch rule for a kernel with scalar prefetch, the dot-precision rule for a
+    kernel with a dot; neither for a kernel with neither (issue 37: "scalar prefetch carries
+    indices ... found it does" of a kernel without any)."""
+    def about(rules):
+        return [r for r in rules if "scalar prefetch carries" in r or "dot precision" in r]
+
+    assert about(verdict.decide("add", [_add_result()]).rules) == []
+    call = HONEST_ADD_WORK["calls"][0]
+    indexed = {**HONEST_ADD_WORK, "calls": [{
+        **call, "primitives": [*call["primitives"], "dot_general"],
+        "operands": [{"role": "scalar_prefetch", "from": "inputs", "kind": "input",
+                      "floating": False}, *call["operands"]]}]}
+    v = verdict.decide("add", [_add_result(work=indexed)])
+    assert v.passed and len(about(v.rules)) == 2 and all(r.startswith("[ok  ]")
+                                                         for r in about(v.rules)), v.rules
 
 
 @pytest.mark.parametrize("hidden", [False, True])
