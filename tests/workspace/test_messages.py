@@ -200,6 +200,15 @@ def test_traffic_and_rules_read_as_english():
         assert "scalar prefetch" not in rule and "dot precision" not in rule, rule
 
 
+def test_a_passing_check_says_so_in_one_short_line(monkeypatch, capsys):
+    """Not one clause per rule that held (issue 37): those are in the check's record."""
+    monkeypatch.delenv("PALLAS_COURSE_GRADING", raising=False)
+    course.check("tiled_add", _tiled())
+    (line,) = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"tiled_add: 1 visible case\(s\) passed and all \d+ structural "
+                        r"rules held", line), line
+
+
 def test_summary_names_each_task_once(monkeypatch, capsys):
     """The summary's line starts with the task id; the check's message, which starts with it
     too, is not shown after it again ("add: add: ...")."""
