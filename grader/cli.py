@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         return site.serve(port=args.port, lab_port=args.lab_port, build=not args.no_build,
                           workspace_dir=args.workspace)
     if args.command == "check":
-        return check.run(args.notebook)
+        return check.run(args.notebook, args.verbose)
 
     if args.db:
         from grader.grading import batch

@@ -386,8 +386,9 @@ def _out_block(facts: TraceFacts | None) -> tuple[int, ...] | None:
 
 @dataclass
 class Verdict:
-    """passed, or the message of the first failure; ``rules`` as the learner sees them and
-    ``checked`` the names of the structural rules that were evaluated."""
+    """passed, or the message of every failure; ``rules`` as the learner sees them (a failed
+    check's: those of the case that failed one) and ``checked`` the names of the structural
+    rules a passed check evaluated."""
 
     passed: bool
     message: str = ""
@@ -459,71 +460,76 @@ HIDDEN_ADVICE = ("hidden cases are not shown; make your function right for every
                  "dtype the task allows, and check it on the visible cases")
 
 
+NOT_IMPLEMENTED = "not implemented yet"  # a function that raises NotImplementedError (the stub)
+
+
+def _value_problem(r: CaseResult, hidden: bool) -> str | None:
+    """What is wrong with one case's run before any rule is read: the error it raised, or its
+    wrong values; None when its output is right."""
+    if r.error is not None:
+        if r.error.startswith("NotImplementedError"):
+            return NOT_IMPLEMENTED
+        if not hidden:
+            return f"your function raised on {describe(r.entry)}: {r.error}"
+        kind = r.error.partition(":")[0].strip()
+        kind = kind if kind in KNOWN_ERRORS else "an exception"
+        return f"your function raised {kind} on {describe_hidden(r.entry)}"
+    if hidden:
+        msg = first_mismatch(r.output, r.expected, r.entry["rtol"], r.entry["atol"])
+        return None if msg is None else f"wrong values for {describe_hidden(r.entry)}: {msg}"
+    msg = compare(r.output, r.expected, r.entry["rtol"], r.entry["atol"], _out_block(r.trace))
+    return None if msg is None else f"wrong values for {describe(r.entry)}: {msg}"
+
+
 def decide(task_id: str, results: list[CaseResult], hidden: bool = False) -> Verdict:
-    """Values first (every case), then the structural and work rules on every case's run.
+    """Every case's values, and the structural and work rules on every case's run: passed when
+    all hold. The message lists every failure at once, so that a learner who fixes the values
+    does not only then meet a rule the same run already broke: the first case whose run raised
+    or whose values are wrong, then each failed rule once, under the first case it failed on.
+    A function that raises NotImplementedError is said to be not implemented yet, and no more.
 
     ``hidden``: the cases are hidden ones, whose inputs, expected outputs and anything derived
     from them stay with the grader; the message then names the case, its dtype, and of the
     learner's own output its shape, dtype and first wrong element; of an error only its type;
     of a rule only what it requires by name.
     """
-    if hidden:
-        return _decide_hidden(task_id, results)
-    task = _tasks.get(task_id)
-    for r in results:
-        if r.error is not None:
-            if r.error.startswith("NotImplementedError"):
-                return Verdict(False, f"{task_id}: not implemented yet")
-            return Verdict(False, f"{task_id}: your function raised on {describe(r.entry)}: "
-                           f"{r.error}")
-        msg = compare(r.output, r.expected, r.entry["rtol"], r.entry["atol"],
-                      _out_block(r.trace))
-        if msg is not None:
-            return Verdict(False, f"{task_id}: wrong values for {describe(r.entry)}: {msg}")
-    return _rules(task_id, task, results, describe)
-
-
-def _rules(task_id: str, task, results: list[CaseResult], named, hidden: bool = False
-           ) -> Verdict:
     if not results:
         return Verdict(False, f"{task_id}: no cases were run")
-    first: list = []  # the first case's rules, shown when everything passed
+    task = _tasks.get(task_id)
+    wrong = next((p for r in results if (p := _value_problem(r, hidden)) is not None), None)
+    if wrong == NOT_IMPLEMENTED:
+        return Verdict(False, f"{task_id}: {NOT_IMPLEMENTED}")
+    failures = [] if wrong is None else [wrong]
+    named = describe_hidden if hidden else describe
+    first: list = []  # the first judged case's rules
+    shown: list = []  # ... of the first case that failed one: what the learner's record keeps
+    listed: set[str] = set()  # the failed rules named so far
+    no_kernel = False
     for r in results:
+        if r.error is not None:  # nothing ran to judge; the first such error is said above
+            continue
         if r.trace is None or r.work is None:
             launch = "plgpu.kernel" if task.target == "mosaic_gpu" else "pl.pallas_call"
-            rule = str(_tasks.Rule(f"{launch} reached", "exactly 1", "none", False))
-            why = "" if hidden else f" ({r.trace_error})"
-            return Verdict(False, f"{task_id}: structural check failed: your function never "
-                           f"calls {launch}{why}. The answer must be a "
-                           "Pallas kernel.", [rule])
+            if not no_kernel:
+                why = "" if hidden else f" ({r.trace_error})"
+                failures.append(f"structural check failed: your function never calls "
+                                f"{launch}{why}. The answer must be a Pallas kernel.")
+                shown = shown or [_tasks.Rule(f"{launch} reached", "exactly 1", "none", False)]
+            no_kernel = True
+            continue
         case = next(c for c in task.cases if c.name == r.entry["case"])
         rules = task.structure(r.trace, case, r.inputs) + \
             _tasks.work_rules(task, case, r.work, r.inputs, r.expected.size) + \
             _tasks.tpu_block_rule(task, r.trace)
         first = first or rules
-        failed = [f"[FAIL] {x.what}" if hidden else str(x) for x in rules if not x.ok]
+        failed = [x for x in rules if not x.ok and x.what not in listed]
         if failed:
-            body = "\n  ".join(failed)
-            return Verdict(False, f"{task_id}: structural check failed on {named(r.entry)}:"
-                           f"\n  {body}" + (f"\n({HIDDEN_ADVICE})" if hidden else ""),
-                           [] if hidden else [str(x) for x in rules])
-    if hidden:
-        return Verdict(True, "", [], [x.what for x in first])
-    return Verdict(True, "", [str(x) for x in first], [x.what for x in first])
-
-
-def _decide_hidden(task_id: str, results: list[CaseResult]) -> Verdict:
-    task = _tasks.get(task_id)
-    for r in results:
-        if r.error is not None:
-            if r.error.startswith("NotImplementedError"):
-                return Verdict(False, f"{task_id}: not implemented yet")
-            kind = r.error.partition(":")[0].strip()
-            kind = kind if kind in KNOWN_ERRORS else "an exception"
-            return Verdict(False, f"{task_id}: your function raised {kind} on "
-                           f"{describe_hidden(r.entry)} ({HIDDEN_ADVICE})")
-        msg = first_mismatch(r.output, r.expected, r.entry["rtol"], r.entry["atol"])
-        if msg is not None:
-            return Verdict(False, f"{task_id}: wrong values for {describe_hidden(r.entry)}: "
-                           f"{msg} ({HIDDEN_ADVICE})")
-    return _rules(task_id, task, results, describe_hidden, hidden=True)
+            shown = shown or rules
+            listed.update(x.what for x in failed)
+            body = "\n  ".join(f"[FAIL] {x.what}" if hidden else str(x) for x in failed)
+            failures.append(f"structural check failed on {named(r.entry)}:\n  {body}")
+    if failures:
+        return Verdict(False, f"{task_id}: " + "\n".join(failures)
+                       + (f"\n({HIDDEN_ADVICE})" if hidden else ""),
+                       [] if hidden else [str(x) for x in shown or first])
+    return Verdict(True, "", [] if hidden else [str(x) for x in first], [x.what for x in first])

@@ -1,13 +1,14 @@
 """``pallas-course check NOTEBOOK``: the learner's command, in a checkout and in a student copy.
 
-It runs a notebook's visible checks in a fresh kernel (never its hidden tests) and prints per
-task pass or fail, the structural rules and kernelsim's summary. ``NOTEBOOK`` is found where a
-learner types it: relative to the current folder, then to the workspace
-(``$PALLAS_COURSE_WORKSPACE``, which ``pallas-course serve`` sets for JupyterLab's terminals,
-else the workspace around the current folder or a checkout's ``workspace/``, else the nearest
-folder holding ``exercises/``), then by name among ``exercises/*/`` there, so
-``pallas-course check first_kernel.ipynb`` works from the workspace and from the exercise's own
-folder alike.
+It runs a notebook's visible checks in a fresh kernel (never its hidden tests) and prints one
+line per passing check and, for a failing one, its message (every failure of the check: wrong
+values and each structural rule it broke); ``--verbose`` adds every rule checked and kernelsim's
+summary of each task. ``NOTEBOOK`` is found where a learner types it: relative to the current
+folder, then to the workspace (``$PALLAS_COURSE_WORKSPACE``, which ``pallas-course serve`` sets
+for JupyterLab's terminals, else the workspace around the current folder or a checkout's
+``workspace/``, else the nearest folder holding ``exercises/``), then by name among
+``exercises/*/`` there, so ``pallas-course check first_kernel.ipynb`` works from the workspace
+and from the exercise's own folder alike.
 
 In a student copy (``pallas-course dist``) ``main`` is the ``pallas-course`` command itself;
 in a checkout, ``grader.cli`` hands its ``check`` subcommand here. Nothing here imports the
@@ -87,9 +88,11 @@ def _first_error(cell) -> str | None:
     return f"{errs[0].get('ename')}: {errs[0].get('evalue')}" if errs else None
 
 
-def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
-    """Run a notebook's visible checks in a fresh kernel; print per task pass/fail and
-    structure; 0 when every check passed, 1 when one failed, 2 when it cannot be read."""
+def check_notebook(path: Path, timeout: int = 300, log=print, verbose: bool = False) -> int:
+    """Run a notebook's visible checks in a fresh kernel; print per test cell pass or fail (a
+    failure with its whole message) and, with ``verbose``, every rule checked and kernelsim's
+    summary of each task; 0 when every check passed, 1 when one failed, 2 when it cannot be
+    read."""
     import nbclient
     import nbformat
 
@@ -152,7 +155,9 @@ def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
             log(f"FAIL  {gid}: not run (the kernel died or the notebook stopped before it)")
         else:
             log(f"pass  {gid}")
-    for r in records:
+    # a passing check is its one line above and a failing one its message: the rules that held
+    # and kernelsim's table only when asked for
+    for r in records if verbose else []:
         if r.get("rules"):
             log(f"\n{r['task']}: structural check")
             for line in r["rules"]:
@@ -165,14 +170,14 @@ def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
     return 1 if failures else 0
 
 
-def run(notebook: Path) -> int:
-    """``pallas-course check NOTEBOOK`` from the current folder: an exit code."""
+def run(notebook: Path, verbose: bool = False) -> int:
+    """``pallas-course check [--verbose] NOTEBOOK`` from the current folder: an exit code."""
     try:
         path = find_notebook(notebook, Path.cwd())
     except NotebookNotFound as e:
         print(f"pallas-course check: {e}", file=sys.stderr)
         return 2
-    return check_notebook(path)
+    return check_notebook(path, verbose=verbose)
 
 
 def add_command(subparsers) -> None:
@@ -181,11 +186,14 @@ def add_command(subparsers) -> None:
     k = subparsers.add_parser(
         "check", help="run a notebook's visible checks in a fresh kernel",
         description="Run a notebook's visible checks (never its hidden tests) in a fresh "
-        "kernel and print, per task, pass or fail, the structural rules and kernelsim's "
-        "summary. Exit status: 0 when every check passed, 1 when one failed, 2 when the "
-        "notebook cannot be found or read.")
+        "kernel and print one line per passing check and, for a failing one, every failure: "
+        "wrong values and each structural rule it broke. Exit status: 0 when every check "
+        "passed, 1 when one failed, 2 when the notebook cannot be found or read.")
     k.add_argument("notebook", type=Path, help="a path from here or from your workspace, or "
                    "just the notebook's name (first_kernel.ipynb)")
+    k.add_argument("-v", "--verbose", action="store_true", help="also print every structural "
+                   "rule checked and kernelsim's summary (blocks, traffic, time estimate) of "
+                   "each task")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pallas-course", description=__doc__.split("\n")[0])
     add_command(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
-    return run(args.notebook)
+    return run(args.notebook, args.verbose)
 
 
 if __name__ == "__main__":

@@ -6,11 +6,12 @@ grader's machine), compares each output with the stored reference under the task
 tolerance, then traces the function with kernelsim and checks its structural rules (a
 ``pallas_call`` is reached, grid, block shapes, scalar prefetch, HBM traffic budget).
 
-A failure is a ``CheckFailed`` (an ``AssertionError``) with a message naming the case, the first
-differing element, its block and the size of the difference, or the structural requirement and
-what was found. In a Jupyter kernel it is shown as the cell's error output but not raised, so a
-Restart-and-Run-All reaches every task's check; ``summary()`` (each notebook's last cell) then
-lists what passed and failed. Outside a kernel (a script, a test) it is raised.
+A failure is a ``CheckFailed`` (an ``AssertionError``) with a message naming every failure at
+once: the case, the first differing element, its block and the size of the difference, and each
+structural requirement not met with what was found. In a Jupyter kernel it is shown as the
+cell's error output but not raised, so a Restart-and-Run-All reaches every task's check;
+``summary()`` (each notebook's last cell) then lists what passed and failed. Outside a kernel (a
+script, a test) it is raised.
 
 The checking itself is ``grader.learner.selfcheck``, imported when a check first runs; this module
 imports no other part of the grader, so it is what the notebook's process of the grader's run

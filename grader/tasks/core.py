@@ -300,23 +300,26 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
                for i, (role, f) in enumerate(c.operands)
                if role == "scalar_prefetch" and f.floating]
     prefetched = any(role == "scalar_prefetch" for c in w.calls for role, _ in c.operands)
-    rules.append(Rule("scalar prefetch carries indices", f"{task.prefetch}, computed from "
-                      "integer data (a result computed outside the kernel is not an index)",
-                      "; ".join(results) or ("it does" if prefetched else
-                                             "no scalar-prefetch operand"), not results))
+    rules += applicable(Rule("scalar prefetch carries indices", f"{task.prefetch}, computed "
+                             "from integer data (a result computed outside the kernel is not "
+                             "an index)", "; ".join(results) or "it does", not results),
+                        prefetched)
     if task.target == "tpu":  # a GPU task's float32 dots: calling.lowered_for_gpu (TF32)
         dots = [f"pallas_call #{c.number}: {d}" for c in w.calls for d in c.dot_precisions]
-        rules.append(Rule("dot precision right on a TPU", "float32 dots at HIGHEST, 16-bit "
-                          "dots at the default (with preferred_element_type=jnp.float32)",
-                          "; ".join(dots) or "they are", not dots))
+        rules += applicable(Rule("dot precision right on a TPU", "float32 dots at HIGHEST, "
+                                 "16-bit dots at the default (with "
+                                 "preferred_element_type=jnp.float32)",
+                                 "; ".join(dots) or "they are", not dots),
+                            any("dot_general" in c.primitives for c in w.calls))
         strided = [f"pallas_call #{c.number}: {r}" for c in w.calls for r in c.strided_refs]
-        rules.append(Rule(
+        # the work facts name only the strided accesses Mosaic refuses: said when there is one
+        rules += applicable(Rule(
             "strided ref reads Mosaic lowers (rule strided_load)", "a pl.ds(..., stride=k) read "
             "or write only of 32-bit data in a ref exactly 128 lanes wide; otherwise read the "
             "whole block, convert it to float32 and select rows with a mask (jnp.where on a "
             "jax.lax.broadcasted_iota)",
             "; ".join(f"{r}, which Mosaic refuses to compile" for r in strided) or "they are",
-            not strided))
+            not strided), applies=False)
     if task.own_kernels:
         rules.append(own_kernels(w))
     if task.dma_rules is not None:
@@ -338,16 +341,27 @@ def tpu_block_rule(task: Task, facts: Any) -> list[Rule]:
         found += f" The same for {', '.join(others)}."
     dependent = [w.split("] ", 1)[1].split(". On a TPU", 1)[0] for c in facts.calls
                  for w in c.dependent_prefetch_reads]
+    prefetched = any(o.role == "scalar_prefetch" for c in facts.calls for o in c.operands)
     return [Rule("block shapes Mosaic accepts (TPU's (8, 128) tiling rule)",
                  "the last two block dims multiples of (8, 128) or the array's own", found,
                  not problems),
-            Rule("output index maps read scalar prefetch at the step's own index (rule "
-                 "dependent_prefetch_read)", "an output's index map reads a scalar-prefetch "
-                 "array at an index computed from the grid alone: look a table up before the call "
-                 "(e.g. pages = page_indices[jnp.arange(S), positions // page_size]) and "
-                 "prefetch the result",
-                 "; ".join(f"{d}, which halted a TPU v5e core" for d in dependent)
-                 or "they do", not dependent)]
+            *applicable(Rule(
+                "output index maps read scalar prefetch at the step's own index (rule "
+                "dependent_prefetch_read)", "an output's index map reads a scalar-prefetch "
+                "array at an index computed from the grid alone: look a table up before the "
+                "call (e.g. pages = page_indices[jnp.arange(S), positions // page_size]) and "
+                "prefetch the result",
+                "; ".join(f"{d}, which halted a TPU v5e core" for d in dependent) or "they do",
+                not dependent), prefetched)]
+
+
+def applicable(rule: Rule, applies: bool) -> list[Rule]:
+    """``rule`` where the learner's kernel has what it is about (``applies``: scalar prefetch,
+    a dot), else none: a kernel without scalar prefetch is not told that its scalar prefetch
+    carries indices. A rule that failed is always kept, so this decides no check."""
+    return [rule] if applies or not rule.ok else []
+
+
 def own_kernels(w) -> Rule:
     """No kernel body is the course's own or a Pallas op JAX ships: by the file it was defined
     in, or by its fingerprint (``grader.tasks.shipped``), which re-created source keeps."""

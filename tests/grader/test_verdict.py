@@ -12,6 +12,7 @@ import pytest
 from grader.grading import refs, trusted, verdict
 from grader.grading.batch import test_cell_changes as cell_changes
 from kernelsim import examples
+from kernelsim.lint import BLOCK_SHAPE_REJECTED
 
 
 def test_compare_locates_the_first_bad_element_and_its_block():
@@ -65,10 +66,17 @@ def _case(task_id: str, hidden: bool):
     return refdir, manifest, entry, *refs.load_case(refdir, entry)
 
 
-def _whole_call(grid=()):
+def _whole_call(grid=(), warnings=()):
     return verdict.facts_from_dict({"calls": [{
         "name": "k", "grid": list(grid), "dimension_semantics": ["arbitrary"] * len(grid),
-        "operands": [], "hbm_read_bytes": 0, "hbm_write_bytes": 0, "onchip_peak_bytes": 0}]})
+        "operands": [], "hbm_read_bytes": 0, "hbm_write_bytes": 0, "onchip_peak_bytes": 0,
+        "warnings": list(warnings)}]})
+
+
+# kernelsim's lint of a (4, 100) block, as the trace carries it
+REJECTED_BLOCK = ("operand 'x_ref': block (4, 100) breaks TPU's (8, 128) tiling rule (float32): "
+                  "last dim 100 is neither a multiple of 128 nor the array's 128. Nearest legal "
+                  f"block: (8, 128). {BLOCK_SHAPE_REJECTED}.")
 
 
 HONEST_ADD_WORK = {
@@ -103,6 +111,75 @@ def test_decide_values_then_structure():
     # every case is judged on its own run: a later case's structure counts too
     v = verdict.decide("add", [result(), result(trace=_whole_call((2,)))])
     assert not v.passed and "grid" in v.message
+
+
+def _add_result(output=None, trace=None, error=None, work=HONEST_ADD_WORK):
+    """A visible case of ``add``: right values, one whole-array call and the honest kernel's
+    work unless ``output``, ``trace`` or ``work`` says otherwise."""
+    _, _, entry, inputs, expected, params = _case("add", False)
+    return verdict.CaseResult(entry, inputs, expected, params,
+                              expected if output is None and error is None else output, error,
+                              _whole_call() if trace is None else trace, None,
+                              verdict.work_from_dict(work))
+
+
+def test_a_failed_check_lists_every_failure_at_once():
+    """Wrong values, a wrong grid and a block Mosaic rejects, in one message (issue 37: the
+    grid and block rules showed only once the values were right)."""
+    wrong = _add_result(_case("add", False)[4] * 2 + 1, _whole_call((2,), [REJECTED_BLOCK]))
+    for hidden in (False, True):
+        v = verdict.decide("add", [wrong], hidden=hidden)
+        assert not v.passed
+        assert v.message.startswith("add: wrong values for "), v.message
+        assert "[FAIL] grid" in v.message, v.message
+        assert "[FAIL] block shapes Mosaic accepts" in v.message, v.message
+    visible = verdict.decide("add", [wrong])
+    grid = "[FAIL] grid: required () (one kernel instance, whole arrays); found (2,)"
+    assert grid in visible.message and grid in visible.rules, visible.message
+
+
+def test_each_failed_rule_is_named_once_under_the_first_case_it_failed_on():
+    two = [_add_result(trace=_whole_call((2,))), _add_result(trace=_whole_call((3,)))]
+    message = verdict.decide("add", two).message
+    assert message.count("[FAIL] grid") == 1 and "found (2,)" in message, message
+    raised = _add_result(error="ValueError: no", trace=_whole_call((2,)))
+    message = verdict.decide("add", [raised, _add_result(trace=_whole_call((2,)))]).message
+    assert "your function raised on case v0" in message and "[FAIL] grid" in message, message
+    stub = _add_result(error="NotImplementedError: ")
+    assert verdict.decide("add", [stub, _add_result(trace=_whole_call((2,)))]).message == \
+        "add: not implemented yet"
+
+
+def test_a_rule_is_reported_where_it_applies():
+    """The scalar-prefetch rule for a kernel with scalar prefetch, the dot-precision rule for a
+    kernel with a dot; neither for a kernel with neither (issue 37: "scalar prefetch carries
+    indices ... found it does" of a kernel without any)."""
+    def about(rules):
+        return [r for r in rules if "scalar prefetch carries" in r or "dot precision" in r]
+
+    assert about(verdict.decide("add", [_add_result()]).rules) == []
+    call = HONEST_ADD_WORK["calls"][0]
+    indexed = {**HONEST_ADD_WORK, "calls": [{
+        **call, "primitives": [*call["primitives"], "dot_general"],
+        "operands": [{"role": "scalar_prefetch", "from": "inputs", "kind": "input",
+                      "floating": False}, *call["operands"]]}]}
+    v = verdict.decide("add", [_add_result(work=indexed)])
+    assert v.passed and len(about(v.rules)) == 2 and all(r.startswith("[ok  ]")
+                                                         for r in about(v.rules)), v.rules
+
+
+@pytest.mark.parametrize("hidden", [False, True])
+def test_listing_every_failure_changes_no_decision(hidden):
+    """A check passes exactly when every case's values are right and every rule holds: what the
+    message lists decides nothing."""
+    right = _case("add", False)[4]
+    for output in (right, right + 1):
+        for grid in ((), (2,)):
+            for warnings in ((), (REJECTED_BLOCK,)):
+                v = verdict.decide("add", [_add_result(output, _whole_call(grid, warnings))],
+                                   hidden=hidden)
+                assert v.passed == (output is right and grid == () and not warnings), \
+                    (output is right, grid, warnings, v.message)
 
 
 def test_checks_in_reads_only_graded_cells():

@@ -1,9 +1,11 @@
 """`pallas-course check NOTEBOOK` finds the notebook where a learner types the command: from the
 exercise's folder, from the workspace (by path or by name alone), from any folder below it,
-and names what to do when the name is unknown or means two notebooks."""
+and names what to do when the name is unknown or means two notebooks; what it prints: one line
+per passing check, every failure of a failing one, no kernel start-up log."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,58 @@ def test_check_help_says_what_the_command_does(main, capsys):
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal
     assert "visible checks (never its hidden tests) in a fresh kernel" in out, out
     assert "Exit status: 0" in out and "just the notebook's name" in out, out
+    assert "--verbose" in out and "every structural rule checked" in out, out
+
+
+def _graded(source: str, grade_id: str):
+    import nbformat
+
+    return nbformat.v4.new_code_cell(source, metadata={"nbgrader": {
+        "grade": True, "solution": False, "locked": True, "grade_id": grade_id,
+        "schema_version": 3, "points": 1}})
+
+
+def test_a_pass_is_one_line_and_a_failure_lists_every_rule_it_broke(tmp_path, capfd,
+                                                                   monkeypatch):
+    """A right ``add`` is one line; a ``tiled_add`` with wrong values, a wrong grid and blocks
+    Mosaic rejects fails with all three in one run; ``--verbose`` adds the rules that held and
+    kernelsim's table (issue 37: eleven ``[ok]`` lines per passing task, and the grid and
+    block rules shown only once the values were right)."""
+    import nbformat
+
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell(
+            "import jax\nfrom jax.experimental import pallas as pl\n"
+            "from grader.learner import course\n"
+            "def add_kernel(x_ref, y_ref, o_ref):\n    o_ref[...] = x_ref[...] + y_ref[...]\n"
+            "def sub_kernel(x_ref, y_ref, o_ref):\n    o_ref[...] = x_ref[...] - y_ref[...]\n"
+            "def add(x, y):\n    return pl.pallas_call(add_kernel, out_shape=jax."
+            "ShapeDtypeStruct(x.shape, x.dtype), interpret=True)(x, y)\n"
+            "def tiled_add(x, y, block):\n    spec = pl.BlockSpec((16, 100), lambda i, j: (i, j))\n"
+            "    return pl.pallas_call(sub_kernel, grid=(2, 3), in_specs=[spec, spec], "
+            "out_specs=spec, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), "
+            "interpret=True)(x, y)"),
+        _graded('course.check("add", add)', "add_visible"),
+        _graded('course.check("tiled_add", tiled_add)', "tiled_add_visible")])
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, tmp_path / "task.ipynb")
+    # the kernel imports this checkout's grader
+    repo = str(Path(__file__).resolve().parents[2])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+        p for p in (repo, os.environ.get("PYTHONPATH")) if p))
+    monkeypatch.delenv("PALLAS_COURSE_GRADING", raising=False)
+    lines: list[str] = []
+    assert check.check_notebook(tmp_path / "task.ipynb", log=lines.append) == 1
+    out = "\n".join(lines)
+    assert "pass  add_visible" in lines and "[ok" not in out, out
+    assert "FAIL  tiled_add_visible: CheckFailed: tiled_add: wrong values for case v0" in out
+    assert "[FAIL] grid: required (4, 2); found (2, 3)" in out, out
+    assert "[FAIL] block shapes Mosaic accepts (TPU's (8, 128) tiling rule)" in out, out
+    assert lines[-1].strip() == "1 passed, 1 failed", out
+    printed = capfd.readouterr()
+    assert "IPKernelApp" not in printed.out + printed.err, printed.err
+    lines.clear()
+    assert check.check_notebook(tmp_path / "task.ipynb", log=lines.append, verbose=True) == 1
+    out = "\n".join(lines)
+    assert "[ok  ] pallas_call reached" in out and "add: kernelsim" in out, out
