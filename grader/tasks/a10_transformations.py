@@ -31,7 +31,6 @@ from grader.tasks.core import (
     block_is,
     calls_at_least,
     cdiv,
-    drawn_values,
     grid_is,
     make_case,
     nbytes_of,
@@ -40,6 +39,7 @@ from grader.tasks.core import (
     role_count,
     single_call,
     total_budget,
+    with_zero_row,
 )
 
 A10 = "10_transformations"
@@ -99,15 +99,6 @@ def _rms_norm_ref(x, w, g, bm):
     return jnp.concatenate([y, dx, dw]).astype(x.dtype)
 
 
-def _make_rms_norm(rng, case):
-    """x, the weight w and the cotangent g as drawn; with ``values="zero_row"`` row 1 of x is
-    all zeros."""
-    out = {k: drawn_values(rng, s, case) for k, s in case.arrays.items()}
-    if case.values == "zero_row":
-        out["x"][1] = 0
-    return out
-
-
 def _rms_norm_rules(t, case, inputs) -> list[Rule]:
     (m, n), bm = case.arrays["x"], case.params["bm"]
     rules = [calls_at_least(t, 2)]
@@ -133,7 +124,7 @@ register_task(
     id="rms_norm", assignment=A10,
     title="Scaled RMS norm: forward and backward kernels via custom_vjp, dw summed across steps",
     kernel_ops=(("rsqrt", "sqrt"),),
-    reference=_rms_norm_ref, invoke=calling.rms_norm_vjp, make=_make_rms_norm,
+    reference=_rms_norm_ref, invoke=calling.rms_norm_vjp, make=with_zero_row("x"),
     tolerance="reduction",
     cases=(
         make_case("v0", 20, "float32", {"x": (16, 128), "w": (1, 128), "g": (16, 128)}, bm=8),
@@ -151,6 +142,9 @@ register_task(
                   values="large", bm=32),
         make_case("h3", 2004, "float32", {"x": (8, 1024), "w": (1, 1024), "g": (8, 1024)}, True,
                   bm=8),
+        # hidden too: an all-zero row, so a norm without RMS_EPS loses the hidden points
+        make_case("h4", 2005, "bfloat16", {"x": (24, 256), "w": (1, 256), "g": (24, 256)}, True,
+                  values="zero_row", bm=8),
     ),
     structure=_rms_norm_rules,
 )

@@ -29,7 +29,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import kernelsim
 from grader.grading import calling
 from grader.tasks.a04_memory_spaces import prediction_structure
-from grader.tasks.core import Rule, make_case, register_task
+from grader.tasks.core import Rule, make_case, register_task, with_zero_row
 
 A15 = "15_mosaic_gpu"
 DTYPES = {2: jnp.bfloat16, 4: jnp.float32}
@@ -247,13 +247,15 @@ register_task(
     id="rms_norm_mgpu", assignment=A15,
     title="RMS norm in a Mosaic GPU kernel: TMA copies, barriers, TMA back",
     reference=rms_norm_reference, tolerance="reduction", target="mosaic_gpu",
-    invoke=calling.mosaic_gpu_here,
+    invoke=calling.mosaic_gpu_here, make=with_zero_row("x"),
     cases=(
         make_case("v0", 15, "float32", {"x": (128, 256), "w": (256,)}),
         make_case("h0", 16, "float32", {"x": (64, 128), "w": (128,)}, True),
         make_case("h1", 17, "bfloat16", {"x": (256, 256), "w": (256,)}, True),
         # rows far from zero mean: the mean of squares, not the variance
         make_case("h2", 18, "float32", {"x": (192, 128), "w": (128,)}, True, values="large"),
+        # an all-zero row: only RMS_EPS keeps it finite
+        make_case("h3", 19, "float32", {"x": (128, 128), "w": (128,)}, True, values="zero_row"),
     ),
     structure=staged_by_tma,
 )

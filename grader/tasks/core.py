@@ -155,6 +155,18 @@ def drawn_values(rng: np.random.Generator, shape, case: Case) -> np.ndarray:
     return normal_array(rng, shape, case.dtype)
 
 
+def with_zero_row(name: str) -> Callable[[np.random.Generator, Case], dict[str, np.ndarray]]:
+    """A task's ``make``: its inputs drawn as ``drawn_values`` draws them; with
+    ``values="zero_row"`` row 1 of input ``name`` is all zeros, where only a norm's epsilon keeps
+    the row finite (a mean square of 0 under a reciprocal square root)."""
+    def make(rng: np.random.Generator, case: Case) -> dict[str, np.ndarray]:
+        out = {k: drawn_values(rng, s, case) for k, s in case.arrays.items()}
+        if case.values == "zero_row":
+            out[name][1] = 0
+        return out
+    return make
+
+
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 

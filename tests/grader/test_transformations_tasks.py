@@ -349,3 +349,12 @@ def test_reference_solution_lowers_for_tpu_and_gpu(solutions, monkeypatch, task_
                     return task.call(solutions[task_id], list(args), case.params)
 
                 assert lowering_error(fn, *arrays) is None, (lowering_error.__name__, case.name)
+
+
+def test_a_norm_without_epsilon_fails_a_hidden_case_too(monkeypatch):
+    """Only the epsilon keeps an all-zero row finite; a hidden case has one as well as v1, so
+    a norm without it loses the hidden points, not only the visible case (issue 36: it scored 8
+    of 9)."""
+    monkeypatch.setitem(globals(), "EPS", 0.0)  # _inv_rms of the planted kernels, forward and back
+    with pytest.raises(course.CheckFailed, match="wrong values"):
+        course.check("rms_norm", _rms_norm(), hidden=True, quiet=True)
