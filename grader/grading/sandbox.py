@@ -170,6 +170,23 @@ def claimed_slot() -> Iterator[int]:
         os.close(lock)
 
 
+@contextlib.contextmanager
+def slot_if_free(slot: int) -> Iterator[bool]:
+    """Hold ``slot``'s lock for the block when no grader holds it (True: none of its runs can
+    start meanwhile), else hold nothing (False)."""
+    locks = private_folder("pallas-course-slots")
+    fd = os.open(locks / f"{slot}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
+    finally:
+        os.close(fd)
+
+
 # the environment variable in which a grading worker names the slot it claimed for its runs
 SLOT_ENV = "PALLAS_COURSE_SLOT"
 
@@ -248,7 +265,8 @@ def _limits_argv(limits: Limits, nproc: bool) -> list[str]:
     return [*cmd, "--"]
 
 
-def _pids_of_uid(uid: int) -> list[int]:
+def pids_of_uid(uid: int) -> list[int]:
+    """The processes running as ``uid`` now."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -277,7 +295,7 @@ def kill_all(pgid: int, uid: int | None) -> None:
 def kill_uid(uid: int) -> None:
     """SIGKILL every process of ``uid`` until none is left."""
     for _ in range(20):  # a fork bomb may spawn while we kill: repeat until none is left
-        pids = _pids_of_uid(uid)
+        pids = pids_of_uid(uid)
         if not pids:
             return
         for pid in pids:

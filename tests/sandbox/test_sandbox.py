@@ -95,7 +95,7 @@ def test_fork_bomb_is_contained_and_cleaned_up(tmp_path):
     out = _run(tmp_path, code, slot=HELD[1])
     assert out.status == "timeout"
     time.sleep(0.2)
-    assert sandbox._pids_of_uid(sandbox.sandbox_uid(HELD[1])) == []
+    assert sandbox.pids_of_uid(sandbox.sandbox_uid(HELD[1])) == []
 
 
 @pytest.mark.skipif(sandbox.isolation() != "jail", reason="the jail needs root and bubblewrap")
@@ -127,10 +127,23 @@ def test_escaped_background_process_is_killed(tmp_path):
     assert out.status == "ok"
     if sandbox.isolation() == "jail":
         time.sleep(0.2)
-        assert sandbox._pids_of_uid(sandbox.sandbox_uid(HELD[2])) == []
+        assert sandbox.pids_of_uid(sandbox.sandbox_uid(HELD[2])) == []
 
 
 # ----------------------------------------------------------------------------- slots and folders
+def test_a_slot_is_free_only_where_no_grader_holds_it():
+    """``slot_if_free`` tells a held slot (this module's) from one it can hold itself, which
+    no grader can claim while it is held."""
+    with sandbox.slot_if_free(HELD[0]) as free:
+        assert not free
+    with sandbox.claimed_slot() as slot:  # the lowest slot nobody holds
+        pass
+    with sandbox.slot_if_free(slot) as free:
+        assert free
+        with sandbox.claimed_slot() as other:
+            assert other != slot
+
+
 def test_a_folder_squatted_in_tmp_blocks_nothing_and_a_bad_private_one_is_refused(
         tmp_path, monkeypatch):
     """Issue 35, item 7: a learner's ``mkdir /tmp/pallas-course-slots-<uid>`` blocked every
