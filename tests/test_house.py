@@ -128,22 +128,53 @@ def _from_base(node: ast.ImportFrom, module: str, is_package: bool) -> str:
     return ".".join(parts + ([node.module] if node.module else []))
 
 
-def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
-    """Which of ``sources`` (module name -> (source, is a package)) each one imports when it is
-    imported (module-level imports only: an import inside a function runs later). ``from p
-    import m`` of a submodule ``m`` imports ``p.m`` (``p`` is under way already)."""
-    graph = {}
+# functions that load a sibling module by its name: site/ is no package (it would shadow the
+# stdlib's), so site/hooks.py loads site/content.py as site_module("content")
+SIBLING_LOADERS = {"site_module"}
+
+
+def imports(sources: dict[str, tuple[str, bool]], every_depth: bool = False
+            ) -> dict[str, dict[str, list[int]]]:
+    """Which of ``sources`` (module name -> (source, is a package)) each one imports, with the
+    lines that import it. ``every_depth``: every import statement, also inside functions,
+    methods and ``if TYPE_CHECKING:`` (what the module depends on); else only those that run
+    when it is imported. ``from p import m`` of a submodule ``m`` imports ``p.m`` (``p`` is under
+    way already). In a folder that is no package (site/), a bare name imports the sibling
+    module of that name, and so does a call of one of ``SIBLING_LOADERS``."""
+    def resolve(name: str, module: str, is_package: bool) -> str:
+        folder = module.rpartition(".")[0]
+        sibling = f"{folder}.{name}"
+        in_scripts = not is_package and folder not in sources  # a folder that is no package
+        return sibling if in_scripts and name not in sources and sibling in sources else name
+
+    out: dict[str, dict[str, list[int]]] = {}
     for module, (source, is_package) in sources.items():
-        names = set()
-        for node in _module_level(ast.parse(source).body):
+        tree = ast.parse(source)
+        found: dict[str, list[int]] = {}
+        for node in ast.walk(tree) if every_depth else _module_level(tree.body):
+            names: set[str] = set()
             if isinstance(node, ast.Import):
-                names |= {a.name for a in node.names}
+                names = {resolve(a.name, module, is_package) for a in node.names}
             elif isinstance(node, ast.ImportFrom):
-                base = _from_base(node, module, is_package)
-                names |= {f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base
-                          for a in node.names}
-        graph[module] = {n for n in names if n in sources and n != module}
-    return graph
+                base = resolve(_from_base(node, module, is_package), module, is_package)
+                names = {f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base
+                         for a in node.names}
+            elif (every_depth and isinstance(node, ast.Call)
+                  and getattr(node.func, "id", None) in SIBLING_LOADERS and node.args
+                  and isinstance(node.args[0], ast.Constant)):
+                names = {resolve(str(node.args[0].value), module, is_package)}
+            for name in names:
+                if name in sources and name != module:
+                    found.setdefault(name, []).append(node.lineno)
+        out[module] = {name: sorted(lines) for name, lines in found.items()}
+    return out
+
+
+def import_graph(sources: dict[str, tuple[str, bool]], every_depth: bool = False
+                 ) -> dict[str, set[str]]:
+    """Which of ``sources`` each one imports (``imports``: module-level imports only unless
+    ``every_depth``; an import inside a function runs later)."""
+    return {m: set(found) for m, found in imports(sources, every_depth).items()}
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -204,6 +235,88 @@ def test_import_cycle_check_can_fail():
         "pkg.e": ("from pkg.d import f", False)})
     assert graph["pkg.b"] == {"pkg.c"} and graph["pkg.d"] == set()
     assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+# rooms whose modules never import one another in a circle, at any depth
+ROOMS = ("grader", "kernelsim", "site")
+# (importer, imported): arrows against the data's direction. The learner's tools and the tasks
+# read the course, the site's build presents it; grading takes a learner's notebook and never
+# the learner's tools; a view draws what the tracer made and is handed it; kernelsim knows
+# neither its users nor the site.
+WRONG_WAY = (("grader.tasks", "grader.website"), ("grader.learner", "grader.website"),
+             ("grader.grading", "grader.learner"), ("kernelsim.views", "kernelsim.trace"),
+             ("kernelsim", "grader"), ("kernelsim", "site"), ("grader", "site"))
+
+
+def _within(module: str, room: str) -> bool:
+    return module == room or module.startswith(room + ".")
+
+
+def wrong_way_imports(found: dict[str, dict[str, list[int]]],
+                      rules: tuple[tuple[str, str], ...] = WRONG_WAY) -> list[str]:
+    """``importer -> imported (lines)`` for every import (``imports``'s answer) that one of
+    ``rules`` forbids."""
+    return [f"{a} -> {b} (lines {lines})" for a in sorted(found)
+            for b, lines in sorted(found[a].items())
+            if any(_within(a, src) and _within(b, dst) for src, dst in rules)]
+
+
+def circles_with_lines(found: dict[str, dict[str, list[int]]]) -> list[str]:
+    """Each circle of ``found`` (``imports``'s answer) with the imports that close it."""
+    graph = {m: set(d) for m, d in found.items()}
+    return [", ".join(f"{a} -> {b} {found[a][b]}" for a in group
+                      for b in sorted(graph[a] & set(group)))
+            for group in import_cycles(graph)]
+
+
+def _room_sources() -> dict[str, tuple[str, bool]]:
+    return {m: src for room in ROOMS for m, src in _package_sources(room).items()}
+
+
+def test_no_import_circle_at_any_depth():
+    """No module of grader/, kernelsim/ or site/ reaches itself through imports, counting
+    those inside functions and under ``TYPE_CHECKING`` (a deliberate lazy import says why on
+    its line; it still must not close a circle)."""
+    found = imports(_room_sources(), every_depth=True)
+    assert {"grader.grading.batch", "kernelsim.trace", "site.hooks"} <= set(found)
+    assert sum(map(len, found.values())) > 200
+    assert not (circles := circles_with_lines(found)), "modules that need each other: move " \
+        "the shared part to a module both stand on:\n" + "\n".join(circles)
+
+
+def test_imports_go_the_way_the_data_goes():
+    found = imports(_room_sources(), every_depth=True)
+    assert found["grader.grading.verdict"] and found["kernelsim.views.viewer"]
+    assert not (wrong := wrong_way_imports(found)), "imports against the data's direction " \
+        "(tests/test_house.py's WRONG_WAY):\n" + "\n".join(wrong)
+
+
+def test_every_depth_checks_can_fail():
+    """Circles closed inside a function, under ``TYPE_CHECKING`` and through a site/ module
+    loaded by name, and a wrong-way arrow, each planted and found."""
+    sources = {
+        "pkg": ("", True),
+        "pkg.views": ("", True),
+        "pkg.views.plot": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                           "    from pkg.tracer import Trace\n", False),
+        "pkg.tracer": ("class Trace:\n    def plot(self):\n"
+                       "        from pkg.views import plot\n", False),
+        "pkg.a": ("def f():\n    from . import b\n", False),
+        "pkg.b": ("import pkg.a\n", False),
+        "pkg.c": ("import json\n", False),
+        "site.hooks": ("import os\npages = site_module('pages')\n", False),
+        "site.pages": ("def f():\n    from hooks import x\n", False),
+    }
+    found = imports(sources, every_depth=True)
+    assert found["pkg.views.plot"] == {"pkg.tracer": [3]}
+    assert found["site.hooks"] == {"site.pages": [2]}
+    assert import_cycles(import_graph(sources, every_depth=True)) == [
+        ["pkg.a", "pkg.b"], ["pkg.tracer", "pkg.views.plot"], ["site.hooks", "site.pages"]]
+    assert import_cycles(import_graph(sources)) == []  # none of them runs at import
+    assert circles_with_lines(found)[0] == "pkg.a -> pkg.b [2], pkg.b -> pkg.a [1]"
+    assert wrong_way_imports(found, (("pkg.views", "pkg.tracer"),)) == [
+        "pkg.views.plot -> pkg.tracer (lines [3])"]
+    assert not wrong_way_imports(found, (("pkg.tracer", "pkg.c"),))
 
 
 def _private(name: str) -> bool:
