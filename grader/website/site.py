@@ -29,6 +29,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from grader.website import shipped_lessons
+
 REPO = Path(__file__).resolve().parents[2]
 SITE_DIR = REPO / "build" / "site"
 SITE_SOURCES = ("mkdocs.yml", "site", "lessons", "exercises/source", "exercises/release",
@@ -114,8 +116,6 @@ def render_lessons(names: list[str], report: Path, fresh: bool = False,
     JSON line per lesson, ``LessonRun``'s fields."""
     from mkdocs.structure.files import File, Files
     from mkdocs.structure.pages import Page
-
-    from grader.website import shipped_lessons
 
     config, jupyter = lesson_pages_config()
     settings = dict(jupyter.config)
