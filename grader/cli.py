@@ -139,9 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         return check.run(args.notebook)
 
     if args.db:
-        from grader.grading import batch
+        from grader.grading.submission import DB_ENV
 
-        os.environ[batch.DB_ENV] = args.db  # read by every nbgrader process, via its config
+        os.environ[DB_ENV] = args.db  # read by every nbgrader process, via its config
     try:
         root = course_root(args.course)
         if args.command == "workspace":

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from grader import tasks
-from grader.grading import refs, verdict, work
-from grader.learner import messages
-from grader.learner.course import CheckFailed
+from grader.grading import messages, refs, verdict, work
+from grader.learner.failure import CheckFailed
 
 
 def task_ids(checked) -> list[str]:
