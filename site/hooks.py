@@ -81,7 +81,7 @@ def load_viewers() -> dict[str, Any]:
 
 def _viewer_trace(name: str):
     """The Trace of viewer ``name``'s target, or None (with a warning) if it is not named."""
-    import kernelsim
+    import kernelsim  # starts JAX: only a page with a viewer needs it
 
     v = STATE.viewers.get(name)
     if v is None:

@@ -87,12 +87,13 @@ def _first_error(cell) -> str | None:
 def check_notebook(path: Path, timeout: int = 300, log=print) -> int:
     """Run a notebook's visible checks in a fresh kernel; print per task pass/fail and
     structure; 0 when every check passed, 1 when one failed, 2 when it cannot be read."""
+    # seconds to import: the command's help and its notebook search start without them
     import nbclient
     import nbformat
 
     path = Path(path).resolve()
     if path.suffix == ".py":
-        import jupytext
+        import jupytext  # seconds to import: a lesson's .py only
 
         nb = jupytext.read(path)
     else:

@@ -41,7 +41,7 @@ _SESSION: dict[str, dict[str, Any]] = {}
 def _cell_frames(frame) -> list[traceback.FrameSummary]:
     """``frame`` and its callers up to the code IPython runs (the notebook's cell): what IPython
     would have shown for an exception raised out of ``frame``."""
-    import IPython
+    import IPython  # present where a check's failure is shown in a kernel
 
     ipython_dir = os.path.dirname(IPython.__file__) + os.sep
     frames = []
@@ -55,7 +55,7 @@ def _jupyter_shell():
     """The IPython shell of the Jupyter kernel this runs in (JupyterLab, nbclient, nbgrader's
     validate), else None (a script, a test, a plain IPython terminal)."""
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # optional: present where a notebook runs
     except ImportError:
         return None
     shell = get_ipython()

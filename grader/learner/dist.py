@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 
 from grader import rooms
-from grader.grading import batch, refs, releases
+from grader.grading import refs, releases
 from grader.learner import workspace
 
 # the student copy's size once installed: measured by tests/workspace/test_dist.py
@@ -218,7 +218,7 @@ def course_jax(repo: Path) -> dict[str, str]:
     """The copy's JAX release for each Python: the course's pin (pyproject.toml) from the
     course's oldest Python on, kernelsim's oldest supported release before it, keyed by the
     environment marker that picks it."""
-    from kernelsim import adapter
+    from kernelsim import adapter  # starts JAX: only the copy's pyproject needs it
 
     project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
     pinned = next(d.partition("==")[2] for d in project["dependencies"]
@@ -297,6 +297,8 @@ def build(root: Path, repo: Path, to: Path, log=print) -> Path:
     ``.zip`` file holding one folder ``pallas-course/``)."""
     stale = releases.stale_releases(root)
     if stale:
+        from grader.grading import batch  # seconds to import: only when something is stale
+
         batch.release(root, stale[0] if len(stale) == 1 else None, log=log)
     if to.exists():
         raise FileExistsError(f"{to} already exists: dist never overwrites; remove it or "

@@ -25,7 +25,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from grader.grading import batch, build, releases
+from grader.grading import build, releases
 from grader.learner import check
 
 WORKSPACE_LEDGER = check.WORKSPACE_LEDGER  # in the workspace
@@ -89,7 +89,7 @@ HELP_URL_ENV = "PALLAS_COURSE_HELP_URL"
 def help_url(repo: Path) -> str:
     """Where a learner asks: ``$PALLAS_COURSE_HELP_URL``, else ``extra.ask.url`` of the
     checkout's mkdocs.yml (the site links the same place under every page)."""
-    import yaml
+    import yaml  # the site extra's (mkdocs brings it): the env var does without
 
     env = os.environ.get(HELP_URL_ENV)
     if env:
@@ -110,6 +110,8 @@ def create(dest: Path, root: Path, repo: Path, update: bool = False,
     side of it (what nbgrader's release says), default ``log``."""
     stale = releases.stale_releases(root)
     if stale:
+        from grader.grading import batch  # seconds to import: make start does without it
+
         log(f"preparing {len(stale)} exercise(s) for the workspace (nbgrader's release)...")
         # one nbgrader start for all of them (about 6 s each on two cores)
         batch.release(root, stale[0] if len(stale) == 1 else None, log=release_log or log)

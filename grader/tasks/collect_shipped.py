@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 from grader import sources, tasks
 from grader.grading.calling import kernel_bodies, trace_case
@@ -74,7 +75,6 @@ def _lesson_calls(log) -> Iterator[tuple[str, object]]:
     with ``pl.pallas_call`` and ``plgpu.kernel`` wrapped so that each call it makes is traced
     once."""
     import jupytext  # seconds to import: only the lessons' and solutions' walks read notebooks
-    from jax.experimental import pallas as pl
     from jax.experimental.pallas import mosaic_gpu as plgpu  # about a second, for this walk only
 
     found: list = []

@@ -43,7 +43,7 @@ def sources_digest(lesson: Path, settings: dict[str, Any]) -> str:
 
 def plugin_settings() -> dict[str, Any]:
     """mkdocs-jupyter's configuration, as mkdocs.yml sets it."""
-    from mkdocs.config import load_config
+    from mkdocs.config import load_config  # optional: mkdocs comes with the site extra
 
     return dict(load_config(str(REPO / "mkdocs.yml")).plugins["mkdocs-jupyter"].config)
 

@@ -469,7 +469,7 @@ def live_frontend() -> bool:
     JupyterLab, Notebook 7 and VS Code put a ``cellId`` in the request's metadata; nbclient
     (nbconvert, the site build) and plain IPython do not."""
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # optional: present where a notebook runs
     except ImportError:
         return False
     shell = get_ipython()
@@ -483,7 +483,7 @@ def live_frontend() -> bool:
 @functools.cache
 def _widget_class():
     """The anywidget class, made on first use (anywidget imports ipywidgets)."""
-    import anywidget
+    import anywidget  # imports ipywidgets: on the first live viewer only
     import traitlets
 
     class Viewer(anywidget.AnyWidget):
@@ -522,7 +522,7 @@ def _widget_class():
 
 @functools.cache
 def _gpu_widget_class():
-    import anywidget
+    import anywidget  # imports ipywidgets: on the first live viewer only
     import traitlets
 
     class GpuViewer(anywidget.AnyWidget):
