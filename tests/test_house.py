@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import re
 import subprocess
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -133,6 +135,29 @@ def _from_base(node: ast.ImportFrom, module: str, is_package: bool) -> str:
 SIBLING_LOADERS = {"site_module"}
 
 
+def _resolve(name: str, module: str, is_package: bool, sources: dict) -> str:
+    """``name`` as imported by ``module``: a sibling's in a folder that is no package."""
+    folder = module.rpartition(".")[0]
+    sibling = f"{folder}.{name}"
+    in_scripts = not is_package and folder not in sources  # a folder that is no package
+    return sibling if in_scripts and name not in sources and sibling in sources else name
+
+
+def _imported(node: ast.AST, module: str, is_package: bool, sources: dict) -> set[str]:
+    """The modules of ``sources`` that ``node`` (a statement or call of ``module``) imports."""
+    names: set[str] = set()
+    if isinstance(node, ast.Import):
+        names = {_resolve(a.name, module, is_package, sources) for a in node.names}
+    elif isinstance(node, ast.ImportFrom):
+        base = _resolve(_from_base(node, module, is_package), module, is_package, sources)
+        names = {f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base
+                 for a in node.names}
+    elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) in SIBLING_LOADERS
+          and node.args and isinstance(node.args[0], ast.Constant)):
+        names = {_resolve(str(node.args[0].value), module, is_package, sources)}
+    return {n for n in names if n in sources and n != module}
+
+
 def imports(sources: dict[str, tuple[str, bool]], every_depth: bool = False
             ) -> dict[str, dict[str, list[int]]]:
     """Which of ``sources`` (module name -> (source, is a package)) each one imports, with the
@@ -141,31 +166,13 @@ def imports(sources: dict[str, tuple[str, bool]], every_depth: bool = False
     when it is imported. ``from p import m`` of a submodule ``m`` imports ``p.m`` (``p`` is under
     way already). In a folder that is no package (site/), a bare name imports the sibling
     module of that name, and so does a call of one of ``SIBLING_LOADERS``."""
-    def resolve(name: str, module: str, is_package: bool) -> str:
-        folder = module.rpartition(".")[0]
-        sibling = f"{folder}.{name}"
-        in_scripts = not is_package and folder not in sources  # a folder that is no package
-        return sibling if in_scripts and name not in sources and sibling in sources else name
-
     out: dict[str, dict[str, list[int]]] = {}
     for module, (source, is_package) in sources.items():
         tree = ast.parse(source)
         found: dict[str, list[int]] = {}
         for node in ast.walk(tree) if every_depth else _module_level(tree.body):
-            names: set[str] = set()
-            if isinstance(node, ast.Import):
-                names = {resolve(a.name, module, is_package) for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = resolve(_from_base(node, module, is_package), module, is_package)
-                names = {f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base
-                         for a in node.names}
-            elif (every_depth and isinstance(node, ast.Call)
-                  and getattr(node.func, "id", None) in SIBLING_LOADERS and node.args
-                  and isinstance(node.args[0], ast.Constant)):
-                names = {resolve(str(node.args[0].value), module, is_package)}
-            for name in names:
-                if name in sources and name != module:
-                    found.setdefault(name, []).append(node.lineno)
+            for name in _imported(node, module, is_package, sources):
+                found.setdefault(name, []).append(node.lineno)
         out[module] = {name: sorted(lines) for name, lines in found.items()}
     return out
 
@@ -317,6 +324,36 @@ def test_every_depth_checks_can_fail():
     assert wrong_way_imports(found, (("pkg.views", "pkg.tracer"),)) == [
         "pkg.views.plot -> pkg.tracer (lines [3])"]
     assert not wrong_way_imports(found, (("pkg.tracer", "pkg.c"),))
+
+
+def unexplained_lazy_imports(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """``module:line`` of each import of one of ``sources`` made inside a function without a
+    comment on its line or the line above: a lazy import keeps a start fast or an optional
+    dependency optional, and says which."""
+    found = []
+    for module, (source, is_package) in sources.items():
+        commented = {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                     if tok.type == tokenize.COMMENT}
+        functions = [n for n in ast.walk(ast.parse(source))
+                     if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+        lazy = {node for f in functions for node in ast.walk(f)
+                if isinstance(node, ast.Import | ast.ImportFrom)}
+        found += [f"{module}:{node.lineno}" for node in sorted(lazy, key=lambda n: n.lineno)
+                  if _imported(node, module, is_package, sources)
+                  and not {node.lineno, node.lineno - 1} & commented]
+    return found
+
+
+def test_a_lazy_import_says_why():
+    assert not (bare := unexplained_lazy_imports(_room_sources())), \
+        f"import these at the top, or say on the line why not (a start, an extra): {bare}"
+
+
+def test_lazy_import_check_can_fail():
+    sources = {"pkg": ("", True), "pkg.a": ("", False), "pkg.b": (
+        "def f():\n    from pkg import a\n\n\ndef g():\n    from pkg import a  # an extra\n"
+        "\n\ndef h():\n    import json\n", False)}
+    assert unexplained_lazy_imports(sources) == ["pkg.b:2"]
 
 
 def _private(name: str) -> bool:

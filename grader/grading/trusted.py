@@ -214,7 +214,7 @@ class RestoreTestCells(NbGraderPreprocessor):
     makes OverwriteCells fail on checksums; a raised timeout would buy a slow kernel time); any
     other nbgrader metadata is removed: it is the learner's (OverwriteCells expects a grade id
     in every nbgrader dict, which DeduplicateIds leaves empty, and a learner cell marked
-    ``locked`` would get a test cell's time limit). ``grading.test_cell_changes`` reports the
+    ``locked`` would get a test cell's time limit). ``submission.test_cell_changes`` reports the
     learner's changes.
     """
 

@@ -7,7 +7,7 @@ feedback), ``["feedback", A[, STUDENT]]`` (made, and released to the exchange wh
 has one), ``["export", FILE]``,
 ``["preflight"]`` (can a jailed Python import the course). Each runs
 real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON
-line (prefixed ``@@RESULT``) with the outcome; ``grading.Worker`` is the other end. Learner code
+line (prefixed ``@@RESULT``) with the outcome; ``submission.Worker`` is the other end. Learner code
 never runs in this process: autograde executes it in a jailed run (``grader.grading.trusted``).
 
 Gradebook safety: every ``nbgrader.api.Gradebook`` session in this process holds an exclusive
