@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 import dask  # noqa: E402
 import psutil  # noqa: E402
 
-from grader.grading import batch, build, collect  # noqa: E402
+from grader.grading import batch, build, collect, submission  # noqa: E402
 
 sys.path[:0] = [str(REPO / "tests" / "cluster"), str(REPO / "tests" / "site")]
 from clustertools import DaskCluster  # noqa: E402  - the tests' scheduler and workers
@@ -184,7 +184,7 @@ def main() -> None:
         # bare: nbgrader's own Execute, so the kernel runs unjailed and checks itself
         with (root / "nbgrader_config.py").open("a") as f:
             f.write(BARE_CONFIG)
-        env = batch._env(root)
+        env = submission.worker_env(root)
         row = {"runner": "bare nbgrader autograde"}
         with measured(row):
             subprocess.run([sys.executable, "-m", "nbgrader", "autograde", A, "--force"],

@@ -52,7 +52,7 @@ def course_root(option: Path | None) -> Path:
 
 def checkout(root: Path) -> Path:
     """Where the lessons are: the checkout around the course, else the installed package's."""
-    from grader.grading import refs
+    from grader.grading import refs  # NumPy: `pallas-course check` and `serve` start without it
 
     return root.parent if (root.parent / "lessons").is_dir() else refs.REPO
 
@@ -139,13 +139,13 @@ def main(argv: list[str] | None = None) -> int:
         return check.run(args.notebook, args.verbose)
 
     if args.db:
-        from grader.grading import batch
+        from grader.grading.submission import DB_ENV  # the grading room: seconds to import
 
-        os.environ[batch.DB_ENV] = args.db  # read by every nbgrader process, via its config
+        os.environ[DB_ENV] = args.db  # read by every nbgrader process, via its config
     try:
         root = course_root(args.course)
         if args.command == "workspace":
-            from grader.learner import workspace
+            from grader.learner import workspace  # this command's alone: the others start faster
 
             repo = checkout(root)
             # the checkout's workspace/ when the course is in one, else one where you stand:
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                                  update=args.update,
                                  release_log=lambda line: print(line, file=out, flush=True))
         elif args.command == "dist":
-            from grader.learner import dist
+            from grader.learner import dist  # this command's alone: the others start faster
 
             dist.build(root, checkout(root), args.to.resolve())
         else:
@@ -172,13 +172,13 @@ def main(argv: list[str] | None = None) -> int:
 def _grading_command(args: argparse.Namespace, root: Path) -> int:
     """The instructor's commands (grading and its imports take seconds: make start's
     workspace step does without them when nothing needs releasing)."""
-    from grader.grading import batch, refs, shared
+    from grader.grading import batch, refs, shared  # seconds: the instructor's commands only
 
     shared.share_with_group(root)  # the grading account and the other instructors write here too
     if args.command == "release":
         batch.release(root, args.assignment)
     elif args.command == "collect":
-        from grader.grading import collect
+        from grader.grading import collect  # this command's alone: the others start faster
 
         collect.collect(root, args.path, archive_dates=args.archive_dates)
     elif args.command == "autograde":
@@ -191,7 +191,7 @@ def _grading_command(args: argparse.Namespace, root: Path) -> int:
     elif args.command == "export":
         batch.export(root, args.to, lms=args.lms)
     elif args.command == "report":
-        from grader.grading import report
+        from grader.grading import report  # this command's alone: the others start faster
 
         report.write(root, args.assignment,
                      args.to or root / "reports" / f"{args.assignment}.html")

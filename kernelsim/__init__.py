@@ -12,7 +12,7 @@ from kernelsim.trace import CallTrace, Trace, gpu_lowering_error, run, tpu_lower
 
 def compare(*traces: Trace, labels: list[str] | None = None, call: int = 0):
     """Traces side by side: ``str()`` is a table of totals and estimates, ``.figure()`` a plot."""
-    from kernelsim.views.compare import compare as _compare
+    from kernelsim.views.compare import compare as _compare  # matplotlib: on the first compare
 
     return _compare(*traces, labels=labels, call=call)
 

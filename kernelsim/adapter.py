@@ -24,6 +24,7 @@ import jax
 import numpy as np
 from jax._src import config as jax_config
 from jax._src import core as jax_core
+from jax._src import mesh as mesh_lib
 from jax._src.pallas import core as pallas_core
 from jax._src.pallas import mpmd
 from jax._src.pallas.mosaic.interpret import interpret_pallas_call as tpu_interpret
@@ -302,8 +303,6 @@ def abstract_mesh(device_kind: str, platform: str = "tpu", num_cores: int = 1) -
     targets (``pltpu.get_tpu_info()``, ``emit_pipeline``'s tiling, a TensorCore mesh built
     without ``num_cores``: ``num_cores`` cores) reads while it is traced.
     ``platform="gpu"`` makes the device a GPU of that kind instead (``num_cores``: its SMs)."""
-    from jax._src import mesh as mesh_lib
-
     device = mesh_lib.AbstractDevice(device_kind, num_cores, platform)
     # An Auto axis, so traced values carry no sharding on this mesh: the program's slices
     # then compile and run on this host's own devices.
@@ -322,7 +321,7 @@ def typed_ndarray_type() -> type | None:
     new in jax 0.12); None in a release without it. A pickle of one as a plain ndarray loses
     that type, so code that sends a jaxpr across processes must reduce it itself."""
     try:
-        from jax._src.literals import TypedNdArray
+        from jax._src.literals import TypedNdArray  # optional: new in jax 0.12
     except ImportError:
         return None
     return TypedNdArray

@@ -82,7 +82,7 @@ def gpu_interpret() -> Any:
     on a release without GPU interpret mode (jax 0.10.2, a TPU runtime's)."""
     if platform() == "gpu":
         return None
-    from jax.experimental.pallas import mosaic_gpu as plgpu
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # a second: Mosaic GPU kernels only
 
     return newer_api(plgpu, "InterpretGPUParams")()
 

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from kernelsim import lax_numpy, scalar_code
+from kernelsim.access import Access, AccessLog
 from kernelsim.adapter import Literal, consts_of, memory_space, open_jaxpr, scan_operands
 from kernelsim.body_needs import (
     DMA_EFFECTS,
@@ -210,8 +211,6 @@ class _Interpreter:
         """A read or write of ``box`` of ``ref``, or (``box`` None) of flat indices ``ids``."""
         if not self.recording:
             return
-        from kernelsim.access import Access
-
         points = None
         if box is None:
             points = np.stack(np.unravel_index(np.unique(ids.reshape(-1)), ref.data.shape),
@@ -496,8 +495,6 @@ def interpret_body(params: dict[str, Any], call: KernelCall, args: tuple | None 
     block) holds its real block at each step when ``args`` (the call's operands) has it, and
     an HBM/ANY input the whole array; other input and output blocks are zeros.
     """
-    from kernelsim.access import AccessLog
-
     jaxpr = params["jaxpr"]
     if open_jaxpr(jaxpr).constvars:
         raise TraceError(f"pallas_call {call.name!r}: kernel jaxpr with constants is not "

@@ -192,6 +192,10 @@ CHIPS: dict[str, Chip] = {
 }
 
 
+# each pipeline model's chip when none is named
+DEFAULT_CHIP = {"tpu": "tpu-v5e", "gpu": "h100"}
+
+
 def get_chip(name: str) -> Chip:
     """The chip called ``name``; raises KeyError listing the known names."""
     try:

@@ -56,7 +56,7 @@ MEASURE_HELP = ("run the target (kernelsim.run) and time each call compiled on t
 
 def _analysed(args, fn, fn_args, strict: bool = False):
     """The target's Trace: analysed only, or run and timed (``--measure``)."""
-    from kernelsim.trace import run, trace
+    from kernelsim.trace import run, trace  # starts JAX: `python -m kernelsim --help` does not
 
     if args.measure:
         return run(fn, *fn_args, model=args.model, chip=args.chip, strict=strict,
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {args.output} ({size:,} bytes, {t.calls[args.call].steps:,} steps)")
             return 0
         if args.command == "verify":
-            from kernelsim.verify import verify
+            from kernelsim.verify import verify  # this command's alone
 
             result = verify(fn, *fn_args)
             print(result.report())

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -41,139 +41,32 @@ from kernelsim import adapter
 from kernelsim.backend import NeedsNewerJax
 from kernelsim.chips import Chip, get_chip
 from kernelsim.errors import TraceError
+from kernelsim.gpu_kernel import Allocation, GpuEvent, GpuKernelData
 from kernelsim.gpu_refs import UNKNOWN, Ref, ref_name, slot_index, transformed_shape
 from kernelsim.l2 import read_key, wave_read_bytes
+from kernelsim.views import viewer
 
 SMEM_ALIGNMENT = 1024  # jax/_src/pallas/mosaic_gpu/core.py
 MBARRIER_BYTES = 8  # jax/experimental/mosaic/gpu/utils.py
 REDUCTION_SCRATCH_BYTES = 128 * 4 * 4  # plgpu.CompilerParams' default
 MAX_EVENTS = 20_000  # one CTA's events kept; later ones are counted, not listed
 
-# The memory spaces of the GPU model, as a view names them (id -> display name).
-MEMORY_SPACES = (("gmem", "global memory"), ("smem", "shared memory"), ("regs", "registers"))
-
-EVENT_KINDS = ("tma_load", "tma_store", "barrier_wait", "barrier_arrive", "wgmma", "wgmma_wait",
-               "commit_smem", "wait_tma_store", "load", "store")
-
-
-@dataclass(frozen=True)
-class Allocation:
-    """One buffer the kernel body allocates (``scratch_types`` or a ``pl.run_scoped``):
-    ``space`` "smem", "regs" (a WGMMA accumulator) or "barrier"; bytes as allocated
-    (SMEM rounded up to 1024)."""
-
-    name: str
-    space: str
-    shape: tuple[int, ...]
-    dtype: str
-    bytes: int
-
-
-@dataclass(frozen=True)
-class GpuEvent:
-    """One thing one CTA's warpgroup does, in program order.
-
-    kind: one of ``EVENT_KINDS``. ``tma_load``/``tma_store`` move ``bytes`` between global
-    and shared memory (``src``/``dst`` name the refs, ``barrier`` the barrier a load completes
-    on); ``load``/``store`` move them between global memory and registers; ``barrier_wait``
-    waits on ``barrier``; ``wgmma`` performs ``flops``. step: the iteration of each enclosing
-    loop (outermost first; ``()`` outside loops); loop: which loop of the body, numbered in
-    program order from 0 (-1 outside loops; ``emit_pipeline``'s prologue, which fills the
-    first slots, is one loop and its steady state the next). conditional: under a branch
-    whose predicate kernelsim could not evaluate (the event is listed as if the branch ran).
-    """
-
-    order: int
-    warpgroup: int
-    kind: str
-    step: tuple[int, ...] = ()
-    loop: int = -1
-    src: str = ""
-    dst: str = ""
-    barrier: str = ""
-    bytes: int = 0
-    flops: int = 0
-    conditional: bool = False
-
 
 @dataclass
-class GpuKernel:
-    """One Mosaic GPU kernel: its launch, one CTA's events and the whole launch's totals.
-
-    grid: the CUDA grid (CTAs); num_threads: warpgroups per CTA. events: CTA ``cta``'s events
-    (every warpgroup's). smem_bytes: shared memory the lowering allocates per CTA (see the
-    module docstring). gmem_read_bytes / gmem_write_bytes / flops: for the whole launch, CTA
-    ``cta``'s counts times the number of CTAs (the CTAs of the kernels modelled do equal work),
-    reads from HBM only (``kernelsim.l2.wave_read_bytes``); gmem_load_bytes: L2 hits included.
-    chip: the chip (``kernelsim.chips``) it was modelled on.
-    """
-
-    name: str
-    grid: tuple[int, ...]
-    grid_names: tuple[str, ...]
-    num_threads: int
-    cta: tuple[int, ...]
-    allocations: list[Allocation]
-    smem_bytes: int
-    barriers: int
-    events: list[GpuEvent]
-    events_dropped: int
-    gmem_read_bytes: int
-    gmem_write_bytes: int
-    flops: int
-    compute_seconds: float
-    memory_seconds: float
-    warnings: list[str] = field(default_factory=list)
-    chip: str = "h100"
-    gmem_load_bytes: int = 0
-
-    @property
-    def ctas(self) -> int:
-        return math.prod(self.grid)
-
-    @property
-    def estimated_seconds(self) -> float:
-        """Roofline: max(FLOPs / peak, global-memory bytes / bandwidth), seconds."""
-        return max(self.compute_seconds, self.memory_seconds)
-
-    def count(self, kind: str) -> int:
-        return sum(e.kind == kind for e in self.events)
+class GpuKernel(GpuKernelData):
+    """One Mosaic GPU kernel: its launch, one CTA's events and the whole launch's totals
+    (``GpuKernelData``), with its viewer."""
 
     def show(self):
         """The interactive viewer of this kernel (global / shared memory / registers lanes,
         each warpgroup's events in program order): an anywidget in a notebook front end,
         the standalone HTML viewer elsewhere (nbconvert, the site build)."""
-        from kernelsim.views.viewer import show_gpu
-
-        return show_gpu(self)
+        return viewer.show_gpu(self)
 
     def to_html(self, path: Any = None, fragment: bool = False) -> str:
         """The standalone viewer (data and module inline, no network); written to ``path``
         if given, always returned. fragment: a ``<div>`` to embed in another page."""
-        from kernelsim.views.viewer import gpu_to_html
-
-        return gpu_to_html(self, path, fragment)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "backend": "mosaic_gpu", "chip": self.chip, "grid": list(self.grid),
-            "grid_names": list(self.grid_names), "num_threads": self.num_threads,
-            "cta": list(self.cta),
-            "memory_spaces": [{"id": i, "name": n} for i, n in MEMORY_SPACES],
-            "allocations": [{"name": a.name, "space": a.space, "shape": list(a.shape),
-                             "dtype": a.dtype, "bytes": a.bytes} for a in self.allocations],
-            "smem_bytes": self.smem_bytes, "barriers": self.barriers,
-            "events": [{"order": e.order, "warpgroup": e.warpgroup, "kind": e.kind,
-                        "step": list(e.step), "loop": e.loop, "src": e.src, "dst": e.dst,
-                        "barrier": e.barrier, "bytes": e.bytes, "flops": e.flops,
-                        "conditional": e.conditional} for e in self.events],
-            "events_dropped": self.events_dropped,
-            "gmem_read_bytes": self.gmem_read_bytes, "gmem_write_bytes": self.gmem_write_bytes,
-            "gmem_load_bytes": self.gmem_load_bytes,
-            "flops": self.flops, "compute_seconds": self.compute_seconds,
-            "memory_seconds": self.memory_seconds,
-            "estimated_seconds": self.estimated_seconds, "warnings": list(self.warnings),
-        }
+        return viewer.gpu_to_html(self, path, fragment)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernelsim import lax_numpy
+from kernelsim.access import PrefetchReads
 from kernelsim.adapter import (
     IndexSlice,
     Literal,
@@ -171,8 +172,6 @@ def prefetch_reads(params: dict[str, Any], call: KernelCall) -> dict[str, Any]:
     Only ``ref[...]`` reads at the top level of an index map are seen (nested ``cond``/loops
     inside an index map are not); returns ``{name: access.PrefetchReads}``.
     """
-    from kernelsim.access import PrefetchReads
-
     gm = params["grid_mapping"]
     prefetch = [o for o in call.operands if o.role == "scalar_prefetch"]
     if not prefetch:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kernelsim.trace import CallTrace, Trace
+    from kernelsim.trace_data import CallTrace, TraceData
 
 
 def _shape(shape) -> str:
@@ -41,7 +41,7 @@ def measured_line(c: CallTrace, chip: str) -> str:
             f"estimate); median of {m.repeats} rounds of {m.inner} calls back to back")
 
 
-def call_summary(t: Trace, index: int, steps: int = 0) -> str:
+def call_summary(t: TraceData, index: int, steps: int = 0) -> str:
     c: CallTrace = t.calls[index]
     cost = c.cost
     semantics = ", ".join(c.dimension_semantics) or "-"
@@ -98,5 +98,5 @@ def call_summary(t: Trace, index: int, steps: int = 0) -> str:
     return "\n".join(lines)
 
 
-def summary(t: Trace, steps: int = 0) -> str:
+def summary(t: TraceData, steps: int = 0) -> str:
     return "\n\n".join(call_summary(t, i, steps) for i in range(len(t.calls)))

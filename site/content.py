@@ -87,7 +87,7 @@ def _statement_cells(nb: Any, from_source: bool) -> list[str]:
 
 def assignments(by_slug: dict[str, Lesson] | None = None) -> list[Assignment]:
     """Assignments with a notebook under exercises/source/, in folder order."""
-    import jupytext
+    import jupytext  # seconds to import: only reading a notebook needs them
     import nbformat
 
     found = []

@@ -41,6 +41,7 @@ from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
 
+from grader import sources
 from grader.website import shipped_lessons
 
 log = logging.getLogger("mkdocs.hooks.pallas_course")
@@ -80,7 +81,7 @@ def load_viewers() -> dict[str, Any]:
 
 def _viewer_trace(name: str):
     """The Trace of viewer ``name``'s target, or None (with a warning) if it is not named."""
-    import kernelsim
+    import kernelsim  # starts JAX: only a page with a viewer needs it
 
     v = STATE.viewers.get(name)
     if v is None:
@@ -176,7 +177,7 @@ def lesson_cache_dir(root: Path, settings: dict[str, Any]) -> Path:
     from other sources go."""
     digest = hashlib.sha256("".join(
         shipped_lessons.sources_digest(lesson, settings)
-        for lesson in shipped_lessons.lessons()).encode())
+        for lesson in sources.lessons()).encode())
     here = root / f"kernelsim-{digest.hexdigest()[:12]}"
     for old in root.glob("kernelsim-*"):
         if old != here:

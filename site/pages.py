@@ -247,7 +247,7 @@ def api_md() -> str:
 
 
 def chips_md() -> list[str]:
-    from kernelsim.chips import CHIPS
+    from kernelsim.chips import CHIPS  # importing kernelsim starts JAX: the API page's alone
 
     lines = ["## Chips (`kernelsim.chips.CHIPS`) {#chips}", "",
              "| name | kind | bf16 peak (TFLOP/s) | f32 peak (TFLOP/s) | HBM (GB/s) | "
@@ -273,7 +273,7 @@ def _bytes(n: int) -> str:
 
 
 def cli_md() -> list[str]:
-    from kernelsim import cli
+    from kernelsim import cli  # importing kernelsim starts JAX: the API page's alone
 
     parser = cli._parser()
     lines = ["## Command line (`kernelsim`)", "", "```text", parser.format_help().rstrip(),

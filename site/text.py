@@ -23,7 +23,7 @@ _INLINE_MATH = re.compile(r"(?<![\\$\w])\$(?=\S)([^$\n<>]+?)(?<=\S)\$(?![\w$])")
 def _tex(tex: str, display: bool) -> str:
     tex = html.unescape(tex).strip()
     try:
-        from latex2mathml.converter import convert
+        from latex2mathml.converter import convert  # optional: the site extra's
     except ImportError:
         return f'<code class="tex">{html.escape(tex)}</code>'
     try:

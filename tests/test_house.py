@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import io
 import re
 import subprocess
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -128,22 +130,58 @@ def _from_base(node: ast.ImportFrom, module: str, is_package: bool) -> str:
     return ".".join(parts + ([node.module] if node.module else []))
 
 
-def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
-    """Which of ``sources`` (module name -> (source, is a package)) each one imports when it is
-    imported (module-level imports only: an import inside a function runs later). ``from p
-    import m`` of a submodule ``m`` imports ``p.m`` (``p`` is under way already)."""
-    graph = {}
+# functions that load a sibling module by its name: site/ is no package (it would shadow the
+# stdlib's), so site/hooks.py loads site/content.py as site_module("content")
+SIBLING_LOADERS = {"site_module"}
+
+
+def _resolve(name: str, module: str, is_package: bool, sources: dict) -> str:
+    """``name`` as imported by ``module``: a sibling's in a folder that is no package."""
+    folder = module.rpartition(".")[0]
+    sibling = f"{folder}.{name}"
+    in_scripts = not is_package and folder not in sources  # a folder that is no package
+    return sibling if in_scripts and name not in sources and sibling in sources else name
+
+
+def _imported(node: ast.AST, module: str, is_package: bool, sources: dict) -> set[str]:
+    """The modules of ``sources`` that ``node`` (a statement or call of ``module``) imports."""
+    names: set[str] = set()
+    if isinstance(node, ast.Import):
+        names = {_resolve(a.name, module, is_package, sources) for a in node.names}
+    elif isinstance(node, ast.ImportFrom):
+        base = _resolve(_from_base(node, module, is_package), module, is_package, sources)
+        names = {f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base
+                 for a in node.names}
+    elif (isinstance(node, ast.Call) and getattr(node.func, "id", None) in SIBLING_LOADERS
+          and node.args and isinstance(node.args[0], ast.Constant)):
+        names = {_resolve(str(node.args[0].value), module, is_package, sources)}
+    return {n for n in names if n in sources and n != module}
+
+
+def imports(sources: dict[str, tuple[str, bool]], every_depth: bool = False
+            ) -> dict[str, dict[str, list[int]]]:
+    """Which of ``sources`` (module name -> (source, is a package)) each one imports, with the
+    lines that import it. ``every_depth``: every import statement, also inside functions,
+    methods and ``if TYPE_CHECKING:`` (what the module depends on); else only those that run
+    when it is imported. ``from p import m`` of a submodule ``m`` imports ``p.m`` (``p`` is under
+    way already). In a folder that is no package (site/), a bare name imports the sibling
+    module of that name, and so does a call of one of ``SIBLING_LOADERS``."""
+    out: dict[str, dict[str, list[int]]] = {}
     for module, (source, is_package) in sources.items():
-        names = set()
-        for node in _module_level(ast.parse(source).body):
-            if isinstance(node, ast.Import):
-                names |= {a.name for a in node.names}
-            elif isinstance(node, ast.ImportFrom):
-                base = _from_base(node, module, is_package)
-                names |= {f"{base}.{a.name}" if f"{base}.{a.name}" in sources else base
-                          for a in node.names}
-        graph[module] = {n for n in names if n in sources and n != module}
-    return graph
+        tree = ast.parse(source)
+        found: dict[str, list[int]] = {}
+        for node in ast.walk(tree) if every_depth else _module_level(tree.body):
+            for name in _imported(node, module, is_package, sources):
+                found.setdefault(name, []).append(node.lineno)
+        out[module] = {name: sorted(lines) for name, lines in found.items()}
+    return out
+
+
+def import_graph(sources: dict[str, tuple[str, bool]], every_depth: bool = False
+                 ) -> dict[str, set[str]]:
+    """Which of ``sources`` each one imports (``imports``: module-level imports only unless
+    ``every_depth``; an import inside a function runs later)."""
+    return {m: set(found) for m, found in imports(sources, every_depth).items()}
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -204,6 +242,118 @@ def test_import_cycle_check_can_fail():
         "pkg.e": ("from pkg.d import f", False)})
     assert graph["pkg.b"] == {"pkg.c"} and graph["pkg.d"] == set()
     assert import_cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
+
+
+# rooms whose modules never import one another in a circle, at any depth
+ROOMS = ("grader", "kernelsim", "site")
+# (importer, imported): arrows against the data's direction. The learner's tools and the tasks
+# read the course, the site's build presents it; grading takes a learner's notebook and never
+# the learner's tools; a view draws what the tracer made and is handed it; kernelsim knows
+# neither its users nor the site.
+WRONG_WAY = (("grader.tasks", "grader.website"), ("grader.learner", "grader.website"),
+             ("grader.grading", "grader.learner"), ("kernelsim.views", "kernelsim.trace"),
+             ("kernelsim", "grader"), ("kernelsim", "site"), ("grader", "site"))
+
+
+def _within(module: str, room: str) -> bool:
+    return module == room or module.startswith(room + ".")
+
+
+def wrong_way_imports(found: dict[str, dict[str, list[int]]],
+                      rules: tuple[tuple[str, str], ...] = WRONG_WAY) -> list[str]:
+    """``importer -> imported (lines)`` for every import (``imports``'s answer) that one of
+    ``rules`` forbids."""
+    return [f"{a} -> {b} (lines {lines})" for a in sorted(found)
+            for b, lines in sorted(found[a].items())
+            if any(_within(a, src) and _within(b, dst) for src, dst in rules)]
+
+
+def circles_with_lines(found: dict[str, dict[str, list[int]]]) -> list[str]:
+    """Each circle of ``found`` (``imports``'s answer) with the imports that close it."""
+    graph = {m: set(d) for m, d in found.items()}
+    return [", ".join(f"{a} -> {b} {found[a][b]}" for a in group
+                      for b in sorted(graph[a] & set(group)))
+            for group in import_cycles(graph)]
+
+
+def _room_sources() -> dict[str, tuple[str, bool]]:
+    return {m: src for room in ROOMS for m, src in _package_sources(room).items()}
+
+
+def test_no_import_circle_at_any_depth():
+    """No module of grader/, kernelsim/ or site/ reaches itself through imports, counting
+    those inside functions and under ``TYPE_CHECKING`` (a deliberate lazy import says why on
+    its line; it still must not close a circle)."""
+    found = imports(_room_sources(), every_depth=True)
+    assert {"grader.grading.batch", "kernelsim.trace", "site.hooks"} <= set(found)
+    assert sum(map(len, found.values())) > 200
+    assert not (circles := circles_with_lines(found)), "modules that need each other: move " \
+        "the shared part to a module both stand on:\n" + "\n".join(circles)
+
+
+def test_imports_go_the_way_the_data_goes():
+    found = imports(_room_sources(), every_depth=True)
+    assert found["grader.grading.verdict"] and found["kernelsim.views.viewer"]
+    assert not (wrong := wrong_way_imports(found)), "imports against the data's direction " \
+        "(tests/test_house.py's WRONG_WAY):\n" + "\n".join(wrong)
+
+
+def test_every_depth_checks_can_fail():
+    """Circles closed inside a function, under ``TYPE_CHECKING`` and through a site/ module
+    loaded by name, and a wrong-way arrow, each planted and found."""
+    sources = {
+        "pkg": ("", True),
+        "pkg.views": ("", True),
+        "pkg.views.plot": ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                           "    from pkg.tracer import Trace\n", False),
+        "pkg.tracer": ("class Trace:\n    def plot(self):\n"
+                       "        from pkg.views import plot\n", False),
+        "pkg.a": ("def f():\n    from . import b\n", False),
+        "pkg.b": ("import pkg.a\n", False),
+        "pkg.c": ("import json\n", False),
+        "site.hooks": ("import os\npages = site_module('pages')\n", False),
+        "site.pages": ("def f():\n    from hooks import x\n", False),
+    }
+    found = imports(sources, every_depth=True)
+    assert found["pkg.views.plot"] == {"pkg.tracer": [3]}
+    assert found["site.hooks"] == {"site.pages": [2]}
+    assert import_cycles(import_graph(sources, every_depth=True)) == [
+        ["pkg.a", "pkg.b"], ["pkg.tracer", "pkg.views.plot"], ["site.hooks", "site.pages"]]
+    assert import_cycles(import_graph(sources)) == []  # none of them runs at import
+    assert circles_with_lines(found)[0] == "pkg.a -> pkg.b [2], pkg.b -> pkg.a [1]"
+    assert wrong_way_imports(found, (("pkg.views", "pkg.tracer"),)) == [
+        "pkg.views.plot -> pkg.tracer (lines [3])"]
+    assert not wrong_way_imports(found, (("pkg.tracer", "pkg.c"),))
+
+
+def unexplained_lazy_imports(sources: dict[str, tuple[str, bool]]) -> list[str]:
+    """``module:line`` of each import of one of ``sources`` made inside a function without a
+    comment on its line or the line above: a lazy import keeps a start fast or an optional
+    dependency optional, and says which."""
+    found = []
+    for module, (source, is_package) in sources.items():
+        commented = {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+                     if tok.type == tokenize.COMMENT}
+        functions = [n for n in ast.walk(ast.parse(source))
+                     if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+        lazy = {node for f in functions for node in ast.walk(f)
+                if isinstance(node, ast.Import | ast.ImportFrom)}
+        found += [f"{module}:{node.lineno}" for node in sorted(lazy, key=lambda n: n.lineno)
+                  if _imported(node, module, is_package, sources)
+                  and not {node.lineno, node.lineno - 1} & commented]
+    return found
+
+
+def test_a_lazy_import_says_why():
+    assert not (bare := unexplained_lazy_imports(_room_sources())), \
+        f"import these at the top, or say on the line why not (a start, an extra): {bare}"
+
+
+def test_lazy_import_check_can_fail():
+    sources = {"pkg": ("", True), "pkg.a": ("", False), "pkg.b": (
+        "def f():\n    from pkg import a\n\n\ndef g():\n    from pkg import a  # an extra\n"
+        "\n\ndef h():\n    import json\n", False)}
+    assert unexplained_lazy_imports(sources) == ["pkg.b:2"]
 
 
 def _private(name: str) -> bool:

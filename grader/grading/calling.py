@@ -26,11 +26,13 @@ import numpy as np
 from jax import errors as jax_errors
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import triton as _pltriton  # noqa: F401 - see below
 from jax.extend.core import jaxprs_in_params
 
 import kernelsim
 from grader.grading import integrity
+from kernelsim.backend import choose, gpu_interpret
 
 # The pallas.triton import above loads JAX's Triton lowering with the grader's modules, not
 # the first time a check lowers a kernel for a GPU (``lowered_for_gpu``).
@@ -149,8 +151,6 @@ def prediction(fn, arrays, params):
     """Call the learner's predictor with the case's sizes (``predict_unaided``); a one-step
     kernel writes its answer out (so the answer is judged like any task's output: value
     against kernelsim's count)."""
-    from kernelsim.backend import choose
-
     predicted = predict_unaided(fn, params)
     if isinstance(predicted, bool) or not isinstance(predicted, numbers.Integral):
         raise TypeError(f"return a Python int (a number of bytes), not "
@@ -185,10 +185,6 @@ RACE_CLOCK_SIZE = 64
 def with_race_detector(fn: Callable, arrays: list, params: dict) -> Any:
     """Call ``fn`` with ``interpret=`` TPU interpret mode and its race detector where kernels
     are interpreted; compiled (on a TPU) with the learner's own setting."""
-    from jax.experimental.pallas import tpu as pltpu
-
-    from kernelsim.backend import choose
-
     if choose(tpu_features=True).interpret is False:
         return fn(*arrays, **params)
     return fn(*arrays, **params, interpret=pltpu.InterpretParams(
@@ -358,8 +354,6 @@ def mosaic_gpu_here(fn: Callable, arrays: list, params: dict) -> Any:
     """Assignment 15: ``fn(*arrays, **params, interpret=...)`` with the Mosaic GPU kernels
     compiled on a GPU and run in GPU interpret mode anywhere else (``plgpu.kernel``'s
     ``interpret``)."""
-    from kernelsim.backend import gpu_interpret
-
     return fn(*arrays, **params, interpret=gpu_interpret())
 
 

@@ -1,8 +1,9 @@
 """Grading on a Dask distributed cluster: ``pallas-course autograde --scheduler tcp://HOST:8786``.
 
 Each submission is one Dask task, :func:`grade`, that runs on a Dask worker exactly what the
-local pool runs: ``batch.grade_one`` with a long-lived ``grader.grading.worker`` process, so the
-jailed kernel, the limits, the trusted verdict, the statuses and the status file are the same code.
+local pool runs: ``submission.grade_one`` with a long-lived ``grader.grading.worker`` process, so
+the jailed kernel, the limits, the trusted verdict, the statuses and the status file are the same
+code.
 Dask only decides where a submission is graded; learner code never runs in a Dask process.
 
 Design: a shared course folder, not submissions shipped with the task. Every worker machine
@@ -24,7 +25,7 @@ scheduler and workers read deploy/dask/grading.yaml (in ``DASK_CONFIG``): a work
 next submission when it finishes the last, as in the local pool's queue, it imports what grading
 needs when it starts (``dask_setup``), and Dask's housekeeping, made for millisecond tasks,
 polls seldom beside tasks that wait seconds on their grading process. Every
-Dask worker runs the jail check a local batch runs (``batch.check_jail``) before it grades
+Dask worker runs the jail check a local batch runs (``submission.check_jail``) before it grades
 anything: the workers present run it before the batch starts (one failure stops the batch,
 nothing graded), a worker that joins mid-batch runs it before its first submission. A late
 worker that fails it grades nothing: the batch retires it from the cluster, says why, and grades
@@ -33,7 +34,7 @@ its submission elsewhere.
 A Dask worker lost mid-task: the scheduler runs the task again on another worker (up to
 ``distributed.scheduler.allowed-failures`` times, then the submission is ``crashed`` with
 Dask's reason). The lost worker's grading process dies with it (``setpriv --pdeathsig`` in
-``batch.Worker``) and its jailed run with that (``bwrap --die-with-parent``), so no
+``submission.Worker``) and its jailed run with that (``bwrap --die-with-parent``), so no
 second autograde of the submission runs beside the new one; nbgrader's ``autograde --force``
 replaces a submission's grades and the gradebook's unique keys forbid a second row, so grading
 a submission twice never duplicates a grade.
@@ -48,7 +49,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from grader.grading import batch, sandbox, shared
+from grader.grading import sandbox, shared, submission
 
 CONNECT_TIMEOUT = "30s"
 
@@ -76,7 +77,7 @@ def _unfit(address: str, message: str) -> WorkerUnfit:
     return e
 
 
-def _worker(root: str, db: str | None, address: str) -> batch.Worker:
+def _worker(root: str, db: str | None, address: str) -> submission.Worker:
     """The grading worker of the Dask worker at ``address`` for ``root`` and gradebook ``db``,
     jail-checked (call under _lock). Raises ``WorkerUnfit`` when this machine cannot grade."""
     if not (Path(root) / "nbgrader_config.py").is_file():  # else: every submission "malformed"
@@ -87,16 +88,16 @@ def _worker(root: str, db: str | None, address: str) -> batch.Worker:
     if _here["key"] != (root, db):  # another course or gradebook: a fresh grading worker
         if _here["worker"] is not None:
             _here["worker"].close()
-        _here["worker"] = batch.Worker(Path(root), _here["slot"])
+        _here["worker"] = submission.Worker(Path(root), _here["slot"])
         _here["key"], _here["checked"] = (root, db), False
     # the grading worker's nbgrader reads the gradebook URL from its environment
     if db:
-        os.environ[batch.DB_ENV] = db
+        os.environ[submission.DB_ENV] = db
     else:
-        os.environ.pop(batch.DB_ENV, None)
+        os.environ.pop(submission.DB_ENV, None)
     if not _here["checked"]:
         try:
-            batch.check_jail(_here["worker"])
+            submission.check_jail(_here["worker"])
         except RuntimeError as e:
             raise WorkerUnfit(address, str(e)) from None
         _here["checked"] = True
@@ -112,7 +113,7 @@ def dask_setup(server) -> None:
     them. Grading needs none of them: that server stops listening here. A worker also imports
     what grading a submission needs (nbformat checks that a submission is a notebook: seconds
     of CPU on a busy machine) once, when it starts, instead of in its first submission."""
-    from distributed import Worker
+    from distributed import Worker  # optional: Dask comes with the class extra
 
     server.http_server.stop()
     if isinstance(server, Worker):
@@ -127,11 +128,11 @@ def preflight(root: str, db: str | None, dask_worker=None) -> None:
 
 
 def grade(root: str, student: str, assignment: str, timeout: float, db: str | None) -> dict:
-    """Grade one submission on this Dask worker; the record ``batch.grade_one`` returns."""
-    from distributed import get_worker
+    """Grade one submission on this Dask worker; the record ``submission.grade_one`` returns."""
+    from distributed import get_worker  # optional: Dask comes with the class extra
 
     with _lock:
-        return batch.grade_one(Path(root), student, assignment, timeout,
+        return submission.grade_one(Path(root), student, assignment, timeout,
                                  _worker(root, db, get_worker().address))
 
 
@@ -142,13 +143,13 @@ def graded_on(scheduler: str, root: Path, todo: list[tuple[str, str]], timeout: 
     why the cluster could not grade it. A worker that joined late and cannot grade is retired
     and its submission graded on another; when no worker can, the batch stops (``--resume``
     grades what is left)."""
-    from distributed import Client, as_completed
+    from distributed import Client, as_completed  # optional: Dask comes with the class extra
 
     try:
         client = Client(scheduler, timeout=CONNECT_TIMEOUT)
     except OSError as e:
         raise RuntimeError(f"no Dask scheduler answers at {scheduler}: {e}") from None
-    db = os.environ.get(batch.DB_ENV)
+    db = os.environ.get(submission.DB_ENV)
     batch_id = uuid.uuid4().hex[:8]
 
     def submit(student: str, assignment: str, attempt: int):

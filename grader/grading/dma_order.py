@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 import numpy as np
+from jax import tree_util
 from jax.extend.core import Literal, jaxprs_in_params
 
 from grader.grading.calling import LAYOUT, TRANSPARENT, eqns, open_jaxpr
@@ -109,8 +110,6 @@ class _DmaWalk:
                 self.events.append(("compute", self.index))
 
     def dma(self, eqn: Any, vals: list, start: bool) -> None:
-        from jax import tree_util
-
         src, dst, sem, *_ = tree_util.tree_unflatten(eqn.params["tree"], vals)
         sem_ref, sem_at, _ = _end(sem)
         key = (sem_ref.name if sem_ref else "?", sem_at)

@@ -321,7 +321,7 @@ def _output(piece) -> NotebookNode | None:
     """``piece`` rebuilt as an nbformat output (or a ``clear_output`` or
     ``update_display_data`` instruction); None when it is not one. Any text and JSON in it
     is made ``writable``."""
-    from nbformat.notebooknode import NotebookNode
+    from nbformat.notebooknode import NotebookNode  # a second: the jailed processes go without
 
     piece = writable(piece) if isinstance(piece, dict) else None
     if not isinstance(piece, dict):

@@ -9,14 +9,29 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from grader.grading import exchange, sandbox
 
-if TYPE_CHECKING:
-    from grader.grading.trusted import FreshRun
-
 STARTUP_SECONDS = 120  # the run's imports and JAX start, beyond its cells' time limits
+
+
+class Run(Protocol):
+    """What the relay reads and drives of the grader's run (``trusted.FreshRun``): the
+    notebook's process and the checker with their channels' keys, the code cells (each with
+    its ``index`` and ``timeout``, seconds), the frames the notebook sends when nothing stops it,
+    and the hidden cases' shapes it is sent after its last cell."""
+
+    cells: list[dict]
+    child: sandbox.Confined
+    checker: sandbox.Confined
+    key: bytes
+    notebook_key: bytes
+    hidden_frame: bytes
+
+    def expected_frames(self) -> list[tuple]: ...
+
+    def start_checker(self) -> sandbox.Confined: ...
 
 
 @dataclass
@@ -45,7 +60,7 @@ class Relay:
 
     POLL = 0.02
 
-    def __init__(self, fresh: FreshRun):
+    def __init__(self, fresh: Run):
         self.fresh = fresh
         self.expected, self.position, self.done = fresh.expected_frames(), 0, False
         self.read = 0  # bytes of the notebook's channel read so far

@@ -7,8 +7,10 @@ and decides nothing: the checker, which this process cannot reach, makes every f
 
 1. Before any learner code: it reads its job on stdin (the code cells, their time limits and
    checks, the visible cases' shapes and dtypes and the values of inputs a task plans with on
-   the host), takes stdout for its channel, keeps stdin's pipe for one later message, starts
-   JAX, takes a ``grader.grading.integrity.Snapshot`` and arms the
+   the host, and what a notebook may import of the grader), takes stdout for its channel, keeps
+   stdin's pipe for one later message, starts JAX, imports what the job names (the harness
+   itself imports nothing of the learner's room), takes a ``grader.grading.integrity.Snapshot``
+   and arms the
    ``grader.grading.integrity.Guard`` (an alarm: what they see is reported ``tampered``; they
    protect nothing the grade needs).
 2. It runs the code cells in order, as nbgrader would, in an IPython shell, each under its
@@ -20,7 +22,8 @@ and decides nothing: the checker, which this process cannot reach, makes every f
    output can show them.
 
 **What it can import of the grader.** Its ``grader/`` is ``grader.grading.trusted.notebook_view``:
-this module and the few it imports (``NOTEBOOK_MODULES``); every other module of the grader
+this module, what a notebook may import (``NOTEBOOK_IMPORTS``) and the few they import
+(``NOTEBOOK_MODULES``); every other module of the grader
 (the tasks with their references, block searches and byte counts, the verdict, the checker)
 is a file there that raises ``ImportError`` saying why, so neither this harness nor a
 learner's cell can load one.
@@ -40,6 +43,7 @@ are display data: the grader renders them and never reads them for a grade.
 from __future__ import annotations
 
 import base64
+import importlib
 import io
 import os
 import signal
@@ -61,7 +65,6 @@ from traitlets.config import Config
 
 import kernelsim.backend  # noqa: F401
 from grader.grading import calling, exchange, integrity, refs, wire
-from grader.learner import course as _course  # noqa: F401
 
 CHANNEL_CLOSED = 86  # exit status: the answer channel could not be written
 
@@ -243,6 +246,8 @@ class Harness:
         sys.stderr = CellStream(self.capture, "stderr")
         self.shell = _shell(self.capture)
         signal.signal(signal.SIGALRM, _alarm)
+        for name in job["imports"]:  # what a notebook may import of the grader: in the snapshot
+            importlib.import_module(name)
         self.roots = integrity.trusted_roots()
         self.snapshot = integrity.Snapshot(self.shell)
         self.guard = integrity.Guard()

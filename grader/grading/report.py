@@ -16,6 +16,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grader.grading.submission import DB_ENV
+
 
 @dataclass
 class Task:
@@ -39,9 +41,7 @@ def _failure(cell: dict) -> str | None:
 def gather(root: Path, assignment: str) -> dict:
     """The report's numbers: ``tasks`` (list of Task), ``statuses`` (Counter), ``seconds`` (each
     submission's grading time by the wall clock, from its status file)."""
-    from nbgrader.api import Gradebook
-
-    from grader.grading.batch import DB_ENV
+    from nbgrader.api import Gradebook  # nbgrader takes seconds to import
 
     tasks: dict[str, Task] = {}
     url = os.environ.get(DB_ENV) or f"sqlite:///{root / 'gradebook.db'}?timeout=120"

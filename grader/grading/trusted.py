@@ -42,10 +42,9 @@ from nbgrader import utils as nbgrader_utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
 from traitlets import Integer
 
-from grader import tasks
-from grader.grading import exchange, refs, replay, sandbox, verdict
+from grader import rooms, tasks
+from grader.grading import exchange, messages, refs, replay, sandbox, verdict
 from grader.grading.relay import STARTUP_SECONDS, Relay, Replayed
-from grader.learner import dist, messages
 
 REPORTS: list[dict] = []  # one per executed notebook, read and cleared by grader.grading.worker
 # what ipykernel reports for this Python (the notebook's metadata.language_info)
@@ -102,12 +101,17 @@ def notebook_readable() -> list[Path]:
     return [p for p in readable() if p != refs.REPO / "grader"]
 
 
-# what the notebook's process (grader.grading.replay) can import of grader/: the harness and what it
-# imports at module level (course, calling for the tasks' invokes and the notebooks' helpers)
-NOTEBOOK_MODULES = tuple(dist.learner_modules(refs.REPO / "grader", "grading.replay"))
+# what a notebook may import of grader/ (exercises/README.md, Threat model): the notebook's
+# process loads them before its snapshot (the job's ``imports``)
+NOTEBOOK_IMPORTS = ("learner.course", "grading.calling")
+# what the notebook's process (grader.grading.replay) can import of grader/: the harness, what the
+# notebooks import, and what those import at module level
+NOTEBOOK_MODULES = tuple(rooms.imported_modules(refs.REPO / "grader",
+                                                ("grading.replay", *NOTEBOOK_IMPORTS)))
 NOT_IN_THE_RUN = ("{name} is the grader's own code, which the grader's run of a notebook does "
-                  "not contain: a notebook may import grader.learner.course, "
-                  "grader.grading.calling and kernelsim (exercises/README.md, Threat model)")
+                  "not contain: a notebook may import "
+                  + ", ".join(f"grader.{name}" for name in NOTEBOOK_IMPORTS)
+                  + " and kernelsim (exercises/README.md, Threat model)")
 
 
 def notebook_view(folder: Path) -> Path:
@@ -132,7 +136,7 @@ def _view_of(source: Path, folder: Path, prefix: str) -> None:
             continue
         if path.name == "__init__.py" or name in NOTEBOOK_MODULES and path.is_file():
             shutil.copyfile(path, folder / path.name)
-        elif name in NOTEBOOK_MODULES and name in dist.ROOMS:
+        elif name in NOTEBOOK_MODULES and name in rooms.ROOMS:
             _view_of(path, folder / path.name, prefix=f"{name}.")
         else:
             message = NOT_IN_THE_RUN.format(name=f"grader.{name}")
@@ -159,7 +163,9 @@ def grading_env() -> dict[str, str]:
 PREFLIGHT = ("import jax, jax.experimental.pallas, numpy, kernelsim, grader.learner.course, "
              "grader.grading.replay, grader.grading.checker, grader.tasks")
 # what the notebook's process imports, in its view of grader/ (``notebook_view``)
-PREFLIGHT_NOTEBOOK = "import jax, jax.experimental.pallas, numpy, kernelsim, grader.grading.replay"
+PREFLIGHT_NOTEBOOK = ("import jax, jax.experimental.pallas, numpy, kernelsim, "
+                      "grader.grading.replay, "
+                      + ", ".join(f"grader.{name}" for name in NOTEBOOK_IMPORTS))
 
 
 def preflight(limits: sandbox.Limits, slot: int | None = None) -> str | None:
@@ -208,7 +214,7 @@ class RestoreTestCells(NbGraderPreprocessor):
     makes OverwriteCells fail on checksums; a raised timeout would buy a slow kernel time); any
     other nbgrader metadata is removed: it is the learner's (OverwriteCells expects a grade id
     in every nbgrader dict, which DeduplicateIds leaves empty, and a learner cell marked
-    ``locked`` would get a test cell's time limit). ``grading.test_cell_changes`` reports the
+    ``locked`` would get a test cell's time limit). ``submission.test_cell_changes`` reports the
     learner's changes.
     """
 
@@ -291,7 +297,8 @@ class FreshRun:
         calls = {task: dataclasses.astuple(tasks.get(task).calling) for task, _ in self.loaded}
         self.child.send(self.notebook_key.hex().encode() + b"\n" + exchange.frame(
             self.notebook_key, {"cells": self.cells, "output_bytes": limits.output_bytes,
-                                "visible": visible, "calls": calls},
+                                "visible": visible, "calls": calls,
+                                "imports": [f"grader.{name}" for name in NOTEBOOK_IMPORTS]},
             exchange.npz_bytes(visible_host)))
         self.checkers: list[Path] = []
         self.checker = self.start_checker()

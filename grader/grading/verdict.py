@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from grader import tasks as _tasks
-from grader.learner import messages as _messages
+from grader.grading import messages as _messages
 from kernelsim.lint import BLOCK_SHAPE_REJECTED, DEPENDENT_PREFETCH_READ, rule_of
 
 

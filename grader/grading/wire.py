@@ -26,6 +26,12 @@ import sys
 import types
 from typing import Any
 
+import jax
+import numpy as np
+from jax.extend.core import ClosedJaxpr, Primitive, jaxprs_in_params
+
+from kernelsim.adapter import typed_ndarray_type
+
 # where a class may come from: JAX's own modules and its extension, NumPy's arrays and dtypes,
 # ml_dtypes (bfloat16); not NumPy's memmap, ctypes or file helpers
 ALLOWED_ROOTS = ("jax", "jaxlib", "ml_dtypes")
@@ -66,8 +72,6 @@ FUNCTION_TYPES = (types.FunctionType, types.MethodType, types.BuiltinFunctionTyp
 
 def eqns(jaxpr):
     """Every equation of a program, nested jaxprs (kernel bodies, index maps) included."""
-    from jax.extend.core import jaxprs_in_params
-
     for eqn in getattr(jaxpr, "eqns", None) or jaxpr.jaxpr.eqns:
         yield eqn
         for sub in jaxprs_in_params(eqn.params):
@@ -110,8 +114,6 @@ def functions_in(obj, depth: int = 4):
 
 
 def _primitive_names() -> dict[int, tuple[str, str]]:
-    from jax.extend.core import Primitive
-
     names: dict[int, tuple[str, str]] = {}
     for module in sorted(sys.modules):
         for attr, value in sorted(vars(sys.modules[module]).items()
@@ -137,9 +139,6 @@ class _Pickler(pickle.Pickler):
         self.installed, self.callbacks = installed, callbacks
 
     def persistent_id(self, obj):
-        import jax
-        from jax.extend.core import Primitive
-
         if isinstance(obj, Primitive):
             if self.names is None or id(obj) not in self.names:
                 self.names = _primitive_names()
@@ -159,12 +158,8 @@ class _Pickler(pickle.Pickler):
         return None
 
     def reducer_override(self, obj):
-        from kernelsim.adapter import typed_ndarray_type
-
         typed = typed_ndarray_type()  # its ndarray pickle loses the JAX type
         if typed is not None and type(obj) is typed:
-            import numpy as np
-
             return (typed, (np.asarray(obj), obj.aval))
         return NotImplemented
 
@@ -181,8 +176,6 @@ def dumps(program: Any, installed=lambda fn: False) -> bytes:
 
 class _Unpickler(pickle.Unpickler):
     def persistent_load(self, pid):
-        from jax.extend.core import Primitive
-
         if not isinstance(pid, tuple) or not pid or not all(isinstance(x, str | bool | int)
                                                             for x in pid):
             raise NotAProgram(f"an unknown reference {pid!r:.80}")
@@ -194,8 +187,6 @@ class _Unpickler(pickle.Unpickler):
         if pid == ("none",):
             return None
         if pid[0] == "device" and len(pid) == 2 and isinstance(pid[1], int):
-            import jax
-
             devices = jax.devices()
             return devices[pid[1]] if 0 <= pid[1] < len(devices) else devices[0]
         if pid[0] == "callback" and len(pid) == 3:
@@ -218,8 +209,6 @@ class _Unpickler(pickle.Unpickler):
 def loads(data: bytes) -> Any:
     """The program in ``data``; ``NotAProgram`` when it is not one (a truncated or forged
     pickle, a class or primitive outside the allow-list)."""
-    from jax.extend.core import ClosedJaxpr
-
     try:
         program = _Unpickler(io.BytesIO(data)).load()
     except NotAProgram:

@@ -37,10 +37,13 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+import jax
 import numpy as np
-from jax.extend.core import Literal, jaxprs_in_params
+from jax.experimental.pallas import ops
+from jax.extend.core import Literal, jaxpr_as_fun, jaxprs_in_params
 from jax.tree_util import tree_unflatten
 
+import kernelsim
 from grader.grading import gpu_facts
 from grader.grading.calling import (
     COURSE_CODE,
@@ -59,8 +62,6 @@ from grader.grading.fingerprint import body_size, fingerprint
 # precedence when several origins meet in one layout operation (pad(kernel out, 0.0): kernel)
 _RANK = {"computed": 3, "kernel": 2, "input": 1, "constant": 0}
 def _jax_ops() -> str:
-    from jax.experimental.pallas import ops
-
     return os.path.realpath(os.path.dirname(ops.__file__)) + os.sep
 
 
@@ -345,12 +346,6 @@ class CaseRun:
 def run_traced(t: Traced) -> CaseRun:
     """Execute a traced program for the values and kernelsim's trace, and read the work facts
     from it: what is judged all comes from this one program."""
-    import jax
-    import numpy as np
-    from jax.extend.core import jaxpr_as_fun
-
-    import kernelsim
-
     if t.error is not None:
         return CaseRun(error=t.error)
     try:

@@ -7,7 +7,7 @@ feedback), ``["feedback", A[, STUDENT]]`` (made, and released to the exchange wh
 has one), ``["export", FILE]``,
 ``["preflight"]`` (can a jailed Python import the course). Each runs
 real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON
-line (prefixed ``@@RESULT``) with the outcome; ``grading.Worker`` is the other end. Learner code
+line (prefixed ``@@RESULT``) with the outcome; ``submission.Worker`` is the other end. Learner code
 never runs in this process: autograde executes it in a jailed run (``grader.grading.trusted``).
 
 Gradebook safety: every ``nbgrader.api.Gradebook`` session in this process holds an exclusive
@@ -24,12 +24,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
 
 def install_gradebook_lock(root: Path) -> None:
-    import nbgrader.api as api
+    import nbgrader.api as api  # optional: nbgrader comes with the class extra
 
     lock_path = root / "gradebook.db.lock"
     state = {"depth": 0, "fd": None}
@@ -74,6 +75,7 @@ def install_gradebook_lock(root: Path) -> None:
 
 
 def load(root: Path):
+    # optional: nbgrader (and its traitlets) come with the class extra
     from nbgrader.apps import NbGraderAPI
     from nbgrader.coursedir import CourseDirectory
     from traitlets.config.loader import PyFileConfigLoader
@@ -116,13 +118,13 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
             ok &= bool(r["success"])
         result["success"] = ok
     elif job == "preflight":
-        from grader.grading import sandbox, trusted
+        from grader.grading import sandbox, trusted  # JAX and the tasks: seconds, for this job
 
         with sandbox.slot_for_this_run() as slot:
             why = trusted.preflight(trusted.TrustedExecute(config=cfg).limits(), slot=slot)
         result.update(success=why is None, error=why)
     elif job == "autograde":
-        from grader.grading import trusted
+        from grader.grading import trusted  # JAX and the tasks: seconds, for this job
 
         a, s = args
         trusted.REPORTS.clear()
@@ -137,9 +139,7 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
         result["notebooks"] = [p.name for p in nbs]
         result["reports"] = list(trusted.REPORTS)
     elif job == "forget":
-        import shutil
-
-        from nbgrader.api import Gradebook, MissingEntry
+        from nbgrader.api import Gradebook, MissingEntry  # optional: the class extra's
 
         a, s = args
         with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
@@ -159,7 +159,7 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
         # goes there too (nbgrader's release_feedback, as the formgrader's button does)
         exchange = cfg.Exchange.root if "root" in cfg.Exchange else ""
         if r["success"] and exchange and os.path.isdir(exchange):
-            from grader.grading.inbound import unreleasable
+            from grader.grading.inbound import unreleasable  # a course with an exchange only
 
             released = api.release_feedback(a, s)
             result.update(success=released["success"], exchange=exchange,
@@ -169,6 +169,7 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
                 d.parent.name: why for d in sorted((root / "feedback").glob(f"{s or '*'}/{a}"))
                 if (why := unreleasable(d))}
     elif job == "export":
+        # optional: nbgrader comes with the class extra
         from nbgrader.api import Gradebook
         from nbgrader.plugins.export import CsvExportPlugin
 

@@ -12,7 +12,8 @@ and from the exercise's own folder alike.
 
 In a student copy (``pallas-course dist``) ``main`` is the ``pallas-course`` command itself;
 in a checkout, ``grader.cli`` hands its ``check`` subcommand here. Nothing here imports the
-instructor's side (nbgrader, the grading machinery).
+instructor's side (nbgrader, the grading machinery) but the hidden-test region's pattern
+(``grader.grading.hidden_tests``), which it never runs.
 """
 
 from __future__ import annotations
@@ -20,16 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
 
-# nbgrader's hidden-test region; the markers are put together here so that a student copy, which
-# ships this file, holds none of them (tests/workspace/test_dist.py searches it for them)
-_MARKER = "### {} HIDDEN TESTS"
-HIDDEN_RE = re.compile(re.escape(_MARKER.format("BEGIN")) + ".*?" +
-                       re.escape(_MARKER.format("END")), re.S)
+from grader.grading.hidden_tests import HIDDEN_RE
+
 WORKSPACE_ENV = "PALLAS_COURSE_WORKSPACE"
 # the check's kernel logs errors only (ipykernel warns on every start that its local TCP
 # sockets are unencrypted, which a learner can do nothing about)
@@ -93,12 +90,13 @@ def check_notebook(path: Path, timeout: int = 300, log=print, verbose: bool = Fa
     failure with its whole message) and, with ``verbose``, every rule checked and kernelsim's
     summary of each task; 0 when every check passed, 1 when one failed, 2 when it cannot be
     read."""
+    # seconds to import: the command's help and its notebook search start without them
     import nbclient
     import nbformat
 
     path = Path(path).resolve()
     if path.suffix == ".py":
-        import jupytext
+        import jupytext  # seconds to import: a lesson's .py only
 
         nb = jupytext.read(path)
     else:

@@ -14,8 +14,9 @@ cell's error output but not raised, so a Restart-and-Run-All reaches every task'
 script, a test) it is raised.
 
 The checking itself is ``grader.learner.selfcheck``, imported when a check first runs; this module
-imports no other part of the grader, so it is what the notebook's process of the grader's run
-(its jail) can import of the checks, where ``check`` and ``summary`` do nothing. The verdict
+imports no other part of the grader but ``CheckFailed``'s light module
+(``grader.learner.failure``), so it is what the notebook's process of the grader's run (its jail)
+can import of the checks, where ``check`` and ``summary`` do nothing. The verdict
 (``grader.grading.verdict``) is a pure function of the outputs, the references and the trace's
 ``to_dict()``; under grading it is reached from the grader's process, never from here.
 When ``$PALLAS_COURSE_REPORT`` names a file, one JSON line per check is appended to it (used by
@@ -28,8 +29,9 @@ import json
 import os
 import sys
 import traceback
-from pathlib import Path
 from typing import Any
+
+from grader.learner.failure import CheckFailed
 
 __all__ = ["check", "summary", "CheckFailed"]
 
@@ -37,29 +39,10 @@ __all__ = ["check", "summary", "CheckFailed"]
 _SESSION: dict[str, dict[str, Any]] = {}
 
 
-class CheckFailed(AssertionError):
-    """A task's check failed: wrong values, wrong shape, or a structural rule not met."""
-
-    # shown but not raised (in a Jupyter kernel): the frames from the notebook's cell down to
-    # the call of ``check``, which the traceback of an exception caught in ``check`` lacks
-    caller_frames: list[traceback.FrameSummary] = []
-
-    def _render_traceback_(self) -> list[str]:
-        """What IPython shows for this error: the learner's frames and the message, without
-        the grader's frames (IPython always shows the raising frame, even with
-        ``__tracebackhide__``; the full traceback stays on the exception for ``%debug``)."""
-        grader_dir = str(Path(__file__).resolve().parents[1]) + os.sep
-        frames = [*self.caller_frames, *traceback.extract_tb(self.__traceback__)]
-        frames = [f for f in frames if not str(Path(f.filename).resolve()).startswith(grader_dir)]
-        lines = ["Traceback (most recent call last):\n", *traceback.format_list(frames)] \
-            if frames else []
-        return [*"".join(lines).splitlines(), f"{type(self).__name__}: {self}"]
-
-
 def _cell_frames(frame) -> list[traceback.FrameSummary]:
     """``frame`` and its callers up to the code IPython runs (the notebook's cell): what IPython
     would have shown for an exception raised out of ``frame``."""
-    import IPython
+    import IPython  # present where a check's failure is shown in a kernel
 
     ipython_dir = os.path.dirname(IPython.__file__) + os.sep
     frames = []
@@ -73,7 +56,7 @@ def _jupyter_shell():
     """The IPython shell of the Jupyter kernel this runs in (JupyterLab, nbclient, nbgrader's
     validate), else None (a script, a test, a plain IPython terminal)."""
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # optional: present where a notebook runs
     except ImportError:
         return None
     shell = get_ipython()
@@ -84,7 +67,7 @@ def selfcheck():
     """``grader.learner.selfcheck``, imported when a check runs outside the grader's run: the
     grader's run of a notebook (its jail) has no such module, nor the tasks, references or verdict
     it imports, and ``check`` does nothing there."""
-    from grader.learner import selfcheck
+    from grader.learner import selfcheck  # optional: the jail's view of grader/ has none
 
     return selfcheck
 
@@ -101,7 +84,7 @@ def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
     """Run ``fn`` on the task's visible (or hidden) cases and check values and structure.
 
     A failure is a ``CheckFailed``, shown as the learner's own frames and the message, never
-    the grader's code; known Pallas errors get a one-line hint (``grader.learner.messages``). In a
+    the grader's code; known Pallas errors get a one-line hint (``grader.grading.messages``). In a
     Jupyter kernel it becomes the cell's error output without stopping the run (``Run All``
     checks every task; nbgrader's validate and ``pallas-course check`` read error outputs);
     elsewhere it is raised.
@@ -114,7 +97,7 @@ def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
     __tracebackhide__ = True  # debuggers (%debug) skip this frame
     if os.environ.get("PALLAS_COURSE_GRADING"):
         return
-    from kernelsim.backend import NeedsNewerJax
+    from kernelsim.backend import NeedsNewerJax  # starts JAX: ``import course`` stays light
 
     record: dict[str, Any] = {"task": task_id, "hidden": hidden, "passed": False}
     try:

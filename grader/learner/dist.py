@@ -22,6 +22,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+from grader import rooms
+from grader.grading import refs, releases
 from grader.learner import workspace
 
 # the student copy's size once installed: measured by tests/workspace/test_dist.py
@@ -212,60 +214,11 @@ def strip_hidden_cases(source: str) -> tuple[str, int]:
 
 # what a learner runs of grader/: the notebooks' checks and the `pallas-course check` command
 LEARNER_ENTRY_POINTS = ("learner.course", "learner.selfcheck", "learner.check")
-# grader/'s folders of modules: a module there is named with its room ("grading.calling"), and
-# the room's own __init__ goes with it, not the room's other modules
-ROOMS = ("grading", "learner", "website")
-
-
-def _grader_module(dotted: str) -> str:
-    """``grader.grading.calling.trace_case`` -> ``grading.calling``; ``grader.tasks.core`` ->
-    ``tasks``: the module or package of grader/ that an import of ``dotted`` loads."""
-    parts = dotted.split(".")[1:]
-    return ".".join(parts[:2]) if parts[0] in ROOMS and len(parts) > 1 else parts[0]
-
-
-def module_files(grader_dir: Path, name: str) -> list[Path]:
-    """The files of one of ``learner_modules``'s names: a module's file, a room's __init__.py,
-    or every module of a package."""
-    path = grader_dir / name.replace(".", "/")
-    if name in ROOMS:
-        return [path / "__init__.py"]
-    # a package ships whole, so every one of its modules' imports ships with it
-    return sorted(path.glob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
-
-
-def learner_modules(grader_dir: Path, start: str = "learner.course") -> list[str]:
-    """The learner side of grader/: ``learner.course`` and the grader modules it imports at
-    module level, transitively (imports inside functions, such as grading's exchange, stay
-    out), with the rooms they are in. A package (``tasks``) is named once and goes whole."""
-    seen: list[str] = []
-    todo = [start]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.append(name)
-        if name.partition(".")[0] in ROOMS:
-            todo.append(name.partition(".")[0])  # importing grader.room.m imports grader.room
-        for node in (n for path in module_files(grader_dir, name)
-                     for n in ast.parse(path.read_text()).body):
-            if isinstance(node, ast.ImportFrom) and node.module == "grader":
-                todo += [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module in {f"grader.{r}" for r in ROOMS}:
-                todo += [f"{node.module.split('.')[1]}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("grader."):
-                todo.append(_grader_module(node.module))
-            elif isinstance(node, ast.Import):
-                todo += [_grader_module(a.name) for a in node.names
-                         if a.name.startswith("grader.")]
-    return sorted(seen)
-
-
 def course_jax(repo: Path) -> dict[str, str]:
     """The copy's JAX release for each Python: the course's pin (pyproject.toml) from the
     course's oldest Python on, kernelsim's oldest supported release before it, keyed by the
     environment marker that picks it."""
-    from kernelsim import adapter
+    from kernelsim import adapter  # starts JAX: only the copy's pyproject needs it
 
     project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
     pinned = next(d.partition("==")[2] for d in project["dependencies"]
@@ -310,8 +263,6 @@ def _copytree(src: Path, dest: Path) -> None:
 
 def write_tree(root: Path, repo: Path, dest: Path) -> None:
     """The distribution as a folder ``dest`` (which must not exist)."""
-    from grader.grading import refs
-
     package = refs.REPO  # where this grader/ and kernelsim/ come from
     dest.mkdir(parents=True)
     for rel, src in workspace.course_files(root, repo).items():
@@ -321,10 +272,8 @@ def write_tree(root: Path, repo: Path, dest: Path) -> None:
     _copytree(package / "kernelsim", dest / "kernelsim")
     (dest / "grader").mkdir()
     hidden_removed = 0
-    modules = {m for start in LEARNER_ENTRY_POINTS
-               for m in learner_modules(package / "grader", start)}
-    for name in ["__init__", *sorted(modules)]:
-        for src in module_files(package / "grader", name):
+    for name in ["__init__", *rooms.imported_modules(package / "grader", LEARNER_ENTRY_POINTS)]:
+        for src in rooms.module_files(package / "grader", name):
             text, removed = strip_hidden_cases(src.read_text())
             hidden_removed += removed
             target = dest / src.relative_to(package)
@@ -346,9 +295,9 @@ def write_tree(root: Path, repo: Path, dest: Path) -> None:
 def build(root: Path, repo: Path, to: Path, log=print) -> Path:
     """Release what is stale, then write the distribution to ``to`` (a new folder, or a
     ``.zip`` file holding one folder ``pallas-course/``)."""
-    stale = workspace.stale_releases(root)
+    stale = releases.stale_releases(root)
     if stale:
-        from grader.grading import batch
+        from grader.grading import batch  # seconds to import: only when something is stale
 
         batch.release(root, stale[0] if len(stale) == 1 else None, log=log)
     if to.exists():

@@ -13,10 +13,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jax.numpy as jnp
+
 from grader import tasks
-from grader.grading import refs, verdict, work
-from grader.learner import messages
-from grader.learner.course import CheckFailed
+from grader.grading import messages, refs, verdict, work
+from grader.learner.failure import CheckFailed
+from kernelsim.backend import NeedsNewerJax
 
 
 def task_ids(checked) -> list[str]:
@@ -58,8 +60,6 @@ def _cases(task_id: str, hidden: bool) -> tuple[Path, list[dict]]:
 def check(task_id: str, fn, hidden: bool, quiet: bool, record: dict[str, Any]) -> None:
     """Check ``fn`` on the task's visible (or hidden) cases; fill ``record`` (rules, kernelsim's
     summary, the message) and raise ``CheckFailed`` when it fails."""
-    import jax.numpy as jnp
-
     kind = "hidden" if hidden else "visible"
     refdir, entries = _cases(task_id, hidden)
     loaded = [(e, *refs.load_case(refdir, e)) for e in entries]
@@ -68,8 +68,6 @@ def check(task_id: str, fn, hidden: bool, quiet: bool, record: dict[str, Any]) -
             for _, inputs, _, params in loaded]  # one run per case: values, trace and work
     too_old = next((r.error for r in runs if (r.error or "").startswith("NeedsNewerJax:")), None)
     if too_old:  # this JAX cannot run the check: not the learner's failure
-        from kernelsim.backend import NeedsNewerJax
-
         record["message"] = f"{task_id}: cannot be checked here: {too_old.split(': ', 1)[1]}"
         raise NeedsNewerJax(record["message"])
     results = [verdict.case_result(e, inputs, expected, params, r.output, r.error, r.trace,

@@ -1,4 +1,4 @@
-"""The learner's workspace, and the guard that keeps ``release`` from overwriting anyone's work.
+"""The learner's workspace: ``make start``'s copy of the lessons and the released notebooks.
 
 ``pallas-course workspace [DIR]`` (``make start`` runs it) fills ``DIR`` (default
 ``workspace/`` in the repository) with what a learner works on::
@@ -14,101 +14,23 @@ version of an edited one as ``<name>.new<suffix>`` beside it, and refreshes ``re
 data, not learner work). ``DIR/.pallas-course-workspace.json`` records the course version each
 file was copied from, so ``--update`` knows what changed and what the learner edited.
 
-nbgrader's ``generate_assignment --force`` deletes the release folder it regenerates. Before it
-runs, ``keep_edited_releases`` moves every notebook there that is not byte-for-byte what the last
-release wrote (someone worked in it) to ``<course>/release-kept/<assignment>/`` and says so.
+The guard that keeps ``release`` from overwriting a notebook someone worked in is
+``grader.grading.releases``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import shutil
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from grader.grading import build
+from grader.grading import build, releases
 from grader.learner import check
 
-RELEASE_LEDGER = ".pallas-course-release.json"  # in the course root, beside release/
 WORKSPACE_LEDGER = check.WORKSPACE_LEDGER  # in the workspace
-KEPT_DIR = "release-kept"  # in the course root
 
 
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
-
-
-# ----------------------------------------------------------------------------- release guard
-def source_fingerprint(root: Path, assignment: str) -> str:
-    """What a release of ``assignment`` is made from: its jupytext sources and the manifest."""
-    h = hashlib.sha256()
-    for py in sorted((root / "source" / assignment).glob("*.py")):
-        h.update(py.name.encode() + b"\0" + py.read_bytes() + b"\0")
-    manifest = root / "refs" / "manifest.json"
-    if manifest.exists():
-        h.update(manifest.read_bytes())
-    return h.hexdigest()
-
-
-def stale_releases(root: Path) -> list[str]:
-    """Assignments whose ``release/`` folder is missing or older than their sources."""
-    ledger = _read_json(root / RELEASE_LEDGER)
-    return [a for a in build.assignments(root)
-            if not (root / "release" / a).is_dir()
-            or ledger.get(a, {}).get("source") != source_fingerprint(root, a)]
-
-
-def keep_edited_releases(root: Path, assignments: list[str], log=print) -> list[Path]:
-    """Move notebooks in ``release/<a>/`` that the last release did not write (edited by hand,
-    or from before this ledger existed) to ``release-kept/<a>/``; returns where they went."""
-    ledger = _read_json(root / RELEASE_LEDGER)
-    kept = []
-    for a in assignments:
-        written = ledger.get(a, {}).get("files", {})
-        for nb in sorted((root / "release" / a).glob("*.ipynb")):
-            if written.get(nb.name) == sha256(nb):
-                continue
-            dest = root / KEPT_DIR / a / nb.name
-            if dest.exists():
-                dest = dest.with_name(f"{nb.stem}.{time.strftime('%Y%m%d-%H%M%S')}{nb.suffix}")
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(nb, dest)
-            kept.append(dest)
-            log(f"kept {nb.relative_to(root)} -> {dest.relative_to(root)}: it differs from what "
-                "`release` wrote (your work?); release never overwrites it. Learners work in "
-                "`pallas-course workspace` (workspace/), which release does not touch.")
-    return kept
-
-
-def record_release(root: Path, assignments: list[str]) -> None:
-    """Remember what ``release`` wrote, so the next one can tell an edited notebook apart."""
-    path = root / RELEASE_LEDGER
-    ledger = _read_json(path)
-    for a in assignments:
-        ledger[a] = {"source": source_fingerprint(root, a),
-                     "files": {nb.name: sha256(nb)
-                               for nb in sorted((root / "release" / a).glob("*.ipynb"))}}
-    _write_json(path, ledger)
-
-
-# ----------------------------------------------------------------------------- workspace
 def lesson_files(repo: Path) -> list[Path]:
     """The lessons a learner runs: ``lessons/NN-*.py`` and their shared ``_course.py``."""
     lessons = repo / "lessons"
@@ -138,7 +60,7 @@ def _beside(target: Path, src: Path) -> Path | None:
         path = target.with_name(f"{target.stem}.new{n if n > 1 else ''}{target.suffix}")
         if not path.exists():
             return path
-        if sha256(path) == sha256(src):
+        if releases.sha256(path) == releases.sha256(src):
             return None
     raise RuntimeError(f"{target}: 99 newer versions are already beside it; tidy them up")
 
@@ -167,7 +89,7 @@ HELP_URL_ENV = "PALLAS_COURSE_HELP_URL"
 def help_url(repo: Path) -> str:
     """Where a learner asks: ``$PALLAS_COURSE_HELP_URL``, else ``extra.ask.url`` of the
     checkout's mkdocs.yml (the site links the same place under every page)."""
-    import yaml
+    import yaml  # the site extra's (mkdocs brings it): the env var does without
 
     env = os.environ.get(HELP_URL_ENV)
     if env:
@@ -186,16 +108,16 @@ def create(dest: Path, root: Path, repo: Path, update: bool = False,
     place: the learner never edited them), ``offered`` (``.new`` copies beside a learner's
     edited file) and ``refreshed`` (reference data). ``release_log`` takes the instructor's
     side of it (what nbgrader's release says), default ``log``."""
-    stale = stale_releases(root)
+    stale = releases.stale_releases(root)
     if stale:
-        from grader.grading import batch
+        from grader.grading import batch  # seconds to import: make start does without it
 
         log(f"preparing {len(stale)} exercise(s) for the workspace (nbgrader's release)...")
         # one nbgrader start for all of them (about 6 s each on two cores)
         batch.release(root, stale[0] if len(stale) == 1 else None, log=release_log or log)
     dest.mkdir(parents=True, exist_ok=True)
     ledger_path = dest / WORKSPACE_LEDGER
-    ledger = _read_json(ledger_path)
+    ledger = releases.read_json(ledger_path)
     copied = ledger.setdefault("files", {})
     done: dict[str, list[str]] = {"added": [], "updated": [], "offered": [], "refreshed": []}
     readme = dest / "README.md"
@@ -203,14 +125,14 @@ def create(dest: Path, root: Path, repo: Path, update: bool = False,
         readme.write_text(README.format(help_url=help_url(repo)))
     for rel, src in course_files(root, repo).items():
         target = dest / rel
-        digest = sha256(src)
+        digest = releases.sha256(src)
         if not target.exists():
             kind = "added"
         elif not update or copied.get(rel) == digest:
             continue
         elif _is_data(rel):
             kind = "refreshed"
-        elif rel in copied and sha256(target) == copied[rel]:
+        elif rel in copied and releases.sha256(target) == copied[rel]:
             kind = "updated"  # the learner never edited it: nothing of theirs to keep
         else:
             kind = "offered"
@@ -223,7 +145,7 @@ def create(dest: Path, root: Path, repo: Path, update: bool = False,
         tmp.replace(target)
         copied[rel] = digest
         done[kind].append(str(target.relative_to(dest)))
-    _write_json(ledger_path, ledger)
+    releases.write_json(ledger_path, ledger)
     n_ex = sum(1 for r in done["added"] if r.endswith(".ipynb"))
     log(f"workspace {dest}: {len(done['added'])} file(s) added ({n_ex} exercise notebook(s)), "
         f"{len(done['updated'])} you never edited updated, "

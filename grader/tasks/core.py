@@ -25,7 +25,9 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from grader.grading import work
 from grader.grading.calling import INVOKES, Call
+from grader.tasks import shipped
 
 # Tolerances, in one table: (rtol, atol) per kind of task and dtype. An element passes when
 # |got - expected| <= atol + rtol * |expected|. Every reference computes in float32 and rounds
@@ -267,8 +269,6 @@ def reference_flops(task: Task, case: Case, inputs: dict) -> int:
     """FLOPs of the task's plain-JAX reference on ``case`` (cached)."""
     key = (task.id, case.name)
     if key not in _REFERENCE_FLOPS:
-        from grader.grading import work
-
         arrays = [jnp.asarray(v) for v in inputs.values()]
         split = len(arrays) - task.host_inputs
         host = [np.asarray(v) for v in arrays[split:]]
@@ -377,8 +377,6 @@ def applicable(rule: Rule, applies: bool) -> list[Rule]:
 def own_kernels(w) -> Rule:
     """No kernel body is the course's own or a Pallas op JAX ships: by the file it was defined
     in, or by its fingerprint (``grader.tasks.shipped``), which re-created source keeps."""
-    from grader.tasks import shipped
-
     found = []
     for c in w.calls:
         where = shipped.known().get(c.fingerprint) if c.body_size >= shipped.MIN_BODY else None

@@ -3,13 +3,14 @@ clone serves the whole site without executing sixteen lessons first.
 
 Each lesson's file holds the page mkdocs-jupyter made when it executed the lesson (HTML, table
 of contents, title) and ``sources``: the digest of everything that page came from
-(``sources_digest``). nbconvert's stylesheet and scripts, which open every such page and are
-the bulk of it, are stored once (``head-<digest>.html``).
+(``sources_digest``, over ``grader.sources.lesson_inputs``). nbconvert's stylesheet and
+scripts, which open every such page and are the bulk of it, are stored once
+(``head-<digest>.html``).
 
 ``grader.website.site.render_lessons`` copies a shipped page into mkdocs-jupyter's cache when its
 ``sources`` are the present ones (``seed``); a lesson that changed executes as before. A page is
 only ever shipped right after its lesson executed (``ship``), so a shipped page is never older
-than what it claims to come from. ``python -m grader.website.shipped_lessons`` executes the lessons
+than what it claims to come from. ``python -m grader.website.ship_lessons`` executes the lessons
 whose shipped pages are stale and ships them (seconds when none is); a test fails while any is
 stale. The lesson tests execute every lesson regardless (``prerender_lessons(fresh=True)``).
 """
@@ -18,42 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-import sys
-from collections.abc import Iterable
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-LESSONS_DIR = REPO / "lessons"
+from grader.sources import REPO, files_digest, lesson_inputs, lessons
+
 STORE = REPO / "site" / "executed"
-REFRESH = "python -m grader.website.shipped_lessons"
+REFRESH = "python -m grader.website.ship_lessons"
 # where nbconvert's head (stylesheets, the copy button's script) ends and the notebook begins
 BODY_START = '<div class="jupyter-wrapper">'
-# a lesson that takes functions from another one: _course.definitions("08-flash-attention", ...)
-_DEFINITIONS = re.compile(r"""definitions\(\s*["'](\d\d-[\w-]+)["']""")
-# a module a lesson imports (a benchmark's, from bench/ on its path), a record it reads
-_IMPORTED = re.compile(r"^\s*(?:import|from)\s+(\w+)", re.M)
-_RECORDED = re.compile(r"""["']recorded["']\s*/\s*["']([\w.-]+)["']""")
-
-
-def lessons() -> list[Path]:
-    return sorted(LESSONS_DIR.glob("[0-9][0-9]-*.py"))
-
-
-def lesson_inputs(lesson: Path) -> list[Path]:
-    """The files a lesson's outputs come from: the lesson, the lessons it takes functions from,
-    ``lessons/_course.py``, kernelsim (Python and the viewer's JavaScript), and the benchmark's
-    modules it imports and records it reads (lesson 16: ``bench/gpu_kernels.py``, the H200
-    run)."""
-    text = lesson.read_text()
-    taken = {LESSONS_DIR / f"{stem}.py" for stem in _DEFINITIONS.findall(text)}
-    bench = {REPO / "bench" / f"{name}.py" for name in _IMPORTED.findall(text)}
-    recorded = {REPO / "bench" / "recorded" / name for name in _RECORDED.findall(text)}
-    return sorted({lesson, *taken, LESSONS_DIR / "_course.py",
-                   *(p for p in bench | recorded if p.is_file()),
-                   *(REPO / "kernelsim").rglob("*.py"), *(REPO / "kernelsim").rglob("*.js")})
 
 
 def sources_digest(lesson: Path, settings: dict[str, Any]) -> str:
@@ -66,20 +41,9 @@ def sources_digest(lesson: Path, settings: dict[str, Any]) -> str:
         sort_keys=True, default=repr).encode())
 
 
-def files_digest(paths: Iterable[Path], header: bytes = b"") -> str:
-    """sha256 (hex) of ``header`` then, in path order, each file's path under the repository
-    and its bytes: what a stored output (a shipped page, the shipped-kernels corpus) was made
-    from. The same files give the same digest in any order."""
-    digest = hashlib.sha256(header)
-    for path in sorted(set(paths)):
-        digest.update(b"\0" + path.relative_to(REPO).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes())
-    return digest.hexdigest()
-
-
 def plugin_settings() -> dict[str, Any]:
     """mkdocs-jupyter's configuration, as mkdocs.yml sets it."""
-    from mkdocs.config import load_config
+    from mkdocs.config import load_config  # optional: mkdocs comes with the site extra
 
     return dict(load_config(str(REPO / "mkdocs.yml")).plugins["mkdocs-jupyter"].config)
 
@@ -148,25 +112,3 @@ def prune(store: Path = STORE) -> list[Path]:
     for path in removed:
         path.unlink()
     return removed
-
-
-def main() -> int:
-    """Execute the lessons whose shipped pages are stale, ship them, prune the rest."""
-    from grader.website import site
-
-    runs = site.prerender_lessons(ship=True)
-    failed = [run for run in runs.values() if run.error]
-    for run in failed:
-        print(f"lessons/{run.lesson} failed, not shipped:\n{run.error}", file=sys.stderr)
-    removed = prune()
-    shipped = sorted(run.lesson for run in runs.values()
-                     if run.source == "executed" and not run.error)
-    size = sum(p.stat().st_size for p in STORE.iterdir())
-    print(f"{STORE.relative_to(REPO)}: {len(shipped)} lesson(s) executed and shipped "
-          f"({', '.join(shipped) or 'none'}), {len(runs) - len(shipped) - len(failed)} "
-          f"were current, {len(removed)} files removed; {size / 1e6:.1f} MB", file=sys.stderr)
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -29,6 +29,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from grader.learner.check import WORKSPACE_ENV
+from grader.website import shipped_lessons
+
 REPO = Path(__file__).resolve().parents[2]
 SITE_DIR = REPO / "build" / "site"
 SITE_SOURCES = ("mkdocs.yml", "site", "lessons", "exercises/source", "exercises/release",
@@ -79,7 +82,7 @@ def lesson_pages_config():
     """The site's mkdocs configuration as the build has it when it renders a page (site/hooks.py
     has pinned the lessons' cache and the kernel's path, mkdocs-jupyter has set up its cache),
     and the mkdocs-jupyter plugin."""
-    from mkdocs.config import load_config
+    from mkdocs.config import load_config  # optional: mkdocs comes with the site extra
 
     config = load_config(str(REPO / "mkdocs.yml"))
     config = config.plugins.on_config(config)
@@ -91,7 +94,7 @@ def lesson_pages_config():
 def lesson_cache_file(jupyter, name: str) -> Path:
     """Where mkdocs-jupyter's page hook reads and writes the page of ``lessons/<name>`` (its
     cache entry; mkdocs-jupyter 0.26's key: the notebook's bytes and the plugin's settings)."""
-    from mkdocs_jupyter.plugin import _compute_cache_key, _get_cache_path
+    from mkdocs_jupyter.plugin import _compute_cache_key, _get_cache_path  # the site extra's
 
     settings = jupyter.config
     return _get_cache_path(settings["cache_dir"], _compute_cache_key(
@@ -112,10 +115,9 @@ def render_lessons(names: list[str], report: Path, fresh: bool = False,
     lesson executes (its cache entry is removed first). ``ship``: a lesson whose shipped page is
     stale executes and is shipped. A lesson that fails does not stop the others: ``report`` gets one
     JSON line per lesson, ``LessonRun``'s fields."""
+    # optional: mkdocs comes with the site extra
     from mkdocs.structure.files import File, Files
     from mkdocs.structure.pages import Page
-
-    from grader.website import shipped_lessons
 
     config, jupyter = lesson_pages_config()
     settings = dict(jupyter.config)
@@ -317,8 +319,6 @@ def lab_env(workspace_dir: Path, settings_dir: Path) -> dict[str, str]:
     site/jupyter/ first on JUPYTER_CONFIG_PATH, this Python's ``bin`` first on PATH (the
     ``pallas-course`` command in a terminal), and ``$PALLAS_COURSE_WORKSPACE`` (where
     ``pallas-course check`` looks for a notebook)."""
-    from grader.learner.check import WORKSPACE_ENV
-
     config_path = os.pathsep.join(p for p in (str(settings_dir), str(LAB_CONFIG_DIR),
                                               os.environ.get("JUPYTER_CONFIG_PATH", "")) if p)
     # the venv's bin as this interpreter was started (not its symlink's target)

@@ -16,7 +16,7 @@ from kernelsim.views.data import CallView, call_view
 from kernelsim.views.figure import DPI, FONT, WIDTH, legible
 
 if TYPE_CHECKING:
-    from kernelsim.trace import Trace
+    from kernelsim.trace_data import TraceData
 
 
 @dataclass
@@ -86,7 +86,7 @@ class Comparison:
         return fig
 
 
-def compare(*traces: Trace, labels: list[str] | None = None, call: int = 0) -> Comparison:
+def compare(*traces: TraceData, labels: list[str] | None = None, call: int = 0) -> Comparison:
     """Compare call ``call`` of each trace; ``labels`` default to "A", "B", ..."""
     if not traces:
         raise ValueError("compare needs at least one trace")

@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from kernelsim.chips import Chip, get_chip
+from kernelsim.chips import DEFAULT_CHIP, Chip, get_chip
 from kernelsim.cost import CallCost, compute
 from kernelsim.model import KernelCall, Operand
 from kernelsim.schedule import CallSchedule, build
 
 if TYPE_CHECKING:
-    from kernelsim.trace import CallTrace, Trace
+    from kernelsim.trace_data import CallTrace, TraceData
 
 
 @dataclass
@@ -32,7 +32,7 @@ class CallView:
         return self.trace.call
 
 
-def call_view(t: Trace, call: int = 0, model: str | None = None) -> CallView:
+def call_view(t: TraceData, call: int = 0, model: str | None = None) -> CallView:
     """Call ``call`` of ``t``; ``model`` other than the trace's builds that model's schedule
     and cost from the same KernelCall (on the model's default chip)."""
     if not 0 <= call < len(t.calls):
@@ -40,8 +40,6 @@ def call_view(t: Trace, call: int = 0, model: str | None = None) -> CallView:
     ct = t.calls[call]
     if model is None or model == t.model:
         return CallView(call, ct, t.model, t.chip, ct.schedule, ct.cost)
-    from kernelsim.trace import DEFAULT_CHIP
-
     chip = get_chip(DEFAULT_CHIP[model])
     schedule = build(ct.call, model)  # type: ignore[arg-type]
     return CallView(call, ct, model, chip, schedule, compute(schedule, chip))

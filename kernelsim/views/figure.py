@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import numpy as np
+from matplotlib import colormaps
 from matplotlib.collections import LineCollection
 from matplotlib.colors import BoundaryNorm, LinearSegmentedColormap, to_rgba
 from matplotlib.figure import Figure
@@ -21,6 +22,7 @@ from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from kernelsim.cost import vmem_limit
+from kernelsim.report import seconds
 from kernelsim.schedule import ACTIONS
 from kernelsim.views import palette as pal
 from kernelsim.views.data import (
@@ -35,7 +37,7 @@ from kernelsim.views.data import (
 )
 
 if TYPE_CHECKING:
-    from kernelsim.trace import Trace
+    from kernelsim.trace_data import TraceData
 
 WIDTH = 7.9          # inches: a lesson output at 72 dpi (the column less the prompt)
 DPI = 72
@@ -341,7 +343,7 @@ class StepFigure:
                 text.set_weight("bold" if e in hot else "normal")
 
 
-def step_figure(t: Trace, step: int, call: int = 0, model: str | None = None,
+def step_figure(t: TraceData, step: int, call: int = 0, model: str | None = None,
                 hidden: tuple[str, ...] = (), dpi: int = DPI) -> Figure:
     """The step view of ``step`` (0-based) of call ``call`` (see ``StepFigure``)."""
     sf = StepFigure(call_view(t, call, model), hidden=hidden, dpi=dpi)
@@ -370,7 +372,7 @@ def _count_scale(top: int, color: str):
     return cmap, BoundaryNorm(bounds, cmap.N)
 
 
-def heatmap(t: Trace, call: int = 0, counts: bool = True) -> Figure:
+def heatmap(t: TraceData, call: int = 0, counts: bool = True) -> Figure:
     """Per windowed operand, how many times each block position was copied.
 
     Inputs count fetches, outputs write-backs (``OperandSchedule.transfer_counts``); with
@@ -419,11 +421,9 @@ def heatmap(t: Trace, call: int = 0, counts: bool = True) -> Figure:
     return fig
 
 
-def timeline(t: Trace, call: int = 0) -> Figure:
+def timeline(t: TraceData, call: int = 0) -> Figure:
     """Bytes moved per step by operand (stacked), cumulative HBM traffic, and the roofline
     bar: compute time vs memory time (+ per-step overhead) on the trace's chip."""
-    from kernelsim.report import seconds
-
     v = call_view(t, call)
     sched, cost = v.schedule, v.cost
     fig = Figure(figsize=(WIDTH, 6.4), dpi=DPI, layout="constrained")
@@ -466,12 +466,10 @@ def timeline(t: Trace, call: int = 0) -> Figure:
     return fig
 
 
-def access_figure(t: Trace, step: int, operand: str, call: int = 0) -> Figure:
+def access_figure(t: TraceData, step: int, operand: str, call: int = 0) -> Figure:
     """Which elements of ``operand`` the kernel body read and wrote at ``step``, and in which
     order (colour = rank of the first access touching the element). Needs a trace made with
     ``record_access=True``."""
-    from matplotlib import colormaps
-
     v = call_view(t, call)
     step = check_step(v, step)
     log = v.trace.accesses

@@ -30,7 +30,7 @@ SCRATCH = "#e69f00"     # scratch buffers (orange)
 SMEM_READ = "#cc79a7"   # scalar-prefetch entries read by this step's index maps (purple)
 READ = ACTION_COLORS["fetch"]       # in-block reads (access views)
 WRITE = ACTION_COLORS["writeback"]  # in-block writes (access views)
-# a Mosaic GPU kernel's events (kernelsim.gpu.EVENT_KINDS): copies in the fetch and
+# a Mosaic GPU kernel's events (kernelsim.gpu_kernel.EVENT_KINDS): copies in the fetch and
 # write-back colours, barriers in purple, tensor-core work in green, the wait for it in yellow,
 # the wait for TMA stores in dark brown (no other kind's colour: the nearest, vermillion, stays
 # well apart under simulated protan-, deutan- and tritanopia, and it reads on white); the viewer

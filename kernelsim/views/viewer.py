@@ -30,11 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from kernelsim.chips import CHIPS
+from kernelsim.chips import CHIPS, DEFAULT_CHIP
 from kernelsim.cost import compute, vmem_limit
+from kernelsim.gpu_kernel import MEMORY_SPACES as GPU_KERNEL_SPACES
 from kernelsim.memories import MEMORY_NAMES, MemoryNames, memory_spaces
 from kernelsim.schedule import build
-from kernelsim.trace import DEFAULT_CHIP, body_dma_dict, device_dict
+from kernelsim.trace_data import body_dma_dict, device_dict
 from kernelsim.views import palette as pal
 from kernelsim.views.data import (
     block_rects,
@@ -44,8 +45,8 @@ from kernelsim.views.data import (
 )
 
 if TYPE_CHECKING:
-    from kernelsim.gpu import GpuKernel
-    from kernelsim.trace import CallTrace, Trace
+    from kernelsim.gpu_kernel import GpuKernelData
+    from kernelsim.trace_data import CallTrace, TraceData
 
 JS = Path(__file__).with_name("viewer.js")
 MODELS = ("tpu", "gpu")
@@ -246,7 +247,7 @@ def _accesses(ct: CallTrace, shown: np.ndarray) -> dict | None:
     return out
 
 
-def _measured(t: Trace, ct: CallTrace) -> dict | None:
+def _measured(t: TraceData, ct: CallTrace) -> dict | None:
     """The call's measured time beside the trace's own estimate (its model and chip, seconds)
     and their ratio, or why it was not measured (``note``); None when not asked for."""
     m = ct.measured
@@ -264,7 +265,7 @@ def _sample(steps: int, n: int) -> np.ndarray:
     return np.unique(np.round(np.linspace(0, steps - 1, max(n, 2))).astype(np.int64))
 
 
-def call_data(t: Trace, call: int, models: tuple[str, ...] = MODELS,
+def call_data(t: TraceData, call: int, models: tuple[str, ...] = MODELS,
               chips: dict[str, list[str]] | None = None,
               shown: np.ndarray | None = None) -> dict[str, Any]:
     """What the viewer draws for call ``call``: the models in ``models`` (each costed on
@@ -289,7 +290,7 @@ def call_data(t: Trace, call: int, models: tuple[str, ...] = MODELS,
     }
 
 
-def viewer_data(t: Trace, call: int = 0, models: tuple[str, ...] = MODELS,
+def viewer_data(t: TraceData, call: int = 0, models: tuple[str, ...] = MODELS,
                 chips: dict[str, list[str]] | None = None,
                 max_bytes: int | None = None) -> dict[str, Any]:
     """Every call of ``t``, with call ``call`` selected; ``models`` and ``chips`` as in
@@ -343,12 +344,10 @@ def _gpu_event(e, regs: list[str]) -> dict[str, Any]:
             "touch": touched, "bytes": e.bytes}
 
 
-def gpu_viewer_data(k: GpuKernel) -> dict[str, Any]:
+def gpu_viewer_data(k: GpuKernelData) -> dict[str, Any]:
     """What the viewer draws for a Mosaic GPU kernel: the GPU's memories as lanes (global
     memory, shared memory, registers), each warpgroup's events in program order (at most
     ``GPU_EVENTS_SHOWN`` each), and the kernel's totals -- every number from ``k``."""
-    from kernelsim.gpu import MEMORY_SPACES as GPU_SPACES
-
     chip = CHIPS[k.chip]
     regs = [a.name for a in k.allocations if a.space == "regs"]
     per_wg: list[list[dict]] = [[] for _ in range(k.num_threads)]
@@ -362,7 +361,7 @@ def gpu_viewer_data(k: GpuKernel) -> dict[str, Any]:
             gmem.setdefault(e.src, {"read": 0, "written": 0})["read"] += e.bytes
         elif e.kind in ("tma_store", "store"):
             gmem.setdefault(e.dst, {"read": 0, "written": 0})["written"] += e.bytes
-    names = dict(GPU_SPACES)
+    names = dict(GPU_KERNEL_SPACES)
     notes = {"gmem": "the kernel's operands; the one this event copies is outlined",
              "smem": "the buffers and barriers the lowering allocates per CTA",
              "regs": "each warpgroup's WGMMA accumulator"}
@@ -424,7 +423,7 @@ def _page(body: str, title: str, path: str | Path | None, fragment_only: bool = 
     return body
 
 
-def fragment(t: Trace, call: int = 0, max_bytes: int = 1_000_000) -> str:
+def fragment(t: TraceData, call: int = 0, max_bytes: int = 1_000_000) -> str:
     """The standalone viewer as one ``<div>`` with its module inline (several fit a page)."""
     budget = max_bytes - len(JS.read_bytes()) - 2_000
     data = viewer_data(t, call, max_bytes=max(budget, 20_000))
@@ -436,14 +435,14 @@ def fragment(t: Trace, call: int = 0, max_bytes: int = 1_000_000) -> str:
                  ct["total_steps"], ct["shown"])
 
 
-def to_html(t: Trace, path: str | Path | None = None, call: int = 0, fragment_only: bool = False,
-            max_bytes: int = 1_000_000) -> str:
+def to_html(t: TraceData, path: str | Path | None = None, call: int = 0,
+            fragment_only: bool = False, max_bytes: int = 1_000_000) -> str:
     """The standalone viewer as a full page (or a fragment); written to ``path`` if given."""
     body = fragment(t, call, max_bytes - (0 if fragment_only else 500))
     return _page(body, f"kernelsim: {t.calls[call].name}", path, fragment_only)
 
 
-def gpu_fragment(k: GpuKernel) -> str:
+def gpu_fragment(k: GpuKernelData) -> str:
     """The standalone viewer of a Mosaic GPU kernel as one ``<div>`` with its module inline."""
     data = gpu_viewer_data(k)
     n = data["kernel"]["shown"]
@@ -451,7 +450,8 @@ def gpu_fragment(k: GpuKernel) -> str:
                  "per warpgroup", n, n)
 
 
-def gpu_to_html(k: GpuKernel, path: str | Path | None = None, fragment_only: bool = False) -> str:
+def gpu_to_html(k: GpuKernelData, path: str | Path | None = None,
+                fragment_only: bool = False) -> str:
     """``gpu_fragment`` as a full page (or the fragment); written to ``path`` if given."""
     return _page(gpu_fragment(k), f"kernelsim: {k.name} (Mosaic GPU)", path, fragment_only)
 
@@ -473,7 +473,7 @@ def live_frontend() -> bool:
     JupyterLab, Notebook 7 and VS Code put a ``cellId`` in the request's metadata; nbclient
     (nbconvert, the site build) and plain IPython do not."""
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # optional: present where a notebook runs
     except ImportError:
         return False
     shell = get_ipython()
@@ -487,7 +487,7 @@ def live_frontend() -> bool:
 @functools.cache
 def _widget_class():
     """The anywidget class, made on first use (anywidget imports ipywidgets)."""
-    import anywidget
+    import anywidget  # imports ipywidgets: on the first live viewer only
     import traitlets
 
     class Viewer(anywidget.AnyWidget):
@@ -503,7 +503,7 @@ def _widget_class():
         chip = traitlets.Unicode("").tag(sync=True)
         hidden = traitlets.List(traitlets.Unicode()).tag(sync=True)
 
-        def __init__(self, t: Trace, call: int = 0):
+        def __init__(self, t: TraceData, call: int = 0):
             self.trace = t
             super().__init__(call=call, model=t.model, chip=t.chip.name, data=viewer_data(
                 t, call, (t.model,), {t.model: [t.chip.name]}))
@@ -526,7 +526,7 @@ def _widget_class():
 
 @functools.cache
 def _gpu_widget_class():
-    import anywidget
+    import anywidget  # imports ipywidgets: on the first live viewer only
     import traitlets
 
     class GpuViewer(anywidget.AnyWidget):
@@ -537,24 +537,24 @@ def _gpu_widget_class():
         step = traitlets.Int(0).tag(sync=True)
         model = traitlets.Unicode("gpu").tag(sync=True)
 
-        def __init__(self, k: GpuKernel):
+        def __init__(self, k: GpuKernelData):
             self.kernel = k
             super().__init__(data=gpu_viewer_data(k))
 
     return GpuViewer
 
 
-def viewer(t: Trace, call: int = 0):
+def viewer(t: TraceData, call: int = 0):
     """The anywidget ``Viewer`` of ``t`` (call ``call`` selected)."""
     return _widget_class()(t, call)
 
 
-def gpu_viewer(k: GpuKernel):
+def gpu_viewer(k: GpuKernelData):
     """The anywidget viewer of a Mosaic GPU kernel."""
     return _gpu_widget_class()(k)
 
 
-def show(t: Trace, call: int = 0):
+def show(t: TraceData, call: int = 0):
     """The live widget in a notebook front end, the standalone viewer elsewhere."""
     if not 0 <= call < len(t.calls):
         raise IndexError(f"call {call} out of range: the trace has {len(t.calls)} call(s)")
@@ -565,7 +565,7 @@ def show(t: Trace, call: int = 0):
                       f"kernelsim viewer of call {call} ({c.name}, {c.steps:,} steps)")
 
 
-def show_gpu(k: GpuKernel):
+def show_gpu(k: GpuKernelData):
     """A Mosaic GPU kernel's viewer: the live widget in a notebook front end (its data made
     once: the model is the kernel's own), the standalone viewer elsewhere."""
     if live_frontend():

@@ -31,7 +31,7 @@ from jax.experimental.pallas import tpu as pltpu
 from grader import tasks
 from grader.grading import calling, fingerprint, work
 from grader.learner import course
-from grader.tasks import shipped
+from grader.tasks import collect_shipped, shipped
 
 TPU_INTERPRET = pltpu.InterpretParams()
 
@@ -236,7 +236,8 @@ def test_the_honest_prediction_passes():
 def test_the_stored_corpus_holds_jaxs_ops():
     """Every body of the JAX ops the corpus traces is stored (none is a solution); the whole
     corpus, lessons included: the slow test below."""
-    missing = [where for where, fn, args in shipped.shipped_calls() if where.startswith("jax")
+    missing = [where for where, fn, args in collect_shipped.shipped_calls()
+               if where.startswith("jax")
                for body in calling.kernel_bodies(jax.make_jaxpr(fn)(*args))
                if fingerprint.fingerprint(body) not in shipped.known()]
     assert missing == []
@@ -244,10 +245,10 @@ def test_the_stored_corpus_holds_jaxs_ops():
 
 @pytest.mark.slow
 def test_the_stored_corpus_is_current():
-    """``python -m grader.tasks.shipped`` run now writes what is stored: regenerate after
+    """``python -m grader.tasks.collect_shipped`` run now writes what is stored: regenerate after
     changing a lesson's kernels. When none of the files the corpus is made from changed since
     it was made (its stored digest), it is current without remaking it (2.5 minutes)."""
-    if shipped.stored_digest() == shipped.sources_digest():
+    if shipped.stored_digest() == collect_shipped.sources_digest():
         return
-    assert shipped.collect(log=lambda _: None) == shipped.known(), \
-        "the shipped-kernel corpus is stale: run `python -m grader.tasks.shipped`"
+    assert collect_shipped.collect(log=lambda _: None) == shipped.known(), \
+        "the shipped-kernel corpus is stale: run `python -m grader.tasks.collect_shipped`"

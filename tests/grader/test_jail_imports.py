@@ -22,14 +22,14 @@ import pytest
 from coursetools import JAIL_ATTACKS as ATTACKS
 from test_replay import _fresh, _verdict
 
+from grader import rooms
 from grader.grading import refs, sandbox, trusted
-from grader.learner import dist
 
 REPO = refs.REPO
 # modules a cell could answer with, or that decide: never in the notebook's process
 GRADERS_OWN = ("tasks", "grading.verdict", "grading.work", "grading.gpu_facts",
                "grading.fingerprint", "grading.batch", "grading.checker", "learner.selfcheck",
-               "grading.trusted", "learner.messages", "grading.sandbox")
+               "grading.trusted", "grading.messages", "grading.sandbox")
 REFUSED = "is the grader's own code"
 
 
@@ -47,7 +47,7 @@ def test_the_harness_loads_no_grader_module_outside_the_view():
 def test_the_view_holds_the_harness_and_refusals(tmp_path):
     view = trusted.notebook_view(tmp_path / "grader")
     for name in trusted.NOTEBOOK_MODULES:
-        rel = name.replace(".", "/") + ("/__init__.py" if name in dist.ROOMS else ".py")
+        rel = name.replace(".", "/") + ("/__init__.py" if name in rooms.ROOMS else ".py")
         assert (view / rel).read_bytes() == (REPO / "grader" / rel).read_bytes()
     # no package but the rooms of the harness: tasks/ is one refusal
     assert not [p for p in view.iterdir() if p.is_dir() and p.name not in trusted.NOTEBOOK_MODULES]

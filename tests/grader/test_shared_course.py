@@ -13,7 +13,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from grader.grading import batch
+from grader.grading import submission
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -52,7 +52,7 @@ def test_a_grading_that_fails_leaves_no_earlier_graded_status(tmp_path):
     sub = tmp_path / "submitted" / "learner1" / "a"
     sub.mkdir(parents=True)
     nbformat.write(nbformat.v4.new_notebook(), sub / "nb.ipynb")
-    batch._write_status(tmp_path, "a", "learner1", {"status": "graded"})
+    submission.write_status(tmp_path, "a", "learner1", {"status": "graded"})
     with pytest.raises(PermissionError):
-        batch.grade_one(tmp_path, "learner1", "a", 60, FailingWorker())
-    assert batch.read_status(tmp_path, "a", "learner1") is None
+        submission.grade_one(tmp_path, "learner1", "a", 60, FailingWorker())
+    assert submission.read_status(tmp_path, "a", "learner1") is None

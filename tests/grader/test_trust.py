@@ -22,7 +22,7 @@ import pytest
 from test_hostile import NB, WRONG_ADD, A, _after, _cell, _course
 
 from grader.grading import batch as grading
-from grader.grading import collect, sandbox, trusted
+from grader.grading import collect, sandbox, submission, trusted
 
 LEARNER_HTML = ('<script>alert("md")</script> <img src=x onerror="alert(1)"> '
                 '\n\n[click](javascript:alert(2)) [also](jav&#x61;script:alert(5))')
@@ -199,7 +199,7 @@ def test_batch_fails_before_grading_when_the_jail_check_fails(tmp_path, monkeypa
         jobs.append(args)
         return {"success": False, "error": "the grading jail cannot import the course"}
 
-    monkeypatch.setattr(grading.Worker, "run", run)
+    monkeypatch.setattr(submission.Worker, "run", run)
     with pytest.raises(RuntimeError, match="not grading: the grading jail cannot import"):
         grading.autograde(root, progress=None, log=lambda *a: None)
     assert jobs == [("preflight",)]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from grader.grading import refs, trusted, verdict
-from grader.grading.batch import test_cell_changes as cell_changes
+from grader.grading.submission import test_cell_changes as cell_changes
 from kernelsim import examples
 from kernelsim.lint import BLOCK_SHAPE_REJECTED
 

@@ -4,7 +4,7 @@ batches penalised equally late work differently depending on the worker)."""
 
 from __future__ import annotations
 
-from grader.grading import batch, sandbox
+from grader.grading import sandbox, submission
 
 CONFIG = """c = get_config()
 c.CourseDirectory.course_id = "pallas-course"
@@ -17,7 +17,7 @@ def test_a_worker_reads_the_configuration_changed_between_its_jobs(tmp_path):
     root.mkdir()
     (root / "nbgrader_config.py").write_text(CONFIG.format(db=root / "before.db"))
     with sandbox.claimed_slot() as slot:
-        worker = batch.Worker(root, slot)
+        worker = submission.Worker(root, slot)
         try:
             assert worker.run("export", str(tmp_path / "1.csv"))["success"]
             (root / "nbgrader_config.py").write_text(CONFIG.format(db=root / "after.db"))

@@ -10,10 +10,11 @@ import os
 
 import pytest
 
+from grader import sources
 from grader.website import shipped_lessons
 from grader.website.shipped_lessons import BODY_START, REFRESH
 
-LESSON = shipped_lessons.lessons()[0]
+LESSON = sources.lessons()[0]
 SETTINGS = {"execute": True, "toc_depth": 2, "cache_dir": "/anywhere"}
 PAGE = {"content": "<style>nb { }</style>\n" + BODY_START + "<h1 id='a'>A</h1></div>",
         "toc_tokens": [{"level": 1, "id": "a", "name": "A", "children": []}], "title": "A"}
@@ -85,15 +86,15 @@ def test_a_page_made_from_other_sources_is_never_seeded(shipped, tmp_path):
 
 
 def test_a_lesson_depends_on_the_lessons_it_takes_functions_from():
-    lesson12 = shipped_lessons.LESSONS_DIR / "12-production.py"
-    names = {p.name for p in shipped_lessons.lesson_inputs(lesson12)}
+    lesson12 = sources.LESSONS_DIR / "12-production.py"
+    names = {p.name for p in sources.lesson_inputs(lesson12)}
     assert {"12-production.py", "08-flash-attention.py", "_course.py"} <= names
     assert "viewer.js" in names and "09-debugging.py" not in names
 
 
 def test_a_lesson_depends_on_the_bench_modules_it_imports_and_the_records_it_reads():
-    lesson16 = shipped_lessons.LESSONS_DIR / "16-mosaic-gpu.py"
-    names = {p.name for p in shipped_lessons.lesson_inputs(lesson16)}
+    lesson16 = sources.LESSONS_DIR / "16-mosaic-gpu.py"
+    names = {p.name for p in sources.lesson_inputs(lesson16)}
     assert {"gpu_kernels.py", "gpu_perf-h200.json"} <= names
     # a standard module of the same name as nothing in bench/ is not an input
     assert "json.py" not in names and "grading.py" not in names
@@ -103,14 +104,14 @@ def test_files_digest_is_each_files_path_and_bytes_in_path_order():
     """The one digest of "made from these files" (shipped pages, the shipped-kernels corpus, the
     local lesson cache): its format is what every stored digest was made with, so it must not
     drift, and the order files are named in must not matter."""
-    course = shipped_lessons.LESSONS_DIR / "_course.py"
+    course = sources.LESSONS_DIR / "_course.py"
     by_hand = hashlib.sha256(b"header")
     for path in sorted([course, LESSON]):
-        by_hand.update(b"\0" + path.relative_to(shipped_lessons.REPO).as_posix().encode() + b"\0")
+        by_hand.update(b"\0" + path.relative_to(sources.REPO).as_posix().encode() + b"\0")
         by_hand.update(path.read_bytes())
-    digest = shipped_lessons.files_digest([LESSON, course, LESSON], b"header")
+    digest = sources.files_digest([LESSON, course, LESSON], b"header")
     assert digest == by_hand.hexdigest()
-    assert shipped_lessons.files_digest([LESSON], b"header") != digest
+    assert sources.files_digest([LESSON], b"header") != digest
 
 
 def test_prune_removes_pages_of_gone_lessons_and_unused_heads(shipped):

@@ -1,4 +1,4 @@
-"""Messages a learner acts on: each hint of grader.learner.messages.HINTS is triggered by the
+"""Messages a learner acts on: each hint of grader.grading.messages.HINTS is triggered by the
 real error (JAX, Mosaic's TPU lowering or kernelsim) and shows up in course.check's failure;
 parameters print as Python literals; wrong values come with a map of the wrong blocks; a
 structural failure shows the learner's traffic; a failing check's traceback in a notebook has
@@ -16,7 +16,8 @@ import pytest
 from jax.experimental import pallas as pl
 
 import kernelsim
-from grader.learner import course, messages, selfcheck
+from grader.grading import messages
+from grader.learner import course, selfcheck
 
 REPO = Path(__file__).resolve().parents[2]
 

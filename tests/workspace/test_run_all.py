@@ -13,8 +13,8 @@ import nbclient
 import nbformat
 import pytest
 
+from grader.grading.hidden_tests import HIDDEN_RE
 from grader.learner import course
-from grader.learner.check import HIDDEN_RE
 
 WRONG_ADD = '''def add(x, y):
     def kernel(x_ref, y_ref, o_ref):

@@ -101,6 +101,7 @@ def test_course_is_found_from_where_you_stand(tmp_path, monkeypatch, capsys):
 
 def test_update_never_overwrites_an_offered_version_either(tmp_path):
     """Without nbgrader: a course whose release/ is up to date, changed twice under --update."""
+    from grader.grading import releases
     from grader.learner import workspace
 
     root, repo = tmp_path / "course", tmp_path / "checkout"
@@ -113,7 +114,7 @@ def test_update_never_overwrites_an_offered_version_either(tmp_path):
 
     def release(text: str) -> None:
         released.write_text(text)
-        workspace.record_release(root, ["a1"])
+        releases.record_release(root, ["a1"])
 
     release("v1")
     ws = tmp_path / "ws"
@@ -138,6 +139,7 @@ def test_update_replaces_in_place_what_the_learner_never_edited(tmp_path, monkey
     """A lesson and a notebook nobody touched take the course's new version in place; an edited
     one keeps the learner's work and gets the new version beside it. The README says where to
     ask."""
+    from grader.grading import releases
     from grader.learner import workspace
 
     monkeypatch.setenv(workspace.HELP_URL_ENV, "https://forum.example/pallas")
@@ -153,7 +155,7 @@ def test_update_replaces_in_place_what_the_learner_never_edited(tmp_path, monkey
     def release(version: str) -> None:
         for name in ("nb", "other"):
             (root / "release" / "a1" / f"{name}.ipynb").write_text(f"{name} {version}")
-        workspace.record_release(root, ["a1"])
+        releases.record_release(root, ["a1"])
         lesson_src.write_text(f"# lesson {version}\n")
 
     release("v1")
