@@ -33,14 +33,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 from jax.experimental.pallas import triton as pltriton
 
-from kernelsim.backend import newer_api
+from kernelsim.backend import gpu_interpret
 
 LOG2E = math.log2(math.e)
-
-
-def _mgpu_interpret(interpret):
-    """Mosaic GPU kernels run on a CPU only in GPU interpret mode."""
-    return newer_api(plgpu, "InterpretGPUParams")() if interpret is True else (interpret or None)
 
 
 def _grouped_ids(lin, rows, cols, group):
@@ -124,7 +119,7 @@ def matmul_mgpu(a, b, *, tm=128, tn=128, tk=64, stages=4, delay_release=1, inter
         plgpu.kernel, out_type=jax.ShapeDtypeStruct((m, n), dtype),
         grid=(m // tm, n // tn), grid_names=("m", "n"),
         scratch_types=dict(o_smem=plgpu.SMEM((tm, tn), dtype, transforms=out_tr)),
-        interpret=_mgpu_interpret(interpret))
+        interpret=gpu_interpret(interpret))
     def kernel(a_gmem, b_gmem, o_gmem, o_smem):
         i, j = lax.axis_index("m"), lax.axis_index("n")
 
@@ -208,7 +203,7 @@ def matmul_mgpu_ws(a, b, *, tm=128, tn=128, tk=64, stages=4, interpret=False):
         kernel, out_type=jax.ShapeDtypeStruct((m, n), dtype),
         grid=(m // cta_m, n // tn), grid_names=("m", "n"), num_threads=3, thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
-        interpret=_mgpu_interpret(interpret))(a, b)
+        interpret=gpu_interpret(interpret))(a, b)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -290,7 +285,7 @@ def flash_mgpu(q, k, v, *, bq=64, bk=64, stages=2, p_in_smem=False, interpret=Fa
                            if p_in_smem else None,
                            q_barrier=plgpu.Barrier()),
         compiler_params=plgpu.CompilerParams(approx_math=True),
-        interpret=_mgpu_interpret(interpret))
+        interpret=gpu_interpret(interpret))
     def kernel(q_gmem, k_gmem, v_gmem, o_gmem, qo_smem, p_smem, q_barrier):
         h, i, b = lax.axis_index("heads"), lax.axis_index("q"), lax.axis_index("batch")
         rows = pl.ds(i * bq, bq)

@@ -76,12 +76,17 @@ def choose(tpu_features: bool = False, gpu_ok: bool = True, tpu_ok: bool = True)
     return Execution(True, f"interpret mode on {backend.upper()}")
 
 
-def gpu_interpret() -> Any:
-    """``plgpu.kernel(interpret=...)`` for a Mosaic GPU kernel here: ``None`` (compiled) on a
-    GPU, GPU interpret mode (``plgpu.InterpretGPUParams()``) anywhere else; ``NeedsNewerJax``
-    on a release without GPU interpret mode (jax 0.10.2, a TPU runtime's)."""
-    if platform() == "gpu":
-        return None
+def gpu_interpret(interpret: Any = None) -> Any:
+    """``plgpu.kernel(interpret=...)`` for a Mosaic GPU kernel, from the course's ``interpret``
+    (an ``Execution``'s): ``True`` is GPU interpret mode (``plgpu.InterpretGPUParams()``:
+    ``pallas_call``'s plain interpreter cannot resolve a Mosaic GPU grid's axis names),
+    ``False`` compiled, an ``InterpretGPUParams`` itself; ``None`` (the default) what this
+    machine needs, compiled on a GPU and interpreted anywhere else. ``NeedsNewerJax`` on a
+    release without GPU interpret mode (jax 0.10.2, a TPU runtime's)."""
+    if interpret is None:
+        interpret = platform() != "gpu"
+    if interpret is not True:
+        return interpret or None
     from jax.experimental.pallas import mosaic_gpu as plgpu  # a second: Mosaic GPU kernels only
 
     return newer_api(plgpu, "InterpretGPUParams")()

@@ -64,7 +64,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 import kernelsim
-from kernelsim.backend import Execution, choose, platform
+from kernelsim.backend import Execution, choose, gpu_interpret, platform
 
 LESSON = "11-gpu"
 _course.versions()
@@ -152,23 +152,19 @@ assert lowerings(chunk_sum_revisiting, x) == (None, None)
 # kernels (`plgpu.kernel`, next sections), but a `pallas_call` only with whole-array blocks.
 # So here is the same schedule written as a Mosaic GPU kernel: the kernel receives
 # whole arrays in GPU memory and slices its chunk itself with `pl.ds`; `grid_names` names
-# the grid axis that `lax.axis_index` reads.
+# the grid axis that `lax.axis_index` reads. Where the course falls back to `interpret=True`,
+# `gpu_interpret` (from `kernelsim.backend`) turns it into GPU interpret mode: `pallas_call`'s
+# plain interpreter cannot resolve a Mosaic GPU grid's axis names.
 
 
 # %%
-def mosaic_gpu_interpret(interpret):
-    """``interpret=True`` would run a Mosaic GPU kernel through pallas_call's plain
-    interpreter, which cannot resolve the grid's axis names; GPU interpret mode can."""
-    return _course.newer_api(plgpu, "InterpretGPUParams")() if interpret is True else interpret
-
-
 def chunk_sum_revisiting_mgpu(x, *, interpret):
     """chunk_sum_revisiting as a Mosaic GPU kernel: program g adds chunk g into the output."""
     m, n = x.shape
 
     @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((CHUNK, n), x.dtype),
                        grid=(m // CHUNK,), grid_names=("chunk",),
-                       interpret=mosaic_gpu_interpret(interpret))
+                       interpret=gpu_interpret(interpret))
     def kernel(x_gmem, o_gmem):
         g = jax.lax.axis_index("chunk")
 
@@ -276,7 +272,7 @@ def chunk_sum_owned_mgpu(x, *, interpret):
 
     @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((CHUNK, n), x.dtype),
                        grid=(n // COLS,), grid_names=("cols",),
-                       interpret=mosaic_gpu_interpret(interpret))
+                       interpret=gpu_interpret(interpret))
     def kernel(x_gmem, o_gmem):
         cols = pl.ds(jax.lax.axis_index("cols") * COLS, COLS)
 
@@ -295,7 +291,7 @@ out, reports = as_a_gpu_runs_it(chunk_sum_owned_mgpu, x)
 print(f"GPU-safe kernel, GPU interpret mode: {len(reports)} race reports")
 assert not reports
 # Mosaic GPU kernels: compiled on a GPU, in GPU interpret mode anywhere else
-mgpu_run = run if platform() == "gpu" else Execution(  # True: see mosaic_gpu_interpret
+mgpu_run = run if platform() == "gpu" else Execution(  # True: see gpu_interpret
     True, f"GPU interpret mode on {platform().upper()}")
 _course.check(LESSON, "chunk_sum_owned_mgpu", chunk_sum_owned_mgpu, chunk_sum_reference, (x,),
               mgpu_run, rtol=1e-5, atol=1e-5)
@@ -504,7 +500,7 @@ def column_sums_mgpu(x, *, interpret):
 
     @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((m // CHUNK, n), x.dtype),
                        grid=(m // CHUNK,), grid_names=("rows",),
-                       interpret=mosaic_gpu_interpret(interpret))
+                       interpret=gpu_interpret(interpret))
     def kernel(x_gmem, o_gmem):
         i = jax.lax.axis_index("rows")
         o_gmem[pl.ds(i, 1), :] = jnp.sum(x_gmem[pl.ds(i * CHUNK, CHUNK), :], axis=0,

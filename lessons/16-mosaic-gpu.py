@@ -54,23 +54,15 @@ from jax.experimental.mosaic.gpu import core as mgpu_core
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 import kernelsim
-from kernelsim.backend import Execution, platform
+from kernelsim.backend import Execution, gpu_interpret, platform
 
 LESSON = "16-mosaic-gpu"
 ROOT = Path(_course.__file__).resolve().parents[1]
 _course.versions()
 # Mosaic GPU kernels: compiled on a GPU, in GPU interpret mode anywhere else
-# (``interpret=True``, which gpu_interpret turns into that mode)
+# (``interpret=True``, which kernelsim.backend.gpu_interpret turns into that mode)
 mgpu_run = Execution(False, "compiled for GPU") if platform() == "gpu" else Execution(
     True, f"GPU interpret mode on {platform().upper()}")
-
-
-def gpu_interpret(interpret):
-    """``interpret=True`` (the course's fallback) means GPU interpret mode for these kernels;
-    an older release without it raises NeedsNewerJax where a kernel runs."""
-    if interpret is True:
-        return _course.newer_api(plgpu, "InterpretGPUParams")()
-    return interpret or None
 
 
 def lowering_smem_bytes(fn, *args):
