@@ -34,6 +34,13 @@ def module_files(grader_dir: Path, name: str) -> list[Path]:
     return sorted(path.glob("*.py")) if path.is_dir() else [path.with_suffix(".py")]
 
 
+def data_files(grader_dir: Path, name: str) -> list[Path]:
+    """The data a package of ``imported_modules``'s names reads beside its modules (its JSON
+    files: the tasks' ``shipped_kernels.json``), which goes wherever the package goes."""
+    path = grader_dir / name.replace(".", "/")
+    return sorted(path.glob("*.json")) if name not in ROOMS and path.is_dir() else []
+
+
 def imported_modules(grader_dir: Path, starts: Iterable[str]) -> list[str]:
     """The modules of grader/ (at ``grader_dir``) that ``starts`` (names as ``"learner.course"``)
     are and import at module level, transitively (imports inside functions, such as grading's

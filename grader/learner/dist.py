@@ -245,7 +245,11 @@ def student_pyproject(repo: Path) -> str:
     lines += [f'    "jax[cpu]=={v}; {marker}",' for marker, v in course_jax(repo).items()]
     lines += ["]", "", "[project.scripts]", 'pallas-course = "grader.learner.check:main"',
               'kernelsim = "kernelsim.cli:main"', "",
-              "[tool.setuptools.packages.find]", 'include = ["kernelsim*", "grader*"]', ""]
+              "[tool.setuptools.packages.find]", 'include = ["kernelsim*", "grader*"]', "",
+              # a Colab cell's `pip install ./pallas-course` builds a wheel: it keeps only .py
+              # files without this
+              "[tool.setuptools.package-data]", 'kernelsim = ["views/viewer.js"]',
+              'grader = ["tasks/shipped_kernels.json"]', ""]
     return "\n".join(lines)
 
 
@@ -279,6 +283,8 @@ def write_tree(root: Path, repo: Path, dest: Path) -> None:
             target = dest / src.relative_to(package)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text)
+        for src in rooms.data_files(package / "grader", name):
+            shutil.copyfile(src, dest / src.relative_to(package))
     if hidden_removed == 0:
         raise ValueError("grader/tasks/: no hidden make_case(...) cases found to remove; has the "
                          "case syntax changed? (grader/learner/dist.py strips them)")

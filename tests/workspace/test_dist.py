@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -104,13 +105,19 @@ def test_zip_distribution_matches_the_folder(dist_dir, full_course, tmp_path):
 
 
 def test_distributions_own_check_passes_a_right_kernel_and_knows_no_hidden_case(dist_dir):
+    from grader.tasks import shipped
+
+    assert (dist_dir / shipped.STORE.relative_to(REPO)).read_text() == shipped.STORE.read_text()
     code = (
         f"DIST = {str(dist_dir)!r}\n"
         "import grader, jax\nfrom grader import tasks\nfrom grader.learner import course\n"
         "from jax.experimental import pallas as pl\n"
         "assert grader.__file__.startswith(DIST), grader.__file__\n"
         "assert not [c for t in tasks.TASKS for c in t.cases if c.hidden]\n"
-        "def kernel(x_ref, y_ref, o_ref):\n    o_ref[...] = x_ref[...] + y_ref[...]\n"
+        # a body of more than shipped.MIN_BODY equations: "kernels are your own" reads the
+        # stored fingerprints (grader/tasks/shipped_kernels.json), which the copy must hold
+        "def kernel(x_ref, y_ref, o_ref):\n    x, y = x_ref[...], y_ref[...]\n"
+        "    o_ref[...] = (((x + y) * 2.0 - x - y) - 0.0) * 1.0 + 0.0\n"
         "def add(x, y):\n    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct("
         "x.shape, x.dtype), interpret=True)(x, y)\n"
         "course.check('add', add)\n")
@@ -216,6 +223,27 @@ def test_student_copy_installs_as_its_readme_says(dist_dir, tmp_path):
     assert res.returncode == 1, res.stdout + res.stderr  # the released tasks are not done yet
     assert "FAIL  add_visible: CheckFailed: add: not implemented yet" in res.stdout
     assert "0 passed, 3 failed" in res.stdout
+
+
+def test_a_wheel_keeps_what_the_packages_read(dist_dir, tmp_path):
+    """``pip install ./pallas-course`` (the README's Colab cell) builds a wheel, which keeps
+    only .py files unless pyproject.toml names the rest: kernelsim's viewer and the stored
+    fingerprints of "kernels are your own". The checkout's pyproject names every such file
+    its packages hold, and the copy's wheel has them."""
+    tracked = subprocess.run(["git", "ls-files", "kernelsim", "grader"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout.split()
+    data = {f for f in tracked if not f.endswith((".py", ".md"))}
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]
+    assert data == {f"{package}/{name}" for package, names in declared.items()
+                    for name in names}
+    copy = tmp_path / "pallas-course"
+    shutil.copytree(dist_dir, copy)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                    "--no-build-isolation", "-w", str(tmp_path / "wheel"), str(copy)],
+                   check=True, capture_output=True, timeout=300)
+    (wheel,) = (tmp_path / "wheel").glob("*.whl")
+    assert data <= set(zipfile.ZipFile(wheel).namelist())
 
 
 DEBIAN_PYTHON = Path("/usr/bin/python3")
