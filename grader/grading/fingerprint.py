@@ -2,7 +2,8 @@
 
 ``fingerprint`` is the sha256 of ``canonical``: a kernel body's jaxpr as text that two bodies
 share exactly when they are the same program up to the names of their variables, dead code and
-the numbers in it (shapes, sizes, literal values, which differ with the case a body runs on).
+the numbers in it (shapes, sizes, literal values, which differ with the case a body runs on) but
+the axes it contracts, reduces, transposes or broadcasts along.
 ``grader.grading.work`` records each kernel's fingerprint and live size (``body_size``) among its
 facts; ``grader.tasks.shipped`` stores those of the bodies a learner did not write.
 """
@@ -27,8 +28,14 @@ _ERASED = re.compile(r"0x[0-9a-fA-F]+|\d+")
 _UNFINGERPRINTED = frozenset({"precision"})
 
 
-def _param_text(value: Any) -> str:
-    return _ERASED.sub("#", repr(value))
+# parameters whose numbers are axes, not sizes: kept, so that ``a @ b.T`` is not ``a @ b`` and a
+# sum over rows is not one over columns (a body's ranks are in its fingerprint already)
+_AXES = frozenset({"dimension_numbers", "axes", "permutation", "dimensions",
+                   "broadcast_dimensions", "axis", "dimension"})
+
+
+def _param_text(name: str, value: Any) -> str:
+    return repr(value) if name in _AXES else _ERASED.sub("#", repr(value))
 
 
 def _live(j: Any) -> list:
@@ -48,7 +55,8 @@ def canonical(jaxpr: Any) -> str:
     """A kernel body's jaxpr as text that two bodies share exactly when they are the same
     program up to the names of their variables, dead code and the numbers in it: variables
     numbered in order of first use, each equation its primitive, its non-jaxpr parameters
-    (numbers erased), its operands and its results' dtypes and ranks, nested jaxprs in place."""
+    (numbers erased but axes), its operands and its results' dtypes and ranks, nested jaxprs
+    in place."""
     j = open_jaxpr(jaxpr)
     names: dict[int, str] = {}
 
@@ -70,7 +78,7 @@ def canonical(jaxpr: Any) -> str:
             if found:
                 nested.add(k)
                 subs.extend(canonical(s) for s in found)
-        params = ",".join(f"{k}={_param_text(p)}" for k, p in sorted(eqn.params.items())
+        params = ",".join(f"{k}={_param_text(k, p)}" for k, p in sorted(eqn.params.items())
                           if k not in nested and k not in _UNFINGERPRINTED)
         ins = " ".join(ref(v) for v in eqn.invars)
         outs = " ".join(ref(v) for v in eqn.outvars)

@@ -140,6 +140,32 @@ def test_a_fingerprint_is_the_body_up_to_renaming_and_numbers():
     assert fingerprint.body_size(_body(scaled, (8, 128), (8, 128))) == 6
 
 
+def test_a_fingerprint_keeps_which_axes_a_body_contracts_and_reduces():
+    """Issue 36: erasing every digit of the parameters made ``a @ b.T`` lesson 5's ``a @ b``
+    (a dot's dimension numbers are axes, not sizes), and a sum over rows one over columns."""
+
+    def product(a_ref, b_ref, o_ref):
+        o_ref[...] = jnp.dot(a_ref[...], b_ref[...])
+
+    def product_with_b_transposed(a_ref, b_ref, o_ref):
+        o_ref[...] = jax.lax.dot_general(a_ref[...], b_ref[...], (((1,), (1,)), ((), ())))
+
+    def row_sums(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] + jnp.sum(y_ref[...], axis=0, keepdims=True)
+
+    def column_sums(x_ref, y_ref, o_ref):
+        o_ref[...] = x_ref[...] + jnp.sum(y_ref[...], axis=1, keepdims=True)
+
+    square = ((128, 128), (128, 128))
+    assert fingerprint.fingerprint(_body(product, *square)) != \
+        fingerprint.fingerprint(_body(product_with_b_transposed, *square))
+    assert fingerprint.fingerprint(_body(row_sums, *square)) != \
+        fingerprint.fingerprint(_body(column_sums, *square))
+    # sizes still do not count: the same contraction on other shapes is the same body
+    assert fingerprint.fingerprint(_body(product_with_b_transposed, *square)) == \
+        fingerprint.fingerprint(_body(product_with_b_transposed, (256, 256), (256, 256)))
+
+
 def test_the_work_facts_name_host_callbacks_and_floating_prefetch():
     from grader.grading import work
 
