@@ -247,8 +247,9 @@ class KernelWork:
 @dataclass(frozen=True)
 class WorkFacts:
     """Where a function's outputs come from, its kernels, the FLOPs it computes outside
-    them (those inside while loops per iteration, as their trip count is unknown) and the
-    host callbacks carrying data (``grader.grading.work.facts``)."""
+    them (those inside while loops per iteration, as their trip count is unknown), the bytes
+    its transposes and copies outside them move and the host callbacks carrying data
+    (``grader.grading.work.facts``)."""
 
     outputs: tuple[Flow, ...]
     calls: tuple[KernelWork, ...]
@@ -256,6 +257,7 @@ class WorkFacts:
     outside_ops: tuple[str, ...]
     outside_while_flops: int
     callbacks: tuple[str, ...]
+    outside_moved_bytes: int  # bytes transposes and copies outside kernels read and write
 
 
 FLOW_KINDS = ("kernel", "input", "constant", "computed")
@@ -324,7 +326,8 @@ def work_from_dict(d: Any) -> WorkFacts:
                      _int(d.get("outside_flops"), "outside_flops"),
                      _strings(d.get("outside_ops"), "outside_ops"),
                      _int(d.get("outside_while_flops"), "outside_while_flops"),
-                     _strings(d.get("callbacks"), "callbacks"))
+                     _strings(d.get("callbacks"), "callbacks"),
+                     _int(d.get("outside_moved_bytes"), "outside_moved_bytes"))
 
 
 def compare(got: Any, expected: np.ndarray, rtol: float, atol: float,

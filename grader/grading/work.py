@@ -238,6 +238,20 @@ def _floating(v: Any) -> bool:
     return dtype is not None and np.issubdtype(np.dtype(dtype), np.inexact)
 
 
+# layout operations that XLA runs as a pass over a whole array (read it, write the new one):
+# before or after a kernel they cost HBM traffic the kernel's own blocks never show
+# (``matmul_tuned`` with ``b.T`` made by XLA). Left out: reshapes and slices, which XLA folds
+# into an address, and copies, concatenations and pads, which autodiff adds and XLA removes
+# (a custom_vjp's solution of rms_norm has them)
+MOVES = frozenset({"transpose", "rev"})
+
+
+def _nbytes(v: Any) -> int:
+    aval = getattr(v, "aval", None)
+    shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
+    return 0 if shape is None or dtype is None else math.prod(shape) * np.dtype(dtype).itemsize
+
+
 class _Walk:
     """Follows a program's data: per value its ``Origin`` and whether floating point data
     went into it (an integer index computed from array values carries a result, not an
@@ -246,6 +260,7 @@ class _Walk:
     def __init__(self):
         self.calls: list[dict] = []
         self.outside_flops = 0
+        self.outside_moved_bytes = 0  # HBM bytes read and written by ``MOVES`` outside kernels
         self.outside_while_flops = 0
         self.outside_ops: set[str] = set()
 
@@ -282,6 +297,11 @@ class _Walk:
             elif name in LAYOUT:
                 outs = [max((o for o, _ in ins), key=lambda o: _RANK[o.kind],
                             default=CONSTANT)] * len(eqn.outvars)
+                if name in MOVES and outs and outs[0].kind != "constant":
+                    self.outside_moved_bytes += reps * sum(
+                        _nbytes(v) for v in (*eqn.invars, *eqn.outvars)
+                        if not isinstance(v, Literal))
+                    self.outside_ops.add(name)
             else:
                 if subs:  # loops and branches: count what their bodies compute
                     times = int(eqn.params.get("length", 1)) if name == "scan" else 1
@@ -319,6 +339,7 @@ def facts(jaxpr: Any) -> dict:
     outs = walk.run(jaxpr, [Origin("input")] * len(open_jaxpr(jaxpr).invars))
     return {"outputs": [{"from": str(o), "kind": o.kind} for o, _ in outs],
             "calls": walk.calls, "outside_flops": walk.outside_flops,
+            "outside_moved_bytes": walk.outside_moved_bytes,
             "outside_while_flops": walk.outside_while_flops,
             "outside_ops": sorted(walk.outside_ops), "callbacks": host_callbacks(jaxpr)}
 

@@ -296,6 +296,13 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
     rules.append(Rule("compute outside kernels", f"<= {budget:,} FLOPs (1/{OUTSIDE_SHARE} of "
                       "the task's)", f"{w.outside_flops:,} FLOPs{ops}{looped}",
                       w.outside_flops <= budget and not w.outside_while_flops))
+    moved_budget = sum(np.asarray(v).nbytes for v in inputs.values()) // OUTSIDE_SHARE
+    rules += applicable(Rule(
+        "data moved outside kernels", f"<= {moved_budget:,} B (1/{OUTSIDE_SHARE} of the "
+        "inputs' bytes): a transpose or copy in XLA is a whole pass over HBM; let the "
+        "kernel's index maps or its dot read the layout it is given",
+        f"{w.outside_moved_bytes:,} B", w.outside_moved_bytes <= moved_budget),
+        applies=bool(w.outside_moved_bytes))
     used = sorted(set().union(*(c.primitives for c in w.calls)))
     for group in task.kernel_ops:
         rules.append(Rule(f"kernel computes {' or '.join(group)}", "in the kernel body",

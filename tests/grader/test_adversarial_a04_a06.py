@@ -329,6 +329,51 @@ def test_long_k_case_catches_a_bfloat16_accumulator():
     assert judged("matmul_tuned", "h3", tiled_matmul(the_best)).passed
 
 
+def b_transposed_by_xla(a, b, vmem_budget):
+    """Issue 36: ``b.T`` made by XLA before the call, then lesson 7's kernel on a ``(K, N)``
+    weight with the best blocks: the task forbids the extra pass over ``b``, which the
+    kernel's own traffic and time never show."""
+    (m, k), n = a.shape, b.shape[0]
+    bm, bk, bn = the_best(m, k, n, str(a.dtype), vmem_budget)
+    b_kn = b.T
+
+    def kernel(a_ref, b_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...],
+                                precision=gradertools.precision_for(a_ref.dtype),
+                                preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    return pl.pallas_call(
+        kernel, grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)], interpret=TPU_INTERPRET,
+    )(a, b_kn)
+
+
+def test_a_transpose_in_xla_before_the_call_loses_the_task():
+    v = judged("matmul_tuned", "v0", b_transposed_by_xla)
+    assert not v.passed, v.message
+    (moved,) = [r for r in v.rules if "data moved outside kernels" in r]
+    assert moved.startswith("[FAIL]"), moved
+    c = _case("matmul_tuned", "v0")
+    m, k, n = _shapes(c)
+    b_bytes = n * k * jnp.dtype(c.dtype).itemsize
+    assert f"found {2 * b_bytes:,} B" in moved, moved  # b read once and written once
+    # the honest kernel reads b where it lies: the rule is not even listed
+    honest = judged("matmul_tuned", "v0", tiled_matmul(the_best))
+    assert honest.passed and not [r for r in honest.rules if "moved outside" in r]
+
+
 # --------------------------------------------------------------------------- layernorm
 def layernorm(one_pass_variance=False, stats_in_input_dtype=False, eps=1e-5):
     """A learner's layernorm, right by default; each switch plants one mistake (``eps=0``:

@@ -81,7 +81,7 @@ REJECTED_BLOCK = ("operand 'x_ref': block (4, 100) breaks TPU's (8, 128) tiling 
 
 HONEST_ADD_WORK = {
     "outputs": [{"from": "pallas_call #0", "kind": "kernel"}], "outside_flops": 0,
-    "outside_ops": [], "outside_while_flops": 0, "callbacks": [],
+    "outside_ops": [], "outside_while_flops": 0, "callbacks": [], "outside_moved_bytes": 0,
     "calls": [{"number": 0, "primitives": ["add", "get", "swap"], "unread": [],
                "course_kernel": False, "jax_kernel": False, "fingerprint": "0" * 64,
                "body_size": 4, "dma": None, "operands": [
