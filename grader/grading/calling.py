@@ -270,8 +270,6 @@ def eqns(program):
             yield from eqns(sub)
 
 
-# the primitives that launch a kernel: ``pl.pallas_call``, and ``mpmd_map``, which
-# ``plgpu.kernel`` (and ``pl.kernel``) bind
 # operations that move or reinterpret data without computing on it
 LAYOUT = frozenset({
     "reshape", "squeeze", "expand_dims", "broadcast_in_dim", "transpose", "slice",
@@ -281,6 +279,8 @@ LAYOUT = frozenset({
 TRANSPARENT = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
                          "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "checkpoint",
                          "custom_vmap_call"})
+# the primitives that launch a kernel: ``pl.pallas_call``, and ``mpmd_map``, which
+# ``plgpu.kernel`` (and ``pl.kernel``) bind
 KERNEL_CALLS = frozenset({"pallas_call", "mpmd_map"})
 
 
