@@ -5,8 +5,8 @@ Data flows one way: captured ``pallas_call`` -> ``model`` (grid, operands, index
 """
 
 from kernelsim import backend, chips, gpu, timing
+from kernelsim.cost.schedule import StepEvent
 from kernelsim.errors import TraceError
-from kernelsim.schedule import StepEvent
 from kernelsim.trace import CallTrace, Trace, gpu_lowering_error, run, tpu_lowering_error, trace
 
 

@@ -24,14 +24,14 @@ from kernelsim.adapter import (
     open_jaxpr,
 )
 from kernelsim.errors import TraceError
-from kernelsim.flops import count_flops
-from kernelsim.index_maps import (
+from kernelsim.find.flops import count_flops
+from kernelsim.find.index_maps import (
     evaluate_index_map,
     prefetch_read,
     reads_prefetch_at_prefetched_index,
     window_moves,
 )
-from kernelsim.jaxprs import sub_jaxprs
+from kernelsim.jaxpr.nesting import sub_jaxprs
 from kernelsim.model import BlockDim, KernelCall, Operand, tile_padded_bytes
 
 

@@ -1,5 +1,5 @@
 """Which values of a kernel body decide what kernelsim records about it (``BodyNeeds``), so
-the body interpreter (``kernelsim.body``) computes only those."""
+the body interpreter (``kernelsim.body.steps``) computes only those."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from kernelsim.adapter import AbstractRef, Literal, open_jaxpr, scan_operands
-from kernelsim.jaxprs import CALL_PRIMITIVES, call_body, sub_jaxprs
+from kernelsim.jaxpr.nesting import CALL_PRIMITIVES, call_body, sub_jaxprs
 
 # Effects on semaphores other than DMA waits: no data moves, nothing to record.
 IGNORED = ("debug_callback", "debug_print", "semaphore_signal", "semaphore_wait")
