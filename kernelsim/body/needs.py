@@ -7,6 +7,7 @@ import functools
 from typing import Any
 
 import jax
+import numpy as np
 
 from kernelsim.adapter import AbstractRef, Literal, open_jaxpr, scan_operands
 from kernelsim.jaxpr.nesting import CALL_PRIMITIVES, call_body, sub_jaxprs
@@ -59,6 +60,18 @@ def written_refs(jaxpr: Any) -> list:
 def is_ref(v: Any) -> bool:
     return not isinstance(v, Literal) and isinstance(getattr(v, "aval", None),
                                                                AbstractRef)
+
+
+def ref_array(aval: Any) -> np.ndarray:
+    """Zeros shaped like the ref ``aval`` (a semaphore's as int32): a ref's value before the
+    body writes it."""
+    inner = getattr(aval, "inner_aval", aval)
+    shape = tuple(getattr(inner, "shape", ()))
+    dtype = getattr(inner, "dtype", None)
+    try:
+        return np.zeros(shape, np.dtype(dtype))
+    except TypeError:  # semaphores and other non-numeric refs
+        return np.zeros(shape, np.int32)
 
 
 class BodyNeeds:

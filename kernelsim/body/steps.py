@@ -33,11 +33,11 @@ from kernelsim.body.needs import (
     is_ref,
     pure_call_body,
     pure_slice,
+    ref_array,
 )
 from kernelsim.body.scalar_code import ScalarRun
 from kernelsim.body.selection import Selection, select
 from kernelsim.errors import TraceError
-from kernelsim.find.call_model import ref_array
 from kernelsim.jaxpr import lax_numpy
 from kernelsim.jaxpr.nesting import CALL_PRIMITIVES, called_jaxpr, sub_jaxprs
 from kernelsim.jaxpr.numpy_eval import NUMPY_BUDGET, literal, numpy_eqn

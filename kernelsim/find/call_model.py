@@ -23,6 +23,7 @@ from kernelsim.adapter import (
     memory_space,
     open_jaxpr,
 )
+from kernelsim.body.needs import ref_array
 from kernelsim.errors import TraceError
 from kernelsim.find.flops import count_flops
 from kernelsim.find.index_maps import (
@@ -308,13 +309,3 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
         call.operands.append(Operand(names[nprefetch + nin + nout + j], "scratch", shape,
                                      str(dtype) if itemsize else "semaphore", itemsize, space))
     return call
-
-
-def ref_array(aval: Any) -> np.ndarray:
-    inner = getattr(aval, "inner_aval", aval)
-    shape = tuple(getattr(inner, "shape", ()))
-    dtype = getattr(inner, "dtype", None)
-    try:
-        return np.zeros(shape, np.dtype(dtype))
-    except TypeError:  # semaphores and other non-numeric refs
-        return np.zeros(shape, np.int32)
