@@ -1,7 +1,8 @@
 """kernelsim: which blocks a pallas_call moves between HBM and on-chip memory, step by step.
 
-Data flows one way: captured ``pallas_call`` -> ``model`` (grid, operands, index maps) ->
-``schedule`` (per-step events) -> ``cost`` (bytes, footprint, roofline) -> views.
+Data flows one way through its rooms: ``find`` (each kernel call as a ``model.KernelCall``:
+grid, operands, index maps) -> ``body`` (the body's accesses and DMAs) -> ``cost`` (per-step
+events, bytes, footprint, roofline) -> ``views``. ARCHITECTURE.md maps every module.
 """
 
 from kernelsim import backend, chips, gpu, timing
