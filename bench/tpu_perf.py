@@ -58,8 +58,8 @@ import numpy as np  # noqa: E402
 from jax.experimental import pallas as pl  # noqa: E402
 
 import kernelsim  # noqa: E402
-from kernelsim.cost import TimeConstants, TimeTerms, fitted_seconds  # noqa: E402
-from kernelsim.lint import BLOCK_SHAPE_REJECTED, SCOPED_VMEM, rule_of  # noqa: E402
+from kernelsim.cost.estimate import TimeConstants, TimeTerms, fitted_seconds  # noqa: E402
+from kernelsim.cost.lint import BLOCK_SHAPE_REJECTED, SCOPED_VMEM, rule_of  # noqa: E402
 from kernelsim.timing import time_call  # noqa: E402
 
 CHIP = "tpu-v5e"

@@ -1,12 +1,13 @@
 """kernelsim: which blocks a pallas_call moves between HBM and on-chip memory, step by step.
 
-Data flows one way: captured ``pallas_call`` -> ``model`` (grid, operands, index maps) ->
-``schedule`` (per-step events) -> ``cost`` (bytes, footprint, roofline) -> views.
+Data flows one way through its rooms: ``find`` (each kernel call as a ``model.KernelCall``:
+grid, operands, index maps) -> ``body`` (the body's accesses and DMAs) -> ``cost`` (per-step
+events, bytes, footprint, roofline) -> ``views``. ARCHITECTURE.md maps every module.
 """
 
 from kernelsim import backend, chips, gpu, timing
+from kernelsim.cost.schedule import StepEvent
 from kernelsim.errors import TraceError
-from kernelsim.schedule import StepEvent
 from kernelsim.trace import CallTrace, Trace, gpu_lowering_error, run, tpu_lowering_error, trace
 
 

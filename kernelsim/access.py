@@ -1,7 +1,7 @@
 """In-kernel memory accesses as plain data: what the kernel body reads and writes, per step.
 
 ``kernelsim.trace(..., record_access=True)`` interprets each kernel jaxpr at every grid step
-(``kernelsim.body``) and records every ``ref[...]`` read and write as an ``Access``. The
+(``kernelsim.body.steps``) and records every ``ref[...]`` read and write as an ``Access``. The
 kernel runs on zero-filled blocks (scalar-prefetch values are the real ones), so the recorded
 indices are right only when they do not depend on block *data* -- loop bounds and offsets from
 ``pl.program_id``, Python constants and scalar prefetch are fine; an index read out of a VMEM

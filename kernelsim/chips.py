@@ -28,7 +28,7 @@ class Chip:
         0 where a float32 matmul uses ``peak_flops_f32`` (TPU).
     sms: GPU only, streaming multiprocessors: the programs (thread blocks) resident at once
         are at least this many, which sets how far apart in launch order two programs may
-        read the same block and still find it in L2 (``kernelsim.cost``); 0 on a TPU.
+        read the same block and still find it in L2 (``kernelsim.cost.estimate``); 0 on a TPU.
     sustained_flops_bf16 / sustained_hbm_bytes_per_second: what the chip was *measured* to
         sustain (a large cuBLAS product, a device-to-device copy), FLOP/s and bytes/s; the
         time estimate divides by these where known (0: by the datasheet peaks). The datasheet
@@ -79,7 +79,8 @@ class Chip:
     def tpu_time_model(self) -> bool:
         """The chip has a TPU time model fitted on it (``vector_vregs_per_second`` set): the
         estimate adds the per-call cost, the vector work and skipped steps
-        (``kernelsim.cost.compute``); otherwise it is the plain roofline plus per-step cost."""
+        (``kernelsim.cost.estimate.compute``); otherwise it is the plain roofline plus per-step
+        cost."""
         return self.vector_vregs_per_second > 0
 
     def flops_per_second(self, matmul_dtypes: tuple[str, ...]) -> float:

@@ -40,10 +40,10 @@ import numpy as np
 from kernelsim import adapter
 from kernelsim.backend import NeedsNewerJax
 from kernelsim.chips import Chip, get_chip
+from kernelsim.cost.l2 import read_key, wave_read_bytes
 from kernelsim.errors import TraceError
-from kernelsim.gpu_kernel import Allocation, GpuEvent, GpuKernelData
-from kernelsim.gpu_refs import UNKNOWN, Ref, ref_name, slot_index, transformed_shape
-from kernelsim.l2 import read_key, wave_read_bytes
+from kernelsim.mosaic_gpu.kernel_data import Allocation, GpuEvent, GpuKernelData
+from kernelsim.mosaic_gpu.refs import UNKNOWN, Ref, ref_name, slot_index, transformed_shape
 from kernelsim.views import viewer
 
 SMEM_ALIGNMENT = 1024  # jax/_src/pallas/mosaic_gpu/core.py
@@ -188,7 +188,7 @@ class _Walker:
         self.pending: list[set[tuple[str, int]]] = []
         self.inflight: list[set[tuple[str, int]]] = []
         self.hazards: list[str] = []
-        self.reads: list[tuple[tuple, int]] = []  # global reads, for kernelsim.l2
+        self.reads: list[tuple[tuple, int]] = []  # global reads, for kernelsim.cost.l2
 
     # values -------------------------------------------------------------------------------
 

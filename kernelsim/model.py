@@ -1,7 +1,8 @@
 """Stage 1 of kernelsim: a pallas_call as plain data (grid, operands, evaluated index maps).
 
-Everything here is independent of JAX's internals; ``kernelsim.call_model`` fills these dataclasses
-from a captured ``pallas_call`` and the stages after it (schedule, cost, views) read only them.
+Everything here is independent of JAX's internals; ``kernelsim.find.call_model`` fills these
+dataclasses from a captured ``pallas_call`` and the stages after it (schedule, cost, views) read
+only them.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Operand:
         1 for a trivial window), as the adapter read it from JAX.
     revisit_any: an output with ``pl.Buffered(..., revisit=pl.RevisitMode.ANY)``: a block that
         comes back after another was visited is read back from HBM first (see
-        ``kernelsim.schedule``).
+        ``kernelsim.cost.schedule``).
     """
 
     name: str
@@ -186,7 +187,7 @@ class BodyCopy:
     semaphore: the DMA semaphore it signals (``name`` or ``name[i]`` for an element of a
     semaphore array). start_pos / wait_pos: the position of its start and of the wait that
     completes it among the DMA starts and waits of their step (from 0, in body order);
-    wait_step: the step of that wait (``kernelsim.body``), None if it is never waited on.
+    wait_step: the step of that wait (``kernelsim.body.steps``), None if it is never waited on.
     src_device / dst_device: for a kernel inside ``jax.shard_map``, the ``MeshDevice.id`` of
     the device whose memory it reads and of the one it writes (they differ for a remote copy,
     ``pltpu.make_async_remote_copy``); None outside a mesh. A remote copy's ``wait_step`` is
@@ -243,8 +244,8 @@ class KernelCall:
     grid: the grid's extents; steps run in row-major order (last axis fastest).
     flops_per_step: FLOPs one kernel invocation performs, counted from the kernel jaxpr.
     vector_vregs_per_step: the vector registers one invocation's arithmetic other than
-        matmuls produces, tile-padded (``kernelsim.flops.count_flops``).
-    matmuls: the kernel body's dot_generals (``kernelsim.flops.Matmul``: input dtype, FLOPs per
+        matmuls produces, tile-padded (``kernelsim.find.flops.count_flops``).
+    matmuls: the kernel body's dot_generals (``kernelsim.find.flops.Matmul``: input dtype, FLOPs per
         invocation, whether both operands are K-major).
     cost_estimate_flops / cost_estimate_bytes: the call's own ``pl.CostEstimate``, if given.
     body_copies: the DMAs the kernel body starts, in step and program order (empty unless the
@@ -256,7 +257,7 @@ class KernelCall:
         that way), on top of the pipeline's buffers and the scratch operands.
     body_values_vmem_bytes: the most bytes of the kernel body's values that Mosaic keeps in
         VMEM beside the buffers at once (a matmul's or reduction's result, a value read more
-        than once; ``kernelsim.call_model``), tile-padded.
+        than once; ``kernelsim.find.call_model``), tile-padded.
     read_by_index_maps: the scalar-prefetch operands some index map reads.
     dependent_prefetch_reads: the block operands whose index map reads scalar prefetch at an
         index read from scalar prefetch (``index_maps.reads_prefetch_at_prefetched_index``).

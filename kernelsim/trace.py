@@ -22,14 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kernelsim import adapter, backend, body, call_model, find, index_maps, lowering, report, timing
+from kernelsim import adapter, backend, timing
+from kernelsim.body import steps
+from kernelsim.check import lowering
 from kernelsim.chips import DEFAULT_CHIP, GPU_DEVICE_KIND, TPU_DEVICE_KIND, Chip, get_chip
-from kernelsim.cost import compute
+from kernelsim.cost.estimate import compute
+from kernelsim.cost.lint import lint
+from kernelsim.cost.schedule import Model, build
 from kernelsim.errors import TraceError
-from kernelsim.lint import lint
-from kernelsim.schedule import Model, build
+from kernelsim.find import call_model, calls, index_maps
 from kernelsim.trace_data import CallTrace, TraceData
-from kernelsim.views import viewer
+from kernelsim.views import report, viewer
 
 
 @dataclass
@@ -96,8 +99,8 @@ def analyse(captured: list[adapter.Captured], model: Model, chip: Chip, strict: 
         call = call_model.to_model(c.args, c.params)
         call.device = c.device
         accesses = None
-        if record_access or body.needs_body_interpretation(c.params):
-            accesses, call.body_copies = body.interpret_body(c.params, call, c.args,
+        if record_access or steps.needs_body_interpretation(c.params):
+            accesses, call.body_copies = steps.interpret_body(c.params, call, c.args,
                                                              record=record_access)
         schedule = build(call, model)
         cost = compute(schedule, chip)
@@ -128,19 +131,19 @@ def _no_call(fn: Callable) -> TraceError:
 
 
 def collect(fn: Callable, args: tuple, execute: Callable[[tuple, dict], Any],
-            chip: Chip, mapped: find.MappedRunner | None = None
+            chip: Chip, mapped: calls.MappedRunner | None = None
             ) -> tuple[Any, list[adapter.Captured]]:
     """Run ``fn(*args)``; each pallas_call is modelled, then ``execute``d; a ``shard_map``
-    around kernels runs whole, as ``mapped`` says (``find.MappedRunner``).
+    around kernels runs whole, as ``mapped`` says (``calls.MappedRunner``).
 
-    The function runs from its jaxpr (``find.run_calls``: kernel bodies traced as the program
+    The function runs from its jaxpr (``calls.run_calls``: kernel bodies traced as the program
     traces them, the code between kernels compiled); only a function that cannot be traced to
     a jaxpr (Python control flow on array values) runs op by op under ``jax.disable_jit``.
     """
     try:
-        out, captured = find.run_calls(fn, args, TPU_DEVICE_KIND.get(chip.name, "TPU v5e"),
+        out, captured = calls.run_calls(fn, args, TPU_DEVICE_KIND.get(chip.name, "TPU v5e"),
                                        execute, mapped)
-    except find.NeedsExecution:
+    except calls.NeedsExecution:
         pass
     else:
         if not captured:
@@ -170,7 +173,8 @@ def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
 
     model: ``"tpu"`` (sequential grid, unchanged input blocks skipped) or ``"gpu"`` (one
         program per grid point, each loading its blocks; re-reads by programs running
-        alongside come from L2, see ``kernelsim.cost``). chip: a name in ``kernelsim.chips.CHIPS``.
+        alongside come from L2, see ``kernelsim.cost.estimate``). chip: a name in
+        ``kernelsim.chips.CHIPS``.
     strict: raise ``TraceError`` instead of collecting warnings.
     record_access: also interpret each kernel body at every grid step and record its ref
         reads and writes (``CallTrace.accesses``, see ``kernelsim.access``). Indices come from
@@ -180,16 +184,16 @@ def trace(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
     """
     model_, chip_ = resolve(model, chip)
     try:
-        captured = find.find_calls(fn, args, TPU_DEVICE_KIND.get(chip_.name, "TPU v5e"),
+        captured = calls.find_calls(fn, args, TPU_DEVICE_KIND.get(chip_.name, "TPU v5e"),
                                    bodies=record_access)
-    except find.NeedsExecution:
-        _, captured = _capture_eagerly(fn, args, lambda a, p: find.zeros_for(p))
+    except calls.NeedsExecution:
+        _, captured = _capture_eagerly(fn, args, lambda a, p: calls.zeros_for(p))
     if not captured:
         raise _no_call(fn)
     return analyse(captured, model_, chip_, strict, record_access)
 
 
-class _MappedWith(find.MappedRunner):
+class _MappedWith(calls.MappedRunner):
     """Runs the kernels of a ``shard_map`` with the interpret setting ``run`` chose."""
 
     def __init__(self, setting: Callable[[dict], Any]) -> None:

@@ -2,7 +2,7 @@
 calls one function reached under one model and chip (``TraceData``), as every view reads them.
 
 ``kernelsim.trace.Trace`` is a ``TraceData`` with its views (``summary``, ``figure``, ``show``,
-...); a view (``kernelsim.views``, ``kernelsim.report``) is handed one and reads it here, and
+...); a view (``kernelsim.views``, ``kernelsim.views.report``) is handed one and reads it here, and
 never imports the tracer.
 """
 
@@ -14,10 +14,10 @@ from typing import Any
 from kernelsim import timing
 from kernelsim.access import AccessLog, PrefetchReads
 from kernelsim.chips import Chip
-from kernelsim.cost import CallCost, OperandCost
+from kernelsim.cost.estimate import CallCost, OperandCost
+from kernelsim.cost.schedule import CallSchedule, Model, StepEvent
 from kernelsim.memories import memory_spaces
 from kernelsim.model import BodyCopy, KernelCall, MeshDevice
-from kernelsim.schedule import CallSchedule, Model, StepEvent
 
 
 @dataclass

@@ -3,7 +3,7 @@
 ``verify(fn, *args)`` runs ``fn`` with every pallas_call in ``pltpu.InterpretParams()`` mode,
 records each pipeline DMA the interpreter issues (operand, block index, grid point, bytes) and
 compares them, event by event, with kernelsim's ``tpu`` schedule of the same calls. The
-interpreter runs every grid axis in row-major order (see ``interpret.in_row_major_order``).
+interpreter runs every grid axis in row-major order (see ``interpret_mode.in_row_major_order``).
 Kernels inside ``jax.shard_map`` run with all the mesh's devices at once; each device's copies,
 remote ones included, are compared with kernelsim's call for that device, route by route and
 device pair by device pair.
@@ -19,10 +19,12 @@ from typing import Any
 import jax
 from jax.experimental.pallas import tpu as pltpu
 
-from kernelsim import adapter, call_model, find, interpret
+from kernelsim import adapter
+from kernelsim.check import interpret_mode
+from kernelsim.cost.schedule import FETCH, WRITEBACK
 from kernelsim.errors import TraceError
+from kernelsim.find import call_model, calls
 from kernelsim.model import OFF_CHIP
-from kernelsim.schedule import FETCH, WRITEBACK
 from kernelsim.trace import Trace, analyse, collect, resolve
 
 
@@ -104,7 +106,7 @@ def _route(src: str, dst: str, devices: tuple[int, int] | None = None) -> str:
     return f"{side(src)} -> {side(dst)}{on}"
 
 
-class _InterpretedMap(find.MappedRunner):
+class _InterpretedMap(calls.MappedRunner):
     """Runs a shard_map's kernels in TPU interpret mode and files what each device's kernel
     did under that device's call (``current``: the index the next call gets)."""
 
@@ -112,7 +114,7 @@ class _InterpretedMap(find.MappedRunner):
         self.current, self.copies, self.dmas = current, copies, dmas
 
     def prepare(self, params: dict) -> dict:
-        return call_model.with_operand_names(interpret.in_row_major_order(
+        return call_model.with_operand_names(interpret_mode.in_row_major_order(
             {**params, "interpret": pltpu.InterpretParams()}))
 
     def run(self, thunk: Callable[[], Any], captured: list) -> Any:
@@ -135,19 +137,19 @@ class _InterpretedMap(find.MappedRunner):
 
 def verify(fn: Callable, *args: Any, chip: str | None = None) -> Verification:
     """Run ``fn(*args)`` in TPU interpret mode and compare its DMAs with the ``tpu`` model."""
-    copies: list[interpret.InterpretCopy] = []
-    dmas: list[interpret.InterpretDma] = []
+    copies: list[interpret_mode.InterpretCopy] = []
+    dmas: list[interpret_mode.InterpretDma] = []
     current = [0]
 
     def execute(call_args: tuple, params: dict) -> Any:
-        params = call_model.with_operand_names(interpret.in_row_major_order(params))
+        params = call_model.with_operand_names(interpret_mode.in_row_major_order(params))
         outs = adapter.execute(call_args, params, pltpu.InterpretParams())
         jax.block_until_ready(outs)  # the interpreter's callbacks have all run
         current[0] += 1
         return outs
 
     model, chip_ = resolve("tpu", chip)
-    with interpret.recording_interpret_copies(copies, lambda: current[0], dmas):
+    with interpret_mode.recording_interpret_copies(copies, lambda: current[0], dmas):
         outputs, captured = collect(fn, args, execute, chip_,
                                     _InterpretedMap(current, copies, dmas))
     trace = analyse(captured, model, chip_, strict=False)

@@ -132,8 +132,8 @@ def lessons_list_md(ls: list[Lesson]) -> str:
 API_MODULES = [
     ("kernelsim", ["trace", "run"]),
     ("kernelsim.trace", ["Trace", "CallTrace"]),
-    ("kernelsim.schedule", ["StepEvent"]),
-    ("kernelsim.cost", ["CallCost", "OperandCost"]),
+    ("kernelsim.cost.schedule", ["StepEvent"]),
+    ("kernelsim.cost.estimate", ["CallCost", "OperandCost"]),
     ("kernelsim.chips", ["Chip", "get_chip"]),
     ("kernelsim.backend", ["Execution", "platform", "choose"]),
     ("kernelsim.verify", ["verify", "Verification", "OperandCheck"]),

@@ -43,6 +43,35 @@ def test_architecture_path_check_can_fail():
     assert architecture_paths("see `kernelsim/nowhere.py` and `x`") == ["kernelsim/nowhere.py"]
 
 
+def unmapped(files: list[str], text: str, room: str = "kernelsim") -> list[str]:
+    """The folders (``room/find/``) and modules (``room/find/calls.py``) of ``files`` (paths in
+    the repository) under ``room`` that ``text`` (ARCHITECTURE.md) never names as a path. A
+    package's ``__init__.py`` is named by its folder."""
+    named = {p.rstrip("/") for p in architecture_paths(text)}
+    under = [Path(f) for f in files if Path(f).parts[0] == room and f.endswith(".py")]
+    folders = {str(f.parent) for f in under if f.name == "__init__.py"}
+    modules = {str(f) for f in under if f.name != "__init__.py"}
+    return [f"{p}/" if p in folders else p for p in sorted(folders | modules) if p not in named]
+
+
+def test_architecture_maps_every_room_and_module_of_kernelsim():
+    """ARCHITECTURE.md's map follows kernelsim's folders: every package folder and every module
+    under kernelsim/ is named there (and every path it names exists, the test above)."""
+    files = [str(p.relative_to(REPO)) for p in _tracked_python()]
+    assert sum(f.startswith("kernelsim/") for f in files) > 30
+    missing = unmapped(files, (REPO / "ARCHITECTURE.md").read_text())
+    assert not missing, f"ARCHITECTURE.md's kernelsim map leaves out: {missing}"
+
+
+def test_unmapped_check_can_fail():
+    files = ["kernelsim/__init__.py", "kernelsim/trace.py", "kernelsim/find/__init__.py",
+             "kernelsim/find/calls.py", "kernelsim/find/flops.py", "kernelsim/cost/__init__.py",
+             "kernelsim/viewer.js", "grader/cli.py"]
+    text = "`kernelsim/` `kernelsim/trace.py` `kernelsim/find/` and `kernelsim/find/calls.py`"
+    assert unmapped(files, text) == ["kernelsim/cost/", "kernelsim/find/flops.py"]
+    assert not unmapped(files[:4], text)
+
+
 def test_readme_counts_the_graded_assignments():
     """README.md's count of graded assignments is the number of exercises/source/ folders."""
     counted = re.search(r"nbgrader course of (\d+) graded assignments",
@@ -248,10 +277,14 @@ def test_import_cycle_check_can_fail():
 ROOMS = ("grader", "kernelsim", "site")
 # (importer, imported): arrows against the data's direction. The learner's tools and the tasks
 # read the course, the site's build presents it; grading takes a learner's notebook and never
-# the learner's tools; a view draws what the tracer made and is handed it; kernelsim knows
-# neither its users nor the site.
+# the learner's tools; a view draws what the tracer made and is handed it; kernelsim's rooms
+# follow a trace (jaxpr <- body <- find; cost reads neither the finder nor the body), and
+# kernelsim knows neither its users nor the site.
 WRONG_WAY = (("grader.tasks", "grader.website"), ("grader.learner", "grader.website"),
              ("grader.grading", "grader.learner"), ("kernelsim.views", "kernelsim.trace"),
+             ("kernelsim.jaxpr", "kernelsim.body"), ("kernelsim.jaxpr", "kernelsim.find"),
+             ("kernelsim.body", "kernelsim.find"), ("kernelsim.cost", "kernelsim.find"),
+             ("kernelsim.cost", "kernelsim.body"),
              ("kernelsim", "grader"), ("kernelsim", "site"), ("grader", "site"))
 
 

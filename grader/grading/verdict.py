@@ -17,7 +17,7 @@ import numpy as np
 
 from grader import tasks as _tasks
 from grader.grading import messages as _messages
-from kernelsim.lint import BLOCK_SHAPE_REJECTED, DEPENDENT_PREFETCH_READ, rule_of
+from kernelsim.cost.lint import BLOCK_SHAPE_REJECTED, DEPENDENT_PREFETCH_READ, rule_of
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ BLOCK_STEP = 128  # candidate block sizes: the multiples of 128 that divide the 
 
 
 def estimated_seconds(call) -> float:
-    """The time the blocks decide, in seconds: kernelsim's estimate (kernelsim/cost.py, the
+    """The time the blocks decide, in seconds: kernelsim's estimate (kernelsim/cost/estimate.py, the
     time model fitted on a TPU v5e) of one traced call from the kernel's own FLOPs (no
     pl.CostEstimate in the learner's call can change it), less the chip's fixed cost of a
     call, which no choice of blocks changes and which at the task's sizes would hide the

@@ -48,7 +48,7 @@ def _writebacks(call, count: int, why: str) -> Rule:
 def _tpu_block_rule(call, role: str, index: int, array: tuple[int, ...], label: str) -> Rule:
     """The TPU lowering's block-shape rule for a 2-D block: the last two dims divisible by 8 and
     128, or equal to the array's (jax/_src/pallas/mosaic/lowering.py:994-1015, which
-    kernelsim/lint.py mirrors)."""
+    kernelsim/cost/lint.py mirrors)."""
     ops = operands_with_role(call, role)
     if index >= len(ops) or ops[index].block_shape is None:
         return Rule(f"{label} block accepted by the TPU lowering", "a 2-D block",

@@ -10,10 +10,10 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from kernelsim.report import seconds, table
 from kernelsim.views import palette as pal
 from kernelsim.views.data import CallView, call_view
 from kernelsim.views.figure import DPI, FONT, WIDTH, legible
+from kernelsim.views.report import seconds, table
 
 if TYPE_CHECKING:
     from kernelsim.trace_data import TraceData

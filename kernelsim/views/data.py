@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kernelsim.chips import DEFAULT_CHIP, Chip, get_chip
-from kernelsim.cost import CallCost, compute
+from kernelsim.cost.estimate import CallCost, compute
+from kernelsim.cost.schedule import CallSchedule, build
 from kernelsim.model import KernelCall, Operand
-from kernelsim.schedule import CallSchedule, build
 
 if TYPE_CHECKING:
     from kernelsim.trace_data import CallTrace, TraceData

@@ -21,9 +21,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from kernelsim.cost import vmem_limit
-from kernelsim.report import seconds
-from kernelsim.schedule import ACTIONS
+from kernelsim.cost.estimate import vmem_limit
+from kernelsim.cost.schedule import ACTIONS
 from kernelsim.views import palette as pal
 from kernelsim.views.data import (
     CallView,
@@ -35,6 +34,7 @@ from kernelsim.views.data import (
     panel_dims,
     panel_extent,
 )
+from kernelsim.views.report import seconds
 
 if TYPE_CHECKING:
     from kernelsim.trace_data import TraceData

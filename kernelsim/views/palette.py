@@ -7,8 +7,8 @@ changes every view.
 
 from __future__ import annotations
 
+from kernelsim.cost.schedule import ACTIONS
 from kernelsim.memories import MEMORY_NAMES
-from kernelsim.schedule import ACTIONS
 
 ACTION_COLORS: dict[str, str] = {
     "fetch": "#0072b2",      # HBM -> on-chip copy (blue)
@@ -30,11 +30,11 @@ SCRATCH = "#e69f00"     # scratch buffers (orange)
 SMEM_READ = "#cc79a7"   # scalar-prefetch entries read by this step's index maps (purple)
 READ = ACTION_COLORS["fetch"]       # in-block reads (access views)
 WRITE = ACTION_COLORS["writeback"]  # in-block writes (access views)
-# a Mosaic GPU kernel's events (kernelsim.gpu_kernel.EVENT_KINDS): copies in the fetch and
-# write-back colours, barriers in purple, tensor-core work in green, the wait for it in yellow,
-# the wait for TMA stores in dark brown (no other kind's colour: the nearest, vermillion, stays
-# well apart under simulated protan-, deutan- and tritanopia, and it reads on white); the viewer
-# prints each event's kind beside its colour
+# a Mosaic GPU kernel's events (kernelsim.mosaic_gpu.kernel_data.EVENT_KINDS): copies in the
+# fetch and write-back colours, barriers in purple, tensor-core work in green, the wait for it in
+# yellow, the wait for TMA stores in dark brown (no other kind's colour: the nearest, vermillion,
+# stays well apart under simulated protan-, deutan- and tritanopia, and it reads on white); the
+# viewer prints each event's kind beside its colour
 EVENT_COLORS: dict[str, str] = {
     "tma_load": ACTION_COLORS["fetch"], "load": "#56b4e9",
     "tma_store": ACTION_COLORS["writeback"], "store": "#e69f00",

@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from kernelsim.chips import CHIPS, DEFAULT_CHIP
-from kernelsim.cost import compute, vmem_limit
-from kernelsim.gpu_kernel import MEMORY_SPACES as GPU_KERNEL_SPACES
+from kernelsim.cost.estimate import compute, vmem_limit
+from kernelsim.cost.schedule import build
 from kernelsim.memories import MEMORY_NAMES, MemoryNames, memory_spaces
-from kernelsim.schedule import build
+from kernelsim.mosaic_gpu.kernel_data import MEMORY_SPACES as GPU_KERNEL_SPACES
 from kernelsim.trace_data import body_dma_dict, device_dict
 from kernelsim.views import palette as pal
 from kernelsim.views.data import (
@@ -45,7 +45,7 @@ from kernelsim.views.data import (
 )
 
 if TYPE_CHECKING:
-    from kernelsim.gpu_kernel import GpuKernelData
+    from kernelsim.mosaic_gpu.kernel_data import GpuKernelData
     from kernelsim.trace_data import CallTrace, TraceData
 
 JS = Path(__file__).with_name("viewer.js")

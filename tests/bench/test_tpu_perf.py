@@ -107,7 +107,7 @@ def test_fit_finds_the_constants_that_made_the_times():
     0.5 % from a grid that does not contain the constants."""
     import numpy as np
 
-    from kernelsim.cost import TimeConstants, TimeTerms, fitted_seconds
+    from kernelsim.cost.estimate import TimeConstants, TimeTerms, fitted_seconds
 
     tp = _module()
     rng = np.random.default_rng(0)

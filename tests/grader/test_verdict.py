@@ -12,7 +12,7 @@ import pytest
 from grader.grading import refs, trusted, verdict
 from grader.grading.submission import test_cell_changes as cell_changes
 from kernelsim import examples
-from kernelsim.lint import BLOCK_SHAPE_REJECTED
+from kernelsim.cost.lint import BLOCK_SHAPE_REJECTED
 
 
 def test_compare_locates_the_first_bad_element_and_its_block():

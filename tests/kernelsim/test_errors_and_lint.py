@@ -222,5 +222,5 @@ def test_values_mosaic_keeps_count_beside_the_buffers():
     # 1024-row blocks: 4 buffers of 32 MiB fill v5e's 128 MiB VMEM, the exp does not fit
     big = kernelsim.trace(softmax_rows, jnp.zeros(x.shape, x.dtype), 1024).calls[0]
     assert big.cost.vmem_bytes <= 128 * 2**20 < big.cost.mosaic_vmem_bytes
-    (w,) = [w for w in big.warnings if kernelsim.lint.rule_of(w) == "vmem_capacity"]
+    (w,) = [w for w in big.warnings if kernelsim.cost.lint.rule_of(w) == "vmem_capacity"]
     assert "values the body keeps 33,554,432 B" not in w and "blocks that would fit" in w

@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 
 import kernelsim
 from kernelsim.chips import get_chip
-from kernelsim.l2 import l2_hits, launch_rank
+from kernelsim.cost.l2 import l2_hits, launch_rank
 
 
 def _copy_kernel(x_ref, w_ref, o_ref):

@@ -11,7 +11,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernelsim import examples as ex
-from kernelsim import interpret
+from kernelsim.check import interpret_mode
 from kernelsim.verify import verify
 
 pytestmark = pytest.mark.interpret
@@ -182,7 +182,7 @@ def _guarded_rescale(x):
 
 def _eqns(jaxpr):
     """Every eqn of ``jaxpr``, nested ones included."""
-    from kernelsim.jaxprs import sub_jaxprs
+    from kernelsim.jaxpr.nesting import sub_jaxprs
 
     for eqn in jaxpr.eqns:
         yield eqn
@@ -192,7 +192,7 @@ def _eqns(jaxpr):
 
 def test_a_value_that_decides_no_dma_is_not_computed_to_trace_the_dmas(monkeypatch):
     import kernelsim
-    from kernelsim import body
+    from kernelsim.body import steps
 
     x = _normal((48, 128), 0) * jnp.repeat(jnp.array([0.1, 3.0] * 3), 8)[:, None]
     blocks = x.reshape(6, 8, 128)
@@ -214,8 +214,8 @@ def test_a_value_that_decides_no_dma_is_not_computed_to_trace_the_dmas(monkeypat
         evaluated.append((eqn.primitive.name, np.shape(vals[0]) if vals else ()))
         return numpy_eqn(eqn, vals, budget)
 
-    numpy_eqn = body.numpy_eqn
-    monkeypatch.setattr(body, "numpy_eqn", counting)
+    numpy_eqn = steps.numpy_eqn
+    monkeypatch.setattr(steps, "numpy_eqn", counting)
     t = kernelsim.trace(_guarded_rescale, x)
     assert [c.bytes for c in t.calls[0].call.body_copies] == [8 * 128 * 4] * 12
     assert not [e for e in evaluated if e[1]], evaluated  # no block-sized value, no guard
@@ -278,7 +278,7 @@ def test_zero_length_dmas_the_interpreter_performs_are_no_mismatch():
     counts = jnp.array([3, 8, 1, 5], jnp.int32)
     table = jnp.zeros((16 * 4, 128), jnp.int32).at[::16, 0].set(counts)
     performed = []
-    with interpret.recording_interpret_copies([], lambda: 0, performed):
+    with interpret_mode.recording_interpret_copies([], lambda: 0, performed):
         jax.block_until_ready(_leading_rows_then_nothing(table, X32, pltpu.InterpretParams()))
     assert sorted(d.bytes for d in performed) == [0, 0, 0, 0, 512, 1536, 2560, 4096]
     v = verify(jax.jit(_leading_rows_then_nothing), table, X32)

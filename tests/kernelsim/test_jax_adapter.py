@@ -13,9 +13,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from kernelsim import adapter, call_model, find, index_maps, interpret
+from kernelsim import adapter
 from kernelsim import examples as ex
-from kernelsim.flops import count_flops
+from kernelsim.check import interpret_mode
+from kernelsim.find import call_model, calls, index_maps
+from kernelsim.find.flops import count_flops
 
 
 def _captured(fn, *args):
@@ -23,7 +25,7 @@ def _captured(fn, *args):
 
     def handler(call_args, params):
         found.append(adapter.Captured(call_args, params))
-        return find.zeros_for(params)
+        return calls.zeros_for(params)
 
     with adapter.capturing(handler):
         fn(*args)
@@ -128,7 +130,7 @@ def test_count_flops_handles_dot_elementwise_reduce_scan_and_cond():
 
 def test_in_row_major_order_drops_parallel_semantics():
     (cap,) = _captured(ex.matmul, jnp.zeros((256, 256)), jnp.zeros((256, 256)))
-    params = interpret.in_row_major_order(cap.params)
+    params = interpret_mode.in_row_major_order(cap.params)
     assert params["compiler_params"].dimension_semantics is None
     assert cap.params["compiler_params"].dimension_semantics == (
         "parallel", "parallel", "arbitrary")
@@ -150,7 +152,7 @@ def test_recording_restores_the_interpreter_callbacks():
     tpu_interpret = adapter.tpu_interpret
     before = (tpu_interpret.get, tpu_interpret.store)
     sink = []
-    with interpret.recording_interpret_copies(sink, lambda: 0):
+    with interpret_mode.recording_interpret_copies(sink, lambda: 0):
         assert tpu_interpret.get is not before[0]
     assert (tpu_interpret.get, tpu_interpret.store) == before
 

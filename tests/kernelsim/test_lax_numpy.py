@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from kernelsim import adapter, lax_numpy, numpy_eval
+from kernelsim import adapter
+from kernelsim.jaxpr import lax_numpy, numpy_eval
 
 I32 = np.iinfo(np.int32)
 INTS = jnp.array([7, -7, 0, 1, -1, I32.min, I32.max, 13], jnp.int32)

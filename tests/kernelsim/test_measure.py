@@ -14,9 +14,10 @@ import jax.numpy as jnp
 import pytest
 
 import kernelsim
-from kernelsim import adapter, examples, find, timing
-from kernelsim.report import seconds
+from kernelsim import adapter, examples, timing
+from kernelsim.find import calls
 from kernelsim.views import viewer as v
+from kernelsim.views.report import seconds
 
 X = jnp.ones((256, 256), jnp.float32)
 
@@ -84,14 +85,14 @@ def test_time_call_warms_up_then_times_rounds_of_calls():
 def test_a_call_timed_alone_runs_its_own_kernel():
     """``measure_call``'s mechanism (the captured call jitted alone), interpreted here; on a
     TPU ``run`` passes interpret=False."""
-    _, (captured,) = find.run_calls(examples.matmul, (X, X), "TPU v5e",
+    _, (captured,) = calls.run_calls(examples.matmul, (X, X), "TPU v5e",
                                     lambda a, p: adapter.execute(a, p, True))
     m = timing.measure_call(captured.args, captured.params, interpret=True, repeats=1, inner=1)
     assert m.seconds > 0 and m.note == "" and m.device == jax.devices()[0].device_kind
 
 
 def test_a_call_that_fails_alone_is_a_note_not_an_exception():
-    _, (captured,) = find.run_calls(examples.matmul, (X, X), "TPU v5e",
+    _, (captured,) = calls.run_calls(examples.matmul, (X, X), "TPU v5e",
                                     lambda a, p: adapter.execute(a, p, True))
     m = timing.measure_call(captured.args[:1], captured.params, interpret=True, repeats=1,
                             inner=1)

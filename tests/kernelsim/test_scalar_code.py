@@ -1,4 +1,4 @@
-"""The body interpreter's compiled scalar arithmetic (``kernelsim.scalar_code``) agrees with
+"""The body interpreter's compiled scalar arithmetic (``kernelsim.body.scalar_code``) agrees with
 XLA on every rule, at the edges where Python ints and XLA's disagree by default: wrap-around,
 division and remainder by zero and of INT_MIN by -1, shift counts past the width, conversions
 that narrow or change sign."""
@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from jax import lax
 
-from kernelsim import adapter, scalar_code
+from kernelsim import adapter
+from kernelsim.body import scalar_code
 
 
 def _edges(dtype) -> list:

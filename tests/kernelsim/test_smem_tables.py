@@ -12,7 +12,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from kernelsim.lint import DEPENDENT_PREFETCH_READ, rule_of
+from kernelsim.cost.lint import DEPENDENT_PREFETCH_READ, rule_of
 
 PAGE, SLOTS = 16, 4
 # each form the chip ran, as an index map of (step, table, positions); the table is passed

@@ -28,6 +28,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
 from kernelsim import examples
+from kernelsim.cost import lint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -111,7 +112,7 @@ def test_the_recorded_lint_sweep_agrees_with_the_chip():
         fn = pl.pallas_call(_copy_kernel, grid=(shape[0] // block[0],), in_specs=[spec],
                             out_specs=spec, out_shape=jax.ShapeDtypeStruct(shape, x.dtype))
         rejected = [w for w in kernelsim.trace(fn, x, chip="tpu-v5e").calls[0].warnings
-                    if kernelsim.lint.BLOCK_SHAPE_REJECTED in w]
+                    if lint.BLOCK_SHAPE_REJECTED in w]
         assert bool(rejected) == (not case["compiled"]), (case, rejected)
 
 
@@ -304,7 +305,7 @@ def test_emit_pipeline_buffers_are_on_chip():
 def test_two_9_mib_windows_are_warned_as_the_chip_refused_them():
     fn, args = _one_window((4, 1), lambda i, j: (j + i,), 9)
     call = kernelsim.trace(fn, *args, chip="tpu-v5e").calls[0]
-    scoped = [w for w in call.warnings if kernelsim.lint.rule_of(w) == kernelsim.lint.SCOPED_VMEM]
+    scoped = [w for w in call.warnings if lint.rule_of(w) == lint.SCOPED_VMEM]
     assert bool(scoped) == (not TWO_9_MIB_WINDOWS_COMPILED)
     assert "blocks that would fit: o_ref (" in scoped[0], scoped
 
@@ -325,7 +326,7 @@ def test_vmem_sweep_warns_every_configuration_the_chip_refused():
     for blocks, mosaic_mib in MATMUL_VMEM.items():
         call = _matmul_call(blocks)
         warned = [w for w in call.warnings
-                  if kernelsim.lint.rule_of(w) == kernelsim.lint.SCOPED_VMEM]
+                  if lint.rule_of(w) == lint.SCOPED_VMEM]
         if mosaic_mib is not None:
             assert warned, (blocks, call.cost.mosaic_vmem_bytes)
             assert call.cost.mosaic_vmem_bytes >= mosaic_mib * MiB * 0.98, blocks
@@ -377,6 +378,6 @@ def test_the_recorded_vmem_sweep_agrees_with_the_chip():
     assert len(recorded["vmem"]) == 12
     for v in recorded["vmem"]:
         call = _matmul_call(tuple(v["blocks"]))
-        warned = any(kernelsim.lint.rule_of(w) == kernelsim.lint.SCOPED_VMEM
+        warned = any(lint.rule_of(w) == lint.SCOPED_VMEM
                      for w in call.warnings)
         assert warned == (not v["compiled"]), (v["blocks"], call.cost.mosaic_vmem_bytes)

@@ -15,7 +15,7 @@ from sitetools import REPO, serve_folder
 
 import kernelsim
 from kernelsim import examples
-from kernelsim.report import seconds
+from kernelsim.views.report import seconds
 
 MIN_LABEL_PX = 11
 

@@ -1,4 +1,4 @@
-"""kernelsim/index_maps.py additions for the views: prefetch reads of index maps."""
+"""kernelsim/find/index_maps.py additions for the views: prefetch reads of index maps."""
 
 import jax
 import jax.numpy as jnp
@@ -7,7 +7,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from kernelsim import adapter, call_model, find, index_maps
+from kernelsim import adapter
+from kernelsim.find import call_model, calls, index_maps
 
 
 def test_prefetch_reads_lists_the_entries_each_steps_index_maps_read():
@@ -27,7 +28,7 @@ def test_prefetch_reads_lists_the_entries_each_steps_index_maps_read():
     def handler(args, params):
         call = call_model.to_model(args, params)
         found.append(index_maps.prefetch_reads(params, call))
-        return find.zeros_for(params)
+        return calls.zeros_for(params)
 
     with adapter.capturing(handler):
         fn(jnp.array([0, 2, 1], jnp.int32), jnp.zeros((3, 2), jnp.int32), jnp.zeros((24, 128)))

@@ -13,7 +13,7 @@ from matplotlib.text import Text
 from views_kernels import gather_rows, matmul
 
 import kernelsim
-from kernelsim.schedule import FETCH, KEEP, SKIP, WRITEBACK
+from kernelsim.cost.schedule import FETCH, KEEP, SKIP, WRITEBACK
 from kernelsim.views import palette as pal
 
 

@@ -11,7 +11,7 @@ from views_kernels import matmul
 
 import kernelsim
 from kernelsim.chips import CHIPS
-from kernelsim.schedule import build
+from kernelsim.cost.schedule import build
 from kernelsim.views import palette
 from kernelsim.views import viewer as v
 

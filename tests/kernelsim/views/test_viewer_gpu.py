@@ -16,8 +16,9 @@ import pytest
 if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12):
     pytest.skip("plgpu.kernel binds mpmd_map from jax 0.12", allow_module_level=True)
 
-from kernelsim import gpu, gpu_kernel  # noqa: E402
+from kernelsim import gpu  # noqa: E402
 from kernelsim.chips import CHIPS  # noqa: E402
+from kernelsim.mosaic_gpu import kernel_data  # noqa: E402
 from kernelsim.views import palette  # noqa: E402
 from kernelsim.views import viewer as v  # noqa: E402
 
@@ -69,7 +70,7 @@ def test_lanes_and_words_are_the_gpus(kernels):
     assert load["touch"] == [first.src, first.dst, first.barrier]
     assert load["text"] == (f"loop 0 step 0: TMA copy {first.src} → {first.dst} (global → "
                             f"shared memory), 8 KiB, lands on {first.barrier}")
-    assert set(data["kinds"]) == set(gpu_kernel.EVENT_KINDS) == set(palette.EVENT_COLORS)
+    assert set(data["kinds"]) == set(kernel_data.EVENT_KINDS) == set(palette.EVENT_COLORS)
     said = json.dumps([data["lanes"], data["kinds"], data["events"]])
     assert not re.search(r"VMEM|SMEM|HBM|scalar", said)
     # the producer warpgroup of the warp-specialized kernel copies; it does no WGMMA

@@ -1,5 +1,5 @@
 """Which values of a kernel body decide what kernelsim records about it (``BodyNeeds``), so
-the body interpreter (``kernelsim.body``) computes only those."""
+the body interpreter (``kernelsim.body.steps``) computes only those."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import functools
 from typing import Any
 
 import jax
+import numpy as np
 
 from kernelsim.adapter import AbstractRef, Literal, open_jaxpr, scan_operands
-from kernelsim.jaxprs import CALL_PRIMITIVES, call_body, sub_jaxprs
+from kernelsim.jaxpr.nesting import CALL_PRIMITIVES, call_body, sub_jaxprs
 
 # Effects on semaphores other than DMA waits: no data moves, nothing to record.
 IGNORED = ("debug_callback", "debug_print", "semaphore_signal", "semaphore_wait")
@@ -59,6 +60,18 @@ def written_refs(jaxpr: Any) -> list:
 def is_ref(v: Any) -> bool:
     return not isinstance(v, Literal) and isinstance(getattr(v, "aval", None),
                                                                AbstractRef)
+
+
+def ref_array(aval: Any) -> np.ndarray:
+    """Zeros shaped like the ref ``aval`` (a semaphore's as int32): a ref's value before the
+    body writes it."""
+    inner = getattr(aval, "inner_aval", aval)
+    shape = tuple(getattr(inner, "shape", ()))
+    dtype = getattr(inner, "dtype", None)
+    try:
+        return np.zeros(shape, np.dtype(dtype))
+    except TypeError:  # semaphores and other non-numeric refs
+        return np.zeros(shape, np.int32)
 
 
 class BodyNeeds:

@@ -16,17 +16,18 @@ Each message names the operand and the rule; the rules' sources:
   (tests/kernelsim/chip_verdicts_v5e.py).
 - parallel after arbitrary, output revisits: same page, "Multicore / Pipelining" sections, and
   the TPU interpreter's revisit check (jax/_src/pallas/mosaic/interpret/interpret_pallas_call.py);
-  an output with ``RevisitMode.ANY`` may revisit (its restores are modelled, kernelsim.schedule),
-  but only single-buffered: ``RevisitMode.ANY is not supported with double buffering``
+  an output with ``RevisitMode.ANY`` may revisit (its restores are modelled,
+  kernelsim.cost.schedule), but only single-buffered: ``RevisitMode.ANY is not supported with
+  double buffering``
   (jax/_src/pallas/mosaic/lowering.py, the window params' ``revisit_mode``).
 """
 
 from __future__ import annotations
 
 from kernelsim.chips import Chip
-from kernelsim.cost import CallCost, vmem_limit
+from kernelsim.cost.estimate import CallCost, vmem_limit
+from kernelsim.cost.schedule import CallSchedule, revisit_steps
 from kernelsim.model import KernelCall, Operand, tile_padded_bytes
-from kernelsim.schedule import CallSchedule, revisit_steps
 
 # TPU vreg geometry the block-shape rule uses: sublanes x lanes of 32-bit words (the same on
 # every chip kernelsim models; jax/_src/tpu_info.py num_sublanes / num_lanes).

@@ -21,7 +21,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
-from kernelsim import lax_numpy
 from kernelsim.adapter import (
     Captured,
     DropVar,
@@ -37,11 +36,12 @@ from kernelsim.adapter import (
     open_jaxpr,
     scan_operands,
 )
-from kernelsim.body_needs import body_needs, has_body_dma, is_ref
+from kernelsim.body.needs import body_needs, has_body_dma, is_ref
 from kernelsim.errors import TraceError
-from kernelsim.jaxprs import call_body, sub_jaxprs
+from kernelsim.jaxpr import lax_numpy
+from kernelsim.jaxpr.nesting import call_body, sub_jaxprs
+from kernelsim.jaxpr.numpy_eval import numpy_eval
 from kernelsim.model import MeshDevice
-from kernelsim.numpy_eval import numpy_eval
 
 
 class NeedsExecution(Exception):

@@ -1,6 +1,6 @@
 """Concrete values of ordinary JAX code, evaluated in numpy (no compilation).
 
-``numpy_eval`` runs a jaxpr op by op with ``kernelsim.lax_numpy``'s rules (XLA's semantics);
+``numpy_eval`` runs a jaxpr op by op with ``kernelsim.jaxpr.lax_numpy``'s rules (XLA's semantics);
 the call finder uses it for the code around kernels and the body interpreter for the values a
 kernel body's indices and DMAs depend on. What it cannot evaluate raises
 ``lax_numpy.Unsupported`` and the caller asks XLA instead.
@@ -14,9 +14,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from kernelsim import lax_numpy
 from kernelsim.adapter import Literal, consts_of, open_jaxpr, scan_operands
-from kernelsim.jaxprs import call_body
+from kernelsim.jaxpr import lax_numpy
+from kernelsim.jaxpr.nesting import call_body
 
 # How many primitive applications one numpy evaluation may make before it gives the slice to
 # XLA (a long while_loop runs faster compiled than op by op in Python).
@@ -24,7 +24,7 @@ NUMPY_BUDGET = 20_000
 
 
 def numpy_eval(jaxpr: Any, consts: list, args: list, budget: list | None = None) -> list:
-    """Evaluate ``jaxpr`` on concrete values with numpy (``kernelsim.lax_numpy``'s rules).
+    """Evaluate ``jaxpr`` on concrete values with numpy (``kernelsim.jaxpr.lax_numpy``'s rules).
 
     Understands nested calls (jit, custom_jvp/vjp, checkpoint), ``cond``, ``while``, ``scan``
     and hijax primitives (through their ``expand``). Raises ``lax_numpy.Unsupported`` for

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernelsim import lax_numpy
 from kernelsim.access import PrefetchReads
 from kernelsim.adapter import (
     IndexSlice,
@@ -25,10 +24,11 @@ from kernelsim.adapter import (
     jaxpr_as_fun,
     open_jaxpr,
 )
-from kernelsim.jaxprs import call_body
+from kernelsim.body.selection import select
+from kernelsim.jaxpr import lax_numpy
+from kernelsim.jaxpr.nesting import call_body
+from kernelsim.jaxpr.numpy_eval import literal
 from kernelsim.model import KernelCall
-from kernelsim.numpy_eval import literal
-from kernelsim.selection import select
 
 
 class NotScalar(Exception):

@@ -7,7 +7,7 @@ microseconds in dispatch and error-state handling for nanoseconds of arithmetic.
 maximal run of consecutive scalar integer/boolean eqns becomes one function over Python ints,
 generated from the eqns when the interpreter first plans their jaxpr.
 
-Semantics are ``kernelsim.lax_numpy``'s (XLA's, openxla.org/xla/operation_semantics):
+Semantics are ``kernelsim.jaxpr.lax_numpy``'s (XLA's, openxla.org/xla/operation_semantics):
 integers wrap at their width; ``div`` truncates toward zero, x / 0 is -1 (unsigned: all ones)
 and INT_MIN / -1 is INT_MIN; ``rem`` takes the dividend's sign, x % 0 is x; a shift count
 outside [0, bits) gives 0, or the sign for an arithmetic right shift; converting to bool is

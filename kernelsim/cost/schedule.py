@@ -9,7 +9,7 @@ last step; otherwise it is *kept* on chip. Operands in ``pl.ANY``/HBM get no aut
 
 ``gpu`` (one program per grid point, as the Triton lowering emits): every step loads every
 input block and stores every output block; nothing is reused between programs. (Which of
-those loads L2 serves rather than HBM is a cost matter: ``kernelsim.cost``.)
+those loads L2 serves rather than HBM is a cost matter: ``kernelsim.cost.estimate``.)
 
 ``RevisitMode.ANY`` (an output's ``pl.Buffered(1, revisit=pl.RevisitMode.ANY)``): an output
 block may come back after other blocks were visited, and the pipeline "will insert additional

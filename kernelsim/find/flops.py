@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from kernelsim.adapter import open_jaxpr
-from kernelsim.jaxprs import sub_jaxprs
+from kernelsim.jaxpr.nesting import sub_jaxprs
 from kernelsim.model import Matmul, tile_padded_bytes
 
 _VREG_BYTES = 8 * 128 * 4  # one TPU vector register: 8 sublanes x 128 lanes of 32-bit words

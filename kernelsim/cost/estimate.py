@@ -10,7 +10,7 @@ a float32 dot with an operand that is not K-major runs at ``Chip.transposed_tf32
 a Hopper GPU (WGMMA reads TF32 operands K-major only; see ``kernelsim.chips``).
 
 GPU model: reads that programs running side by side share come from L2, not HBM
-(``kernelsim.l2``); ``OperandCost.l2_hit_bytes`` keeps them, so HBM + L2 is what the programs
+(``kernelsim.cost.l2``); ``OperandCost.l2_hit_bytes`` keeps them, so HBM + L2 is what the programs
 load.
 """
 
@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from kernelsim.chips import Chip
-from kernelsim.l2 import l2_hits, launch_rank
+from kernelsim.cost.l2 import l2_hits, launch_rank
+from kernelsim.cost.schedule import FETCH, KEEP, SKIP, WRITEBACK, CallSchedule
 from kernelsim.model import OFF_CHIP, KernelCall, Operand
-from kernelsim.schedule import FETCH, KEEP, SKIP, WRITEBACK, CallSchedule
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class CallCost:
     hbm_read_bytes / hbm_write_bytes: in-bounds bytes (edge blocks count only the part inside
         the array; the gpu model leaves out L2 hits, see the module docstring);
         hbm_padded_bytes: reads plus writes with every pipeline copy counted as its whole
-        block buffer, as TPU interpret mode copies it (see ``kernelsim.schedule``).
+        block buffer, as TPU interpret mode copies it (see ``kernelsim.cost.schedule``).
     compute_seconds / memory_seconds: the two roofline terms; estimated_seconds adds the
         overhead to their maximum. On a chip with a fitted TPU time model
         (``Chip.tpu_time_model``) compute is the matmuls at ``Chip.mxu_efficiency`` of the peak

@@ -23,15 +23,16 @@ from kernelsim.adapter import (
     memory_space,
     open_jaxpr,
 )
+from kernelsim.body.needs import ref_array
 from kernelsim.errors import TraceError
-from kernelsim.flops import count_flops
-from kernelsim.index_maps import (
+from kernelsim.find.flops import count_flops
+from kernelsim.find.index_maps import (
     evaluate_index_map,
     prefetch_read,
     reads_prefetch_at_prefetched_index,
     window_moves,
 )
-from kernelsim.jaxprs import sub_jaxprs
+from kernelsim.jaxpr.nesting import sub_jaxprs
 from kernelsim.model import BlockDim, KernelCall, Operand, tile_padded_bytes
 
 
@@ -308,13 +309,3 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
         call.operands.append(Operand(names[nprefetch + nin + nout + j], "scratch", shape,
                                      str(dtype) if itemsize else "semaphore", itemsize, space))
     return call
-
-
-def ref_array(aval: Any) -> np.ndarray:
-    inner = getattr(aval, "inner_aval", aval)
-    shape = tuple(getattr(inner, "shape", ()))
-    dtype = getattr(inner, "dtype", None)
-    try:
-        return np.zeros(shape, np.dtype(dtype))
-    except TypeError:  # semaphores and other non-numeric refs
-        return np.zeros(shape, np.int32)

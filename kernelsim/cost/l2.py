@@ -7,7 +7,7 @@ of that row) while it is still in L2, so it crosses HBM once, not once per progr
 rules here assume the programs resident at once are the ``Chip.sms`` consecutive ones in
 launch order, and that L2 holds what they read meanwhile (its size is not modelled).
 
-``pallas_call`` (the Triton lowering, ``kernelsim.cost``): an input block read counts as an
+``pallas_call`` (the Triton lowering, ``kernelsim.cost.estimate``): an input block read counts as an
 L2 hit when a program at most ``sms - 1`` places earlier in launch order read the same block
 (``l2_hits``). The launch order is the Triton lowering's: grid dimension 0 fastest
 (``_process_grid_to_3d_grid`` in jax/_src/pallas/triton/lowering.py maps it to CUDA's x,

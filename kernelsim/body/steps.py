@@ -2,7 +2,7 @@
 events in time.
 
 ``interpret_body`` runs a kernel jaxpr at every grid step on numpy values, computing only what
-``kernelsim.body_needs`` marks, and reports each ref access (an ``AccessLog``) and, in body
+``kernelsim.body.needs`` marks, and reports each ref access (an ``AccessLog``) and, in body
 order, each DMA it starts (``start``) and each wait on a DMA semaphore (``wait``), as plain
 data. A wait completes the oldest DMA still in flight on the same semaphore, as the TPU's DMA
 semaphores count completed copies in the order they were issued on one engine queue; a DMA
@@ -18,10 +18,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from kernelsim import lax_numpy, scalar_code
 from kernelsim.access import Access, AccessLog
 from kernelsim.adapter import Literal, consts_of, memory_space, open_jaxpr, scan_operands
-from kernelsim.body_needs import (
+from kernelsim.body import scalar_code
+from kernelsim.body.needs import (
     DMA_EFFECTS,
     IGNORED,
     REF_EFFECTS,
@@ -33,14 +33,15 @@ from kernelsim.body_needs import (
     is_ref,
     pure_call_body,
     pure_slice,
+    ref_array,
 )
-from kernelsim.call_model import ref_array
+from kernelsim.body.scalar_code import ScalarRun
+from kernelsim.body.selection import Selection, select
 from kernelsim.errors import TraceError
-from kernelsim.jaxprs import CALL_PRIMITIVES, called_jaxpr, sub_jaxprs
+from kernelsim.jaxpr import lax_numpy
+from kernelsim.jaxpr.nesting import CALL_PRIMITIVES, called_jaxpr, sub_jaxprs
+from kernelsim.jaxpr.numpy_eval import NUMPY_BUDGET, literal, numpy_eqn
 from kernelsim.model import BodyCopy, KernelCall, MemorySpace, MeshDevice, Operand, Slice
-from kernelsim.numpy_eval import NUMPY_BUDGET, literal, numpy_eqn
-from kernelsim.scalar_code import ScalarRun
-from kernelsim.selection import Selection, select
 
 
 class DmaLedger:

@@ -67,7 +67,7 @@ class GpuKernelData:
     (every warpgroup's). smem_bytes: shared memory the lowering allocates per CTA (see the
     module docstring). gmem_read_bytes / gmem_write_bytes / flops: for the whole launch, CTA
     ``cta``'s counts times the number of CTAs (the CTAs of the kernels modelled do equal work),
-    reads from HBM only (``kernelsim.l2.wave_read_bytes``); gmem_load_bytes: L2 hits included.
+    reads from HBM only (``kernelsim.cost.l2.wave_read_bytes``); gmem_load_bytes: L2 hits included.
     chip: the chip (``kernelsim.chips``) it was modelled on.
     """
 
