@@ -13,7 +13,7 @@
 #          comes from, the backend, and per kernel: compiled / fell back / interpreted. Exit 0
 #          when the lesson passed and, on an accelerator, every kernel compiled.
 #          What the lesson imports beside JAX (matplotlib) comes from the machine's index:
-#          sh bench/tpu_packages.sh sh bench/student_copy_on_device.sh run "$OUT"
+#          COMMIT=<sha> sh bench/tpu_packages.sh sh bench/student_copy_on_device.sh run "$OUT"
 # Try it on a CPU: JAX_PLATFORMS=cpu with a Python 3.11 venv that has jax 0.10.2 first on PATH.
 set -eu
 cd "$(dirname "$0")/.."
@@ -37,7 +37,8 @@ run)
   rm -rf "$work/copy/grader" "$work/copy/kernelsim"
   mkdir "$work/copy/bench"
   cp bench/on_device.py "$work/copy/bench/"
-  commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+  # COMMIT=...: the device machine's copy of the tree may carry stale git metadata
+  commit=${COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
   export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
   cd "$work"
   python3 - "$site" <<'END'
