@@ -126,8 +126,11 @@ def watch(context) -> Watched:
     page.on("console", lambda m: w.errors.append(f"{m.text} ({m.location.get('url')})")
             if m.type == "error" else None)
     page.on("pageerror", lambda e: w.errors.append(f"page error: {e}"))
+    # net::ERR_ABORTED is the browser cancelling a request (the page navigated on while
+    # mkdocs-material's search worker loaded: one clean-clone run), not a server failing one
     page.on("requestfailed", lambda r: w.failed.append(f"{r.url}: {r.failure}")
-            if r.url.startswith("http://127.0.0.1:") else None)
+            if r.url.startswith("http://127.0.0.1:") and r.failure != "net::ERR_ABORTED"
+            else None)
     return w
 
 
