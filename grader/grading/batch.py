@@ -153,8 +153,12 @@ def autograde(root: Path, assignment: str | None = None, workers: int = 1,
         try:
             rec = fut.result()
         except Exception as e:  # noqa: BLE001 - one bad item never stops the batch
-            rec = {"student": s, "assignment": a, "status": "crashed",
-                   "detail": f"{type(e).__name__}: {e}"}
+            # grade_one returns every outcome of the learner's code as a record: what it
+            # raised is the grading's own fault (a worker or its machine lost), never a 0
+            rec = {"student": s, "assignment": a, "status": "error",
+                   "detail": f"grading it failed ({type(e).__name__}: {e}), an infrastructure "
+                             "fault, not the submission's: grade it again with "
+                             "autograde --resume"}
             write_status(root, a, s, rec)
         results.append(rec)
         if progress:

@@ -7,8 +7,8 @@ written atomically, so a batch can be resumed and read while it runs): graded; t
 the run's CPU or wall-clock limit or the whole submission ran out of time); crashed (the run
 died, ran out of memory or hit the disk or file-size limit, or nbgrader failed); malformed (not
 a readable notebook; it scores 0, also when an earlier submission had a grade); error (the
-gradebook could not be reached: an infrastructure fault, never a learner's 0, graded again by
-``--resume`` like crashed); tampered (the notebook's code changed the grading code in the grader's
+gradebook could not be reached, or grading it failed, e.g. its Dask worker was lost each time:
+an infrastructure fault, never a learner's 0, graded again by ``--resume`` like crashed); tampered (the notebook's code changed the grading code in the grader's
 run of it, or test cells were edited, deleted, duplicated or reordered, which nbgrader undoes
 before grading); missing (no submission).
 """
@@ -262,9 +262,12 @@ REGRADABLE = ("error", "crashed")
 
 
 def gradebook_down(res: dict) -> bool:
-    """Did this autograde job fail because the gradebook could not be reached?"""
+    """Did this autograde job fail because the gradebook could not be reached? The worker's
+    word (``gradebook_lost``: SQLAlchemy read one of its errors as a lost or refused
+    connection), else the words of its error and log."""
     text = f"{res.get('error') or ''}\n{res.get('log') or ''}\n{res.get('stderr') or ''}"
-    return not res.get("killed") and bool(GRADEBOOK_DOWN.search(text))
+    return not res.get("killed") and bool(res.get("gradebook_lost")
+                                          or GRADEBOOK_DOWN.search(text))
 
 
 def grade_one(root: Path, student: str, assignment: str, timeout: float,

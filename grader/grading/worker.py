@@ -74,6 +74,28 @@ def install_gradebook_lock(root: Path) -> None:
     api.Gradebook.close = close
 
 
+# the gradebook errors of this process's current job that were a lost or refused connection
+GRADEBOOK_LOST: list[str] = []
+
+
+def _record_lost_connection(context) -> None:
+    # SQLAlchemy's driver dialect knows each driver's words for a dropped connection, including
+    # one reused after the server restarted; no connection at all is a refused connect
+    if context.is_disconnect or context.connection is None:
+        GRADEBOOK_LOST.append(f"{type(context.original_exception).__name__}: "
+                              f"{context.original_exception}"[:500])
+
+
+def watch_gradebook_connections() -> None:
+    """Append to ``GRADEBOOK_LOST`` every gradebook error of this process that was a lost or
+    refused connection (a server restarting); ``do_job`` reports them as ``gradebook_lost``."""
+    from sqlalchemy import event  # optional: nbgrader's database layer, the class extra's
+    from sqlalchemy.engine import Engine
+
+    if not event.contains(Engine, "handle_error", _record_lost_connection):
+        event.listen(Engine, "handle_error", _record_lost_connection)
+
+
 def load(root: Path):
     # optional: nbgrader (and its traitlets) come with the class extra
     from nbgrader.apps import NbGraderAPI
@@ -108,6 +130,17 @@ def _limit_errors(path: Path) -> dict[str, list[str]]:
 
 def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
     result: dict = {"job": job, "args": args}
+    GRADEBOOK_LOST.clear()
+    try:
+        _do_job(root, cfg, coursedir, api, job, args, result)
+    except Exception as e:  # noqa: BLE001 - report, and the worker stays up for the next job
+        result.update(success=False, error=f"{type(e).__name__}: {e}")
+    if GRADEBOOK_LOST:  # submission.gradebook_down: retried, then an infrastructure fault
+        result["gradebook_lost"] = GRADEBOOK_LOST[-1]
+    return result
+
+
+def _do_job(root: Path, cfg, coursedir, api, job: str, args: list[str], result: dict) -> None:
     if job == "generate":
         result["results"] = {}
         ok = True
@@ -180,7 +213,6 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
         result["success"] = True
     else:
         result.update(success=False, error=f"unknown job {job!r}")
-    return result
 
 
 def main(argv: list[str]) -> int:
@@ -190,6 +222,7 @@ def main(argv: list[str]) -> int:
     os.chdir(root)
     os.environ["PALLAS_COURSE_ROOT"] = str(root)
     install_gradebook_lock(root)
+    watch_gradebook_connections()
     # one JSON list [job, args...] per stdin line, one @@RESULT line per job; nbgrader and its
     # imports are paid for once per worker instead of once per submission. The course's
     # configuration is read again for every job (~4 ms): a worker that kept the one it started
@@ -200,7 +233,7 @@ def main(argv: list[str]) -> int:
         job, *args = json.loads(line)
         try:
             result = do_job(root, *load(root), job, args)
-        except Exception as e:  # noqa: BLE001 - report, and stay up for the next job
+        except Exception as e:  # noqa: BLE001 - the course's configuration could not be read
             result = {"job": job, "args": args, "success": False,
                       "error": f"{type(e).__name__}: {e}"}
         print("@@RESULT " + json.dumps(result), flush=True)
