@@ -32,12 +32,12 @@ worker that fails it grades nothing: the batch retires it from the cluster, says
 its submission elsewhere.
 
 A Dask worker lost mid-task: the scheduler runs the task again on another worker (up to
-``distributed.scheduler.allowed-failures`` times, then the submission is ``error``, an infrastructure fault, with
-Dask's reason). The lost worker's grading process dies with it (``setpriv --pdeathsig`` in
-``submission.Worker``) and its jailed run with that (``bwrap --die-with-parent``), so no
-second autograde of the submission runs beside the new one; nbgrader's ``autograde --force``
-replaces a submission's grades and the gradebook's unique keys forbid a second row, so grading
-a submission twice never duplicates a grade.
+``distributed.scheduler.allowed-failures`` times, then the submission is ``error``, an
+infrastructure fault, with Dask's reason). The lost worker's grading process dies with it (``setpriv
+--pdeathsig`` in ``submission.Worker``) and its jailed run with that (``bwrap --die-with-parent``),
+so no second autograde of the submission runs beside the new one; nbgrader's ``autograde --force``
+replaces a submission's grades and the gradebook's unique keys forbid a second row, so grading a
+submission twice never duplicates a grade.
 """
 
 from __future__ import annotations

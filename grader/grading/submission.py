@@ -2,15 +2,15 @@
 the jail check before the first one, and ``grade_one``'s status and reason. The local pool
 (``grader.grading.batch``) and the Dask cluster (``grader.grading.cluster``) both run this.
 
-Statuses (one JSON file per submission under ``<root>/status/<assignment>/<student>.json``,
-written atomically, so a batch can be resumed and read while it runs): graded; timeout (a cell,
-the run's CPU or wall-clock limit or the whole submission ran out of time); crashed (the run
-died, ran out of memory or hit the disk or file-size limit, or nbgrader failed); malformed (not
-a readable notebook; it scores 0, also when an earlier submission had a grade); error (the
-gradebook could not be reached, or grading it failed, e.g. its Dask worker was lost each time:
-an infrastructure fault, never a learner's 0, graded again by ``--resume`` like crashed); tampered (the notebook's code changed the grading code in the grader's
-run of it, or test cells were edited, deleted, duplicated or reordered, which nbgrader undoes
-before grading); missing (no submission).
+Statuses (one JSON file per submission under ``<root>/status/<assignment>/<student>.json``, written
+atomically, so a batch can be resumed and read while it runs): graded; timeout (a cell, the run's
+CPU or wall-clock limit or the whole submission ran out of time); crashed (the run died, ran out of
+memory or hit the disk or file-size limit, or nbgrader failed); malformed (not a readable notebook;
+it scores 0, also when an earlier submission had a grade); error (the gradebook could not be
+reached, or grading it failed, e.g. its Dask worker was lost each time: an infrastructure fault,
+never a learner's 0, graded again by ``--resume`` like crashed); tampered (the notebook's code
+changed the grading code in the grader's run of it, or test cells were edited, deleted, duplicated
+or reordered, which nbgrader undoes before grading); missing (no submission).
 """
 
 from __future__ import annotations
