@@ -23,7 +23,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
-from grader.grading import build, cluster, refs, releases, sandbox
+from grader.grading import answer_cache, build, cluster, refs, releases, sandbox
 from grader.grading.submission import (
     DB_ENV,
     REGRADABLE,
@@ -166,6 +166,7 @@ def autograde(root: Path, assignment: str | None = None, workers: int = 1,
                   end="\r", file=progress, flush=True)
     if progress:
         print(file=progress)
+    answer_cache.AnswerCache(root / answer_cache.FOLDER).prune()
     scores = _scores(root)
     for r in results:
         sc = scores.get((r["student"], r["assignment"]))

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from grader.grading import exchange, sandbox
+from grader.grading import answer_cache, exchange, sandbox
 
 STARTUP_SECONDS = 120  # the run's imports and JAX start, beyond its cells' time limits
 
@@ -20,18 +20,23 @@ class Run(Protocol):
     """What the relay reads and drives of the grader's run (``trusted.FreshRun``): the
     notebook's process and the checker with their channels' keys, the code cells (each with
     its ``index`` and ``timeout``, seconds), the frames the notebook sends when nothing stops it,
-    and the hidden cases' shapes it is sent after its last cell."""
+    the hidden cases' shapes it is sent after its last cell, and the checker's answers kept from
+    earlier runs. The checker is started for the first check no kept answer decides (None
+    until then: a notebook whose every check fails in it, or was checked before, needs none)."""
 
     cells: list[dict]
     child: sandbox.Confined
-    checker: sandbox.Confined
+    checker: sandbox.Confined | None
     key: bytes
     notebook_key: bytes
     hidden_frame: bytes
+    answers: answer_cache.AnswerCache
 
     def expected_frames(self) -> list[tuple]: ...
 
     def start_checker(self) -> sandbox.Confined: ...
+
+    def answer_key(self, request: dict, blob: bytes) -> bytes: ...
 
 
 @dataclass
@@ -52,6 +57,7 @@ class Replayed:
     stopped_at: int | None = None
     timed_out: bool = False
     limit: str | None = None
+    from_cache: int = 0
 
 
 class Relay:
@@ -68,8 +74,10 @@ class Relay:
         self.problem: str | None = None
         self.stop_notebook: tuple | None = None
         self.outcome: sandbox.Outcome | None = None  # the notebook's, once it was stopped
-        self.pending: list[tuple[dict, bytes, float]] = []
-        self.in_flight: tuple[dict, float, float] | None = None
+        # (request, programs, seconds allowed, answer key)
+        self.pending: list[tuple[dict, bytes, float, bytes]] = []
+        # (request, when sent, seconds allowed, answer key)
+        self.in_flight: tuple[dict, float, float, bytes] | None = None
         self.checker_read, self.ready = 0, False
         self.broken: str | None = None  # why the checker cannot start (the grader's fault)
         self.died: str | None = None
@@ -128,10 +136,20 @@ class Relay:
             return
         request = {**answer, "kind": "check", "programs": message.get("programs") or {},
                    "errors": message.get("errors") or {}}
-        self.pending.append((request, blob, float(self.timeouts.get(index, 60))))
+        answer_key = self.fresh.answer_key(request, blob)
+        kept = self.fresh.answers.get(answer_key)
+        if kept is not None:
+            got.answers[key[1:]] = ({**kept[0], "cell": index}, kept[1])
+            got.from_cache += 1
+            return
+        self.pending.append((request, blob, float(self.timeouts.get(index, 60)), answer_key))
 
     # ------------------------------------------------------------------ the checker
     def _checker(self, got: Replayed) -> None:
+        if self.fresh.checker is None:
+            if not self.pending:
+                return
+            self.fresh.checker = self.fresh.start_checker()
         checker = self.fresh.checker
         data = bytes(checker.readers[0].data[self.checker_read:])
         frames, used, problem = exchange.read_frames(data, self.fresh.key)
@@ -140,16 +158,17 @@ class Relay:
             if message.get("kind") == "ready":
                 self.ready = True
             elif self.in_flight is not None:
-                request = self.in_flight[0]
+                request, answer_key = self.in_flight[0], self.in_flight[3]
                 got.answers[(request["cell"], request["task"], request["hidden"])] = \
                     (message, blob)
+                self.fresh.answers.put(answer_key, message, blob)
                 self.in_flight = None
         now = time.monotonic()
         if self.broken is None and not self.ready and checker.proc.poll() is None and \
                 now - checker.started > STARTUP_SECONDS:
             checker.wait(("timeout", "not ready"))
         if self.broken:
-            for request, _, _ in self.pending:
+            for request, *_ in self.pending:
                 got.answers[(request["cell"], request["task"], request["hidden"])] = (
                     {**request, "programs": None, "failed": self.broken}, b"")
             self.pending.clear()
@@ -168,9 +187,9 @@ class Relay:
         elif self.in_flight is not None and now - self.in_flight[1] > self.in_flight[2]:
             self._lost(got, None)
         if self.ready and self.in_flight is None and self.pending:
-            request, blob, limit = self.pending.pop(0)
+            request, blob, limit, answer_key = self.pending.pop(0)
             checker.send(exchange.frame(self.fresh.key, request, blob))
-            self.in_flight = (request, time.monotonic(), limit)
+            self.in_flight = (request, time.monotonic(), limit, answer_key)
 
     def _lost(self, got: Replayed, failed: str | None) -> None:
         """The checker ran past a check's time limit (``failed`` None) or stopped: that check
@@ -184,10 +203,12 @@ class Relay:
         elif not self.pending:
             return
         self.fresh.checker.wait(("timeout", "stopped by the grader"))
-        self.fresh.checker = self.fresh.start_checker()
+        self.fresh.checker = None  # the next check pending starts a new one
         self.checker_read, self.ready = 0, False
 
     def end_checker(self) -> None:
+        if self.fresh.checker is None:  # every check was decided without it
+            return
         self.fresh.checker.send(b"", close=True)
         self.fresh.checker.wait(None if not self.pending and self.in_flight is None
                                 else ("timeout", "stopped by the grader"))

@@ -331,6 +331,8 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float,
             rec.update(status="graded")
         if reports:
             rec["isolation"] = reports[0].get("isolation")
+            # checks decided by the checker's answer to the same programs in an earlier run
+            rec["checks_from_cache"] = sum(r.get("checks_from_cache", 0) for r in reports)
     rec["seconds"] = round(time.monotonic() - t0, 2)
     write_status(root, assignment, student, rec)
     return rec

@@ -43,7 +43,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
 from traitlets import Integer
 
 from grader import rooms, tasks
-from grader.grading import exchange, messages, refs, replay, sandbox, verdict
+from grader.grading import answer_cache, exchange, messages, refs, replay, sandbox, verdict
 from grader.grading.relay import STARTUP_SECONDS, Relay, Replayed
 
 REPORTS: list[dict] = []  # one per executed notebook, read and cleared by grader.grading.worker
@@ -277,6 +277,9 @@ class FreshRun:
         self.notebook_key = secrets.token_bytes(32)  # the notebook's: it holds this one
         described, arrays, self.loaded = exchange.load_checks(self.cells,
                                                               refs.course_root() / "refs")
+        self.answers = answer_cache.AnswerCache(refs.course_root() / answer_cache.FOLDER)
+        self.case_digests = {tag: answer_cache.cases_digest(cases, arrays)
+                             for tag, cases in described.items()}
         host = {task: tasks.get(task).host_inputs for task, _ in self.loaded}
         visible, visible_host = exchange.signatures(described, arrays, host, hidden=False)
         hidden, hidden_host = exchange.signatures(described, arrays, host, hidden=True)
@@ -301,7 +304,7 @@ class FreshRun:
                                 "imports": [f"grader.{name}" for name in NOTEBOOK_IMPORTS]},
             exchange.npz_bytes(visible_host)))
         self.checkers: list[Path] = []
-        self.checker = self.start_checker()
+        self.checker: sandbox.Confined | None = None  # started by the relay when needed
 
     def start_checker(self) -> sandbox.Confined:
         workdir = jail_folder(self.slot, "-checker")
@@ -313,6 +316,12 @@ class FreshRun:
             stdout_bytes=exchange.MAX_CHANNEL_BYTES, checker=True)
         checker.send(self.checker_job)
         return checker
+
+    def answer_key(self, request: dict, blob: bytes) -> bytes:
+        """The key of the checker's answer to ``request`` in ``answers``."""
+        tag = exchange.check_key(str(request.get("task")), bool(request.get("hidden")))
+        cases = self.case_digests.get(tag) or answer_cache.cases_digest([], {})
+        return answer_cache.key(cases, request, blob)
 
     def expected_frames(self) -> list[tuple]:
         """The frames the notebook's process sends, in order, when nothing stops it."""
@@ -413,7 +422,8 @@ class TrustedExecute(Execute):
                 fresh = FreshRun(nb.cells, slot, self.limits(), self._get_timeout)
                 got = fresh.finish()
                 self.report.update(tampered=list(dict.fromkeys(got.tampered)), died=got.died,
-                                   limit=got.limit, timed_out=got.timed_out)
+                                   limit=got.limit, timed_out=got.timed_out,
+                                   checks_from_cache=got.from_cache)
                 self._fill(got)
                 self._judge_all(got, fresh.loaded)
         finally:
