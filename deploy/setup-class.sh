@@ -107,6 +107,9 @@ if [ "$REMOVE" = 1 ]; then
 with --demo: --remove deletes its course folder and gradebook; back them up and delete \
 $STATE/.. by hand, or touch $STATE/demo to confirm"
   stop_services hub dask-workers dask-scheduler
+  if [ -x "$PREFIX/venv/bin/python" ]; then  # the grading account's cgroup folder
+    "$PREFIX/venv/bin/python" -I -m grader.grading.pids_cgroup undelegate "$GRADER" || true
+  fi
   if command -v pg_lsclusters >/dev/null && read -r v n port st < <(pg_cluster) && [ -n "${v:-}" ]; then
     if [ "$st" = online ]; then
       as_postgres psql -p "$port" -qc "DROP DATABASE IF EXISTS $DB WITH (FORCE)" || true
@@ -378,8 +381,19 @@ SCHEDULER="tls://127.0.0.1:$DASK_PORT"
 grader_env=(env -i PATH="$VENV/bin:/usr/bin:/bin" HOME="$STATE/grader" LANG=C.UTF-8
             DASK_CONFIG="$ETC/dask" PALLAS_COURSE_ROOT="$COURSE"
             PALLAS_COURSE_EXCHANGE="$EXCHANGE" TMPDIR="$STATE/grader/tmp")  # its slots, jails
-as_grader=(setpriv --reuid="$GRADER" --regid="$GRADER" --init-groups --)
 cd "$STATE/grader"
+# Each grading run's processes are counted in a pids cgroup of its own (pids.max), made in a
+# cgroup folder handed to the grading account (grader/grading/pids_cgroup.py); under cgroup v2 the
+# kernel lets it move its runs' processes only if its services live in that folder too, so they
+# start in its daemons/ leaf. Without it a run in the account's jail has no process limit, and
+# its status file says so (process_limit).
+daemons_cgroup=$("$VENV/bin/python" -I -m grader.grading.pids_cgroup delegate "$GRADER") || {
+  say "WARNING: no pids cgroup folder for $GRADER: grading runs will have no process limit"
+  daemons_cgroup=""; }
+in_cgroup=()
+[ -z "$daemons_cgroup" ] ||
+  in_cgroup=(sh -c 'echo $$ >"$1" && shift && exec "$@"' sh "$daemons_cgroup")
+as_grader=("${in_cgroup[@]}" setpriv --reuid="$GRADER" --regid="$GRADER" --init-groups --)
 start_daemon dask-scheduler "${as_grader[@]}" "${grader_env[@]}" "$VENV/bin/dask" scheduler \
   --host 127.0.0.1 --port "$DASK_PORT" --protocol tls --no-dashboard \
   --dashboard-address 127.0.0.1:0

@@ -16,6 +16,11 @@ deploy/setup-class.sh) the same jail is built in a user namespace of the run's o
 it. Without bubblewrap, or where user namespaces are off, the run falls back to limits only
 ("rlimits"), and says so.
 
+The process limit: each run gets a pids cgroup of its own (grader/grading/pids_cgroup.py), which
+counts every process of the run exactly; root's jails keep RLIMIT_NPROC on the slot's uid as
+well. Where no cgroup can be made, RLIMIT_NPROC alone binds (root's jail) or nothing does (a
+grading account's), and each outcome says which (``process_limit``).
+
 The outcome is data, never an exception: a batch goes on whatever one submission does.
 """
 
@@ -39,8 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from grader.grading import pids_cgroup
+
 Status = Literal["ok", "failed", "timeout", "memory", "disk", "crashed"]
 Isolation = Literal["jail", "rlimits"]
+ProcessLimit = Literal["cgroup", "rlimit", "none"]
 
 SANDBOX_UID_BASE = 61000  # uid SANDBOX_UID_BASE + slot runs slot's submission when root
 SLOTS = 256  # uid SANDBOX_UID_BASE + SLOTS + slot runs slot's checker (grader.grading.checker)
@@ -67,6 +75,9 @@ class Outcome:
         ``memory`` (address-space limit), ``disk`` (file-size or disk limit) or ``crashed``
         (killed by a signal).
     reason: one sentence for the feedback: what happened and which limit.
+    process_limit: what held the run's processes to ``Limits.processes``: ``cgroup`` (its own
+        pids cgroup, every process of the run), ``rlimit`` (RLIMIT_NPROC alone, on the slot's
+        uid) or ``none`` (a grading account without a cgroup folder of its own).
     """
 
     status: Status
@@ -76,6 +87,7 @@ class Outcome:
     wall_seconds: float
     reason: str
     isolation: Isolation
+    process_limit: ProcessLimit
 
 
 def is_root() -> bool:
@@ -217,6 +229,19 @@ def sandbox_uid(slot: int, checker: bool = False) -> int | None:
     return SANDBOX_UID_BASE + SLOTS * checker + slot
 
 
+def process_limit() -> ProcessLimit:
+    """What holds this grader's runs to their process limit (``Outcome.process_limit``)."""
+    if pids_cgroup.parent() is not None:
+        return "cgroup"
+    return "rlimit" if sandbox_uid(0) is not None else "none"
+
+
+def cgroup_name(slot: int, checker: bool = False) -> str:
+    """The name of a run's cgroup in ``slot`` (its checker's with ``checker``), before its
+    random token: the slot's next run of that kind removes what an earlier one left."""
+    return f"slot{slot}-{'checker' if checker else 'run'}"
+
+
 def default_readable() -> list[Path]:
     """What a Python child needs to see: the interpreter's installation and the venv."""
     return [Path(sys.base_prefix).resolve(), Path(sys.prefix)]
@@ -260,7 +285,8 @@ def _limits_argv(limits: Limits, nproc: bool) -> list[str]:
            f"--as={limits.memory_bytes}", f"--fsize={limits.file_bytes}", "--core=0"]
     if nproc:
         # Counts the processes of the real uid; it binds once setpriv switches to the slot's
-        # uid (root is exempt), and per-slot uids keep concurrent runs apart.
+        # uid (root is exempt), and per-slot uids keep concurrent runs apart. Kept beside the
+        # run's cgroup: a second bound, should the cgroup's ever be lifted.
         cmd.append(f"--nproc={limits.processes}")
     return [*cmd, "--"]
 
@@ -282,14 +308,27 @@ def pids_of_uid(uid: int) -> list[int]:
     return pids
 
 
-def kill_all(pgid: int, uid: int | None) -> None:
-    """SIGKILL the run's process group and, with a sandbox uid, every process of that uid."""
+def kill_all(pgid: int, uid: int | None, cgroup: pids_cgroup.RunCgroup | None) -> None:
+    """SIGKILL the run's process group, every process in its cgroup and, with a sandbox uid,
+    every process of that uid."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    if cgroup is not None:
+        cgroup.kill()
     if uid is not None:
         kill_uid(uid)
+
+
+def kill_slot(slot: int) -> None:
+    """End whatever runs of ``slot`` a killed grader left: the processes of both its uids and
+    its cgroups."""
+    for checker in (False, True):
+        uid = sandbox_uid(slot, checker)
+        if uid is not None:
+            kill_uid(uid)
+        pids_cgroup.remove_left(cgroup_name(slot, checker))
 
 
 def kill_uid(uid: int) -> None:
@@ -361,21 +400,26 @@ class _Reader(threading.Thread):
 
 def confine(argv: Sequence[str], workdir: Path, limits: Limits, slot: int = 0,
             readable: Sequence[Path] | None = None, checker: bool = False,
-            views: Mapping[Path, Path] | None = None) -> tuple[list[str], int | None]:
+            views: Mapping[Path, Path] | None = None
+            ) -> tuple[list[str], int | None, pids_cgroup.RunCgroup | None]:
     """``argv`` behind prlimit (and the jail, when available), ready to start in ``workdir``.
 
-    Prepares ``workdir`` for the slot's uid (its checker's with ``checker``) and kills what an
-    earlier run of that uid left. Returns the command line and the uid it will run as (None
-    without a jail or in a user namespace).
+    Prepares ``workdir`` for the slot's uid (its checker's with ``checker``), kills what an
+    earlier run of that uid left and makes the run's cgroup. Returns the command line, the uid
+    it will run as (None without a jail or in a user namespace) and its cgroup (None where
+    runs get none), which the command line enters before anything else runs.
     """
     uid = sandbox_uid(slot, checker)
     prepare_workdir(workdir, uid)
     if uid is not None:
         kill_uid(uid)  # leftovers of an earlier run in this slot must not count against it
+    pids_cgroup.remove_left(cgroup_name(slot, checker))
+    cgroup = pids_cgroup.create(cgroup_name(slot, checker), limits.processes)
     if isolation() == "jail":
         argv = _jail_argv(argv, workdir, default_readable() if readable is None else readable,
                           uid, limits, views or {})
-    return _limits_argv(limits, uid is not None) + list(argv), uid
+    joined = cgroup.join() if cgroup is not None else []
+    return joined + _limits_argv(limits, uid is not None) + list(argv), uid, cgroup
 
 
 def child_env(workdir: Path) -> dict[str, str]:
@@ -389,9 +433,11 @@ class Confined:
     """A confined child that is running (``start``); ``wait`` enforces the wall-clock and disk
     limits until it ends and returns its ``Outcome``."""
 
-    def __init__(self, proc: subprocess.Popen, uid: int | None, workdir: Path, limits: Limits,
+    def __init__(self, proc: subprocess.Popen, uid: int | None,
+                 cgroup: pids_cgroup.RunCgroup | None, workdir: Path, limits: Limits,
                  stdout_bytes: int):
-        self.proc, self.uid, self.workdir, self.limits = proc, uid, workdir, limits
+        self.proc, self.uid, self.cgroup = proc, uid, cgroup
+        self.workdir, self.limits = workdir, limits
         self.started = time.monotonic()
         self.outbox: queue.Queue | None = None
         self.readers = [_Reader(proc.stdout, stdout_bytes),
@@ -443,8 +489,10 @@ class Confined:
             verdict = self.past_limits()
             if verdict is None:
                 time.sleep(0.1)
-        kill_all(proc.pid, self.uid)
+        kill_all(proc.pid, self.uid, self.cgroup)
         proc.wait()
+        if self.cgroup is not None:
+            self.cgroup.remove()  # after the wait: the run's first process is gone too
         for r in self.readers:
             r.join(timeout=5)
         wall = time.monotonic() - self.started
@@ -456,8 +504,10 @@ class Confined:
         for r, name in zip(self.readers, ("stdout", "stderr"), strict=True):
             if r.dropped:
                 verdict = (verdict[0], verdict[1] + f"; {name} beyond {r.cap:,} bytes was dropped")
+        held = ("cgroup" if self.cgroup is not None else
+                "rlimit" if self.uid is not None else "none")
         return Outcome(verdict[0], code, stdout, stderr, wall, verdict[1],
-                       "jail" if jailed else "rlimits")
+                       "jail" if jailed else "rlimits", held)
 
 
 def start(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
@@ -474,12 +524,12 @@ def start(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
         ``rlimits`` the child sees the host's files).
     """
     workdir = Path(workdir).resolve()
-    argv, uid = confine(argv, workdir, limits, slot, readable, checker, views)
+    argv, uid, cgroup = confine(argv, workdir, limits, slot, readable, checker, views)
     proc = subprocess.Popen(
         argv, cwd=workdir, env={**child_env(workdir), **(env or {})},
         stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    return Confined(proc, uid, workdir, limits,
+    return Confined(proc, uid, cgroup, workdir, limits,
                     limits.output_bytes if stdout_bytes is None else stdout_bytes)
 
 

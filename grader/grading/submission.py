@@ -163,9 +163,7 @@ class Worker:
                                       else max(deadline - time.monotonic(), 0.01))
             except queue.Empty:
                 self.close()
-                uid = sandbox.sandbox_uid(self.slot)
-                if uid is not None:  # what the killed worker's run left
-                    sandbox.kill_uid(uid)
+                sandbox.kill_slot(self.slot)  # what the killed worker's run left
                 return {"success": False, "killed": "timeout", "error": f"ran past {timeout:.0f} s",
                         "log": ""}
             if line is None:
@@ -331,6 +329,7 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float,
             rec.update(status="graded")
         if reports:
             rec["isolation"] = reports[0].get("isolation")
+            rec["process_limit"] = reports[0].get("process_limit")
             # checks decided by the checker's answer to the same programs in an earlier run
             rec["checks_from_cache"] = sum(r.get("checks_from_cache", 0) for r in reports)
     rec["seconds"] = round(time.monotonic() - t0, 2)

@@ -399,7 +399,8 @@ class TrustedExecute(Execute):
 
     cpu_seconds = Integer(900, help="CPU seconds for one notebook's run").tag(config=True)
     memory_bytes = Integer(8 << 30, help="address space of the run (bytes)").tag(config=True)
-    processes = Integer(512, help="processes and threads of the run's uid").tag(config=True)
+    processes = Integer(512, help="processes and threads of the run (its pids cgroup's "
+                        "pids.max; without one, RLIMIT_NPROC of its uid)").tag(config=True)
     file_bytes = Integer(64 << 20, help="largest file the run may write (bytes)"
                          ).tag(config=True)
     disk_bytes = Integer(256 << 20, help="bytes the run may leave on disk").tag(config=True)
@@ -414,7 +415,8 @@ class TrustedExecute(Execute):
         self.nb, self.resources = nb, resources if resources is not None else {}
         notebook = self.resources.get("nbgrader", {}).get("notebook", "")
         self.report = {"notebook": notebook, "tampered": [], "died": None, "limit": None,
-                       "timed_out": False, "isolation": sandbox.isolation()}
+                       "timed_out": False, "isolation": sandbox.isolation(),
+                       "process_limit": sandbox.process_limit()}
         # grade id -> whether every check of that test cell passed; VerdictGrades scores it
         self.verdicts = self.resources.setdefault("pallas_course", {}).setdefault("verdicts", {})
         try:

@@ -23,6 +23,8 @@ import pytest
 import requests
 from clustertools import REPO, A, free_port, solved
 
+from grader.grading import pids_cgroup
+
 SETUP = REPO / "deploy" / "setup-class.sh"
 ENV_FILE = Path("/etc/pallas-course/class.env")
 PASSWORDS = Path("/var/lib/pallas-course/demo-passwords")
@@ -383,6 +385,8 @@ open(os.path.join({str(forged)!r}, 'timestamp.txt'), 'w').write('2099-01-01 00:0
     assert f"on the Dask cluster at {scheduler}" in res.stdout
     status = json.loads((k.course / "status" / A / f"{L1}.json").read_text())
     assert status["status"] == "graded" and status.get("isolation") == "jail", status
+    # the grading account's runs count their processes in the cgroup folder the set-up handed it
+    assert status.get("process_limit") == ("cgroup" if pids_cgroup.hierarchy() else "none")
 
     # issue 35, item 6: the instructor grades learner 1 again over what the grading account
     # wrote, without a scheduler and from the formgrader (PermissionError on its 2755 folders)

@@ -2,7 +2,9 @@
 data."""
 
 import contextlib
+import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -196,36 +198,42 @@ def test_a_claimed_slot_is_held_in_its_block_and_released_however_the_block_ends
     assert free(slot)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second account")
-def test_an_instructor_account_claims_a_slot_while_root_holds_one():
-    """Root grading on the machine must not lock an instructor's own account out of releasing
-    (one machine-wide lock folder, made 0700 by whoever came first, did)."""
+def as_nobody(code: str, *args: str, join: list[str] | None = None):
+    """``code`` run by /usr/bin/python3 with ``args`` as ``nobody``, a second account, as
+    ``subprocess.run`` answers; it imports the sandbox's modules alone, copied where it can
+    read them (pytest's tmp_path is root's), and has a folder of its own (its cache and
+    ``sys.argv[1]``). ``join``: what it starts behind (``pids_cgroup.JOIN`` and a cgroup)."""
     import shutil
     import subprocess
-    import tempfile
 
-    slot, lock = sandbox.claim_slot()
-    # the module alone, where the second account can read it (pytest's tmp_path is root's)
     where = Path(tempfile.mkdtemp(dir="/tmp"))
     where.chmod(0o755)
     (where / "grader" / "grading").mkdir(parents=True)
     (where / "cache").mkdir()
     shutil.chown(where / "cache", "nobody")  # the second account's own folder
-    shutil.copy(Path(sandbox.__file__), where / "grader" / "grading" / "sandbox.py")
+    for module in (sandbox, sandbox.pids_cgroup):
+        shutil.copy(Path(module.__file__), where / "grader" / "grading")
     (where / "grader" / "__init__.py").write_text("")
     (where / "grader" / "grading" / "__init__.py").write_text("")
     try:
-        out = subprocess.run(
-            [shutil.which("runuser"), "-u", "nobody", "--", "/usr/bin/python3", "-c",
-             "from grader.grading import sandbox; print(sandbox.claim_slot()[0])"],
+        return subprocess.run(
+            [*(join or []), shutil.which("runuser"), "-u", "nobody", "--", "/usr/bin/python3",
+             "-c", code, str(where / "cache"), *args],
             cwd=where, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(where),
                             "XDG_CACHE_HOME": str(where / "cache")},
-            capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-        assert out.stdout.strip() == "0"  # its own first slot: root's locks are root's alone
+            capture_output=True, text=True, timeout=120)
     finally:
-        os.close(lock)
         shutil.rmtree(where)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second account")
+def test_an_instructor_account_claims_a_slot_while_root_holds_one():
+    """Root grading on the machine must not lock an instructor's own account out of releasing
+    (one machine-wide lock folder, made 0700 by whoever came first, did)."""
+    with sandbox.claimed_slot() as slot:
+        out = as_nobody("from grader.grading import sandbox; print(sandbox.claim_slot()[0])")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0"  # its own first slot: root's locks are root's alone
     assert slot >= 0
 
 
@@ -273,3 +281,168 @@ def test_a_locked_folder_counts_against_the_disk_limit_and_is_removed(tmp_path):
     assert out.returncode == 0, out.stderr
     usage, exists = out.stdout.split()
     assert int(usage) >= 1 << 20 and exists == "False", out.stdout
+
+
+# ----------------------------------------------------------------------------- the process limit
+PROCESSES = FAST.processes
+CGROUPS = sandbox.pids_cgroup.hierarchy() is not None
+needs_cgroups = pytest.mark.skipif(
+    os.geteuid() != 0 or not CGROUPS or sandbox.pids_cgroup.parent() is None,
+    reason="needs root and a writable pids cgroup controller (v1 or v2)")
+
+# Eight parents fork at once (each up to 12 children, held alive), then the run prints how many
+# processes its jail holds: every one of the run but bubblewrap's first (outside its pid
+# namespace). None has ended by then, so that is the most there were at once.
+CONCURRENT_FORKS = """
+import os, time
+go_r, go_w = os.pipe()
+done_r, done_w = os.pipe()
+parents = 0
+for _ in range(8):
+    try:
+        if os.fork() == 0:
+            os.close(go_w)
+            os.read(go_r, 1)  # the end of file that starts them all together
+            for _ in range(12):
+                try:
+                    if os.fork() == 0:
+                        time.sleep(60)
+                        os._exit(0)
+                except OSError:
+                    pass
+            os.write(done_w, b"x")
+            time.sleep(60)
+            os._exit(0)
+        parents += 1
+    except OSError:
+        pass
+os.close(go_w)
+for _ in range(parents):
+    os.read(done_r, 1)
+print(sum(name.isdigit() for name in os.listdir("/proc")), flush=True)
+"""
+
+
+# The run first tries to lift its limit: in user, mount and cgroup namespaces of its own it
+# mounts the pids hierarchy (v1, else v2), whose root is then its own cgroup, and writes that
+# cgroup's pids.max. It prints whether the write took.
+RAISE_OWN_LIMIT = """
+import os, subprocess
+os.mkdir("cgroups")
+lift = ("mount -t cgroup -o pids none cgroups || mount -t cgroup2 none cgroups; "
+        "echo 1000 > cgroups/pids.max && cat cgroups/pids.max")
+raised = subprocess.run(["unshare", "-U", "-r", "-m", "-C", "sh", "-c", lift],
+                        capture_output=True, text=True).stdout.strip() == "1000"
+print(raised, end=" ")
+"""
+
+
+def alive_at_once(out: sandbox.Outcome) -> int:
+    assert out.status == "ok", (out.status, out.reason, out.stderr[-2000:])
+    return int(out.stdout)
+
+
+@needs_cgroups
+@pytest.mark.skipif(sandbox.isolation() != "jail", reason="the jail needs root and bubblewrap")
+def test_concurrent_forks_never_pass_the_process_limit(tmp_path):
+    """Issue 35, item 8: a jail whose limit was 512 ran 530 processes. RLIMIT_NPROC counts the
+    slot uid's processes alone, and the jail's own come on top: 33 here, with 32 allowed. The
+    run's pids cgroup counts each of its processes."""
+    out = _run(tmp_path, CONCURRENT_FORKS, slot=HELD[1])
+    assert PROCESSES // 2 < alive_at_once(out) <= PROCESSES, out.stdout
+    assert out.process_limit == "cgroup"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not CGROUPS,
+                    reason="needs root to act as a grading account, and a pids controller")
+@pytest.mark.skipif(sandbox.isolation() != "jail", reason="the jail needs bubblewrap")
+def test_a_grading_account_s_jail_holds_its_process_limit():
+    """Without root (deploy/setup-class.sh's grading account) the jail runs as the account's
+    own uid, where no RLIMIT_NPROC can be set: 106 processes ran at a limit of 32. In the
+    cgroup folder root hands the account (``delegate``, its process started in ``daemons/``
+    as setup-class.sh starts its services), each run has its limit and leaves no cgroup; and
+    the run, whose cgroup's files are its account's, cannot lift its limit (it did, 1000 then
+    106 processes, when the limit was on the cgroup it runs in)."""
+    daemons = sandbox.pids_cgroup.delegate("nobody")
+    try:
+        out = as_nobody(
+            "import json, sys\n"
+            "from pathlib import Path\n"
+            "from grader.grading import pids_cgroup, sandbox\n"
+            f"limits = sandbox.Limits(cpu_seconds=5, wall_seconds=20, processes={PROCESSES})\n"
+            "with sandbox.claimed_slot() as slot:\n"
+            "    out = sandbox.run(['/usr/bin/python3', '-c', sys.argv[2]],\n"
+            "                      Path(sys.argv[1]) / 'work', limits, slot=slot)\n"
+            "    left = pids_cgroup.left(sandbox.cgroup_name(slot))\n"
+            "print(json.dumps([out.status, out.reason, out.stdout.decode(), out.isolation,\n"
+            "                  out.process_limit, [str(p) for p in left]]))",
+            RAISE_OWN_LIMIT + CONCURRENT_FORKS, join=[*sandbox.pids_cgroup.JOIN, str(daemons)])
+    finally:
+        sandbox.pids_cgroup.undelegate("nobody")
+    assert out.returncode == 0, out.stderr
+    status, reason, stdout, isolation, process_limit, left = json.loads(out.stdout)
+    assert status == "ok", reason
+    raised, alive = stdout.split()
+    assert PROCESSES // 2 < int(alive) <= PROCESSES, (stdout, process_limit)
+    assert (isolation, process_limit, left) == ("jail", "cgroup", [])
+    # under v1 the write takes (under v2 the host's nsdelegate refuses it): the limit is above
+    assert raised == "True" or sandbox.pids_cgroup.hierarchy()[1], stdout
+
+
+# what a run prints first: the cgroup it runs in (the pids hierarchy's line), as the jail shows it
+SHOW_CGROUP = "print(open('/proc/self/cgroup').read(), flush=True)\n"
+
+
+@needs_cgroups
+def test_no_cgroup_is_left_after_a_run_however_it_ends(tmp_path):
+    """A run ending by itself with a process of its own left in the background, a fork bomb
+    stopped at the wall-clock limit: each ran in a cgroup of its own, which is gone after."""
+    slot = HELD[1]
+    name = sandbox.cgroup_name(slot)
+    quick = sandbox.Limits(**{**FAST.__dict__, "wall_seconds": 2})
+    runs = {"ok": ("import subprocess, sys\n"
+                   "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'],"
+                   " start_new_session=True)\n"),
+            "timeout": ("import os, time\n"
+                        "for _ in range(200):\n    try:\n        os.fork()\n"
+                        "    except OSError:\n        pass\n"
+                        "time.sleep(60)")}
+    seen = []
+    for status, code in runs.items():
+        out = _run(tmp_path, SHOW_CGROUP + code, quick, slot=slot)
+        assert (out.status, out.process_limit) == (status, "cgroup"), out.reason
+        seen += re.findall(rf"{name}-[0-9a-f]+", out.stdout.decode())
+        assert sandbox.pids_cgroup.left(name) == []
+    assert len(set(seen)) == len(runs), seen  # each run in a cgroup of its own
+
+
+@needs_cgroups
+def test_a_killed_grader_s_cgroups_are_removed_with_their_processes():
+    """A grading worker killed mid-run (``submission.Worker``'s time limit) leaves its run's
+    cgroup, maybe with processes in it: ``kill_slot`` ends both."""
+    import subprocess
+
+    slot = HELD[2]
+    cgroup = sandbox.pids_cgroup.create(sandbox.cgroup_name(slot, checker=True), 4)
+    proc = subprocess.Popen([*cgroup.join(), "sleep", "60"])
+    while not cgroup.pids() and proc.poll() is None:  # until it has joined
+        time.sleep(0.01)
+    sandbox.kill_slot(slot)
+    assert proc.wait() == -9
+    assert not cgroup.path.exists()
+
+
+def test_cgroup_v2_enables_pids_from_the_top_down_to_the_runs_folder(tmp_path):
+    """Under v2 a controller reaches a cgroup only through its parent's ``subtree_control``:
+    each level from the hierarchy's top down to the runs' folder gets ``+pids`` where it lacks
+    it, and nothing above the hierarchy is touched (a stand-in tree: the machine may have no
+    v2 pids controller)."""
+    mount = tmp_path / "cgroup"
+    folder = mount / sandbox.pids_cgroup.FOLDER / "grader"
+    folder.mkdir(parents=True)
+    levels = {tmp_path: "", mount: "cpu pids", folder.parent: "cpu", folder: ""}
+    for level, enabled in levels.items():
+        (level / "cgroup.subtree_control").write_text(enabled)
+    sandbox.pids_cgroup.enable_pids(mount, folder)
+    assert {level: (level / "cgroup.subtree_control").read_text() for level in levels} == {
+        tmp_path: "", mount: "cpu pids", folder.parent: "+pids", folder: "+pids"}
