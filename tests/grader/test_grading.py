@@ -68,6 +68,15 @@ def test_wrong_first_task_loses_its_points(course):
         assert course["results"][("wrong", a)]["score"] == total - first, a
 
 
+def test_checks_asked_again_get_the_checkers_kept_answer(course):
+    """The wrong notebooks are graded after the instructor's (students in order): each check
+    whose programs are the instructor's is answered from the checker's kept answer, and the
+    first task's, whose programs changed, is run again (it fails: the test above)."""
+    for a in FIRST_TASK:
+        assert course["results"][("wrong", a)]["checks_from_cache"] > 0, a
+    assert course["results"][("blank", "01_first_kernel")]["checks_from_cache"] == 0
+
+
 def test_numpy_answer_fails_structural_check(course):
     r = course["results"][("numpy", "01_first_kernel")]
     assert r["score"] == 6
