@@ -2,12 +2,12 @@
 run again: a regrade (a late policy changed, ``--resume``), a resubmission that changed one
 task, or two learners who hand in the same kernel get the checker's earlier answer.
 
-An answer (``grader.grading.checker.Checker.check``) is a function of the grader's code and the
-JAX it runs on (``code_digest``), the check's cases with their inputs (``cases_digest``), and the
-request: the task, visible or hidden, the programs the notebook's process traced (their bytes)
-and the errors it met tracing them. ``key`` hashes all of them: a program that differs in one
-byte, a changed case or a changed line of grader/ or kernelsim/ is checked afresh. Only answers
-the checker wrote are kept; a check stopped at its time limit or by a dead checker is not.
+An answer (``grader.grading.checker.Checker.check``) is a function of the grader's code and the JAX
+it runs on (``code_digest``), the check's cases with their inputs (``cases_digest``), the checker's
+limits, and the request: the task, visible or hidden, the programs the notebook's process traced
+(their bytes) and the errors it met tracing them. ``key`` hashes all of them: a program that differs
+in one byte, a changed case or a changed line of grader/ or kernelsim/ is checked afresh. Only
+answers the checker wrote are kept; a check stopped at its time limit or by a dead checker is not.
 
 The answers live in the course folder (``<root>/cache/answers``), which no jailed run sees and
 which only the grading account and the instructors write. Each file is one frame
@@ -63,11 +63,13 @@ def cases_digest(cases: list[dict], arrays: dict[str, np.ndarray]) -> bytes:
     return h.digest()
 
 
-def key(cases: bytes, request: dict, blob: bytes) -> bytes:
+def key(cases: bytes, request: dict, blob: bytes, limits: object = None) -> bytes:
     """The key of the answer to ``request`` (with the programs' bytes ``blob``) on the cases
-    whose ``cases_digest`` is ``cases``. The cell the check stands in is not part of it."""
+    whose ``cases_digest`` is ``cases``, by a checker under ``limits`` (its ``repr``: a check
+    that passed under more memory is asked again under less). The cell the check stands in is
+    not part of it."""
     asked = {k: request.get(k) for k in ("task", "hidden", "programs", "errors", "failed")}
-    h = hashlib.sha256(code_digest() + cases)
+    h = hashlib.sha256(code_digest() + cases + repr(limits).encode())
     h.update(json.dumps(asked, sort_keys=True, default=str).encode() + b"\0" + blob)
     return h.digest()
 

@@ -321,7 +321,7 @@ class FreshRun:
         """The key of the checker's answer to ``request`` in ``answers``."""
         tag = exchange.check_key(str(request.get("task")), bool(request.get("hidden")))
         cases = self.case_digests.get(tag) or answer_cache.cases_digest([], {})
-        return answer_cache.key(cases, request, blob)
+        return answer_cache.key(cases, request, blob, self.limits)
 
     def expected_frames(self) -> list[tuple]:
         """The frames the notebook's process sends, in order, when nothing stops it."""

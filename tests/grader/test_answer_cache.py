@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from grader.grading import answer_cache, wire
+from grader.grading import answer_cache, sandbox, wire
 
 REPO = Path(__file__).resolve().parents[2]
 CASES = [{"case": "v0", "inputs": [["x", "add/visible/0/x", "float32"]], "params": {}}]
@@ -38,6 +38,7 @@ def test_the_key_changes_with_each_input_of_an_answer_and_not_with_the_cell():
         answer_cache.key(answer_cache.cases_digest(CASES, other_dtype), REQUEST, b"prog1"),
         answer_cache.key(answer_cache.cases_digest(
             [{**CASES[0], "params": {"block": [8, 128]}}], ARRAYS), REQUEST, b"prog1"),
+        answer_cache.key(cases, REQUEST, b"prog1", sandbox.Limits(memory_bytes=1 << 30)),
     ]
     assert base not in changed and len(set(changed)) == len(changed)
 
