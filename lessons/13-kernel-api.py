@@ -341,9 +341,11 @@ assert (block_owner[:2] == 0).all() and (block_owner[2:] == 1).all()
 
 # %%
 fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH * 0.6, 2.8))
-ax.imshow(block_owner, cmap="coolwarm", vmin=0, vmax=1)
-for (i, j), c in np.ndenumerate(block_owner):
-    ax.text(j, i, f"core {c}", ha="center", va="center")
+# cells as wide as the axes (aspect="auto"): square ones were narrower than "core 0"
+owners = ax.imshow(block_owner, cmap="coolwarm", vmin=0, vmax=1, aspect="auto")
+for (i, j), c in np.ndenumerate(block_owner):  # black or white, whichever reads on the cell
+    ax.text(j, i, f"core {c}", ha="center", va="center",
+            color=_course.readable_ink(owners.cmap(owners.norm(c))))
 ax.set_xticks(range(block_owner.shape[1]), [f"j={j}" for j in range(block_owner.shape[1])])
 ax.set_yticks(range(block_owner.shape[0]), [f"i={i}" for i in range(block_owner.shape[0])])
 ax.set_title("emit_pipeline split axis i (4 blocks) between 2 cores")

@@ -176,9 +176,11 @@ _course.check(LESSON, "ring_all_gather", ring_all_gather, all_gather_reference, 
 # %%
 sent = np.array([[(d - s) % DEVICES for s in range(DEVICES - 1)] for d in range(DEVICES)])
 fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH * 0.6, 2.8))
-ax.imshow(sent, cmap="viridis")
-for (d, s), shard in np.ndenumerate(sent):
-    ax.text(s, d, f"shard {shard}", ha="center", va="center", color="white")
+# cells as wide as the axes (aspect="auto"): square ones were narrower than "shard 0"
+shards = ax.imshow(sent, cmap="viridis", aspect="auto")
+for (d, s), shard in np.ndenumerate(sent):  # black or white, whichever reads on the cell
+    ax.text(s, d, f"shard {shard}", ha="center", va="center",
+            color=_course.readable_ink(shards.cmap(shards.norm(shard))))
 ax.set_xticks(range(DEVICES - 1), [f"step {s}" for s in range(DEVICES - 1)])
 ax.set_yticks(range(DEVICES), [f"device {d}" for d in range(DEVICES)])
 ax.set_title("ring all-gather: what each device sends right")

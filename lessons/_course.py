@@ -30,6 +30,9 @@ import numpy as np
 from kernelsim.backend import Execution, NeedsNewerJax, newer_api, platform  # noqa: F401
 from kernelsim.views.figure import DPI, FONT, WIDTH
 
+# readable_ink: the colour lessons give a label drawn on a coloured cell
+from kernelsim.views.readability import readable_ink, unreadable_text  # noqa: F401
+
 RECORD_ENV = "PALLAS_COURSE_RECORD"
 
 # The one place that names the JAX release the lessons' version-specific statements (lowering
@@ -84,10 +87,47 @@ def versions() -> None:
 # natural size, never scaled down, and no text below FONT points.
 FIGURE_WIDTH = WIDTH
 
+# Starts each line a cell prints to stderr about a figure it shows that cannot be read
+# (``_report_unreadable``): the learner sees it under the figure, tests/lessons looks for it.
+UNREADABLE_MARK = "unreadable figure:"
+
+
+def _report_unreadable(fig) -> None:
+    """Print each problem ``unreadable_text`` finds in ``fig`` (overlapping or clipped text,
+    text too faint on its fill) to stderr, on a line of its own after ``UNREADABLE_MARK``."""
+    for problem in unreadable_text(fig):
+        print(UNREADABLE_MARK, problem, file=sys.stderr)
+
+
+def _check_shown_figures(shell) -> None:
+    """Have IPython ``shell`` check every figure a cell shows (``_report_unreadable``): the
+    pyplot figures still open when the cell ends, before the inline backend's ``post_execute``
+    callback shows and closes them (so this one goes first), and a bare ``Figure`` the cell
+    returns (kernelsim's views), unless it was one of those."""
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    checked: list = []  # this cell's pyplot figures
+
+    def before_showing() -> None:
+        checked[:] = [plt.figure(n) for n in plt.get_fignums()]
+        for fig in checked:
+            _report_unreadable(fig)
+
+    def after_cell(result) -> None:
+        fig = getattr(result, "result", None)
+        if isinstance(fig, Figure) and not any(fig is f for f in checked):
+            _report_unreadable(fig)
+        checked.clear()
+
+    shell.events.callbacks["post_execute"].insert(0, before_showing)
+    shell.events.register("post_run_cell", after_cell)
+
 
 def _figures() -> None:
-    """Set the lessons' figure style, and let a bare matplotlib ``Figure`` (what kernelsim's
-    views return) display as a PNG when it ends a notebook cell.
+    """Set the lessons' figure style, let a bare matplotlib ``Figure`` (what kernelsim's views
+    return) display as a PNG when it ends a notebook cell, and check each figure a cell shows
+    (``_check_shown_figures``).
 
     The inline backend registers its PNG formatter for ``Figure`` only once pyplot has loaded
     the backend module, which normally happens at the first ``plt.subplots()``. Load it now.
@@ -104,6 +144,11 @@ def _figures() -> None:
         import matplotlib.pyplot as plt
 
         plt.switch_backend(backend)
+        from IPython import get_ipython
+
+        shell = get_ipython()
+        if shell is not None:
+            _check_shown_figures(shell)
 
 
 _figures()

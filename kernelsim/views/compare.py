@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from kernelsim.views import palette as pal
 from kernelsim.views.data import CallView, call_view
-from kernelsim.views.figure import DPI, FONT, WIDTH, legible
+from kernelsim.views.figure import DPI, FONT, WIDTH, legible, seconds_axis
 from kernelsim.views.report import seconds, table
 
 if TYPE_CHECKING:
@@ -75,10 +74,10 @@ class Comparison:
             bars.text(e, k + 0.27, f" {seconds(e)}", va="center", fontsize=FONT)
         bars.set_yticks(y, self.labels, fontsize=FONT)
         legible(bars)
-        bars.xaxis.set_major_locator(MaxNLocator(4))
+        seconds_axis(bars.xaxis)
         bars.set_xlim(0, max(max(est), max(comp), max(mem), 1e-12) * 1.45)  # room for labels
         bars.invert_yaxis()
-        bars.set_xlabel("seconds", fontsize=FONT)
+        bars.set_xlabel("time", fontsize=FONT)
         # below the axes: inside, the legend would cover the estimate labels of the bars
         bars.legend(fontsize=FONT, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncols=2,
                     frameon=False)

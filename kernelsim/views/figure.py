@@ -7,6 +7,10 @@ Legible where the course shows them: figures are as wide as a lesson's output ar
 site (``WIDTH`` inches at 72 dpi, ~570 px: the text column less the prompt), so they are not
 scaled down there, and no text is smaller than ``FONT`` points, i.e. 11 CSS px; the layout
 engine keeps texts from overlapping.
+
+Readable as ``kernelsim.views.readability.unreadable_text`` checks (the tests check each figure
+here with it): no text overlapping another, running into it or past the figure's edge, none
+below a WCAG 2 contrast of 4.5:1 against its fill (count labels take ``readable_ink``).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from matplotlib.collections import LineCollection
 from matplotlib.colors import BoundaryNorm, LinearSegmentedColormap, to_rgba
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from kernelsim.cost.estimate import vmem_limit
 from kernelsim.cost.schedule import ACTIONS
@@ -34,6 +38,7 @@ from kernelsim.views.data import (
     panel_dims,
     panel_extent,
 )
+from kernelsim.views.readability import readable_ink
 from kernelsim.views.report import seconds
 
 if TYPE_CHECKING:
@@ -91,6 +96,14 @@ def legible(ax) -> None:
     ax.tick_params(labelsize=FONT)
     for axis in (ax.xaxis, ax.yaxis):
         axis.get_offset_text().set_fontsize(FONT)
+
+
+def seconds_axis(axis) -> None:
+    """About four ticks on ``axis`` (matplotlib's ``ax.xaxis``), a time in seconds, labelled
+    as ``seconds`` writes times (``120 us``): the default labels, fixed decimals such as
+    ``0.00012``, ran into each other."""
+    axis.set_major_locator(MaxNLocator(4))
+    axis.set_major_formatter(FuncFormatter(lambda s, _: seconds(s) if s else "0"))
 
 
 def _tint(color: str, alpha: float = 0.22) -> tuple:
@@ -286,10 +299,12 @@ class StepFigure:
             panel["rect"].set_edgecolor(pal.INK)
             moved = int(sched.moved_bytes[step])
             blk = op.block_indices[step]
-            label = panel["ax"].set_xlabel(
+            # in ink: the actions' colours are fills, too light for text on white (keep's
+            # green: 3.4:1, below WCAG's 4.5:1); the label names the action in words
+            panel["ax"].set_xlabel(
                 f"{action} {_tuple(blk[-2:]) if blk.size else '()'}{leading(op, step)}"
-                + (f", {fmt_bytes(moved)}" if moved else ""), fontsize=FONT, weight="bold")
-            label.set_color(color if action != "skip" else pal.INK)
+                + (f", {fmt_bytes(moved)}" if moved else ""), fontsize=FONT, weight="bold",
+                color=pal.INK)
             self._update_slots(name, sched, step, action)
         col = int(point[-1]) if point.size else 0
         row = int(point[-2]) if point.size >= 2 else 0
@@ -339,7 +354,7 @@ class StepFigure:
                 e = start + i
                 rect.set_facecolor(pal.SMEM_READ if e in hot else pal.IDLE)
                 text.set_text(f"{flat[e]}" if e < flat.size else "")
-                text.set_color("white" if e in hot else pal.INK)
+                text.set_color(readable_ink(pal.SMEM_READ) if e in hot else pal.INK)
                 text.set_weight("bold" if e in hot else "normal")
 
 
@@ -410,7 +425,7 @@ def heatmap(t: TraceData, call: int = 0, counts: bool = True) -> Figure:
         if counts and grid.shape[0] <= 16 and grid.shape[1] <= 16:
             for (i, j), n in np.ndenumerate(grid):
                 ax.text(j, i, str(int(n)), ha="center", va="center", fontsize=FONT,
-                        color="white" if n > top / 2 else pal.INK,
+                        color=readable_ink(cmap(norm(n))),
                         gid=f"count:{s.operand.name}:{i}:{j}")
         bar = fig.colorbar(im, ax=ax, shrink=0.8)
         bar.set_ticks(MaxNLocator(6, integer=True).tick_values(0, top))
@@ -462,7 +477,8 @@ def timeline(t: TraceData, call: int = 0) -> Figure:
     bound = "compute" if cost.compute_seconds >= cost.memory_seconds else "memory"
     bar.set_title(f"roofline: estimate {seconds(cost.estimated_seconds)} = max(compute, "
                   f"memory) + overhead  [{bound}-bound]", fontsize=FONT)
-    bar.set_xlabel("seconds", fontsize=FONT)
+    seconds_axis(bar.xaxis)
+    bar.set_xlabel("time", fontsize=FONT)
     return fig
 
 
@@ -483,7 +499,7 @@ def access_figure(t: TraceData, step: int, operand: str, call: int = 0) -> Figur
                  f"{_tuple(v.call.grid_indices()[step])}): {len(accesses)} accesses",
                  fontsize=FONT + 1)
     axes = fig.subplots(1, 3, width_ratios=[1, 1, 1.1])
-    for ax, kind, color in ((axes[0], "read", pal.READ), (axes[1], "write", pal.WRITE)):
+    for ax, kind in ((axes[0], "read"), (axes[1], "write")):
         order = log.first_order(step, operand, kind)
         order = order.reshape(1, -1) if order.ndim <= 1 else \
             order.reshape(-1, *order.shape[-2:]).max(axis=0)
@@ -494,7 +510,7 @@ def access_figure(t: TraceData, step: int, operand: str, call: int = 0) -> Figur
                        aspect="auto")
         im.set_gid(f"access:{kind}")
         ax.set_title(f"{kind}s: {int((order >= 0).sum()):,} elements\n{n} accesses",
-                     fontsize=FONT, color=color)
+                     fontsize=FONT)
         legible(ax)
         for axis in (ax.xaxis, ax.yaxis):
             axis.set_major_locator(MaxNLocator(6, integer=True))

@@ -28,8 +28,6 @@ EDGE = "#ffffff"        # block grid lines
 INK = "#1f2933"         # text and outlines
 SCRATCH = "#e69f00"     # scratch buffers (orange)
 SMEM_READ = "#cc79a7"   # scalar-prefetch entries read by this step's index maps (purple)
-READ = ACTION_COLORS["fetch"]       # in-block reads (access views)
-WRITE = ACTION_COLORS["writeback"]  # in-block writes (access views)
 # a Mosaic GPU kernel's events (kernelsim.mosaic_gpu.kernel_data.EVENT_KINDS): copies in the
 # fetch and write-back colours, barriers in purple, tensor-core work in green, the wait for it in
 # yellow, the wait for TMA stores in dark brown (no other kind's colour: the nearest, vermillion,

@@ -10,7 +10,6 @@ lesson's process and failed every later interpreted kernel.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -23,15 +22,6 @@ from jax.experimental import pallas as pl
 LESSONS_DIR = Path(__file__).resolve().parents[2] / "lessons"
 sys.path.insert(0, str(LESSONS_DIR.parent / "bench"))
 import on_device  # noqa: E402 - bench/ is no package
-
-
-@pytest.fixture
-def course(monkeypatch):
-    monkeypatch.syspath_prepend(str(LESSONS_DIR))
-    spec = importlib.util.spec_from_file_location("_course", LESSONS_DIR / "_course.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def double(x, *, interpret):

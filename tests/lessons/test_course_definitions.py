@@ -6,21 +6,7 @@ from lesson 8's file instead of keeping a copy. Only the imports and the named `
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-LESSONS_DIR = Path(__file__).resolve().parents[2] / "lessons"
-
-
-@pytest.fixture
-def course(monkeypatch):
-    monkeypatch.syspath_prepend(str(LESSONS_DIR))  # lessons import _course, as in JupyterLab
-    spec = importlib.util.spec_from_file_location("_course", LESSONS_DIR / "_course.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_loads_the_named_functions_and_runs_no_cell(course, capsys):

@@ -9,6 +9,8 @@ with the cell's source and traceback.
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import sys
 from pathlib import Path
@@ -69,6 +71,29 @@ def test_lesson_executes(path: Path, lesson_runs, record_property):
     if run.error:
         pytest.fail(f"{path.name} failed:\n{run.error}", pytrace=False)
     assert run.source == "executed", f"{path.name} was not executed but taken from {run.source}"
+
+
+@pytest.fixture(scope="session")
+def lesson_pages():
+    """mkdocs-jupyter as the site build has it: where each executed lesson's page is."""
+    from grader.website import site
+
+    return site.lesson_pages_config()[1]
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=IDS)
+def test_lesson_figures_are_readable(path: Path, lesson_runs, lesson_pages, course):
+    """No figure a lesson shows has overlapping, clipped or faint text: executed, a lesson
+    prints ``_course.UNREADABLE_MARK`` and what to change under each figure that has
+    (``kernelsim.views.readability.unreadable_text``)."""
+    from grader.website import site
+
+    if lesson_runs[path.name].error:
+        pytest.skip("the lesson failed: test_lesson_executes says where")
+    page = json.loads(site.lesson_cache_file(lesson_pages, path.name).read_text())["content"]
+    text = html.unescape(re.sub(r"<[^>]+>", "", page))
+    marks = [line.strip() for line in text.splitlines() if course.UNREADABLE_MARK in line]
+    assert not marks, f"{path.name}:\n" + "\n".join(marks)
 
 
 FIGSIZE = re.compile(r"figsize=\((?P<width>[0-9.]+)")

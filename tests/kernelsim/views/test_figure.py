@@ -1,4 +1,5 @@
-"""The step figure, heatmap and timeline, checked by inspecting their artists."""
+"""The step figure, heatmap and timeline, checked by inspecting their artists; every figure
+kind readable (``unreadable_text``)."""
 
 import functools
 
@@ -9,12 +10,13 @@ import pytest
 from jax.experimental import pallas as pl
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import BoundaryNorm, to_hex
-from matplotlib.text import Text
 from views_kernels import gather_rows, matmul
 
 import kernelsim
 from kernelsim.cost.schedule import FETCH, KEEP, SKIP, WRITEBACK
 from kernelsim.views import palette as pal
+from kernelsim.views.figure import FONT, step_figure
+from kernelsim.views.readability import drawn_texts, unreadable_text
 
 
 def _artist(fig, gid):
@@ -123,8 +125,6 @@ def test_heatmap_counts_and_timeline(mm_trace):
 
 
 def test_gpu_model_view_rebuilds_schedule_from_the_call(mm_trace):
-    from kernelsim.views.figure import step_figure
-
     fig = step_figure(mm_trace, 1, model="gpu")
     assert _block(fig, "o_ref")[1] == C["writeback"]  # gpu: every program stores its block
 
@@ -159,48 +159,6 @@ def seven_operands(*xs):
                           out_shape=jax.ShapeDtypeStruct(xs[0].shape, xs[0].dtype))(*xs)
 
 
-def _drawn_texts(fig) -> list[tuple[str, object, float]]:
-    """(text, window extent, font size) of every non-empty text the renderer actually draws."""
-    drawn = []
-    draw = Text.draw
-
-    def record(self, renderer):
-        draw(self, renderer)
-        if self.get_visible() and self.get_text().strip():
-            drawn.append((self.get_text(), self.get_window_extent(renderer),
-                          self.get_fontsize()))
-
-    Text.draw = record
-    try:
-        FigureCanvasAgg(fig).draw()
-    finally:
-        Text.draw = draw
-    return drawn
-
-
-def _intersect(ba, bb) -> bool:
-    return min(ba.x1, bb.x1) - max(ba.x0, bb.x0) > 1 and min(ba.y1, bb.y1) - max(ba.y0, bb.y0) > 1
-
-
-def _overlaps(drawn, fig) -> list[tuple[str, str]]:
-    """Pairs of drawn texts whose boxes intersect by more than 1 px, texts off the figure, and
-    texts drawn over a legend they are not part of."""
-    edge = fig.bbox
-    out = [(a, "figure edge") for a, b, _ in drawn
-           if b.x0 < edge.x0 - 1 or b.x1 > edge.x1 + 1 or b.y0 < edge.y0 - 1
-           or b.y1 > edge.y1 + 1]
-    for i, (a, ba, _) in enumerate(drawn):
-        for b, bb, _ in drawn[i + 1:]:
-            if _intersect(ba, bb):
-                out.append((a, b))
-    renderer = fig.canvas.get_renderer()
-    for legend in [a.get_legend() for a in fig.axes if a.get_legend()] + fig.legends:
-        own = {t.get_text() for t in legend.get_texts()}
-        box = legend.get_window_extent(renderer)
-        out += [(a, "legend") for a, ba, _ in drawn if a not in own and _intersect(ba, box)]
-    return out
-
-
 def _figures(mm_trace, gather_trace):
     x = jnp.ones((256, 256))
     crowded = kernelsim.trace(seven_operands, *[x] * 6)
@@ -218,16 +176,14 @@ def _figures(mm_trace, gather_trace):
         "access": kernelsim.trace(gather_rows, jnp.array([3, 1, 1, 0], jnp.int32),
                                   jnp.zeros((32, 128)), record_access=True)
         .access_figure(2, "o_ref"),
+        "gpu model step": step_figure(mm_trace, 3, model="gpu"),
     }
 
 
-def test_no_text_overlaps_and_none_is_small(mm_trace, gather_trace):
-    from kernelsim.views.figure import FONT
-
+def test_every_figure_is_readable_and_no_text_is_small(mm_trace, gather_trace):
     for name, fig in _figures(mm_trace, gather_trace).items():
-        drawn = _drawn_texts(fig)
-        assert _overlaps(drawn, fig) == [], name
-        assert [text for text, _, size in drawn if size < FONT] == [], name
+        assert unreadable_text(fig) == [], name
+        assert [t.get_text() for t, _ in drawn_texts(fig) if t.get_fontsize() < FONT] == [], name
 
 
 def test_counts_get_integer_ticks_and_a_discrete_scale(gather_trace):
