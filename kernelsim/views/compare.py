@@ -74,7 +74,7 @@ class Comparison:
             bars.text(e, k + 0.27, f" {seconds(e)}", va="center", fontsize=FONT)
         bars.set_yticks(y, self.labels, fontsize=FONT)
         legible(bars)
-        seconds_axis(bars.xaxis)
+        seconds_axis(bars.xaxis, intervals=2)
         bars.set_xlim(0, max(max(est), max(comp), max(mem), 1e-12) * 1.45)  # room for labels
         bars.invert_yaxis()
         bars.set_xlabel("time", fontsize=FONT)

@@ -98,11 +98,12 @@ def legible(ax) -> None:
         axis.get_offset_text().set_fontsize(FONT)
 
 
-def seconds_axis(axis) -> None:
-    """About four ticks on ``axis`` (matplotlib's ``ax.xaxis``), a time in seconds, labelled
-    as ``seconds`` writes times (``120 us``): the default labels, fixed decimals such as
-    ``0.00012``, ran into each other."""
-    axis.set_major_locator(MaxNLocator(4))
+def seconds_axis(axis, intervals: int = 4) -> None:
+    """At most ``intervals`` + 1 ticks on ``axis`` (matplotlib's ``ax.xaxis``), a time in
+    seconds, labelled as ``seconds`` writes times (``120 us``): the default labels, fixed
+    decimals such as ``0.00012``, ran into each other. A narrow axis takes fewer intervals
+    (``compare``'s, about 240 px wide: 2)."""
+    axis.set_major_locator(MaxNLocator(intervals))
     axis.set_major_formatter(FuncFormatter(lambda s, _: seconds(s) if s else "0"))
 
 
