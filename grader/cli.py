@@ -116,6 +116,16 @@ def _build_parser() -> argparse.ArgumentParser:
     e.add_argument("--lms", choices=("canvas", "moodle"), default=None,
                    help="a table that Canvas's or Moodle's gradebook imports (one row per "
                    "student, one column per assignment) instead of nbgrader's CSV")
+    x = sub.add_parser("extend", help="give a student more time on an assignment: the late "
+                       "policy counts from the due date plus the extension (at the "
+                       "submission's next grading)")
+    x.add_argument("student")
+    x.add_argument("assignment")
+    x.add_argument("--hours", type=float, required=True,
+                   help="hours past the due date (0 takes the extension back)")
+    ro = sub.add_parser("roster", help="learners' names and e-mails into the gradebook, for "
+                        "the exports (CSV with a header: id,first_name,last_name,email)")
+    ro.add_argument("path", type=Path)
     rp = sub.add_parser("report", help="an HTML class report of an assignment: per task how "
                         "many passed and the most frequent failure, grading time")
     rp.add_argument("assignment")
@@ -190,6 +200,22 @@ def _grading_command(args: argparse.Namespace, root: Path) -> int:
         batch.feedback(root, args.assignment)
     elif args.command == "export":
         batch.export(root, args.to, lms=args.lms)
+    elif args.command == "extend":
+        from grader.grading import late  # this command's alone: the others start faster
+
+        late.grant_extension(root, args.student, args.assignment, args.hours)
+        print(f"{args.student} has {args.hours:g} h more on {args.assignment}"
+              if args.hours else f"{args.student}'s extension on {args.assignment} is gone",
+              "(applied when the submission is graded next: pallas-course autograde "
+              f"{args.assignment} --student {args.student})")
+    elif args.command == "roster":
+        from grader.grading import roster  # this command's alone: the others start faster
+
+        learners = roster.read(args.path)  # a bad line is named before the gradebook is touched
+        res = batch.run_worker(root, "roster", str(args.path.resolve()))
+        if not res.get("success"):
+            raise RuntimeError(f"the roster could not be imported: {res.get('error')}")
+        print(f"{len(learners)} learner(s) in the gradebook with their names and e-mails")
     elif args.command == "report":
         from grader.grading import report  # this command's alone: the others start faster
 

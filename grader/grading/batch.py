@@ -227,26 +227,37 @@ def lms_table(rows: list[dict], lms: str) -> list[list[str]]:
     assignment (its score after the late penalty). Canvas: its export's first columns, the
     student matched by SIS Login ID (the hub's user name), then a "Points Possible" row; new
     columns become assignments. Moodle: a "Username" column to map to the user's username, the
-    assignment columns to map to grade items."""
+    assignment columns to map to grade items. The roster's names and e-mails, where imported:
+    Canvas's Student column reads "Last, First", Moodle's table gains "Email address"."""
     assignments = sorted({r["assignment"] for r in rows})
     students = sorted({r["student_id"] for r in rows})
     score = {(r["student_id"], r["assignment"]): str(r.get("score") or 0) for r in rows}
+    # from the roster (``pallas-course roster``), where the gradebook has one
+    name = {r["student_id"]: ", ".join(p for p in (r.get("last_name"), r.get("first_name"))
+                                       if p and p != "None") for r in rows}
+    email = {r["student_id"]: r.get("email") for r in rows
+             if r.get("email") and r.get("email") != "None"}
     most = {a: max((float(r.get("max_score") or 0) for r in rows if r["assignment"] == a),
                    default=0.0) for a in assignments}
     if lms == "canvas":
         table = [["Student", "ID", "SIS User ID", "SIS Login ID", "Section", *assignments],
                  ["Points Possible", "", "", "", "", *(f"{most[a]:g}" for a in assignments)]]
-        return table + [[s, "", "", s, "", *(score.get((s, a), "0") for a in assignments)]
+        return table + [[name[s] or s, "", "", s, "", *(score.get((s, a), "0")
+                                                         for a in assignments)]
                         for s in students]
-    if lms == "moodle":
-        return [["Username", *assignments]] + [
-            [s, *(score.get((s, a), "0") for a in assignments)] for s in students]
+    if lms == "moodle":  # an e-mail column where the roster gave any, to map users by
+        mail = [["Email address"], *([email.get(s, "")] for s in students)] if email else \
+            [[] for _ in range(len(students) + 1)]
+        return [["Username", *mail[0], *assignments]] + [
+            [s, *mail[k + 1], *(score.get((s, a), "0") for a in assignments)]
+            for k, s in enumerate(students)]
     raise ValueError(f"unknown gradebook format {lms!r}: one of {', '.join(LMS_FORMATS)}")
 
 
 def export(root: Path, to: Path, log=print, lms: str | None = None) -> Path:
-    """The grades CSV (nbgrader's columns plus late_by, status, reason), or with ``lms`` a
-    table that gradebook imports (``lms_table``)."""
+    """The grades CSV (nbgrader's columns, with the roster's names and e-mails, plus the
+    student's extension, late_by, status, reason), or with ``lms`` a table that gradebook
+    imports (``lms_table``)."""
     to = Path(to).resolve()
     with tempfile.TemporaryDirectory() as d:
         raw = Path(d) / "grades.csv"
@@ -257,17 +268,21 @@ def export(root: Path, to: Path, log=print, lms: str | None = None) -> Path:
             rows = list(csv.DictReader(f))
             fields = list(rows[0].keys()) if rows else ["assignment", "student_id", "score",
                                                           "max_score"]
-    from grader.grading.late import late_by  # imports nbgrader, seconds: the export's alone
+    # imports nbgrader, seconds: the export's alone
+    from grader.grading.late import extensions, late_by
 
+    granted = extensions(root)
     for row in rows:
-        row["late_by"] = late_by(row.get("timestamp", ""), row.get("duedate", ""))
+        hours = granted.get(row["assignment"], {}).get(row["student_id"], 0.0)
+        row["extension_hours"] = f"{hours:g}" if hours else ""
+        row["late_by"] = late_by(row.get("timestamp", ""), row.get("duedate", ""), hours)
         st = read_status(root, row["assignment"], row["student_id"])
         row["reason"] = (st or {}).get("detail", "")
         if st:
             row["status"] = st["status"]
             if st["status"] == "malformed":  # its earlier grade is gone (grade_one): its time
                 row["timestamp"] = st.get("timestamp", "")
-                row["late_by"] = late_by(row["timestamp"], row.get("duedate", ""))
+                row["late_by"] = late_by(row["timestamp"], row.get("duedate", ""), hours)
         elif row.get("timestamp") in ("", "None", None) and float(row.get("score") or 0) == 0:
             row["status"] = "missing"
         else:
@@ -276,7 +291,8 @@ def export(root: Path, to: Path, log=print, lms: str | None = None) -> Path:
     for st_file in sorted((root / "status").glob("*/*.json")):
         st = json.loads(st_file.read_text())
         if (st["student"], st["assignment"]) not in seen:  # never reached the gradebook
-            rows.append({**{k: "" for k in fields}, "late_by": "", "assignment": st["assignment"],
+            rows.append({**{k: "" for k in fields}, "extension_hours": "", "late_by": "",
+                         "assignment": st["assignment"],
                          "student_id": st["student"], "timestamp": st.get("timestamp", ""),
                          "score": 0, "status": st["status"], "reason": st.get("detail", "")})
     to.parent.mkdir(parents=True, exist_ok=True)
@@ -284,7 +300,8 @@ def export(root: Path, to: Path, log=print, lms: str | None = None) -> Path:
         if lms:
             csv.writer(f).writerows(lms_table(rows, lms))
         else:
-            w = csv.DictWriter(f, fieldnames=[*fields, "late_by", "status", "reason"])
+            w = csv.DictWriter(f, fieldnames=[*fields, "extension_hours", "late_by", "status",
+                                              "reason"])
             w.writeheader()
             w.writerows(rows)
     log(f"exported {len(rows)} row(s) to {to}")

@@ -3,14 +3,20 @@
 nbgrader calls the plugin once per notebook of a late submission (``AssignLatePenalties`` in
 ``nbgrader_config.py``), with the notebook's score and how late the submission was by the
 server's clock (``grader.grading.inbound`` stamps it). The due date is the assignment's in the
-gradebook (formgrader: Manage Assignments, or ``nbgrader db assignment add A --duedate ...``). The
-penalty never exceeds the notebook's score. ``late_by`` is what ``pallas-course export`` shows.
+gradebook (formgrader: Manage Assignments, or ``nbgrader db assignment add A --duedate ...``),
+plus the student's extension (``pallas-course extend``): the extensions are kept in the course
+folder (``EXTENSIONS``) and written into the student's gradebook row before each grading of the
+submission, where nbgrader's lateness counts them. The penalty never exceeds the notebook's
+score. ``late_by`` is what ``pallas-course export`` shows.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from datetime import datetime
+import os
+from datetime import datetime, timedelta
+from pathlib import Path
 
 from nbgrader.plugins import LateSubmissionPlugin
 from traitlets import Float
@@ -31,13 +37,34 @@ class LatePenalty(LateSubmissionPlugin):
         return min(max(score, 0.0), penalty)
 
 
-def late_by(timestamp: str, duedate: str) -> str:
+EXTENSIONS = "extensions.json"  # in the course folder: {assignment: {student: hours}}
+
+
+def extensions(root: Path) -> dict[str, dict[str, float]]:
+    """Every extension granted in the course ``root``: hours by assignment and student."""
+    path = root / EXTENSIONS
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def grant_extension(root: Path, student: str, assignment: str, hours: float) -> None:
+    """Give ``student`` ``hours`` more on ``assignment`` (0 takes an extension back). Extensions
+    do not add up: the last one granted counts. The submission's next grading applies it."""
+    if hours < 0:
+        raise ValueError(f"an extension of {hours:g} hours: give 0 or more (0 takes it back)")
+    granted = extensions(root)
+    granted.setdefault(assignment, {})[student] = float(hours)
+    tmp = root / f".{EXTENSIONS}.tmp"
+    tmp.write_text(json.dumps(granted, indent=1, sort_keys=True))
+    os.replace(tmp, root / EXTENSIONS)
+
+
+def late_by(timestamp: str, duedate: str, extension_hours: float = 0.0) -> str:
     """How late a submission was, ``"1 d 2 h 5 min"``, from the export's two columns (nbgrader
-    writes them as ``str(datetime)``); ``""`` when on time, not submitted or without a due
-    date."""
+    writes them as ``str(datetime)``) and the student's extension; ``""`` when on time, not
+    submitted or without a due date."""
     try:
-        seconds = (datetime.fromisoformat(timestamp) - datetime.fromisoformat(duedate)
-                   ).total_seconds()
+        due = datetime.fromisoformat(duedate) + timedelta(hours=extension_hours)
+        seconds = (datetime.fromisoformat(timestamp) - due).total_seconds()
     except (TypeError, ValueError):
         return ""
     if seconds <= 0:

@@ -5,7 +5,8 @@ It reads jobs as JSON lists, one per stdin line, until end of input: ``["generat
 replaced by one that is not a notebook: its gradebook record, autograded notebooks and
 feedback), ``["feedback", A[, STUDENT]]`` (made, and released to the exchange when the course
 has one), ``["export", FILE]``,
-``["preflight"]`` (can a jailed Python import the course). Each runs
+``["preflight"]`` (can a jailed Python import the course), ``["roster", CSV]`` (learners' names
+and e-mails into the gradebook, ``grader.grading.roster``). Each runs
 real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON
 line (prefixed ``@@RESULT``) with the outcome; ``submission.Worker`` is the other end. Learner code
 never runs in this process: autograde executes it in a jailed run (``grader.grading.trusted``).
@@ -140,6 +141,23 @@ def do_job(root: Path, cfg, coursedir, api, job: str, args: list[str]) -> dict:
     return result
 
 
+def _apply_extension(root: Path, coursedir, assignment: str, student: str) -> None:
+    """Write the student's extension (``pallas-course extend``) into their gradebook row before
+    nbgrader grades the submission: its lateness counts from the due date plus the extension.
+    Nothing to do for a student never granted one."""
+    from grader.grading.late import extensions  # imports nbgrader: this job's
+
+    hours = extensions(root).get(assignment, {}).get(student)
+    if hours is None:
+        return
+    from nbgrader.api import Gradebook  # optional: the class extra's
+
+    with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
+        gb.update_or_create_student(student)
+        gb.update_or_create_submission(assignment, student)
+        gb.grant_extension(assignment, student, minutes=round(hours * 60))
+
+
 def _do_job(root: Path, cfg, coursedir, api, job: str, args: list[str], result: dict) -> None:
     if job == "generate":
         result["results"] = {}
@@ -161,6 +179,7 @@ def _do_job(root: Path, cfg, coursedir, api, job: str, args: list[str], result: 
 
         a, s = args
         trusted.REPORTS.clear()
+        _apply_extension(root, coursedir, a, s)
         r = api.autograde(a, s, force=True, create=True)
         result.update(success=r["success"], error=r.get("error"), log=r.get("log", "")[-6000:])
         out_dir = root / "autograded" / s / a
@@ -171,6 +190,17 @@ def _do_job(root: Path, cfg, coursedir, api, job: str, args: list[str], result: 
         result["disk"] = [c for x in limits for c in x["disk"]]
         result["notebooks"] = [p.name for p in nbs]
         result["reports"] = list(trusted.REPORTS)
+    elif job == "roster":
+        from nbgrader.api import Gradebook  # optional: the class extra's
+
+        from grader.grading import roster  # a course's roster only
+
+        learners = roster.read(Path(args[0]))
+        with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
+            for learner in learners:
+                gb.update_or_create_student(learner.id, first_name=learner.first_name,
+                                            last_name=learner.last_name, email=learner.email)
+        result.update(success=True, students=len(learners))
     elif job == "forget":
         from nbgrader.api import Gradebook, MissingEntry  # optional: the class extra's
 

@@ -35,3 +35,75 @@ def test_lms_tables_have_one_row_per_student_and_a_column_per_assignment():
     assert canvas[3] == ["ben", "", "", "ben", "", "6.0", "0"]
     assert lms_table(rows, "moodle") == [["Username", "a1", "a2"], ["ana", "9.0", "0"],
                                          ["ben", "6.0", "0"]]
+
+
+def test_an_extension_and_a_roster_reach_the_grade_and_every_export(released_01, tmp_path,
+                                                                    monkeypatch):
+    """Issue 35: per-student extensions and a roster. Two submissions 3 h past the due date,
+    1 point off per started hour: the one whose learner has 4 h more loses nothing, and the
+    export says why (the extension, and late_by counted from the extended due date); the
+    roster's names and e-mails reach the CSV and the Canvas and Moodle tables."""
+    import csv
+    import os
+    import shutil
+    import sys
+    from pathlib import Path
+
+    import nbformat
+    from coursetools import A, notebook_path
+    from nbgrader.api import Gradebook
+
+    from grader import cli
+    from grader.grading import batch
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("PALLAS_COURSE_DB", raising=False)
+    root = tmp_path / "course"
+    shutil.copytree(released_01, root)
+    with (root / "nbgrader_config.py").open("a") as f:
+        f.write("\nc.LatePenalty.points_per_hour = 1.0\n")
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", "pallas-course") as gb:
+        gb.update_or_create_assignment(A, duedate="2026-12-01 10:00:00")
+    source = notebook_path(root, A)
+    for student in ("ada", "alan"):
+        d = root / "submitted" / student / A
+        d.mkdir(parents=True)
+        nbformat.write(nbformat.read(source, as_version=4), d / source.name)
+        (d / "timestamp.txt").write_text("2026-12-01 13:00:00.000000 UTC")
+    roster = tmp_path / "roster.csv"
+    roster.write_text("id,first_name,last_name,email\nada,Ada,Lovelace,ada@example.org\n"
+                      "alan,Alan,Turing,alan@example.org\n")
+    assert cli.main(["--course", str(root), "roster", str(roster)]) == 0
+    assert cli.main(["--course", str(root), "extend", "ada", A, "--hours", "4"]) == 0
+    results = batch.autograde(root, workers=1, progress=None, log=lambda *a: None)
+    assert {r["student"]: r["status"] for r in results} == {"ada": "graded", "alan": "graded"}
+
+    rows = {r["student_id"]: r for r in csv.DictReader(batch.export(
+        root, tmp_path / "grades.csv", log=lambda *a: None).open())}
+    assert (float(rows["ada"]["late_submission_penalty"]), rows["ada"]["extension_hours"],
+            rows["ada"]["late_by"]) == (0.0, "4", "")
+    assert (float(rows["alan"]["late_submission_penalty"]), rows["alan"]["extension_hours"],
+            rows["alan"]["late_by"]) == (3.0, "", "3 h")
+    assert (rows["ada"]["first_name"], rows["ada"]["last_name"], rows["ada"]["email"]) == (
+        "Ada", "Lovelace", "ada@example.org")
+    canvas = list(csv.reader(batch.export(root, tmp_path / "canvas.csv", lms="canvas",
+                                          log=lambda *a: None).open()))
+    assert [row[0] for row in canvas[2:]] == ["Lovelace, Ada", "Turing, Alan"]
+    moodle = list(csv.reader(batch.export(root, tmp_path / "moodle.csv", lms="moodle",
+                                          log=lambda *a: None).open()))
+    assert moodle[0][:2] == ["Username", "Email address"]
+    assert moodle[1][:2] == ["ada", "ada@example.org"]
+
+
+def test_a_roster_line_without_an_id_is_named(tmp_path):
+    import pytest
+
+    from grader.grading import roster
+
+    bad = tmp_path / "roster.csv"
+    bad.write_text("id,first_name\nada,Ada\n,Nobody\n")
+    with pytest.raises(ValueError, match=r"line 3: '' is not a learner id"):
+        roster.read(bad)
+    bad.write_text("first_name,email\nAda,ada@example.org\n")
+    with pytest.raises(ValueError, match="no id column"):
+        roster.read(bad)
