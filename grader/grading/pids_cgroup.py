@@ -35,6 +35,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 FOLDER = "pallas-course"  # the folder of runs' cgroups at the top of the pids hierarchy
@@ -121,6 +122,22 @@ def parent() -> Path | None:
     return folder if joined else None
 
 
+def kill_until_gone(processes: Callable[[], list[int]], rounds: int = ROUNDS,
+                    pause: float = 0.02) -> None:
+    """SIGKILL every pid ``processes()`` lists, again after ``pause`` seconds, until it lists
+    none or ``rounds`` are done: a fork bomb may fork while it is killed."""
+    for _ in range(rounds):
+        pids = processes()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(pause)
+
+
 class RunCgroup:
     """One run's cgroup (``path``), which holds its limit, and the run's processes in
     ``path/jail`` below it (see the module's docstring), made by ``make``; ``remove`` ends
@@ -165,16 +182,7 @@ class RunCgroup:
             (self.path / "cgroup.kill").write_text("1")
         except OSError:
             pass  # v1, or a kernel before 5.14: the rounds below do it
-        for _ in range(ROUNDS):
-            pids = self.pids()
-            if not pids:
-                return
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.02)
+        kill_until_gone(self.pids)
 
     def remove(self) -> None:
         """Kill what is in it, then remove it and any cgroup a run made below it. One still

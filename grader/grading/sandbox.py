@@ -333,16 +333,7 @@ def kill_slot(slot: int) -> None:
 
 def kill_uid(uid: int) -> None:
     """SIGKILL every process of ``uid`` until none is left."""
-    for _ in range(20):  # a fork bomb may spawn while we kill: repeat until none is left
-        pids = pids_of_uid(uid)
-        if not pids:
-            return
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.05)
+    pids_cgroup.kill_until_gone(lambda: pids_of_uid(uid), rounds=20, pause=0.05)
 
 
 def _walk_opened(root: Path) -> Iterator[tuple[str, list[str]]]:
