@@ -18,7 +18,6 @@ name, does not read back, and the check runs again. ``prune`` keeps the newest `
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
 import json
 import os
@@ -36,10 +35,10 @@ MAX_BYTES = 2 << 30  # kept per course; the oldest answers go first
 _CODE_ROOTS = ("grader", "kernelsim")
 
 
-@functools.cache
 def code_digest() -> bytes:
     """SHA-256 of what makes the checker's answers: every file of the grader/ and kernelsim/
-    the jailed runs import (``refs.REPO``; path and bytes), and the Python, JAX and jaxlib."""
+    the jailed runs import (``refs.REPO``; path and bytes), and the Python, JAX and jaxlib.
+    Read afresh for each run (~10 ms): a grading worker outlives an update of the code."""
     import jax
     import jaxlib
 
@@ -63,13 +62,13 @@ def cases_digest(cases: list[dict], arrays: dict[str, np.ndarray]) -> bytes:
     return h.digest()
 
 
-def key(cases: bytes, request: dict, blob: bytes, limits: object = None) -> bytes:
-    """The key of the answer to ``request`` (with the programs' bytes ``blob``) on the cases
-    whose ``cases_digest`` is ``cases``, by a checker under ``limits`` (its ``repr``: a check
-    that passed under more memory is asked again under less). The cell the check stands in is
-    not part of it."""
+def key(code: bytes, cases: bytes, request: dict, blob: bytes, limits: object = None) -> bytes:
+    """The key of the answer to ``request`` (with the programs' bytes ``blob``) by the checker
+    whose ``code_digest`` is ``code``, on the cases whose ``cases_digest`` is ``cases``, under
+    ``limits`` (its ``repr``: a check that passed under more memory is asked again under less).
+    The cell the check stands in is not part of it."""
     asked = {k: request.get(k) for k in ("task", "hidden", "programs", "errors", "failed")}
-    h = hashlib.sha256(code_digest() + cases + repr(limits).encode())
+    h = hashlib.sha256(code + cases + repr(limits).encode())
     h.update(json.dumps(asked, sort_keys=True, default=str).encode() + b"\0" + blob)
     return h.digest()
 

@@ -278,6 +278,7 @@ class FreshRun:
         described, arrays, self.loaded = exchange.load_checks(self.cells,
                                                               refs.course_root() / "refs")
         self.answers = answer_cache.AnswerCache(refs.course_root() / answer_cache.FOLDER)
+        self.code_digest = answer_cache.code_digest()
         self.case_digests = {tag: answer_cache.cases_digest(cases, arrays)
                              for tag, cases in described.items()}
         host = {task: tasks.get(task).host_inputs for task, _ in self.loaded}
@@ -321,7 +322,7 @@ class FreshRun:
         """The key of the checker's answer to ``request`` in ``answers``."""
         tag = exchange.check_key(str(request.get("task")), bool(request.get("hidden")))
         cases = self.case_digests.get(tag) or answer_cache.cases_digest([], {})
-        return answer_cache.key(cases, request, blob, self.limits)
+        return answer_cache.key(self.code_digest, cases, request, blob, self.limits)
 
     def expected_frames(self) -> list[tuple]:
         """The frames the notebook's process sends, in order, when nothing stops it."""

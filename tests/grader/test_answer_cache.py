@@ -19,26 +19,27 @@ from grader.grading import answer_cache, sandbox, wire
 REPO = Path(__file__).resolve().parents[2]
 CASES = [{"case": "v0", "inputs": [["x", "add/visible/0/x", "float32"]], "params": {}}]
 ARRAYS = {"add/visible/0/x": np.arange(8, dtype=np.float32)}
+CODE = b"grader digest"
 REQUEST = {"kind": "check", "cell": 4, "task": "add", "hidden": False, "failed": None,
            "timeout": False, "programs": {"v0": [0, 5]}, "errors": {}}
 
 
 def test_the_key_changes_with_each_input_of_an_answer_and_not_with_the_cell():
     cases = answer_cache.cases_digest(CASES, ARRAYS)
-    base = answer_cache.key(cases, REQUEST, b"prog1")
-    assert answer_cache.key(cases, {**REQUEST, "cell": 9}, b"prog1") == base
+    base = answer_cache.key(CODE, cases, REQUEST, b"prog1")
+    assert answer_cache.key(CODE, cases, {**REQUEST, "cell": 9}, b"prog1") == base
     other_input = {**ARRAYS, "add/visible/0/x": ARRAYS["add/visible/0/x"] + 1}
     other_dtype = {**ARRAYS, "add/visible/0/x": ARRAYS["add/visible/0/x"].astype(np.float64)}
     changed = [
-        answer_cache.key(cases, REQUEST, b"prog2"),  # one byte of a program
-        answer_cache.key(cases, {**REQUEST, "hidden": True}, b"prog1"),
-        answer_cache.key(cases, {**REQUEST, "task": "elementwise"}, b"prog1"),
-        answer_cache.key(cases, {**REQUEST, "errors": {"v0": "TypeError"}}, b"prog1"),
-        answer_cache.key(answer_cache.cases_digest(CASES, other_input), REQUEST, b"prog1"),
-        answer_cache.key(answer_cache.cases_digest(CASES, other_dtype), REQUEST, b"prog1"),
-        answer_cache.key(answer_cache.cases_digest(
+        answer_cache.key(CODE, cases, REQUEST, b"prog2"),  # one byte of a program
+        answer_cache.key(CODE, cases, {**REQUEST, "hidden": True}, b"prog1"),
+        answer_cache.key(CODE, cases, {**REQUEST, "task": "elementwise"}, b"prog1"),
+        answer_cache.key(CODE, cases, {**REQUEST, "errors": {"v0": "TypeError"}}, b"prog1"),
+        answer_cache.key(CODE, answer_cache.cases_digest(CASES, other_input), REQUEST, b"prog1"),
+        answer_cache.key(CODE, answer_cache.cases_digest(CASES, other_dtype), REQUEST, b"prog1"),
+        answer_cache.key(CODE, answer_cache.cases_digest(
             [{**CASES[0], "params": {"block": [8, 128]}}], ARRAYS), REQUEST, b"prog1"),
-        answer_cache.key(cases, REQUEST, b"prog1", sandbox.Limits(memory_bytes=1 << 30)),
+        answer_cache.key(CODE, cases, REQUEST, b"prog1", sandbox.Limits(memory_bytes=1 << 30)),
     ]
     assert base not in changed and len(set(changed)) == len(changed)
 
@@ -49,20 +50,18 @@ def test_the_key_changes_with_the_graders_code(tmp_path, monkeypatch):
         (tmp_path / name).mkdir()
         (tmp_path / name / "rules.py").write_text("LIMIT = 1\n")
     monkeypatch.setattr(answer_cache.refs, "REPO", tmp_path)
-    answer_cache.code_digest.cache_clear()
-    try:
-        before = answer_cache.code_digest()
-        (tmp_path / "kernelsim" / "rules.py").write_text("LIMIT = 2\n")
-        answer_cache.code_digest.cache_clear()
-        assert answer_cache.code_digest() != before
-    finally:
-        answer_cache.code_digest.cache_clear()
+    before = answer_cache.code_digest()
+    (tmp_path / "kernelsim" / "rules.py").write_text("LIMIT = 2\n")
+    cases = answer_cache.cases_digest(CASES, ARRAYS)
+    assert answer_cache.code_digest() != before
+    assert answer_cache.key(answer_cache.code_digest(), cases, REQUEST, b"prog1") != \
+        answer_cache.key(before, cases, REQUEST, b"prog1")
 
 
 def test_an_answer_reads_back_whole_and_under_its_own_key_only(tmp_path):
     cache = answer_cache.AnswerCache(tmp_path / "answers")
     cases = answer_cache.cases_digest(CASES, ARRAYS)
-    first, second = (answer_cache.key(cases, REQUEST, p) for p in (b"prog1", b"prog2"))
+    first, second = (answer_cache.key(CODE, cases, REQUEST, p) for p in (b"prog1", b"prog2"))
     message = {"kind": "check", "task": "add", "errors": {}, "work": {"v0": {"calls": 1}}}
     assert cache.get(first) is None
     cache.put(first, message, b"outputs")
