@@ -85,15 +85,16 @@ class AnswerCache:
 
     def get(self, k: bytes) -> tuple[dict, bytes] | None:
         """The answer kept under ``k``, or None (never kept, pruned, or not a whole frame)."""
+        path = self._path(k)
         try:
-            data = self._path(k).read_bytes()
+            data = path.read_bytes()
         except OSError:
             return None
         frames, used, problem = exchange.read_frames(data, k)
         if len(frames) != 1 or used != len(data) or problem:
             return None
         with contextlib.suppress(OSError):  # used now: the last that prune removes
-            os.utime(self._path(k))
+            os.utime(path)
         return frames[0]
 
     def put(self, k: bytes, message: dict, blob: bytes) -> None:

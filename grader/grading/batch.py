@@ -246,11 +246,11 @@ def lms_table(rows: list[dict], lms: str) -> list[list[str]]:
                                                          for a in assignments)]
                         for s in students]
     if lms == "moodle":  # an e-mail column where the roster gave any, to map users by
-        mail = [["Email address"], *([email.get(s, "")] for s in students)] if email else \
-            [[] for _ in range(len(students) + 1)]
-        return [["Username", *mail[0], *assignments]] + [
-            [s, *mail[k + 1], *(score.get((s, a), "0") for a in assignments)]
-            for k, s in enumerate(students)]
+        def mail(s: str) -> list[str]:
+            return [email.get(s, "")] if email else []
+
+        return [["Username", *(["Email address"] if email else []), *assignments]] + [
+            [s, *mail(s), *(score.get((s, a), "0") for a in assignments)] for s in students]
     raise ValueError(f"unknown gradebook format {lms!r}: one of {', '.join(LMS_FORMATS)}")
 
 

@@ -229,11 +229,14 @@ def sandbox_uid(slot: int, checker: bool = False) -> int | None:
     return SANDBOX_UID_BASE + SLOTS * checker + slot
 
 
+def _held_by(cgroup: bool, uid: int | None) -> ProcessLimit:
+    """What holds a run with (or without) a cgroup of its own, as ``uid``, to its limit."""
+    return "cgroup" if cgroup else "rlimit" if uid is not None else "none"
+
+
 def process_limit() -> ProcessLimit:
     """What holds this grader's runs to their process limit (``Outcome.process_limit``)."""
-    if pids_cgroup.parent() is not None:
-        return "cgroup"
-    return "rlimit" if sandbox_uid(0) is not None else "none"
+    return _held_by(pids_cgroup.parent() is not None, sandbox_uid(0))
 
 
 def cgroup_name(slot: int, checker: bool = False) -> str:
@@ -495,10 +498,9 @@ class Confined:
         for r, name in zip(self.readers, ("stdout", "stderr"), strict=True):
             if r.dropped:
                 verdict = (verdict[0], verdict[1] + f"; {name} beyond {r.cap:,} bytes was dropped")
-        held = ("cgroup" if self.cgroup is not None else
-                "rlimit" if self.uid is not None else "none")
         return Outcome(verdict[0], code, stdout, stderr, wall, verdict[1],
-                       "jail" if jailed else "rlimits", held)
+                       "jail" if jailed else "rlimits",
+                       _held_by(self.cgroup is not None, self.uid))
 
 
 def start(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,
