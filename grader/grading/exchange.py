@@ -119,6 +119,20 @@ def signatures(described: dict[str, list[dict]], arrays: dict[str, np.ndarray],
     return out, host
 
 
+def check_job(expr: str, call, cases: list[dict], host: dict[str, np.ndarray]) -> dict:
+    """One check's job as the notebook's process ran it, in JSON's terms: the expression it
+    evaluated, how the task calls the learner's function (``calling.Call``'s fields), the cases
+    it traced (``signatures``' rows) and a digest of each host array they name. The harness
+    sends it with the check's programs and the relay compares it with the job it sent, so a
+    job rewritten in the notebook's memory is found (both sides call this one function)."""
+    arrays = {key: np.ascontiguousarray(host[key]) for c in cases for *_, key in c["inputs"]
+              if key in host}
+    digests = {key: hashlib.sha256(f"{a.dtype}{a.shape}".encode() + a.tobytes()).hexdigest()
+               for key, a in sorted(arrays.items())}
+    return json.loads(json.dumps({"expr": expr, "call": list(call), "cases": cases,
+                                  "host": digests}, default=str))
+
+
 def check_key(task_id: str, hidden: bool) -> str:
     return f"{task_id}/{'hidden' if hidden else 'visible'}"
 

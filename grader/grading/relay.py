@@ -38,6 +38,8 @@ class Run(Protocol):
 
     def answer_key(self, request: dict, blob: bytes) -> bytes: ...
 
+    def check_job(self, cell: int, task: str, hidden: bool) -> dict: ...
+
 
 @dataclass
 class Replayed:
@@ -45,13 +47,15 @@ class Replayed:
     and outputs; per cell index the output pieces it sent, and the error it raised; the cells
     that ran past their time limit; and why the cells and checks without an answer did not
     run (``stopped``, at cell ``stopped_at``), with ``timed_out`` when that was a time limit
-    and ``died`` when the run did not end by itself."""
+    and ``died`` when the run did not end by itself. ``tampered`` stops the run;
+    ``rewritten`` names the checks whose job the notebook changed, each of which fails alone."""
 
     answers: dict[tuple[int, str, bool], tuple[dict, bytes]] = field(default_factory=dict)
     outputs: dict[int, list] = field(default_factory=dict)
     cell_errors: dict[int, str] = field(default_factory=dict)
     timeouts: set[int] = field(default_factory=set)
     tampered: list[str] = field(default_factory=list)
+    rewritten: list[str] = field(default_factory=list)
     died: str | None = None
     stopped: str | None = None
     stopped_at: int | None = None
@@ -129,6 +133,14 @@ class Relay:
             return
         answer = {"kind": "check", "cell": index, "task": key[2], "hidden": key[3],
                   "failed": message.get("failed"), "timeout": bool(message.get("timeout"))}
+        changed = self._job_changed(message.get("job"), *key[1:])
+        if changed:
+            got.rewritten.append(f"the {'hidden' if key[3] else 'visible'} check of {key[2]} "
+                                 f"was changed in the notebook's memory: {changed}")
+            got.answers[key[1:]] = ({**answer, "timeout": False, "failed": (
+                "not graded: the check's job (which function it calls, how, on which cases) "
+                "was changed while your notebook ran")}, b"")
+            return
         if answer["failed"] is not None:
             answer["failed"] = str(answer["failed"])[:exchange.MAX_ERROR_CHARS]
         if answer["timeout"] or answer["failed"]:
@@ -143,6 +155,19 @@ class Relay:
             got.from_cache += 1
             return
         self.pending.append((request, blob, float(self.timeouts.get(index, 60)), answer_key))
+
+    def _job_changed(self, jobs, cell: int, task: str, hidden: bool) -> str | None:
+        """What differs between the job the notebook says a check ran (before and after the
+        learner's function was traced) and the job this process sent; None when nothing."""
+        sent = self.fresh.check_job(cell, task, hidden)
+        for job in jobs if isinstance(jobs, list) and jobs else [None]:
+            if not isinstance(job, dict):
+                return "its job is missing"
+            if job.get("expr") != sent["expr"]:
+                return f"it evaluated {str(job.get('expr'))[:80]!r}, not {sent['expr']!r}"
+            if job != sent:
+                return "its cases or the way it calls your function differ"
+        return None
 
     # ------------------------------------------------------------------ the checker
     def _checker(self, got: Replayed) -> None:

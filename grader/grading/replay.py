@@ -308,16 +308,20 @@ class Harness:
             return None, (f"the test cell could not find your function: "
                           f"{type(e).__name__}: {e}")
 
-    def check(self, cell: dict, task_id: str, hidden: bool, fn, failed: str | None
+    def check(self, cell: dict, task_id: str, hidden: bool, expr: str, fn, failed: str | None
               ) -> list[str]:
-        """Trace ``fn`` on every case of one ``course.check`` (their shapes, dtypes and host
-        inputs only) and send the programs to be checked elsewhere (``grader.grading.checker``).
+        """Trace ``fn`` (what ``expr`` named) on every case of one ``course.check`` (their
+        shapes, dtypes and host inputs only) and send the programs to be checked elsewhere
+        (``grader.grading.checker``), with the job they were traced for
+        (``exchange.check_job``) as it was before the learner's function ran and after.
         Returns the tampering found (then nothing was sent but a ``tampered`` frame)."""
-        task = calling.Call(*self.job["calls"][task_id])
+        call = self.job["calls"][task_id]
+        cases = self.signatures.get(exchange.check_key(task_id, hidden), [])
+        task = calling.Call(*call)
         message = {"kind": "programs", "cell": cell["index"], "task": task_id,
                    "hidden": hidden, "failed": failed, "timeout": False}
+        job = [exchange.check_job(expr, call, cases, self.host)]
         programs, errors, blob = {}, {}, b""
-        cases = self.signatures.get(exchange.check_key(task_id, hidden), [])
         try:
             with time_limit(cell["timeout"]), self.shell.builtin_trap:
                 for c in [] if failed else cases:
@@ -345,7 +349,8 @@ class Harness:
         found = self.tampering()
         if found:
             return found
-        message.update(programs=programs, errors=errors,
+        job.append(exchange.check_job(expr, call, cases, self.host))
+        message.update(job=job, programs=programs, errors=errors,
                        outputs=self.capture.current.take())
         self.send(message, blob)
         return []
@@ -371,9 +376,9 @@ class Harness:
             for task_id, hidden, expr in cell["checks"]:
                 fn, failed = self.function(cell, expr)
                 if hidden:  # traced after the last learner cell (``read_hidden``)
-                    deferred.append((cell, task_id, fn, failed))
+                    deferred.append((cell, task_id, expr, fn, failed))
                     continue
-                found = self.check(cell, task_id, False, fn, failed)
+                found = self.check(cell, task_id, False, expr, fn, failed)
                 if found:
                     break
             if found:
@@ -381,9 +386,9 @@ class Harness:
                 self.send({"kind": "done"})
                 return
         self.read_hidden()
-        for cell, task_id, fn, failed in deferred:
+        for cell, task_id, expr, fn, failed in deferred:
             self.capture.current = Outputs(0)  # what a hidden check prints is not kept
-            found = self.check(cell, task_id, True, fn, failed)
+            found = self.check(cell, task_id, True, expr, fn, failed)
             if found:
                 self.send({"kind": "tampered", "cell": cell["index"], "reasons": found})
                 break

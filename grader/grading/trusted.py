@@ -284,6 +284,10 @@ class FreshRun:
         host = {task: tasks.get(task).host_inputs for task, _ in self.loaded}
         visible, visible_host = exchange.signatures(described, arrays, host, hidden=False)
         hidden, hidden_host = exchange.signatures(described, arrays, host, hidden=True)
+        # how each task calls the learner's function: the notebook's process has no tasks
+        self.calls = {task: dataclasses.astuple(tasks.get(task).calling)
+                      for task, _ in self.loaded}
+        self.sent = {False: (visible, visible_host), True: (hidden, hidden_host)}
         self.checker_job = self.key.hex().encode() + b"\n" + exchange.frame(
             self.key, {"cases": described}, exchange.npz_bytes(arrays))
         self.hidden_frame = exchange.frame(self.notebook_key, {"hidden": hidden},
@@ -297,11 +301,9 @@ class FreshRun:
             stdin=True, slot=slot, stdout_bytes=exchange.MAX_CHANNEL_BYTES,
             readable=notebook_readable(),
             views={refs.REPO / "grader": self.view})
-        # how each task calls the learner's function: the notebook's process has no tasks
-        calls = {task: dataclasses.astuple(tasks.get(task).calling) for task, _ in self.loaded}
         self.child.send(self.notebook_key.hex().encode() + b"\n" + exchange.frame(
             self.notebook_key, {"cells": self.cells, "output_bytes": limits.output_bytes,
-                                "visible": visible, "calls": calls,
+                                "visible": visible, "calls": self.calls,
                                 "imports": [f"grader.{name}" for name in NOTEBOOK_IMPORTS]},
             exchange.npz_bytes(visible_host)))
         self.checkers: list[Path] = []
@@ -323,6 +325,14 @@ class FreshRun:
         tag = exchange.check_key(str(request.get("task")), bool(request.get("hidden")))
         cases = self.case_digests.get(tag) or answer_cache.cases_digest([], {})
         return answer_cache.key(self.code_digest, cases, request, blob, self.limits)
+
+    def check_job(self, cell: int, task: str, hidden: bool) -> dict:
+        """The job of one check as this process sent it (``exchange.check_job``)."""
+        expr = next(x[2] for c in self.cells if c["index"] == cell for x in c["checks"]
+                    if x[0] == task and x[1] == hidden)
+        signatures, host = self.sent[hidden]
+        return exchange.check_job(expr, self.calls[task],
+                                  signatures.get(exchange.check_key(task, hidden), []), host)
 
     def expected_frames(self) -> list[tuple]:
         """The frames the notebook's process sends, in order, when nothing stops it."""
@@ -392,6 +402,7 @@ class FreshRun:
         again = FreshRun(cells, self.slot, self.limits, timeout_of, hidden_before=stop).finish()
         for key, answer in again.answers.items():
             got.answers.setdefault(key, answer)
+        got.rewritten += again.rewritten
 
 
 class TrustedExecute(Execute):
@@ -424,8 +435,8 @@ class TrustedExecute(Execute):
             with sandbox.slot_for_this_run() as slot:
                 fresh = FreshRun(nb.cells, slot, self.limits(), self._get_timeout)
                 got = fresh.finish()
-                self.report.update(tampered=list(dict.fromkeys(got.tampered)), died=got.died,
-                                   limit=got.limit, timed_out=got.timed_out,
+                self.report.update(tampered=list(dict.fromkeys(got.tampered + got.rewritten)),
+                                   died=got.died, limit=got.limit, timed_out=got.timed_out,
                                    checks_from_cache=got.from_cache)
                 self._fill(got)
                 self._judge_all(got, fresh.loaded)

@@ -28,6 +28,18 @@ LEARNER_HTML = ('<script>alert("md")</script> <img src=x onerror="alert(1)"> '
                 '\n\n[click](javascript:alert(2)) [also](jav&#x61;script:alert(5))')
 
 
+# walks up from the solution cell to the grader's harness and points add's checks at the
+# right add the cell kept: what the job says is evaluated, on which cases, is the notebook's data
+REWRITE_ADDS_CHECKS = (
+    "import sys\n_f = sys._getframe()\n"
+    "while _f is not None and type(_f.f_locals.get('self')).__name__ != 'Harness':\n"
+    "    _f = _f.f_back\n"
+    "for _cell in [] if _f is None else _f.f_locals['self'].job['cells']:\n"
+    "    for _check in _cell['checks']:\n"
+    "        if _check[0] == 'add':\n"
+    "            _check[2] = '_right_add'\n")
+
+
 def _raise_timeout(nb, paths):
     _cell(nb, "add_hidden")[1].metadata["timeout"] = 3000
     return nb
@@ -71,6 +83,10 @@ SUBMISSIONS = {
                               "get_ipython().events.register('pre_run_cell', _forge)\n"
                               "get_ipython().events.register('post_run_cell', _restore)\n"),
                        0, "tampered", "pre_run_cell hook"),
+    # the harness's job rewritten in the notebook's memory (issue 36): add's checks made to
+    # evaluate another function of the notebook; add alone loses its points
+    "rewritten_check": (_after("add_solution", WRONG_ADD + REWRITE_ADDS_CHECKS), 6, "tampered",
+                        "evaluated '_right_add', not 'add'"),
     # 3: a writer the answers once went through: the grader's run of the notebook sees it
     # replaced before it makes any fact
     "patch_json_dump": (_after("add_solution", "import json\njson.dump = lambda *a, **k: None\n"),
