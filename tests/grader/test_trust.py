@@ -5,6 +5,8 @@ leaky_relu, each 1 visible + 2 hidden) and adds one thing that used to change it
 
 1. scoring hijack: a wrong ``add`` that emits an ``execute_result`` while test cells run;
 2. the kernel only copies what jnp computed;
+2b. a right ``add`` that prints, warns, logs and plots while checks call it (full marks);
+2c. the check's job rewritten in the harness's memory (only that task is lost);
 3. the work facts forged by IPython hooks around each cell; the writer of the answers patched;
 5. correct work marked down: stderr during test cells; one oversized wrong output;
 6. a learner-raised ``metadata.timeout`` on a test cell;
@@ -40,6 +42,13 @@ REWRITE_ADDS_CHECKS = (
     "            _check[2] = '_right_add'\n")
 
 
+NOISY_ADD = ("import logging\nimport warnings\nimport matplotlib.pyplot as plt\n"
+             "_plain_add = add\ndef add(x, y):\n    print('add called on', x.shape)\n"
+             "    warnings.warn('a learner warning')\n"
+             "    logging.getLogger('learner').warning('a learner log line')\n"
+             "    plt.figure()\n    plt.plot([0, 1], [1, 0])\n    return _plain_add(x, y)\n")
+
+
 def _raise_timeout(nb, paths):
     _cell(nb, "add_hidden")[1].metadata["timeout"] = 3000
     return nb
@@ -64,6 +73,9 @@ SUBMISSIONS = {
     "stderr_noise": (_after("add_solution", "import sys\n_quiet_add = add\n"
                             "def add(x, y):\n    print('UserWarning: slow path', file=sys.stderr)"
                             "\n    return _quiet_add(x, y)\n"), 9, "graded", ""),
+    # a right add that prints, warns, logs and draws with pyplot each time a check calls it:
+    # output and ordinary imports are never a signal (issue 36)
+    "noisy_but_right": (_after("add_solution", NOISY_ADD), 9, "graded", ""),
     # 5: a wrong output too large to read fails add alone, not every later test cell
     "oversized_output": (_after("add_solution", "add = lambda x, y: jnp.zeros((4096, 4096))\n"),
                          6, "graded", ""),
