@@ -35,6 +35,7 @@ from nbgrader.exchange.default.collect import ExchangeCollect
 from nbgrader.exchange.default.release_feedback import ExchangeReleaseFeedback
 from nbgrader.exchange.default.submit import ExchangeSubmit
 
+from grader.grading import hidden_tests
 from grader.grading.collect import MAX_NOTEBOOK_BYTES, Skip, read_regular
 
 ENTRY_MODE = 0o2770
@@ -142,6 +143,11 @@ class OwnedCollect(ExchangeCollect):
 def unreleasable(feedback: Path) -> str | None:
     """Why the feedback in ``feedback`` (``<course>/feedback/<student>/<assignment>``) cannot be
     released to the exchange, or None when it can."""
+    leaking = hidden_tests.withheld_pages(feedback)
+    if leaking:
+        return (f"{', '.join(p.name for p in leaking)} still holds a hidden test: nbgrader's "
+                "ClearHiddenTests did not run on it; check the course's nbgrader_config.py, "
+                "then run feedback again")
     if (feedback / "submission_secret.txt").is_file():
         return None
     return ("its submission was collected from a folder or zip (pallas-course collect), not from "
