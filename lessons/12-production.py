@@ -716,3 +716,9 @@ print("kernelsim's copies equal TPU interpret mode's, copy for copy, in all",
 #    at the *start*, so block 0 is a block the row never uses.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# This lesson has no graded assignment yet. The next one is [Assignment 12 — the kernel API of
+# today](../exercises/12_kernel_api/kernel_api.ipynb), which practises lesson 13.
