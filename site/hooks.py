@@ -124,9 +124,8 @@ def _fill_nav(nav: list, section: str, entries: list[dict]) -> None:
 
 def on_config(config):
     ls = site_content.lessons()
-    by_slug = {site_content.slug_words(lesson.stem): lesson for lesson in ls}
     STATE.lessons = ls
-    STATE.assignments = site_content.assignments(by_slug)
+    STATE.assignments = site_content.assignments(ls)
     STATE.viewers = load_viewers()
     STATE.embedded = set()
     STATE.readable = site_module("readable").readable
