@@ -28,7 +28,8 @@ SETUP_HOSTED = f'''\
 import importlib.util, os, subprocess, sys
 if importlib.util.find_spec("_course") is None:
     if not os.path.isdir("{CLONE}"):
-        subprocess.run(["git", "clone", "-q", "--depth=1", "REPO_URL", "{CLONE}"], check=True)
+        subprocess.run(["git", "clone", "-q", "--depth=1", "REPO_URL",
+                        "{CLONE}"], check=True)
     if importlib.util.find_spec("kernelsim") is None:  # never over an installed course
         # --no-deps: the runtime's own jax, built for its TPU, stays the one the lessons run on
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
