@@ -41,8 +41,9 @@
 # [TPU details](https://docs.jax.dev/en/latest/pallas/tpu/details.html), and for the step after
 # this course, kernels across chips:
 # [distributed computing in Pallas](https://docs.jax.dev/en/latest/pallas/tpu/distributed.html).
-# The skills are graded in [`../exercises/`](../exercises/): assignments 4 to 10 (the table in
-# `lessons/README.md` names the task for each objective).
+# No assignment grades reading JAX's kernels yet; the mechanisms read here are practised in
+# [`../exercises/`](../exercises/), assignments 4 to 10 (the table in `lessons/README.md` says
+# which task practises what).
 
 # %%
 import functools
