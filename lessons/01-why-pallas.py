@@ -370,3 +370,9 @@ np.testing.assert_allclose(batched(xs, ys), jnp.exp(xs + ys), rtol=1e-6)
 #    `jax.custom_vjp` (lesson 10).
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# This lesson has no graded assignment yet. The next one is [Assignment 1 — your first
+# kernel](../exercises/01_first_kernel/first_kernel.ipynb), which practises lesson 2.

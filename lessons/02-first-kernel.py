@@ -227,3 +227,9 @@ print("written columns equal x:", bool((partial[:, :2 * CHUNK] == x[:, :2 * CHUN
 #    A compiled kernel returns whatever the memory held.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 1 — your first
+# kernel](../exercises/01_first_kernel/first_kernel.ipynb).

@@ -478,3 +478,8 @@ fig.tight_layout()
 #    squeezed dimension's index counts elements, the others count blocks.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 2 — tiling](../exercises/02_tiling/tiling.ipynb).

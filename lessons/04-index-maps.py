@@ -390,3 +390,9 @@ except ValueError as err:
 #    runs in order and does not.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 3 — index
+# maps](../exercises/03_index_maps/index_maps.ipynb).

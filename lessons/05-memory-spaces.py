@@ -458,3 +458,10 @@ assert semaphore_counts(n_chunks, lambda slot: slot) == ([5, 3], [4, 4])
 #    steps and keep only the last chunk.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 4 — memory
+# spaces](../exercises/04_memory_spaces/memory_spaces.ipynb) and [Assignment 8 — manual
+# DMA](../exercises/08_manual_dma/manual_dma.ipynb).

@@ -375,3 +375,9 @@ assert grouped_call.operand("x_ref").fetches == grouped_call.operand("o_ref").wr
 #    output aliases an input.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 5 — scalar
+# prefetch](../exercises/05_scalar_prefetch/scalar_prefetch.ipynb).

@@ -323,3 +323,9 @@ else:
 # 5. The first call traces and compiles the kernel.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 6 —
+# performance](../exercises/06_performance/performance.ipynb).

@@ -444,3 +444,9 @@ traces[True].heatmap()
 #    arithmetic.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 7 — flash
+# attention](../exercises/07_flash_attention/flash_attention.ipynb).

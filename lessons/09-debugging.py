@@ -685,3 +685,9 @@ else:
 #    blocks is fetched once per row of the grid, twice here.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 9 — find the
+# bug](../exercises/09_debugging/debugging.ipynb).

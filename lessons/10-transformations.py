@@ -417,3 +417,9 @@ fig  # noqa: B018 - a cell's last expression is displayed
 #    memory: NaN in interpret mode, whatever the memory held on hardware.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 10 —
+# transformations](../exercises/10_transformations/transformations.ipynb).

@@ -866,3 +866,8 @@ assert safe_trace.calls[0].cost.vmem_bytes > 227 * 1024 and not safe_trace.calls
 #    on the GPU), whether it is correct (races lower fine), and how fast it is.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 11 — Pallas on GPU](../exercises/11_gpu/gpu.ipynb).

@@ -41,8 +41,9 @@
 # [TPU details](https://docs.jax.dev/en/latest/pallas/tpu/details.html), and for the step after
 # this course, kernels across chips:
 # [distributed computing in Pallas](https://docs.jax.dev/en/latest/pallas/tpu/distributed.html).
-# The skills are graded in [`../exercises/`](../exercises/): assignments 4 to 10 (the table in
-# `lessons/README.md` names the task for each objective).
+# No assignment grades reading JAX's kernels yet; the mechanisms read here are practised in
+# [`../exercises/`](../exercises/), assignments 4 to 10 (the table in `lessons/README.md` says
+# which task practises what).
 
 # %%
 import functools
@@ -716,3 +717,9 @@ print("kernelsim's copies equal TPU interpret mode's, copy for copy, in all",
 #    at the *start*, so block 0 is a block the row never uses.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# This lesson has no graded assignment yet. The next one is [Assignment 12 — the kernel API of
+# today](../exercises/12_kernel_api/kernel_api.ipynb), which practises lesson 13.

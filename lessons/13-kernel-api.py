@@ -443,3 +443,9 @@ for label, fn in (("pallas_call", matmul_call), ("pl.kernel", matmul_mesh)):
 #    output block and partial sums are lost. Mark reductions `"arbitrary"`.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 12 — the kernel API of
+# today](../exercises/12_kernel_api/kernel_api.ipynb).

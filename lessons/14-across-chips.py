@@ -416,3 +416,10 @@ assert v_grid.ok
 #    `2 · 16 · 128 · 128 = 524,288` FLOPs.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# This lesson has no graded assignment yet. The next one is [Assignment 14 — kernels in
+# production](../exercises/14_production_kernels/production_kernels.ipynb), which practises lesson
+# 15.

@@ -451,3 +451,9 @@ assert t_write.calls[0].hbm_write_bytes == 2 * page_bytes
 #    the grid visits.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 14 — kernels in
+# production](../exercises/14_production_kernels/production_kernels.ipynb).

@@ -487,3 +487,9 @@ else:
 #    shared memory, and slices the table with `pl.ds` from those values.
 #
 # </details>
+
+# %% [markdown]
+# ## Practise it
+#
+# Graded practice for this lesson: [Assignment 15 — Mosaic
+# GPU](../exercises/15_mosaic_gpu/mosaic_gpu.ipynb).

@@ -9,16 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grader import syllabus
+
 SITE = Path(__file__).resolve().parent
 REPO = SITE.parent
 LESSONS_DIR = REPO / "lessons"
 EXERCISES_DIR = REPO / "exercises"
 LESSON_GLOB = "[0-9][0-9]-*.py"
-
-
-def slug_words(name: str) -> str:
-    """``02-first-kernel`` and ``01_first_kernel`` both give ``first-kernel``."""
-    return re.sub(r"^\d+[-_]", "", name).replace("_", "-").lower()
 
 
 @dataclass
@@ -64,7 +61,7 @@ class Assignment:
     title: str
     statement: list[str]             # markdown cells a learner sees
     release: Path | None             # the student notebook, when it has been released
-    lesson: Lesson | None = None
+    lesson: Lesson | None = None     # the lesson it practises (grader/syllabus.py)
 
     src_uri = property(lambda self: f"exercises/{self.name}.md")
     download_uri = property(lambda self: f"exercises/{self.name}/{self.notebook}")
@@ -85,8 +82,9 @@ def _statement_cells(nb: Any, from_source: bool) -> list[str]:
     return cells
 
 
-def assignments(by_slug: dict[str, Lesson] | None = None) -> list[Assignment]:
-    """Assignments with a notebook under exercises/source/, in folder order."""
+def assignments(ls: list[Lesson] = ()) -> list[Assignment]:
+    """Assignments with a notebook under exercises/source/, in folder order, each with the
+    lesson of ``ls`` it practises (``grader.syllabus.PRACTISES``)."""
     import jupytext  # seconds to import: only reading a notebook needs them
     import nbformat
 
@@ -108,8 +106,9 @@ def assignments(by_slug: dict[str, Lesson] | None = None) -> list[Assignment]:
         cells = _statement_cells(nb, from_source)
         h1 = next((m.group(1).strip() for c in cells
                    if (m := re.search(r"^# (.+)$", c, re.MULTILINE))), folder.name)
+        practised = syllabus.PRACTISES.get(folder.name)
         found.append(Assignment(folder.name, f"{stem}.ipynb", h1, cells, release,
-                                (by_slug or {}).get(slug_words(folder.name))))
+                                next((le for le in ls if le.number == practised), None)))
     return found
 
 

@@ -11,6 +11,8 @@ What it adds to the pages under ``site/docs``:
   notebook's markdown cells, from the released student notebook when there is one) and a
   download link to ``exercises/release/<assignment>/<name>.ipynb``. Solution cells, hidden
   tests and the instructor's ``.py`` twins are never read into a page;
+* every lesson as a notebook to download beside its page, with links that open it in Colab
+  and Kaggle when mkdocs.yml names a GitHub ``repo_url`` (``site/notebooks.py``);
 * the course map (lessons, assignments and glossary terms) and the kernelsim API reference,
   generated from what exists;
 * kernelsim viewers: lessons show them with ``Trace.show()`` (the standalone viewer, inline,
@@ -40,6 +42,7 @@ from typing import Any
 from mkdocs.exceptions import PluginError
 from mkdocs.plugins import event_priority
 from mkdocs.structure.files import File, Files
+from mkdocs.utils import get_relative_url
 
 from grader import sources
 from grader.website import shipped_lessons
@@ -71,6 +74,7 @@ def site_module(name: str):
 site_content = site_module("content")
 site_pages = site_module("pages")
 site_text = site_module("text")
+site_notebooks = site_module("notebooks")
 REPO = site_content.REPO
 
 
@@ -124,9 +128,8 @@ def _fill_nav(nav: list, section: str, entries: list[dict]) -> None:
 
 def on_config(config):
     ls = site_content.lessons()
-    by_slug = {site_content.slug_words(lesson.stem): lesson for lesson in ls}
     STATE.lessons = ls
-    STATE.assignments = site_content.assignments(by_slug)
+    STATE.assignments = site_content.assignments(ls)
     STATE.viewers = load_viewers()
     STATE.embedded = set()
     STATE.readable = site_module("readable").readable
@@ -154,6 +157,9 @@ def on_files(files: Files, config) -> Files:
     for lesson in STATE.lessons:
         files.append(File(lesson.src_uri, src_dir=str(REPO), dest_dir=config["site_dir"],
                           use_directory_urls=config["use_directory_urls"]))
+        files.append(File.generated(config, site_notebooks.notebook_uri(lesson.path),
+                                    content=site_notebooks.lesson_notebook(
+                                        lesson.path, config.get("repo_url"))))
     files.append(File.generated(config, "course-map.md",
                                 content=site_pages.course_map_md(
                                     STATE.lessons, STATE.assignments,
@@ -230,7 +236,7 @@ def on_page_content(content: str, page, config, files) -> str:
                                      {lesson.stem for lesson in STATE.lessons},
                                      {a.name for a in STATE.assignments})
         fix_notebook_toc(page, content)
-        content = lesson_header(page) + STATE.readable(content)
+        content = lesson_header(page, config) + STATE.readable(content)
     content = VIEWER_COMMENT.sub(lambda m: viewer_html(m.group(1)), content)
     return site_text.render_math(content)
 
@@ -269,14 +275,25 @@ def fix_notebook_toc(page, content: str) -> None:
                 item.id, item.title = match[1], match[2]
 
 
-def lesson_header(page) -> str:
-    name = Path(page.file.src_uri).name
+def lesson_header(page, config) -> str:
+    """How to run the lesson: in the course's JupyterLab, as a downloaded notebook, or, when
+    the site knows its GitHub repository, in Colab or Kaggle."""
+    path = Path(page.file.src_uri)
+    notebook = site_notebooks.notebook_uri(path)
+    href = html.escape(get_relative_url(notebook, page.url))
+    hosted = site_notebooks.hosted_links(config.get("repo_url"),
+                                         config.get("remote_branch") or "gh-pages", notebook)
+    runtimes = " or ".join(f'<a href="{html.escape(url)}">Open in {name}</a>'
+                           for name, url in hosted)
+    take_away = (f'Or download <a href="{href}" download>{html.escape(path.stem)}.ipynb</a>'
+                 + (f" &middot; {runtimes} (pick a TPU runtime; the first cell installs the "
+                    "course there, keeping the runtime's own JAX)" if runtimes else "") + ".")
     return ('<div class="lesson-run admonition tip"><p class="admonition-title">'
             "Run this lesson yourself</p><p>"
-            f'<code>make start</code>, then open <code>lessons/{name}</code> in '
-            f'<a href="http://127.0.0.1:8888/lab/tree/lessons/{name}">JupyterLab</a> (it opens '
-            "as a notebook). The outputs below were computed when this site was built.</p>"
-            "</div>")
+            f'<code>make start</code>, then open <code>lessons/{path.name}</code> in '
+            f'<a href="http://127.0.0.1:8888/lab/tree/lessons/{path.name}">JupyterLab</a> (it '
+            "opens as a notebook). The outputs below were computed when this site was built."
+            f'</p><p class="lesson-take-away">{take_away}</p></div>')
 
 
 def on_post_build(config):

@@ -23,7 +23,10 @@ def _md_link(text: str, target: str) -> str:
 
 
 def course_map_md(ls: list[Lesson], asg: list[Assignment], terms: list[Term]) -> str:
-    by_lesson = {a.lesson.stem: a for a in asg if a.lesson}
+    by_lesson: dict[str, list[Assignment]] = {}
+    for a in asg:
+        if a.lesson:
+            by_lesson.setdefault(a.lesson.stem, []).append(a)
     first: dict[str, str] = {}
     uses: dict[str, list[Term]] = {}
     for lesson in ls:
@@ -42,8 +45,8 @@ def course_map_md(ls: list[Lesson], asg: list[Assignment], terms: list[Term]) ->
         "| --- | --- | --- |",
     ]
     for lesson in ls:
-        a = by_lesson.get(lesson.stem)
-        a_cell = _md_link(a.title, f"{a.src_uri}") if a else "—"
+        a_cell = ", ".join(_md_link(a.title, a.src_uri)
+                           for a in by_lesson.get(lesson.stem, [])) or "—"
         concepts = ", ".join(
             (f"**[{t.name}](glossary.md#{t.anchor})**" if first.get(t.name) == lesson.stem
              else f"[{t.name}](glossary.md#{t.anchor})") for t in uses[lesson.stem]) or "—"
@@ -87,7 +90,8 @@ def exercises_index_md(asg: list[Assignment]) -> str:
                   "    No assignment has been written yet: this page lists them as they appear "
                   "under `exercises/source/`.", ""]
         return "\n".join(lines)
-    lines += ["| Assignment | After lesson | Student notebook |", "| --- | --- | --- |"]
+    lines += ["Each assignment practises one lesson: read it first.", "",
+              "| Assignment | Practises lesson | Student notebook |", "| --- | --- | --- |"]
     for a in asg:
         lesson = _md_link(a.lesson.nav_title, f"../{a.lesson.src_uri}") if a.lesson else "—"
         nb = (_md_link(a.notebook, a.download_uri.removeprefix("exercises/")) if a.release

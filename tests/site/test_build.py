@@ -30,6 +30,23 @@ def test_strict_build_has_every_lesson(built_site, build_info):
         assert (built_site / "lessons" / p.stem / p.name).is_file(), "no .py download"
 
 
+def test_every_lesson_page_offers_its_notebook(built_site):
+    """The lesson as .ipynb beside its page, linked from its header: its cells after the setup
+    cell. Colab and Kaggle links appear exactly when mkdocs.yml names a GitHub repo_url."""
+    from mkdocs.config import load_config  # the site extra's, as the build's
+
+    config = load_config(str(REPO / "mkdocs.yml"))
+    notebooks = load_site("notebooks")
+    hosted = bool(notebooks.github_repo(config["repo_url"]))
+    for p in LESSONS:
+        page = (built_site / "lessons" / p.stem / "index.html").read_text()
+        assert f'<a href="{p.stem}.ipynb" download>' in page, f"{p.name}: no notebook link"
+        nb = nbformat.read(built_site / "lessons" / p.stem / f"{p.stem}.ipynb", as_version=4)
+        assert nb.cells[0].source == notebooks.setup_cell(config["repo_url"])
+        assert [c.source for c in nb.cells[1:]] == [c.source for c in jupytext.read(p).cells]
+        assert ("Open in Colab" in page and "Open in Kaggle" in page) == hosted, p.name
+
+
 def test_nav_lists_lessons_in_order(built_site):
     index = (built_site / "index.html").read_text()
     hrefs = re.findall(r'href="(lessons/\d\d-[^"/]+/)"', index)

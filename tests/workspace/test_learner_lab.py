@@ -30,8 +30,9 @@ def _site_links() -> list[str]:
     """The JupyterLab paths the site links to: every lesson's header, every released
     assignment's page."""
     hooks = load_hooks()
-    html = [hooks.lesson_header(types.SimpleNamespace(file=types.SimpleNamespace(
-        src_uri=f"lessons/{p.name}"))) for p in workspace.lesson_files(REPO)[:-1]]
+    html = [hooks.lesson_header(types.SimpleNamespace(
+        file=types.SimpleNamespace(src_uri=f"lessons/{p.name}"), url=f"lessons/{p.stem}/"), {})
+        for p in workspace.lesson_files(REPO)[:-1]]
     html += [load_site("pages").assignment_md(a) for a in load_site("content").assignments()]
     links = re.findall(r"http://127\.0\.0\.1:8888(/lab/tree/[^\s\"')]+)", "\n".join(html))
     assert links, "the site links nothing in JupyterLab"

@@ -1,0 +1,42 @@
+"""Which lesson each assignment practises: the course's one table of it.
+
+A lesson's closing cell names the assignments that practise it (or, where none does yet, the
+next assignment), the site's exercise table and course map show the same
+(``site/content.py`` reads this table), and ``tests/lessons/test_navigation.py`` holds the
+lessons' closing cells to it. Assignments are the folders under ``exercises/source/``; their
+numbers are not their lessons' (assignment 1 practises lesson 2, assignment 8 lesson 5).
+Imports nothing of the grader.
+"""
+
+from __future__ import annotations
+
+# assignment (its folder under exercises/source/) -> the number of the lesson it practises
+PRACTISES: dict[str, int] = {
+    "01_first_kernel": 2,
+    "02_tiling": 3,
+    "03_index_maps": 4,
+    "04_memory_spaces": 5,
+    "05_scalar_prefetch": 6,
+    "06_performance": 7,
+    "07_flash_attention": 8,
+    "08_manual_dma": 5,  # lesson 5's pl.ANY operands and DMA semaphores, after lesson 8's
+    "09_debugging": 9,
+    "10_transformations": 10,
+    "11_gpu": 11,
+    "12_kernel_api": 13,
+    "14_production_kernels": 15,
+    "15_mosaic_gpu": 16,
+}
+
+
+def assignments_of(lesson: int) -> list[str]:
+    """The assignments that practise lesson number ``lesson``, in folder order."""
+    return sorted(a for a, n in PRACTISES.items() if n == lesson)
+
+
+def next_assignment(lesson: int) -> str | None:
+    """Where a lesson without an assignment of its own sends the learner: the assignment that
+    practises the nearest later lesson (the first in folder order on a tie); None after the
+    last."""
+    later = sorted((n, a) for a, n in PRACTISES.items() if n > lesson)
+    return later[0][1] if later else None
