@@ -16,6 +16,7 @@ when a check runs past its test cell's time limit.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -79,6 +80,11 @@ class Checker:
 
     def __init__(self, job: dict, arrays: dict):
         self.cases, self.arrays = job["cases"], arrays
+        graded = {tasks.get(tag.rpartition("/")[0]).assignment for tag in self.cases}
+        if graded & {t.assignment for t in tasks.TASKS if t.target == "mosaic_gpu"}:
+            # a Mosaic GPU program's primitives are loaded before they are read: the
+            # unpickler imports nothing (half a second no other assignment's job spends)
+            importlib.import_module("jax.experimental.pallas.mosaic_gpu")
         self.known = known_primitives()
 
     def inputs(self, tag: str) -> dict[str, list]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
+from pathlib import Path
 
 import gradertools
 import jax
@@ -32,6 +33,7 @@ from grader.learner import course
 from grader.tasks import a15_mosaic_gpu as a15
 
 ASSIGNMENT = "15_mosaic_gpu"
+REPO = Path(__file__).resolve().parents[2]
 TASKS = [t.id for t in tasks.TASKS if t.assignment == ASSIGNMENT]
 
 
@@ -282,3 +284,27 @@ def test_a_wait_nothing_signals_is_an_error_not_a_hang(monkeypatch):
     assert run.error.startswith("BarrierWouldHang: plgpu.kernel kernel waits on barrier"), \
         run.error
     assert "pass the barrier to the plgpu.copy_gmem_to_smem" in run.error
+
+
+# a fresh interpreter: the checker of one job, and which primitives it knows
+CHECKER_OF = """
+import sys
+from grader.grading import checker
+from grader.tasks import a15_mosaic_gpu  # noqa: F401 - the tasks are imported, their API is not
+known = checker.Checker({{"cases": {{"{task}/visible": []}}}}, {{}}).known
+print("jax.experimental.mosaic.gpu" in sys.modules,
+      any(getattr(p, "name", "") == "copy_gmem_to_smem" for p in known.values()))
+"""
+
+
+@pytest.mark.parametrize("task, loaded", [("add", "False False"),
+                                          ("rms_norm_mgpu", "True True")])
+def test_a_checker_loads_mosaic_gpu_only_for_its_assignment(task, loaded):
+    """Mosaic GPU's Pallas API is half a second of a checker's start: only a job of this
+    assignment loads it, and then before the primitives its programs hold are read."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", CHECKER_OF.format(task=task)], check=True,
+                         capture_output=True, text=True, cwd=REPO).stdout
+    assert out.split("\n")[-2] == loaded, out
