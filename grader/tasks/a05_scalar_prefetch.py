@@ -20,28 +20,36 @@ from grader.tasks.core import (
     register_task,
     role_count,
     single_call,
+    total_budget,
 )
 
 A5 = "05_scalar_prefetch"
 
 
-def _make_gather(rng, case):
+def _make_bag(rng, case):
     v, d = case.arrays["table"]
     (n,) = case.arrays["ids"]
     ids = rng.integers(0, v, size=n).astype(np.int32)
     if n > 2:
-        ids[1] = ids[0]  # a repeated id: the pipeline can skip the fetch
+        ids[1] = ids[0]  # a row twice in a row: counted twice, though the pipeline skips the copy
     return {"table": normal_array(rng, (v, d), case.dtype), "ids": ids}
 
 
-def _gather_rules(call, case, rules, inputs):
-    (_, d), (n,) = case.arrays["table"], case.arrays["ids"]
+def _bag_ref(table, ids, bag):
+    rows = as_f32(table)[ids]
+    return rows.reshape(-1, bag, table.shape[1]).sum(axis=1)
+
+
+def _bag_rules(call, case, rules, inputs):
+    (_, d), (n,), bag = case.arrays["table"], case.arrays["ids"], case.params["bag"]
     rules.append(role_count(call, "scalar_prefetch", 1, "scalar prefetch (ids in SMEM)"))
-    rules.append(grid_is(call, (n,)))
+    rules.append(grid_is(call, (n // bag, bag)))
     # one row of the table viewed as (V, 1, D): a (1, D) block breaks the TPU's (8, 128) rule
     rules.append(block_is(call, "input", 0, (None, 1, d), "table (viewed as (V, 1, D))"))
     rules.append(read_budget(call, "input", 0, n * nbytes_of((1, d), case.dtype),
                              "table (one row per id, never the whole table)"))
+    # each bag's float32 sum leaves the chip once: its block stays put while j walks the bag
+    rules.extend(total_budget(call, None, (n // bag) * nbytes_of((1, d), "float32")))
 
 
 def _make_bsmm(rng, case):
@@ -108,17 +116,20 @@ def _gmm_rules(call, case, rules, inputs):
 
 
 register_task(
-    id="gather_rows", assignment=A5, title="Embedding gather with scalar prefetch",
-    prefetch="the row ids",
-    reference=lambda table, ids: table[ids],
-    make=_make_gather,
+    id="embedding_bag", assignment=A5, title="Embedding bag: each bag's rows gathered and summed",
+    prefetch="the row ids", tolerance="reduction",
+    reference=_bag_ref,
+    make=_make_bag,
     cases=(
-        make_case("v0", 12, "float32", {"table": (32, 128), "ids": (8,)}),
-        make_case("h0", 221, "float32", {"table": (100, 256), "ids": (37,)}, True),
-        make_case("h1", 222, "bfloat16", {"table": (64, 128), "ids": (16,)}, True),
-        make_case("h2", 223, "float32", {"table": (8, 128), "ids": (3,)}, True),
+        make_case("v0", 12, "float32", {"table": (32, 128), "ids": (24,)}, bag=4),
+        make_case("h0", 221, "float32", {"table": (100, 256), "ids": (40,)}, True, bag=5),
+        make_case("h1", 222, "bfloat16", {"table": (64, 128), "ids": (32,)}, True, bag=8),
+        # bags of one: the plain gather, every output row a single table row
+        make_case("h2", 223, "float32", {"table": (8, 128), "ids": (3,)}, True, bag=1),
+        # one bag of everything: the output block stays on chip for the whole grid
+        make_case("h3", 224, "float32", {"table": (16, 128), "ids": (12,)}, True, bag=12),
     ),
-    structure=single_call(_gather_rules),
+    structure=single_call(_bag_rules),
 )
 register_task(
     id="block_sparse_matmul", assignment=A5, title="Block-sparse matmul",

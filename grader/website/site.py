@@ -37,8 +37,9 @@ SITE_DIR = REPO / "build" / "site"
 SITE_SOURCES = ("mkdocs.yml", "site", "lessons", "exercises/source", "exercises/release",
                 "kernelsim")
 # JupyterLab reads <dir>/labconfig/*.json and <dir>/jupyter_server_config.json from
-# JUPYTER_CONFIG_PATH: there ``.py`` files default to the "Jupytext Notebook" viewer, and the
-# instructor-only nbgrader extensions are disabled.
+# JUPYTER_CONFIG_PATH: there ``.py`` files default to the "Jupytext Notebook" viewer, the
+# Jupyter news question is answered "Never", and the instructor-only nbgrader extensions are
+# disabled.
 LAB_CONFIG_DIR = REPO / "site" / "jupyter"
 LOG_DIR = REPO / "build" / "logs"
 LAB_STATE_DIR = REPO / "build" / "lab"  # per workspace: JupyterLab's token and settings

@@ -29,14 +29,15 @@ INK = "#1f2933"         # text and outlines
 SCRATCH = "#e69f00"     # scratch buffers (orange)
 SMEM_READ = "#cc79a7"   # scalar-prefetch entries read by this step's index maps (purple)
 # a Mosaic GPU kernel's events (kernelsim.mosaic_gpu.kernel_data.EVENT_KINDS): copies in the
-# fetch and write-back colours, barriers in purple, tensor-core work in green, the wait for it in
-# yellow, the wait for TMA stores in dark brown (no other kind's colour: the nearest, vermillion,
-# stays well apart under simulated protan-, deutan- and tritanopia, and it reads on white); the
-# viewer prints each event's kind beside its colour
+# fetch and write-back colours, a barrier's wait in purple and its arrive in Tol's indigo,
+# tensor-core work in green, the wait for it in yellow, the wait for TMA stores in dark brown.
+# Brown and indigo are no other kind's colour: under simulated protan-, deutan- and tritanopia
+# each stays well apart from every other kind and from the strip's dark cursor, and both read
+# on white. The viewer prints each event's kind beside its colour
 EVENT_COLORS: dict[str, str] = {
     "tma_load": ACTION_COLORS["fetch"], "load": "#56b4e9",
     "tma_store": ACTION_COLORS["writeback"], "store": "#e69f00",
-    "barrier_wait": "#cc79a7", "barrier_arrive": "#cc79a7", "wgmma": ACTION_COLORS["keep"],
+    "barrier_wait": "#cc79a7", "barrier_arrive": "#332288", "wgmma": ACTION_COLORS["keep"],
     "wgmma_wait": "#f0e442", "wait_tma_store": "#663311", "commit_smem": "#8c8c8c",
 }
 OPERAND_CYCLE = ("#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#f0e442")

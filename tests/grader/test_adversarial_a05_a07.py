@@ -15,6 +15,7 @@ runs them (``grader.grading.work.run_case``), judged with the task's tolerance.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import gradertools
@@ -95,53 +96,78 @@ def test_the_gpu_compiled_task_lowers_for_triton():
 
 
 def test_a_one_row_block_is_refused_by_the_lowering_and_the_grader():
-    """Issue 16: gather_rows once asked for (1, D) blocks of the (V, D) table. The TPU lowering
+    """Issue 16: the gather once asked for (1, D) blocks of the (V, D) table. The TPU lowering
     refuses them and accepts the (None, 1, D) block of the (V, 1, D) view the task asks for; the
     grader's block rule says so before a learner meets a TPU."""
     table, ids = jnp.zeros((32, 128), jnp.float32), jnp.arange(8, dtype=jnp.int32)
-    error = kernelsim.tpu_lowering_error(_gather(one_row_2d=True, interpret=False), table, ids)
+    def lowering_error(one_row_2d):
+        fn = functools.partial(_bag(one_row_2d=one_row_2d, interpret=False), bag=4)
+        return kernelsim.tpu_lowering_error(fn, table, ids)
+
+    error = lowering_error(True)
     assert error is not None and "divisible by 8 and 128" in error, error
-    assert kernelsim.tpu_lowering_error(_gather(interpret=False), table, ids) is None
-    _fails("gather_rows", _gather(one_row_2d=True),
+    assert lowering_error(False) is None
+    _fails("embedding_bag", _bag(one_row_2d=True),
            "[FAIL] table (viewed as (V, 1, D)) block shape: required (None, 1, 128)")
 
 
-# -------------------------------------------------------------------------------- gather_rows
-def _gather(one_row_2d=False, whole_table=False, interpret=TPU_INTERPRET):
-    """An embedding gather, right by default; each switch plants one mistake."""
-    def gather_rows(table, ids):
-        (vocab, dim), n = table.shape, ids.shape[0]
+# ------------------------------------------------------------------------------ embedding_bag
+def _bag(one_row_2d=False, whole_table=False, bag_outer=False, interpret=TPU_INTERPRET):
+    """An embedding bag (each bag's rows summed), right by default; each switch plants one
+    mistake."""
+    def embedding_bag(table, ids, bag):
+        (vocab, dim), bags = table.shape, ids.shape[0] // bag
 
         def kernel(ids_ref, t_ref, o_ref):
-            i = pl.program_id(0)
-            o_ref[...] = t_ref[ids_ref[i]] if whole_table else t_ref[...]
+            b, j = pl.program_id(1 if bag_outer else 0), pl.program_id(0 if bag_outer else 1)
+
+            @pl.when(j == 0)
+            def _():
+                o_ref[...] = jnp.zeros_like(o_ref)
+
+            row = t_ref[ids_ref[b * bag + j]] if whole_table else t_ref[...]
+            o_ref[...] += row.astype(jnp.float32)
+
+        def at(f):  # grid indices in the order the grid has them
+            return (lambda j, b, ids_ref: f(b, j, ids_ref)) if bag_outer else f
 
         if one_row_2d:
-            rows, view = pl.BlockSpec((1, dim), lambda i, ids_ref: (ids_ref[i], 0)), table
-            out = pl.BlockSpec((1, dim), lambda i, ids_ref: (i, 0))
+            view, rows = table, pl.BlockSpec((1, dim), lambda b, j, r: (r[b * bag + j], 0))
+            out = pl.BlockSpec((1, dim), lambda b, j, r: (b, 0))
         else:
+            view = table.reshape(vocab, 1, dim)
             block = (vocab, 1, dim) if whole_table else (None, 1, dim)
-            rows = pl.BlockSpec(block, lambda i, ids_ref: (0 if whole_table else ids_ref[i],
-                                                           0, 0))
-            view, out = table.reshape(vocab, 1, dim), pl.BlockSpec(
-                (None, 1, dim), lambda i, ids_ref: (i, 0, 0))
-        spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(n,), in_specs=[rows],
-                                            out_specs=out)
-        shape = (n, dim) if one_row_2d else (n, 1, dim)
+            rows = pl.BlockSpec(block, at(lambda b, j, r: (0 if whole_table else r[b * bag + j],
+                                                           0, 0)))
+            out = pl.BlockSpec((None, 1, dim), at(lambda b, j, r: (b, 0, 0)))
+        spec = pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=(bag, bags) if bag_outer else (bags, bag),
+            in_specs=[rows], out_specs=out)
+        shape = (bags, dim) if one_row_2d else (bags, 1, dim)
         return pl.pallas_call(kernel, grid_spec=spec,
-                              out_shape=jax.ShapeDtypeStruct(shape, table.dtype),
-                              interpret=interpret)(ids, view).reshape(n, dim)
-    return gather_rows
+                              out_shape=jax.ShapeDtypeStruct(shape, jnp.float32),
+                              interpret=interpret)(ids, view).reshape(bags, dim)
+    return embedding_bag
 
 
-def test_honest_gather_passes_every_case():
-    course.check("gather_rows", _gather(), quiet=True)
-    course.check("gather_rows", _gather(), hidden=True, quiet=True)
+def test_honest_bag_passes_every_case():
+    course.check("embedding_bag", _bag(), quiet=True)
+    course.check("embedding_bag", _bag(), hidden=True, quiet=True)
 
 
 def test_reading_the_whole_table_fails_the_visible_budget():
-    _fails("gather_rows", _gather(whole_table=True),
+    _fails("embedding_bag", _bag(whole_table=True),
            "[FAIL] table (one row per id, never the whole table) HBM reads")
+
+
+def test_walking_the_bag_in_the_outer_axis_is_caught_by_either_interpreter():
+    """With the bag's axis first, the output block changes at every step, so each bag's
+    partial sum leaves the chip and its block comes back zeroed. TPU interpret mode stops at
+    the first revisit; the plain interpreter runs on, and the grader's grid and write budget
+    say what went wrong."""
+    _fails("embedding_bag", _bag(bag_outer=True), "Revisited block")
+    _fails("embedding_bag", _bag(bag_outer=True, interpret=True),
+           "[FAIL] grid", "[FAIL] HBM write traffic")
 
 
 # ------------------------------------------------------------------------ block_sparse_matmul

@@ -59,16 +59,16 @@ def test_channel_frames_round_trip_and_refuse_what_the_harness_did_not_write():
 
 def test_the_notebook_gets_shapes_and_never_an_input_s_values():
     cells = [{"index": 3, "id": "add_hidden", "source": "", "timeout": 5,
-              "checks": [["add", True, "add"], ["gather_rows", False, "gather_rows"]]}]
+              "checks": [["add", True, "add"], ["embedding_bag", False, "embedding_bag"]]}]
     described, arrays, loaded = exchange.load_checks(cells, refs.REPO / "exercises" / "refs")
     entries, cases = loaded[("add", True)]
     assert [c["case"] for c in described["add/hidden"]] == [e["case"] for e in entries]
     assert not any("expected" in k for k in arrays)
     assert len(arrays) == sum(len(inputs) for _, inputs, _, _ in cases) + \
-        sum(len(inputs) for _, inputs, _, _ in loaded[("gather_rows", False)][1])
-    visible, host = exchange.signatures(described, arrays, {"gather_rows": 1}, hidden=False)
-    assert set(visible) == {"gather_rows/visible"} and host  # its ids: a host input
-    assert all(key is None for c in visible["gather_rows/visible"]
+        sum(len(inputs) for _, inputs, _, _ in loaded[("embedding_bag", False)][1])
+    visible, host = exchange.signatures(described, arrays, {"embedding_bag": 1}, hidden=False)
+    assert set(visible) == {"embedding_bag/visible"} and host  # its ids: a host input
+    assert all(key is None for c in visible["embedding_bag/visible"]
                for _, _, _, key in c["inputs"][:-1])
     hidden, host = exchange.signatures(described, arrays, {}, hidden=True)
     assert set(hidden) == {"add/hidden"} and host == {}

@@ -121,6 +121,47 @@ def test_no_lesson_scrolls_sideways_at_390(browser, base_url):
         context.close()
 
 
+# a printed table's font and its box, as course.css sizes them: [font px, box width, text width]
+TABLE_BOX = """() => { const pre = document.querySelector('pre');
+  return [parseFloat(getComputedStyle(pre.querySelector('.ks-trow')).fontSize),
+          pre.clientWidth, pre.scrollWidth]; }"""
+
+
+@pytest.mark.parametrize(("width", "columns"), [(390, 146), (390, 40), (1280, 180)])
+def test_a_wide_table_scrolls_at_a_readable_size_on_a_phone(browser, tmp_path, width, columns):
+    """A phone shows few of the lessons' tables (up to 146 characters wide) whole even at
+    10 px: there a table keeps 12 px and scrolls inside its own box (issue 37: at 390 px, 46
+    tables shrank to 10 px and scrolled anyway); a desktop's wider column still shrinks a
+    table to fit it whole. Needs only site/docs/css/course.css, not a built site."""
+    from sitetools import load_site, serve_folder
+
+    rows = [f"{'operand':<{columns - 12}} role  bufs", f"{'-' * (columns - 12)} ----  ----",
+            f"{'x_ref':<{columns - 12}} input    2"]
+    pre = load_site("readable").readable_code(
+        '<div class="jp-RenderedText jp-OutputArea-output"><pre>' + "\n".join(rows)
+        + "\n</pre></div>")
+    (tmp_path / "course.css").write_text((REPO / "site/docs/css/course.css").read_text())
+    (tmp_path / "index.html").write_text(
+        '<!DOCTYPE html><meta name="viewport" content="width=device-width">'
+        '<link rel="stylesheet" href="course.css"><article><div class="jupyter-wrapper">'
+        f'<div class="jp-OutputArea"><div class="jp-OutputArea-child">{pre}</div></div>'
+        "</div></article>")
+    context = browser.new_context(viewport={"width": width, "height": 844})
+    try:
+        page = context.new_page()
+        with serve_folder(tmp_path) as url:
+            page.goto(url)
+            size, box, text = page.evaluate(TABLE_BOX)
+            assert page.evaluate(PAGE_WIDTH) <= width  # only the table's box scrolls
+    finally:
+        context.close()
+    if width == 390:
+        assert size >= 12, (columns, size)
+        assert (text > box + 1) == (columns * 0.61 * 12 > box), (columns, box, text)
+    else:
+        assert size < 13 and text <= box + 1, (size, box, text)  # shrunk to fit, whole
+
+
 def test_figures_fit_a_phone_and_a_tap_shows_the_full_size(phone, base_url):
     page = phone.page
     page.goto(f"{base_url}lessons/03-tiling/", wait_until="networkidle")

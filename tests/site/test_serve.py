@@ -153,6 +153,26 @@ def test_lab_opens_python_files_as_jupytext_notebooks():
     assert "--ServerApp.default_url=/lab/tree/lessons" in cmd
 
 
+def test_lab_asks_no_learner_about_jupyter_news():
+    """JupyterLab's default ("none") pops up "Would you like to get notified about official
+    Jupyter news?" on a learner's first page (issue 37); the course answers "Never" for them,
+    with a value the installed JupyterLab's own schema accepts."""
+    import json
+
+    from jupyterlab.commands import get_app_dir
+
+    from grader.website import site
+
+    plugin = "@jupyterlab/apputils-extension:notification"
+    overrides = json.loads((site.LAB_CONFIG_DIR / "labconfig" /
+                            "default_setting_overrides.json").read_text())[plugin]
+    schema = json.loads((Path(get_app_dir()) / "schemas" / plugin.replace(":", "/")
+                         ).with_suffix(".json").read_text())["properties"]
+    assert overrides["fetchNews"] == "false"
+    assert {"const": "false", "title": "Never"} in schema["fetchNews"]["oneOf"]
+    assert overrides["checkForUpdates"] is False and schema["checkForUpdates"]["type"] == "boolean"
+
+
 def test_lab_token_is_private_and_kept_per_workspace(tmp_path):
     """One token per workspace, in files only its owner reads; a restart finds the same one, so
     the printed URL and the browser's login stay valid."""

@@ -29,66 +29,76 @@ INTERPRET = choose().interpret
 TPU_INTERPRET = choose(tpu_features=True).interpret
 
 # %% [markdown]
-# ## Task 1 — `gather_rows(table, ids)` (3 points)
+# ## Task 1 — `embedding_bag(table, ids, bag)` (3 points)
 #
-# `table[ids]`: an embedding gather. Grid `(len(ids),)`; step `i` fetches only row `ids[i]`,
-# never the whole table. A block one row tall breaks the TPU's (8, 128) rule unless that
-# dimension is the whole array's, so view the table as `(V, 1, D)` and take blocks
-# `(None, 1, D)`: `None` (or `pl.Squeezed()`) drops the `V` dimension from the kernel's Refs and
-# leaves the full `(1, D)` as the last two (lesson 6, "Embedding-row gather"). The output gets
-# the same view.
+# `ids` holds `B · bag` row numbers of `table` (`V × D`), `bag` at a time: bag `b` is
+# `ids[b·bag : (b+1)·bag]`. Return the `(B, D)` float32 sums `out[b] = Σⱼ table[ids[b·bag + j]]`,
+# what a recommender's embedding bag computes from a user's items. Lesson 6's gather copied
+# one row per step into its own output row; here `bag` rows add up into one output row, so a
+# second grid axis walks the bag while the output block stays where it is.
+#
+# Grid `(B, bag)`; step `(b, j)` fetches only row `ids[b·bag + j]`, as a `(None, 1, D)` block
+# of the table viewed as `(V, 1, D)` (the TPU's (8, 128) rule, as in lesson 6's gather). The
+# table is read one row per id, and each bag's sum leaves the chip once. Sum in float32 for
+# every table dtype.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
 #
-# `ids` is the one scalar-prefetch operand of a `pltpu.PrefetchScalarGridSpec`, so every index
-# map receives its SMEM ref after the grid index. The table's index map looks the row up in it;
-# the output's index map uses the grid index itself. The kernel body only copies its block.
-# Reshape the table to `(V, 1, D)` before the call and the result back to `(len(ids), D)` after
-# it: both are layout, no arithmetic.
+# `ids` is the one scalar-prefetch operand, so both index maps receive the two grid indices
+# and then its SMEM ref. The output's index map ignores `j`: the block of bag `b` stays in
+# VMEM while `j` runs, and is written back once when `b` changes (lesson 4's accumulator).
+# The kernel sets that block to zero at `j == 0` (`pl.when`) and adds its row, as float32,
+# at every step. Reshape the table to `(V, 1, D)` before the call and the `(B, 1, D)` result
+# to `(B, D)` after it.
 #
 # </details>
 #
 # <details><summary>Hint 2: the key line</summary>
 #
-# The table's index map receives the grid index `i` and the prefetched ref. Its first block index is
-# entry `i` of that ref: a block is one row, so the row number *is* the block number; the other two
-# are 0. The output's index map puts `i` itself where the table's puts the looked-up row.
+# The table's index map returns the row to fetch as its first block index: the entry of the
+# prefetched ref at the position of step `(b, j)` in the flat `ids`, which `b`, `j` and the
+# Python int `bag` give you. The other two block indices are 0.
 #
 # </details>
 
-# %% nbgrader={"grade_id": "gather_rows_solution", "solution": true}
-def gather_rows(table, ids):
+# %% nbgrader={"grade_id": "embedding_bag_solution", "solution": true}
+def embedding_bag(table, ids, bag):
     ### BEGIN SOLUTION
     vocab, dim = table.shape
-    n = ids.shape[0]
+    bags = ids.shape[0] // bag
 
     def kernel(ids_ref, row_ref, o_ref):
         del ids_ref  # read by the index map only
-        o_ref[...] = row_ref[...]
+
+        @pl.when(pl.program_id(1) == 0)
+        def _():
+            o_ref[...] = jnp.zeros_like(o_ref)
+
+        o_ref[...] += row_ref[...].astype(jnp.float32)
 
     row = (None, 1, dim)  # one table row; the squeezed V dimension keeps (1, D) whole
     spec = pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=(n,),
-        # a repeated id repeats the block index: the pipeline keeps the row and skips the copy
-        in_specs=[pl.BlockSpec(row, lambda i, ids_ref: (ids_ref[i], 0, 0))],
-        out_specs=pl.BlockSpec(row, lambda i, ids_ref: (i, 0, 0)),
+        num_scalar_prefetch=1, grid=(bags, bag),
+        # a row repeated in a row repeats the block index: the pipeline skips the copy
+        in_specs=[pl.BlockSpec(row, lambda b, j, ids_ref: (ids_ref[b * bag + j], 0, 0))],
+        out_specs=pl.BlockSpec(row, lambda b, j, ids_ref: (b, 0, 0)),
     )
     out = pl.pallas_call(
-        kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((n, 1, dim), table.dtype),
+        kernel, grid_spec=spec, out_shape=jax.ShapeDtypeStruct((bags, 1, dim), jnp.float32),
         interpret=TPU_INTERPRET,
     )(jnp.asarray(ids, jnp.int32), table.reshape(vocab, 1, dim))
-    return out.reshape(n, dim)
+    return out.reshape(bags, dim)
     ### END SOLUTION
 
 
-# %% nbgrader={"grade_id": "gather_rows_visible", "grade": true, "points": 1}
-course.check("gather_rows", gather_rows)
+# %% nbgrader={"grade_id": "embedding_bag_visible", "grade": true, "points": 1}
+course.check("embedding_bag", embedding_bag)
 
-# %% nbgrader={"grade_id": "gather_rows_hidden", "grade": true, "points": 2}
-# Hidden tests: other tables, repeated ids, bfloat16.
+# %% nbgrader={"grade_id": "embedding_bag_hidden", "grade": true, "points": 2}
+# Hidden tests: other tables and bag sizes (one row, one bag of all), bfloat16 tables.
 ### BEGIN HIDDEN TESTS
-course.check("gather_rows", gather_rows, hidden=True)
+course.check("embedding_bag", embedding_bag, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
