@@ -127,7 +127,7 @@ course.check("int8_matmul_per_channel", int8_matmul_per_channel, hidden=True)
 # Multiply the int8 blocks as they are, asking the dot for int32; add each product to an
 # int32 scratch over `k`; at the last `k` step convert the finished sum to float32, multiply
 # it by its rows' and its columns' scales, and write it in the output's dtype. The int32 sum
-# is exact, so your output must match the reference to float32's last bits.
+# is exact, so your output must match the reference to within a few of float32's last bits.
 #
 # Grid `(M // bm, N // bn, K // bk)` with `k` innermost and `"arbitrary"`; each of `xq` and
 # `wq` read once per block of the other. An int8 block's rows come in multiples of 32 (a TPU
