@@ -22,11 +22,14 @@
 #    inside a matmul kernel;
 # 2. predict the error quantization adds, and choose the tolerance a quantized kernel is
 #    checked with;
-# 3. read JAX's ragged paged attention: its page table and sequence lengths as scalar
+# 3. multiply int8 activations by int8 weights on the MXU's int8 path, summing exactly in int32
+#    and applying per-row and per-column scales once, and say which of v5e, v6e and TPU7x
+#    multiply int8 and fp8 natively;
+# 4. read JAX's ragged paged attention: its page table and sequence lengths as scalar
 #    prefetch, its KV pages left in HBM and copied page by page;
-# 4. write a smaller paged attention whose index maps follow a page table, skipping the pages
+# 5. write a smaller paged attention whose index maps follow a page table, skipping the pages
 #    past each sequence's length;
-# 5. update a paged KV cache in place with `input_output_aliases` and a page table.
+# 6. update a paged KV cache in place with `input_output_aliases` and a page table.
 #
 # Two kinds of kernel carry most of today's serving and training traffic. Quantized matmuls
 # store weights in 8 bits and multiply faster where the chip has 8-bit units; paged attention
@@ -190,6 +193,128 @@ fig.tight_layout()
 # activations, or on both sides), which list fp8 at twice bfloat16's rate and no int8 rate.
 # This kernel dequantizes to float32 and reaches neither path: it saves HBM bytes on every
 # chip but multiplies at the float rate.
+
+# %% [markdown]
+# ## Both operands int8: the MXU's int8 path
+#
+# The MXU of a v5e or v6e multiplies int8 by int8 into int32 at twice bfloat16's rate (the
+# table below), but only with int8 on **both** sides: the activations are quantized too. Each
+# row of `x` (one token) gets its own scale `sx[m]`, computed as the row arrives; each column
+# of `w` its own `sw[n]`, fixed offline. Both scales are constant along `K`, so they leave the
+# sum:
+# `(x @ w)[m, n] ≈ sx[m] · sw[n] · Σₖ xq[m, k] · wq[k, n]`. What remains inside is a sum of
+# integers. A product of two int8 values is at most `127² = 16,129`, so an int32 holds over
+# 130,000 of them and the sum is **exact**: nothing is rounded until the two scales are applied,
+# once, at the end. (float32 holds every integer only up to `2²⁴`, about a thousand such
+# products.) A row of zeros, a padding token, has `max |x| = 0`: its scale is 0, and the
+# division that makes `xq` must not become `0 / 0`.
+
+# %%
+def quantize_int8(a, axis):
+    """(q, scale): a ≈ q * scale, q int8, one float32 scale per row (axis=1) or column (axis=0);
+    an all-zero row or column gets scale 0 and q 0."""
+    scale = jnp.max(jnp.abs(a), axis=axis, keepdims=True) / 127.0
+    q = jnp.round(a / jnp.where(scale == 0, 1.0, scale))  # a zero row: 0 / 1, never 0 / 0
+    return jnp.clip(q, -127, 127).astype(jnp.int8), scale.astype(jnp.float32)
+
+
+x_padded = x.at[1].set(0.0)  # row 1: a padding token
+xq, x_scale = quantize_int8(x_padded, axis=1)  # (M, K) int8, (M, 1) float32
+wq, w_scale = quantize_int8(w, axis=0)  # (K, N) int8, (1, N) float32
+print("row 1's scale:", float(x_scale[1, 0]), "and its int8 values:", set(xq[1].tolist()))
+assert float(x_scale[1, 0]) == 0.0 and not xq[1].any()
+
+# %% [markdown]
+# In a kernel, the dot takes the two int8 blocks as they are and asks for int32:
+# `jnp.dot(xq_block, wq_block, preferred_element_type=jnp.int32)`. Pallas's TPU lowering hands
+# both int8 operands to one `tpu.matmul` with an int32 result (it refuses unsigned integers, so
+# the int8 here is signed); converting either block to a float first would make a float dot,
+# at the float rate. This kernel takes all of `K` in one block, so it has one dot per output
+# block and applies the scales right after it.
+
+# %%
+def int8_matmul_kernel(xq_ref, xs_ref, wq_ref, ws_ref, o_ref):
+    acc = jnp.dot(xq_ref[...], wq_ref[...], preferred_element_type=jnp.int32)  # exact
+    o_ref[...] = acc.astype(jnp.float32) * xs_ref[...] * ws_ref[...]  # (bm, 1) and (1, bn)
+
+
+def int8_matmul(xq, x_scale, wq, w_scale, *, bm=128, bn=128, interpret):
+    (m, k), n = xq.shape, wq.shape[1]
+    return pl.pallas_call(
+        int8_matmul_kernel,
+        grid=(m // bm, n // bn),
+        in_specs=[pl.BlockSpec((bm, k), lambda i, j: (i, 0)),
+                  pl.BlockSpec((bm, 1), lambda i, j: (i, 0)),
+                  pl.BlockSpec((k, bn), lambda i, j: (0, j)),
+                  pl.BlockSpec((1, bn), lambda i, j: (0, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+        interpret=interpret,
+    )(xq, x_scale, wq, w_scale)
+
+
+def int8_matmul_reference(xq, x_scale, wq, w_scale):
+    return jnp.dot(xq, wq, preferred_element_type=jnp.int32).astype(jnp.float32) * x_scale * \
+        w_scale
+
+
+# the same exact integer sums, then the same two float32 products: a few ulps apart at most
+_course.check(LESSON, "int8_matmul", int8_matmul, int8_matmul_reference,
+              (xq, x_scale, wq, w_scale), tpu_run, rtol=1e-6, atol=1e-6)
+
+# %% [markdown]
+# Quantizing the activations adds their rounding to the weights': against the float matmul the
+# error grows, and it is still the quantization's, measured and expected, not the kernel's.
+
+# %%
+exact_padded = jnp.dot(x_padded, w, precision="highest")
+weights_only = jnp.dot(x_padded, dequantize(*quantize(w, K, "int8")), precision="highest")
+both = int8_matmul(xq, x_scale, wq, w_scale, interpret=tpu_run.interpret)
+relative_errors = {
+    label: float(jnp.max(jnp.abs(out - exact_padded)) / jnp.max(jnp.abs(exact_padded)))
+    for label, out in (("int8 weights", weights_only), ("int8 weights and activations", both))}
+for label, error in relative_errors.items():
+    print(f"{label}: largest error / largest output {error:.2e}")
+assert relative_errors["int8 weights"] < relative_errors["int8 weights and activations"] < 0.05
+
+# %% [markdown]
+# Which chips multiply what natively, from the pinned release's own table
+# (`pltpu.get_tpu_info_for_chip`; on a TPU, `pltpu.get_tpu_info()` returns the record of the chip
+# you are on). `is_matmul_supported(lhs, rhs)` says whether the MXU takes two dtypes without a
+# cast; the rates are per TensorCore, as multiples of bfloat16's.
+
+# %%
+CHIPS = ("v5e", "v6e", "7x")
+PAIRS = {"int8 × int8": (jnp.int8, jnp.int8), "bf16 × int8": (jnp.bfloat16, jnp.int8),
+         "e4m3fn × e4m3fn": (jnp.float8_e4m3fn, jnp.float8_e4m3fn),
+         "bf16 × e4m3fn": (jnp.bfloat16, jnp.float8_e4m3fn),
+         "e5m2 × e5m2": (jnp.float8_e5m2, jnp.float8_e5m2)}
+chip_version = _course.newer_api(pltpu, "ChipVersion")
+infos = {chip: pltpu.get_tpu_info_for_chip(chip_version(chip), 1) for chip in CHIPS}
+print(f"{'native on the MXU':16}" + "".join(f"{chip:>11}" for chip in CHIPS))
+for label, (lhs, rhs) in PAIRS.items():
+    print(f"{label:16}" + "".join(f"{'yes' if i.is_matmul_supported(lhs, rhs) else 'no':>11}"
+                                  for i in infos.values()))
+for rate in ("int8", "fp8"):  # 0: "Not Available" in the source
+    ratios = [getattr(i, f"{rate}_ops_per_second") / i.bf16_ops_per_second for i in infos.values()]
+    print(f"{rate + ' rate':16}" + "".join(f"{f'{r:.0f} × bf16' if r else 'none':>11}"
+                                            for r in ratios))
+if _course.platform() == "tpu":
+    here = pltpu.get_tpu_info()
+    print("this chip:", here.chip_version, "int8 × int8:", here.is_matmul_supported(jnp.int8,
+                                                                                  jnp.int8))
+assert [i.is_matmul_supported(jnp.int8, jnp.int8) for i in infos.values()] == [True, True, False]
+
+# %% [markdown]
+# Read by column: v5e and v6e take int8 only on both sides, at twice bfloat16's rate; int8
+# weights beside bfloat16 activations, and `e4m3fn`, are not native there (a cast first), and
+# their fp8 entry is `e5m2` (no fp8 rate listed on v5e, bfloat16's on v6e). TPU7x lists no int8
+# path or rate at all and takes `e4m3fn` beside bfloat16 or on both sides, at twice bfloat16's
+# rate. The kernel above, int8 on both sides, is the v5e and v6e form. On a tiled grid the int32 sum
+# must outlive the `k` steps: assignment 14's `w8a8_matmul` keeps it in an int32 VMEM scratch
+# and applies the scales once, at the last step. One TPU detail for its blocks: a TPU tiles
+# int8 arrays `(32, 128)` (four values per 32-bit word along the rows, lesson 3), so an int8
+# block's rows come in multiples of 32; kernelsim's lint says so for any other.
 
 # %% [markdown]
 # ## Reading JAX's ragged paged attention
@@ -432,6 +557,8 @@ assert t_write.calls[0].hbm_write_bytes == 2 * page_bytes
 #    how many grid steps?
 # 5. `write_pages` aliases the cache and never reads it. What would a fresh output buffer
 #    (no alias) hold in the pages not written?
+# 6. An int8 × int8 kernel tiles `K` over four grid steps. Why may its scales wait for the last
+#    step, and why must they?
 #
 # <details><summary>Answer</summary>
 #
@@ -449,6 +576,10 @@ assert t_write.calls[0].hbm_write_bytes == 2 * page_bytes
 #    three do no work: a repeated block costs a step, not a copy.
 # 5. Uninitialised memory (NaN in interpret mode): the pipeline writes back only the blocks
 #    the grid visits.
+# 6. A row's scale and a column's scale are the same at every `k`, so they factor out of the
+#    sum and may wait; they must, because the running sum is int32: a float scale applied at
+#    each step would make it a float sum, no longer exact, and no longer the int32 state the
+#    int8 path accumulates into.
 #
 # </details>
 

@@ -224,12 +224,24 @@ class DmaOrder:
 
 
 @dataclass(frozen=True)
+class Scratch:
+    """One scratch ref of a kernel body: its dtype, shape, and whether the body reads it."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    read: bool
+
+
+@dataclass(frozen=True)
 class KernelWork:
     """One pallas_call as its jaxpr shows it: the kernel body's primitives, where each
     operand comes from (scalar prefetch and inputs, in order), inputs the body never reads,
     whether the body is the course's own code (``grader.grading.calling.COURSE_CODE``) or a Pallas
     op JAX ships (``grader.grading.work.JAX_OPS``), its fingerprint up to renaming
-    (``grader.grading.fingerprint``) and live size, and the order of its DMAs."""
+    (``grader.grading.fingerprint``) and live size, the order of its DMAs, and what
+    ``grader.grading.work`` reads of its body for a task's own rules (``Task.body_rules``):
+    its dots' dtypes, its scratch refs, the outputs it reads back, and the inputs it reads only
+    inside a ``pl.when`` branch."""
 
     number: int
     primitives: frozenset[str]
@@ -242,6 +254,11 @@ class KernelWork:
     dma: DmaOrder | None
     dot_precisions: tuple[str, ...] = ()  # dots a TPU gets wrong (``work.dot_precisions``)
     strided_refs: tuple[str, ...] = ()  # strided ref accesses Mosaic refuses (work.py)
+    dot_types: tuple[str, ...] = ()  # "int8 x int8 -> int32" per kind of dot (work.dot_types)
+    scratch: tuple[Scratch, ...] = ()
+    outputs_read: tuple[int, ...] = ()  # outputs whose ref the body reads back
+    # inputs the body reads only inside a cond's branches (``pl.when``), never at every step
+    branch_only_reads: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -302,6 +319,19 @@ def _strings(v: Any, what: str) -> tuple[str, ...]:
     return tuple(v)
 
 
+def _list(v: Any, what: str) -> list:
+    if not isinstance(v, list):
+        raise ValueError(f"{what} is not a list")
+    return v
+
+
+def _scratch(d: Any) -> Scratch:
+    if not isinstance(d, dict) or not isinstance(d.get("dtype"), str):
+        raise ValueError("a scratch ref's facts are not a mapping with a dtype")
+    return Scratch(d["dtype"], _shape(d.get("shape"), "scratch shape"),
+                   _bool(d.get("read"), "scratch read"))
+
+
 def work_from_dict(d: Any) -> WorkFacts:
     """Read ``grader.grading.work.facts`` output; ValueError when it is not what that writes."""
     if not isinstance(d, dict) or not isinstance(d.get("outputs"), list) or \
@@ -321,7 +351,11 @@ def work_from_dict(d: Any) -> WorkFacts:
             _bool(c.get("jax_kernel"), "jax_kernel"),
             str(c.get("fingerprint")), _int(c.get("body_size"), "body_size"),
             _dma(c.get("dma")), _strings(c.get("dot_precisions", []), "dot_precisions"),
-            _strings(c.get("strided_refs", []), "strided_refs")))
+            _strings(c.get("strided_refs", []), "strided_refs"),
+            _strings(c.get("dot_types", []), "dot_types"),
+            tuple(_scratch(r) for r in _list(c.get("scratch", []), "scratch")),
+            _ints(c.get("outputs_read", []), "outputs_read"),
+            _ints(c.get("branch_only_reads", []), "branch_only_reads")))
     return WorkFacts(tuple(_flow(o) for o in d["outputs"]), tuple(calls),
                      _int(d.get("outside_flops"), "outside_flops"),
                      _strings(d.get("outside_ops"), "outside_ops"),

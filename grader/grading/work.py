@@ -19,7 +19,10 @@ data through it:
   ``lessons/``; or a Pallas op JAX ships), the body's fingerprint up to renaming
   (``grader.grading.fingerprint``, compared with ``grader.tasks.shipped``), and, for a body that
   starts its own DMAs, their order over the whole run (``dma_order``: overlap, buffers, copy sizes,
-  in-place safety, waits, grid semantics).
+  in-place safety, waits, grid semantics); its dots' operand and result dtypes, its scratch refs
+  (dtype, shape, read or not), the outputs it reads back and the inputs it reads only inside a
+  ``pl.when`` branch (``ref_reads``), for rules of a task's own (a quantized matmul's int8 dot
+  and int32 accumulator).
 
 A program whose DMA order shows it would block forever (a wait no copy signals; copies that
 cross the steps of a "parallel" grid) is not executed: ``run_traced`` reports that as the
@@ -209,6 +212,61 @@ def strided_refs(kernel: Any) -> list[str]:
     return list(dict.fromkeys(found))  # a loop's reads alike, said once
 
 
+def dot_types(kernel: Any) -> list[str]:
+    """Every dot_general of a kernel body as its operand and result dtypes, "int8 x int8 ->
+    int32": which of the MXU's paths it asks for (an int8 path takes int8 on both sides and
+    accumulates in int32; ``jax._src.tpu_info.TpuInfo.is_matmul_supported``)."""
+    return list(dict.fromkeys(
+        f"{e.invars[0].aval.dtype} x {e.invars[1].aval.dtype} -> {e.outvars[0].aval.dtype}"
+        for e in eqns(kernel) if e.primitive.name == "dot_general"))
+
+
+REF_READS = frozenset({"get", "addupdate"})  # what reads a ref's values (``swap`` writes them)
+
+
+def _handed_on(eqn: Any) -> list[tuple[Any, list, list | None]]:
+    """Each jaxpr nested in ``eqn``, its variables and the operands of ``eqn`` they receive, in
+    order: a ``while``'s condition takes its own constants and the carry, a ``run_scoped`` body
+    closes over the operands (its constvars), any other (branches, loop bodies, calls) takes
+    the last of them as its invars; operands None where they do not line up."""
+    if eqn.primitive.name == "while":
+        cond, body = eqn.params["cond_nconsts"], eqn.params["body_nconsts"]
+        cond_jaxpr, body_jaxpr = (open_jaxpr(eqn.params[k]) for k in ("cond_jaxpr", "body_jaxpr"))
+        return [(cond_jaxpr, cond_jaxpr.invars, eqn.invars[:cond] + eqn.invars[cond + body:]),
+                (body_jaxpr, body_jaxpr.invars, eqn.invars[cond:])]
+    found = []
+    for sub in jaxprs_in_params(eqn.params):
+        inner = open_jaxpr(sub)
+        variables = inner.constvars if eqn.primitive.name == "run_scoped" else inner.invars
+        operands = list(eqn.invars[len(eqn.invars) - len(variables):])
+        lined_up = len(variables) == len(eqn.invars) if eqn.primitive.name == "run_scoped" \
+            else len(variables) <= len(eqn.invars)
+        found.append((inner, list(variables), operands if lined_up else None))
+    return found
+
+
+def ref_reads(jaxpr: Any, refs: dict[int, int], branches: bool = True) -> set[int]:
+    """Which of ``refs`` (id of a ref variable of ``jaxpr`` -> its number) some ``get`` or
+    ``addupdate`` reads, nested jaxprs followed; with ``branches`` False a ``cond``'s branches
+    (``pl.when``'s) are not: the refs read at every grid step. A ref handed to a nested jaxpr
+    whose variables do not line up with the operands counts as read."""
+    found: set[int] = set()
+    for eqn in open_jaxpr(jaxpr).eqns:
+        name = eqn.primitive.name
+        if name in REF_READS:
+            found |= {refs[id(eqn.invars[0])]} if id(eqn.invars[0]) in refs else set()
+        elif name != "cond" or branches:
+            for inner, variables, operands in _handed_on(eqn):
+                if operands is None:
+                    found |= {refs[id(v)] for v in eqn.invars if id(v) in refs}
+                    continue
+                passed = {id(v): refs[id(o)] for v, o in zip(variables, operands, strict=True)
+                          if id(o) in refs}
+                if passed:
+                    found |= ref_reads(inner, passed, branches)
+    return found
+
+
 def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]]) -> dict:
     kernel = kernel_body(eqn)
     if eqn.primitive.name == "pallas_call":
@@ -217,6 +275,11 @@ def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]
     else:  # mpmd_map: no scalar prefetch; the inputs' refs come first
         n_idx, n_in = 0, len(eqn.invars)
     refs, used = open_jaxpr(kernel).invars, _used(kernel)
+    # a pallas_call's body takes its refs as scalar prefetch, inputs, outputs, then scratch
+    n_out = int(gm.num_outputs) if eqn.primitive.name == "pallas_call" else 0
+    first_scratch = n_idx + n_in + n_out if eqn.primitive.name == "pallas_call" else len(refs)
+    numbered = {id(v): k for k, v in enumerate(refs)}
+    read, every_step = ref_reads(kernel, numbered), ref_reads(kernel, numbered, branches=False)
     source = os.path.realpath(kernel_file(kernel)) if kernel_file(kernel) else ""
     return {"number": number,
             "course_kernel": source.startswith(COURSE_CODE),
@@ -230,7 +293,14 @@ def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]
                        if i < len(refs) and id(refs[i]) not in used],
             "dma": dma_order(eqn.params) if eqn.primitive.name == "pallas_call" else None,
             "dot_precisions": dot_precisions(kernel),
-            "strided_refs": strided_refs(kernel)}
+            "strided_refs": strided_refs(kernel),
+            "dot_types": dot_types(kernel),
+            "scratch": [{"dtype": str(v.aval.dtype), "shape": list(v.aval.shape),
+                         "read": k in read} for k, v in enumerate(refs) if k >= first_scratch],
+            "outputs_read": [k - n_idx - n_in for k in sorted(read)
+                             if n_idx + n_in <= k < first_scratch],
+            "branch_only_reads": [k - n_idx for k in sorted(read - every_step)
+                                  if n_idx <= k < n_idx + n_in]}
 
 
 def _floating(v: Any) -> bool:

@@ -111,6 +111,10 @@ class Task:
     # rules on the order of the kernel's own DMAs (``verdict.DmaOrder``), for tasks that
     # teach manual DMA: (dma order or None, case) -> rules
     dma_rules: Callable[[Any, Case], list[Rule]] | None = None
+    # rules on what the kernel bodies compute with (``verdict.KernelWork``: their dots' dtypes,
+    # scratch, outputs read back, inputs read only in a ``pl.when`` branch): (the program's
+    # kernels, case) -> rules
+    body_rules: Callable[[tuple, Case], list[Rule]] | None = None
 
     def inputs(self, case: Case) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(case.seed)
@@ -343,6 +347,8 @@ def work_rules(task: Task, case: Case, w, inputs: dict, out_elements: int) -> li
         rules.append(own_kernels(w))
     if task.dma_rules is not None:
         rules.extend(task.dma_rules(next((c.dma for c in w.calls if c.dma), None), case))
+    if task.body_rules is not None:
+        rules.extend(task.body_rules(w.calls, case))
     return rules
 
 

@@ -36,7 +36,7 @@ MATMUL_TASKS = {
     "block_sparse_matmul": "05_scalar_prefetch", "grouped_matmul": "05_scalar_prefetch",
     "matmul_tuned": "06_performance", "flash_attention": "07_flash_attention",
     "gpu_matmul": "11_gpu", "matmul_bias_relu_cores": "12_kernel_api",
-    "int8_matmul_per_channel": "14_production_kernels",
+    "int8_matmul_per_channel": "14_production_kernels", "w8a8_matmul": "14_production_kernels",
 }
 
 

@@ -177,3 +177,48 @@ def test_the_work_facts_name_host_callbacks_and_floating_prefetch():
     assert facts["callbacks"] == ["pure_callback"]
     assert facts["calls"][0]["operands"][0]["floating"] is True
     assert facts["calls"][0]["dma"] is None
+
+
+def test_the_work_facts_say_where_a_body_reads_its_refs():
+    """``branch_only_reads``: inputs read only inside a ``pl.when`` (nested in a loop or not);
+    a read in a loop's body or a ``run_scoped`` is a read at every step. ``outputs_read``: an
+    output summed into. ``scratch``: each scratch ref's dtype and shape, read or not."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    from grader.grading import work
+
+    def kernel(when_ref, looped_ref, scoped_ref, either_ref, o_ref, acc_ref, unused_ref):
+        def step(i, carry):
+            @pl.when(i == 1)
+            def _():
+                acc_ref[...] += when_ref[...]
+
+            return carry + looped_ref[...]
+
+        def scoped(tmp_ref):
+            tmp_ref[...] = scoped_ref[...]
+            acc_ref[...] += tmp_ref[...]
+
+        pl.run_scoped(scoped, pltpu.VMEM((8, 128), jnp.float32))
+
+        @pl.when(pl.program_id(0) == 0)
+        def _():
+            acc_ref[...] += either_ref[...]
+
+        # a bound known only at run time: a while loop
+        o_ref[...] += jax.lax.fori_loop(0, pl.program_id(0) + 2, step, either_ref[...]) + \
+            acc_ref[...]
+
+    def fn(*xs):
+        return pl.pallas_call(
+            kernel, grid=(2,), out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+            scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.VMEM((4, 128), jnp.int32)],
+            interpret=True)(*xs)
+
+    x = jnp.zeros((8, 128), jnp.float32)
+    (call,) = work.facts(jax.make_jaxpr(fn)(x, x, x, x))["calls"]
+    assert call["branch_only_reads"] == [0]  # either_ref is read outside its pl.when too
+    assert call["outputs_read"] == [0]
+    assert call["scratch"] == [{"dtype": "float32", "shape": [8, 128], "read": True},
+                               {"dtype": "int32", "shape": [4, 128], "read": False}]
+    assert call["dot_types"] == []

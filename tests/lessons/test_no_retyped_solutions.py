@@ -31,8 +31,8 @@ MIN_NODES = 60
 SAME = 0.8
 # the new lessons' tasks, and the tasks rewritten because they retyped lessons 5, 6 and 10
 NEW_TASKS = ("softmax_in_parts", "matmul_bias_relu_cores", "int8_matmul_per_channel",
-             "kv_cache_append", "column_softmax", "matmul", "matmul_tuned", "rms_norm",
-             "embedding_bag")
+             "w8a8_matmul", "kv_cache_append", "column_softmax", "matmul", "matmul_tuned",
+             "rms_norm", "embedding_bag")
 
 
 class _Canonical(ast.NodeTransformer):

@@ -37,8 +37,8 @@ UNGRADED = {
        for k in (1, 2, 3, 4, 5, 7)},
     ("15", 2): "issue 37: no task has the learner predict a quantization error or choose a "
                "tolerance",
-    ("15", 3): "issue 37: no task reads JAX's ragged paged attention",
-    ("15", 4): "issue 37: no task writes a paged attention",
+    ("15", 4): "issue 37: no task reads JAX's ragged paged attention",
+    ("15", 5): "issue 37: no task writes a paged attention",
     ("16", 3): "issue 37: no task writes a WGMMA (plgpu.wgmma)",
 }
 

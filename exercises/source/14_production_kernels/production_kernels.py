@@ -1,10 +1,11 @@
 # %% [markdown]
 # # Assignment 14 — kernels in production
 #
-# Lesson 15 dequantized int8 and fp8 weights block by block inside a matmul, read JAX's
-# ragged paged attention, and wrote whole pages of a paged KV cache in place. Both tasks here
-# change one thing the lesson fixed: where a quantization scale can be applied, and how much
-# of a page a decode step writes.
+# Lesson 15 dequantized int8 and fp8 weights block by block inside a matmul, multiplied int8
+# by int8 on the MXU's int8 path, read JAX's ragged paged attention, and wrote whole pages of a
+# paged KV cache in place. Each task here changes one thing the lesson fixed: where a
+# quantization scale can be applied, which operands are int8, and how much of a page a decode
+# step writes.
 #
 # **TPU-only** features (VMEM scratch, scalar prefetch): on this machine the kernels run in
 # TPU interpret mode (`TPU_INTERPRET`).
@@ -113,7 +114,97 @@ course.check("int8_matmul_per_channel", int8_matmul_per_channel, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# ## Task 2 — `kv_cache_append(cache, new_rows, page_indices, positions)` (4 points)
+# ## Task 2 — `w8a8_matmul(xq, x_scale, wq, w_scale, bm, bn, bk, out_dtype)` (3 points)
+#
+# Task 1 still multiplied in float32: its int8 weights became floats before the dot. The int8
+# rate of a v5e or v6e (twice bfloat16's) needs int8 on **both** sides of the dot (lesson 15's
+# table), so the activations are quantized too: `xq` int8 `(M, K)` with one scale per row,
+# `x_scale` float32 `(M, 1)`, and `wq` int8 `(K, N)` with one scale per output column,
+# `w_scale` float32 `(1, N)`, both made by lesson 15's `quantize_int8` (a row of zeros gets
+# scale 0 and stays zero). Return `(xq @ wq) * x_scale * w_scale` as `out_dtype`
+# (`"float32"` or `"bfloat16"`).
+#
+# Multiply the int8 blocks as they are, asking the dot for int32; add each product to an
+# int32 scratch over `k`; at the last `k` step convert the finished sum to float32, multiply
+# it by its rows' and its columns' scales, and write it in the output's dtype. The int32 sum
+# is exact, so your output must match the reference to within a few of float32's last bits.
+#
+# Grid `(M // bm, N // bn, K // bk)` with `k` innermost and `"arbitrary"`; each of `xq` and
+# `wq` read once per block of the other. An int8 block's rows come in multiples of 32 (a TPU
+# tiles int8 as `(32, 128)`; the check's block rule says so). Checked on your kernel's program,
+# since the values cannot show it: every dot is `int8 x int8 -> int32` (blocks converted to a
+# float before the dot fail, however right the values), the only state across `k` is the
+# int32 scratch (a float32 one fails), and the scales are read only inside the last step's
+# `pl.when`.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Start from Task 1's kernel, now with four inputs and no cast before the dot. The row
+# scales' BlockSpec is `(bm, 1)` and follows the row block; the column scales' is `(1, bn)`
+# and follows the column block: a dimension of 1 is the array's own size there, so the
+# (8, 128) rule accepts both. The scratch holds `jnp.int32` and is zeroed at the first `k`
+# step; the output's dtype comes from `jnp.dtype(out_dtype)`.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# Two lines. The accumulating one adds to the int32 scratch the dot of the two int8 blocks,
+# read from their refs unchanged, with int32 asked as the preferred element type. The
+# epilogue's, in the last-step branch: the scratch converted to float32, times the row-scale
+# block, times the column-scale block, cast to the output ref's dtype.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "w8a8_matmul_solution", "solution": true}
+def w8a8_matmul(xq, x_scale, wq, w_scale, bm, bn, bk, out_dtype):
+    ### BEGIN SOLUTION
+    (m, k), n = xq.shape, wq.shape[1]
+
+    def kernel(xq_ref, xs_ref, wq_ref, ws_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        # int8 x int8 on the MXU's int8 path, summed in int32: exact
+        acc_ref[...] += jnp.dot(xq_ref[...], wq_ref[...], preferred_element_type=jnp.int32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():  # the scales once, on the finished sum
+            scaled = acc_ref[...].astype(jnp.float32) * xs_ref[...] * ws_ref[...]
+            o_ref[...] = scaled.astype(o_ref.dtype)
+
+    # k innermost and "arbitrary": the int32 accumulator stays on chip for all k.
+    return pl.pallas_call(
+        kernel,
+        grid=(m // bm, n // bn, k // bk),
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bm, 1), lambda i, j, kk: (i, 0)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j)),
+                  pl.BlockSpec((1, bn), lambda i, j, kk: (0, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), jnp.dtype(out_dtype)),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.int32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+        interpret=TPU_INTERPRET,
+    )(xq, x_scale, wq, w_scale)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "w8a8_matmul_visible", "grade": true, "points": 1}
+course.check("w8a8_matmul", w8a8_matmul)
+
+# %% nbgrader={"grade_id": "w8a8_matmul_hidden", "grade": true, "points": 2}
+# Hidden tests: bfloat16 output, a row of zeros (scale 0), a long K, a single k step, 32-row
+# blocks.
+### BEGIN HIDDEN TESTS
+course.check("w8a8_matmul", w8a8_matmul, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 3 — `kv_cache_append(cache, new_rows, page_indices, positions)` (4 points)
 #
 # A paged key cache `cache` of shape `(P, page_size, D)`; for each of `S` sequences a new
 # key row `new_rows[s]` (shape `(S, 1, D)`), its page table row `page_indices[s]` (int32,
