@@ -37,8 +37,8 @@ from jax.experimental.pallas import tpu as pltpu
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "lessons")]
 
-import kernelsim  # noqa: E402
 import tpu_perf  # noqa: E402
+
 from kernelsim.timing import time_call  # noqa: E402
 
 LANES = 128  # a row of lane-replicated statistics, as the bundled kernel keeps them
