@@ -32,10 +32,7 @@ import sys
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from jax.experimental import pallas as pl
-from jax.experimental.pallas import tpu as pltpu
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench"), str(ROOT / "lessons")]
@@ -44,74 +41,7 @@ import tpu_perf  # noqa: E402
 
 from kernelsim.timing import time_call  # noqa: E402
 
-LANES = 128  # a row of lane-replicated statistics, as the bundled kernel keeps them
 VARIANTS = ("lesson", "nt_dot", "nt_dot_lane_dense", "nt_dot_tiled_stats", "bundled")
-
-
-def variant_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, scale, lane_dense,
-                   tiled):
-    """Lesson 8's non-causal body with the scores as an NT ``dot_general``; with
-    ``lane_dense`` the running max and sum are ``(bq, LANES)`` rows of one repeated value, and
-    with ``tiled`` too those rows are widened by ``jnp.tile``, not by a broadcast of a column."""
-    kv_step = pl.program_id(2)
-
-    @pl.when(kv_step == 0)
-    def _init():
-        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
-        denom_ref[...] = jnp.zeros_like(denom_ref)
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-    s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
-                            preferred_element_type=jnp.float32) * scale
-    m_prev = m_ref[...]
-    if tiled:  # whole rows of LANES repeated: no value crosses lanes
-        m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
-        p = jnp.exp(s - jnp.tile(m_new, (1, s.shape[1] // LANES)))
-        alpha = jnp.exp(m_prev - m_new)
-        denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
-        acc_ref[...] = jnp.tile(alpha, (1, acc_ref.shape[1] // LANES)) * acc_ref[...] + jnp.dot(
-            p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
-    elif lane_dense:  # one column of the repeated rows broadcasts over the scores
-        m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
-        p = jnp.exp(s - m_new[:, :1])
-        alpha = jnp.exp(m_prev - m_new)
-        denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
-        acc_ref[...] = alpha[:, :1] * acc_ref[...] + jnp.dot(
-            p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
-    else:
-        m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
-        p = jnp.exp(s - m_new)
-        alpha = jnp.exp(m_prev - m_new)
-        denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
-        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
-            p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
-    m_ref[...] = m_new
-
-    @pl.when(kv_step == pl.num_programs(2) - 1)
-    def _finalize():
-        denom = denom_ref[...][:, :1] if lane_dense or tiled else denom_ref[...]
-        o_ref[...] = (acc_ref[...] / denom).astype(o_ref.dtype)
-
-
-def variant_attention(q, k, v, *, bq, bkv, lane_dense, tiled, interpret):
-    """``variant_kernel`` over lesson 8's grid (heads, query blocks, key blocks)."""
-    heads, n, d = q.shape
-    stat = LANES if lane_dense or tiled else 1
-    return pl.pallas_call(
-        functools.partial(variant_kernel, scale=1 / d ** 0.5, lane_dense=lane_dense,
-                          tiled=tiled),
-        grid=(heads, n // bq, n // bkv),
-        in_specs=[pl.BlockSpec((None, bq, d), lambda h, i, j: (h, i, 0)),
-                  pl.BlockSpec((None, bkv, d), lambda h, i, j: (h, j, 0)),
-                  pl.BlockSpec((None, bkv, d), lambda h, i, j: (h, j, 0))],
-        out_specs=pl.BlockSpec((None, bq, d), lambda h, i, j: (h, i, 0)),
-        scratch_shapes=[pltpu.VMEM((bq, stat), jnp.float32), pltpu.VMEM((bq, stat), jnp.float32),
-                        pltpu.VMEM((bq, d), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        interpret=interpret,
-    )(q, k, v)
 
 
 def call(variant: str, lesson_flash, bh: int, n: int, block: int):
@@ -122,7 +52,7 @@ def call(variant: str, lesson_flash, bh: int, n: int, block: int):
     if variant == "lesson":
         return tpu_perf.flash_call(lesson_flash, {**config, "bq": block, "bkv": block})
     fn, args = tpu_perf.flash_call(lesson_flash, {**config, "bq": block, "bkv": block})
-    return functools.partial(variant_attention, bq=block, bkv=block,
+    return functools.partial(tpu_perf.variant_attention, bq=block, bkv=block,
                              lane_dense=variant == "nt_dot_lane_dense",
                              tiled=variant == "nt_dot_tiled_stats",
                              interpret=tpu_perf.interpreting()), args

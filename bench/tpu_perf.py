@@ -56,6 +56,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.experimental import pallas as pl  # noqa: E402
+from jax.experimental.pallas import tpu as pltpu  # noqa: E402
 
 import kernelsim  # noqa: E402
 from kernelsim.cost.estimate import TimeConstants, TimeTerms, fitted_seconds  # noqa: E402
@@ -147,11 +148,86 @@ def matmul_rows(matmul, sizes, blocks, opts) -> list[dict]:
     return rows
 
 
+LANES = 128  # a row of lane-replicated statistics, as JAX's bundled kernel keeps them
+
+
+def variant_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, scale, lane_dense,
+                   tiled):
+    """Lesson 8's non-causal body with the scores as an NT ``dot_general``; with
+    ``lane_dense`` the running max and sum are ``(bq, LANES)`` rows of one repeated value, and
+    with ``tiled`` too those rows are widened by ``jnp.tile``, not by a broadcast of a column."""
+    kv_step = pl.program_id(2)
+
+    @pl.when(kv_step == 0)
+    def _init():
+        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        denom_ref[...] = jnp.zeros_like(denom_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+    s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32) * scale
+    m_prev = m_ref[...]
+    if tiled:  # whole rows of LANES repeated: no value crosses lanes
+        m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
+        p = jnp.exp(s - jnp.tile(m_new, (1, s.shape[1] // LANES)))
+        alpha = jnp.exp(m_prev - m_new)
+        denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
+        acc_ref[...] = jnp.tile(alpha, (1, acc_ref.shape[1] // LANES)) * acc_ref[...] + jnp.dot(
+            p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
+    elif lane_dense:  # one column of the repeated rows broadcasts over the scores
+        m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
+        p = jnp.exp(s - m_new[:, :1])
+        alpha = jnp.exp(m_prev - m_new)
+        denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
+        acc_ref[...] = alpha[:, :1] * acc_ref[...] + jnp.dot(
+            p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
+    else:
+        m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
+        p = jnp.exp(s - m_new)
+        alpha = jnp.exp(m_prev - m_new)
+        denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
+        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
+            p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
+    m_ref[...] = m_new
+
+    @pl.when(kv_step == pl.num_programs(2) - 1)
+    def _finalize():
+        denom = denom_ref[...][:, :1] if lane_dense or tiled else denom_ref[...]
+        o_ref[...] = (acc_ref[...] / denom).astype(o_ref.dtype)
+
+
+def variant_attention(q, k, v, *, bq, bkv, lane_dense, tiled, interpret):
+    """``variant_kernel`` over lesson 8's grid (heads, query blocks, key blocks)."""
+    heads, n, d = q.shape
+    stat = LANES if lane_dense or tiled else 1
+    return pl.pallas_call(
+        functools.partial(variant_kernel, scale=1 / d ** 0.5, lane_dense=lane_dense,
+                          tiled=tiled),
+        grid=(heads, n // bq, n // bkv),
+        in_specs=[pl.BlockSpec((None, bq, d), lambda h, i, j: (h, i, 0)),
+                  pl.BlockSpec((None, bkv, d), lambda h, i, j: (h, j, 0)),
+                  pl.BlockSpec((None, bkv, d), lambda h, i, j: (h, j, 0))],
+        out_specs=pl.BlockSpec((None, bq, d), lambda h, i, j: (h, i, 0)),
+        scratch_shapes=[pltpu.VMEM((bq, stat), jnp.float32), pltpu.VMEM((bq, stat), jnp.float32),
+                        pltpu.VMEM((bq, d), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=interpret,
+    )(q, k, v)
+
+
 def flash_call(flash, config):
-    """(fn, args) of a flash-attention row ``config``: lesson 8's kernel (``bq``/``bkv``) or
-    JAX's bundled one (``block``), random bfloat16 q, k, v of (bh, n, d)."""
+    """(fn, args) of a flash-attention row ``config``: lesson 8's kernel (``bq``/``bkv``),
+    with ``statistics: "tiled"`` its variant whose running max and sum are lane-replicated
+    rows widened by ``jnp.tile`` (``variant_attention``), or JAX's bundled one (``block``);
+    random bfloat16 q, k, v of (bh, n, d)."""
     bh, n, d = config["bh"], config["n"], config["d"]
     q, k, v = (jax.random.normal(jax.random.key(i), (bh, n, d), jnp.bfloat16) for i in range(3))
+    if config.get("statistics") == "tiled":  # bench/fa_probe.py's variant, non-causal
+        return functools.partial(variant_attention, bq=config["bq"], bkv=config["bkv"],
+                                 lane_dense=False, tiled=True,
+                                 interpret=interpreting()), (q, k, v)
     if "block" not in config:
         return functools.partial(flash, bq=config["bq"], bkv=config["bkv"],
                                  causal=config["causal"], interpret=interpreting()), (q, k, v)
@@ -339,7 +415,8 @@ def re_estimate(path: Path) -> dict:
 FIT_START = {  # the coarse grid the fit starts from: datasheet-neutral guesses, not chips.py's
     "call_seconds": (10e-6, 50e-6, 200e-6), "per_step_seconds": (0.1e-6, 0.35e-6, 1e-6),
     "idle_step_seconds": (0.01e-6, 0.1e-6, 0.35e-6), "mxu_efficiency": (0.6, 0.8, 1.0),
-    "vector_vregs_per_second": (0.5e9, 2e9, 8e9), "dma_efficiency": (0.6, 0.8, 1.0)}
+    "vector_vregs_per_second": (0.5e9, 2e9, 8e9), "lane_broadcast_seconds": (0.5e-9, 3e-9, 10e-9),
+    "dma_efficiency": (0.6, 0.8, 1.0)}
 AT_MOST_ONE = ("mxu_efficiency", "dma_efficiency")  # shares of a peak
 
 

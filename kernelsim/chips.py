@@ -45,13 +45,15 @@ class Chip:
         buffers, scratch and the body values Mosaic keeps, ``CallCost.mosaic_vmem_bytes``);
         0 where unknown. Each chip's source is in ``sources``.
     call_seconds, idle_step_seconds, mxu_efficiency, vector_vregs_per_second,
-        dma_efficiency: TPU time model fitted on the chip (``_FIT_V5E``): a fixed cost per
-        call (the pipeline's prologue and epilogue: the first blocks' DMA, the last
-        write-back), seconds; the cost of a grid step the kernel skips (``per_step_seconds``
-        is then a working step's), seconds; the share of the matmul peak a kernel's dots
-        reach; the rate of vector work, tile-padded vector registers produced per second
-        (``KernelCall.vector_vregs_per_step``); the share of the HBM bandwidth the pipeline's
-        DMAs reach. Defaults: no such terms (the plain roofline).
+        lane_broadcast_seconds, dma_efficiency: TPU time model fitted on the chip
+        (``_FIT_V5E``): a fixed cost per call (the pipeline's prologue and epilogue: the
+        first blocks' DMA, the last write-back), seconds; the cost of a grid step the kernel
+        skips (``per_step_seconds`` is then a working step's), seconds; the share of the
+        matmul peak a kernel's dots reach; the rate of vector work, tile-padded vector
+        registers produced per second (``KernelCall.vector_vregs_per_step``); the time of
+        one column vreg broadcast across the lanes
+        (``KernelCall.lane_broadcast_vregs_per_step``), seconds; the share of the HBM
+        bandwidth the pipeline's DMAs reach. Defaults: no such terms (the plain roofline).
     """
 
     name: str
@@ -73,6 +75,7 @@ class Chip:
     idle_step_seconds: float = 0.0
     mxu_efficiency: float = 1.0
     vector_vregs_per_second: float = 0.0
+    lane_broadcast_seconds: float = 0.0
     dma_efficiency: float = 1.0
 
     @property
@@ -141,14 +144,17 @@ _TRANSPOSED_TF32 = (
 _SCOPED_V5E = ("default scoped VMEM 16 MiB: measured on a TPU v5e (jax 0.10.2, libtpu 0.0.42.1, "
                "2026-12-05, /work/shared/notes/tpu-v5e.md): Mosaic's CompileTimeScopedVmemOom "
                "says 'limit 16.00M' for lesson 7's matmul with blocks (1024, 1024, 1024)")
-_FIT_V5E = ("time model fitted on the TPU v5e: bench/recorded/tpu_perf-v5e.json (recorded at "
-            "commit f1c4f1f from the tree at ad54878; jax 0.10.2, libtpu 0.0.42.1, "
-            "2026-12-05), on its 45 rows marked fitted (lesson 7's matmul at n = 4096 and 8192, "
-            "lesson 8's flash attention), minimising the worst |log(measured / estimated)|: "
-            "per call 111 us, per working step 0.34 us, per skipped step 0.059 us, matmuls at "
-            "0.95 of the bf16 peak, vector work 1.845e9 vregs/s, DMAs at 0.926 of the HBM "
-            "bandwidth; held out: the matmuls at n = 2048, JAX's bundled flash attention, the "
-            "elementwise and reduction rows")
+_FIT_V5E = ("time model fitted on the TPU v5e: bench/recorded/tpu_perf-v5e.json (jax 0.10.2, "
+            "libtpu 0.0.42.1, 2026-12-05 and, for the rows of lesson 8's kernel with tiled "
+            "statistics, bench/recorded/fa_probe-v5e.json, 2026-12-06), on its 52 rows marked "
+            "fitted (lesson 7's matmul at n = 4096 and 8192, lesson 8's flash attention and its "
+            "variant with lane-replicated statistics), minimising the worst "
+            "|log(measured / estimated)| (bench/tpu_perf.py --fit): per call 124 us, per "
+            "working step 0.249 us, per skipped step 0.223 us, matmuls at the bf16 peak, "
+            "vector work at 2.60e9 vregs/s overlapping the matmuls (the larger of the two "
+            "counts), 3.93 ns per column vreg broadcast across the lanes on top, DMAs at "
+            "0.927 of the HBM bandwidth; held out: the matmuls at n = 2048, JAX's bundled flash "
+            "attention, the elementwise and reduction rows")
 _SCOPED_PRE_V6 = ("default scoped VMEM 16 MiB: assumed as measured on v5e (a chip before v6, like "
                   "it); consistent with JAX's test_automatic_single_buffering "
                   "(tests/pallas/tpu_pallas_test.py, jax 0.12.0.1), where before TPU v6 one 10 "
@@ -163,11 +169,12 @@ CHIPS: dict[str, Chip] = {
     "tpu-v4": Chip("tpu-v4", "tpu", 275e12, 275e12, 1200e9, 16 * MiB, 1 * MiB, 0.27e-6,
                    (_GCLOUD.format("v4"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED_PRE_V6),
                    default_scoped_vmem_bytes=16 * MiB),
-    "tpu-v5e": Chip("tpu-v5e", "tpu", 197e12, 197e12, 819e9, 128 * MiB, 1 * MiB, 0.34e-6,
+    "tpu-v5e": Chip("tpu-v5e", "tpu", 197e12, 197e12, 819e9, 128 * MiB, 1 * MiB, 0.249e-6,
                     (_GCLOUD.format("v5e"), _TPU_INFO, _FIT_V5E, _F32_TPU, _SCOPED_V5E),
-                    default_scoped_vmem_bytes=16 * MiB, call_seconds=111e-6,
-                    idle_step_seconds=0.059e-6, mxu_efficiency=0.95,
-                    vector_vregs_per_second=1.845e9, dma_efficiency=0.926),
+                    default_scoped_vmem_bytes=16 * MiB, call_seconds=124.3e-6,
+                    idle_step_seconds=0.2229e-6, mxu_efficiency=1.0,
+                    vector_vregs_per_second=2.598e9, lane_broadcast_seconds=3.929e-9,
+                    dma_efficiency=0.9266),
     "tpu-v5p": Chip("tpu-v5p", "tpu", 459e12, 459e12, 2765e9, 64 * MiB, 1 * MiB, 0.27e-6,
                     (_GCLOUD.format("v5p"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED_PRE_V6),
                     default_scoped_vmem_bytes=16 * MiB),

@@ -245,6 +245,8 @@ class KernelCall:
     flops_per_step: FLOPs one kernel invocation performs, counted from the kernel jaxpr.
     vector_vregs_per_step: the vector registers one invocation's arithmetic other than
         matmuls produces, tile-padded (``kernelsim.find.flops.count_flops``).
+    lane_broadcast_vregs_per_step: the column vregs one invocation broadcasts across the
+        lanes (``kernelsim.find.flops.lane_broadcast_vregs``).
     matmuls: the kernel body's dot_generals (``kernelsim.find.flops.Matmul``: input dtype, FLOPs per
         invocation, whether both operands are K-major).
     cost_estimate_flops / cost_estimate_bytes: the call's own ``pl.CostEstimate``, if given.
@@ -273,6 +275,7 @@ class KernelCall:
     operands: list[Operand]
     flops_per_step: int = 0
     vector_vregs_per_step: int = 0
+    lane_broadcast_vregs_per_step: int = 0
     matmuls: tuple[Matmul, ...] = ()
     cost_estimate_flops: int | None = None
     cost_estimate_bytes: int | None = None

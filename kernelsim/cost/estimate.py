@@ -17,7 +17,7 @@ load.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -77,7 +77,9 @@ class CallCost:
         overhead to their maximum. On a chip with a fitted TPU time model
         (``Chip.tpu_time_model``) compute is the matmuls at ``Chip.mxu_efficiency`` of the peak
         plus the vector work (``KernelCall.vector_vregs_per_step``) at
-        ``Chip.vector_vregs_per_second``, over the working steps only; memory is at
+        ``Chip.vector_vregs_per_second`` and the lane broadcasts
+        (``KernelCall.lane_broadcast_vregs_per_step``) at ``Chip.lane_broadcast_seconds``
+        each, over the working steps only; memory is at
         ``Chip.dma_efficiency`` of the bandwidth; overhead is ``Chip.call_seconds`` plus
         ``per_step_seconds`` per working step and ``idle_step_seconds`` per skipped one.
     working_steps: tpu model, the grid steps that do work (``working_steps``); all steps under
@@ -232,14 +234,17 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
     overhead = call.steps * chip.per_step_seconds if tpu else 0.0
     terms = None
     if tpu and chip.tpu_time_model:
+        # the kernel's own work over its working steps, whatever a pl.CostEstimate says: a
+        # count for the whole call cannot tell which steps the body skips (JAX's causal
+        # flash attention gives the FLOPs of its plain-JAX reference, every score of the
+        # N x N matrix, twice what its kernel multiplies; the v5e measured 0.71-0.79 of the
+        # estimate that believed it, bench/recorded/tpu_perf-v5e.json)
         share = working / call.steps if call.steps else 1.0
-        terms = TimeTerms(compute * (share if source == "kernel jaxpr" else 1.0),
-                          working * call.vector_vregs_per_step, working,
+        terms = TimeTerms(own_compute * share, working * call.vector_vregs_per_step,
+                          working * call.lane_broadcast_vregs_per_step, working,
                           call.steps - working, memory)
-        constants = TimeConstants.of(chip)
-        compute, memory, overhead = fitted_seconds(terms, constants)
-        own_compute = fitted_seconds(replace(terms, matmul_seconds=own_compute * share),
-                                     constants)[0]
+        compute, memory, overhead = fitted_seconds(terms, TimeConstants.of(chip))
+        own_compute = compute
     return CallCost(costs, read, write, read + write + edge_padding, vmem, smem, flops, source,
                     compute, memory, overhead,
                     call.body_values_vmem_bytes if tpu else 0, working, own_compute, terms)
@@ -252,6 +257,7 @@ class TimeTerms:
 
     matmul_seconds: the FLOPs of the working steps at the chip's peak, seconds.
     vector_vregs: tile-padded vector registers produced over the working steps.
+    lane_broadcast_vregs: column vregs broadcast across the lanes over the working steps.
     working_steps / idle_steps: grid steps that do work and that are skipped
         (``working_steps``).
     dma_seconds: the HBM bytes at the chip's bandwidth, seconds.
@@ -259,6 +265,7 @@ class TimeTerms:
 
     matmul_seconds: Any
     vector_vregs: Any
+    lane_broadcast_vregs: Any
     working_steps: Any
     idle_steps: Any
     dma_seconds: Any
@@ -273,6 +280,7 @@ class TimeConstants:
     idle_step_seconds: float
     mxu_efficiency: float
     vector_vregs_per_second: float
+    lane_broadcast_seconds: float
     dma_efficiency: float
 
     @classmethod
@@ -282,10 +290,12 @@ class TimeConstants:
 
 def fitted_seconds(t: TimeTerms, k: TimeConstants) -> tuple[Any, Any, Any]:
     """(compute, memory, overhead) seconds of the fitted TPU time model: the matmuls at
-    ``mxu_efficiency`` of the peak plus the vector work, the DMAs at ``dma_efficiency`` of the
-    bandwidth, a cost per call, per working step and per skipped step. The estimate is
-    max(compute, memory) + overhead (``CallCost.estimated_seconds``)."""
-    compute = t.matmul_seconds / k.mxu_efficiency + t.vector_vregs / k.vector_vregs_per_second
+    ``mxu_efficiency`` of the peak plus the vector work and the lane broadcasts, the DMAs at
+    ``dma_efficiency`` of the bandwidth, a cost per call, per working step and per skipped
+    step. The estimate is max(compute, memory) + overhead (``CallCost.estimated_seconds``)."""
+    compute = (np.maximum(t.matmul_seconds / k.mxu_efficiency,
+                          t.vector_vregs / k.vector_vregs_per_second)
+               + t.lane_broadcast_vregs * k.lane_broadcast_seconds)
     memory = t.dma_seconds / k.dma_efficiency
     overhead = (k.call_seconds + t.working_steps * k.per_step_seconds
                 + t.idle_steps * k.idle_step_seconds)

@@ -240,7 +240,10 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     operand_args = args[len(args) - nprefetch - nin:]
     prefetch_vals = [np.asarray(a) for a in operand_args[:nprefetch]]
     call = KernelCall(name, grid, _dimension_semantics(params, len(grid)), [])
-    call.flops_per_step, call.matmuls, call.vector_vregs_per_step = count_flops(params["jaxpr"])
+    work = count_flops(params["jaxpr"])
+    call.flops_per_step, call.matmuls = work.flops, work.matmuls
+    call.vector_vregs_per_step = work.vector_vregs
+    call.lane_broadcast_vregs_per_step = work.lane_broadcast_vregs
     scoped = _scoped_peak(open_jaxpr(params["jaxpr"]))
     call.scoped_vmem_bytes, call.scoped_smem_bytes = scoped.get("vmem", 0), scoped.get("smem", 0)
     kernel = open_jaxpr(params["jaxpr"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -36,6 +36,58 @@ _DATA_MOVEMENT = frozenset({
 })
 
 
+def _is_column(var: Any) -> bool:
+    """``var`` is a column: a value of rank 2 or more whose last axis is 1, not a scalar."""
+    shape = tuple(getattr(getattr(var, "aval", None), "shape", ()))
+    return len(shape) >= 2 and shape[-1] == 1 and int(np.prod(shape, dtype=np.int64)) > 1
+
+
+def lane_broadcast_vregs(eqn: Any, replicated: set) -> int:
+    """The vector registers of the columns ``eqn`` spreads across the lanes, or 0: an operand
+    whose last axis is 1 made as wide as a last axis of more than one lane, by
+    ``broadcast_in_dim`` or by an elementwise operation's own broadcasting (``s - m`` with
+    scores (bq, bkv) and a running max (bq, 1) read from scratch, as an online softmax has),
+    unless the column is ``replicated``: a reduction along the lanes leaves its result in
+    every lane, and arithmetic on such columns keeps it so. Measured on the TPU v5e, lesson
+    8's flash attention took 1.58x the time with (bq, 1) statistics in scratch that it took
+    with the same statistics kept as (bq, 128) rows and widened by ``jnp.tile``, a copy of
+    whole vregs (bench/recorded/fa_probe-v5e.json). Tile-padded, as ``_vregs``: a (512, 1)
+    float32 column is 64."""
+    shape = tuple(getattr(eqn.outvars[0].aval, "shape", ()))
+    if len(shape) < 2 or shape[-1] == 1:
+        return 0
+    return sum(_vregs(v.aval) for v in eqn.invars
+               if _is_column(v) and len(v.aval.shape) == len(shape) and v not in replicated)
+
+
+def _keeps_replicated(eqn: Any, replicated: set) -> bool:
+    """``eqn``'s column result is in every lane: a reduction along the last axis, a
+    relabelling of such a result, or arithmetic whose column operands all are (scalars
+    aside)."""
+    name = eqn.primitive.name
+    if name.startswith("reduce_") or name in ("argmax", "argmin"):
+        rank = len(getattr(eqn.invars[0].aval, "shape", ()))
+        return rank - 1 in tuple(eqn.params.get("axes", ()))
+    if name in _RELABELLINGS:  # (bq,) -> (bq, 1): the same values in the same lanes
+        return not hasattr(eqn.invars[0], "val") and eqn.invars[0] in replicated
+    columns = [v for v in eqn.invars if _is_column(v)]
+    return bool(columns) and all(v in replicated for v in columns) and name not in (
+        "get", "load", "masked_load", "slice", "dynamic_slice")
+
+
+_RELABELLINGS = frozenset({"reshape", "broadcast_in_dim", "expand_dims", "squeeze",
+                           "convert_element_type", "copy"})
+
+
+class BodyWork(NamedTuple):
+    """What one kernel invocation computes (``count_flops``)."""
+
+    flops: int
+    matmuls: tuple[Matmul, ...]
+    vector_vregs: int
+    lane_broadcast_vregs: int
+
+
 def _is_k_major(var: Any, contract: tuple[int, ...], layouts: dict) -> bool:
     """``var``'s minor dimension where it was loaded is one of ``contract``."""
     rank = len(getattr(var.aval, "shape", ()))
@@ -62,33 +114,40 @@ def _is_tf32(dtype: str, precision: Any) -> bool:
     return any(n in _TF32_NAMES for n in names)
 
 
-def count_flops(jaxpr: Any) -> tuple[int, tuple[Matmul, ...], int]:
-    """FLOPs of one kernel invocation, its matmuls, and its vector work: the vector registers
+def count_flops(jaxpr: Any) -> BodyWork:
+    """FLOPs of one kernel invocation, its matmuls, its vector work: the vector registers
     its arithmetic other than matmuls produces (a reduction: that it reads), tile-padded
-    (``_vregs``), the unit of the TPU time model's VPU term.
+    (``_vregs``), the unit of the TPU time model's VPU term; and its lane broadcasts
+    (``lane_broadcast_vregs``), a term of their own.
 
     dot_general: 2 x output elements x contracted size; other arithmetic: one FLOP per output
     element (reductions: per input element); data movement is free. ``cond`` counts its most
     expensive branch, ``scan`` its body times its length, ``while`` one iteration.
     """
-    flops = vregs = 0
+    flops = vregs = broadcasts = 0
     matmuls: list[Matmul] = []
     layouts: dict = {}  # var -> its dimensions' places in the layout it was loaded with
+    replicated: set = set()  # columns in every lane (``lane_broadcast_vregs``)
     for eqn in open_jaxpr(jaxpr).eqns:
         name = eqn.primitive.name
         subs = sub_jaxprs(eqn)
+        if _keeps_replicated(eqn, replicated):
+            replicated.update(eqn.outvars)
         if name == "cond":
             counted = [count_flops(j) for j, _ in subs]
-            flops += max((c[0] for c in counted), default=0)
-            vregs += max((c[2] for c in counted), default=0)
-            matmuls += [m for c in counted for m in c[1]]
+            flops += max((c.flops for c in counted), default=0)
+            vregs += max((c.vector_vregs for c in counted), default=0)
+            broadcasts += max((c.lane_broadcast_vregs for c in counted), default=0)
+            matmuls += [m for c in counted for m in c.matmuls]
             continue
         if subs:
             for j, reps in subs:
-                f, ms, v = count_flops(j)
-                flops += f * reps
-                vregs += v * reps
-                matmuls += [Matmul(m.dtype, m.flops * reps, m.k_major, m.tf32) for m in ms]
+                work = count_flops(j)
+                flops += work.flops * reps
+                vregs += work.vector_vregs * reps
+                broadcasts += work.lane_broadcast_vregs * reps
+                matmuls += [Matmul(m.dtype, m.flops * reps, m.k_major, m.tf32)
+                            for m in work.matmuls]
             continue
         if name == "transpose" and not hasattr(eqn.invars[0], "val"):  # (not a Literal)
             (x,) = eqn.invars
@@ -109,15 +168,17 @@ def count_flops(jaxpr: Any) -> tuple[int, tuple[Matmul, ...], int]:
                                   and _is_k_major(rhs, tuple(rhs_contract), layouts),
                                   _is_tf32(str(lhs.aval.dtype), eqn.params.get("precision"))))
         elif name in _DATA_MOVEMENT:
-            continue
+            broadcasts += lane_broadcast_vregs(eqn, replicated) if name == "broadcast_in_dim" \
+                else 0
         elif name.startswith("reduce_") or name in ("argmax", "argmin", "cumsum", "cumprod",
                                                     "cummax", "cumlogsumexp"):
             flops += int(np.prod(getattr(eqn.invars[0].aval, "shape", ()), dtype=np.int64))
             vregs += _vregs(eqn.invars[0].aval)
         else:
+            broadcasts += lane_broadcast_vregs(eqn, replicated)
             for v in eqn.outvars:
                 shape = getattr(v.aval, "shape", None)
                 if shape is not None and hasattr(v.aval, "dtype"):
                     flops += int(np.prod(shape, dtype=np.int64))
                     vregs += _vregs(v.aval)
-    return flops, tuple(matmuls), vregs
+    return BodyWork(flops, tuple(matmuls), vregs, broadcasts)

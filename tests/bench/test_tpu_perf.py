@@ -74,14 +74,21 @@ RECORDED = ROOT / "bench" / "recorded" / "tpu_perf-v5e.json"
 
 def test_recorded_ratios_stay_in_their_bands():
     """measured / estimated on the TPU v5e's recorded rows (estimates rewritten by
-    ``--re-estimate``): every matmul with blocks >= 256 within 0.8-1.25 and every lesson 8
-    flash attention within 0.75-1.5, fitted and held-out rows alike."""
+    ``--re-estimate``): every matmul with blocks >= 256 within 0.8-1.25, every flash attention
+    of lesson 8's (and its variant with tiled statistics) within 0.75-1.5, fitted and
+    held-out rows alike, and JAX's bundled flash attention, held out, within 0.7-1.4: its
+    causal rows at 512 blocks are 0.71-0.79, since kernelsim counts as working the step that
+    fetches block 0 again after the diagonal (its index map repeats block 0, not the last
+    block needed) though the body skips it; they were 0.36-0.44 before the lane broadcasts
+    were counted and the vector work overlapped the matmuls."""
     rows = json.loads(RECORDED.read_text())["rows"]
     matmuls = [r for r in rows if r["family"] == "matmul" and r["measured_s"]
                and min(r["config"][k] for k in ("bm", "bk", "bn")) >= 256]
-    flash = [r for r in rows if r["kernel"] == "lesson8 flash_attention" and r["measured_s"]]
-    assert len(matmuls) == 21 and len(flash) == 30
-    for group, low, high in ((matmuls, 0.8, 1.25), (flash, 0.75, 1.5)):
+    flash = [r for r in rows if r["kernel"].startswith("lesson8 flash_attention")
+             and r["measured_s"]]
+    bundled = [r for r in rows if r["kernel"] == "jax bundled flash_attention"]
+    assert len(matmuls) == 21 and len(flash) == 36 and len(bundled) == 12
+    for group, low, high in ((matmuls, 0.8, 1.25), (flash, 0.75, 1.5), (bundled, 0.7, 1.4)):
         for r in group:
             assert low <= r["measured_s"] / r["estimated_s"] <= high, r["config"]
 
@@ -112,16 +119,16 @@ def test_fit_finds_the_constants_that_made_the_times():
     tp = _module()
     rng = np.random.default_rng(0)
     n = 40
-    terms = TimeTerms(rng.uniform(0, 2e-3, n), rng.uniform(0, 2e6, n),
+    terms = TimeTerms(rng.uniform(0, 2e-3, n), rng.uniform(0, 2e6, n), rng.uniform(0, 2e5, n),
                       rng.integers(8, 40000, n).astype(float), rng.integers(0, 2000, n) * 1.0,
                       rng.uniform(0, 3e-3, n))
-    truth = TimeConstants(111e-6, 0.34e-6, 0.059e-6, 0.95, 1.845e9, 0.926)
+    truth = TimeConstants(111e-6, 0.34e-6, 0.059e-6, 0.95, 1.2e9, 6e-9, 0.926)
     compute, memory, overhead = fitted_seconds(terms, truth)
     measured = np.maximum(compute, memory) + overhead
     owner = np.arange(n)
     assert tp.worst_log_ratio(truth, terms, owner, measured) == 0
     start = TimeConstants(*(v[1] for v in tp.FIT_START.values()))
-    assert tp.worst_log_ratio(start, terms, owner, measured) > 0.1
+    assert tp.worst_log_ratio(start, terms, owner, measured) > 0.05
     found = tp.fit_constants(terms, owner, measured)
     assert tp.worst_log_ratio(found, terms, owner, measured) < np.log(1.005)
     assert found.mxu_efficiency <= 1 and found.dma_efficiency <= 1

@@ -79,19 +79,22 @@ def test_estimate_is_roofline_plus_step_overhead():
 
 
 def test_fitted_tpu_time_model_terms():
-    """v5e's fitted model: matmuls at mxu_efficiency of the peak plus the vector work, copies
-    at dma_efficiency of the bandwidth, a fixed cost per call and per working step."""
+    """v5e's fitted model: matmuls at mxu_efficiency of the peak or the vector work, the
+    larger, plus the lane broadcasts; copies at dma_efficiency of the bandwidth, a fixed
+    cost per call and per working step."""
     t = kernelsim.trace(ex.matmul, _zeros(1024, 1024, dtype=jnp.bfloat16),
                         _zeros(1024, 1024, dtype=jnp.bfloat16), chip="tpu-v5e")
     c, chip = t.calls[0], kernelsim.chips.CHIPS["tpu-v5e"]
     assert c.cost.working_steps == c.steps == 512
     vector = 512 * c.call.vector_vregs_per_step / chip.vector_vregs_per_second
+    broadcasts = 512 * c.call.lane_broadcast_vregs_per_step * chip.lane_broadcast_seconds
     assert c.call.vector_vregs_per_step > 0
     assert c.cost.compute_seconds == pytest.approx(
-        c.flops / (chip.peak_flops_bf16 * chip.mxu_efficiency) + vector)
+        max(c.flops / (chip.peak_flops_bf16 * chip.mxu_efficiency), vector) + broadcasts)
     assert c.cost.memory_seconds == pytest.approx(
         c.cost.hbm_bytes / (chip.hbm_bytes_per_second * chip.dma_efficiency))
-    assert c.cost.overhead_seconds == pytest.approx(chip.call_seconds + 512 * 0.34e-6)
+    assert c.cost.overhead_seconds == pytest.approx(
+        chip.call_seconds + 512 * chip.per_step_seconds)
 
 
 def test_cost_estimate_overrides_counted_flops():
@@ -300,3 +303,29 @@ def test_tiling_a_value_is_data_movement_like_concatenating_it():
     tiled = kernelsim.trace(lambda x: call(lambda v: jnp.tile(v, (1, 4)), x), x).calls[0]
     joined = kernelsim.trace(lambda x: call(lambda v: jnp.concatenate([v] * 4, 1), x), x)
     assert tiled.call.vector_vregs_per_step == joined.calls[0].call.vector_vregs_per_step == 32
+
+
+def _column_kernel(widen):
+    """A kernel that subtracts a (64, 1) running value, read from scratch (``load``) or made
+    by a max along the lanes (``reduce``), from (64, 512) scores, widened by ``widen``."""
+    def kernel(x_ref, o_ref, m_ref):
+        s = x_ref[...]
+        column = {"load": lambda: m_ref[...], "reduce": lambda: s.max(axis=1, keepdims=True),
+                  "tile": lambda: jnp.tile(m_ref[...][:, :128], (1, 4))}[widen]()
+        o_ref[...] = s - column
+    return kernel
+
+
+@pytest.mark.parametrize("widen, vregs", [("load", 8), ("reduce", 0), ("tile", 0)])
+def test_a_column_read_from_scratch_is_broadcast_across_the_lanes(widen, vregs):
+    """kernelsim counts the column vregs an operation spreads across the lanes (the TPU v5e
+    measured that cost, bench/recorded/fa_probe-v5e.json): a (64, 1) float32 column from
+    scratch is 8 vregs; the same from a max along the lanes is already in every lane, and
+    ``jnp.tile`` of whole (64, 128) rows copies vregs."""
+    def fn(x):
+        return pl.pallas_call(_column_kernel(widen), out_shape=jax.ShapeDtypeStruct(x.shape,
+                                                                                   x.dtype),
+                              scratch_shapes=[pltpu.VMEM((64, 128 if widen == "tile" else 1),
+                                                         jnp.float32)])(x)
+    c = kernelsim.trace(fn, _zeros(64, 512)).calls[0]
+    assert c.call.lane_broadcast_vregs_per_step == vregs
