@@ -48,7 +48,7 @@ while [ $# -gt 0 ]; do
     --hub-port) HUB_PORT=${2:?}; shift 2 ;;
     --dask-port) DASK_PORT=${2:?}; shift 2 ;;
     --dask-workers) DASK_WORKERS=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done

@@ -36,8 +36,9 @@ import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
-from grader.grading import batch, build, inbound, sandbox, worker
+from grader.grading import batch, build, inbound, sandbox
 from grader.grading.submission import Worker, read_status, write_status
+from grader.grading.worker import load
 
 SETTING = "grade_on_submit.json"  # in the course folder: {"course": bool, "assignments": [...]}
 SEEN = "grade_on_submit.seen"  # in the course folder: the watcher's last look, and how many
@@ -110,7 +111,7 @@ class Watcher:
     submission of the assignments turned on; ``step`` is one look at the exchange."""
 
     def __init__(self, root: Path, scheduler: str, log=print):
-        cfg = worker.load(root)[0]  # the exchange the course's collect reads
+        cfg = load(root)[0]  # the course's nbgrader configuration: the exchange collect reads
         self.entries = Path(cfg.Exchange.root) / cfg.CourseDirectory.course_id / "inbound"
         self.root, self.scheduler, self.log = root, scheduler, log
         self.reported: set[str] = set()  # refused entries, logged once each

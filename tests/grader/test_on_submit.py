@@ -5,6 +5,7 @@ the watcher for real: real accounts, the hub, the Dask cluster, PostgreSQL."""
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import shutil
 import time
@@ -82,5 +83,28 @@ def test_a_look_finds_new_submissions_refuses_forged_ones_and_retries_errors(cou
         watcher.not_before.clear()
         assert watcher.due(A) == {me: ("new", entry_time(again, os.getuid()))}
 
+    finally:
+        watcher.close()
+
+
+def test_a_cluster_out_of_reach_leaves_error_never_a_zero(course, monkeypatch):
+    """The cluster or the gradebook fails the batch: a submission whose grading never ended
+    is ``error`` (graded again a minute later), one that was graded keeps its grade."""
+    def out_of_reach(*args, **kwargs):
+        raise RuntimeError("no Dask scheduler answers at tls://127.0.0.1:1")
+
+    monkeypatch.setattr(on_submit.batch, "autograde", out_of_reach)
+    said: list[str] = []
+    watcher = on_submit.Watcher(course, "tls://127.0.0.1:1", log=said.append)
+    try:
+        write_status(course, A, "graded-before", {"student": "graded-before", "assignment": A,
+                                                  "status": "graded"})
+        assert watcher.grade(A, ["graded-before", "waiting"]) == {"graded-before": "graded",
+                                                                  "waiting": "error"}
+        status = json.loads((course / "status" / A / "waiting.json").read_text())
+        assert "no Dask scheduler answers" in status["detail"]
+        assert "infrastructure fault" in status["detail"]
+        assert ("waiting", A) in watcher.not_before  # tried again after RETRY_SECONDS
+        assert any(line.startswith(f"waiting/{A}: graded on the cluster: error") for line in said)
     finally:
         watcher.close()
