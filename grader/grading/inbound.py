@@ -13,7 +13,9 @@ learners' ``nbgrader_config.py``):
   when it is a real folder whose owner *is* the student it names, copies only regular files
   owned by that student (no links followed, sizes capped as in ``grader.grading.collect``), and
   stamps the submission with the server's clock: the latest change time (``st_ctime``, which no
-  user can set) of the entry and its files. The learner's ``timestamp.txt`` is ignored.
+  user can set) of the entry and its files. The learner's ``timestamp.txt`` is ignored. Its
+  rules are ``inbound_entries`` and ``entry_time``, by which grading on submit
+  (``grader.grading.on_submit``) also tells a new submission from a forged one.
 
 And for any exchange: :class:`ReleaseFeedbackWhereSubmitted` (the formgrader's Release feedback,
 ``pallas-course feedback``) releases every learner's feedback it can file. nbgrader's stopped at
