@@ -3,7 +3,8 @@
 # the course's environment where learners' accounts can run it, Unix groups and a grading
 # account, the course folder and nbgrader's exchange with their owners and modes, a PostgreSQL
 # gradebook with password authentication, a Dask scheduler and workers on 127.0.0.1 speaking
-# TLS only, and JupyterHub with PAM logins, each user's server running as that user's account.
+# TLS only, the grading-on-submit watcher (idle until an instructor turns it on), and
+# JupyterHub with PAM logins, each user's server running as that user's account.
 # Idempotent: run it again after a change and it repairs what differs. Every service binds
 # 127.0.0.1 (put a TLS-terminating reverse proxy in front of the hub for a real class).
 #
@@ -47,7 +48,7 @@ while [ $# -gt 0 ]; do
     --hub-port) HUB_PORT=${2:?}; shift 2 ;;
     --dask-port) DASK_PORT=${2:?}; shift 2 ;;
     --dask-workers) DASK_WORKERS=${2:?}; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) die "unknown option $1 (see --help)" ;;
   esac
 done
@@ -106,7 +107,7 @@ if [ "$REMOVE" = 1 ]; then
   [ -f "$STATE/demo" ] || [ ! -d "$STATE" ] || die "$STATE holds a class that was not set up \
 with --demo: --remove deletes its course folder and gradebook; back them up and delete \
 $STATE/.. by hand, or touch $STATE/demo to confirm"
-  stop_services hub dask-workers dask-scheduler
+  stop_services hub grade-on-submit dask-workers dask-scheduler
   if [ -x "$PREFIX/venv/bin/python" ]; then  # the grading account's cgroup folder
     "$PREFIX/venv/bin/python" -I -m grader.grading.pids_cgroup undelegate "$GRADER" || true
   fi
@@ -235,7 +236,7 @@ stamp="$SRC_VENV $(cd "$REPO" && { stat -c %Y "$SRC_VENV/pyvenv.cfg" pyproject.t
   find grader kernelsim -type f -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 cat; } \
   | md5sum | cut -c1-32)"
 if [ ! -f "$VENV/.pallas-stamp" ] || [ "$(cat "$VENV/.pallas-stamp")" != "$stamp" ]; then
-  stop_services hub dask-workers dask-scheduler  # restarted on the new one
+  stop_services hub grade-on-submit dask-workers dask-scheduler  # restarted on the new one
   if runuser -u nobody -- "$BASE/bin/python$PYVER" -c '' 2>/dev/null; then
     PYHOME=$BASE
   else
@@ -410,6 +411,12 @@ from distributed import Client
 with Client(sys.argv[1], timeout="60s") as c:
     c.wait_for_workers(int(sys.argv[2]), timeout=120)
 EOF
+# grading on submit (deploy/README.md): the watcher, as the grading account, which may collect
+# (a member of the instructors' group: it reads the exchange's inbound entries), grade on the
+# cluster (the Dask key, its own ~/.pgpass) and release feedback. It grades only what an
+# instructor turned on (pallas-course grade-on-submit); until then it reads one file per poll.
+start_daemon grade-on-submit "${as_grader[@]}" "${grader_env[@]}" PALLAS_COURSE_DB="$DB_URL" \
+  "$VENV/bin/pallas-course" watch --scheduler "$SCHEDULER"
 
 # ----------------------------------------------------------------------------- JupyterHub
 # PAM logins (members of the learners' and instructors' groups), each server started as its

@@ -108,6 +108,21 @@ def _build_parser() -> argparse.ArgumentParser:
     a.add_argument("--resume", action="store_true",
                    help="grade only submissions without a status, or whose status is error "
                    "or crashed (after an interruption or an infrastructure fault)")
+    g = sub.add_parser("grade-on-submit", help="a class's submissions graded as they come: "
+                       "each new submission of ASSIGNMENT collected from the exchange, graded "
+                       "on the Dask cluster and its feedback released to its learner within a "
+                       "minute, by the watcher deploy/setup-class.sh runs (off by default; "
+                       "without arguments: what is on)")
+    g.add_argument("assignment", nargs="?")
+    g.add_argument("--all", action="store_true",
+                   help="every assignment of the course, those added later included")
+    g.add_argument("--off", action="store_true", help="turn it off again")
+    wa = sub.add_parser("watch", help="the grading-on-submit service (deploy/setup-class.sh "
+                        "runs it as the grading account): looks at the exchange every few "
+                        "seconds until stopped")
+    wa.add_argument("--scheduler", metavar="tls://HOST:8786",
+                    default=os.environ.get("PALLAS_COURSE_SCHEDULER"),
+                    help="the Dask cluster that grades (default: $PALLAS_COURSE_SCHEDULER)")
     f = sub.add_parser("feedback", help="HTML feedback without hidden tests")
     f.add_argument("assignment", nargs="?")
     e = sub.add_parser("export", help="grades CSV (nbgrader's columns plus status "
@@ -194,10 +209,28 @@ def _grading_command(args: argparse.Namespace, root: Path) -> int:
     elif args.command == "autograde":
         res = batch.autograde(root, args.assignment, workers=args.workers,
                                 timeout=args.timeout, resume=args.resume,
-                                scheduler=args.scheduler, student=args.student)
+                                scheduler=args.scheduler,
+                                students=[args.student] if args.student else None)
         return 0 if all(r["status"] in ("graded",) for r in res) else 3
     elif args.command == "feedback":
         batch.feedback(root, args.assignment)
+    elif args.command == "grade-on-submit":
+        from grader.grading import on_submit  # these commands' alone: the others start faster
+
+        if args.all and args.assignment:
+            raise ValueError("name an assignment or --all, not both")
+        if args.all or args.assignment:
+            on_submit.turn(root, args.assignment, on=not args.off)
+        elif args.off:
+            raise ValueError("--off needs an assignment or --all")
+        print(f"grading on submit is {on_submit.describe(on_submit.setting(root))}; "
+              f"{on_submit.last_seen(root)}")
+    elif args.command == "watch":
+        from grader.grading import on_submit  # these commands' alone: the others start faster
+
+        if not args.scheduler:
+            raise ValueError("--scheduler (or $PALLAS_COURSE_SCHEDULER) names the Dask cluster")
+        on_submit.watch(root, args.scheduler)
     elif args.command == "export":
         batch.export(root, args.to, lms=args.lms)
     elif args.command == "extend":

@@ -20,6 +20,7 @@ import queue
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
@@ -127,14 +128,17 @@ def _graded_locally(root: Path, todo: list[tuple[str, str]], timeout: float, wor
 def autograde(root: Path, assignment: str | None = None, workers: int = 1,
               timeout: float = SUBMISSION_TIMEOUT, resume: bool = False,
               progress=sys.stderr, log=print, scheduler: str | None = None,
-              student: str | None = None) -> list[dict]:
-    """Grade the submissions (of ``student`` only, when named) on ``workers`` local workers,
+              students: Collection[str] | None = None) -> list[dict]:
+    """Grade the submissions (of ``students`` only, when named) on ``workers`` local workers,
     or on the Dask cluster whose scheduler is at ``scheduler`` (``tcp://HOST:8786``, see
     ``grader.grading.cluster``)."""
-    todo = [(s, a) for s, a in submissions(root, assignment) if student in (None, s)]
-    if student is not None and not todo:
-        raise FileNotFoundError(f"no submission of {student!r} under {root / 'submitted'}: "
-                                "collect it first, or check the student id")
+    todo = [(s, a) for s, a in submissions(root, assignment)
+            if students is None or s in students]
+    absent = sorted(set(students or ()) - {s for s, _ in todo})
+    if absent:
+        raise FileNotFoundError(f"no submission of {', '.join(map(repr, absent))} under "
+                                f"{root / 'submitted'}: collect it first, or check the "
+                                "student id")
     if resume:
         # a status file is written when a submission is finished, whatever its outcome; one
         # that was in progress when the batch stopped has none and is graded again, as is one
@@ -192,29 +196,46 @@ def summary_table(results: list[dict]) -> str:
 
 # ----------------------------------------------------------------------------- feedback/export
 def feedback(root: Path, assignment: str | None = None, log=print) -> list[Path]:
+    """Every learner's feedback on ``assignment`` (on each assignment submitted, when None),
+    made and released to the exchange where the course has one; the HTML files made."""
     names = [assignment] if assignment else sorted({a for _, a in submissions(root)})
-    out = []
-    for a in names:
-        res = run_worker(root, "feedback", a)
-        if not res.get("success"):
-            log(f"feedback for {a} failed: {res.get('error')}\n{res.get('log', '')[-2000:]}")
-        withheld = [page for folder in sorted((root / "feedback").glob(f"*/{a}"))
-                    for page in hidden_tests.withheld_pages(folder)]
-        # with an exchange, its release left these out and said why (``not_released``)
-        for page in [] if res.get("exchange") else withheld:
-            log(f"feedback {a}: {page} still holds a hidden test: never send it; nbgrader's "
-                "ClearHiddenTests did not run (check the course's nbgrader_config.py)")
-        files = [f for f in sorted((root / "feedback").glob(f"*/{a}/*.html"))
-                 if f not in withheld]
-        out.extend(files)
-        where = (f"released to the exchange ({res['exchange']}): learners get it with "
-                 "Assignments -> Fetch feedback" if res.get("exchange") and res.get("success")
-                 else "no exchange to release it to: send the files, or set one up "
-                 "(README, Teaching a class)")
-        log(f"feedback {a}: {len(files)} HTML file(s) under {root / 'feedback'}; {where}")
-        for student, why in res.get("not_released", {}).items():
-            log(f"feedback {a}: not released for {student}: {why}")
-    return out
+    with sandbox.claimed_slot() as slot:
+        worker = Worker(root, slot)
+        try:
+            return [f for a in names for f in released_feedback(worker, root, a, log=log)[0]]
+        finally:
+            worker.close()
+
+
+def released_feedback(worker: Worker, root: Path, assignment: str, student: str | None = None,
+                      log=print) -> tuple[list[Path], str | None]:
+    """The feedback on ``assignment`` of ``student`` (of every learner when None), made by
+    ``worker`` and released to the exchange where the course has one: the HTML files made,
+    and why not all of it reached the learners (None: it did, or the course has no exchange
+    and the log names the files to send)."""
+    a = assignment
+    res = worker.run("feedback", a, *([student] if student else []))
+    problem = None
+    if not res.get("success"):
+        problem = f"feedback for {a} failed: {res.get('error')}"
+        log(f"{problem}\n{res.get('log', '')[-2000:]}")
+    withheld = [page for folder in sorted((root / "feedback").glob(f"{student or '*'}/{a}"))
+                for page in hidden_tests.withheld_pages(folder)]
+    # with an exchange, its release left these out and said why (``not_released``)
+    for page in [] if res.get("exchange") else withheld:
+        log(f"feedback {a}: {page} still holds a hidden test: never send it; nbgrader's "
+            "ClearHiddenTests did not run (check the course's nbgrader_config.py)")
+    files = [f for f in sorted((root / "feedback").glob(f"{student or '*'}/{a}/*.html"))
+             if f not in withheld]
+    where = (f"released to the exchange ({res['exchange']}): learners get it with "
+             "Assignments -> Fetch feedback" if res.get("exchange") and res.get("success")
+             else "no exchange to release it to: send the files, or set one up "
+             "(README, Teaching a class)")
+    log(f"feedback {a}: {len(files)} HTML file(s) under {root / 'feedback'}; {where}")
+    for who, why in res.get("not_released", {}).items():
+        log(f"feedback {a}: not released for {who}: {why}")
+        problem = problem or f"not released: {why}"
+    return files, problem
 
 
 LMS_FORMATS = ("canvas", "moodle")

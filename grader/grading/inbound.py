@@ -13,7 +13,9 @@ learners' ``nbgrader_config.py``):
   when it is a real folder whose owner *is* the student it names, copies only regular files
   owned by that student (no links followed, sizes capped as in ``grader.grading.collect``), and
   stamps the submission with the server's clock: the latest change time (``st_ctime``, which no
-  user can set) of the entry and its files. The learner's ``timestamp.txt`` is ignored.
+  user can set) of the entry and its files. The learner's ``timestamp.txt`` is ignored. Its
+  rules are ``inbound_entries`` and ``entry_time``, by which grading on submit
+  (``grader.grading.on_submit``) also tells a new submission from a forged one.
 
 And for any exchange: :class:`ReleaseFeedbackWhereSubmitted` (the formgrader's Release feedback,
 ``pallas-course feedback``) releases every learner's feedback it can file. nbgrader's stopped at
@@ -28,6 +30,8 @@ import glob
 import os
 import pwd
 import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -57,11 +61,36 @@ def owner_name(uid: int) -> str | None:
         return None
 
 
-def entry_files(entry: Path, uid: int) -> tuple[dict[str, bytes], float, list[str]]:
-    """The regular files of ``entry`` owned by ``uid`` (name -> bytes), the server's time of the
-    submission (latest ``st_ctime``) and what was skipped, with why."""
-    files, skipped = {}, []
-    latest = os.lstat(entry).st_ctime
+@dataclass(frozen=True)
+class InboundEntry:
+    """One entry of the exchange's ``inbound/``, as collect judges it."""
+
+    path: Path
+    student: str  # the student its name names
+    uid: int  # its owner's
+    refused: str | None  # why collect does not take it; None: a folder of the named student's
+
+
+def inbound_entries(inbound: Path, assignment: str, student: str = "*") -> list[InboundEntry]:
+    """The entries of ``assignment`` (of ``student`` only, when named) in ``inbound``, each
+    taken only when it is a real folder owned by the student it names."""
+    out = []
+    for entry in sorted(inbound.glob(f"{student}+{assignment}+*")):
+        named = entry.name.rsplit("+", 3)[0]
+        try:
+            st = os.lstat(entry)
+        except FileNotFoundError:  # its owner deleted it since the listing
+            continue
+        owner = owner_name(st.st_uid)
+        refused = ("not a folder (a link?)" if not stat.S_ISDIR(st.st_mode)
+                   else f"names {named} but was made by {owner}" if owner != named else None)
+        out.append(InboundEntry(entry, named, st.st_uid, refused))
+    return out
+
+
+def _taken(entry: Path, uid: int, skipped: list[str]) -> Iterator[tuple[str, Path, float]]:
+    """``(name below entry, path, st_ctime)`` of each file collect takes from ``entry``: the
+    regular files owned by ``uid``; what it skips goes to ``skipped``, with why."""
     for dirpath, dirnames, filenames in os.walk(entry, followlinks=False):
         here = Path(dirpath)
         dirnames[:] = [d for d in dirnames if not (here / d).is_symlink()
@@ -74,16 +103,41 @@ def entry_files(entry: Path, uid: int) -> tuple[dict[str, bytes], float, list[st
                 skipped.append(f"{rel}: not a regular file (a link is never followed)")
             elif st.st_uid != uid:
                 skipped.append(f"{rel}: written by {owner_name(st.st_uid)}, not the submitter")
-            elif name == "timestamp.txt":
-                continue  # the learner's clock: the server's is used
-            else:
-                try:
-                    files[rel] = read_regular(path, MAX_NOTEBOOK_BYTES)
-                except Skip as e:
-                    skipped.append(f"{rel}: {e}")
-                    continue
-                latest = max(latest, st.st_ctime)
-    return files, latest, skipped
+            elif name != "timestamp.txt":  # the learner's clock: the server's is used
+                yield rel, path, st.st_ctime
+
+
+def entry_time(entry: Path, uid: int) -> datetime:
+    """The server's time of the submission in ``entry`` (UTC): the latest change time
+    (``st_ctime``, which no user can set) of the folder and of the files collect takes."""
+    latest = max([os.lstat(entry).st_ctime, *(t for _, _, t in _taken(entry, uid, []))])
+    return datetime.fromtimestamp(latest, UTC)
+
+
+def entry_files(entry: Path, uid: int) -> tuple[dict[str, bytes], datetime, list[str]]:
+    """The regular files of ``entry`` owned by ``uid`` (name -> bytes), the server's time of the
+    submission (as ``entry_time``) and what was skipped, with why."""
+    files, skipped = {}, []
+    latest = os.lstat(entry).st_ctime
+    for rel, path, changed in _taken(entry, uid, skipped):
+        latest = max(latest, changed)
+        try:
+            files[rel] = read_regular(path, MAX_NOTEBOOK_BYTES)
+        except Skip as e:
+            skipped.append(f"{rel}: {e}")
+    return files, datetime.fromtimestamp(latest, UTC), skipped
+
+
+def collected_at(submitted: Path) -> datetime | None:
+    """When the submission collected into ``submitted`` (``submitted/<student>/<assignment>``)
+    was made, by its ``timestamp.txt`` (UTC); None when nothing was collected there."""
+    from nbgrader.utils import parse_utc  # nbgrader's reading of its own timestamps
+
+    try:
+        when = parse_utc((submitted / "timestamp.txt").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=UTC)  # parse_utc drops the zone
 
 
 class OwnedCollect(ExchangeCollect):
@@ -93,26 +147,19 @@ class OwnedCollect(ExchangeCollect):
         super().init_src()
         # nbgrader picked the newest entry per name by the timestamp in the name, which the
         # learner chose: pick again among the entries the named student really owns
-        assignment = self.coursedir.assignment_id
-        who = self.coursedir.student_id or "*"
         self.src_records = []
         by_student: dict[str, list[dict]] = {}
-        for entry in sorted(Path(self.inbound_path).glob(f"{who}+{assignment}+*")):
-            student = entry.name.rsplit("+", 3)[0]
-            st = os.lstat(entry)
-            owner = owner_name(st.st_uid)
-            if not stat.S_ISDIR(st.st_mode):
-                self.log.warning("%s: not a folder (a link?); not collected", entry)
-            elif owner != student:
-                self.log.warning("%s names %s but was made by %s; not collected", entry,
-                                 student, owner)
-            else:
-                files, when, skipped = entry_files(entry, st.st_uid)
-                for why in skipped:
-                    self.log.warning("%s/%s; skipped", entry.name, why)
-                by_student.setdefault(student, []).append(
-                    {"username": student, "filename": entry.name, "files": files,
-                     "timestamp": datetime.fromtimestamp(when, UTC)})
+        for entry in inbound_entries(Path(self.inbound_path), self.coursedir.assignment_id,
+                                     self.coursedir.student_id or "*"):
+            if entry.refused:
+                self.log.warning("%s: %s; not collected", entry.path, entry.refused)
+                continue
+            files, when, skipped = entry_files(entry.path, entry.uid)
+            for why in skipped:
+                self.log.warning("%s/%s; skipped", entry.path.name, why)
+            by_student.setdefault(entry.student, []).append(
+                {"username": entry.student, "filename": entry.path.name, "files": files,
+                 "timestamp": when})
         for records in by_student.values():
             self.src_records.append(max(records, key=lambda r: r["timestamp"]))
 
@@ -120,9 +167,7 @@ class OwnedCollect(ExchangeCollect):
         for rec in self.src_records:
             dest = Path(self.coursedir.format_path(self.coursedir.submitted_directory,
                                                    rec["username"], self.coursedir.assignment_id))
-            old = self.coursedir.get_existing_timestamp(str(dest)) if dest.is_dir() else None
-            if old is not None and old.tzinfo is None:
-                old = old.replace(tzinfo=UTC)  # nbgrader's parse_utc drops the zone: it is UTC
+            old = collected_at(dest)
             if old is not None and (old >= rec["timestamp"] or not self.update):
                 self.log.info("Submission already collected: %s", rec["username"])
                 continue

@@ -1,10 +1,11 @@
 """nbgrader jobs in a long-lived process: ``python -m grader.grading.worker ROOT serve``.
 
 It reads jobs as JSON lists, one per stdin line, until end of input: ``["generate", A...]``,
-``["autograde", A, STUDENT]``, ``["forget", A, STUDENT]`` (an earlier grading of a submission
-replaced by one that is not a notebook: its gradebook record, autograded notebooks and
-feedback), ``["feedback", A[, STUDENT]]`` (made, and released to the exchange when the course
-has one), ``["export", FILE]``,
+``["collect", A, STUDENT]`` (the student's newest submission from the exchange, by the
+course's collector, as the formgrader's Collect takes it), ``["autograde", A, STUDENT]``,
+``["forget", A, STUDENT]`` (an earlier grading of a submission replaced by one that is not a
+notebook: its gradebook record, autograded notebooks and feedback), ``["feedback", A[,
+STUDENT]]`` (made, and released to the exchange when the course has one), ``["export", FILE]``,
 ``["preflight"]`` (can a jailed Python import the course), ``["roster", CSV]`` (learners' names
 and e-mails into the gradebook, ``grader.grading.roster``). Each runs
 real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON
@@ -174,6 +175,11 @@ def _do_job(root: Path, cfg, coursedir, api, job: str, args: list[str], result: 
         with sandbox.slot_for_this_run() as slot:
             why = trusted.preflight(trusted.TrustedExecute(config=cfg).limits(), slot=slot)
         result.update(success=why is None, error=why)
+    elif job == "collect":
+        a, s = args
+        coursedir.student_id = s  # this job's course settings: read afresh for the next
+        r = api.collect(a)
+        result.update(success=r["success"], error=r.get("error"), log=r.get("log", "")[-4000:])
     elif job == "autograde":
         from grader.grading import trusted  # JAX and the tasks: seconds, for this job
 

@@ -314,26 +314,38 @@ def released(klass):
     return klass
 
 
-def test_a_class_end_to_end_and_learner2_attacks(released):
-    k = released
-    fg = f"/user/{TEACHER}/formgrader/api/assignment/{A}"
-    res = k.api("POST", f"{fg}/release", TEACHER)
-    assert res["success"], res
-
-    source = json.loads(next((k.course / "source" / A).glob("*.ipynb")).read_text())
-    for learner, wrong in ((L1, False), (L2, True)):
-        base = f"/user/{learner}"
+def hand_in(k: Class, learner: str, wrong: bool) -> None:
+    """``learner`` fetches assignment A (first time only), types in the solutions (``wrong``:
+    the first task's wrong) and submits, all through the hub."""
+    base = f"/user/{learner}"
+    folder = f"{base}/api/contents/{COURSE_ID}/{A}"
+    if not Path(f"/home/{learner}/{COURSE_ID}/{A}").is_dir():
         k.api("POST", f"{base}/assignments/fetch", learner,
               json={"course_id": COURSE_ID, "assignment_id": A})
-        folder = f"{base}/api/contents/{COURSE_ID}/{A}"
-        (name,) = [f["name"] for f in k.api("GET", folder, learner)["content"]
-                   if f["name"].endswith(".ipynb")]
-        nb = k.api("GET", f"{folder}/{name}", learner)["content"]
-        k.api("PUT", f"{folder}/{name}", learner, json={"type": "notebook", "format": "json",
-                                                        "content": solved(nb, source, wrong)})
-        res = k.api("POST", f"{base}/assignments/submit", learner,
-                    json={"course_id": COURSE_ID, "assignment_id": A})
-        assert "success" not in res or res["success"], res
+    source = json.loads(next((k.course / "source" / A).glob("*.ipynb")).read_text())
+    (name,) = [f["name"] for f in k.api("GET", folder, learner)["content"]
+               if f["name"].endswith(".ipynb")]
+    nb = k.api("GET", f"{folder}/{name}", learner)["content"]
+    k.api("PUT", f"{folder}/{name}", learner, json={"type": "notebook", "format": "json",
+                                                    "content": solved(nb, source, wrong)})
+    res = k.api("POST", f"{base}/assignments/submit", learner,
+                json={"course_id": COURSE_ID, "assignment_id": A})
+    assert "success" not in res or res["success"], res
+
+
+def released_to_learners(k: Class) -> None:
+    """Assignment A in the exchange for learners to fetch (the formgrader's Release), once."""
+    if not (k.exchange / "outbound" / A).is_dir():
+        res = k.api("POST", f"/user/{TEACHER}/formgrader/api/assignment/{A}/release", TEACHER)
+        assert res["success"], res
+
+
+def test_a_class_end_to_end_and_learner2_attacks(released):
+    k = released
+    released_to_learners(k)
+
+    for learner, wrong in ((L1, False), (L2, True)):
+        hand_in(k, learner, wrong)
     (l1_entry,) = entries(k, L1)
     py = str(k.venv / "bin" / "python")
 
@@ -510,6 +522,99 @@ def test_feedback_reaches_the_exchange_beside_work_collected_from_a_folder(relea
     assert "released to the exchange" in res.stdout, res.stdout
     assert "not released for paper1: its submission was collected from a folder" in res.stdout
     assert str(k.course / "feedback" / "paper1" / A) in res.stdout
+
+
+WATCHER_LOG = Path("/var/lib/pallas-course/log/grade-on-submit.log")
+
+
+def feedback_pages(learner: str) -> set[Path]:
+    """The feedback pages ``learner`` has fetched from the exchange, through the hub."""
+    return set(Path(f"/home/{learner}/{COURSE_ID}/{A}/feedback").rglob("*.html"))
+
+
+def watcher_steps(k: Class) -> int:
+    """How many looks at the exchange the watcher has finished."""
+    seen = k.course / "grade_on_submit.seen"
+    return json.loads(seen.read_text())["steps"] if seen.exists() else 0
+
+
+def test_grading_on_submit(released):
+    """With grading on submit turned on, a learner submits through the hub and, without the
+    instructor running anything, her feedback arrives in the exchange and her grade in the
+    gradebook; a classmate's entry forged in another learner's name is refused; turned off, a
+    submission waits for the instructor. Nothing secret on the watcher's command line or in
+    its environment."""
+    k = released
+    released_to_learners(k)
+    res = k.pallas(TEACHER, "grade-on-submit")
+    assert "grading on submit is off" in res.stdout, res.stdout  # off by default
+    res = k.pallas(TEACHER, "grade-on-submit", A)
+    assert f"grading on submit is on for {A}" in res.stdout, res.stdout
+    # learner 2 forges an entry in learner 1's name (who submits nothing here), then submits
+    forged = k.exchange / "inbound" / f"{L1}+{A}+2000-01-01 00:00:00.000000 UTC+on-submit"
+    as_user(L2, "sh", "-c", f"mkdir -m 2770 '{forged}' && echo '{{}}' > '{forged}/x.ipynb'")
+    l1_collected = k.course / "submitted" / L1 / A / "timestamp.txt"
+    l1_before = l1_collected.read_text() if l1_collected.exists() else None
+    l2_collected = k.course / "submitted" / L2 / A / "timestamp.txt"
+    before = feedback_pages(L2)
+    hand_in(k, L2, wrong=False)
+    # the watcher's deadline is a minute; this one only ends the wait for a broken one
+    deadline = time.monotonic() + 60 + 120
+    while True:
+        k.api("POST", f"/user/{L2}/assignments/fetch_feedback", L2,
+              json={"course_id": COURSE_ID, "assignment_id": A})
+        if feedback_pages(L2) - before:
+            break
+        assert time.monotonic() < deadline, WATCHER_LOG.read_text()[-5000:]
+        time.sleep(2)
+    log = WATCHER_LOG.read_text()
+    assert f"{L2}/{A}: collected the submission" in log, log[-5000:]
+    assert f"{L2}/{A}: feedback released to the exchange for {L2}" in log, log[-5000:]
+    # found, refused and left alone, in the look that took learner 2's submission
+    assert f"{forged.name}' names {L1} but was made by {L2}: refused" in log, log[-5000:]
+    assert not [line for line in log.splitlines() if line.split(" ", 2)[-1].startswith(
+        f"{L1}/{A}: ") and "refused" not in line], log[-5000:]
+    assert (l1_collected.read_text() if l1_collected.exists() else None) == l1_before
+    (page,) = feedback_pages(L2) - before
+    assert "(Score: 9.0 / 9.0)" in page.read_text()  # the resubmission's, solved
+    out = Path("/tmp") / f"pallas-on-submit-{os.getpid()}.csv"
+    try:
+        k.pallas(TEACHER, "export", "--to", str(out))
+        rows = {r["student_id"]: r for r in csv.DictReader(out.open())}
+    finally:
+        out.unlink(missing_ok=True)
+    assert (float(rows[L2]["score"]), rows[L2]["status"]) == (9.0, "graded"), rows[L2]
+
+    # the attacker's view of the watcher and the grading it starts: no secret in /proc
+    import psutil
+
+    secrets = {Path("/var/lib/pallas-course/pgpass").read_text().strip().rsplit(":", 1)[1],
+               *k.passwords.values()}
+    pid = int(Path("/var/lib/pallas-course/run/grade-on-submit.pid").read_text())
+    watcher = psutil.Process(pid)
+    assert watcher.username() == "pallas-grader" and "watch" in watcher.cmdline()
+    for proc in (watcher, *watcher.children(recursive=True)):  # its nbgrader worker too
+        try:
+            environ = Path(f"/proc/{proc.pid}/environ").read_text(errors="replace")  # as root
+        except FileNotFoundError:  # ended meanwhile
+            continue
+        assert not [s for s in secrets if s in environ]
+        seen = as_user(L2, "cat", f"/proc/{proc.pid}/cmdline", check=False).stdout
+        assert not [s for s in secrets if s in seen]
+        assert as_user(L2, "cat", f"/proc/{proc.pid}/environ", check=False).returncode != 0
+
+    # turned off: a new submission is not collected, whatever the watcher looks at meanwhile
+    res = k.pallas(TEACHER, "grade-on-submit", A, "--off")
+    assert "grading on submit is off" in res.stdout, res.stdout
+    collected, handed_in = l2_collected.read_text(), len(entries(k, L2))
+    hand_in(k, L2, wrong=True)
+    assert len(entries(k, L2)) == handed_in + 1  # in the exchange, for the instructor
+    steps = watcher_steps(k)
+    deadline = time.monotonic() + 120
+    while watcher_steps(k) < steps + 2:  # a whole look begun after the submission
+        assert time.monotonic() < deadline, WATCHER_LOG.read_text()[-5000:]
+        time.sleep(1)
+    assert l2_collected.read_text() == collected
 
 
 def test_an_instructor_added_later_gets_the_formgrader_after_a_rerun(klass):

@@ -36,7 +36,7 @@ def test_a_malformed_resubmission_replaces_the_earlier_grade_everywhere(released
 
     _hand_in(root, subs, "{not a notebook")
     table = []
-    (again,) = grading.autograde(root, A, student="re", progress=None, log=table.append)
+    (again,) = grading.autograde(root, A, students=["re"], progress=None, log=table.append)
     assert again["status"] == "malformed" and again["score"] == 0
     assert "9 / 9" not in table[0], table[0]
     grading.feedback(root, A, log=lambda *a: None)

@@ -1,0 +1,110 @@
+"""Grading on submit (grader/grading/on_submit.py) without a cluster: the instructor's setting,
+and what the watcher's look at the exchange finds due. tests/cluster/test_class_setup.py runs
+the watcher for real: real accounts, the hub, the Dask cluster, PostgreSQL."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from grader.grading import on_submit
+from grader.grading.inbound import ENTRY_MODE, TIMESTAMP_FORMAT, entry_time
+from grader.grading.submission import write_status
+
+REPO = Path(__file__).resolve().parents[2]
+A, B = "01_first_kernel", "02_second"
+
+
+@pytest.fixture
+def course(tmp_path, monkeypatch):
+    root, exchange = tmp_path / "course", tmp_path / "exchange"
+    for a in (A, B):
+        (root / "source" / a).mkdir(parents=True)
+        (root / "source" / a / "task.py").write_text("")
+    shutil.copy(REPO / "exercises" / "nbgrader_config.py", root)
+    (exchange / "pallas-course" / "inbound").mkdir(parents=True)
+    monkeypatch.setenv("PALLAS_COURSE_EXCHANGE", str(exchange))
+    return root
+
+
+def test_off_by_default_then_per_assignment_or_for_the_course(course):
+    assert on_submit.describe(on_submit.setting(course)) == "off"
+    assert on_submit.turn(course, A, on=True) == {"course": False, "assignments": [A]}
+    assert on_submit.assignments_on(course, on_submit.setting(course)) == [A]
+    with pytest.raises(ValueError, match="no assignment 'nope'"):
+        on_submit.turn(course, "nope", on=True)
+    on_submit.turn(course, None, on=True)
+    assert on_submit.assignments_on(course, on_submit.setting(course)) == [A, B]
+    with pytest.raises(ValueError, match="on for the whole course"):
+        on_submit.turn(course, A, on=False)
+    on_submit.turn(course, None, on=False)
+    assert on_submit.describe(on_submit.setting(course)) == "off"
+
+
+def _entry(course: Path, named: str) -> Path:
+    inbound = Path(os.environ["PALLAS_COURSE_EXCHANGE"]) / "pallas-course" / "inbound"
+    entry = inbound / f"{named}+{A}+2000-01-01 00:00:00.000000 UTC+{os.urandom(4).hex()}"
+    entry.mkdir(mode=ENTRY_MODE)
+    (entry / "first_kernel.ipynb").write_text("{}")
+    return entry
+
+
+def test_a_look_finds_new_submissions_refuses_forged_ones_and_retries_errors(course):
+    me = getpass.getuser()  # an entry is the submitter's when its owner is the student it names
+    said: list[str] = []
+    watcher = on_submit.Watcher(course, "tls://127.0.0.1:1", log=said.append)
+    try:
+        assert watcher.due(A) == {}
+        entry = _entry(course, me)
+        _entry(course, "a-classmate")  # made by this account in another's name
+        assert watcher.due(A) == {me: ("new", entry_time(entry, os.getuid()))}
+        assert watcher.due(A) == {me: ("new", entry_time(entry, os.getuid()))}
+        refused = [line for line in said if "refused" in line]
+        assert len(refused) == 1 and f"names a-classmate but was made by {me}" in refused[0]
+
+        collected = course / "submitted" / me / A  # as collect leaves it
+        collected.mkdir(parents=True)
+        (collected / "timestamp.txt").write_text(
+            entry_time(entry, os.getuid()).strftime(TIMESTAMP_FORMAT))
+        assert watcher.due(A) == {}
+        write_status(course, A, me, {"student": me, "assignment": A, "status": "error"})
+        assert watcher.due(A) == {me: ("regrade", None)}
+        watcher.retry_later(me, A)
+        assert watcher.due(A) == {}  # not before a minute has passed
+
+        time.sleep(0.05)  # a resubmission: a later change time by the server's clock
+        again = _entry(course, me)
+        watcher.not_before.clear()
+        assert watcher.due(A) == {me: ("new", entry_time(again, os.getuid()))}
+
+    finally:
+        watcher.close()
+
+
+def test_a_cluster_out_of_reach_leaves_error_never_a_zero(course, monkeypatch):
+    """The cluster or the gradebook fails the batch: a submission whose grading never ended
+    is ``error`` (graded again a minute later), one that was graded keeps its grade."""
+    def out_of_reach(*args, **kwargs):
+        raise RuntimeError("no Dask scheduler answers at tls://127.0.0.1:1")
+
+    monkeypatch.setattr(on_submit.batch, "autograde", out_of_reach)
+    said: list[str] = []
+    watcher = on_submit.Watcher(course, "tls://127.0.0.1:1", log=said.append)
+    try:
+        write_status(course, A, "graded-before", {"student": "graded-before", "assignment": A,
+                                                  "status": "graded"})
+        assert watcher.grade(A, ["graded-before", "waiting"]) == {"graded-before": "graded",
+                                                                  "waiting": "error"}
+        status = json.loads((course / "status" / A / "waiting.json").read_text())
+        assert "no Dask scheduler answers" in status["detail"]
+        assert "infrastructure fault" in status["detail"]
+        assert ("waiting", A) in watcher.not_before  # tried again after RETRY_SECONDS
+        assert any(line.startswith(f"waiting/{A}: graded on the cluster: error") for line in said)
+    finally:
+        watcher.close()
