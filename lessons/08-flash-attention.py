@@ -349,6 +349,55 @@ assert step_11["q_ref"].action == "skip" and step_11["k_ref"].action == "fetch"
 t_flash.show()
 
 # %% [markdown]
+# ## What the chip measured: a column across the lanes
+#
+# kernelsim's time is a model; the chip is the judge. On a TPU v5e, kernel 1 with 512-row
+# blocks took 1.03 ms for 32 heads of `N = 2048`, while JAX's bundled kernel, with the same
+# grid, bytes and FLOPs, took 0.68 ms (`bench/recorded/fa_probe-v5e.json`, jax 0.10.2).
+#
+# Changing one thing at a time found the cause. It is not the `k.T` written in the body: a
+# `lax.dot_general` that contracts both operands' last axis took the same time. It is where
+# `m` and `denom` live. Read from `(bq, 1)` scratch, each is a column of vector registers
+# with one live lane, and `s - m_new` and `alpha * acc` must spread it across all 128 lanes
+# first, at every step. Kept as `(bq, 128)` rows holding one repeated value, as the bundled
+# kernel keeps them, they are widened with `jnp.tile`, a copy of whole registers. That
+# variant took 0.65 ms.
+
+# %%
+FA_PROBE_MS = {  # bench/recorded/fa_probe-v5e.json: 32 heads, N = 2048, d = 128, bfloat16
+    "kernel 1 as written": {256: 2.175, 512: 1.034},
+    "scores by dot_general, no k.T": {256: 2.172, 512: 1.037},
+    "statistics as (bq, 128), tiled": {256: 1.378, 512: 0.653},
+    "JAX's bundled kernel": {256: 1.380, 512: 0.676},
+}
+fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH, 2.6))
+names = list(FA_PROBE_MS)
+for offset, block in ((-0.2, 256), (0.2, 512)):
+    ax.barh([i + offset for i in range(len(names))], [FA_PROBE_MS[n][block] for n in names],
+            height=0.38, label=f"bq = bkv = {block}")
+ax.set_yticks(range(len(names)), names)
+ax.invert_yaxis()
+ax.set_xlabel("measured on a TPU v5e (ms)")
+ax.legend(loc="lower right")
+fig.tight_layout()
+
+# %% [markdown]
+# kernelsim counts those broadcasts: the vector registers of each column an operation
+# spreads across the lanes, charged beside the vector work. A reduction's result, such as
+# `s.max(axis=1, keepdims=True)`, is already in every lane and costs none. Kernel 1 with
+# 512 blocks spreads three 64-register columns per step: `m_new` over the scores, `alpha`
+# over the accumulator, and `denom` in the last step's division (counted at every step,
+# as kernelsim counts a `pl.when` branch).
+
+# %%
+big = jax.ShapeDtypeStruct((1, 2048, DB), jnp.bfloat16)
+call_512 = kernelsim.trace(functools.partial(flash_attention, bq=512, bkv=512, interpret=True),
+                           big, big, big, chip="tpu-v5e").calls[0]
+print(f"column registers spread across the lanes per step: "
+      f"{call_512.call.lane_broadcast_vregs_per_step}")
+assert call_512.call.lane_broadcast_vregs_per_step == 3 * 512 // 8
+
+# %% [markdown]
 # ## Causal attention
 #
 # In a decoder, query `t` may attend only to keys `0 … t`: the scores above the diagonal are

@@ -325,9 +325,10 @@ comparison.figure()
 # but change performance greatly.
 #
 # The op also hands the compiler a `pl.CostEstimate`, built from its plain-JAX reference (the
-# TPU lowering writes it into the custom call's configuration). kernelsim uses its FLOPs, and
-# shows that its byte count is the compulsory traffic: every input and output once, none of
-# the re-reads.
+# TPU lowering writes it into the custom call's configuration). kernelsim reports its FLOPs,
+# but times the call from the kernel's own work per step: the reference of the causal op
+# computes every score of the N×N matrix, twice what the kernel multiplies. Its byte count is
+# the compulsory traffic: every input and output once, none of the re-reads.
 
 # %%
 quote(FLASH, "input_bytes = sum(", 2, after="def _fwd_cost_estimate")
