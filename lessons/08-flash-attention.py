@@ -353,7 +353,7 @@ t_flash.show()
 #
 # kernelsim's time is a model; the chip is the judge. On a TPU v5e, kernel 1 with 512-row
 # blocks took 1.03 ms for 32 heads of `N = 2048`, while JAX's bundled kernel, with the same
-# grid, bytes and FLOPs, took 0.68 ms (`bench/recorded/fa_probe-v5e.json`, jax 0.10.2).
+# grid, bytes and FLOPs, took 0.68 ms (`bench/recorded/fa_probe-v5e.json`).
 #
 # Changing one thing at a time found the cause. It is not the `k.T` written in the body: a
 # `lax.dot_general` that contracts both operands' last axis took the same time. It is where

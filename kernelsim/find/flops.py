@@ -53,6 +53,8 @@ def lane_broadcast_vregs(eqn: Any, replicated: set) -> int:
     with the same statistics kept as (bq, 128) rows and widened by ``jnp.tile``, a copy of
     whole vregs (bench/recorded/fa_probe-v5e.json). Tile-padded, as ``_vregs``: a (512, 1)
     float32 column is 64."""
+    if not eqn.outvars:  # an effect (a debug print): no value
+        return 0
     shape = tuple(getattr(eqn.outvars[0].aval, "shape", ()))
     if len(shape) < 2 or shape[-1] == 1:
         return 0

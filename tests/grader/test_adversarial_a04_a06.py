@@ -320,7 +320,7 @@ def test_budget_binds_and_the_margin_separates_distinct_blockings(case):
 
 def test_second_best_is_over_the_margin_in_the_visible_case():
     """The visible case named in the task: (256, 512, 128) is best, 768 KiB on chip (A's block
-    never moves: one buffer); the second, square 256-blocks, fills the budget and is 13 % off."""
+    never moves: one buffer); the second, square 256-blocks, fills the budget and is 15 % off."""
     v0 = _case("matmul_tuned", "v0")
     budget = v0.params["vmem_budget"]
     best, blocks, peak = a06.best_blocks(*_shapes(v0), v0.dtype, budget)
@@ -328,17 +328,17 @@ def test_second_best_is_over_the_margin_in_the_visible_case():
     seconds, peak, blocks = [b for b in a06.blockings(*_shapes(v0), v0.dtype)
                              if b[1] <= budget][1]
     assert blocks == (256, 256, 256) and peak == budget
-    assert seconds == pytest.approx(1.126 * best, rel=1e-3)
+    assert seconds == pytest.approx(1.145 * best, rel=1e-3)
 
 
-@pytest.mark.parametrize("blocks, slower", [((128, 128, 128), "+410%"), ((256, 256, 256),
-                                                                         "+13%")])
+@pytest.mark.parametrize("blocks, slower", [((128, 128, 128), "+366%"), ((256, 256, 256),
+                                                                         "+15%")])
 def test_naive_blocks_fail_the_visible_case(blocks, slower):
     v = judged("matmul_tuned", "v0", tiled_matmul(fixed(*blocks)))
     assert not v.passed
     rule = _estimate_rule(v)
     # the message names the learner's estimate, the best with its blocks, and both footprints
-    assert f"({slower})" in rule and "within 10% of 2.74 us" in rule, rule
+    assert f"({slower})" in rule and "within 10% of 2.38 us" in rule, rule
     assert "(bm, bk, bn) = (256, 512, 128), 786,432 B on chip" in rule, rule
     assert re.search(r"\d+ steps, [\d,]+ B of HBM traffic, [\d,]+ B on chip", rule), rule
 
@@ -360,7 +360,7 @@ def test_blocks_hard_coded_for_the_visible_case_fail_other_budgets():
         r.startswith("[FAIL] on-chip peak: required <= 1,310,720 B (the case's VMEM budget); "
                      "found 1,441,792 B") for r in over.rules), over.message
     slow = judged("matmul_tuned", "h2", hard_coded)  # K doubled: fits, reads A four times
-    assert not slow.passed and "(+91%)" in _estimate_rule(slow)
+    assert not slow.passed and "(+90%)" in _estimate_rule(slow)
     assert not any(r.startswith("[FAIL] on-chip peak") for r in slow.rules), slow.message
 
 

@@ -101,6 +101,10 @@ def test_the_setup_cell_never_installs_over_an_installed_course(tmp_path, monkey
 
 def test_without_a_repository_the_setup_cell_only_says_where_to_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # a process that ran the lessons' tests has lessons/ on its path and _course imported
+    monkeypatch.delitem(sys.modules, "_course", raising=False)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path
+                                      if not (Path(p or ".") / "_course.py").exists()])
     with pytest.raises(ModuleNotFoundError, match="lessons/ folder"):
         exec(notebooks.setup_cell(None), {})  # noqa: S102
     (tmp_path / "_course.py").write_text("")
