@@ -151,12 +151,22 @@ def matmul_rows(matmul, sizes, blocks, opts) -> list[dict]:
 LANES = 128  # a row of lane-replicated statistics, as JAX's bundled kernel keeps them
 
 
-def variant_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, scale, lane_dense,
-                   tiled):
-    """Lesson 8's non-causal body with the scores as an NT ``dot_general``; with
-    ``lane_dense`` the running max and sum are ``(bq, LANES)`` rows of one repeated value, and
-    with ``tiled`` too those rows are widened by ``jnp.tile``, not by a broadcast of a column."""
+STATISTICS = ("column", "rows", "tiled")  # how variant_kernel keeps its running max and sum
+
+
+def variant_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, scale, statistics):
+    """Lesson 8's non-causal body with the scores as an NT ``dot_general``. ``statistics``:
+    ``"column"``, the running max and sum as ``(bq, 1)`` (the lesson's); ``"rows"``,
+    ``(bq, LANES)`` rows of one repeated value, one column of which broadcasts over the scores
+    and the accumulator; ``"tiled"``, those rows widened by ``jnp.tile``, so no value crosses
+    lanes. The last step divides by one column of the rows either way."""
     kv_step = pl.program_id(2)
+
+    def widen(stat, width):
+        """``stat`` as wide as ``width`` lanes, as ``statistics`` says."""
+        if statistics == "tiled":
+            return jnp.tile(stat, (1, width // LANES))
+        return stat[:, :1] if statistics == "rows" else stat
 
     @pl.when(kv_step == 0)
     def _init():
@@ -167,42 +177,26 @@ def variant_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, sca
     s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
                             preferred_element_type=jnp.float32) * scale
     m_prev = m_ref[...]
-    if tiled:  # whole rows of LANES repeated: no value crosses lanes
-        m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
-        p = jnp.exp(s - jnp.tile(m_new, (1, s.shape[1] // LANES)))
-        alpha = jnp.exp(m_prev - m_new)
-        denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
-        acc_ref[...] = jnp.tile(alpha, (1, acc_ref.shape[1] // LANES)) * acc_ref[...] + jnp.dot(
-            p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
-    elif lane_dense:  # one column of the repeated rows broadcasts over the scores
-        m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
-        p = jnp.exp(s - m_new[:, :1])
-        alpha = jnp.exp(m_prev - m_new)
-        denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
-        acc_ref[...] = alpha[:, :1] * acc_ref[...] + jnp.dot(
-            p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
-    else:
-        m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
-        p = jnp.exp(s - m_new)
-        alpha = jnp.exp(m_prev - m_new)
-        denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
-        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
-            p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
+    m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
+    p = jnp.exp(s - widen(m_new, s.shape[1]))
+    alpha = jnp.exp(m_prev - m_new)
+    denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
+    acc_ref[...] = widen(alpha, acc_ref.shape[1]) * acc_ref[...] + jnp.dot(
+        p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
     m_ref[...] = m_new
 
     @pl.when(kv_step == pl.num_programs(2) - 1)
     def _finalize():
-        denom = denom_ref[...][:, :1] if lane_dense or tiled else denom_ref[...]
+        denom = denom_ref[...] if statistics == "column" else denom_ref[...][:, :1]
         o_ref[...] = (acc_ref[...] / denom).astype(o_ref.dtype)
 
 
-def variant_attention(q, k, v, *, bq, bkv, lane_dense, tiled, interpret):
+def variant_attention(q, k, v, *, bq, bkv, statistics, interpret):
     """``variant_kernel`` over lesson 8's grid (heads, query blocks, key blocks)."""
     heads, n, d = q.shape
-    stat = LANES if lane_dense or tiled else 1
+    stat = 1 if statistics == "column" else LANES
     return pl.pallas_call(
-        functools.partial(variant_kernel, scale=1 / d ** 0.5, lane_dense=lane_dense,
-                          tiled=tiled),
+        functools.partial(variant_kernel, scale=1 / d ** 0.5, statistics=statistics),
         grid=(heads, n // bq, n // bkv),
         in_specs=[pl.BlockSpec((None, bq, d), lambda h, i, j: (h, i, 0)),
                   pl.BlockSpec((None, bkv, d), lambda h, i, j: (h, j, 0)),
@@ -219,14 +213,14 @@ def variant_attention(q, k, v, *, bq, bkv, lane_dense, tiled, interpret):
 
 def flash_call(flash, config):
     """(fn, args) of a flash-attention row ``config``: lesson 8's kernel (``bq``/``bkv``),
-    with ``statistics: "tiled"`` its variant whose running max and sum are lane-replicated
-    rows widened by ``jnp.tile`` (``variant_attention``), or JAX's bundled one (``block``);
+    with ``statistics`` its variant (``variant_attention``; the recorded rows: ``"tiled"``,
+    lane-replicated rows widened by ``jnp.tile``), or JAX's bundled one (``block``);
     random bfloat16 q, k, v of (bh, n, d)."""
     bh, n, d = config["bh"], config["n"], config["d"]
     q, k, v = (jax.random.normal(jax.random.key(i), (bh, n, d), jnp.bfloat16) for i in range(3))
-    if config.get("statistics") == "tiled":  # bench/fa_probe.py's variant, non-causal
+    if "statistics" in config:  # bench/fa_probe.py's variant, non-causal
         return functools.partial(variant_attention, bq=config["bq"], bkv=config["bkv"],
-                                 lane_dense=False, tiled=True,
+                                 statistics=config["statistics"],
                                  interpret=interpreting()), (q, k, v)
     if "block" not in config:
         return functools.partial(flash, bq=config["bq"], bkv=config["bkv"],
