@@ -93,6 +93,16 @@ class Class:
         return as_user(user, str(self.venv / "bin" / "pallas-course"), *args, check=check,
                        env={k: self.env[k] for k in keys} | {"PALLAS_COURSE_CELL_TIMEOUT": "5"})
 
+    def exported(self, name: str) -> dict[str, dict]:
+        """The instructor's ``pallas-course export`` by student id, through a CSV file in /tmp
+        (which the instructor can write) named for ``name`` and removed after."""
+        out = Path("/tmp") / f"pallas-{name}-{os.getpid()}.csv"
+        try:
+            self.pallas(TEACHER, "export", "--to", str(out))
+            return {r["student_id"]: r for r in csv.DictReader(out.open())}
+        finally:
+            out.unlink(missing_ok=True)
+
 
 def setup_class(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SETUP), *args], capture_output=True, text=True,
@@ -425,12 +435,7 @@ open(os.path.join({str(forged)!r}, 'timestamp.txt'), 'w').write('2099-01-01 00:0
               json={"course_id": COURSE_ID, "assignment_id": A})
         got = list(Path(f"/home/{learner}/{COURSE_ID}/{A}/feedback").rglob("*.html"))
         assert len(got) == 1, got
-    out = Path("/tmp") / f"pallas-class-{os.getpid()}.csv"
-    try:
-        k.pallas(TEACHER, "export", "--to", str(out))
-        rows = {r["student_id"]: r for r in csv.DictReader(out.open())}
-    finally:
-        out.unlink(missing_ok=True)
+    rows = k.exported("class")
     assert {u: (float(r["score"]), r["status"]) for u, r in rows.items()} == \
         {L1: (9.0, "graded"), L2: (6.0, "graded")}, rows
 
@@ -492,12 +497,7 @@ def test_gradebook_restart_mid_batch_costs_no_grade(released):
     assert "crashed" not in res.stdout, res.stdout
     final = {s: json.loads((status / f"{s}.json").read_text())["status"] for s in students}
     assert set(final.values()) == {"graded"}, final
-    out = Path("/tmp") / f"pallas-restart-{os.getpid()}.csv"
-    try:
-        k.pallas(TEACHER, "export", "--to", str(out))
-        rows = {r["student_id"]: r for r in csv.DictReader(out.open())}
-    finally:
-        out.unlink(missing_ok=True)
+    rows = k.exported("restart")
     assert {s: float(rows[s]["score"]) for s in students} == dict.fromkeys(students, 9.0)
     if L1 in rows:  # the end-to-end test ran first: learner 1's grade, after all, unchanged
         assert float(rows[L1]["score"]) == 9.0
@@ -577,12 +577,7 @@ def test_grading_on_submit(released):
     assert (l1_collected.read_text() if l1_collected.exists() else None) == l1_before
     (page,) = feedback_pages(L2) - before
     assert "(Score: 9.0 / 9.0)" in page.read_text()  # the resubmission's, solved
-    out = Path("/tmp") / f"pallas-on-submit-{os.getpid()}.csv"
-    try:
-        k.pallas(TEACHER, "export", "--to", str(out))
-        rows = {r["student_id"]: r for r in csv.DictReader(out.open())}
-    finally:
-        out.unlink(missing_ok=True)
+    rows = k.exported("on-submit")
     assert (float(rows[L2]["score"]), rows[L2]["status"]) == (9.0, "graded"), rows[L2]
 
     # the attacker's view of the watcher and the grading it starts: no secret in /proc
