@@ -19,9 +19,10 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# of the learner extra, what tests/learner needs: a notebook run in a kernel, and absl, which
-# jax 0.10.2's Mosaic GPU module imports (grader.tasks imports that module)
-LEARNER_CHECK = ("nbclient", "absl-py")
+# of the learner extra, what tests/learner needs: a notebook run in a kernel (and the jsonschema
+# that nbclient's nbformat imports in seconds, not the newest), and absl, which jax 0.10.2's
+# Mosaic GPU module imports (grader.tasks imports that module)
+LEARNER_CHECK = ("nbclient", "jsonschema", "absl-py")
 
 
 def requirements(jax_version: str) -> list[str]:
