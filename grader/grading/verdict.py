@@ -17,6 +17,7 @@ import numpy as np
 
 from grader import tasks as _tasks
 from grader.grading import messages as _messages
+from grader.grading.remote_copies import RemoteCopy, mesh_device, remote_copies
 from kernelsim.cost.lint import BLOCK_SHAPE_REJECTED, DEPENDENT_PREFETCH_READ, rule_of
 
 
@@ -38,21 +39,6 @@ class OperandFacts:
 
 MEMORY_SPACES = ("vmem", "smem", "hbm", "any", "semaphore")  # kernelsim.model.MemorySpace
 
-
-@dataclass(frozen=True)
-class RemoteCopy:
-    """A DMA a kernel inside ``jax.shard_map`` starts into another device's memory
-    (``pltpu.make_async_remote_copy``), as kernelsim reads it from the body: the devices it
-    goes from and to (``MeshDevice.id``), its bytes, the grid step and body position that start
-    it, and the grid step and body position that wait on it (None: never waited on)."""
-
-    src_device: int
-    dst_device: int
-    bytes: int
-    start_step: int
-    start_pos: int
-    wait_step: int | None
-    wait_pos: int | None
 
 
 @dataclass(frozen=True)
@@ -166,31 +152,6 @@ def _gpu_kernel(d: Any) -> GpuKernelFacts:
         warnings=_names(d.get("warnings"), "warnings"), **counts)
 
 
-def _mapping(v: Any, what: str) -> dict:
-    if not isinstance(v, dict):
-        raise ValueError(f"{what} is {type(v).__name__}, not a mapping")
-    return v
-
-
-def _remote_copies(dmas: Any) -> tuple[RemoteCopy, ...]:
-    """The remote copies among a call's body DMAs (``kernelsim.trace_data.body_dma_dict``):
-    those whose source and destination devices differ."""
-    if not isinstance(dmas, list):
-        raise ValueError("body_dmas is not a list")
-    out = []
-    for d in (_mapping(d, "a body DMA") for d in dmas):
-        if d.get("src_device") is None or d.get("src_device") == d.get("dst_device"):
-            continue
-        out.append(RemoteCopy(
-            src_device=_int(d.get("src_device"), "src_device"),
-            dst_device=_int(d.get("dst_device"), "dst_device"),
-            bytes=_int(d.get("bytes"), "bytes"), start_step=_int(d.get("start_step"), "step"),
-            start_pos=_int(d.get("start_pos"), "start_pos"),
-            wait_step=None if d.get("wait_step") is None else _int(d["wait_step"], "wait_step"),
-            wait_pos=None if d.get("wait_pos") is None else _int(d["wait_pos"], "wait_pos")))
-    return tuple(out)
-
-
 def facts_from_dict(d: Any) -> TraceFacts:
     """Read ``Trace.to_dict()`` output, or ``grader.grading.gpu_facts.trace``'s for a program of
     Mosaic GPU kernels; ValueError when it is not what kernelsim or that writes."""
@@ -225,9 +186,8 @@ def facts_from_dict(d: Any) -> TraceFacts:
                 if rule_of(w) == DEPENDENT_PREFETCH_READ),
             own_estimated_seconds=_seconds(c.get("own_estimated_seconds", 0.0),
                                            "own_estimated_seconds"),
-            device=None if c.get("device") is None else _int(
-                _mapping(c["device"], "device").get("id"), "device id"),
-            remote_copies=_remote_copies(c.get("body_dmas", []))))
+            device=mesh_device(c.get("device")),
+            remote_copies=remote_copies(c.get("body_dmas", []))))
     gpu = d.get("gpu_kernels", [])
     if not isinstance(gpu, list):
         raise ValueError("the trace's Mosaic GPU kernels are not a list")
