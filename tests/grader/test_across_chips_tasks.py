@@ -53,10 +53,19 @@ def planted_variants(ns: dict, planted) -> dict[str, tuple[str, object]]:
                 total = total + arrays[d]
             o_ref[...] = total[pl.ds(me * rows, rows), :]
 
-        return ns["on_every_device"](
-            kernel, x, [pltpu.VMEM((devices, x.shape[0] // devices, x.shape[1]), x.dtype),
-                        pltpu.SemaphoreType.DMA((devices - 1,)),
-                        pltpu.SemaphoreType.DMA((devices - 1,))], interpret)
+        def local(x):
+            rows = x.shape[0] // devices
+            vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
+            return pl.pallas_call(
+                kernel, out_shape=jax.ShapeDtypeStruct((rows, x.shape[1]), x.dtype),
+                in_specs=[vmem], out_specs=vmem,
+                scratch_shapes=[pltpu.VMEM((devices, *x.shape), x.dtype),
+                                pltpu.SemaphoreType.DMA((devices - 1,)),
+                                pltpu.SemaphoreType.DMA((devices - 1,))],
+                interpret=interpret)(x)
+
+        return jax.shard_map(local, mesh=ns["mesh"], in_specs=ns["P"]("x"),
+                             out_specs=ns["P"]("x"), check_vma=False)(x)
 
     def blank(x, interpret=None):
         raise NotImplementedError

@@ -60,22 +60,6 @@ x = jax.random.normal(jax.random.key(13), (DEVICES * DEVICES * m, n), jnp.float3
 expected = x.reshape(DEVICES, DEVICES * m, n).sum(0)  # the plain-JAX reference
 
 
-def on_every_device(kernel, x, scratch_shapes, interpret):
-    """``kernel`` once per device of ``mesh`` on that device's ``(N * m, n)`` rows of ``x``,
-    each returning its ``(m, n)`` chunk, stacked: the call both tasks make. Whole arrays in
-    VMEM (small shards), ``scratch_shapes`` as given."""
-    def local(x):
-        vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
-        return pl.pallas_call(
-            kernel, out_shape=jax.ShapeDtypeStruct((x.shape[0] // DEVICES, x.shape[1]),
-                                                   x.dtype),
-            in_specs=[vmem], out_specs=vmem, scratch_shapes=scratch_shapes,
-            interpret=interpret)(x)
-
-    return jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
-                         check_vma=False)(x)
-
-
 # %% [markdown]
 # ## Task 1 — `ring_reduce_scatter(x, interpret=TPU_INTERPRET)` (4 points)
 #
@@ -85,8 +69,11 @@ def on_every_device(kernel, x, scratch_shapes, interpret):
 # plus its own rows of it. After the last step the sum that arrived, plus its own rows of chunk
 # `d`, is the result.
 #
-# * Call `on_every_device(kernel, x, scratch_shapes, interpret)`: the kernel gets `x_ref`
-#   (this device's `(N * m, n)` rows) and `o_ref` (`(m, n)`), then your scratch.
+# * The call: `jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+#   check_vma=False)(x)`, where `local(x)` gets this device's `(N * m, n)` rows and returns
+#   `pl.pallas_call(kernel, ...)` of them: whole arrays in VMEM
+#   (`pl.BlockSpec(memory_space=pltpu.VMEM)` for the input and the output), an `(m, n)`
+#   output, no grid. The kernel gets `x_ref`, `o_ref`, then your scratch.
 # * Scratch: a send buffer and a receive buffer **per step**, `pltpu.VMEM((N - 1, m, n),
 #   x.dtype)` each, and a DMA semaphore per step for each side,
 #   `pltpu.SemaphoreType.DMA((N - 1,))` twice. A buffer used again at the next step would be
@@ -105,10 +92,20 @@ def on_every_device(kernel, x, scratch_shapes, interpret):
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
 #
-# Unroll the steps with a Python `for step in range(DEVICES - 1)`. The chunk a step sends is
-# `jax.lax.rem(me - step - 1 + 2 * DEVICES, DEVICES)` (keep it non-negative before `rem`).
-# At step 0 `send[0] = x_ref[rows of that chunk]`; later `send[step] = recv[step - 1] +
-# x_ref[rows of that chunk]`. After the loop, `o_ref[...] = recv[DEVICES - 2] + x_ref[my rows]`.
+# Unroll the steps with a Python `for` over `range(DEVICES - 1)`. The chunk a step sends is
+# `(me - step - 1) mod N`: add a multiple of `N` before `jax.lax.rem`, which keeps the sign of
+# its operand. At step 0 the send buffer gets this device's rows of that chunk; at a later step,
+# the previous step's receive buffer plus those rows. After the loop the output is the last
+# receive buffer plus this device's rows of chunk `me`.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The copy of each step: from entry `step` of the send buffer to entry `step` of the receive
+# buffer, which on the neighbour is its own receive buffer, signalling entry `step` of each
+# semaphore array, with `device_id` naming the right-hand neighbour on mesh axis `"x"`. Start
+# it and wait on it before the next step reads the receive buffer.
 #
 # </details>
 
@@ -133,10 +130,19 @@ def ring_reduce_scatter(x, interpret=TPU_INTERPRET):
             copy.wait()  # my send has left; the running sum from my left has arrived
         o_ref[...] = recv[DEVICES - 2] + mine(me)
 
-    chunk_rows = x.shape[0] // DEVICES // DEVICES
-    buffers = pltpu.VMEM((DEVICES - 1, chunk_rows, x.shape[1]), x.dtype)
-    return on_every_device(kernel, x, [buffers, buffers, pltpu.SemaphoreType.DMA((DEVICES - 1,)),
-                                       pltpu.SemaphoreType.DMA((DEVICES - 1,))], interpret)
+    def local(x):  # this device's (N * m, n) partial sums
+        rows = x.shape[0] // DEVICES
+        vmem = pl.BlockSpec(memory_space=pltpu.VMEM)  # small shards: whole arrays in VMEM
+        buffers = pltpu.VMEM((DEVICES - 1, rows, x.shape[1]), x.dtype)  # one per step
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((rows, x.shape[1]), x.dtype),
+            in_specs=[vmem], out_specs=vmem,
+            scratch_shapes=[buffers, buffers, pltpu.SemaphoreType.DMA((DEVICES - 1,)),
+                            pltpu.SemaphoreType.DMA((DEVICES - 1,))],
+            interpret=interpret)(x)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                         check_vma=False)(x)
     ### END SOLUTION
 
 
@@ -180,11 +186,19 @@ for c in t_ring.calls:
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
 #
-# Write one step of task 1 as a function of the direction: the neighbour
-# (`rem(me + 1, N)` or `rem(me - 1 + N, N)`), the chunk it sends at step `s`
-# (`rem(me - s - 1 + 2N, N)` or `rem(me + s + 1, N)`), and which half of the rows
-# (`pl.ds(chunk * m + half * m // 2, m // 2)`). Each step: build both copies, start both,
-# wait for both.
+# Write one step of task 1 as a function of the direction: the neighbour it sends to
+# (`me + 1` or `me - 1`, mod `N`), the chunk it sends at step `s` (`me - s - 1` or
+# `me + s + 1`, mod `N`) and which half of that chunk's rows. Each step: build both copies,
+# start both, then wait for both.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The rows of one half: the chunk's first row, plus `half` times `m / 2`, for `m / 2` rows
+# (a `pl.ds`). The first halves go right, the second halves left; each copy goes from entry
+# `[half, step]` of the send buffer to the same entry of the receive buffer, with the same
+# entries of the two semaphore arrays.
 #
 # </details>
 
@@ -219,11 +233,20 @@ def bidirectional_reduce_scatter(x, interpret=TPU_INTERPRET):
             o_ref[pl.ds(half * half_rows, half_rows), :] = (recv[half, DEVICES - 2]
                                                             + mine(me, half))
 
-    half_rows = x.shape[0] // DEVICES // DEVICES // 2
-    buffers = pltpu.VMEM((2, DEVICES - 1, half_rows, x.shape[1]), x.dtype)
-    return on_every_device(kernel, x, [buffers, buffers,
-                                       pltpu.SemaphoreType.DMA((2, DEVICES - 1)),
-                                       pltpu.SemaphoreType.DMA((2, DEVICES - 1))], interpret)
+    def local(x):  # this device's (N * m, n) partial sums
+        rows = x.shape[0] // DEVICES
+        vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
+        # per direction and step, half a chunk
+        buffers = pltpu.VMEM((2, DEVICES - 1, rows // 2, x.shape[1]), x.dtype)
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct((rows, x.shape[1]), x.dtype),
+            in_specs=[vmem], out_specs=vmem,
+            scratch_shapes=[buffers, buffers, pltpu.SemaphoreType.DMA((2, DEVICES - 1)),
+                            pltpu.SemaphoreType.DMA((2, DEVICES - 1))],
+            interpret=interpret)(x)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                         check_vma=False)(x)
     ### END SOLUTION
 
 
