@@ -216,8 +216,13 @@ def test_sending_the_whole_array_fails_on_its_bytes(results):
 
 
 def test_one_way_where_both_are_asked_fails(results):
-    _failed(results, "one_way", "[FAIL] where the copies go", "[FAIL] size of each remote copy",
-            "[FAIL] remote copies per device")
+    """Its message shows the kernel's table once, not once per device, and what each device
+    sends."""
+    message = _failed(results, "one_way", "[FAIL] where the copies go",
+                      "[FAIL] size of each remote copy", "[FAIL] remote copies per device",
+                      "`kernel` on device 3: 3 remote copies, 24,576 B sent, to device(s) 0")
+    assert message.count("your call of `kernel` (grid ()) on each device (device 0's shown)") \
+        == message.count("your call of") == 1, message
 
 
 def test_both_halves_to_the_right_fail(results):
