@@ -78,9 +78,9 @@ expected = x.reshape(DEVICES, DEVICES * m, n).sum(0)  # the plain-JAX reference
 #   x.dtype)` each, and a DMA semaphore per step for each side,
 #   `pltpu.SemaphoreType.DMA((N - 1,))` twice. A buffer used again at the next step would be
 #   overwritten by the neighbour's next copy while its owner may still be reading it.
-# * Each step: write the sum to send into `send.at[s]`, start
-#   `pltpu.make_async_remote_copy(send.at[s], recv.at[s], send_sems.at[s], recv_sems.at[s],
-#   device_id={"x": right})`, then `.wait()` on it before reading `recv.at[s]`.
+# * Each step: write the sum to send into this step's send buffer, start a
+#   `pltpu.make_async_remote_copy` of it to the right-hand neighbour (`device_id={"x": ...}`),
+#   and `.wait()` on it before reading this step's receive buffer.
 # * `jax.lax.axis_index("x")` is this device's index; `pl.ds(chunk * m, m)` its rows of a chunk.
 #
 # Graded on values (race detector on) and on kernelsim's trace of your kernel, per device:
