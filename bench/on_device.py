@@ -55,9 +55,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from grader.devices import cpu_devices_env, devices_of
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's grader, as the notebooks it runs import
+
+from grader.devices import cpu_devices_env, devices_of  # noqa: E402 - after the path
+
 LESSONS = ROOT / "lessons"
 EXERCISES = ROOT / "exercises" / "source"
 RESULTS = ROOT / "bench" / "results"
