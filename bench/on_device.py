@@ -21,12 +21,13 @@ On an accelerator, a kernel that runs interpreted is a *fallback*. It is declare
 kernel says why it cannot compile here (``_course.check(..., cannot_compile={backend: why})``),
 when its ``Execution`` asks for interpret mode (the lesson's own choice, its label the reason),
 or, for an assignment's check, when the task is written for another backend
-(``grader.tasks``' ``target``). An undeclared fallback is a failure. A lesson passes when
-every cell ran without error, but for cells that say they need a newer JAX release
-(``kernelsim.backend.newer_api``, or a name such a cell left undefined; counted in
-``cells_needing_newer_jax``; a check that says so: ``checks_needing_newer_jax``). On a CPU
-nothing compiles and nothing is a fallback: everything runs interpreted (the run then checks
-the notebooks and this script, not the chip).
+(``grader.tasks``' ``target``) or for more devices than the accelerator has (``Task.devices``:
+assignment 13's ring of four, on CPU devices beside one chip). An undeclared fallback is a
+failure. A lesson passes when every cell ran without error, but for cells that say they need
+a newer JAX release (``kernelsim.backend.newer_api``, or a name such a cell left undefined;
+counted in ``cells_needing_newer_jax``; a check that says so: ``checks_needing_newer_jax``).
+On a CPU nothing compiles and nothing is a fallback: everything runs interpreted (the run
+then checks the notebooks and this script, not the chip).
 
 Writes JSON (``bench/results/on_device.json``; with ``--record``,
 ``bench/recorded/on_<chip>.json``; ``--out DIR`` puts it, and each notebook's output log, in
@@ -55,6 +56,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's grader, as the notebooks it runs import
+
+from grader.devices import cpu_devices_env, devices_of  # noqa: E402 - after the path
+
 LESSONS = ROOT / "lessons"
 EXERCISES = ROOT / "exercises" / "source"
 RESULTS = ROOT / "bench" / "results"
@@ -154,6 +159,7 @@ def _probe_checks(checks: Path) -> None:
     """Wrap the kernel entry points and ``course.check`` so that every check of an exercise
     notebook appends one line to ``checks``: task, hidden, passed, error, and how each kernel
     it made was asked to run."""
+    import jax
     from jax.experimental import pallas as pl
 
     from grader import tasks
@@ -180,9 +186,14 @@ def _probe_checks(checks: Path) -> None:
 
     def recording_check(task_id, fn, hidden=False, **kwargs):
         modes.clear()
-        target = tasks.get(task_id).target if task_id in tasks.BY_ID else "tpu"
+        task = tasks.BY_ID.get(task_id)
+        target = task.target if task is not None else "tpu"
+        # a check on a ring of devices (assignment 13) falls back to CPU devices where the
+        # accelerator has fewer
         record = {"task": task_id, "hidden": hidden, "passed": False, "error": None,
-                  "target": "gpu" if target.endswith("gpu") else "tpu"}
+                  "target": "gpu" if target.endswith("gpu") else "tpu",
+                  "devices": task.devices if task is not None else 1,
+                  "devices_here": jax.device_count()}
         try:
             check(task_id, fn, hidden=hidden, **kwargs)
             record["passed"] = True
@@ -276,9 +287,12 @@ def _kernel_row(r: dict) -> dict:
 def _check_row(r: dict, backend: str) -> dict:
     interpreted = [m for m in r["ran"] if m != "compiled"]
     fallback = backend != "cpu" and bool(interpreted)
+    too_few = r.get("devices", 1) > r.get("devices_here", 1)
     return {**r, "fallback": fallback,
             "declared": (f"a task for {r['target'].upper()}" if fallback and
-                         r["target"] != backend else None),
+                         r["target"] != backend else
+                         f"a task for {r['devices']} devices, {r['devices_here']} here"
+                         if fallback and too_few else None),
             "refused_by_triton": backend == "gpu" and r["hidden"] and
             TRITON_SHAPE_REFUSAL in (r["error"] or ""),
             "needs_newer_jax": (r["error"] or "").startswith(NEEDS_NEWER_JAX)}
@@ -293,11 +307,14 @@ def run_notebook(name: str, path: Path, exercise: bool, timeout: int, logs: Path
         old.unlink()
     log = logs / f"{name}.log"
     start, timed_out = time.perf_counter(), False
+    # an assignment whose checks run on a ring of devices gets them as CPU devices before the
+    # child imports JAX (its notebook's own flag would come after the probes import it)
+    env = cpu_devices_env(os.environ, devices_of(name) if exercise else 1)
     with open(log, "w") as out:
         child = subprocess.Popen(
             [sys.executable, __file__, "--child", str(path), "--work", str(work)]
             + (["--exercise"] if exercise else []),
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             code = child.wait(timeout)
         except subprocess.TimeoutExpired:

@@ -24,6 +24,7 @@ PRACTISES: dict[str, int] = {
     "10_transformations": 10,
     "11_gpu": 11,
     "12_kernel_api": 13,
+    "13_across_chips": 14,
     "14_production_kernels": 15,
     "15_mosaic_gpu": 16,
 }

@@ -33,8 +33,8 @@
 # why it can be fused with the matmul that consumes it. TPU interpret mode simulates several
 # devices, their memories, DMAs and semaphores; here four CPU devices stand in for four chips.
 # Reference: [distributed computing in Pallas for TPUs](https://docs.jax.dev/en/latest/pallas/tpu/distributed.html).
-# Matching exercises: none yet; this lesson has no graded assignment (lesson 15's is
-# assignment 14, [`../exercises/`](../exercises/)).
+# Matching exercises: assignment 13, a ring reduce-scatter one way and both ways round the
+# ring ([`../exercises/13_across_chips/`](../exercises/13_across_chips/)).
 
 # %% [markdown]
 # JAX reads the number of CPU devices once, when its CPU backend starts, so the flag comes
@@ -420,6 +420,5 @@ assert v_grid.ok
 # %% [markdown]
 # ## Practise it
 #
-# This lesson has no graded assignment yet. The next one is [Assignment 14 — kernels in
-# production](../exercises/14_production_kernels/production_kernels.ipynb), which practises lesson
-# 15.
+# Graded practice for this lesson: [Assignment 13 — across chips: a ring
+# reduce-scatter](../exercises/13_across_chips/across_chips.ipynb).

@@ -68,6 +68,12 @@ def _end(end: Any) -> tuple[_Buffer | None, tuple, int]:
     return ref, tuple(where), int(math.prod(shape))
 
 
+def _semaphore_key(sem: Any) -> tuple:
+    """A semaphore as the walk matches starts and waits: its ref's name and the slot."""
+    sem_ref, sem_at, _ = _end(sem)
+    return (sem_ref.name if sem_ref else "?", sem_at)
+
+
 class _DmaWalk:
     """Follows a kernel body over its grid (steps in order, as on one core) and its loops,
     computing only scalar integer values (program ids, loop counters, slots), and lists in
@@ -110,15 +116,18 @@ class _DmaWalk:
                 self.events.append(("compute", self.index))
 
     def dma(self, eqn: Any, vals: list, start: bool) -> None:
-        src, dst, sem, *_ = tree_util.tree_unflatten(eqn.params["tree"], vals)
-        sem_ref, sem_at, _ = _end(sem)
-        key = (sem_ref.name if sem_ref else "?", sem_at)
+        # (src, dst, the semaphore the wait reads, the sender's semaphore, device id); a
+        # wait on the sending side (``wait_send``) comes with src and dst swapped
+        src, dst, sem, send_sem, *_ = tree_util.tree_unflatten(eqn.params["tree"], vals)
+        key = _semaphore_key(sem)
         if start:
             (s, s_at, n), (d, d_at, _) = _end(src), _end(dst)
             copy = _Copy(len(self.copies), (s.name if s else "?", s_at, bool(s and s.on_chip())),
                          (d.name if d else "?", d_at, bool(d and d.on_chip())), n, self.index)
             self.copies.append(copy)
             self.events.append(("start", key, copy))
+            if send_sem is not None:  # a remote copy: the sender waits on this one too
+                self.events.append(("start_send", _semaphore_key(send_sem), copy))
         else:
             self.events.append(("wait", key, self.index))
 
@@ -241,11 +250,15 @@ def dma_order(params: dict) -> dict | None:
                 unsafe += 1
             pending.setdefault(key, []).append(copy)
             in_flight.append(copy)
+        elif kind == "start_send":  # a remote copy's sending side, waited on by wait_send
+            _, key, copy = event
+            pending.setdefault(key, []).append(copy)
         elif kind == "wait":
             _, key, at = event
             if pending.get(key):
                 copy = pending[key].pop(0)
-                in_flight.remove(copy)
+                if copy in in_flight:
+                    in_flight.remove(copy)
                 crosses |= copy.at != at
             else:
                 unmatched += 1

@@ -62,6 +62,11 @@ HINTS: tuple[Hint, ...] = (
           "Accumulate in a value or a scratch ref, then write the output. Or did a value "
           "overflow? float32 exp is inf above 88.7, and inf - inf or inf / inf is NaN: "
           "subtract the row's max before exp."),
+    _hint("race", r"RACE DETECTED",
+          "TPU interpret mode's race detector saw two accesses to one buffer that no wait "
+          "orders: a copy into a buffer while its owner may still read it (one buffer used "
+          "for every step, where each step needs its own), or a read of a buffer before the "
+          "wait of the copy into it. Wait on each copy before using what it brought."),
     _hint("kernel-arity", r"\w+\(\) takes \d+ positional arguments? but \d+ were given",
           "if that function is your kernel: it receives one ref per input, then one per output "
           "(then any scratch refs), e.g. def kernel(x_ref, y_ref, o_ref)."),
@@ -112,13 +117,27 @@ def block_map(bad: np.ndarray, block: tuple[int, ...], max_cells: int = 32) -> s
 
 
 def traffic_table(facts: Any) -> str:
-    """One line per operand of each traced call: block, fetches, HBM bytes read and written."""
-    lines = []
+    """One line per operand of each traced call: block, fetches, HBM bytes read and written. A
+    kernel inside ``jax.shard_map`` is one call per device: its table once, for the first
+    device, then a line per device of the copies it sends to other devices."""
+    lines, mesh = [], {}
     for call in facts.calls:
-        lines.append(f"your call of `{call.name}` (grid {tuple(call.grid)}): HBM read "
+        if call.device is not None:
+            mesh.setdefault(call.name, []).append(call)
+            if len(mesh[call.name]) > 1:
+                continue
+        each = "" if call.device is None else " on each device (device " \
+            f"{call.device}'s shown)"
+        lines.append(f"your call of `{call.name}` (grid {tuple(call.grid)}){each}: HBM read "
                      f"{call.hbm_read_bytes:,} B, written {call.hbm_write_bytes:,} B")
         for o in call.operands:
             lines.append(f"  {o.role:<7} {o.name:<10} block {o.block_shape}: {o.fetches} "
                          f"fetch(es), read {o.hbm_read_bytes:,} B, written "
                          f"{o.hbm_write_bytes:,} B")
+    for name, calls in mesh.items():
+        for call in calls:
+            sent = call.remote_copies
+            to = ", ".join(str(d) for d in sorted({r.dst_device for r in sent})) or "none"
+            lines.append(f"`{name}` on device {call.device}: {len(sent)} remote copies, "
+                         f"{sum(r.bytes for r in sent):,} B sent, to device(s) {to}")
     return "\n".join(lines)

@@ -43,6 +43,7 @@ from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
 from traitlets import Integer
 
 from grader import rooms, tasks
+from grader.devices import cpu_devices_env
 from grader.grading import answer_cache, exchange, messages, refs, replay, sandbox, verdict
 from grader.grading.relay import STARTUP_SECONDS, Relay, Replayed
 
@@ -159,6 +160,14 @@ def grading_env() -> dict[str, str]:
     the ``grader`` and ``kernelsim`` it can see (``readable``), wherever the venv's editable
     install points."""
     return {**GRADING_ENV, "PYTHONPATH": str(refs.REPO)}
+def run_env(checked: list[str]) -> dict[str, str]:
+    """The environment of both processes of a run whose checks are of the tasks ``checked``:
+    ``grading_env`` with as many CPU devices as those checks run on (a mesh of CPU devices,
+    which XLA counts once, before the notebook's harness or the checker imports JAX)."""
+    return cpu_devices_env(grading_env(), max((tasks.get(t).devices for t in checked),
+                                              default=1))
+
+
 # what the grader's run imports: without it every test cell would fail, and every grade be 0
 PREFLIGHT = ("import jax, jax.experimental.pallas, numpy, kernelsim, grader.learner.course, "
              "grader.grading.replay, grader.grading.checker, grader.tasks")
@@ -292,12 +301,13 @@ class FreshRun:
             self.key, {"cases": described}, exchange.npz_bytes(arrays))
         self.hidden_frame = exchange.frame(self.notebook_key, {"hidden": hidden},
                                            exchange.npz_bytes(hidden_host))
+        self.env = run_env([task for task, _ in self.loaded])
         self.wall = STARTUP_SECONDS + sum(c["timeout"] for c in self.cells)
         self.workdir = jail_folder(slot, "-fresh")
         self.view = notebook_view(jail_folder(slot, "-grader"))
         self.child = sandbox.start(
             [sys.executable, "-m", "grader.grading.replay"], self.workdir,
-            dataclasses.replace(limits, wall_seconds=self.wall), env=grading_env(),
+            dataclasses.replace(limits, wall_seconds=self.wall), env=self.env,
             stdin=True, slot=slot, stdout_bytes=exchange.MAX_CHANNEL_BYTES,
             readable=notebook_readable(),
             views={refs.REPO / "grader": self.view})
@@ -314,7 +324,7 @@ class FreshRun:
         self.checkers.append(workdir)
         checker = sandbox.start(
             [sys.executable, "-m", "grader.grading.checker"], workdir,
-            dataclasses.replace(self.limits, wall_seconds=self.wall), env=grading_env(),
+            dataclasses.replace(self.limits, wall_seconds=self.wall), env=self.env,
             stdin=True, slot=self.slot, readable=readable(),
             stdout_bytes=exchange.MAX_CHANNEL_BYTES, checker=True)
         checker.send(self.checker_job)

@@ -17,6 +17,7 @@ import numpy as np
 
 from grader import tasks as _tasks
 from grader.grading import messages as _messages
+from grader.grading.remote_copies import RemoteCopy, mesh_device, remote_copies
 from kernelsim.cost.lint import BLOCK_SHAPE_REJECTED, DEPENDENT_PREFETCH_READ, rule_of
 
 
@@ -39,6 +40,7 @@ class OperandFacts:
 MEMORY_SPACES = ("vmem", "smem", "hbm", "any", "semaphore")  # kernelsim.model.MemorySpace
 
 
+
 @dataclass(frozen=True)
 class CallFacts:
     """One traced pallas_call: grid, operands, HBM traffic (bytes) and on-chip peak (bytes)."""
@@ -58,6 +60,10 @@ class CallFacts:
     # kernelsim's time estimate on its default TPU from the kernel's own FLOPs (seconds): a
     # pl.CostEstimate in the learner's call cannot change it
     own_estimated_seconds: float = 0.0
+    # inside a ``jax.shard_map``: the device this call runs on (its ``MeshDevice.id``) and
+    # the copies it starts into other devices' memory; None and none outside a mesh
+    device: int | None = None
+    remote_copies: tuple[RemoteCopy, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -179,7 +185,9 @@ def facts_from_dict(d: Any) -> TraceFacts:
                 w for w in _strings(c.get("warnings", []), "warnings")
                 if rule_of(w) == DEPENDENT_PREFETCH_READ),
             own_estimated_seconds=_seconds(c.get("own_estimated_seconds", 0.0),
-                                           "own_estimated_seconds")))
+                                           "own_estimated_seconds"),
+            device=mesh_device(c.get("device")),
+            remote_copies=remote_copies(c.get("body_dmas", []))))
     gpu = d.get("gpu_kernels", [])
     if not isinstance(gpu, list):
         raise ValueError("the trace's Mosaic GPU kernels are not a list")

@@ -43,6 +43,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.experimental.pallas import ops
+from jax.experimental.pallas import tpu as pltpu
 from jax.extend.core import Literal, jaxpr_as_fun, jaxprs_in_params
 from jax.tree_util import tree_unflatten
 
@@ -358,9 +359,13 @@ class _Walk:
                 self.calls.append(_call_facts(eqn, number, ins))
                 launch = "pallas_call" if name == "pallas_call" else "plgpu.kernel"
                 outs = [Origin("kernel", f"{launch} #{number}")] * len(eqn.outvars)
-            elif name in TRANSPARENT and len(subs) == 1 and \
+            elif (name in TRANSPARENT or name == "shard_map") and len(subs) == 1 and \
                     len(open_jaxpr(subs[0]).invars) == len(ins):
-                found = self.run(subs[0], [o for o, _ in ins], reps, [f for _, f in ins])
+                # a shard_map's body (assignment 13's kernels) runs once on each device of
+                # its mesh, on that device's shard: what flows in and out is the body's
+                devices = eqn.params["mesh"].size if name == "shard_map" else 1
+                found = self.run(subs[0], [o for o, _ in ins], reps * devices,
+                                 [f for _, f in ins])
                 for v, of in zip(eqn.outvars, found, strict=True):
                     env[id(v)] = of
                 continue
@@ -456,8 +461,33 @@ def run_traced(t: Traced) -> CaseRun:
                 outs, run = execute(*t.traced), CaseRun(trace_error=str(e))
         run.output = np.asarray(jax.device_get(outs[0] if len(outs) == 1 else tuple(outs)))
     except Exception as e:  # noqa: BLE001 - the learner's error is the verdict
-        return CaseRun(error=f"{type(e).__name__}: {e}")
+        settle_after_failure()
+        return CaseRun(error=error_text(e))
     return run
+
+
+def settle_after_failure() -> None:
+    """After a run that raised: let the failed program finish on its other devices (in TPU
+    interpret mode each device's kernel is a callback, whose failure would otherwise surface
+    in the next case's run) and reset interpret mode's simulated memory, which it keeps after
+    a failure for debugging, so that the next case starts clean."""
+    try:
+        jax.effects_barrier()
+    except Exception:  # noqa: BLE001 - the failure already reported
+        pass
+    pltpu.reset_tpu_interpret_mode_state()
+
+
+def error_text(e: Exception) -> str:
+    """A case's error from what executing it raised; a race TPU interpret mode's detector
+    reports, as the accesses it names without the interpreter's traceback and clocks."""
+    text = f"{type(e).__name__}: {e}"
+    race = text.find("RACE DETECTED")
+    if race < 0:
+        return text
+    lines = [x.strip() for x in text[race:].splitlines()
+             if x.strip() and not x.strip().startswith("clock:")]
+    return "RaceDetected: " + "; ".join(lines[1:3]) + " (RACE DETECTED)"
 
 
 def run_case(task: Any, fn: Any, arrays: list, params: dict) -> CaseRun:

@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from grader.devices import DEVICES, assignment_of_notebook, cpu_devices_env, devices_of
 from grader.grading.hidden_tests import HIDDEN_RE
 
 WORKSPACE_ENV = "PALLAS_COURSE_WORKSPACE"
@@ -79,6 +80,15 @@ def find_notebook(name: Path, cwd: Path) -> Path:
                            f"`pallas-course check {example}` from your workspace")
 
 
+def devices_of_notebook(path: Path) -> int:
+    """How many devices the checks of the notebook at ``path`` run on: its assignment's, by
+    its folder (``exercises/13_across_chips/``) or else its name (``across_chips.ipynb``)."""
+    if path.parent.name in DEVICES:
+        return devices_of(path.parent.name)
+    assignment = assignment_of_notebook(path.stem)
+    return 1 if assignment is None else devices_of(assignment)
+
+
 def _first_error(cell) -> str | None:
     """``ename: evalue`` of the first error a cell's run printed; None when it printed none."""
     errs = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
@@ -114,8 +124,12 @@ def check_notebook(path: Path, timeout: int = 300, log=print, verbose: bool = Fa
     dead = False
     with tempfile.TemporaryDirectory() as d:
         report = Path(d) / "report.jsonl"
-        old = os.environ.get("PALLAS_COURSE_REPORT")
-        os.environ["PALLAS_COURSE_REPORT"] = str(report)
+        # the kernel inherits these: where checks report, and as many CPU devices as the
+        # assignment's checks run on (XLA counts them once, when the kernel's JAX starts)
+        changed = {**cpu_devices_env(os.environ, devices_of_notebook(path)),
+                   "PALLAS_COURSE_REPORT": str(report)}
+        before = {k: os.environ.get(k) for k in changed}
+        os.environ.update(changed)
         try:
             client = nbclient.NotebookClient(nb, timeout=timeout, allow_errors=True,
                                              interrupt_on_timeout=True, kernel_name="python3",
@@ -127,10 +141,11 @@ def check_notebook(path: Path, timeout: int = 300, log=print, verbose: bool = Fa
                 # the cells after the one that killed the kernel never ran: they count as failed
                 dead = True
         finally:
-            if old is None:
-                os.environ.pop("PALLAS_COURSE_REPORT", None)
-            else:
-                os.environ["PALLAS_COURSE_REPORT"] = old
+            for k, v in before.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         records = [json.loads(x) for x in report.read_text().splitlines()] \
             if report.exists() else []
     failures = 0

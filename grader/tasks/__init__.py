@@ -33,6 +33,7 @@ MODULES = (
     "a10_transformations",
     "a11_gpu",
     "a12_kernel_api",
+    "a13_across_chips",
     "a14_production_kernels",
     "a15_mosaic_gpu",
 )

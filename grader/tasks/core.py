@@ -25,6 +25,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from grader.devices import devices_of
 from grader.grading import work
 from grader.grading.calling import INVOKES, Call
 from grader.tasks import shipped
@@ -47,6 +48,10 @@ TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
     # attention: the P @ V product takes P rounded to bfloat16 (as FlashAttention does), so an
     # output near zero is off by about 2**-9 of the largest |v|
     "attention": {"float32": (1e-4, 1e-4), "bfloat16": (2**-7, 2**-5)},
+    # a ring collective's sum (assignment 13): a bfloat16 partial sum is rounded at each of the
+    # ring's N - 1 hops, where the reference rounds once: of positive values, whose partial
+    # sums are below the total, they land up to N + 1 half ulps (2**-9) of the total apart
+    "ring": {"float32": (1e-4, 1e-4), "bfloat16": (2**-6, 1e-3)},
 }
 
 
@@ -115,7 +120,6 @@ class Task:
     # scratch, outputs read back, inputs read only in a ``pl.when`` branch): (the program's
     # kernels, case) -> rules
     body_rules: Callable[[tuple, Case], list[Rule]] | None = None
-
     def inputs(self, case: Case) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(case.seed)
         if self.make is not None:
@@ -127,6 +131,13 @@ class Task:
             raise ValueError(f"task {self.id}: its invoke must be one of "
                              "grader.grading.calling.INVOKES (the notebook's process of the "
                              "grader's run calls it by name)")
+
+    @property
+    def devices(self) -> int:
+        """How many devices the checking process must have: more than one for a kernel
+        inside a ``jax.shard_map`` (assignment 13's ring of four), which the grader's jailed
+        processes and ``pallas-course check`` start with as CPU devices (``grader.devices``)."""
+        return devices_of(self.assignment)
 
     @property
     def calling(self) -> Call:

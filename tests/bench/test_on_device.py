@@ -136,6 +136,15 @@ def test_fallbacks_count_only_on_an_accelerator():
     assert cpu["fallbacks_declared"] == cpu["fallbacks_undeclared"] == 0
 
 
+def test_a_check_for_more_devices_than_the_chip_has_is_a_declared_fallback():
+    """Assignment 13's ring of four runs on CPU devices beside a single TPU chip."""
+    check = {"task": "ring_reduce_scatter", "hidden": False, "passed": True, "error": None,
+             "target": "tpu", "ran": ["TPU interpret"], "devices": 4, "devices_here": 1}
+    assert on_device._check_row(check, "tpu")["declared"] == "a task for 4 devices, 1 here"
+    assert on_device._check_row({**check, "devices_here": 4}, "tpu")["declared"] is None
+    assert on_device._check_row({**check, "devices": 1}, "tpu")["declared"] is None
+
+
 def test_chip_names():
     assert on_device.chip_name("tpu", "TPU v5 lite") == "tpu-v5e"
     assert on_device.chip_name("tpu", "TPU v6 lite") == "tpu-v6e"
