@@ -4,7 +4,9 @@
 # Attention `softmax(q k^T / sqrt(d)) v` for one head, `q` of shape `(Lq, d)`, `k` and `v` of
 # shape `(Lk, d)`. Flash attention never stores the `(Lq, Lk)` scores in HBM: for each block of
 # queries it walks the key blocks keeping a running max `m`, a running sum `l` and an unnormalised
-# accumulator in VMEM scratch (the online softmax).
+# accumulator in VMEM scratch (the online softmax). Task 4 writes the backward pass, as the
+# op of lesson 12 does: its kernels rebuild the scores block by block from what the forward
+# saved.
 #
 # **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
 # failing check shows its message and the run goes on) and the last cell lists what passed
