@@ -32,7 +32,7 @@ PRACTISES: dict[str, int] = {
 
 # assignment -> the numbers of later lessons one of its tasks practises as well
 ALSO_PRACTISES: dict[str, tuple[int, ...]] = {
-    "07_flash_attention": (12,),  # flash_attention_backward: lesson 12's backward kernels
+    "07_flash_attention": (12,),  # its backward tasks: lesson 12's backward and custom_vjp
 }
 
 

@@ -734,5 +734,6 @@ print("kernelsim's copies equal TPU interpret mode's, copy for copy, in all",
 # ## Practise it
 #
 # Graded practice for this lesson: [Assignment 7 — flash
-# attention](../exercises/07_flash_attention/flash_attention.ipynb), whose last task writes
-# these backward kernels: `D`, then `dK` and `dV` with the key blocks outer, then `dq`.
+# attention](../exercises/07_flash_attention/flash_attention.ipynb), whose last tasks write
+# these backward kernels (`D`, then `dK` and `dV` with the key blocks outer, then `dq`) and
+# attach them to the forward with `jax.custom_vjp`.

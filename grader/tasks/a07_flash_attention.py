@@ -7,6 +7,10 @@ case's ``q``, ``k`` and ``v`` (``_backward_inputs``), so every input is one of t
 arguments and the shared work rules apply unchanged. Its structure follows FlashAttention-2's
 backward as JAX's TPU op has it (``jax/experimental/pallas/ops/tpu/flash_attention.py``: ``di``
 first, then a ``dK``/``dV`` kernel with the key axis outer and a ``dq`` kernel with it inner).
+``attention_with_grad`` puts a forward that saves ``lse`` and that backward behind
+``jax.custom_vjp``; ``calling.vjp_rows_stacked`` differentiates it with ``jax.vjp``, as
+assignment 10's ``rms_norm`` (whose module says why not ``jax.grad``), and the same rules
+find the backward's kernels in that program, beside the forward's.
 """
 
 from __future__ import annotations
@@ -168,22 +172,34 @@ def _backward_inputs(rng: np.random.Generator, case: Case) -> dict[str, np.ndarr
             "lse": np.asarray(jax.nn.logsumexp(s, axis=1, keepdims=True)), "do": drawn["do"]}
 
 
-def _backward_rules(t, case: Case, inputs: dict) -> list[Rule]:
+def _backward_rules(t, case: Case, inputs: dict, forward: bool = False) -> list[Rule]:
+    """Task 4's kernels: ``D``, a ``dk``/``dv`` kernel and a ``dq`` kernel, with no (Lq, Lk)
+    array written. ``forward``: task 5's program, which also runs the forward kernel that
+    saves ``lse``."""
     (lq, d), (lk, _) = case.arrays["q"], case.arrays["k"]
     bq, bk = case.params["bq"], case.params["bk"]
     nq, nk = lq // bq, lk // bk
     item = np.dtype(dtype_of(case.dtype)).itemsize
     row = 4  # one float32 per query row: lse and D
-    gradients = (lq + 2 * lk) * d * item
+    written = (lq + 2 * lk) * d * item + lq * row + (lq * d * item + lq * row) * forward
+    what = "o and lse, D, dq, dk and dv" if forward else "D, dq, dk and dv"
     writes = sum(c.hbm_write_bytes for c in t.calls)
     rules = [Rule("no (Lq, Lk) array in HBM (the scores and probabilities stay in VMEM)",
-                  f"all kernels write <= {gradients + lq * row:,} B (dq, dk, dv and D)",
-                  f"{writes:,} B", writes <= gradients + lq * row)]
+                  f"all kernels write <= {written:,} B ({what})", f"{writes:,} B",
+                  writes <= written)]
     outputs = [[o.shape for o in operands_with_role(c, "output")] for c in t.calls]
-    dkv = next((c for c, shapes in zip(t.calls, outputs, strict=True)
-                if shapes == [(lk, d), (lk, d)]), None)
-    dq = next((c for c, shapes in zip(t.calls, outputs, strict=True) if shapes == [(lq, d)]),
-              None)
+
+    def writing(shapes):
+        return next((c for c, s in zip(t.calls, outputs, strict=True) if s == shapes), None)
+
+    if forward:
+        fwd = writing([(lq, d), (lq, 1)])
+        rules.append(Rule("a forward kernel saving lse", "one pallas_call writing o, (Lq, d), "
+                          "and lse, (Lq, 1)", str(outputs), fwd is not None))
+        if fwd is not None:
+            rules.append(Rule("forward grid", str((cdiv(lq, bq), lk // bk)),
+                              str(tuple(fwd.grid)), tuple(fwd.grid) == (cdiv(lq, bq), lk // bk)))
+    dkv, dq = writing([(lk, d), (lk, d)]), writing([(lq, d)])
     rules.append(Rule("a dk/dv kernel", "one pallas_call writing dk and dv, each (Lk, d)",
                       str(outputs), dkv is not None))
     rules.append(Rule("a dq kernel", "one pallas_call writing dq, (Lq, d)", str(outputs),
@@ -224,4 +240,27 @@ register_task(
         make_case("h2", 313, "float32", _backward_arrays(256, 256, 128), True, bq=128, bk=256),
     ),
     structure=_backward_rules,
+)
+
+
+def _with_grad_ref(q, k, v, do, bq, bk):
+    """The rows of the attention's output and plain JAX's ``dq``, ``dk`` and ``dv`` for the
+    cotangent ``do``, stacked ``(2 Lq + 2 Lk, d)``."""
+    o, pullback = jax.vjp(lambda q, k, v: _attn_ref(q, k, v, bq, bk), q, k, v)
+    return jnp.concatenate([o, *pullback(do)])
+
+
+register_task(
+    id="attention_with_grad", assignment=A7,
+    title="Forward and backward kernels behind jax.custom_vjp, differentiated by jax.vjp",
+    kernel_ops=(("dot_general",), ("exp",), ("log",)),
+    reference=_with_grad_ref, invoke=calling.vjp_rows_stacked, make=_attention_inputs,
+    tolerance="attention",
+    cases=(
+        make_case("v0", 24, "float32", {**_qkv(256, 256, 128), "do": (256, 128)}, bq=128,
+                  bk=128),
+        make_case("h0", 321, "float32", {**_qkv(128, 256, 128), "do": (128, 128)}, True,
+                  bq=128, bk=128),
+    ),
+    structure=lambda t, case, inputs: _backward_rules(t, case, inputs, forward=True),
 )

@@ -6,7 +6,7 @@
 # queries it walks the key blocks keeping a running max `m`, a running sum `l` and an unnormalised
 # accumulator in VMEM scratch (the online softmax). Task 4 writes the backward pass, as the
 # op of lesson 12 does: its kernels rebuild the scores block by block from what the forward
-# saved.
+# saved; task 5 attaches it to the forward with `jax.custom_vjp`.
 #
 # **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
 # failing check shows its message and the run goes on) and the last cell lists what passed
@@ -439,6 +439,102 @@ course.check("flash_attention_backward", flash_attention_backward)
 # Hidden tests: Lq != Lk, bq != bk, large logits.
 ### BEGIN HIDDEN TESTS
 course.check("flash_attention_backward", flash_attention_backward, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 5 — `attention_with_grad(q, k, v, bq, bk)` (2 points)
+#
+# Task 2's forward and task 4's backward as one differentiable function, as lesson 12's op
+# attaches its backward: `jax.custom_vjp`, so that `jax.grad` of a loss of
+# `attention_with_grad` runs your kernels. The forward must now save `lse` for the backward:
+# `flash_kernel_with_lse` is task 2's step, and at the last key block it also writes each
+# row's logsumexp, `m + log(l)`, to a second output, `(Lq, 1)` float32. `attention_fwd`
+# returns the output and the residuals task 4 reads; `attention_bwd` gets `bq` and `bk` (the
+# arguments `nondiff_argnums` names) first, then the residuals and `do`, and returns one
+# gradient per differentiable argument. The check calls `jax.vjp` of your function and
+# applies the pullback to a cotangent, as `jax.grad` does. Budget: the forward's only writes
+# are `o` and `lse`; the backward's, task 4's.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# `flash_kernel_with_lse` can call `flash_kernel` and then, in a `pl.when` at the last key
+# block, read the scratch `m_ref` and `l_ref` it leaves behind: after the last block they hold
+# the row's max and sum. The forward's call is task 2's with a second output spec, `(bq, 1)`
+# blocks that, like the output's, keep their index along the key axis.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The residuals are everything task 4's function takes but `do`: `q`, `k`, `v`, `o` and
+# `lse`, in that order, so the backward is one call of `flash_attention_backward` with them
+# unpacked, then `do`, `bq` and `bk`.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "attention_with_grad_solution", "solution": true}
+def flash_kernel_with_lse(q_ref, k_ref, v_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref):
+    """Task 2's step; at the last key block also lse_ref (bq, 1) float32, the logsumexp of
+    each query row's scaled scores."""
+    ### BEGIN SOLUTION
+    flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref)
+
+    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
+    def _save_lse():
+        lse_ref[...] = m_ref[...] + jnp.log(l_ref[...])
+    ### END SOLUTION
+
+
+def flash_attention_with_lse(q, k, v, bq, bk):
+    """Task 2's forward, returning (o, lse): o (Lq, d) in q's dtype, lse (Lq, 1) float32."""
+    ### BEGIN SOLUTION
+    lq, d = q.shape
+    kv = pl.BlockSpec((bk, d), lambda i, j: (j, 0))
+    return pl.pallas_call(
+        flash_kernel_with_lse, grid=(pl.cdiv(lq, bq), k.shape[0] // bk),
+        in_specs=[pl.BlockSpec((bq, d), lambda i, j: (i, 0)), kv, kv],
+        out_specs=[pl.BlockSpec((bq, d), lambda i, j: (i, 0)),
+                   pl.BlockSpec((bq, 1), lambda i, j: (i, 0))],
+        out_shape=[jax.ShapeDtypeStruct((lq, d), q.dtype),
+                   jax.ShapeDtypeStruct((lq, 1), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
+                        pltpu.VMEM((bq, d), jnp.float32)],
+        interpret=TPU_INTERPRET,
+    )(q, k, v)
+    ### END SOLUTION
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def attention_with_grad(q, k, v, bq, bk):
+    ### BEGIN SOLUTION
+    return flash_attention_with_lse(q, k, v, bq, bk)[0]
+    ### END SOLUTION
+
+
+def attention_fwd(q, k, v, bq, bk):
+    ### BEGIN SOLUTION
+    o, lse = flash_attention_with_lse(q, k, v, bq, bk)
+    return o, (q, k, v, o, lse)
+    ### END SOLUTION
+
+
+def attention_bwd(bq, bk, residuals, do):
+    ### BEGIN SOLUTION
+    return flash_attention_backward(*residuals, do, bq, bk)
+    ### END SOLUTION
+
+
+attention_with_grad.defvjp(attention_fwd, attention_bwd)
+
+
+# %% nbgrader={"grade_id": "attention_with_grad_visible", "grade": true, "points": 1}
+course.check("attention_with_grad", attention_with_grad)
+
+# %% nbgrader={"grade_id": "attention_with_grad_hidden", "grade": true, "points": 1}
+# Hidden tests: Lq != Lk.
+### BEGIN HIDDEN TESTS
+course.check("attention_with_grad", attention_with_grad, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
