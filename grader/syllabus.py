@@ -1,8 +1,10 @@
-"""Which lesson each assignment practises: the course's one table of it.
+"""Which lessons each assignment practises: the course's one table of it.
 
-A lesson's closing cell names the assignments that practise it (or, where none does yet, the
-next assignment), the site's exercise table and course map show the same
-(``site/content.py`` reads this table), and ``tests/lessons/test_navigation.py`` holds the
+An assignment practises its own lesson (``PRACTISES``) and, through a later task, maybe
+another (``ALSO_PRACTISES``). A lesson's closing cell names the assignments that practise it
+(or, where none does yet, the next assignment), the site's exercise table and course map show
+the same
+(``site/content.py`` reads ``lessons_of``), and ``tests/lessons/test_navigation.py`` holds the
 lessons' closing cells to it. Assignments are the folders under ``exercises/source/``; their
 numbers are not their lessons' (assignment 1 practises lesson 2, assignment 8 lesson 5).
 Imports nothing of the grader.
@@ -29,15 +31,25 @@ PRACTISES: dict[str, int] = {
     "15_mosaic_gpu": 16,
 }
 
+# assignment -> the numbers of later lessons one of its tasks practises as well
+ALSO_PRACTISES: dict[str, tuple[int, ...]] = {
+    "07_flash_attention": (12,),  # its backward tasks: lesson 12's backward and custom_vjp
+}
+
+
+def lessons_of(assignment: str) -> tuple[int, ...]:
+    """The numbers of the lessons ``assignment`` practises, its own first."""
+    return (PRACTISES[assignment], *ALSO_PRACTISES.get(assignment, ()))
+
 
 def assignments_of(lesson: int) -> list[str]:
     """The assignments that practise lesson number ``lesson``, in folder order."""
-    return sorted(a for a, n in PRACTISES.items() if n == lesson)
+    return sorted(a for a in PRACTISES if lesson in lessons_of(a))
 
 
 def next_assignment(lesson: int) -> str | None:
     """Where a lesson without an assignment of its own sends the learner: the assignment that
     practises the nearest later lesson (the first in folder order on a tie); None after the
     last."""
-    later = sorted((n, a) for a, n in PRACTISES.items() if n > lesson)
+    later = sorted((n, a) for a in PRACTISES for n in lessons_of(a) if n > lesson)
     return later[0][1] if later else None

@@ -535,6 +535,17 @@ quote(FLASH, "o, l, m = _flash_attention(", 4, after="def _flash_attention_fwd("
 quote(FLASH, "di = jnp.sum(", 3, after="def _flash_attention_bwd(")
 
 # %% [markdown]
+# What the backward computes for one block of queries against one block of keys, with `s` the
+# scaled scores rebuilt from `Q` and `K`: `p = exp(s - m) / l` from the saved `m` and `l`;
+# `dV += pᵀ dO`; `dp = dO Vᵀ`; `ds = p (dp - di)`; `dK += dsᵀ Q` and `dq += ds K`, both times
+# the scale. `di` is the softmax's correction, `rowsum(p dp)` (the `dq` kernel's comment says
+# so), and equals `rowsum(dO o)`: taken from `o`, it needs no whole row of `p`, which is why
+# `o` is a residual.
+
+# %%
+quote(FLASH, "ds = (dp - jnp.tile(di", 6, after="def _flash_attention_dq_kernel(")
+
+# %% [markdown]
 # The backward is two kernels. `dq` keeps the forward's order (key/value axis innermost,
 # accumulating into `dq`); `dK` and `dV` need the opposite, the key/value block outer and the
 # query blocks streaming past, because the sum for `dK` runs over queries:
@@ -722,5 +733,7 @@ print("kernelsim's copies equal TPU interpret mode's, copy for copy, in all",
 # %% [markdown]
 # ## Practise it
 #
-# This lesson has no graded assignment yet. The next one is [Assignment 12 — the kernel API of
-# today](../exercises/12_kernel_api/kernel_api.ipynb), which practises lesson 13.
+# Graded practice for this lesson: [Assignment 7 — flash
+# attention](../exercises/07_flash_attention/flash_attention.ipynb), whose last tasks write
+# these backward kernels (`D`, then `dK` and `dV` with the key blocks outer, then `dq`) and
+# attach them to the forward with `jax.custom_vjp`.

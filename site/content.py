@@ -61,7 +61,7 @@ class Assignment:
     title: str
     statement: list[str]             # markdown cells a learner sees
     release: Path | None             # the student notebook, when it has been released
-    lesson: Lesson | None = None     # the lesson it practises (grader/syllabus.py)
+    lessons: tuple[Lesson, ...] = ()  # those it practises, its own first (grader/syllabus.py)
 
     src_uri = property(lambda self: f"exercises/{self.name}.md")
     download_uri = property(lambda self: f"exercises/{self.name}/{self.notebook}")
@@ -84,7 +84,7 @@ def _statement_cells(nb: Any, from_source: bool) -> list[str]:
 
 def assignments(ls: list[Lesson] = ()) -> list[Assignment]:
     """Assignments with a notebook under exercises/source/, in folder order, each with the
-    lesson of ``ls`` it practises (``grader.syllabus.PRACTISES``)."""
+    lessons of ``ls`` it practises (``grader.syllabus.lessons_of``)."""
     import jupytext  # seconds to import: only reading a notebook needs them
     import nbformat
 
@@ -106,9 +106,9 @@ def assignments(ls: list[Lesson] = ()) -> list[Assignment]:
         cells = _statement_cells(nb, from_source)
         h1 = next((m.group(1).strip() for c in cells
                    if (m := re.search(r"^# (.+)$", c, re.MULTILINE))), folder.name)
-        practised = syllabus.PRACTISES.get(folder.name)
+        practised = syllabus.lessons_of(folder.name) if folder.name in syllabus.PRACTISES else ()
         found.append(Assignment(folder.name, f"{stem}.ipynb", h1, cells, release,
-                                next((le for le in ls if le.number == practised), None)))
+                                tuple(le for n in practised for le in ls if le.number == n)))
     return found
 
 

@@ -25,8 +25,8 @@ def _md_link(text: str, target: str) -> str:
 def course_map_md(ls: list[Lesson], asg: list[Assignment], terms: list[Term]) -> str:
     by_lesson: dict[str, list[Assignment]] = {}
     for a in asg:
-        if a.lesson:
-            by_lesson.setdefault(a.lesson.stem, []).append(a)
+        for lesson in a.lessons:
+            by_lesson.setdefault(lesson.stem, []).append(a)
     first: dict[str, str] = {}
     uses: dict[str, list[Term]] = {}
     for lesson in ls:
@@ -51,7 +51,7 @@ def course_map_md(ls: list[Lesson], asg: list[Assignment], terms: list[Term]) ->
             (f"**[{t.name}](glossary.md#{t.anchor})**" if first.get(t.name) == lesson.stem
              else f"[{t.name}](glossary.md#{t.anchor})") for t in uses[lesson.stem]) or "—"
         lines.append(f"| {_md_link(lesson.nav_title, lesson.src_uri)} | {a_cell} | {concepts} |")
-    orphans = [a for a in asg if a.lesson is None]
+    orphans = [a for a in asg if not a.lessons]
     if orphans:
         lines += ["", "Assignments without a matching lesson: "
                   + ", ".join(_md_link(a.title, a.src_uri) for a in orphans) + "."]
@@ -90,10 +90,11 @@ def exercises_index_md(asg: list[Assignment]) -> str:
                   "    No assignment has been written yet: this page lists them as they appear "
                   "under `exercises/source/`.", ""]
         return "\n".join(lines)
-    lines += ["Each assignment practises one lesson: read it first.", "",
+    lines += ["Each assignment practises a lesson, and a later task may practise another: read "
+              "them first.", "",
               "| Assignment | Practises lesson | Student notebook |", "| --- | --- | --- |"]
     for a in asg:
-        lesson = _md_link(a.lesson.nav_title, f"../{a.lesson.src_uri}") if a.lesson else "—"
+        lesson = ", ".join(_md_link(le.nav_title, f"../{le.src_uri}") for le in a.lessons) or "—"
         nb = (_md_link(a.notebook, a.download_uri.removeprefix("exercises/")) if a.release
               else "not released yet")
         lines.append(f"| {_md_link(a.title, a.name + '.md')} | {lesson} | {nb} |")
@@ -117,8 +118,9 @@ def assignment_md(a: Assignment) -> str:
         get.append("    The student notebook has not been released yet (nbgrader writes it to "
                    f"`exercises/release/{a.name}/{a.notebook}`); the statement below is read "
                    "from the assignment's source without its solution cells.")
-    if a.lesson:
-        get.append(f"    It practises [{a.lesson.nav_title}](../{a.lesson.src_uri}).")
+    if a.lessons:
+        links = [_md_link(le.nav_title, f"../{le.src_uri}") for le in a.lessons]
+        get.append(f"    It practises {' and '.join(links)}.")
     lines += ["\n".join(get), ""]
     cells = list(a.statement)
     if cells and cells[0].lstrip().startswith("# "):

@@ -232,16 +232,25 @@ def pipeline(fn, arrays, params):
     return with_race_detector(traced_as_tpu(fn), arrays, params)
 
 
-def rms_norm_vjp(fn, arrays, params):
-    """Assignment 10: the forward output ``y`` (M, N) and the gradients ``dx`` (M, N) and
-    ``dw`` (1, N) the learner's ``custom_vjp`` gives for the cotangent ``g``, their rows
-    stacked into one (2M + 1, N) array (see ``grader.tasks.a10_transformations``)."""
-    x, w, g = arrays
-    y, pullback = jax.vjp(lambda x, w: fn(x, w, **params), x, w)
-    dx, dw = pullback(g)
+def vjp_rows_stacked(fn, arrays, params):
+    """Assignments 10 and 07: every array but the last is a primal input of the learner's
+    ``custom_vjp`` function, the last the cotangent of its output. The output and the
+    gradients of the inputs, in order, their rows stacked into one array: ``(y, dx, dw)``
+    for assignment 10's norm, ``(o, dq, dk, dv)`` for assignment 07's attention (see
+    ``grader.tasks.a10_transformations`` and ``grader.tasks.a07_flash_attention``)."""
+    *primals, cotangent = arrays
+    y, pullback = jax.vjp(lambda *a: fn(*a, **params), *primals)
     # concatenate, not jnp.stack: the pinned release has a `stack` primitive, which
     # grader.grading.work does not count among the layout operations
-    return jnp.concatenate([y, dx, dw])
+    return jnp.concatenate([y, *pullback(cotangent)])
+
+
+def rows_stacked(fn, arrays, params):
+    """Assignment 07's backward: the arrays ``fn`` returns (``dq``, ``dk``, ``dv``, each with
+    ``d`` columns) as one array, their rows stacked in order (see
+    ``grader.tasks.a07_flash_attention``)."""
+    # concatenate, not jnp.stack: as in vjp_rows_stacked, and the lengths may differ (Lq, Lk)
+    return jnp.concatenate(fn(*arrays, **params))
 
 
 def open_jaxpr(j: Any) -> Any:
@@ -360,5 +369,5 @@ def mosaic_gpu_here(fn: Callable, arrays: list, params: dict) -> Any:
 # every invoke a task may name (``Task.invoke``), by the name the job carries
 INVOKES: dict[str, Callable[[Callable, list, dict], Any]] = {
     f.__name__: f for f in (elementwise, prediction, with_host_last, with_race_detector,
-                            pipeline, rms_norm_vjp, lowered_for_gpu,
+                            pipeline, vjp_rows_stacked, rows_stacked, lowered_for_gpu,
                             mosaic_gpu_here)}

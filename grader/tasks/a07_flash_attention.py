@@ -1,4 +1,17 @@
-"""Assignment 07, flash attention: its tasks, cases and structural rules."""
+"""Assignment 07, flash attention: its tasks, cases and structural rules.
+
+The backward task (``flash_attention_backward``) returns ``(dq, dk, dv)``; ``calling.rows_stacked``
+stacks their rows into the one array judged, against ``jax.vjp`` of plain-JAX attention. Its
+inputs hold the forward's output ``o`` and logsumexp ``lse`` computed in plain JAX from the
+case's ``q``, ``k`` and ``v`` (``_backward_inputs``), so every input is one of the function's
+arguments and the shared work rules apply unchanged. Its structure follows FlashAttention-2's
+backward as JAX's TPU op has it (``jax/experimental/pallas/ops/tpu/flash_attention.py``: ``di``
+first, then a ``dK``/``dV`` kernel with the key axis outer and a ``dq`` kernel with it inner).
+``attention_with_grad`` puts a forward that saves ``lse`` and that backward behind
+``jax.custom_vjp``; ``calling.vjp_rows_stacked`` differentiates it with ``jax.vjp``, as
+assignment 10's ``rms_norm`` (whose module says why not ``jax.grad``), and the same rules
+find the backward's kernels in that program, beside the forward's.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grader.grading import calling
 from grader.tasks.core import (
     Case,
     Rule,
@@ -19,6 +33,7 @@ from grader.tasks.core import (
     make_case,
     nbytes_of,
     normal_array,
+    operands_with_role,
     read_budget,
     register_task,
     single_call,
@@ -133,4 +148,119 @@ register_task(
     ),
     structure=single_call(lambda call, case, rules, inputs: _flash_rules(call, case, rules, inputs,
                                                                    causal=True)),
+)
+
+
+# ----------------------------------------------------------------------------- the backward
+def _backward_ref(q, k, v, o, lse, do, bq, bk):
+    """The rows of plain JAX's ``dq``, ``dk`` and ``dv`` for the cotangent ``do``, stacked
+    ``(Lq + 2 Lk, d)``: ``jax.vjp`` of the attention at ``q``, ``k``, ``v`` (``o`` and ``lse``,
+    the forward's residuals, are the learner's to use)."""
+    _, pullback = jax.vjp(lambda q, k, v: _attn_ref(q, k, v, bq, bk), q, k, v)
+    return jnp.concatenate(pullback(do))
+
+
+def _backward_inputs(rng: np.random.Generator, case: Case) -> dict[str, np.ndarray]:
+    """``q``, ``k``, ``v`` and ``do`` drawn as ``_attention_inputs`` draws them; ``o`` and
+    ``lse`` (the logsumexp of each query row's scaled scores, ``(Lq, 1)``) the forward's, in
+    float32 at HIGHEST precision."""
+    drawn = _attention_inputs(rng, case)
+    q, k, v = (jnp.asarray(drawn[name]) for name in ("q", "k", "v"))
+    s = jnp.dot(q, k.T, precision="highest") / math.sqrt(q.shape[-1])
+    return {"q": drawn["q"], "k": drawn["k"], "v": drawn["v"],
+            "o": np.asarray(_attn_ref(q, k, v, None, None)),
+            "lse": np.asarray(jax.nn.logsumexp(s, axis=1, keepdims=True)), "do": drawn["do"]}
+
+
+def _backward_rules(t, case: Case, inputs: dict, forward: bool = False) -> list[Rule]:
+    """Task 4's kernels: ``D``, a ``dk``/``dv`` kernel and a ``dq`` kernel, with no (Lq, Lk)
+    array written. ``forward``: task 5's program, which also runs the forward kernel that
+    saves ``lse``."""
+    (lq, d), (lk, _) = case.arrays["q"], case.arrays["k"]
+    bq, bk = case.params["bq"], case.params["bk"]
+    nq, nk = lq // bq, lk // bk
+    item = np.dtype(dtype_of(case.dtype)).itemsize
+    row = 4  # one float32 per query row: lse and D
+    written = (lq + 2 * lk) * d * item + lq * row + (lq * d * item + lq * row) * forward
+    what = "o and lse, D, dq, dk and dv" if forward else "D, dq, dk and dv"
+    writes = sum(c.hbm_write_bytes for c in t.calls)
+    rules = [Rule("no (Lq, Lk) array in HBM (the scores and probabilities stay in VMEM)",
+                  f"all kernels write <= {written:,} B ({what})", f"{writes:,} B",
+                  writes <= written)]
+    outputs = [[o.shape for o in operands_with_role(c, "output")] for c in t.calls]
+
+    def writing(shapes):
+        return next((c for c, s in zip(t.calls, outputs, strict=True) if s == shapes), None)
+
+    if forward:
+        fwd = writing([(lq, d), (lq, 1)])
+        rules.append(Rule("a forward kernel saving lse", "one pallas_call writing o, (Lq, d), "
+                          "and lse, (Lq, 1)", str(outputs), fwd is not None))
+        if fwd is not None:
+            rules.append(Rule("forward grid", str((cdiv(lq, bq), lk // bk)),
+                              str(tuple(fwd.grid)), tuple(fwd.grid) == (cdiv(lq, bq), lk // bk)))
+    dkv, dq = writing([(lk, d), (lk, d)]), writing([(lq, d)])
+    rules.append(Rule("a dk/dv kernel", "one pallas_call writing dk and dv, each (Lk, d)",
+                      str(outputs), dkv is not None))
+    rules.append(Rule("a dq kernel", "one pallas_call writing dq, (Lq, d)", str(outputs),
+                      dq is not None))
+    if dkv is not None:
+        rules.append(Rule("dk/dv grid (key blocks outer, query blocks inner)", str((nk, nq)),
+                          str(tuple(dkv.grid)), tuple(dkv.grid) == (nk, nq)))
+        # k and v once; q, do, lse and D once per key block
+        budget = 2 * lk * d * item + nk * (2 * lq * d * item + 2 * lq * row)
+        rules.extend(total_budget(dkv, budget, None))
+    if dq is not None:
+        rules.append(Rule("dq grid (query blocks outer, key blocks inner)", str((nq, nk)),
+                          str(tuple(dq.grid)), tuple(dq.grid) == (nq, nk)))
+        # q, do, lse and D once; k and v once per query block
+        budget = 2 * lq * d * item + 2 * lq * row + nq * 2 * lk * d * item
+        rules.extend(total_budget(dq, budget, None))
+    return rules
+
+
+def _backward_arrays(lq, lk, d):
+    return {**_qkv(lq, lk, d), "o": (lq, d), "lse": (lq, 1), "do": (lq, d)}
+
+
+register_task(
+    id="flash_attention_backward", assignment=A7,
+    title="Flash-attention backward: D, a dk/dv kernel and a dq kernel",
+    kernel_ops=(("dot_general",), ("exp",)),
+    reference=_backward_ref, invoke=calling.rows_stacked, make=_backward_inputs,
+    tolerance="attention",
+    cases=(
+        make_case("v0", 23, "float32", _backward_arrays(256, 256, 128), bq=128, bk=128),
+        # fewer queries than keys: dq's rows and dk's differ in number
+        make_case("h0", 311, "float32", _backward_arrays(128, 256, 128), True, bq=128, bk=128),
+        # large scores: exp(s) overflows unless lse is subtracted inside the exponent
+        make_case("h1", 312, "float32", _backward_arrays(256, 256, 128), True, values="large",
+                  bq=128, bk=128),
+        # bq != bk: a transpose that only matches square blocks fails here
+        make_case("h2", 313, "float32", _backward_arrays(256, 256, 128), True, bq=128, bk=256),
+    ),
+    structure=_backward_rules,
+)
+
+
+def _with_grad_ref(q, k, v, do, bq, bk):
+    """The rows of the attention's output and plain JAX's ``dq``, ``dk`` and ``dv`` for the
+    cotangent ``do``, stacked ``(2 Lq + 2 Lk, d)``."""
+    o, pullback = jax.vjp(lambda q, k, v: _attn_ref(q, k, v, bq, bk), q, k, v)
+    return jnp.concatenate([o, *pullback(do)])
+
+
+register_task(
+    id="attention_with_grad", assignment=A7,
+    title="Forward and backward kernels behind jax.custom_vjp, differentiated by jax.vjp",
+    kernel_ops=(("dot_general",), ("exp",), ("log",)),
+    reference=_with_grad_ref, invoke=calling.vjp_rows_stacked, make=_attention_inputs,
+    tolerance="attention",
+    cases=(
+        make_case("v0", 24, "float32", {**_qkv(256, 256, 128), "do": (256, 128)}, bq=128,
+                  bk=128),
+        make_case("h0", 321, "float32", {**_qkv(128, 256, 128), "do": (128, 128)}, True,
+                  bq=128, bk=128),
+    ),
+    structure=lambda t, case, inputs: _backward_rules(t, case, inputs, forward=True),
 )

@@ -2,14 +2,14 @@
 ``jax.custom_vjp`` graded through ``jax.vjp``, and an in-place update with
 ``input_output_aliases`` that touches a patch of rows and columns.
 
-How the backward task is graded, and why not with ``jax.grad`` directly: ``calling.rms_norm_vjp``
-calls ``jax.vjp(fn, x)`` and applies the pullback to the case's cotangent ``g``, an input of
-the traced program. That is the pullback ``jax.grad`` of ``sum(fn(x, w) * g)`` runs, but under
-``jax.grad`` the cotangent reaching the backward kernel is ``g`` times the loss's seed, a
-``mul`` computed outside any kernel, and the shared work rules (``core.work_rules``: "kernel
-inputs are your function's inputs", "compute outside kernels") would fail every correct
-solution. The output judged is the rows of ``y``, ``dx`` and ``dw`` stacked, so the forward
-kernel's values count too.
+How the backward task is graded, and why not with ``jax.grad`` directly:
+``calling.vjp_rows_stacked`` calls ``jax.vjp(fn, x)`` and applies the pullback to the case's
+cotangent ``g``, an input of the traced program. That is the pullback ``jax.grad`` of
+``sum(fn(x, w) * g)`` runs, but under ``jax.grad`` the cotangent reaching the backward kernel
+is ``g`` times the loss's seed, a ``mul`` computed outside any kernel, and the shared work
+rules (``core.work_rules``: "kernel inputs are your function's inputs", "compute outside
+kernels") would fail every correct solution. The output judged is the rows of ``y``, ``dx``
+and ``dw`` stacked, so the forward kernel's values count too.
 
 The shared rule "kernel inputs are your function's inputs" also rejects a backward kernel that
 reads a residual the forward *kernel* wrote (``pallas_call #0`` feeding ``pallas_call #1``),
@@ -124,7 +124,7 @@ register_task(
     id="rms_norm", assignment=A10,
     title="Scaled RMS norm: forward and backward kernels via custom_vjp, dw summed across steps",
     kernel_ops=(("rsqrt", "sqrt"),),
-    reference=_rms_norm_ref, invoke=calling.rms_norm_vjp, make=with_zero_row("x"),
+    reference=_rms_norm_ref, invoke=calling.vjp_rows_stacked, make=with_zero_row("x"),
     tolerance="reduction",
     cases=(
         make_case("v0", 20, "float32", {"x": (16, 128), "w": (1, 128), "g": (16, 128)}, bm=8),

@@ -4,7 +4,9 @@
 # Attention `softmax(q k^T / sqrt(d)) v` for one head, `q` of shape `(Lq, d)`, `k` and `v` of
 # shape `(Lk, d)`. Flash attention never stores the `(Lq, Lk)` scores in HBM: for each block of
 # queries it walks the key blocks keeping a running max `m`, a running sum `l` and an unnormalised
-# accumulator in VMEM scratch (the online softmax).
+# accumulator in VMEM scratch (the online softmax). Task 4 writes the backward pass, as the
+# op of lesson 12 does: its kernels rebuild the scores block by block from what the forward
+# saved; task 5 attaches it to the forward with `jax.custom_vjp`.
 #
 # **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
 # failing check shows its message and the run goes on) and the last cell lists what passed
@@ -257,6 +259,282 @@ course.check("causal_flash_attention", causal_flash_attention)
 # Hidden tests: other lengths, bq above and below bk, bfloat16, large logits.
 ### BEGIN HIDDEN TESTS
 course.check("causal_flash_attention", causal_flash_attention, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 4 — `flash_attention_backward(q, k, v, o, lse, do, bq, bk)` (4 points)
+#
+# The backward pass of task 2's attention, as FlashAttention-2 computes it and as the op of
+# lesson 12 does: the forward saved its output `o` and, for each query row, the logsumexp of
+# its scores, `lse = m + log(l)` (shape `(Lq, 1)`, float32). Given the cotangent `do` of the
+# output, return `(dq, dk, dv)`, each in its input's dtype. `Lq` is a multiple of `bq`, `Lk` of
+# `bk`. With `s = q k^T * scale` (`scale = 1 / sqrt(d)`) recomputed block by block, never
+# stored:
+#
+# * `p = exp(s - lse)`: the probabilities, already normalised;
+# * `dv = p^T do`, a sum over queries;
+# * `dp = do v^T` and `ds = p * (dp - D)`, where `D = rowsum(do * o)`, one value per query
+#   row (the softmax's Jacobian: `D` equals `rowsum(p * dp)`, so `o` spares the kernels the
+#   whole row of `p`);
+# * `dk = ds^T q * scale`, a sum over queries, and `dq = ds k * scale`, a sum over keys.
+#
+# Three `pallas_call`s: first `D`, `(Lq, 1)` float32, grid `(Lq // bq,)`; then `dk` and `dv`
+# together, grid `(Lk // bk, Lq // bq)`: key block `j` outer, the query blocks streaming past
+# as an `"arbitrary"` axis while two `(bk, d)` float32 VMEM accumulators sum over them; then
+# `dq`, grid `(Lq // bq, Lk // bk)`: the forward's order, one `(bq, d)` accumulator. Budget: no
+# `(Lq, Lk)` array reaches HBM (the only writes are `D`, `dq`, `dk` and `dv`); in the `dk`/`dv`
+# kernel `k` and `v` are read once, in the `dq` kernel `q`, `do`, `lse` and `D` once.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Both gradient kernels need the same two blocks at step (query block, key block): `p` and
+# `ds`, each `(bq, bk)`, from the blocks of `q`, `k`, `v`, `do` and the rows of `lse` and `D`.
+# Write that once as a helper both kernel bodies call. Each kernel zeroes its accumulators at
+# its inner axis's first step and writes them out at its last, as task 2 does with `acc`. The
+# `dk`/`dv` kernel's index maps for `q`, `do`, `lse` and `D` follow the *inner* grid index,
+# those for `k`, `v`, `dk` and `dv` the outer one.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The transposes stay inside the kernel: `jnp.dot(p.T, do_block)` is `(bk, bq) @ (bq, d)`,
+# a `(bk, d)` block of `dv`; `ds.T` with the `q` block gives `dk`'s. `ds` needs `D`'s rows
+# subtracted *before* multiplying by `p`, and both `dk` and `dq` take the scale once more,
+# since `s` was `q k^T` times it.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "flash_attention_backward_solution", "solution": true}
+def probs_and_dscores(q, k, v, lse, delta, do):
+    """p and ds for one (query block, key block) pair, both (bq, bk) float32.
+
+    q and do (bq, d), k and v (bk, d), lse and delta (bq, 1) float32: the forward's logsumexp
+    and D = rowsum(do * o) of these query rows.
+    """
+    ### BEGIN SOLUTION
+    d = q.shape[1]
+    # float32: several MXU passes, exact; bfloat16: one pass (Mosaic refuses "highest" there)
+    precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    rows_by_rows = (((1,), (1,)), ((), ()))  # contract d: (bq, d) x (bk, d) -> (bq, bk)
+    s = jax.lax.dot_general(q, k, rows_by_rows, precision=precision,
+                            preferred_element_type=jnp.float32) / math.sqrt(d)
+    p = jnp.exp(s - lse)
+    dp = jax.lax.dot_general(do, v, rows_by_rows, precision=precision,
+                             preferred_element_type=jnp.float32)
+    return p, p * (dp - delta)
+    ### END SOLUTION
+
+
+def delta_kernel(o_ref, do_ref, delta_ref):
+    """delta_ref (bq, 1) float32: rowsum(do * o) of one query block's (bq, d) rows."""
+    ### BEGIN SOLUTION
+    delta_ref[...] = jnp.sum(o_ref[...].astype(jnp.float32) * do_ref[...].astype(jnp.float32),
+                             axis=1, keepdims=True)
+    ### END SOLUTION
+
+
+def dkv_kernel(q_ref, k_ref, v_ref, lse_ref, delta_ref, do_ref, dk_ref, dv_ref, dk_acc, dv_acc):
+    """One step (key block j, query block i): add query block i's terms to key block j's dk
+    and dv. dk_acc and dv_acc (bk, d) float32 scratch, kept across the i steps."""
+    ### BEGIN SOLUTION
+    i = pl.program_id(1)
+    d = q_ref.shape[1]
+    precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
+
+    @pl.when(i == 0)
+    def _init():
+        dk_acc[...] = jnp.zeros_like(dk_acc)
+        dv_acc[...] = jnp.zeros_like(dv_acc)
+
+    q, do = q_ref[...], do_ref[...]
+    p, ds = probs_and_dscores(q, k_ref[...], v_ref[...], lse_ref[...], delta_ref[...], do)
+    # sums over queries: the (bq, bk) blocks transposed in VMEM, contracted with the query rows
+    dv_acc[...] += jnp.dot(p.T.astype(do.dtype), do, precision=precision,
+                           preferred_element_type=jnp.float32)
+    dk_acc[...] += jnp.dot(ds.T.astype(q.dtype), q, precision=precision,
+                           preferred_element_type=jnp.float32) / math.sqrt(d)
+
+    @pl.when(i == pl.num_programs(1) - 1)
+    def _finalize():
+        dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
+        dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+    ### END SOLUTION
+
+
+def dq_kernel(q_ref, k_ref, v_ref, lse_ref, delta_ref, do_ref, dq_ref, dq_acc):
+    """One step (query block i, key block j): add key block j's terms to query block i's dq.
+    dq_acc (bq, d) float32 scratch, kept across the j steps."""
+    ### BEGIN SOLUTION
+    j = pl.program_id(1)
+    d = q_ref.shape[1]
+    precision = jax.lax.Precision.HIGHEST if q_ref.dtype == jnp.float32 else None
+
+    @pl.when(j == 0)
+    def _init():
+        dq_acc[...] = jnp.zeros_like(dq_acc)
+
+    k = k_ref[...]
+    _, ds = probs_and_dscores(q_ref[...], k, v_ref[...], lse_ref[...], delta_ref[...],
+                              do_ref[...])
+    dq_acc[...] += jnp.dot(ds.astype(k.dtype), k, precision=precision,
+                           preferred_element_type=jnp.float32) / math.sqrt(d)
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _finalize():
+        dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
+    ### END SOLUTION
+
+
+def flash_attention_backward(q, k, v, o, lse, do, bq, bk):
+    ### BEGIN SOLUTION
+    (lq, d), lk = q.shape, k.shape[0]
+    nq, nk = lq // bq, lk // bk
+    delta = pl.pallas_call(
+        delta_kernel, grid=(nq,),
+        in_specs=[pl.BlockSpec((bq, d), lambda i: (i, 0))] * 2,
+        out_specs=pl.BlockSpec((bq, 1), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((lq, 1), jnp.float32), interpret=INTERPRET,
+    )(o, do)
+
+    # dk, dv: key block j outer, kept on chip with its accumulators while the query blocks i
+    # stream past; the sum over i makes that axis "arbitrary"
+    def query_rows(width):
+        return pl.BlockSpec((bq, width), lambda j, i: (i, 0))
+
+    key_rows = pl.BlockSpec((bk, d), lambda j, i: (j, 0))
+    dk, dv = pl.pallas_call(
+        dkv_kernel, grid=(nk, nq),
+        in_specs=[query_rows(d), key_rows, key_rows, query_rows(1), query_rows(1), query_rows(d)],
+        out_specs=[key_rows, key_rows],
+        out_shape=[jax.ShapeDtypeStruct((lk, d), k.dtype), jax.ShapeDtypeStruct((lk, d), v.dtype)],
+        scratch_shapes=[pltpu.VMEM((bk, d), jnp.float32), pltpu.VMEM((bk, d), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        interpret=TPU_INTERPRET,
+    )(q, k, v, lse, delta, do)
+
+    # dq: the forward's order, query block i outer, the key blocks j streaming past
+    def query_block(width):
+        return pl.BlockSpec((bq, width), lambda i, j: (i, 0))
+
+    kv = pl.BlockSpec((bk, d), lambda i, j: (j, 0))
+    dq = pl.pallas_call(
+        dq_kernel, grid=(nq, nk),
+        in_specs=[query_block(d), kv, kv, query_block(1), query_block(1), query_block(d)],
+        out_specs=query_block(d),
+        out_shape=jax.ShapeDtypeStruct((lq, d), q.dtype),
+        scratch_shapes=[pltpu.VMEM((bq, d), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")),
+        interpret=TPU_INTERPRET,
+    )(q, k, v, lse, delta, do)
+    return dq, dk, dv
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "flash_attention_backward_visible", "grade": true, "points": 2}
+course.check("flash_attention_backward", flash_attention_backward)
+
+# %% nbgrader={"grade_id": "flash_attention_backward_hidden", "grade": true, "points": 2}
+# Hidden tests: Lq != Lk, bq != bk, large logits.
+### BEGIN HIDDEN TESTS
+course.check("flash_attention_backward", flash_attention_backward, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 5 — `attention_with_grad(q, k, v, bq, bk)` (2 points)
+#
+# Task 2's forward and task 4's backward as one differentiable function, as lesson 12's op
+# attaches its backward: `jax.custom_vjp`, so that `jax.grad` of a loss of
+# `attention_with_grad` runs your kernels. The forward must now save `lse` for the backward:
+# `flash_kernel_with_lse` is task 2's step, and at the last key block it also writes each
+# row's logsumexp, `m + log(l)`, to a second output, `(Lq, 1)` float32. `attention_fwd`
+# returns the output and the residuals task 4 reads; `attention_bwd` gets `bq` and `bk` (the
+# arguments `nondiff_argnums` names) first, then the residuals and `do`, and returns one
+# gradient per differentiable argument. The check calls `jax.vjp` of your function and
+# applies the pullback to a cotangent, as `jax.grad` does. Budget: the forward's only writes
+# are `o` and `lse`; the backward's, task 4's.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# `flash_kernel_with_lse` can call `flash_kernel` and then, in a `pl.when` at the last key
+# block, read the scratch `m_ref` and `l_ref` it leaves behind: after the last block they hold
+# the row's max and sum. The forward's call is task 2's with a second output spec, `(bq, 1)`
+# blocks that, like the output's, keep their index along the key axis.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The residuals are everything task 4's function takes but `do`: `q`, `k`, `v`, `o` and
+# `lse`, in that order, so the backward is one call of `flash_attention_backward` with them
+# unpacked, then `do`, `bq` and `bk`.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "attention_with_grad_solution", "solution": true}
+def flash_kernel_with_lse(q_ref, k_ref, v_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref):
+    """Task 2's step; at the last key block also lse_ref (bq, 1) float32, the logsumexp of
+    each query row's scaled scores."""
+    ### BEGIN SOLUTION
+    flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref)
+
+    @pl.when(pl.program_id(1) == pl.num_programs(1) - 1)
+    def _save_lse():
+        lse_ref[...] = m_ref[...] + jnp.log(l_ref[...])
+    ### END SOLUTION
+
+
+def flash_attention_with_lse(q, k, v, bq, bk):
+    """Task 2's forward, returning (o, lse): o (Lq, d) in q's dtype, lse (Lq, 1) float32."""
+    ### BEGIN SOLUTION
+    lq, d = q.shape
+    kv = pl.BlockSpec((bk, d), lambda i, j: (j, 0))
+    return pl.pallas_call(
+        flash_kernel_with_lse, grid=(pl.cdiv(lq, bq), k.shape[0] // bk),
+        in_specs=[pl.BlockSpec((bq, d), lambda i, j: (i, 0)), kv, kv],
+        out_specs=[pl.BlockSpec((bq, d), lambda i, j: (i, 0)),
+                   pl.BlockSpec((bq, 1), lambda i, j: (i, 0))],
+        out_shape=[jax.ShapeDtypeStruct((lq, d), q.dtype),
+                   jax.ShapeDtypeStruct((lq, 1), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
+                        pltpu.VMEM((bq, d), jnp.float32)],
+        interpret=TPU_INTERPRET,
+    )(q, k, v)
+    ### END SOLUTION
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def attention_with_grad(q, k, v, bq, bk):
+    ### BEGIN SOLUTION
+    return flash_attention_with_lse(q, k, v, bq, bk)[0]
+    ### END SOLUTION
+
+
+def attention_fwd(q, k, v, bq, bk):
+    ### BEGIN SOLUTION
+    o, lse = flash_attention_with_lse(q, k, v, bq, bk)
+    return o, (q, k, v, o, lse)
+    ### END SOLUTION
+
+
+def attention_bwd(bq, bk, residuals, do):
+    ### BEGIN SOLUTION
+    return flash_attention_backward(*residuals, do, bq, bk)
+    ### END SOLUTION
+
+
+attention_with_grad.defvjp(attention_fwd, attention_bwd)
+
+
+# %% nbgrader={"grade_id": "attention_with_grad_visible", "grade": true, "points": 1}
+course.check("attention_with_grad", attention_with_grad)
+
+# %% nbgrader={"grade_id": "attention_with_grad_hidden", "grade": true, "points": 1}
+# Hidden tests: Lq != Lk.
+### BEGIN HIDDEN TESTS
+course.check("attention_with_grad", attention_with_grad, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
