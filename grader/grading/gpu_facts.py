@@ -6,7 +6,9 @@ kernels into the facts the structural rules judge (``grader.grading.verdict.GpuK
 the trace's place (``grader.grading.work.run_traced``): per kernel, which refs its TMA copies read
 and write, the copies into shared memory that no barrier wait consumes, the TMA stores that no
 ``commit_smem`` precedes or no ``wait_smem_to_gmem`` follows, and the plain loads and stores
-between global memory and registers that bypass the TMA. Counts are one CTA's (CTA 0), each
+between global memory and registers that bypass the TMA; its WGMMAs, how many each
+accumulator adds up before it starts again from zero, the operands they read transposed, and the
+operand layouts the Mosaic GPU lowering would refuse. Counts are one CTA's (CTA 0), each
 warpgroup's events in its own program order. ``would_hang`` stops a program before it runs
 when a kernel waits on a barrier nothing signals (GPU interpret mode would wait forever, as a
 GPU does), as ``grader.grading.dma_order.would_hang`` does for a TPU kernel's DMAs.
@@ -32,6 +34,48 @@ def _unwaited(events: list) -> int:
         for e in events if e.kind == "tma_load")
 
 
+def _accumulations(events: list) -> list[int]:
+    """The WGMMAs each accumulator adds up between its starts (allocated, or stored to), in
+    each warpgroup's program order: a K loop that keeps its accumulator gives one run of K
+    steps, one that starts it again at every step K runs of 1."""
+    runs = []
+    for wg in sorted({e.warpgroup for e in events}):
+        wgmmas = [e for e in events if e.kind == "wgmma" and e.warpgroup == wg]
+        runs += [e.accumulation for e, after in zip(wgmmas, wgmmas[1:] + [None], strict=True)
+                 if after is None or after.accumulation <= e.accumulation]
+    return runs
+
+
+def _layout_problems(events: list) -> list[str]:
+    """What the Mosaic GPU lowering of ``plgpu.wgmma`` refuses in how a WGMMA reads its
+    operands, once per problem (``_wgmma_lowering`` in jax/_src/pallas/mosaic_gpu/primitives.py,
+    jax 0.12.0.1, 2213-2322; transposes, ``jax/experimental/mosaic/gpu/wgmma.py`` 154): an
+    operand in shared memory must be swizzled and tiled (8, swizzle / itemsize), and b's
+    swizzle must be a's; only 16-bit operands may be read transposed."""
+    found = []
+    for e in events:
+        if e.kind != "wgmma":
+            continue
+        smem = [o for o in e.operands if not o.in_registers]
+        for o in smem:
+            fits = (8, o.swizzle // o.itemsize)
+            if not o.swizzle or not o.tiling:
+                found.append(f"{o.name}'s tile has no plgpu.SwizzleTransform and "
+                             "plgpu.TilingTransform: WGMMA reads shared memory only swizzled "
+                             "and tiled")
+            elif o.tiling != fits:
+                found.append(f"{o.name}'s tiling {o.tiling} does not fit its {o.swizzle}-byte "
+                             f"swizzle: it must be {fits} (8 rows of swizzle / itemsize "
+                             "elements)")
+            if o.transposed and o.itemsize != 2:
+                found.append(f"{o.name} is read transposed, which WGMMA does only for 16-bit "
+                             "types")
+        if len(smem) == 2 and all(o.swizzle for o in smem) and smem[0].swizzle != smem[1].swizzle:
+            found.append(f"a is swizzled by {smem[0].swizzle} bytes and b by {smem[1].swizzle}: "
+                         "WGMMA needs one swizzle for both")
+    return list(dict.fromkeys(found))
+
+
 def kernel_facts(k: Any) -> dict:
     """One ``kernelsim.gpu.GpuKernel`` as ``verdict.gpu_from_dict`` reads it (JSON-ready)."""
     events = k.events
@@ -53,6 +97,11 @@ def kernel_facts(k: Any) -> dict:
         "unawaited_stores": unawaited,
         "gmem_loads": sum(e.kind == "load" for e in events),
         "gmem_stores": sum(e.kind == "store" for e in events),
+        "wgmmas": sum(e.kind == "wgmma" for e in events),
+        "accumulations": _accumulations(events),
+        "transposed_operands": sorted({o.name for e in events for o in e.operands
+                                       if o.transposed}),
+        "wgmma_layout_problems": _layout_problems(events),
         "complete": not k.events_dropped, "warnings": list(k.warnings)}
 
 
