@@ -41,38 +41,41 @@ def _accumulations(events: list) -> list[int]:
     runs = []
     for wg in sorted({e.warpgroup for e in events}):
         wgmmas = [e for e in events if e.kind == "wgmma" and e.warpgroup == wg]
-        runs += [e.accumulation for e, after in zip(wgmmas, wgmmas[1:] + [None], strict=True)
-                 if after is None or after.accumulation <= e.accumulation]
+        runs += [e.accumulation for i, e in enumerate(wgmmas)
+                 if i + 1 == len(wgmmas) or wgmmas[i + 1].accumulation <= e.accumulation]
     return runs
 
 
 def _layout_problems(events: list) -> list[str]:
-    """What the Mosaic GPU lowering of ``plgpu.wgmma`` refuses in how a WGMMA reads its
-    operands, once per problem (``_wgmma_lowering`` in jax/_src/pallas/mosaic_gpu/primitives.py,
-    jax 0.12.0.1, 2213-2322; transposes, ``jax/experimental/mosaic/gpu/wgmma.py`` 154): an
-    operand in shared memory must be swizzled and tiled (8, swizzle / itemsize), and b's
-    swizzle must be a's; only 16-bit operands may be read transposed."""
+    """What the Mosaic GPU lowering (its default, warpgroup semantics, whose transform inference
+    picks the layout of a tile given none: jax/_src/pallas/mosaic_gpu/core.py:150 and
+    primitives.py:2350-2412 in jax 0.12.0.1) refuses in how a WGMMA reads its operands, once per
+    problem: a shared-memory tile swizzled but not tiled or tiled but not swizzled, a tiling
+    other than (8, swizzle / itemsize), A and B swizzled differently, and a transposed operand
+    of other than 16 bits (jax/experimental/mosaic/gpu/wgmma.py:154). Each was refused by the
+    lowering for CUDA, and tiles without transforms accepted (tests/grader/
+    test_mosaic_gpu_tasks.py)."""
     found = []
     for e in events:
         if e.kind != "wgmma":
             continue
         smem = [o for o in e.operands if not o.in_registers]
         for o in smem:
-            fits = (8, o.swizzle // o.itemsize)
-            if not o.swizzle or not o.tiling:
-                found.append(f"{o.name}'s tile has no plgpu.SwizzleTransform and "
-                             "plgpu.TilingTransform: WGMMA reads shared memory only swizzled "
-                             "and tiled")
-            elif o.tiling != fits:
+            if bool(o.swizzle) != bool(o.tiling):
+                found.append(f"{o.name}'s tile is {'swizzled' if o.swizzle else 'tiled'} but "
+                             f"not {'tiled' if o.swizzle else 'swizzled'}: give it both "
+                             "plgpu.TilingTransform and plgpu.SwizzleTransform, or neither")
+            elif o.swizzle and o.tiling != (fits := (8, o.swizzle // o.itemsize)):
                 found.append(f"{o.name}'s tiling {o.tiling} does not fit its {o.swizzle}-byte "
                              f"swizzle: it must be {fits} (8 rows of swizzle / itemsize "
                              "elements)")
             if o.transposed and o.itemsize != 2:
                 found.append(f"{o.name} is read transposed, which WGMMA does only for 16-bit "
                              "types")
-        if len(smem) == 2 and all(o.swizzle for o in smem) and smem[0].swizzle != smem[1].swizzle:
-            found.append(f"a is swizzled by {smem[0].swizzle} bytes and b by {smem[1].swizzle}: "
-                         "WGMMA needs one swizzle for both")
+        swizzles = [o.swizzle for o in smem if o.swizzle]
+        if len(swizzles) == 2 and swizzles[0] != swizzles[1]:
+            found.append(f"a is swizzled by {swizzles[0]} bytes and b by {swizzles[1]}: "
+                         "WGMMA reads both with one swizzle")
     return list(dict.fromkeys(found))
 
 
