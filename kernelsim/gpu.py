@@ -9,7 +9,9 @@ accumulator in registers, TMA copies shared -> global memory, and plain loads an
 global memory into registers. ``analyse`` finds every kernel a function launches (in its
 jaxpr: no kernel runs) and walks one CTA's body in program order, evaluating the scalar
 arithmetic that loop trip counts, slot indices and branch predicates need (the CTA's own grid
-coordinates included) and nothing else.
+coordinates included) and nothing else. A WGMMA's event also says how it reads each operand
+(the swizzle and tiling its shared-memory ref is read through, a transpose, or registers) and
+how many WGMMAs its accumulator has summed since it was allocated or stored to.
 
 Shared-memory footprint: the rules of the Mosaic GPU lowering's resource estimate
 (``_estimate_resources`` in jax/_src/pallas/mosaic_gpu/lowering.py, jax 0.12.0.1), rule for
