@@ -318,18 +318,21 @@ course.check("rms_norm_mgpu", rms_norm_mgpu, hidden=True)
 #   back by TMA: `plgpu.commit_smem()`, `plgpu.copy_smem_to_gmem`,
 #   `plgpu.wait_smem_to_gmem(0)`.
 #
-# WGMMA reads shared memory only in the layout lesson 16 describes: give each tile
+# WGMMA reads shared memory in the layouts lesson 16 describes. Give each tile
 # `transforms=(plgpu.TilingTransform((8, swizzle // 2)), plgpu.SwizzleTransform(swizzle))` in
 # its `plgpu.SMEM`, with one swizzle for A's and B's tiles, the widest A's rows allow
-# (`plgpu.find_swizzle(tk * 16)`: `tk` elements of 16 bits). The sizes divide evenly, `tm` is
-# 64 or 128, `tn` 64 or 128, `tk` 32 to 128. Pass `interpret` on to `plgpu.kernel`.
+# (`plgpu.find_swizzle(tk * 16)`: `tk` elements of 16 bits); or give a tile no transforms,
+# and the lowering picks them. The sizes divide evenly, `tm` is 64 or 128, `tn` 64 or 128,
+# `tk` 32 to 128. Pass `interpret` on to `plgpu.kernel`.
 #
 # The grader checks the values on every case, then reads your kernel with `kernelsim.gpu`:
 # the copies are TMAs into shared memory, each waited on; one WGMMA per K step (`k // tk` per
 # CTA), all added onto one accumulator; B read as it is stored; tiles in a layout the Mosaic
 # GPU lowering accepts; at most 227 KiB of shared memory per CTA. GPU interpret mode runs a
-# WGMMA at once and ignores swizzles, so a missing wait or a wrong tiling still gives right
-# values here, and wrong ones or no kernel at all on a GPU: those are checked by structure.
+# WGMMA at once and ignores swizzles, so a layout the lowering refuses still gives right values
+# here (and no kernel at all on a GPU): it is checked by structure. A copy you never wait for
+# stops GPU interpret mode when its barrier completes again ("Barrier completed phase 1, but
+# no threads observed phase 0").
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
