@@ -52,9 +52,10 @@ def _layout_problems(events: list) -> list[str]:
     primitives.py:2350-2412 in jax 0.12.0.1) refuses in how a WGMMA reads its operands, once per
     problem: a shared-memory tile swizzled but not tiled or tiled but not swizzled, a tiling
     other than (8, swizzle / itemsize), A and B swizzled differently, and a transposed operand
-    of other than 16 bits (jax/experimental/mosaic/gpu/wgmma.py:154). Each was refused by the
-    lowering for CUDA, and tiles without transforms accepted (tests/grader/
-    test_mosaic_gpu_tasks.py)."""
+    of other than 16 bits (jax/experimental/mosaic/gpu/wgmma.py:154). Each was refused when
+    lowered for CUDA from a CPU, and tiles without transforms accepted; tests/grader/
+    test_mosaic_gpu_tasks.py holds the rule to the lowering for tiled-only, swizzled-only and
+    differently swizzled tiles and for tiles without transforms."""
     found = []
     for e in events:
         if e.kind != "wgmma":
