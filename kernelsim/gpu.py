@@ -9,7 +9,9 @@ accumulator in registers, TMA copies shared -> global memory, and plain loads an
 global memory into registers. ``analyse`` finds every kernel a function launches (in its
 jaxpr: no kernel runs) and walks one CTA's body in program order, evaluating the scalar
 arithmetic that loop trip counts, slot indices and branch predicates need (the CTA's own grid
-coordinates included) and nothing else.
+coordinates included) and nothing else. A WGMMA's event also says how it reads each operand
+(the swizzle and tiling its shared-memory ref is read through, a transpose, or registers) and
+how many WGMMAs its accumulator has summed since it was allocated or stored to.
 
 Shared-memory footprint: the rules of the Mosaic GPU lowering's resource estimate
 (``_estimate_resources`` in jax/_src/pallas/mosaic_gpu/lowering.py, jax 0.12.0.1), rule for
@@ -42,8 +44,15 @@ from kernelsim.backend import NeedsNewerJax
 from kernelsim.chips import Chip, get_chip
 from kernelsim.cost.l2 import read_key, wave_read_bytes
 from kernelsim.errors import TraceError
-from kernelsim.mosaic_gpu.kernel_data import Allocation, GpuEvent, GpuKernelData
-from kernelsim.mosaic_gpu.refs import UNKNOWN, Ref, ref_name, slot_index, transformed_shape
+from kernelsim.mosaic_gpu.kernel_data import Allocation, GpuEvent, GpuKernelData, WgmmaOperand
+from kernelsim.mosaic_gpu.refs import (
+    UNKNOWN,
+    Ref,
+    ref_name,
+    slot_index,
+    smem_layout,
+    transformed_shape,
+)
 from kernelsim.views import viewer
 
 SMEM_ALIGNMENT = 1024  # jax/_src/pallas/mosaic_gpu/core.py
@@ -188,6 +197,8 @@ class _Walker:
         self.pending: list[set[tuple[str, int]]] = []
         self.inflight: list[set[tuple[str, int]]] = []
         self.hazards: list[str] = []
+        # per accumulator, the WGMMAs added onto it since it was allocated or stored to
+        self.accumulated: Counter = Counter()
         self.reads: list[tuple[tuple, int]] = []  # global reads, for kernelsim.cost.l2
 
     # values -------------------------------------------------------------------------------
@@ -264,6 +275,8 @@ class _Walker:
             self.emit("wgmma_wait", step, conditional)
         elif name == "wgmma_accumulator_deref":  # reading the accumulator waits for all
             self.inflight, self.pending = [], []
+        elif name == "wgmma_accumulator_store":  # acc_ref[...] = value starts it again
+            self.accumulated[ref_name(ins[0])] = 0
         elif name == "commit_smem":
             self.emit("commit_smem", step, conditional)
         elif name == "wait_smem_to_gmem":
@@ -293,6 +306,7 @@ class _Walker:
             ref = Ref(f"{space}{index}", space, tuple(aval.shape), aval.dtype)
             nbytes = _nbytes(aval.shape, aval.dtype)
             nbytes = _align(nbytes) if space == "smem" else nbytes
+            self.accumulated[ref.name] = 0  # a WGMMA accumulator starts fresh here
         if not any(a.name == ref.name for a in self.allocations) and self.warpgroup == 0:
             self.allocations.append(Allocation(ref.name, ref.space, ref.shape,
                                                str(ref.dtype), nbytes))
@@ -373,18 +387,25 @@ class _Walker:
             shape = transformed_shape(Ref("a", "smem", shape, a.dtype), trees[1],
                                        ins[skip:skip + trees[1].num_leaves])
         k = math.prod(shape) // m  # a tiled SMEM ref keeps its (m, k) elements, not its shape
-        reads = set()
+        reads, operands = set(), []
         skip = 3
-        for ref, tree in zip(ins[1:3], trees[1:], strict=True):
+        for name, var, ref, tree in zip("ab", eqn.invars[1:3], ins[1:3], trees[1:], strict=True):
             n_leaves = tree.num_leaves if tree is not None else 0
             if trees[0] is not None and skip == 3:
                 skip += trees[0].num_leaves
-            slot = slot_index(ref, tree, ins[skip:skip + n_leaves])
+            leaves = ins[skip:skip + n_leaves]
+            slot = slot_index(ref, tree, leaves)
             if slot is not None:
                 reads.add((ref.name, slot))
+            swizzle, tiling, transposed = smem_layout(tree, leaves)
+            operands.append(WgmmaOperand(name, not isinstance(ref, Ref), swizzle, tiling,
+                                         transposed, np.dtype(var.aval.dtype).itemsize))
             skip += n_leaves
         self.pending.append(reads)
-        self.emit("wgmma", step, conditional, flops=2 * m * n * k)
+        acc_name = ref_name(ins[0])
+        self.accumulated[acc_name] += 1
+        self.emit("wgmma", step, conditional, flops=2 * m * n * k, operands=tuple(operands),
+                  accumulation=self.accumulated[acc_name])
 
 
 # ---------------------------------------------------------------------------------------------

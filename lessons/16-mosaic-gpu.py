@@ -23,7 +23,7 @@
 # 2. pipeline a sequential loop with `plgpu.emit_pipeline`, and say how many copies are in
 #    flight and how much shared memory its stages take;
 # 3. multiply tiles on the tensor cores with `plgpu.wgmma`, the accumulator in registers
-#    (`plgpu.ACC`);
+#    (`plgpu.ACC`), and say which thread holds which of its elements (`plgpu.Layout.WGMMA`);
 # 4. read kernelsim's Mosaic GPU model (`kernelsim.gpu`): one CTA's TMA copies, barrier waits
 #    and WGMMAs, and its shared memory as the lowering allocates it, against the 227 KiB a
 #    CTA may use;
@@ -382,6 +382,164 @@ assert [e.kind for e in issued[2][:7]] == ["tma_load"] * 6 + ["barrier_wait"]
 ws_kernel.show()
 
 # %% [markdown]
+# ## Registers: how a warpgroup holds a value
+#
+# A value a kernel body computes with (`acc_ref[...]`, `x_smem[...]`, an `exp` of them) lives
+# in the registers of the warpgroup's 128 threads, each holding a few of its elements. Which
+# thread holds which element is the value's **layout**. The Mosaic GPU lowering needs one for
+# every value; it infers them from the layouts the instructions fix. WGMMA fixes one: its
+# accumulator, and the value `acc_ref[...]` reads from it, are in `plgpu.Layout.WGMMA`.
+#
+# For an `(m, n)` array in that layout (`m` a multiple of 64, `n` of 8) the rows go in bands
+# of 64; each of the warpgroup's 4 warps takes 16 rows of a band; within a warp every `8 × 8`
+# block is spread over its 32 lanes, two neighbouring columns per lane (one vector of two
+# registers), rows 8 to 15 of the warp's 16 on the same lanes again. So the thread holding
+# element `(r, c)` is `32 · ((r mod 64) // 16) + 4 · (r mod 8) + (c mod 8) // 2`, and every
+# thread holds `m · n / 128` elements: for a float32 accumulator, as many registers. JAX
+# describes the layout as tiles applied one inside the other, `(64, 8)`, `(16, 8)`, `(8, 8)`,
+# `(2,)`, with one dimension of the tiled array naming the warp, two the lane and the last
+# the vector. The cell reads the owner of every element of a `(64, 16)` array from that
+# description, checks the formula against it, prints the first rows, and checks the count
+# per thread against `registers_shape` (vectors per thread, times their length).
+
+# %%
+import math  # noqa: E402
+
+import numpy as np  # noqa: E402
+from jax.experimental.mosaic.gpu import fragmented_array  # noqa: E402
+
+
+def wgmma_thread(r, c):
+    """The thread (0-127) of the warpgroup that holds element (r, c) in plgpu.Layout.WGMMA."""
+    return 32 * ((r % 64) // 16) + 4 * (r % 8) + (c % 8) // 2
+
+
+def owners_in(layout, shape):
+    """The thread holding each element of an array of ``shape``, read from a TiledLayout:
+    apply its tiles in turn (each splits the trailing dimensions into tiles and moves the
+    within-tile ones last), then the dimensions it names give the warp and the lane."""
+    tiled = np.arange(math.prod(shape)).reshape(shape)
+    for tile in layout.tiling.tiles:
+        lead, n = tiled.shape[:-len(tile)], len(tile)
+        split = [x for size, t in zip(tiled.shape[-n:], tile, strict=True) for x in (size // t, t)]
+        tiled = tiled.reshape(lead + tuple(split)).transpose(
+            [*range(len(lead)), *(len(lead) + 2 * i for i in range(n)),
+             *(len(lead) + 2 * i + 1 for i in range(n))])
+    assert tiled.shape == layout.tiling.tile_shape(shape)  # JAX's own tiled shape
+    (warp_dim,), (row_dim, pair_dim) = layout.warp_dims, layout.lane_dims
+    owner = np.empty(math.prod(shape), int)
+    for at in np.ndindex(tiled.shape):
+        owner[tiled[at]] = 32 * at[warp_dim] + tiled.shape[pair_dim] * at[row_dim] + at[pair_dim]
+    return owner.reshape(shape)
+
+
+wgmma_layout = plgpu.Layout.WGMMA.to_mgpu()
+owners = owners_in(wgmma_layout, (64, 16))
+assert all(owners[r, c] == wgmma_thread(r, c) for r in range(64) for c in range(16))
+for r in (0, 1, 7, 8, 16):
+    print(f"row {r:2}: " + " ".join(f"{t:3}" for t in owners[r]))
+held = np.bincount(owners.ravel())
+for m, n in ((64, 16), (128, 128), (64, 256)):
+    per_thread = wgmma_layout.vector_length * math.prod(wgmma_layout.registers_shape((m, n)))
+    print(f"({m}, {n}): {per_thread} elements per thread")
+    assert per_thread == m * n // 128
+assert set(held) == {64 * 16 // 128} and len(held) == 128
+assert wgmma_layout == fragmented_array.WGMMA_LAYOUT
+
+# %% [markdown]
+# A reduction keeps a layout too. The sums of each row of a WGMMA-layout array form a
+# vector in `plgpu.Layout.WGMMA.reduce(1)` (each row's sum on the 4 lanes that held the row);
+# a vector that is broadcast along the rows, such as a norm's weights, is in
+# `plgpu.Layout.WGMMA.reduce(0)`. `plgpu.layout_cast(x, layout)` states a value's layout
+# where nothing fixes it. A tile read from shared memory has none until something uses it,
+# and a row sum alone does not say which layout to sum in: without the cast the lowering
+# gives up ("Failed to infer a possible set of layouts"), with it the kernel lowers. GPU
+# interpret mode does without layouts, so both run here:
+
+# %%
+assert plgpu.Layout.WGMMA.reduce(1).to_mgpu() == fragmented_array.WGMMA_ROW_LAYOUT
+assert plgpu.Layout.WGMMA.reduce(0).to_mgpu() == fragmented_array.WGMMA_COL_LAYOUT
+
+
+def row_sums(x, *, cast, interpret):
+    """The sum of each row of a ``(64, n)`` tile staged by TMA; ``cast``: state its layout."""
+    m, n = x.shape
+
+    @functools.partial(
+        plgpu.kernel, out_type=jax.ShapeDtypeStruct((m,), x.dtype),
+        scratch_types=dict(x_smem=plgpu.SMEM((m, n), x.dtype), o_smem=plgpu.SMEM((m,), x.dtype),
+                           landed=plgpu.Barrier()),
+        interpret=gpu_interpret(interpret))
+    def kernel(x_gmem, o_gmem, x_smem, o_smem, landed):
+        plgpu.copy_gmem_to_smem(x_gmem, x_smem, landed)
+        plgpu.barrier_wait(landed)
+        tile = x_smem[...]
+        if cast:
+            tile = plgpu.layout_cast(tile, plgpu.Layout.WGMMA)
+        o_smem[...] = jnp.sum(tile, axis=1)  # in plgpu.Layout.WGMMA.reduce(1)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    return kernel(x)
+
+
+band = jax.random.normal(jax.random.key(20), (64, 128), jnp.float32)
+for cast in (True, False):
+    _course.check(LESSON, f"row_sums(cast={cast})", functools.partial(row_sums, cast=cast),
+                  lambda x: x.sum(axis=1), (band,), mgpu_run, rtol=1e-5, atol=1e-5)
+    error = cuda_lowering_error(functools.partial(row_sums, cast=cast, interpret=False), band)
+    print(f"cast={cast}: lowering for CUDA: {error or 'lowers'}")
+    assert (error is None) == cast and (cast or "Failed to infer" in error)
+
+# %% [markdown]
+# The tiles WGMMA reads from shared memory have layouts of their own: `(8, swizzle /
+# itemsize)` tiles (`plgpu.TilingTransform`) whose rows are swizzled across the banks
+# (`plgpu.SwizzleTransform(swizzle)`, 16 to 128 bytes). In the pinned release the lowering
+# picks both for a tile given none; a tile given them must have both, the tiling must fit
+# the swizzle, and A's and B's tiles must share one swizzle. GPU interpret mode ignores all
+# of it, so assignment 15's WGMMA task checks it by structure. One tile product, A's rows 32
+# bfloat16 (64 bytes) and B's 128 (256 bytes), lowered for CUDA:
+
+# %%
+def tile_product(a, b, *, a_swizzle, b_swizzle, interpret):
+    """``a @ b`` for one ``(64, k)`` and one ``(k, n)`` bfloat16 tile, in one CTA; a swizzle
+    of 0 leaves a tile without transforms."""
+    def layout(swizzle):
+        return (plgpu.TilingTransform((8, swizzle // 2)), plgpu.SwizzleTransform(swizzle)) \
+            if swizzle else ()
+
+    @functools.partial(
+        plgpu.kernel, out_type=jax.ShapeDtypeStruct((a.shape[0], b.shape[1]), jnp.float32),
+        scratch_types=dict(a_smem=plgpu.SMEM(a.shape, a.dtype, transforms=layout(a_swizzle)),
+                           b_smem=plgpu.SMEM(b.shape, b.dtype, transforms=layout(b_swizzle)),
+                           landed=plgpu.Barrier(num_arrivals=2)),
+        interpret=gpu_interpret(interpret))
+    def kernel(a_gmem, b_gmem, o_gmem, a_smem, b_smem, landed):
+        plgpu.copy_gmem_to_smem(a_gmem, a_smem, landed)
+        plgpu.copy_gmem_to_smem(b_gmem, b_smem, landed)
+        plgpu.barrier_wait(landed)
+
+        def multiply(acc):
+            plgpu.wgmma(acc, a_smem, b_smem)
+            o_gmem[...] = acc[...]
+
+        pl.run_scoped(multiply, plgpu.ACC(o_gmem.shape, jnp.float32))
+
+    return kernel(a, b)
+
+
+a_tile = jax.random.normal(jax.random.key(21), (64, 32), jnp.bfloat16)
+b_tile = jax.random.normal(jax.random.key(22), (32, 128), jnp.bfloat16)
+lowered = {}
+for swizzles in ((64, 64), (0, 0), (64, 128)):
+    product = functools.partial(tile_product, a_swizzle=swizzles[0], b_swizzle=swizzles[1],
+                                interpret=False)
+    lowered[swizzles] = cuda_lowering_error(product, a_tile, b_tile)
+    print(f"A swizzled {swizzles[0]:3} B, B {swizzles[1]:3} B: {lowered[swizzles] or 'lowers'}")
+assert lowered[(64, 64)] is None and lowered[(0, 0)] is None and lowered[(64, 128)]
+
+# %% [markdown]
 # ## Measured on an H200
 #
 # `bench/gpu_perf.py` times these kernels and the Triton ones of lesson 11's shape at
@@ -468,6 +626,9 @@ else:
 # 4. Why does the course's single-warpgroup matmul stop at `(128, 128)` tiles?
 # 5. On a TPU an embedding lookup reads its row indices through scalar prefetch. What does a
 #    Mosaic GPU kernel do instead?
+# 6. Which thread of the warpgroup holds element `(20, 5)` of a `plgpu.Layout.WGMMA` array?
+#    A kernel sums the rows of a tile it read from shared memory, and its lowering for CUDA
+#    fails with "Failed to infer a possible set of layouts": what is missing?
 #
 # <details><summary>Answer</summary>
 #
@@ -485,6 +646,9 @@ else:
 #    Larger tiles split the accumulator over more warpgroups.
 # 5. It reads the indices itself, from a global-memory ref (into registers) or by TMA into
 #    shared memory, and slices the table with `pl.ds` from those values.
+# 6. Thread 50: warp `20 // 16 = 1` (threads 32 to 63), lane `4 · (20 mod 8) + 5 // 2 = 18`.
+#    The tile's layout: `plgpu.layout_cast(tile, plgpu.Layout.WGMMA)` before the sum, which
+#    then lands in `plgpu.Layout.WGMMA.reduce(1)`.
 #
 # </details>
 

@@ -6,7 +6,9 @@ kernels into the facts the structural rules judge (``grader.grading.verdict.GpuK
 the trace's place (``grader.grading.work.run_traced``): per kernel, which refs its TMA copies read
 and write, the copies into shared memory that no barrier wait consumes, the TMA stores that no
 ``commit_smem`` precedes or no ``wait_smem_to_gmem`` follows, and the plain loads and stores
-between global memory and registers that bypass the TMA. Counts are one CTA's (CTA 0), each
+between global memory and registers that bypass the TMA; its WGMMAs, how many each
+accumulator adds up before it starts again from zero, the operands they read transposed, and the
+operand layouts the Mosaic GPU lowering would refuse. Counts are one CTA's (CTA 0), each
 warpgroup's events in its own program order. ``would_hang`` stops a program before it runs
 when a kernel waits on a barrier nothing signals (GPU interpret mode would wait forever, as a
 GPU does), as ``grader.grading.dma_order.would_hang`` does for a TPU kernel's DMAs.
@@ -32,6 +34,52 @@ def _unwaited(events: list) -> int:
         for e in events if e.kind == "tma_load")
 
 
+def _accumulations(events: list) -> list[int]:
+    """The WGMMAs each accumulator adds up between its starts (allocated, or stored to), in
+    each warpgroup's program order: a K loop that keeps its accumulator gives one run of K
+    steps, one that starts it again at every step K runs of 1."""
+    runs = []
+    for wg in sorted({e.warpgroup for e in events}):
+        wgmmas = [e for e in events if e.kind == "wgmma" and e.warpgroup == wg]
+        runs += [e.accumulation for i, e in enumerate(wgmmas)
+                 if i + 1 == len(wgmmas) or wgmmas[i + 1].accumulation <= e.accumulation]
+    return runs
+
+
+def _layout_problems(events: list) -> list[str]:
+    """What the Mosaic GPU lowering (its default, warpgroup semantics, whose transform inference
+    picks the layout of a tile given none: jax/_src/pallas/mosaic_gpu/core.py:150 and
+    primitives.py:2350-2412 in jax 0.12.0.1) refuses in how a WGMMA reads its operands, once per
+    problem: a shared-memory tile swizzled but not tiled or tiled but not swizzled, a tiling
+    other than (8, swizzle / itemsize), A and B swizzled differently, and a transposed operand
+    of other than 16 bits (jax/experimental/mosaic/gpu/wgmma.py:154). Each was refused when
+    lowered for CUDA from a CPU, and tiles without transforms accepted; tests/grader/
+    test_mosaic_gpu_tasks.py holds the rule to the lowering for tiled-only, swizzled-only and
+    differently swizzled tiles and for tiles without transforms."""
+    found = []
+    for e in events:
+        if e.kind != "wgmma":
+            continue
+        smem = [o for o in e.operands if not o.in_registers]
+        for o in smem:
+            if bool(o.swizzle) != bool(o.tiling):
+                found.append(f"{o.name}'s tile is {'swizzled' if o.swizzle else 'tiled'} but "
+                             f"not {'tiled' if o.swizzle else 'swizzled'}: give it both "
+                             "plgpu.TilingTransform and plgpu.SwizzleTransform, or neither")
+            elif o.swizzle and o.tiling != (fits := (8, o.swizzle // o.itemsize)):
+                found.append(f"{o.name}'s tiling {o.tiling} does not fit its {o.swizzle}-byte "
+                             f"swizzle: it must be {fits} (8 rows of swizzle / itemsize "
+                             "elements)")
+            if o.transposed and o.itemsize != 2:
+                found.append(f"{o.name} is read transposed, which WGMMA does only for 16-bit "
+                             "types")
+        swizzles = [o.swizzle for o in smem if o.swizzle]
+        if len(swizzles) == 2 and swizzles[0] != swizzles[1]:
+            found.append(f"a is swizzled by {swizzles[0]} bytes and b by {swizzles[1]}: "
+                         "WGMMA reads both with one swizzle")
+    return list(dict.fromkeys(found))
+
+
 def kernel_facts(k: Any) -> dict:
     """One ``kernelsim.gpu.GpuKernel`` as ``verdict.gpu_from_dict`` reads it (JSON-ready)."""
     events = k.events
@@ -53,6 +101,11 @@ def kernel_facts(k: Any) -> dict:
         "unawaited_stores": unawaited,
         "gmem_loads": sum(e.kind == "load" for e in events),
         "gmem_stores": sum(e.kind == "store" for e in events),
+        "wgmmas": sum(e.kind == "wgmma" for e in events),
+        "accumulations": _accumulations(events),
+        "transposed_operands": sorted({o.name for e in events for o in e.operands
+                                       if o.transposed}),
+        "wgmma_layout_problems": _layout_problems(events),
         "complete": not k.events_dropped, "warnings": list(k.warnings)}
 
 

@@ -70,6 +70,11 @@ HINTS: tuple[Hint, ...] = (
     _hint("kernel-arity", r"\w+\(\) takes \d+ positional arguments? but \d+ were given",
           "if that function is your kernel: it receives one ref per input, then one per output "
           "(then any scratch refs), e.g. def kernel(x_ref, y_ref, o_ref)."),
+    _hint("barrier-unobserved", r"Barrier completed phase \d+, but no threads observed phase",
+          "a TMA copy completed on a barrier whose previous copy nobody waited for (GPU "
+          "interpret mode stops there; a GPU would lose track of the barrier's phase): call "
+          "plgpu.barrier_wait on a copy's barrier after every plgpu.copy_gmem_to_smem onto it, "
+          "before the next copy reuses it."),
 )
 
 

@@ -72,8 +72,10 @@ class GpuKernelFacts:
     (``grader.grading.gpu_facts``): its launch and shared memory (bytes per CTA), its TMA copies
     into shared memory (how many, the kernel refs they read: "in0", "in1", ...) and out of it (to
     "out0", ...), the copies into shared memory no barrier wait consumes, the TMA stores no
-    ``commit_smem`` precedes or no ``wait_smem_to_gmem`` follows, and the plain loads and
-    stores of global memory (into registers, past the TMA)."""
+    ``commit_smem`` precedes or no ``wait_smem_to_gmem`` follows, the plain loads and
+    stores of global memory (into registers, past the TMA), its WGMMAs: how many, how many each
+    accumulator adds up between its starts, the operands ("a", "b") read transposed, and what
+    the lowering would refuse in their layouts."""
 
     name: str
     grid: tuple[int, ...]
@@ -91,6 +93,10 @@ class GpuKernelFacts:
     gmem_stores: int
     complete: bool  # every event of the CTA was kept (kernelsim.gpu.MAX_EVENTS)
     warnings: tuple[str, ...]
+    wgmmas: int
+    accumulations: tuple[int, ...]  # WGMMAs each accumulator adds up between its starts
+    transposed_operands: tuple[str, ...]
+    wgmma_layout_problems: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -143,8 +149,11 @@ def _gpu_kernel(d: Any) -> GpuKernelFacts:
         raise ValueError("a Mosaic GPU kernel's facts are not a mapping")
     counts = {f: _int(d.get(f), f) for f in (
         "warpgroups", "smem_bytes", "barriers", "tma_loads", "tma_stores", "unwaited_loads",
-        "uncommitted_stores", "unawaited_stores", "gmem_loads", "gmem_stores")}
+        "uncommitted_stores", "unawaited_stores", "gmem_loads", "gmem_stores", "wgmmas")}
     return GpuKernelFacts(
+        accumulations=_shape(d.get("accumulations"), "accumulations"),
+        transposed_operands=_names(d.get("transposed_operands"), "transposed_operands"),
+        wgmma_layout_problems=_names(d.get("wgmma_layout_problems"), "wgmma_layout_problems"),
         name=str(d.get("name")), grid=_shape(d.get("grid"), "grid"),
         tma_sources=_names(d.get("tma_sources"), "tma_sources"),
         tma_targets=_names(d.get("tma_targets"), "tma_targets"),

@@ -14,11 +14,20 @@ against plain JAX on every case and on structure through ``kernelsim.gpu``'s mod
 consumes, the result leaves by a committed and awaited TMA copy, and nothing moves between
 global memory and registers past the TMA. (GPU interpret mode completes a copy at once, so
 reading a tile before its wait still gives right values: the wait is judged by structure.)
+
+Task 6 is a tiled WGMMA matmul the learner writes: one CTA per output tile, A and B tiles
+staged by TMA at every K step, ``plgpu.wgmma`` into one accumulator held across the K loop, the
+result sent back through shared memory. Besides its values (GPU interpret mode, bfloat16: a
+float32 WGMMA needs a K-major B), ``kernelsim.gpu``'s model of CTA 0 must show one WGMMA per K
+step added onto one accumulator, B read as it is stored, tile layouts the Mosaic GPU
+lowering accepts (GPU interpret mode does not check them) and shared memory within a CTA's
+227 KiB.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -28,7 +37,8 @@ from jax.experimental import pallas as pl
 import kernelsim
 from grader.grading import calling
 from grader.tasks.a04_memory_spaces import prediction_structure
-from grader.tasks.core import Rule, make_case, register_task, with_zero_row
+from grader.tasks.core import Rule, make_case, matmul_reference, register_task, with_zero_row
+from kernelsim.chips import get_chip
 
 A15 = "15_mosaic_gpu"
 DTYPES = {2: jnp.bfloat16, 4: jnp.float32}
@@ -231,11 +241,15 @@ def staged_by_tma(t, case, inputs) -> list[Rule]:
                   len(t.gpu) == 1 and not t.calls)]
     if len(t.gpu) != 1:
         return rules
-    (k,) = t.gpu
+    return rules + tma_rules(t.gpu[0], inputs)
+
+
+def tma_rules(k, inputs) -> list[Rule]:
+    """``staged_by_tma``'s rules on one kernel's facts (``verdict.GpuKernelFacts``)."""
     wanted = [f"in{i}" for i in range(len(inputs))]
     missing = [f"{name} ({ref})" for name, ref in zip(inputs, wanted, strict=True)
                if ref not in k.tma_sources]
-    rules += [
+    return [
         Rule("inputs staged by TMA", "a plgpu.copy_gmem_to_smem of every input",
              f"{k.tma_loads} TMA copies in; " + (f"none of {', '.join(missing)}" if missing
                                                  else "every input copied"), not missing),
@@ -252,7 +266,6 @@ def staged_by_tma(t, case, inputs) -> list[Rule]:
              "ref (x_gmem[...]) in the kernel", f"{k.gmem_loads} loads, {k.gmem_stores} stores",
              not k.gmem_loads and not k.gmem_stores),
     ]
-    return rules
 
 
 register_task(
@@ -270,4 +283,68 @@ register_task(
         make_case("h3", 19, "float32", {"x": (128, 128), "w": (128,)}, True, values="zero_row"),
     ),
     structure=staged_by_tma,
+)
+
+
+# ----------------------------------------------------------------- task 6: a WGMMA matmul
+SMEM_PER_CTA = get_chip("h100").vmem_bytes  # 227 KiB, an H100's and H200's
+
+
+def wgmma_structure(t, case, inputs) -> list[Rule]:
+    """``staged_by_tma``'s rules, and from kernelsim.gpu's model of CTA 0: one CTA per
+    ``(tm, tn)`` output tile, one WGMMA per K step all added onto one accumulator, B read as
+    it is stored (``(K, N)``: no transpose), operand layouts the lowering accepts, shared memory
+    within a CTA's."""
+    rules = staged_by_tma(t, case, inputs)
+    if len(t.gpu) != 1:
+        return rules
+    (k,) = t.gpu
+    (m, depth), n = inputs["a"].shape, inputs["b"].shape[1]
+    tm, tn, tk = case.params["tm"], case.params["tn"], case.params["tk"]
+    tiles, steps = (m // tm) * (n // tn), depth // tk
+    runs = ", ".join(map(str, k.accumulations)) or "none"
+    return rules + [
+        Rule("one CTA per output tile", f"a grid of {tiles} CTAs, one per ({tm}, {tn}) tile of "
+             "the output", f"grid {tuple(k.grid)}", math.prod(k.grid) == tiles),
+        Rule("one WGMMA per K step", f"{steps} plgpu.wgmma per CTA (K / tk = {depth} / {tk})",
+             f"{k.wgmmas} in CTA 0", k.wgmmas == steps),
+        Rule("one accumulator across the K loop", f"all {steps} WGMMAs of a CTA added onto one "
+             "plgpu.ACC, allocated once, before the loop (a pl.run_scoped or an acc_ref[...] = "
+             "inside the loop starts it from zero again and keeps only the last step's product)",
+             f"WGMMAs added up between the accumulator's starts: {runs}",
+             tuple(k.accumulations) == (steps,)),
+        Rule("B read as it is stored", "b is (K, N) here: its (tk, tn) tile goes to plgpu.wgmma "
+             "as it is (b_smem.T would tell the tensor cores that B is stored (N, K))",
+             "plgpu.wgmma reads " + (" and ".join(k.transposed_operands) + " transposed"
+                                     if k.transposed_operands else "every operand as stored"),
+             "b" not in k.transposed_operands),
+        Rule("WGMMA operands in a layout the lowering accepts", "each tile in shared memory "
+             "either without transforms (the Mosaic GPU lowering then picks them) or with "
+             "plgpu.TilingTransform((8, swizzle // itemsize)) and "
+             "plgpu.SwizzleTransform(swizzle), one swizzle for A and B (GPU interpret mode "
+             "does not check it; the lowering for a GPU refuses anything else)",
+             "; ".join(k.wgmma_layout_problems) or "they are", not k.wgmma_layout_problems),
+        Rule("shared memory within a CTA's", f"<= {SMEM_PER_CTA:,} B per CTA (227 KiB)",
+             f"{k.smem_bytes:,} B", k.smem_bytes <= SMEM_PER_CTA),
+    ]
+
+
+register_task(
+    id="wgmma_matmul", assignment=A15,
+    title="A tiled WGMMA matmul: TMA copies, plgpu.wgmma into one accumulator, TMA back",
+    reference=matmul_reference, tolerance="reduction", target="mosaic_gpu",
+    invoke=calling.mosaic_gpu_here,
+    cases=(
+        make_case("v0", 20, "bfloat16", {"a": (128, 256), "b": (256, 128)}, tm=64, tn=64, tk=64),
+        # one CTA, a long K loop
+        make_case("h0", 21, "bfloat16", {"a": (64, 512), "b": (512, 64)}, True,
+                  tm=64, tn=64, tk=64),
+        # tk = 32: rows of 64 bytes, a 64-byte swizzle that B's tile must share
+        make_case("h1", 22, "bfloat16", {"a": (128, 128), "b": (128, 256)}, True,
+                  tm=64, tn=128, tk=32),
+        # (128, 128) tiles and all-positive inputs: sums that grow along K
+        make_case("h2", 23, "bfloat16", {"a": (256, 256), "b": (256, 128)}, True,
+                  values="positive", tm=128, tn=128, tk=128),
+    ),
+    structure=wgmma_structure,
 )

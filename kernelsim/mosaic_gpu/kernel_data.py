@@ -32,6 +32,20 @@ class Allocation:
 
 
 @dataclass(frozen=True)
+class WgmmaOperand:
+    """How a WGMMA reads one operand (``name`` "a" or "b"): from registers, or from shared
+    memory through its transforms -- the swizzle in bytes (0: none), the tiling (``()``: none),
+    read transposed (a ``.T`` on the ref); ``itemsize`` in bytes per element."""
+
+    name: str
+    in_registers: bool
+    swizzle: int
+    tiling: tuple[int, ...]
+    transposed: bool
+    itemsize: int
+
+
+@dataclass(frozen=True)
 class GpuEvent:
     """One thing one CTA's warpgroup does, in program order.
 
@@ -43,6 +57,9 @@ class GpuEvent:
     program order from 0 (-1 outside loops; ``emit_pipeline``'s prologue, which fills the
     first slots, is one loop and its steady state the next). conditional: under a branch
     whose predicate kernelsim could not evaluate (the event is listed as if the branch ran).
+    A ``wgmma`` also says how it reads its operands (``operands``) and which WGMMA onto its
+    accumulator it is since the accumulator was allocated or stored to (``accumulation``: 1 for
+    the first, which adds onto a fresh one).
     """
 
     order: int
@@ -56,6 +73,8 @@ class GpuEvent:
     bytes: int = 0
     flops: int = 0
     conditional: bool = False
+    operands: tuple[WgmmaOperand, ...] = ()
+    accumulation: int = 0
 
 
 @dataclass

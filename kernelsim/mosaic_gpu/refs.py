@@ -62,3 +62,27 @@ def slot_index(ref, treedef, leaves) -> int | None:
     if index is None or any(index is u for u in unknown) or not np.isscalar(index):
         return None
     return int(index)
+
+
+def smem_layout(treedef, leaves) -> tuple[int, tuple[int, ...], bool]:
+    """(swizzle in bytes, tiling, transposed) of a shared-memory ref as its transforms read it:
+    an allocation with ``plgpu.SwizzleTransform`` and ``plgpu.TilingTransform`` is read through
+    an unswizzle and an untiling transform, and ``ref.T`` adds a transpose. (0, (), False) for
+    a ref without transforms."""
+    if treedef is None:
+        return 0, (), False
+    values = [np.int32(0) if v is UNKNOWN or not np.isscalar(v) else np.int32(v) for v in leaves]
+    try:
+        transforms = treedef.unflatten(values)
+    except Exception:  # noqa: BLE001 - transforms kernelsim cannot read: none known
+        return 0, (), False
+    swizzle, tiling, transposed = 0, (), False
+    for t in transforms:
+        kind = type(t).__name__
+        if kind == "UnswizzleRef":
+            swizzle = int(t.swizzle)
+        elif kind == "UntilingTransform":
+            tiling = tuple(int(x) for x in t.tiling)
+        elif kind == "TransposeTransform":
+            transposed = tuple(t.permutation) != tuple(range(len(t.permutation)))
+    return swizzle, tiling, transposed

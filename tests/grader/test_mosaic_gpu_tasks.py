@@ -8,7 +8,9 @@ rounding to 1024 bytes or without the barriers, a pipeline's slots rounded one b
 one allocation), an accumulator counted in bytes rather than registers, and a matmul's copies
 counted as if each operand were read once. The planted kernels read an input not
 staged by TMA (global memory into registers), leave a copy unwaited, compute outside the
-kernel, or are plain JAX.
+kernel, or are plain JAX. The planted WGMMA matmuls start their accumulator again at every K
+step, hand B to the WGMMA transposed, tile their tiles without swizzling them or swizzle B by its
+own row, or never wait for B's copy.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def solutions() -> dict:
 def test_the_assignment_has_its_tasks():
     assert TASKS == ["predict_staging_smem", "predict_pipeline_smem",
                      "predict_accumulator_registers", "predict_matmul_tma_bytes",
-                     "rms_norm_mgpu"]
+                     "rms_norm_mgpu", "wgmma_matmul"]
 
 
 @pytest.mark.parametrize("task", TASKS)
@@ -244,7 +246,8 @@ def test_the_verdict_reads_gpu_facts_and_refuses_garbage():
         ((2,), ("in0", "in1"), ("out0",), 0)
     # the (64, 256) and (256,) float32 tiles, the row mean's reduction scratch, 2 barriers
     assert k.smem_bytes == 64 * 256 * 4 + 1024 + kernelsim.gpu.REDUCTION_SCRATCH_BYTES + 2 * 8
-    for bad in ({"tma_loads": "2"}, {"tma_sources": "in0"}, {"complete": 1}):
+    for bad in ({"tma_loads": "2"}, {"tma_sources": "in0"}, {"complete": 1},
+                {"wgmmas": "4"}, {"accumulations": 4}, {"wgmma_layout_problems": [1]}):
         broken = {"calls": [], "gpu_kernels": [{**trace["gpu_kernels"][0], **bad}]}
         with pytest.raises(ValueError):
             verdict.facts_from_dict(broken)
@@ -308,3 +311,162 @@ def test_a_checker_loads_mosaic_gpu_only_for_its_assignment(task, loaded):
     out = subprocess.run([sys.executable, "-c", CHECKER_OF.format(task=task)], check=True,
                          capture_output=True, text=True, cwd=REPO).stdout
     assert out.split("\n")[-2] == loaded, out
+
+
+# ----------------------------------------------------------------- task 6: the WGMMA matmul
+def _wgmma_kernel(a, b, tm, tn, tk, interpret, *, reset=False, transpose_b=False,
+                  layout="swizzled", wait_b=True):
+    """A tiled WGMMA matmul, varied the ways a learner's may go wrong. layout: "swizzled" (A's
+    row's swizzle for A and B), "none" (no transforms: the lowering picks them), "unswizzled"
+    (tiled only), "untiled" (swizzled only), "b_own" (B swizzled by its own row)."""
+    m, k = a.shape
+    n = b.shape[1]
+
+    def transforms(row_elems):
+        if layout == "none":
+            return ()
+        swizzle = plgpu.find_swizzle(row_elems * 16)
+        tiling = plgpu.TilingTransform((8, swizzle // 2))
+        if layout == "unswizzled":
+            return (tiling,)
+        if layout == "untiled":
+            return (plgpu.SwizzleTransform(swizzle),)
+        return (tiling, plgpu.SwizzleTransform(swizzle))
+
+    @functools.partial(
+        plgpu.kernel, out_type=jax.ShapeDtypeStruct((m, n), a.dtype),
+        grid=(m // tm, n // tn), grid_names=("m", "n"),
+        scratch_types=dict(
+            a_smem=plgpu.SMEM((tm, tk), a.dtype, transforms=transforms(tk)),
+            b_smem=plgpu.SMEM((tk, tn), b.dtype,
+                              transforms=transforms(tn if layout == "b_own" else tk)),
+            o_smem=plgpu.SMEM((tm, tn), a.dtype, transforms=transforms(tn)),
+            a_bar=plgpu.Barrier(), b_bar=plgpu.Barrier()),
+        interpret=interpret)
+    def kernel(a_gmem, b_gmem, o_gmem, a_smem, b_smem, o_smem, a_bar, b_bar):
+        rows = pl.ds(jax.lax.axis_index("m") * tm, tm)
+        cols = pl.ds(jax.lax.axis_index("n") * tn, tn)
+
+        def step(s, acc):
+            depth = pl.ds(s * tk, tk)
+            plgpu.copy_gmem_to_smem(a_gmem.at[rows, depth], a_smem, a_bar)
+            plgpu.copy_gmem_to_smem(b_gmem.at[depth, cols], b_smem, b_bar)
+            plgpu.barrier_wait(a_bar)
+            if wait_b:
+                plgpu.barrier_wait(b_bar)
+            plgpu.wgmma(acc, a_smem, b_smem.T if transpose_b else b_smem)
+            plgpu.wgmma_wait(0)
+
+        def accumulate(acc):
+            pl.loop(0, k // tk)(functools.partial(step, acc=acc))
+            return acc[...]
+
+        if reset:  # a fresh accumulator per step: only the last step's product is left
+            @pl.loop(0, k // tk)
+            def _(s):
+                def one_step(acc):
+                    step(s, acc)
+                    o_smem[...] = acc[...].astype(o_smem.dtype)
+
+                pl.run_scoped(one_step, plgpu.ACC((tm, tn), jnp.float32))
+        else:
+            o_smem[...] = pl.run_scoped(accumulate, plgpu.ACC((tm, tn), jnp.float32)).astype(
+                o_smem.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[rows, cols])
+        plgpu.wait_smem_to_gmem(0)
+
+    return kernel(a, b)
+
+
+def _wgmma_fails(hidden: bool = False, **variant) -> str:
+    with pytest.raises(course.CheckFailed) as err:
+        course.check("wgmma_matmul", functools.partial(_wgmma_kernel, **variant), hidden=hidden,
+                     quiet=True)
+    return str(err.value)
+
+
+def test_the_wgmma_variant_kernel_passes():
+    """The planted matmuls below differ from this one in one thing each."""
+    course.check("wgmma_matmul", _wgmma_kernel, quiet=True)
+
+
+def test_an_accumulator_started_again_at_every_k_step_fails():
+    message = _wgmma_fails(reset=True)
+    assert "wrong values for case v0" in message, message
+    assert "[FAIL] one accumulator across the K loop" in message, message
+    assert "found WGMMAs added up between the accumulator's starts: 1, 1, 1, 1" in message
+
+
+def test_b_handed_to_the_wgmma_transposed_fails():
+    message = _wgmma_fails(transpose_b=True)
+    assert "wrong values for case v0" in message, message
+    assert "[FAIL] B read as it is stored" in message, message
+    assert "found plgpu.wgmma reads b transposed" in message, message
+
+
+def test_tiles_tiled_but_not_swizzled_fail_though_their_values_pass():
+    message = _wgmma_fails(layout="unswizzled")
+    assert "wrong values" not in message, message
+    assert "[FAIL] WGMMA operands in a layout the lowering accepts" in message, message
+    assert "a's tile is tiled but not swizzled" in message, message
+
+
+def test_b_swizzled_by_its_own_row_fails_where_tk_is_narrower():
+    """tk = 32 (hidden case h1): A's rows take a 64-byte swizzle, B's (tn = 128) 128 bytes;
+    where tk = tn (the visible case) the two agree."""
+    message = _wgmma_fails(hidden=True, layout="b_own")
+    assert "case h1" in message and "[FAIL] WGMMA operands in a layout" in message, message
+
+
+def test_a_copy_never_waited_on_fails_with_a_hint():
+    """GPU interpret mode stops when B's barrier completes a second time unobserved; the
+    message says what to do."""
+    message = _wgmma_fails(wait_b=False)
+    assert "Barrier completed phase 1, but no threads observed phase 0" in message, message
+    assert "Hint: a TMA copy completed on a barrier whose previous copy nobody waited" \
+        in message, message
+
+
+def test_the_wgmma_facts_of_the_solution(solutions):
+    """kernelsim.gpu's CTA 0 of the instructor's kernel on case v0: 4 K steps."""
+    a = jnp.ones((128, 256), jnp.bfloat16)
+    b = jnp.ones((256, 128), jnp.bfloat16)
+    fn = functools.partial(solutions["wgmma_matmul"], tm=64, tn=64, tk=64, interpret=None)
+    (k,) = verdict.facts_from_dict(gpu_facts.trace(kernelsim.gpu.kernels_in(
+        jax.make_jaxpr(fn)(a, b)))).gpu
+    assert (k.grid, k.wgmmas, k.accumulations, k.transposed_operands) == ((2, 2), 4, (4,), ())
+    assert k.wgmma_layout_problems == () and k.unwaited_loads == 0
+    assert k.smem_bytes == 3 * 64 * 64 * 2 + 2 * 8
+
+
+@pytest.mark.parametrize("m,k,n,tm,tn,tk", [(128, 256, 128, 64, 64, 64),
+                                            (128, 128, 256, 64, 128, 32)])
+def test_the_wgmma_solution_lowers_for_cuda(solutions, m, k, n, tm, tn, tk):
+    """The layouts the rule accepts are the lowering's: the instructor's kernel lowers for an
+    H100/H200 at a 128- and a 64-byte swizzle."""
+    fn = functools.partial(solutions["wgmma_matmul"], tm=tm, tn=tn, tk=tk, interpret=None)
+    jax.jit(fn).trace(jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+                      jax.ShapeDtypeStruct((k, n), jnp.bfloat16)).lower(
+        lowering_platforms=("cuda",))
+
+
+@pytest.mark.parametrize("layout, accepted", [("swizzled", True), ("none", True),
+                                             ("unswizzled", False), ("untiled", False),
+                                             ("b_own", False)])
+def test_the_layouts_the_rule_refuses_the_lowering_refuses(layout, accepted):
+    """The layout rule against the Mosaic GPU lowering for CUDA itself, at tk = 32 (A's rows
+    take a 64-byte swizzle, B's a 128-byte one of their own)."""
+    fn = functools.partial(_wgmma_kernel, tm=64, tn=128, tk=32, interpret=None, layout=layout)
+    a, b = jnp.zeros((128, 128), jnp.bfloat16), jnp.zeros((128, 256), jnp.bfloat16)
+    try:
+        (k,) = verdict.facts_from_dict(gpu_facts.trace(kernelsim.gpu.analyse(fn, a, b))).gpu
+        assert (not k.wgmma_layout_problems) == accepted, k.wgmma_layout_problems
+    except ValueError as err:  # refused by JAX while tracing, before the rule is asked
+        assert not accepted and "Swizzle" in str(err), err
+    try:
+        jax.jit(fn).trace(a, b).lower(lowering_platforms=("cuda",))
+        lowered = True
+    except (ValueError, AssertionError):  # the lowering's refusals, in its own words
+        lowered = False
+    assert lowered == accepted

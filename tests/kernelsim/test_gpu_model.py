@@ -22,9 +22,12 @@ if tuple(int(p) for p in jax.__version__.split(".")[:2]) < (0, 12):
     pytest.skip("plgpu.kernel binds mpmd_map from jax 0.12", allow_module_level=True)
 pytest.importorskip("absl", reason="JAX's bundled Mosaic GPU ops import jax's test_util")
 
+from jax.experimental import pallas as pl  # noqa: E402
 from jax.experimental.mosaic.gpu import core as mgpu_core  # noqa: E402
+from jax.experimental.pallas import mosaic_gpu as plgpu  # noqa: E402
 
 from kernelsim import adapter, gpu  # noqa: E402
+from kernelsim.mosaic_gpu.kernel_data import WgmmaOperand  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import gpu_kernels as gk  # noqa: E402
@@ -112,6 +115,47 @@ def test_matmul_events_per_pipeline_step():
     assert [s["name"] for s in d["memory_spaces"]] == ["global memory", "shared memory",
                                                        "registers"]
     assert {a["space"] for a in d["allocations"]} >= {"smem", "barrier", "regs"}
+
+
+def test_wgmma_events_say_how_they_read_their_operands_and_what_they_add_onto():
+    """Each WGMMA of the pipelined matmul reads A and B swizzled by 128 bytes and tiled (8, 64)
+    (bfloat16 rows of tk = 64), neither transposed, and adds onto the accumulator the K loop
+    keeps: the i-th is its i-th since it was allocated."""
+    fn = functools.partial(gk.matmul_mgpu, tm=128, tn=128, tk=64, stages=3)
+    (kernel,) = gpu.analyse(fn, MM, MM)
+    wgmmas = [e for e in kernel.events if e.kind == "wgmma"]
+    assert [e.accumulation for e in wgmmas] == list(range(1, 512 // 64 + 1))
+    assert {e.operands for e in wgmmas} == {(
+        WgmmaOperand("a", False, 128, (8, 64), False, 2),
+        WgmmaOperand("b", False, 128, (8, 64), False, 2))}
+
+
+def test_an_accumulator_allocated_in_the_k_loop_starts_again_at_every_step():
+    """A ``run_scoped`` of the accumulator inside the loop: every WGMMA is the first onto it."""
+    def restarts(a, b):
+        @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct((64, 64), a.dtype))
+        def kernel(a_gmem, b_gmem, o_gmem):
+            def step(_, a_smem, b_smem):
+                def one(acc):
+                    plgpu.wgmma(acc, a_smem.T, b_smem)
+                    o_gmem[...] = acc[...].astype(o_gmem.dtype)
+
+                pl.run_scoped(one, plgpu.ACC((64, 64), jnp.float32))
+
+            plgpu.emit_pipeline(
+                step, grid=(4,), in_specs=[plgpu.BlockSpec((64, 64), lambda k: (k, 0)),
+                                           plgpu.BlockSpec((64, 64), lambda k: (k, 0))],
+            )(a_gmem, b_gmem)
+
+        return kernel(a, b)
+
+    x = jax.ShapeDtypeStruct((256, 64), jnp.bfloat16)
+    (kernel,) = gpu.analyse(restarts, x, x)
+    wgmmas = [e for e in kernel.events if e.kind == "wgmma"]
+    assert [e.accumulation for e in wgmmas] == [1, 1, 1, 1]
+    # no transforms: neither swizzled nor tiled, and a read transposed
+    assert {e.operands for e in wgmmas} == {(WgmmaOperand("a", False, 0, (), True, 2),
+                                             WgmmaOperand("b", False, 0, (), False, 2))}
 
 
 def test_hbm_reads_count_one_wave_of_ctas_sharing_l2():

@@ -30,14 +30,13 @@ UNGRADED = {
     ("09", 7): "issue 22: profiling needs a TPU or GPU; the graded run is CPU-only",
     # issue 37: these rows credited tasks that practise a neighbouring skill on the course's
     # own kernels, not the objective (reading a production kernel, choosing a tolerance,
-    # writing a paged attention or a WGMMA); each row's note names those tasks
+    # writing a paged attention); each row's note names those tasks
     **{("12", k): "issue 37: no task reads, runs or measures a kernel bundled with JAX"
        for k in (1, 2, 3, 4, 5)},
     ("15", 2): "issue 37: no task has the learner predict a quantization error or choose a "
                "tolerance",
     ("15", 4): "issue 37: no task reads JAX's ragged paged attention",
     ("15", 5): "issue 37: no task writes a paged attention",
-    ("16", 3): "issue 37: no task writes a WGMMA (plgpu.wgmma)",
 }
 
 

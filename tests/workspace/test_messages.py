@@ -6,6 +6,7 @@ no grader frame."""
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -85,6 +86,26 @@ def _kernelsim_tiling_error() -> str:
     return str(err.value)
 
 
+def _copies_twice_before_a_wait(x, w, interpret):
+    """An RMS-norm-shaped Mosaic GPU kernel whose barrier completes twice before its one wait:
+    the first copy is never waited for."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # a second: this trigger only
+
+    @functools.partial(plgpu.kernel, out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                       scratch_types=dict(x_smem=plgpu.SMEM(x.shape, x.dtype),
+                                          landed=plgpu.Barrier()),
+                       interpret=interpret)
+    def kernel(x_gmem, w_gmem, o_gmem, x_smem, landed):
+        plgpu.copy_gmem_to_smem(x_gmem, x_smem, landed)
+        plgpu.copy_gmem_to_smem(x_gmem, x_smem, landed)
+        plgpu.barrier_wait(landed)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(x_smem, o_gmem)
+        plgpu.wait_smem_to_gmem(0)
+
+    return kernel(x, w)
+
+
 SEP = "\n----\n"
 # hint name -> how a learner runs into it; every hint of the table must be here
 TRIGGERS = {
@@ -100,6 +121,7 @@ TRIGGERS = {
     "store-shape": lambda: _failure("tiled_add", _tiled(kernel=_store_row)),
     "reads-output": lambda: _failure("add", _add(kernel=_reads_output)),
     "kernel-arity": lambda: _failure("add", _add(kernel=_one_ref)),
+    "barrier-unobserved": lambda: _failure("rms_norm_mgpu", _copies_twice_before_a_wait),
 }
 
 

@@ -8,11 +8,11 @@
 # bytes its copies pull from global memory. Predict each from the sizes alone, then let
 # `kernelsim.gpu` (whose shared-memory count is the Mosaic GPU lowering's own) check you.
 #
-# Tasks 1 to 4 are predictions: Python `int`s. Task 5 is a kernel of your own, written with
-# `plgpu.kernel`: it runs in GPU interpret mode on a CPU (compiled on a GPU), and is graded
-# on its values against plain JAX and on what it moves, read by `kernelsim.gpu`. Lesson 16's
-# staging kernel runs at the end of the notebook, so you can watch the numbers you
-# predicted.
+# Tasks 1 to 4 are predictions: Python `int`s. Tasks 5 and 6 are kernels of your own, written
+# with `plgpu.kernel`: they run in GPU interpret mode on a CPU (compiled on a GPU), and are
+# graded on their values against plain JAX and on what they move and multiply, read by
+# `kernelsim.gpu`. Lesson 16's staging kernel runs at the end of the notebook, so you can
+# watch the numbers you predicted.
 #
 # **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
 # failing check shows its message and the run goes on) and the last cell lists what passed
@@ -299,6 +299,119 @@ course.check("rms_norm_mgpu", rms_norm_mgpu, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
+# ## Task 6 — write: `wgmma_matmul(a, b, tm, tn, tk, interpret)` (6 points)
+#
+# `a @ b` for bfloat16 `a` of shape `(m, k)` and `b` of shape `(k, n)` (B stored as it is
+# multiplied: K along its rows), on the tensor cores, accumulated in float32 and returned in
+# bfloat16. One CTA per `(tm, tn)` output tile (grid `(m // tm, n // tn)`), and in each CTA a
+# loop over K in steps of `tk`:
+#
+# * each step TMA-copies this CTA's `(tm, tk)` tile of A and `(tk, tn)` tile of B into shared
+#   memory (`plgpu.copy_gmem_to_smem`), each copy completing on a barrier, and waits on it
+#   (`plgpu.barrier_wait`) before it multiplies;
+# * `plgpu.wgmma(acc, a_smem, b_smem)` adds the product of the two tiles into **one**
+#   float32 accumulator, `pl.run_scoped(..., plgpu.ACC((tm, tn), jnp.float32))`, allocated
+#   once around the whole loop; `plgpu.wgmma_wait(0)` before the next step's copies overwrite
+#   the tiles it reads;
+# * after the loop the accumulator (`acc[...]`, a value in registers in lesson 16's
+#   `plgpu.Layout.WGMMA`) is cast to bfloat16, stored into a shared-memory tile and sent
+#   back by TMA: `plgpu.commit_smem()`, `plgpu.copy_smem_to_gmem`,
+#   `plgpu.wait_smem_to_gmem(0)`.
+#
+# WGMMA reads shared memory in the layouts lesson 16 describes. Give each tile
+# `transforms=(plgpu.TilingTransform((8, swizzle // 2)), plgpu.SwizzleTransform(swizzle))` in
+# its `plgpu.SMEM`, with one swizzle for A's and B's tiles, the widest A's rows allow
+# (`plgpu.find_swizzle(tk * 16)`: `tk` elements of 16 bits); or give a tile no transforms,
+# and the lowering picks them. The sizes divide evenly, `tm` is 64 or 128, `tn` 64 or 128,
+# `tk` 32 to 128. Pass `interpret` on to `plgpu.kernel`.
+#
+# The grader checks the values on every case, then reads your kernel with `kernelsim.gpu`:
+# the copies are TMAs into shared memory, each waited on; one WGMMA per K step (`k // tk` per
+# CTA), all added onto one accumulator; B read as it is stored; tiles in a layout the Mosaic
+# GPU lowering accepts; at most 227 KiB of shared memory per CTA. GPU interpret mode runs a
+# WGMMA at once and ignores swizzles, so a layout the lowering refuses still gives right values
+# here (and no kernel at all on a GPU): it is checked by structure. A copy you never wait for
+# stops GPU interpret mode when its barrier completes again ("Barrier completed phase 1, but
+# no threads observed phase 0").
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Three tiles in `scratch_types` (A's, B's, the output's), a barrier per input copy, and a
+# grid of `(m // tm, n // tn)` named axes. In the body, `jax.lax.axis_index` gives the CTA's
+# row band and column band (`pl.ds(i * tm, tm)`, `pl.ds(j * tn, tn)`). Inside a function
+# that receives the accumulator, loop over `k // tk` steps (`@pl.loop(0, k // tk)`); run that
+# function with `pl.run_scoped(function, plgpu.ACC((tm, tn), jnp.float32))` and return
+# `acc[...]` from it.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# Step `s` copies the `s`-th K slice of this CTA's A band and of its B band (a `pl.ds`
+# starting at `s` times `tk`, along K), waits on both barriers, adds the product of the tiles
+# into the accumulator, and waits for that WGMMA before the loop goes on. Nothing else
+# touches the accumulator inside the loop: allocating it or storing to it there starts the
+# sum from zero again. The transforms: one swizzle from `plgpu.find_swizzle` of A's row in
+# bits, the same tuple for A's and B's tiles; the output tile takes its own, from `tn`.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "wgmma_matmul_solution", "solution": true}
+def wgmma_matmul(a, b, tm, tn, tk, interpret=None):
+    ### BEGIN SOLUTION
+    m, k = a.shape
+    n = b.shape[1]
+
+    def layout(row_elems):
+        swizzle = plgpu.find_swizzle(row_elems * 16)  # a row of bfloat16, in bits
+        return (plgpu.TilingTransform((8, swizzle // 2)), plgpu.SwizzleTransform(swizzle))
+
+    @functools.partial(
+        plgpu.kernel, out_type=jax.ShapeDtypeStruct((m, n), a.dtype),
+        grid=(m // tm, n // tn), grid_names=("m", "n"),
+        scratch_types=dict(a_smem=plgpu.SMEM((tm, tk), a.dtype, transforms=layout(tk)),
+                           b_smem=plgpu.SMEM((tk, tn), b.dtype, transforms=layout(tk)),
+                           o_smem=plgpu.SMEM((tm, tn), a.dtype, transforms=layout(tn)),
+                           a_landed=plgpu.Barrier(), b_landed=plgpu.Barrier()),
+        interpret=interpret)
+    def kernel(a_gmem, b_gmem, o_gmem, a_smem, b_smem, o_smem, a_landed, b_landed):
+        rows = pl.ds(jax.lax.axis_index("m") * tm, tm)
+        cols = pl.ds(jax.lax.axis_index("n") * tn, tn)
+
+        def accumulate(acc):
+            @pl.loop(0, k // tk)
+            def _(s):
+                depth = pl.ds(s * tk, tk)
+                plgpu.copy_gmem_to_smem(a_gmem.at[rows, depth], a_smem, a_landed)
+                plgpu.copy_gmem_to_smem(b_gmem.at[depth, cols], b_smem, b_landed)
+                plgpu.barrier_wait(a_landed)
+                plgpu.barrier_wait(b_landed)
+                plgpu.wgmma(acc, a_smem, b_smem)
+                plgpu.wgmma_wait(0)  # done reading the tiles the next copies overwrite
+
+            return acc[...]
+
+        o_smem[...] = pl.run_scoped(accumulate, plgpu.ACC((tm, tn), jnp.float32)).astype(
+            o_smem.dtype)
+        plgpu.commit_smem()
+        plgpu.copy_smem_to_gmem(o_smem, o_gmem.at[rows, cols])
+        plgpu.wait_smem_to_gmem(0)
+
+    return kernel(a, b)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "wgmma_matmul_visible", "grade": true, "points": 2}
+course.check("wgmma_matmul", wgmma_matmul)
+
+# %% nbgrader={"grade_id": "wgmma_matmul_hidden", "grade": true, "points": 4}
+# Hidden tests: one CTA with a long K loop, tk = 32, (128, 128) tiles.
+### BEGIN HIDDEN TESTS
+course.check("wgmma_matmul", wgmma_matmul, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
 # ## Now run it
 #
 # Lesson 16's staging kernel, run in GPU interpret mode (compiled on a GPU) and checked
@@ -355,6 +468,24 @@ except NeedsNewerJax:  # kernelsim.gpu on an older JAX: not an unfinished task
     raise
 except NotImplementedError:
     print("implement rms_norm_mgpu first")
+
+# %% [markdown]
+# Your matmul of task 6 the same way: CTA 0's events, its WGMMAs (one per K step) and its
+# shared memory against the 227 KiB a CTA may use.
+
+# %%
+a = jax.random.normal(jax.random.key(17), (128, 256), jnp.bfloat16)
+b = jax.random.normal(jax.random.key(18), (256, 128), jnp.bfloat16)
+try:
+    (matmul,) = kernelsim.gpu.analyse(
+        functools.partial(wgmma_matmul, tm=64, tn=64, tk=64, interpret=None), a, b)
+    print(" -> ".join(e.kind for e in matmul.events))
+    print(f"{matmul.count('wgmma')} WGMMAs and {matmul.smem_bytes:,} B of shared memory per "
+          f"CTA, grid {matmul.grid}")
+except NeedsNewerJax:
+    raise
+except NotImplementedError:
+    print("implement wgmma_matmul first")
 
 # %% [markdown]
 # ## What passed
