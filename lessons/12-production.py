@@ -744,5 +744,5 @@ print("kernelsim's copies equal TPU interpret mode's, copy for copy, in all",
 # attention](../exercises/07_flash_attention/flash_attention.ipynb). Its last two tasks write a
 # backward like the op's as Pallas kernels: `D` (the op's `di`, there a kernel of its own),
 # then `dK` and `dV` with the key blocks outer, then `dq`. They attach it to the forward with
-# `jax.custom_vjp`. Its forward saves one logsumexp per row, `m + log(l)`, where the op saves
-# `m` and `l`.
+# `jax.custom_vjp`. Their forward saves one logsumexp per row, `m + log(l)`, where the op
+# saves `m` and `l`.
