@@ -535,12 +535,19 @@ quote(FLASH, "o, l, m = _flash_attention(", 4, after="def _flash_attention_fwd("
 quote(FLASH, "di = jnp.sum(", 3, after="def _flash_attention_bwd(")
 
 # %% [markdown]
-# What the backward computes for one block of queries against one block of keys, with `s` the
-# scaled scores rebuilt from `Q` and `K`: `p = exp(s - m) / l` from the saved `m` and `l`;
-# `dV += pᵀ dO`; `dp = dO Vᵀ`; `ds = p (dp - di)`; `dK += dsᵀ Q` and `dq += ds K`, both times
-# the scale. `di` is the softmax's correction, `rowsum(p dp)` (the `dq` kernel's comment says
-# so), and equals `rowsum(dO o)`: taken from `o`, it needs no whole row of `p`, which is why
-# `o` is a residual.
+# What the backward computes for one block of queries against one block of keys. `s` is that
+# block's scores, rebuilt from `Q` and `K` as the forward built them (bias, scale, mask). A
+# product of two blocks is a matrix product; `*` is elementwise.
+#
+# * `p = exp(s - m) / l`, from the saved `m` and `l`;
+# * `dV += pᵀ dO`;
+# * `dp = dO Vᵀ`, then `ds = p * (dp - di)`, then `ds` times the scale;
+# * `dK += dsᵀ Q` and `dq += ds K`: both carry the scale through `ds`.
+#
+# `di` is the softmax's correction, `rowsum(p * dp)`; the `dq` kernel's comment writes it so.
+# The op computes it in plain JAX, before both kernels, as `rowsum(dO * o)`. The two are
+# equal because each row of `o` is that row of `p` times `V`. Taken from `o`, `di` needs no
+# whole row of `p`: that is why `o` is a residual.
 
 # %%
 quote(FLASH, "ds = (dp - jnp.tile(di", 6, after="def _flash_attention_dq_kernel(")
@@ -734,6 +741,8 @@ print("kernelsim's copies equal TPU interpret mode's, copy for copy, in all",
 # ## Practise it
 #
 # Graded practice for this lesson: [Assignment 7 — flash
-# attention](../exercises/07_flash_attention/flash_attention.ipynb), whose last tasks write
-# these backward kernels (`D`, then `dK` and `dV` with the key blocks outer, then `dq`) and
-# attach them to the forward with `jax.custom_vjp`.
+# attention](../exercises/07_flash_attention/flash_attention.ipynb). Its last two tasks write a
+# backward like the op's as Pallas kernels: `D` (the op's `di`, there a kernel of its own),
+# then `dK` and `dV` with the key blocks outer, then `dq`. They attach it to the forward with
+# `jax.custom_vjp`. Their forward saves one logsumexp per row, `m + log(l)`, where the op
+# saves `m` and `l`.

@@ -264,12 +264,12 @@ course.check("causal_flash_attention", causal_flash_attention, hidden=True)
 # %% [markdown]
 # ## Task 4 — `flash_attention_backward(q, k, v, o, lse, do, bq, bk)` (4 points)
 #
-# The backward pass of task 2's attention, as FlashAttention-2 computes it and as the op of
-# lesson 12 does: the forward saved its output `o` and, for each query row, the logsumexp of
-# its scores, `lse = m + log(l)` (shape `(Lq, 1)`, float32). Given the cotangent `do` of the
-# output, return `(dq, dk, dv)`, each in its input's dtype. `Lq` is a multiple of `bq`, `Lk` of
-# `bk`. With `s = q k^T * scale` (`scale = 1 / sqrt(d)`) recomputed block by block, never
-# stored:
+# The backward pass of task 2's attention, as FlashAttention-2 computes it. The forward saved
+# its output `o` and, for each query row, the logsumexp of its scores, `lse = m + log(l)`
+# (shape `(Lq, 1)`, float32). Lesson 12's op saves `m` and `l` apart instead; its backward
+# kernels are built as yours will be. Given the cotangent `do` of the output, return
+# `(dq, dk, dv)`, each in its input's dtype. `Lq` is a multiple of `bq`, `Lk` of `bk`. With
+# `s = q k^T * scale` (`scale = 1 / sqrt(d)`) recomputed block by block, never stored:
 #
 # * `p = exp(s - lse)`: the probabilities, already normalised;
 # * `dv = p^T do`, a sum over queries;
@@ -281,9 +281,14 @@ course.check("causal_flash_attention", causal_flash_attention, hidden=True)
 # Three `pallas_call`s: first `D`, `(Lq, 1)` float32, grid `(Lq // bq,)`; then `dk` and `dv`
 # together, grid `(Lk // bk, Lq // bq)`: key block `j` outer, the query blocks streaming past
 # as an `"arbitrary"` axis while two `(bk, d)` float32 VMEM accumulators sum over them; then
-# `dq`, grid `(Lq // bq, Lk // bk)`: the forward's order, one `(bq, d)` accumulator. Budget: no
-# `(Lq, Lk)` array reaches HBM (the only writes are `D`, `dq`, `dk` and `dv`); in the `dk`/`dv`
-# kernel `k` and `v` are read once, in the `dq` kernel `q`, `do`, `lse` and `D` once.
+# `dq`, grid `(Lq // bq, Lk // bk)`: the forward's order, one `(bq, d)` accumulator. `D` is a
+# kernel of its own, where lesson 12's op sums its `di` in plain JAX: every kernel's inputs must
+# be your function's arguments or an earlier kernel's outputs.
+#
+# Graded beside the values: the two gradient kernels' grids as above; no `(Lq, Lk)` array
+# reaches HBM (the only writes are `D`, `dq`, `dk` and `dv`); the `dk`/`dv` kernel reads `k`
+# and `v` once and `q`, `do`, `lse` and `D` once per key block; the `dq` kernel reads `q`,
+# `do`, `lse` and `D` once and `k` and `v` once per query block.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
@@ -451,9 +456,11 @@ course.check("flash_attention_backward", flash_attention_backward, hidden=True)
 # row's logsumexp, `m + log(l)`, to a second output, `(Lq, 1)` float32. `attention_fwd`
 # returns the output and the residuals task 4 reads; `attention_bwd` gets `bq` and `bk` (the
 # arguments `nondiff_argnums` names) first, then the residuals and `do`, and returns one
-# gradient per differentiable argument. The check calls `jax.vjp` of your function and
-# applies the pullback to a cotangent, as `jax.grad` does. Budget: the forward's only writes
-# are `o` and `lse`; the backward's, task 4's.
+# gradient per differentiable argument. The check calls `jax.vjp` of your function, applies
+# the pullback to a cotangent, as `jax.grad` does, and compares the output and the three
+# gradients. Graded beside the values: one forward kernel writing `o` and `lse`, on task 2's
+# grid; the backward's kernels under task 4's rules; the forward's only writes are `o` and
+# `lse`, the backward's task 4's.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>

@@ -14,9 +14,10 @@
 # **Four devices.** The setup cell asks JAX for four CPU devices before anything imports it,
 # and the kernels run in TPU interpret mode, which simulates each device's memory, its remote
 # copies and their semaphores (lesson 14). On a machine with four TPU chips they compile
-# instead. In a kernel that ran JAX before this notebook, restart it first. The grader runs
-# each case with the race detector on (`interpret=RACES` below): a copy into a buffer its
-# owner may still be reading fails even where the values happen to come out right.
+# instead. JAX reads the CPU device count once, when its CPU backend starts: in a notebook kernel
+# that already ran JAX, restart it first. The grader runs each case with the race detector on
+# (`interpret=RACES` below): a copy into a buffer its owner may still be reading fails even
+# where the values happen to come out right.
 #
 # Reference: [distributed computing in Pallas for
 # TPUs](https://docs.jax.dev/en/latest/pallas/tpu/distributed.html).
@@ -76,27 +77,29 @@ expected = x.reshape(DEVICES, DEVICES * m, n).sum(0)  # the plain-JAX reference
 #   output, no grid. The kernel gets `x_ref`, `o_ref`, then your scratch.
 # * Scratch: a send buffer and a receive buffer **per step**, `pltpu.VMEM((N - 1, m, n),
 #   x.dtype)` each, and a DMA semaphore per step for each side,
-#   `pltpu.SemaphoreType.DMA((N - 1,))` twice. A buffer used again at the next step would be
-#   overwritten by the neighbour's next copy while its owner may still be reading it.
+#   `pltpu.SemaphoreType.DMA((N - 1,))` twice. A receive buffer used again at the next step
+#   would be overwritten by the left neighbour's next copy while this device may still be
+#   reading it: the left neighbour does not wait for this device to finish a step.
 # * Each step: write the sum to send into this step's send buffer, start a
 #   `pltpu.make_async_remote_copy` of it to the right-hand neighbour (`device_id={"x": ...}`),
 #   and `.wait()` on it before reading this step's receive buffer.
 # * `jax.lax.axis_index("x")` is this device's index; `pl.ds(chunk * m, m)` its rows of a chunk.
 #
 # Graded on values (race detector on) and on kernelsim's trace of your kernel, per device:
-# `N - 1` remote copies, one a step, each of one chunk (`m * n` elements), all to the
-# right-hand neighbour, `(N - 1) * m * n * 4` bytes in all (each device sends its share, never
-# the whole array), and every copy waited. Try `ring_reduce_scatter(x, interpret=RACES)`
-# against `expected`.
+# `N - 1` remote copies, each of one chunk (`m * n` elements), all to the right-hand
+# neighbour, `(N - 1) * m * n` elements in all (each device sends its share, never the whole
+# array; the hidden cases include bfloat16), and every copy waited. Try
+# `ring_reduce_scatter(x, interpret=RACES)` against `expected`.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
 #
 # Unroll the steps with a Python `for` over `range(DEVICES - 1)`. The chunk a step sends is
-# `(me - step - 1) mod N`: add a multiple of `N` before `jax.lax.rem`, which keeps the sign of
-# its operand. At step 0 the send buffer gets this device's rows of that chunk; at a later step,
-# the previous step's receive buffer plus those rows. After the loop the output is the last
-# receive buffer plus this device's rows of chunk `me`.
+# `(me - step - 1) mod N`: add a multiple of `N` before `jax.lax.rem`, whose result takes the
+# sign of its first operand (`jax.lax.rem(-1, 4)` is `-1`). At step 0 the send buffer gets
+# this device's rows of that chunk; at a later step, the previous step's receive buffer plus
+# those rows. After the loop the output is the last receive buffer plus this device's rows of
+# chunk `me`.
 #
 # </details>
 #
@@ -180,8 +183,9 @@ for c in t_ring.calls:
 # * The result's first `m / 2` rows are the rightward ring's, the last `m / 2` the leftward's.
 #
 # Graded on values (race detector on) and on kernelsim's trace, per device: `2 (N - 1)`
-# remote copies of `m / 2` rows, two a step, half of them to each neighbour, and `(N - 1) * m
-# * n * 4` bytes in all, every copy waited.
+# remote copies of `m / 2` rows, `N - 1` to each neighbour, `(N - 1) * m * n` elements in all,
+# every copy waited. At every step the body starts one copy to each neighbour before it waits
+# on either: a copy waited on before the other one starts fails.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
