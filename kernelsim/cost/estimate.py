@@ -243,7 +243,7 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         # the kernel's own work over its working steps, whatever a pl.CostEstimate says: a
         # count for the whole call cannot tell which steps the body skips (JAX's causal
         # flash attention gives the FLOPs of its plain-JAX reference, every score of the
-        # N x N matrix, twice what its kernel multiplies; the v5e measured 0.71-0.79 of the
+        # N x N matrix, twice what its kernel multiplies; the v5e measured 0.36-0.44 of the
         # estimate that believed it, bench/recorded/tpu_perf-v5e.json)
         if evaluated:  # each step's work as its pl.when predicates decide it
             sw = call.step_work
