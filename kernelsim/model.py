@@ -237,6 +237,34 @@ class Matmul:
     tf32: bool = False
 
 
+@dataclass(frozen=True)
+class StepWork:
+    """A kernel body's work at each grid step, each ``pl.when`` at the branch its predicate
+    takes there (``kernelsim.find.flops.step_work``).
+
+    flops / vector_vregs / lane_broadcast_vregs: (steps,) int arrays, as
+    ``KernelCall.flops_per_step`` and its siblings count one invocation; None when no
+    predicate could be evaluated (then every step is counted as one invocation with each
+    ``pl.when`` at its most expensive branch).
+    computes: (steps,) bools, the steps whose body computes or stores an array (a matmul,
+        vector work, a lane broadcast, a store into a ref), not only scalar index arithmetic:
+        the working steps.
+    unevaluated: for each ``pl.when`` whose predicate is not a function of the grid step alone
+        (it reads a block, scratch, a loop's carry), why; its most expensive branch is counted
+        at every step.
+    """
+
+    flops: np.ndarray | None
+    vector_vregs: np.ndarray | None
+    lane_broadcast_vregs: np.ndarray | None
+    computes: np.ndarray | None
+    unevaluated: tuple[str, ...] = ()
+
+    @property
+    def evaluated(self) -> bool:
+        return self.flops is not None
+
+
 @dataclass
 class KernelCall:
     """One captured pallas_call.
@@ -246,7 +274,10 @@ class KernelCall:
     vector_vregs_per_step: the vector registers one invocation's arithmetic other than
         matmuls produces, tile-padded (``kernelsim.find.flops.count_flops``).
     lane_broadcast_vregs_per_step: the column vregs one invocation broadcasts across the
-        lanes (``kernelsim.find.flops.lane_broadcast_vregs``).
+        lanes (``kernelsim.find.flops.lane_broadcast_vregs``). These three count every
+        ``pl.when`` at its most expensive branch.
+    step_work: the work at each grid step as the body's ``pl.when`` predicates decide it
+        (``StepWork``); None for a body without one.
     matmuls: the kernel body's dot_generals (``kernelsim.find.flops.Matmul``: input dtype, FLOPs per
         invocation, whether both operands are K-major).
     cost_estimate_flops / cost_estimate_bytes: the call's own ``pl.CostEstimate``, if given.
@@ -276,6 +307,7 @@ class KernelCall:
     flops_per_step: int = 0
     vector_vregs_per_step: int = 0
     lane_broadcast_vregs_per_step: int = 0
+    step_work: StepWork | None = None
     matmuls: tuple[Matmul, ...] = ()
     cost_estimate_flops: int | None = None
     cost_estimate_bytes: int | None = None

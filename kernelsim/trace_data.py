@@ -51,6 +51,12 @@ class CallTrace:
     own_estimated_seconds = property(lambda self: self.cost.own_estimated_seconds)
 
     @property
+    def work_unevaluated(self) -> tuple[str, ...]:
+        """Why some of the body's ``pl.when`` work is counted at every step: each predicate
+        kernelsim could not evaluate per grid step (``kernelsim.model.StepWork``)."""
+        return () if self.call.step_work is None else self.call.step_work.unevaluated
+
+    @property
     def measured_over_estimated(self) -> float | None:
         """The measured time over the estimate (both in seconds); None without a measured
         time."""
@@ -91,6 +97,7 @@ class CallTrace:
             "device": device_dict(self.call.device),
             "body_dmas": [body_dma_dict(c) for c in self.call.body_copies],
             "warnings": list(self.warnings),
+            "work_unevaluated": list(self.work_unevaluated),
             "measured": None if self.measured is None else self.measured.to_dict(),
             "measured_over_estimated": self.measured_over_estimated,
         }

@@ -385,17 +385,18 @@ fig.tight_layout()
 # kernelsim counts those broadcasts: the vector registers of each column an operation
 # spreads across the lanes, charged beside the vector work. A reduction's result, such as
 # `s.max(axis=1, keepdims=True)`, is already in every lane and costs none. Kernel 1 with
-# 512 blocks spreads three 64-register columns per step: `m_new` over the scores, `alpha`
-# over the accumulator, and `denom` in the last step's division (counted at every step,
-# as kernelsim counts a `pl.when` branch).
+# 512 blocks spreads two 64-register columns at every step, `m_new` over the scores and
+# `alpha` over the accumulator, and a third, `denom`, in the division that only the last
+# key step runs: kernelsim evaluates each `pl.when`'s predicate at every grid step, so the
+# work of a branch counts where it runs.
 
 # %%
 big = jax.ShapeDtypeStruct((1, 2048, DB), jnp.bfloat16)
 call_512 = kernelsim.trace(functools.partial(flash_attention, bq=512, bkv=512, interpret=True),
                            big, big, big, chip="tpu-v5e").calls[0]
-print(f"column registers spread across the lanes per step: "
-      f"{call_512.call.lane_broadcast_vregs_per_step}")
-assert call_512.call.lane_broadcast_vregs_per_step == 3 * 512 // 8
+per_step = call_512.call.step_work.lane_broadcast_vregs[:4].tolist()
+print(f"column registers spread across the lanes at key steps 0-3 of query block 0: {per_step}")
+assert per_step == [2 * 512 // 8] * 3 + [3 * 512 // 8]
 
 # %% [markdown]
 # ## Causal attention

@@ -3,9 +3,11 @@
 Estimated time (seconds) = max(FLOPs / peak, HBM bytes / bandwidth) + steps x per-step cost
 (https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html discusses the per-step overhead).
 FLOPs are counted from the kernel jaxpr (dot_general 2*M*N*K, other arithmetic one per element)
-times the number of grid steps, unless the call carries its own ``pl.CostEstimate``. The peak
-and bandwidth are ``Chip.flops_per_second`` and ``Chip.estimate_bytes_per_second`` (the
-measured sustained rates where the chip table has them, float32 matmuls at TF32 on a GPU);
+at every grid step, each ``pl.when`` at the branch its predicate takes there where kernelsim
+can evaluate it (``KernelCall.step_work``), unless the call carries its own
+``pl.CostEstimate``. The peak and bandwidth are ``Chip.flops_per_second`` and
+``Chip.estimate_bytes_per_second`` (the measured sustained rates where the chip table has
+them, float32 matmuls at TF32 on a GPU);
 a float32 dot with an operand that is not K-major runs at ``Chip.transposed_tf32_flops`` on
 a Hopper GPU (WGMMA reads TF32 operands K-major only; see ``kernelsim.chips``).
 
@@ -79,11 +81,14 @@ class CallCost:
         plus the vector work (``KernelCall.vector_vregs_per_step``) at
         ``Chip.vector_vregs_per_second`` and the lane broadcasts
         (``KernelCall.lane_broadcast_vregs_per_step``) at ``Chip.lane_broadcast_seconds``
-        each, over the working steps only; memory is at
-        ``Chip.dma_efficiency`` of the bandwidth; overhead is ``Chip.call_seconds`` plus
-        ``per_step_seconds`` per working step and ``idle_step_seconds`` per skipped one.
-    working_steps: tpu model, the grid steps that do work (``working_steps``); all steps under
-        gpu.
+        each, over the working steps only (or each step's own, ``KernelCall.step_work``);
+        memory is at ``Chip.dma_efficiency`` of the bandwidth; overhead is
+        ``Chip.call_seconds`` plus ``per_step_seconds`` per working step and
+        ``idle_step_seconds`` per skipped one.
+    working_steps: tpu model, the grid steps that do work: where the body's ``pl.when``
+        predicates were evaluated (``KernelCall.step_work``), those whose body computes or
+        stores an array, else those the schedule takes for working (``working_steps``); all steps
+        under gpu.
     own_compute_seconds: the compute term from the kernel jaxpr's own FLOP count, whatever a
         ``pl.CostEstimate`` says (``compute_seconds`` when the call gives none);
         ``own_estimated_seconds`` is the estimate with it: what a grader compares, which the
@@ -221,7 +226,8 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
                                         if c.operand.memory_space == "vmem")
     smem = call.scoped_smem_bytes + sum(c.onchip_bytes for c in costs
                                         if c.operand.memory_space == "smem")
-    own_flops = call.flops_per_step * call.steps
+    evaluated = call.step_work is not None and call.step_work.evaluated
+    own_flops = int(call.step_work.flops.sum()) if evaluated else call.flops_per_step * call.steps
     if call.cost_estimate_flops is not None:
         flops, source = int(call.cost_estimate_flops), "pl.CostEstimate"
     else:
@@ -237,12 +243,20 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         # the kernel's own work over its working steps, whatever a pl.CostEstimate says: a
         # count for the whole call cannot tell which steps the body skips (JAX's causal
         # flash attention gives the FLOPs of its plain-JAX reference, every score of the
-        # N x N matrix, twice what its kernel multiplies; the v5e measured 0.71-0.79 of the
+        # N x N matrix, twice what its kernel multiplies; the v5e measured 0.36-0.44 of the
         # estimate that believed it, bench/recorded/tpu_perf-v5e.json)
-        share = working / call.steps if call.steps else 1.0
-        terms = TimeTerms(own_compute * share, working * call.vector_vregs_per_step,
-                          working * call.lane_broadcast_vregs_per_step, working,
-                          call.steps - working, memory)
+        if evaluated:  # each step's work as its pl.when predicates decide it
+            sw = call.step_work
+            # a body that neither computes nor stores works where the schedule says it does
+            working = int(np.count_nonzero(sw.computes)) if sw.computes.any() else working
+            terms = TimeTerms(own_compute, int(sw.vector_vregs.sum()),
+                              int(sw.lane_broadcast_vregs.sum()), working,
+                              call.steps - working, memory)
+        else:  # the same work at every step the schedule takes for a working one
+            share = working / call.steps if call.steps else 1.0
+            terms = TimeTerms(own_compute * share, working * call.vector_vregs_per_step,
+                              working * call.lane_broadcast_vregs_per_step, working,
+                              call.steps - working, memory)
         compute, memory, overhead = fitted_seconds(terms, TimeConstants.of(chip))
         own_compute = compute
     return CallCost(costs, read, write, read + write + edge_padding, vmem, smem, flops, source,
@@ -303,10 +317,12 @@ def fitted_seconds(t: TimeTerms, k: TimeConstants) -> tuple[Any, Any, Any]:
 
 
 def working_steps(schedule: CallSchedule) -> int:
-    """Grid steps that do work: all but those where no pipelined input block is fetched and
-    every output keeps its block -- the steps a kernel skips by repeating the last block it
-    needs in its index maps (no DMA) and ``pl.when``-ing its body away, as a causal attention
-    does above the diagonal. A kernel without pipelined inputs works at every step."""
+    """Grid steps that do work, as the schedule suggests them: all but those where no
+    pipelined input block is fetched and every output keeps its block -- the steps a kernel
+    skips by repeating the last block it needs in its index maps (no DMA) and
+    ``pl.when``-ing its body away, as a causal attention does above the diagonal. A kernel
+    without pipelined inputs works at every step. (Where the body's ``pl.when`` predicates
+    are evaluated, ``compute`` counts the steps that compute instead.)"""
     call = schedule.call
     inputs = [s for s in schedule.operands if s.operand.role == "input"]
     if not inputs or not call.steps:

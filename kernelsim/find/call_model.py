@@ -25,7 +25,7 @@ from kernelsim.adapter import (
 )
 from kernelsim.body.needs import ref_array
 from kernelsim.errors import TraceError
-from kernelsim.find.flops import count_flops
+from kernelsim.find.flops import body_work, most_expensive, step_work
 from kernelsim.find.index_maps import (
     evaluate_index_map,
     prefetch_read,
@@ -240,7 +240,8 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     operand_args = args[len(args) - nprefetch - nin:]
     prefetch_vals = [np.asarray(a) for a in operand_args[:nprefetch]]
     call = KernelCall(name, grid, _dimension_semantics(params, len(grid)), [])
-    work = count_flops(params["jaxpr"])
+    tree = body_work(params["jaxpr"])
+    work = most_expensive(tree)
     call.flops_per_step, call.matmuls = work.flops, work.matmuls
     call.vector_vregs_per_step = work.vector_vregs
     call.lane_broadcast_vregs_per_step = work.lane_broadcast_vregs
@@ -311,4 +312,6 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
         itemsize = _itemsize(dtype) if space != "semaphore" else 0
         call.operands.append(Operand(names[nprefetch + nin + nout + j], "scratch", shape,
                                      str(dtype) if itemsize else "semaphore", itemsize, space))
+    call.step_work = step_work(tree, params["jaxpr"], grid, points,
+                               dict(zip(kernel.invars[:nprefetch], prefetch_vals, strict=True)))
     return call

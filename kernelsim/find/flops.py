@@ -7,8 +7,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from kernelsim.adapter import open_jaxpr
+from kernelsim.body.predicates import NotEvaluable, PrefetchRef, StepValues
 from kernelsim.jaxpr.nesting import sub_jaxprs
-from kernelsim.model import Matmul, tile_padded_bytes
+from kernelsim.model import Matmul, StepWork, tile_padded_bytes
 
 _VREG_BYTES = 8 * 128 * 4  # one TPU vector register: 8 sublanes x 128 lanes of 32-bit words
 
@@ -88,6 +89,8 @@ class BodyWork(NamedTuple):
     matmuls: tuple[Matmul, ...]
     vector_vregs: int
     lane_broadcast_vregs: int
+    scalar_vregs: int = 0  # of vector_vregs, those of 0-d results: index arithmetic
+    stored_vregs: int = 0  # arrays stored into refs: no arithmetic, but a step's work
 
 
 def _is_k_major(var: Any, contract: tuple[int, ...], layouts: dict) -> bool:
@@ -116,17 +119,65 @@ def _is_tf32(dtype: str, precision: Any) -> bool:
     return any(n in _TF32_NAMES for n in names)
 
 
+class When(NamedTuple):
+    """A ``pl.when`` (any ``cond``) of a body: its eqn and each branch's work."""
+
+    eqn: Any
+    branches: tuple[WorkTree, ...]
+
+
+class WorkTree(NamedTuple):
+    """What one invocation of a jaxpr computes: ``own``, its work outside the ``cond`` eqns
+    at its top level (loops included, each ``cond`` inside a loop at its most expensive
+    branch), and those ``whens``, whose work depends on the branch that runs."""
+
+    own: BodyWork
+    whens: tuple[When, ...]
+
+
+def _add(a: BodyWork, b: BodyWork, times: int = 1) -> BodyWork:
+    return BodyWork(a.flops + b.flops * times, a.matmuls + tuple(
+        Matmul(m.dtype, m.flops * times, m.k_major, m.tf32) for m in b.matmuls),
+        a.vector_vregs + b.vector_vregs * times,
+        a.lane_broadcast_vregs + b.lane_broadcast_vregs * times,
+        a.scalar_vregs + b.scalar_vregs * times, a.stored_vregs + b.stored_vregs * times)
+
+
+def most_expensive(tree: WorkTree) -> BodyWork:
+    """``tree``'s work with each ``cond`` at its most expensive branch (each field's most;
+    every branch's matmuls listed)."""
+    work = tree.own
+    for when in tree.whens:
+        counted = [most_expensive(b) for b in when.branches]
+        work = BodyWork(work.flops + max((c.flops for c in counted), default=0),
+                        work.matmuls + tuple(m for c in counted for m in c.matmuls),
+                        work.vector_vregs + max((c.vector_vregs for c in counted), default=0),
+                        work.lane_broadcast_vregs + max(
+                            (c.lane_broadcast_vregs for c in counted), default=0),
+                        work.scalar_vregs + max((c.scalar_vregs for c in counted), default=0),
+                        work.stored_vregs + max((c.stored_vregs for c in counted), default=0))
+    return work
+
+
 def count_flops(jaxpr: Any) -> BodyWork:
-    """FLOPs of one kernel invocation, its matmuls, its vector work: the vector registers
-    its arithmetic other than matmuls produces (a reduction: that it reads), tile-padded
-    (``_vregs``), the unit of the TPU time model's VPU term; and its lane broadcasts
-    (``lane_broadcast_vregs``), a term of their own.
+    """FLOPs of one kernel invocation with every ``cond`` at its most expensive branch (what
+    ``body_work`` finds, summed that way)."""
+    return most_expensive(body_work(jaxpr))
+
+
+def body_work(jaxpr: Any) -> WorkTree:
+    """What one invocation of ``jaxpr`` computes: its FLOPs, its matmuls, its vector work:
+    the vector registers its arithmetic other than matmuls produces (a reduction: that it
+    reads), tile-padded (``_vregs``), the unit of the TPU time model's VPU term; and its
+    lane broadcasts (``lane_broadcast_vregs``), a term of their own.
 
     dot_general: 2 x output elements x contracted size; other arithmetic: one FLOP per output
     element (reductions: per input element); data movement is free. ``cond`` counts its most
-    expensive branch, ``scan`` its body times its length, ``while`` one iteration.
+    expensive branch inside a loop, ``scan`` its body times its length, ``while`` one
+    iteration; a ``cond`` at the top level is one of the tree's ``whens``.
     """
-    flops = vregs = broadcasts = 0
+    flops = vregs = broadcasts = scalars = stored = 0
+    whens: list[When] = []
     matmuls: list[Matmul] = []
     layouts: dict = {}  # var -> its dimensions' places in the layout it was loaded with
     replicated: set = set()  # columns in every lane (``lane_broadcast_vregs``)
@@ -136,20 +187,17 @@ def count_flops(jaxpr: Any) -> BodyWork:
         if _keeps_replicated(eqn, replicated):
             replicated.update(eqn.outvars)
         if name == "cond":
-            counted = [count_flops(j) for j, _ in subs]
-            flops += max((c.flops for c in counted), default=0)
-            vregs += max((c.vector_vregs for c in counted), default=0)
-            broadcasts += max((c.lane_broadcast_vregs for c in counted), default=0)
-            matmuls += [m for c in counted for m in c.matmuls]
+            whens.append(When(eqn, tuple(body_work(j) for j, _ in subs)))
             continue
         if subs:
+            looped = BodyWork(0, (), 0, 0)
             for j, reps in subs:
-                work = count_flops(j)
-                flops += work.flops * reps
-                vregs += work.vector_vregs * reps
-                broadcasts += work.lane_broadcast_vregs * reps
-                matmuls += [Matmul(m.dtype, m.flops * reps, m.k_major, m.tf32)
-                            for m in work.matmuls]
+                looped = _add(looped, count_flops(j), reps)
+            flops, vregs, broadcasts, scalars, stored = (
+                flops + looped.flops, vregs + looped.vector_vregs,
+                broadcasts + looped.lane_broadcast_vregs, scalars + looped.scalar_vregs,
+                stored + looped.stored_vregs)
+            matmuls += looped.matmuls
             continue
         if name == "transpose" and not hasattr(eqn.invars[0], "val"):  # (not a Literal)
             (x,) = eqn.invars
@@ -172,6 +220,8 @@ def count_flops(jaxpr: Any) -> BodyWork:
         elif name in _DATA_MOVEMENT:
             broadcasts += lane_broadcast_vregs(eqn, replicated) if name == "broadcast_in_dim" \
                 else 0
+            if name in ("swap", "masked_swap") and getattr(eqn.outvars[0].aval, "shape", ()):
+                stored += _vregs(eqn.outvars[0].aval)
         elif name.startswith("reduce_") or name in ("argmax", "argmin", "cumsum", "cumprod",
                                                     "cummax", "cumlogsumexp"):
             flops += int(np.prod(getattr(eqn.invars[0].aval, "shape", ()), dtype=np.int64))
@@ -183,4 +233,57 @@ def count_flops(jaxpr: Any) -> BodyWork:
                 if shape is not None and hasattr(v.aval, "dtype"):
                     flops += int(np.prod(shape, dtype=np.int64))
                     vregs += _vregs(v.aval)
-    return BodyWork(flops, tuple(matmuls), vregs, broadcasts)
+                    scalars += _vregs(v.aval) if not shape else 0
+    return WorkTree(BodyWork(flops, tuple(matmuls), vregs, broadcasts, scalars, stored),
+                    tuple(whens))
+
+
+def step_work(tree: WorkTree, jaxpr: Any, grid: tuple[int, ...], grid_indices: np.ndarray,
+              prefetch: dict[Any, np.ndarray]) -> StepWork | None:
+    """The work of each grid step of a kernel whose body is ``jaxpr`` (its ``body_work``
+    ``tree``), each ``pl.when`` at the branch its predicate takes at that step
+    (``kernelsim.body.predicates``; ``prefetch``: the body's scalar-prefetch ref invars and
+    their values). A predicate that is not a function of the step alone counts its most
+    expensive branch at every step, and ``StepWork.unevaluated`` says why. None when the body
+    has no ``pl.when``: its work is the same at every step."""
+    steps = len(grid_indices)
+    unevaluated: list[str] = []
+    evaluated = False
+
+    def counts(work: BodyWork) -> tuple[int, ...]:
+        """flops, vector vregs, lane broadcasts, and the array work (matmul FLOPs, vregs of
+        arrays made or stored, broadcasts: what makes a step one that works)."""
+        return (work.flops, work.vector_vregs, work.lane_broadcast_vregs,
+                sum(m.flops for m in work.matmuls) + work.vector_vregs - work.scalar_vregs
+                + work.lane_broadcast_vregs + work.stored_vregs)
+
+    def per_step(tree: WorkTree, values: StepValues) -> list[np.ndarray]:
+        nonlocal evaluated
+        out = [np.full(steps, n, np.int64) for n in counts(tree.own)]
+        for when in tree.whens:
+            try:
+                index = values.branch_index(when.eqn)
+            except NotEvaluable as e:
+                unevaluated.append(f"a pl.when whose predicate kernelsim cannot evaluate per "
+                                   f"grid step ({e}): its most expensive branch is counted "
+                                   "at every step")
+                most = most_expensive(WorkTree(BodyWork(0, (), 0, 0), (when,)))
+                out = [o + n for o, n in zip(out, counts(most), strict=True)]
+                continue
+            evaluated = True
+            for b, branch in enumerate(when.branches):
+                taken = index == b
+                if taken.any():
+                    inner = per_step(branch, values.inner(when.eqn.params["branches"][b],
+                                                          list(when.eqn.invars[1:])))
+                    out = [o + np.where(taken, i, 0) for o, i in zip(out, inner, strict=True)]
+        return out
+
+    if not tree.whens:
+        return None
+    values = StepValues(jaxpr, grid_indices, grid,
+                        {v: PrefetchRef(data) for v, data in prefetch.items()})
+    flops, vregs, broadcasts, array_work = per_step(tree, values)
+    if not evaluated:  # the same at every step: the schedule's guess stands (cost.estimate)
+        return StepWork(None, None, None, None, tuple(unevaluated))
+    return StepWork(flops, vregs, broadcasts, array_work > 0, tuple(unevaluated))

@@ -80,6 +80,7 @@ def call_summary(t: TraceData, index: int, steps: int = 0) -> str:
                                  f"{d.dst_device}" for d in remote[:8])
                      + ("; ..." if len(remote) > 8 else ""))
     lines += [f"warning: {w}" for w in c.warnings]
+    lines += [f"work: {w}" for w in c.work_unevaluated]
     if steps:
         events = c.schedule.events()
         per_step = len(c.schedule.operands) or 1

@@ -76,11 +76,12 @@ def test_recorded_ratios_stay_in_their_bands():
     """measured / estimated on the TPU v5e's recorded rows (estimates rewritten by
     ``--re-estimate``): every matmul with blocks >= 256 within 0.8-1.25, every flash attention
     of lesson 8's (and its variant with tiled statistics) within 0.75-1.5, fitted and
-    held-out rows alike, and JAX's bundled flash attention, held out, within 0.7-1.4: its
-    causal rows at 512 blocks are 0.71-0.79, since kernelsim counts as working the step that
+    held-out rows alike, and JAX's bundled flash attention, held out, within 0.75-1.4. Its
+    causal rows at 512 blocks are the lowest, 0.76-0.88: they were 0.71-0.79 while kernelsim
+    counted every pl.when branch at every step, and so counted as working the step that
     fetches block 0 again after the diagonal (its index map repeats block 0, not the last
-    block needed) though the body skips it; they were 0.36-0.44 before the lane broadcasts
-    were counted and the vector work overlapped the matmuls."""
+    block needed) though the body skips it; 0.36-0.44 before the lane broadcasts were counted
+    and the vector work overlapped the matmuls."""
     rows = json.loads(RECORDED.read_text())["rows"]
     matmuls = [r for r in rows if r["family"] == "matmul" and r["measured_s"]
                and min(r["config"][k] for k in ("bm", "bk", "bn")) >= 256]
@@ -88,7 +89,7 @@ def test_recorded_ratios_stay_in_their_bands():
              and r["measured_s"]]
     bundled = [r for r in rows if r["kernel"] == "jax bundled flash_attention"]
     assert len(matmuls) == 21 and len(flash) == 36 and len(bundled) == 12
-    for group, low, high in ((matmuls, 0.8, 1.25), (flash, 0.75, 1.5), (bundled, 0.7, 1.4)):
+    for group, low, high in ((matmuls, 0.8, 1.25), (flash, 0.75, 1.5), (bundled, 0.75, 1.4)):
         for r in group:
             assert low <= r["measured_s"] / r["estimated_s"] <= high, r["config"]
 

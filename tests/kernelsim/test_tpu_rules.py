@@ -381,3 +381,62 @@ def test_the_recorded_vmem_sweep_agrees_with_the_chip():
         warned = any(lint.rule_of(w) == lint.SCOPED_VMEM
                      for w in call.warnings)
         assert warned == (not v["compiled"]), (v["blocks"], call.cost.mosaic_vmem_bytes)
+
+
+# Issue 34: on a held-out corpus of production kernels compiled on a TPU v6e, Mosaic refused
+# three at their native shapes for scoped VMEM (a softmax at 2048 x 2048, 37 MiB with its max,
+# sum and exp; a reduction, 33.7 MiB; a kernel that materialises a (c, n, n, n) product)
+# where kernelsim had counted only the pipeline's buffers. These are kernels of those kinds at
+# those sizes: each block is the whole array (grid (1,), so Mosaic single-buffers it) and the
+# buffers alone fit v6e's 32 MiB; what does not fit is the values the body keeps.
+def _softmax_rows(x_ref, o_ref):
+    x = x_ref[...]
+    m = x.max(axis=1, keepdims=True)
+    e = jnp.exp(x - m)
+    o_ref[...] = e / e.sum(axis=1, keepdims=True)
+
+
+def _row_moments(x_ref, o_ref):
+    """Per row: the sum of squares less the squared sum over the width, from float32."""
+    x = x_ref[...].astype(jnp.float32)
+    s1 = x.sum(axis=1, keepdims=True)
+    o_ref[...] = (x * x).sum(axis=1, keepdims=True) - s1 * s1 / x.shape[1]
+
+
+def _outer_product_max(a_ref, b_ref, o_ref):
+    """A (c, n, n, n) broadcast product a[c, i, j] * b[c, j, k], then its max over j."""
+    o_ref[...] = jnp.max(a_ref[...][:, :, :, None] * b_ref[...][:, None, :, :], axis=2)
+
+
+def _whole_block_call(kernel, out, *ins):
+    whole = lambda s: pl.BlockSpec(s.shape, lambda i: (0,) * len(s.shape))  # noqa: E731
+    return pl.pallas_call(kernel, grid=(1,), in_specs=[whole(s) for s in ins],
+                          out_specs=whole(out), out_shape=out)
+
+
+_SQUARE = jax.ShapeDtypeStruct((2048, 2048), jnp.float32)
+_CUBES = jax.ShapeDtypeStruct((8, 128, 128), jnp.float32)
+_CORPUS_MISSES = {  # name -> (the call, its operands)
+    "softmax": (_whole_block_call(_softmax_rows, _SQUARE, _SQUARE), (_SQUARE,)),
+    "reduction": (_whole_block_call(_row_moments, jax.ShapeDtypeStruct((2048, 1), jnp.float32),
+                                    jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16)),
+                  (jax.ShapeDtypeStruct((2048, 2048), jnp.bfloat16),)),
+    "(c, n, n, n) product": (_whole_block_call(_outer_product_max, _CUBES, _CUBES, _CUBES),
+                             (_CUBES, _CUBES)),
+}
+
+
+@pytest.mark.parametrize("name", list(_CORPUS_MISSES))
+@pytest.mark.parametrize("chip", ["tpu-v5e", "tpu-v6e"])
+def test_the_corpus_native_shape_vmem_misses_are_warned(name, chip):
+    """Refused on the chip => warned, at v5e's 16 MiB and v6e's 32 MiB default limits, the
+    warning naming vmem_limit_bytes; the pipeline's buffers alone fit v6e's limit, so it is
+    the body's kept values (the softmax's exp, the float32 copy and its square, the product)
+    that make the footprint."""
+    fn, args = _CORPUS_MISSES[name]
+    c = kernelsim.trace(fn, *args, chip=chip).calls[0]
+    limit = kernelsim.chips.get_chip(chip).default_scoped_vmem_bytes
+    assert c.cost.vmem_bytes <= 32 * MiB < c.cost.mosaic_vmem_bytes
+    assert c.cost.body_values_vmem_bytes >= 16 * MiB
+    (w,) = [w for w in c.warnings if lint.rule_of(w) == lint.SCOPED_VMEM]
+    assert "vmem_limit_bytes" in w and f"{limit:,} B" in w

@@ -97,6 +97,81 @@ def test_fitted_tpu_time_model_terms():
         chip.call_seconds + 512 * chip.per_step_seconds)
 
 
+def _last_step_division(x_ref, d_ref, o_ref):
+    """o = x / d at the last step only, d a (rows, 1) column: a lane broadcast and a division
+    under ``pl.when``, the shape of lesson 8's last-step normalisation."""
+    o_ref[...] = x_ref[...]
+
+    @pl.when(pl.program_id(0) == pl.num_programs(0) - 1)
+    def _():
+        o_ref[...] = x_ref[...] / d_ref[...]
+
+
+def _when_call(kernel, steps=4, prefetch=None, **kw):
+    """``kernel`` over ``steps`` steps of (8, 128) float32 blocks, with a (8, 1) column."""
+    x_spec = pl.BlockSpec((8, 128), lambda i, *_: (i, 0))
+    d_spec = pl.BlockSpec((8, 1), lambda i, *_: (0, 0))
+    shapes = dict(out_shape=jax.ShapeDtypeStruct((8 * steps, 128), jnp.float32), **kw)
+    if prefetch is None:
+        return pl.pallas_call(kernel, grid=(steps,), in_specs=[x_spec, d_spec],
+                              out_specs=x_spec, **shapes)
+    return pl.pallas_call(kernel, grid_spec=pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(steps,), in_specs=[x_spec, d_spec], out_specs=x_spec),
+        **shapes)
+
+
+def test_a_pl_when_counts_its_work_at_the_steps_its_predicate_takes_it():
+    """The predicate of a ``pl.when`` over program ids is evaluated at every grid step: the
+    last step's division and its lane broadcast count once, not at every step (as lesson 8's
+    last-step normalisation did before, at every step), in the FLOPs and the time model."""
+    x, d = _zeros(32, 128), jnp.ones((8, 1), jnp.float32)
+    c = kernelsim.trace(_when_call(_last_step_division), x, d, chip="tpu-v5e").calls[0]
+    work = c.call.step_work
+    assert work.evaluated and work.unevaluated == () and c.work_unevaluated == ()
+    column = 8 * 128 * 4 // 4096  # an (8, 1) float32 column fills one (8, 128) vreg
+    assert list(work.lane_broadcast_vregs) == [0, 0, 0, column]
+    assert c.call.lane_broadcast_vregs_per_step == column  # one invocation, branch taken
+    assert list(work.flops) == [1, 1, 1, 1 + 8 * 128]  # the == and its division
+    assert c.flops == 3 + 1 + 8 * 128
+    assert c.cost.time_terms.lane_broadcast_vregs == column
+    assert list(work.computes) == [True] * 4 and c.cost.working_steps == 4  # each stores
+
+
+def _skipped_by_prefetch(s_ref, x_ref, d_ref, o_ref):
+    @pl.when(s_ref[pl.program_id(0)] > 0)
+    def _():
+        o_ref[...] = x_ref[...] * 2.0 + d_ref[...]
+
+
+def test_a_predicate_on_scalar_prefetch_is_evaluated_and_skipped_steps_do_not_work():
+    x, d = _zeros(32, 128), jnp.ones((8, 1), jnp.float32)
+    live = jnp.array([1, 0, 0, 1], jnp.int32)
+    c = kernelsim.trace(_when_call(_skipped_by_prefetch, prefetch=True), live, x, d,
+                        chip="tpu-v5e").calls[0]
+    assert list(c.call.step_work.computes) == [True, False, False, True]
+    # every step copies its x block, but only the two the predicate keeps are working steps
+    assert (c.cost.working_steps, c.cost.time_terms.idle_steps) == (2, 2)
+    assert c.flops == 4 + 2 * 2 * 8 * 128  # the > at each step; * and + where it runs
+
+
+def _skipped_by_block_value(x_ref, d_ref, o_ref):
+    @pl.when(d_ref[0, 0] > 0)
+    def _():
+        o_ref[...] = x_ref[...] * 2.0
+
+
+def test_a_predicate_kernelsim_cannot_evaluate_counts_its_branch_and_says_so():
+    x, d = _zeros(32, 128), jnp.ones((8, 1), jnp.float32)
+    t = kernelsim.trace(_when_call(_skipped_by_block_value), x, d, chip="tpu-v5e")
+    c = t.calls[0]
+    assert not c.call.step_work.evaluated
+    (why,) = c.work_unevaluated
+    assert "cannot evaluate per grid step" in why and "every step" in why
+    assert c.flops == 4 * c.call.flops_per_step
+    assert t.to_dict()["calls"][0]["work_unevaluated"] == [why]
+    assert f"work: {why}" in t.summary()
+
+
 def test_cost_estimate_overrides_counted_flops():
     def fn(x):
         return pl.pallas_call(ex.add_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
