@@ -537,7 +537,9 @@ for swizzles in ((64, 64), (0, 0), (64, 128)):
                                 interpret=False)
     lowered[swizzles] = cuda_lowering_error(product, a_tile, b_tile)
     print(f"A swizzled {swizzles[0]:3} B, B {swizzles[1]:3} B: {lowered[swizzles] or 'lowers'}")
-assert lowered[(64, 64)] is None and lowered[(0, 0)] is None and lowered[(64, 128)]
+assert lowered[(64, 64)] is None and lowered[(64, 128)]
+_course.pinned_claim(lowered[(0, 0)] is None, "a WGMMA tile given no transforms lowers: "
+                     "the lowering picks its tiling and swizzle")
 
 # %% [markdown]
 # ## Measured on an H200
