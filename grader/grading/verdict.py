@@ -58,6 +58,10 @@ class CallFacts:
     # kernelsim's time estimate on its default TPU from the kernel's own FLOPs (seconds): a
     # pl.CostEstimate in the learner's call cannot change it
     own_estimated_seconds: float = 0.0
+    # the FLOPs kernelsim counts in the kernel body over every step, and the call's own
+    # pl.CostEstimate as (flops, bytes_accessed, transcendentals), None when it gives none
+    kernel_flops: int = 0
+    cost_estimate: tuple[int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -146,6 +150,14 @@ def _gpu_kernel(d: Any) -> GpuKernelFacts:
         warnings=_names(d.get("warnings"), "warnings"), **counts)
 
 
+def _cost_estimate(v: Any) -> tuple[int, int, int] | None:
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise ValueError("the call's cost estimate is not a mapping")
+    return tuple(_int(v.get(f), f) for f in ("flops", "bytes_accessed", "transcendentals"))
+
+
 def facts_from_dict(d: Any) -> TraceFacts:
     """Read ``Trace.to_dict()`` output, or ``grader.grading.gpu_facts.trace``'s for a program of
     Mosaic GPU kernels; ValueError when it is not what kernelsim or that writes."""
@@ -179,7 +191,9 @@ def facts_from_dict(d: Any) -> TraceFacts:
                 w for w in _strings(c.get("warnings", []), "warnings")
                 if rule_of(w) == DEPENDENT_PREFETCH_READ),
             own_estimated_seconds=_seconds(c.get("own_estimated_seconds", 0.0),
-                                           "own_estimated_seconds")))
+                                           "own_estimated_seconds"),
+            kernel_flops=_int(c.get("kernel_flops", 0), "kernel_flops"),
+            cost_estimate=_cost_estimate(c.get("cost_estimate"))))
     gpu = d.get("gpu_kernels", [])
     if not isinstance(gpu, list):
         raise ValueError("the trace's Mosaic GPU kernels are not a list")
