@@ -112,8 +112,8 @@ def test_the_slowest_candidate_fails(notebook):
 
 
 def test_blocks_outside_the_candidates_fail(notebook):
-    other = _planted(notebook, ("return tanh_matmul(a, b, blocks, cost",
-                                "return tanh_matmul(a, b, (256, 512, 512), cost"))
+    other = _planted(notebook, ("return tanh_matmul(a, b, blocks, cost)",
+                                "return tanh_matmul(a, b, (256, 512, 512), cost)"))
     message = gradertools.fails("matmul_costed", other, "not one of the candidates")
     assert "[FAIL] blocks: the sweep's fastest candidate" in message, message
 
