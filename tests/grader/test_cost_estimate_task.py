@@ -124,3 +124,15 @@ def test_the_blank_is_not_implemented():
 
     assert gradertools.fails("matmul_costed", matmul_costed, "not implemented yet") == \
         "matmul_costed: not implemented yet"
+
+
+def test_kernelsim_copies_equal_tpu_interpret_mode():
+    """The winner's block copies as kernelsim models them (the bytes its CostEstimate gives)
+    equal those TPU interpret mode performs."""
+    from kernelsim.verify import verify
+
+    interpreted = gradertools.run(ASSIGNMENT, TPU_INTERPRET=True)
+    case = TASK.cases[0]
+    a, b = (jnp.asarray(v) for v in TASK.inputs(case).values())
+    checked = verify(functools.partial(interpreted["matmul_costed"], **case.params), a, b)
+    assert checked.ok, checked.report()

@@ -123,3 +123,14 @@ def test_the_blank_is_not_implemented():
 
     assert gradertools.fails("dropout_attention", dropout_attention, "not implemented yet") == \
         "dropout_attention: not implemented yet"
+
+
+def test_kernelsim_copies_equal_tpu_interpret_mode():
+    """The solution's block copies as kernelsim models them equal those TPU interpret mode
+    performs (the seed in SMEM, the mask written block by block)."""
+    from kernelsim.verify import verify
+
+    interpreted = gradertools.run(ASSIGNMENT, TPU_INTERPRET=True)
+    (q, k, v, seed, _), params = _inputs("v0")
+    checked = verify(functools.partial(interpreted["dropout_attention"], **params), q, k, v, seed)
+    assert checked.ok, checked.report()
