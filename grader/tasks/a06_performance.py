@@ -4,6 +4,12 @@
 learner's blocks must come within ``WITHIN`` of the fastest blocks kernelsim finds for the
 case's shape under the case's VMEM budget. The learner's estimate is computed here from the
 trace of their run (its HBM bytes and grid steps), never from anything their function returns.
+
+``matmul_costed`` is graded on the ``pl.CostEstimate`` its call carries, against kernelsim's
+counts of that very call, and on its blocks: where the check runs without an accelerator
+(grading does), the learner's sweep estimated, so its winner must be the fastest candidate by
+kernelsim's estimate; where one is present, the sweep timed the chip, which the check cannot
+replay, so any candidate passes (the one rule that reads the machine it runs on).
 """
 
 from __future__ import annotations
