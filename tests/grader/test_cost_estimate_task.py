@@ -136,3 +136,20 @@ def test_kernelsim_copies_equal_tpu_interpret_mode():
     a, b = (jnp.asarray(v) for v in TASK.inputs(case).values())
     checked = verify(functools.partial(interpreted["matmul_costed"], **case.params), a, b)
     assert checked.ok, checked.report()
+
+
+def test_where_the_sweep_timed_a_chip_any_candidate_passes(notebook, monkeypatch):
+    """The check cannot replay a chip's clock: on an accelerator (here: the check told it runs
+    on one) the slowest candidate passes, and blocks outside the candidates still fail."""
+    import types
+
+    from grader.learner import course
+
+    monkeypatch.setattr(a06_performance, "timing",
+                        types.SimpleNamespace(accelerator=lambda: "TPU v5 lite"))
+    slowest = _planted(notebook, ("_, blocks, call = rows[0]", "_, blocks, call = rows[-1]"))
+    course.check("matmul_costed", slowest, quiet=True)
+    other = _planted(notebook, ("return tanh_matmul(a, b, blocks, cost)",
+                                "return tanh_matmul(a, b, (256, 512, 512), cost)"))
+    message = gradertools.fails("matmul_costed", other, "[FAIL] blocks: one of the sweep's")
+    assert "timed them on this TPU v5 lite" in message, message
