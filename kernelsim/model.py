@@ -280,7 +280,8 @@ class KernelCall:
         (``StepWork``); None for a body without one.
     matmuls: the kernel body's dot_generals (``kernelsim.find.flops.Matmul``: input dtype, FLOPs per
         invocation, whether both operands are K-major).
-    cost_estimate_flops / cost_estimate_bytes: the call's own ``pl.CostEstimate``, if given.
+    cost_estimate_flops / cost_estimate_bytes / cost_estimate_transcendentals: the call's own
+        ``pl.CostEstimate``, if given.
     body_copies: the DMAs the kernel body starts, in step and program order (empty unless the
         body has any; the pipeline's own copies are the schedule's).
     vmem_limit_bytes: the call's ``pltpu.CompilerParams(vmem_limit_bytes=...)``, if given.
@@ -311,6 +312,7 @@ class KernelCall:
     matmuls: tuple[Matmul, ...] = ()
     cost_estimate_flops: int | None = None
     cost_estimate_bytes: int | None = None
+    cost_estimate_transcendentals: int | None = None
     notes: list[str] = field(default_factory=list)
     body_copies: list[BodyCopy] = field(default_factory=list)
     vmem_limit_bytes: int | None = None

@@ -55,6 +55,19 @@ class CallTrace:
         """Why some of the body's ``pl.when`` work is counted at every step: each predicate
         kernelsim could not evaluate per grid step (``kernelsim.model.StepWork``)."""
         return () if self.call.step_work is None else self.call.step_work.unevaluated
+    def kernel_flops(self) -> int:
+        """The FLOPs kernelsim counts in the kernel jaxpr over every grid step, whatever a
+        ``pl.CostEstimate`` says (``flops`` is the CostEstimate's when the call gives one)."""
+        return self.call.flops_per_step * self.call.steps
+
+    @property
+    def cost_estimate(self) -> dict[str, int] | None:
+        """The call's own ``pl.CostEstimate`` (flops, bytes_accessed, transcendentals), or None."""
+        c = self.call
+        if c.cost_estimate_flops is None:
+            return None
+        return {"flops": c.cost_estimate_flops, "bytes_accessed": c.cost_estimate_bytes,
+                "transcendentals": c.cost_estimate_transcendentals}
 
     @property
     def measured_over_estimated(self) -> float | None:
@@ -91,6 +104,7 @@ class CallTrace:
             "body_values_vmem_bytes": c.body_values_vmem_bytes,
             "mosaic_vmem_bytes": c.mosaic_vmem_bytes,
             "smem_bytes": c.smem_bytes, "flops": c.flops, "flops_source": c.flops_source,
+            "kernel_flops": self.kernel_flops, "cost_estimate": self.cost_estimate,
             "compute_seconds": c.compute_seconds, "memory_seconds": c.memory_seconds,
             "overhead_seconds": c.overhead_seconds, "estimated_seconds": c.estimated_seconds,
             "own_estimated_seconds": c.own_estimated_seconds,

@@ -24,7 +24,9 @@
 # 3. explain, with kernelsim's per-chip estimates, why 128-blocks reach only a few percent of
 #    a TPU v5e's peak and large blocks about 90 %;
 # 4. account for the fixed cost of every grid step;
-# 5. measure a kernel when an accelerator is present — and know when you are only estimating.
+# 5. measure a kernel when an accelerator is present — and know when you are only estimating;
+# 6. tell XLA what a kernel costs with a `pl.CostEstimate` whose counts are those of the blocks
+#    a sweep chose.
 #
 # Rules and published numbers here: the [TPU matmul guide](https://docs.jax.dev/en/latest/pallas/tpu/matmul.html),
 # [TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html) and
@@ -33,6 +35,7 @@
 
 # %%
 import functools
+import re
 import time
 
 import _course
@@ -77,6 +80,24 @@ for name in ("tpu-v5e", "tpu-v6e", "h100"):
           f"{chip.ridge_flops_per_byte:4.0f} FLOP/B")
 
 # %% [markdown]
+# These numbers are kernelsim's chip table, each with its source. JAX keeps its own:
+# `pltpu.get_tpu_info()` describes the TPU the code runs on (per TensorCore), and
+# `pltpu.get_tpu_info_for_chip(version, cores)` any chip JAX knows, from any machine. On a CPU
+# the first raises (there is no TPU to describe), so the cell asks for a v5e by name there.
+
+# %%
+if platform() == "tpu":
+    info = pltpu.get_tpu_info()
+else:
+    info = pltpu.get_tpu_info_for_chip(pltpu.ChipVersion.TPU_V5E, 1)
+print(f"JAX's {info.chip_version}: bf16 {info.bf16_ops_per_second / 1e12:.0f} TFLOP/s, HBM "
+      f"{info.mem_bw_bytes_per_second / 1e9:.0f} GB/s, VMEM {info.vmem_capacity_bytes // 2**20} "
+      f"MiB, {info.num_cores} TensorCore(s)")
+if info.chip_version == pltpu.ChipVersion.TPU_V5E:  # the same chip as kernelsim's table
+    assert info.bf16_ops_per_second == V5E.peak_flops_bf16
+    assert abs(info.mem_bw_bytes_per_second / V5E.hbm_bytes_per_second - 1) < 0.01
+
+# %% [markdown]
 # An elementwise add of `float32` arrays does one FLOP per 12 bytes moved: hopelessly below any
 # ridge. A matmul can be anywhere — it depends on the blocks.
 
@@ -112,7 +133,8 @@ def matmul_kernel(a_ref, b_ref, o_ref, acc_ref):
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
 
-def matmul(a, b, *, bm=128, bk=128, bn=128, interpret):
+def matmul(a, b, *, bm=128, bk=128, bn=128, cost=None, interpret):
+    # cost: the pl.CostEstimate handed to XLA (the section "Telling XLA what a kernel costs")
     m, k = a.shape
     n = b.shape[1]
     # k innermost: the output block and accumulator stay on chip for the whole k loop;
@@ -127,6 +149,7 @@ def matmul(a, b, *, bm=128, bk=128, bn=128, interpret):
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary")),
         out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
+        cost_estimate=cost,
         interpret=interpret,
     )(a, b)
 
@@ -299,6 +322,60 @@ else:
           "interpreted and its timing says nothing about the hardware.")
 
 # %% [markdown]
+# ## A sweep, and telling XLA what a kernel costs
+#
+# A sweep times every candidate and keeps the fastest. `kernelsim.run(fn, *args,
+# measure=True)` runs `fn`, times each of its kernels compiled on the device
+# (`kernelsim/timing.py`: a warm-up, then medians) and puts the time beside the estimate
+# (`call.measured.seconds`); with no accelerator, `measured` says so and only the estimate is
+# there. The cell below sweeps three blockings of a `1024³` matmul and names its source.
+#
+# XLA cannot look inside a kernel. To the rest of the program a `pallas_call` is one custom
+# call, and its cost is what the call says: a `pl.CostEstimate(flops=..., bytes_accessed=...,
+# transcendentals=...)` passed as `cost_estimate=`. The TPU lowering writes it into the custom
+# call's configuration (the cell finds it there). Whatever in XLA weighs an op, its scheduler
+# for one when it chooses what to run beside a long op, has only these numbers to go on for
+# the kernel (what XLA does with them lives in XLA and libtpu, not in JAX; this course has not
+# measured an effect). Nothing checks them, and a wrong estimate changes no result. So make
+# them the kernel's own for the blocks the sweep chose: the matmul's `2·M·N·K` FLOPs, the
+# bytes *those blocks* move (kernelsim's count, re-reads included, not each array once: the
+# 256-blocks below move three times what the largest blocks move) and the `exp`, `tanh` and
+# the like it evaluates (none here). JAX's transformations scale it: `jax.jvp` of the call
+# doubles it, `jax.vmap` multiplies it by the batch.
+
+# %%
+n = 1024
+sweep_shape = jax.ShapeDtypeStruct((n, n), jnp.bfloat16)
+on_chip = platform() == "tpu"
+sweep = []
+for blocks in ((128, 128, 128), (256, 256, 256), (512, 1024, 1024)):
+    fn = functools.partial(matmul, bm=blocks[0], bk=blocks[1], bn=blocks[2], interpret=True)
+    if on_chip:
+        x = jax.random.normal(ka, (n, n), jnp.bfloat16)
+        fn = functools.partial(fn, interpret=False)
+        call = kernelsim.run(fn, x, x, measure=True)[1].calls[0]
+        seconds = call.measured.seconds or float("inf")  # inf: the chip refused these blocks
+    else:
+        call = kernelsim.trace(fn, sweep_shape, sweep_shape, chip="tpu-v5e").calls[0]
+        seconds = call.estimated_seconds
+    sweep.append((seconds, blocks, call))
+print("seconds:", "measured on this " + jax.devices()[0].device_kind if on_chip
+      else "kernelsim's estimate for a TPU v5e (no accelerator here)")
+for seconds, blocks, call in sorted(sweep):
+    print(f"  {blocks}: {seconds * 1e6:8.1f} us, {call.hbm_read_bytes + call.hbm_write_bytes:,} B")
+best_seconds, best_blocks, best_call = min(sweep)
+
+cost = pl.CostEstimate(flops=2 * n**3, transcendentals=0,
+                       bytes_accessed=best_call.hbm_read_bytes + best_call.hbm_write_bytes)
+costed = functools.partial(matmul, bm=best_blocks[0], bk=best_blocks[1], bn=best_blocks[2],
+                           cost=cost, interpret=False)
+lowered = jax.jit(costed).trace(sweep_shape, sweep_shape).lower(lowering_platforms=("tpu",))
+config = dict(re.findall(r"\\22(\w+)\\22:(\d+)", lowered.as_text()))  # the custom call's JSON
+print("in the TPU custom call's configuration:", config)
+assert int(config["bytes_accessed"]) == cost.bytes_accessed
+assert int(config["flops"]) == 2 * n**3
+
+# %% [markdown]
 # ## Check yourself
 #
 # 1. A kernel moves 1 GB and does 100 GFLOP on a v5e. Which term of the roofline binds?
@@ -307,6 +384,8 @@ else:
 # 4. kernelsim matches the published 128-block column. Why is that weak evidence, and which
 #    column is the real test?
 # 5. Why time a kernel only after a first call?
+# 6. Two blockings of the same matmul hand XLA the same FLOPs in their `pl.CostEstimate`.
+#    Why not the same `bytes_accessed`?
 #
 # <details><summary>Answer</summary>
 #
@@ -321,6 +400,8 @@ else:
 #    kernels. One matching column supports the model's account of large problems; it does not
 #    show that kernelsim predicts a given kernel's time — measure it.
 # 5. The first call traces and compiles the kernel.
+# 6. The FLOPs are the product's, whatever the blocks; the bytes are what the blocks move, and
+#    smaller blocks re-read `A` and `B` more often (the sweep's table shows it).
 #
 # </details>
 

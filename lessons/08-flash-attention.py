@@ -25,7 +25,9 @@
 # 4. compare kernelsim's traffic with the FlashAttention IO bound;
 # 5. check the kernel against `jax.nn.dot_product_attention`;
 # 6. make it causal: mask scores inside a block, and skip the key/value blocks above the
-#    diagonal — their work with `pl.when`, their copies with an index map that clamps.
+#    diagonal — their work with `pl.when`, their copies with an index map that clamps;
+# 7. draw dropout's random bits inside the kernel, a key of its own for every grid step, and
+#    check a kernel whose output is random by what a right one shows.
 #
 # Rules here: [Grids and BlockSpecs](https://docs.jax.dev/en/latest/pallas/grid_blockspec.html),
 # [TPU pipelining](https://docs.jax.dev/en/latest/pallas/tpu/pipelining.html) and
@@ -45,7 +47,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
-from kernelsim.backend import choose
+from kernelsim.backend import choose, platform
 
 LESSON = "08-flash-attention"
 _course.versions()
@@ -150,7 +152,8 @@ def last_kv_block(i, bq, bkv):
     return (i * bq + bq - 1) // bkv
 
 
-def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, causal):
+def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, causal, drop=None):
+    # drop: None, or a function of a block's probabilities that drops some (dropout, below)
     q_block, kv_step = pl.program_id(1), pl.program_id(2)
     bq, bkv = q_ref.shape[0], k_ref.shape[0]
     # float32 blocks: several MXU passes, exact; bfloat16 blocks: one pass, the MXU's own type
@@ -175,7 +178,8 @@ def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, causa
         p = jnp.exp(s - m_new)
         alpha = jnp.exp(m_prev - m_new)
         denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
-        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(p.astype(v_ref.dtype), v_ref[...],
+        kept = p if drop is None else drop(p)  # the sum above counts every key, dropped or not
+        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(kept.astype(v_ref.dtype), v_ref[...],
                                                       precision=precision,
                                                       preferred_element_type=jnp.float32)
         m_ref[...] = m_new
@@ -467,6 +471,152 @@ assert traces[False].calls[0].operand("k_ref").fetches == (1024 // 256) * (1024 
 traces[True].heatmap()
 
 # %% [markdown]
+# ## Dropout inside the kernel
+#
+# Training drops attention probabilities: each entry of `P = softmax(q kᵀ / √d)` is kept with
+# probability `1 - rate` and scaled by `1 / (1 - rate)` (so its expectation stays `P`), or set
+# to 0. Flash attention never holds `P` in HBM, so the mask has to be drawn inside the kernel,
+# one `(bq, bkv)` block per grid step. Two things must hold: every block draws **different**
+# bits, and the same seed draws the **same** bits again (a backward pass redraws the mask
+# rather than storing `N²` of it). Both follow from one rule: make each step's generator state
+# from the seed and the step's grid position.
+#
+# Pallas on a TPU offers two generators.
+#
+# * The TensorCore's own: `pltpu.prng_seed(*seeds)` seeds it (pass the seed and the program
+#   ids), `pltpu.prng_random_bits(shape)` draws 32-bit words; `pltpu.stateful_uniform`,
+#   `pltpu.stateful_bernoulli` and `pltpu.sample_block` are built on it. Mosaic makes a draw
+#   one operation of the chip's, but TPU interpret mode returns zeros for it (an unimplemented
+#   TODO in JAX's interpreter), and the plain interpreter cannot run it on a CPU at all: off a
+#   TPU nothing checks a kernel that uses it.
+# * `jax.random` itself: `jax.random.key(seed)`, `jax.random.fold_in(key, n)` and
+#   `jax.random.bits(key, shape)` inside the kernel body. Mosaic lowers its threefry hash to
+#   vector integer instructions (twenty rounds of add, rotate and xor per pair of words: more
+#   work than the hardware's draw), and interpret mode runs the same hash, so the bits are the
+#   same on the chip, in interpret mode, and outside any kernel. The kernel below uses it.
+#
+# The cell shows the first generator in this session's mode: on a CPU, zeros.
+
+# %%
+def hardware_bits(seed, *, interpret):
+    def kernel(seed_ref, bits_ref):
+        pltpu.prng_seed(seed_ref[0], pl.program_id(0))  # the seed and the step
+        bits_ref[...] = pltpu.prng_random_bits(bits_ref.shape)
+
+    return pl.pallas_call(
+        kernel, grid=(2,), in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((16, 128), jnp.int32), interpret=interpret,
+    )(seed)
+
+
+drawn = np.asarray(hardware_bits(jnp.array([42], jnp.int32),
+                                 interpret=choose(tpu_features=True).interpret))
+if platform() == "tpu":
+    assert (drawn[:8] != drawn[8:]).any(), "the two steps drew the same bits"
+    print(f"compiled on the TPU: {len(np.unique(drawn))} distinct words of {drawn.size}")
+else:
+    assert not drawn.any()  # TPU interpret mode's stand-in for the hardware generator
+    print(f"TPU interpret mode ({platform()}): pltpu.prng_random_bits drew {drawn.size} zeros")
+
+# %% [markdown]
+# Kernel 1 takes the dropout as its `drop` hook: the running sum `denom` adds every
+# probability, since the softmax normalises over all keys, and only the product with `V` loses
+# the dropped ones. The seed travels as a `(1,)` int32 array in SMEM, so one compiled kernel
+# serves every seed; step `(h, i, j)` folds its position in the grid into the key. The kernel
+# also writes the mask it drew, `(N, N)` int32 per head: a production kernel would not spend
+# those bytes, but it is how a random kernel is checked.
+
+# %%
+RATE = 0.25
+THRESHOLD = np.uint32(RATE * 2**32)  # uint32 words at or above it are kept: 1 - RATE of them
+
+
+def step_key(seed, h, i, j, q_blocks, kv_blocks):
+    """The key of grid step (h, i, j): the seed's, with the step's position folded in."""
+    return jax.random.fold_in(jax.random.key(seed), (h * q_blocks + i) * kv_blocks + j)
+
+
+def dropout_flash_kernel(seed_ref, q_ref, k_ref, v_ref, o_ref, keep_ref, m_ref, denom_ref,
+                         acc_ref):
+    def drop(p):
+        key = step_key(seed_ref[0], *(pl.program_id(a) for a in range(3)),
+                       pl.num_programs(1), pl.num_programs(2))
+        keep = jax.random.bits(key, p.shape, jnp.uint32) >= THRESHOLD
+        keep_ref[...] = keep.astype(jnp.int32)
+        return jnp.where(keep, p / (1 - RATE), 0.0)
+
+    flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, causal=False, drop=drop)
+
+
+def flash_attention_dropout(q, k, v, seed, *, bq=128, bkv=128, interpret):
+    heads, n, d = q.shape
+    rows = pl.BlockSpec((None, bq, d), lambda h, i, j: (h, i, 0))
+    kv = pl.BlockSpec((None, bkv, d), lambda h, i, j: (h, j, 0))
+    return pl.pallas_call(
+        dropout_flash_kernel, grid=(heads, n // bq, n // bkv),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), rows, kv, kv],
+        out_specs=[rows, pl.BlockSpec((None, bq, bkv), lambda h, i, j: (h, i, j))],
+        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
+                        pltpu.VMEM((bq, d), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary")),
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((heads, n, n), jnp.int32)],
+        interpret=interpret,
+    )(seed, q, k, v)
+
+
+# %% [markdown]
+# How to check a kernel whose output is random: not against a fixed answer, but against what
+# a right dropout shows. Here the bits are `jax.random`'s, so plain JAX can draw the same mask
+# block by block, outside any kernel, and the output must be the attention with that mask. A
+# kernel on the TPU's own generator has no such twin; it is checked on the mask it writes: its
+# kept fraction, blocks that differ, the same mask for the same seed, another for another
+# seed, and the output equal to the attention with *its* mask (assignment 7's task 4 grades
+# exactly these).
+
+# %%
+SEED = jnp.array([2026], jnp.int32)
+
+
+def dropout_mask_reference(seed, heads, n, bq=128, bkv=128):
+    """The keep mask, drawn in plain JAX block by block with the kernel's keys."""
+    grid = (heads, n // bq, n // bkv)
+    return jnp.stack([jnp.block([[
+        jax.random.bits(step_key(seed[0], h, i, j, *grid[1:]), (bq, bkv), jnp.uint32) >= THRESHOLD
+        for j in range(grid[2])] for i in range(grid[1])]) for h in range(heads)])
+
+
+def dropout_attention_reference(q, k, v):
+    scores = jnp.einsum("hqd,hkd->hqk", q, k, precision="highest") * SCALE
+    kept = jnp.where(dropout_mask_reference(SEED, *q.shape[:2]),
+                     jax.nn.softmax(scores, axis=-1) / (1 - RATE), 0.0)
+    return jnp.einsum("hqk,hkd->hqd", kept, v, precision="highest")
+
+
+_course.check(LESSON, "flash_attention_dropout",
+              lambda q, k, v, interpret: flash_attention_dropout(q, k, v, SEED,
+                                                                 interpret=interpret)[0],
+              dropout_attention_reference, (q, k, v), choose(tpu_features=True),
+              rtol=1e-4, atol=1e-5)
+
+# %%
+run = functools.partial(flash_attention_dropout, interpret=choose(tpu_features=True).interpret)
+keep = np.asarray(run(q, k, v, SEED)[1])
+again, other = (np.asarray(run(q, k, v, s)[1]) for s in (SEED, SEED + 1))
+blocks = keep.reshape(H, N // 128, 128, N // 128, 128).transpose(0, 1, 3, 2, 4).reshape(-1, 128**2)
+rows = [["property", "found"],
+        ["kept fraction (1 - rate = 0.75)", f"{keep.mean():.4f}"],
+        ["distinct (128, 128) blocks", f"{len(np.unique(blocks, axis=0))} of {len(blocks)}"],
+        ["same seed, same mask", str(bool((again == keep).all()))],
+        ["seed + 1: entries that differ (independent masks: 0.375)",
+         f"{(other != keep).mean():.3f}"]]
+show(rows)
+assert abs(keep.mean() - (1 - RATE)) < 0.01 and len(np.unique(blocks, axis=0)) == len(blocks)
+np.testing.assert_array_equal(keep, dropout_mask_reference(SEED, H, N))
+
+# %% [markdown]
 # ## Check yourself
 #
 # 1. Why does naive attention move `Θ(N²)` bytes even though XLA fuses the softmax?
@@ -476,6 +626,8 @@ traces[True].heatmap()
 # 5. In kernelsim's sweep, what happens to the bytes if you double `bkv` instead of `bq`?
 # 6. The causal kernel keeps its `pl.when` but you drop the clamp from its index map. Is the
 #    result still right, and what changes in kernelsim's table?
+# 7. A dropout kernel makes every step's key from the seed alone. What does its mask look
+#    like, and which of the checks above catches it?
 #
 # <details><summary>Answer</summary>
 #
@@ -492,6 +644,9 @@ traces[True].heatmap()
 # 6. Still right: the skipped steps do no work. But their blocks are fetched anyway — `K`
 #    goes back to 32 fetches instead of 20, the full kernel's bytes for a causal kernel's
 #    arithmetic.
+# 7. The same `(bq, bkv)` tile of bits, repeated over the whole grid. It still keeps about
+#    `1 - rate` of the entries, and the output is still the attention with *that* mask, so
+#    those checks pass; only comparing the blocks with each other catches it.
 #
 # </details>
 

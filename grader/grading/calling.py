@@ -366,8 +366,20 @@ def mosaic_gpu_here(fn: Callable, arrays: list, params: dict) -> Any:
     return fn(*arrays, **params, interpret=gpu_interpret())
 
 
+def dropout_draws(fn: Callable, arrays: list, params: dict) -> Any:
+    """Assignment 07's dropout: ``fn(q, k, v, seed, **params)`` returns the attention output
+    and the keep mask its kernel drew; called again with the case's other seed for a second
+    mask. One float32 vector: the output, its mask and the other seed's mask, each flattened
+    (the task's output rules take it apart). A second call with the same seed is not made: a
+    JAX function of its inputs gives the same bits for the same seed by construction."""
+    q, k, v, seed, other_seed = arrays
+    out, keep = fn(q, k, v, seed, **params)
+    _, keep_other = fn(q, k, v, other_seed, **params)
+    return jnp.concatenate([jnp.ravel(x).astype(jnp.float32) for x in (out, keep, keep_other)])
+
+
 # every invoke a task may name (``Task.invoke``), by the name the job carries
 INVOKES: dict[str, Callable[[Callable, list, dict], Any]] = {
     f.__name__: f for f in (elementwise, prediction, with_host_last, with_race_detector,
                             pipeline, vjp_rows_stacked, rows_stacked, lowered_for_gpu,
-                            mosaic_gpu_here)}
+                            mosaic_gpu_here, dropout_draws)}

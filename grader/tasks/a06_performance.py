@@ -4,6 +4,12 @@
 learner's blocks must come within ``WITHIN`` of the fastest blocks kernelsim finds for the
 case's shape under the case's VMEM budget. The learner's estimate is computed here from the
 trace of their run (its HBM bytes and grid steps), never from anything their function returns.
+
+``matmul_costed`` is graded on the ``pl.CostEstimate`` its call carries, against kernelsim's
+counts of that very call, and on its blocks: where the check runs without an accelerator
+(grading does), the learner's sweep estimated, so its winner must be the fastest candidate by
+kernelsim's estimate; where one is present, the sweep timed the chip, which the check cannot
+replay, so any candidate passes (the one rule that reads the machine it runs on).
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from grader.tasks.core import (
     tiled_matmul_call,
     total_budget,
 )
+from kernelsim import timing
 from kernelsim.chips import CHIPS
 
 A6 = "06_performance"
@@ -217,4 +224,115 @@ register_task(
         make_case("h3", 274, "float32", {"x": (44, 512)}, True, values="offset", bm=8),
     ),
     structure=single_call(_ln_rules),
+)
+
+
+# ----------------------------------------------------------------------------- matmul_costed
+# How close the CostEstimate's counts must come to the kernel's. FLOPs: kernelsim counts the
+# tanh and the accumulator's adds besides the matmul's 2 M N K (about 1/bk more), so 2 M N K
+# and kernelsim's count both pass and a count half or double it fails. Bytes: those the blocks
+# move, as kernelsim counts them; a count of each operand once misses every re-read.
+FLOPS_WITHIN = 0.02
+BYTES_WITHIN = 0.01
+# Candidates whose estimates are this close are ties; every case's runner-up is at least 15 %
+# slower than its fastest candidate (tests/grader/test_cost_estimate_task.py).
+SWEEP_TIE = 0.05
+
+
+def tanh_matmul_reference(a, b, *_, **__):
+    """tanh(a @ b), accumulated in float32, rounded once to a's dtype."""
+    return jnp.tanh(jnp.dot(a, b, precision="highest",
+                            preferred_element_type=jnp.float32)).astype(a.dtype)
+
+
+@functools.cache
+def candidate_seconds(m: int, k: int, n: int, dtype: str,
+                      candidates: tuple[tuple[int, int, int], ...]) -> dict[tuple, float]:
+    """(bm, bk, bn) -> the time those blocks decide (``estimated_seconds``, kernelsim's estimate
+    on a TPU v5e), of the tiled matmul (``tiled_matmul_call``) of ``(m, k) @ (k, n)``."""
+    a = jax.ShapeDtypeStruct((m, k), dtype_of(dtype))
+    b = jax.ShapeDtypeStruct((k, n), dtype_of(dtype))
+    return {blocks: estimated_seconds(kernelsim.trace(
+        tiled_matmul_call(m, k, n, *blocks, a.dtype), a, b, chip=CHIP.name).calls[0])
+        for blocks in candidates}
+
+
+def _blocks_of(call) -> tuple[int, ...] | None:
+    """(bm, bk, bn) of a tiled matmul's call: a's block (bm, bk), b's (bk, bn); None when the
+    inputs are not two 2-D blocks."""
+    ins = operands_with_role(call, "input")
+    if len(ins) != 2:
+        return None
+    a, b = ((tuple(o.block_shape) if o.block_shape else tuple(o.shape)) for o in ins)
+    return (a[0], a[1], b[1]) if len(a) == len(b) == 2 else None
+
+
+def _costed_rules(call, case, rules, inputs):
+    (m, k), (_, n) = case.arrays["a"], case.arrays["b"]
+    ce = call.cost_estimate
+    rules.append(Rule("pl.CostEstimate passed to pallas_call", "cost_estimate=pl.CostEstimate("
+                      "flops=..., bytes_accessed=..., transcendentals=...)",
+                      "none" if ce is None else
+                      f"flops {ce[0]:,}, bytes_accessed {ce[1]:,}, transcendentals {ce[2]:,}",
+                      ce is not None))
+    if ce is not None:
+        flops, moved, transcendentals = ce
+        rules.append(Rule("CostEstimate flops", f"within {FLOPS_WITHIN:.0%} of "
+                          f"{call.kernel_flops:,}, kernelsim's count of your kernel (2 M N K = "
+                          f"{2 * m * n * k:,} for the matmul)", f"{flops:,}",
+                          abs(flops - call.kernel_flops) <= FLOPS_WITHIN * call.kernel_flops))
+        real = call.hbm_read_bytes + call.hbm_write_bytes
+        rules.append(Rule("CostEstimate bytes_accessed", f"within {BYTES_WITHIN:.0%} of {real:,}, "
+                          "the HBM bytes your blocks move (a and b re-read once per block of "
+                          "the output that needs them, as kernelsim counts them)", f"{moved:,}",
+                          abs(moved - real) <= BYTES_WITHIN * real))
+        rules.append(Rule("CostEstimate transcendentals", f"{m * n:,}: one tanh per output "
+                          "element", f"{transcendentals:,}", transcendentals == m * n))
+    candidates = tuple(tuple(c) for c in case.params["candidates"])
+    blocks = _blocks_of(call)
+    device = timing.accelerator()
+    if device is not None:
+        # a sweep timed here ranks the candidates by this chip's clock, which the grader
+        # cannot replay: the blocks need only be one of them
+        rules.append(Rule("blocks: one of the sweep's candidates", f"one of {candidates} (your "
+                          f"sweep timed them on this {device}; graded without an accelerator, "
+                          "the fastest by kernelsim's estimate)", str(blocks),
+                          blocks in candidates))
+        return
+    seconds = candidate_seconds(m, k, n, case.dtype, candidates)
+    best = min(seconds, key=seconds.get)
+    mine = seconds.get(blocks)
+    rules.append(Rule(
+        "blocks: the sweep's fastest candidate",
+        f"{best}, {seconds[best] * 1e6:.2f} us (kernelsim's estimate on a {CHIP.name}, less the "
+        "call's fixed cost: the grading machine has no accelerator, so a sweep run there "
+        f"estimates), or a candidate within {SWEEP_TIE:.0%} of it",
+        f"{blocks}: " + ("not one of the candidates" if mine is None else
+                         f"{mine * 1e6:.2f} us ({mine / seconds[best] - 1:+.0%})"),
+        mine is not None and mine <= (1 + SWEEP_TIE) * seconds[best]))
+
+
+register_task(
+    id="matmul_costed", assignment=A6,
+    title="Sweep the blocks of tanh(a @ b), keep the fastest, and tell XLA its cost",
+    kernel_ops=(("dot_general",), ("tanh",)),
+    reference=tanh_matmul_reference, tolerance="reduction",
+    cases=(
+        # no candidate reads each operand only once, so the winner's bytes count re-reads: the
+        # fastest, (256, 256, 256), reads a twice; (128, 512, 128), whose K block is whole,
+        # reads b twice and is 49 % slower
+        make_case("v0", 41, "bfloat16", {"a": (256, 512), "b": (512, 512)},
+                  candidates=((128, 128, 128), (256, 256, 256), (128, 512, 128), (256, 128, 256),
+                              (128, 256, 256))),
+        make_case("h0", 411, "float32", {"a": (512, 256), "b": (256, 512)}, True,
+                  candidates=((256, 256, 128), (256, 128, 256), (512, 128, 256), (128, 256, 128),
+                              (128, 128, 128))),
+        make_case("h1", 412, "bfloat16", {"a": (256, 1024), "b": (1024, 256)}, True,
+                  candidates=((128, 1024, 128), (128, 256, 256), (128, 512, 128), (256, 128, 128),
+                              (128, 128, 128))),
+        make_case("h2", 413, "bfloat16", {"a": (384, 512), "b": (512, 256)}, True,
+                  candidates=((384, 256, 128), (128, 256, 256), (384, 128, 128), (128, 128, 256),
+                              (128, 128, 128))),
+    ),
+    structure=single_call(_costed_rules),
 )

@@ -23,6 +23,7 @@ import numpy as np
 
 from grader.grading import calling
 from grader.tasks.core import (
+    TOLERANCES,
     Case,
     Rule,
     as_f32,
@@ -263,4 +264,129 @@ register_task(
                   bq=128, bk=128),
     ),
     structure=lambda t, case, inputs: _backward_rules(t, case, inputs, forward=True),
+)
+
+
+# ----------------------------------------------------------------------------- dropout (lesson 8)
+KEEP_SIGMAS = 5  # the kept fraction may stray this many binomial standard deviations from 1 - rate
+
+
+def _dropout_inputs(rng: np.random.Generator, case: Case) -> dict[str, np.ndarray]:
+    """q, k, v as ``_attention_inputs`` draws them, and two seeds for the dropout, each a (1,)
+    int32 array (one compiled kernel serves every seed): the case's, and the next, which
+    ``calling.dropout_draws`` draws a second mask with."""
+    qkv = {n: s for n, s in case.arrays.items() if n not in ("seed", "other_seed")}
+    drawn = _attention_inputs(rng, Case(case.name, case.seed, case.dtype, qkv, case.params,
+                                        case.hidden, case.values))
+    return {**drawn, "seed": np.array([case.seed], np.int32),
+            "other_seed": np.array([case.seed + 1], np.int32)}
+
+
+def _dropout_layout(q, k, v, seed, other_seed, bq, bk, rate):
+    """What ``calling.dropout_draws`` hands back, with nothing dropped: the attention output and
+    two masks of ones, flattened into one float32 vector. Only its shape and dtype are read: the
+    task's output rules judge the learner's own mask (``_dropout_output_rules``)."""
+    ones = jnp.ones(q.shape[0] * k.shape[0], jnp.float32)
+    return jnp.concatenate([jnp.ravel(_attn_ref(q, k, v, bq, bk)).astype(jnp.float32), ones,
+                            ones])
+
+
+def _dropped_attention(q, k, v, keep, rate) -> np.ndarray:
+    """softmax(q k^T / sqrt(d)) with each probability times keep / (1 - rate), then times v, in
+    float64: dropout on the attention probabilities, after the softmax over every key."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    s = q @ k.T / math.sqrt(q.shape[1])
+    p = np.exp(s - s.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    return (p * keep / (1 - rate)) @ v
+
+
+def _dropout_output_rules(case: Case, inputs: dict, output: np.ndarray) -> list[Rule]:
+    """What a right dropout shows, its mask being its own random draw: the mask holds 0 and 1,
+    keeps about 1 - rate of the entries, every (bq, bk) block draws its own bits, the next
+    seed draws another mask, and the output is the attention with that very mask."""
+    (lq, d), (lk, _) = case.arrays["q"], case.arrays["k"]
+    bq, bk, rate = case.params["bq"], case.params["bk"], case.params["rate"]
+    got = np.asarray(output, np.float64).ravel()
+    if got.size != lq * d + 2 * lq * lk:
+        return [Rule("output and keep mask", f"an output ({lq}, {d}) and a keep mask "
+                     f"({lq}, {lk})", f"{got.size:,} values in all (after "
+                     f"{lq * d + lq * lk:,} for the output and the mask, the grader adds "
+                     f"{lq * lk:,} of the other seed's mask)", False)]
+    out = got[:lq * d].reshape(lq, d)
+    keep, keep_next = got[lq * d:].reshape(2, lq, lk)
+    binary = bool(np.isin(keep, (0, 1)).all() and np.isin(keep_next, (0, 1)).all())
+    rules = [Rule("keep mask holds 0 or 1", "1 where the probability is kept, 0 where dropped",
+                  "it does" if binary else f"values {np.unique(keep)[:4]}", binary)]
+    kept = float(keep.mean())
+    tolerance = KEEP_SIGMAS * math.sqrt(rate * (1 - rate) / keep.size)
+    rules.append(Rule("kept fraction", f"1 - rate = {1 - rate:.3f} within {tolerance:.3f} "
+                      f"({KEEP_SIGMAS} standard deviations of {keep.size:,} draws)",
+                      f"{kept:.3f}", abs(kept - (1 - rate)) <= tolerance))
+    blocks = keep.reshape(lq // bq, bq, lk // bk, bk).transpose(0, 2, 1, 3).reshape(-1, bq * bk)
+    repeated = len(blocks) - len(np.unique(blocks, axis=0))
+    rules.append(Rule("every (bq, bk) block draws its own bits", "no two blocks of the keep "
+                      "mask alike: fold the grid step's block indices into the key",
+                      f"{repeated} of {len(blocks)} blocks repeat another" if repeated
+                      else "they do", not repeated))
+    differ, independent = float((keep != keep_next).mean()), 2 * rate * (1 - rate)
+    rules.append(Rule("the seed decides the bits", f"seed + 1 draws another mask: at least "
+                      f"{independent / 2:.0%} of its entries differ (two independent masks "
+                      f"differ in {independent:.0%})", f"{differ:.1%} differ",
+                      differ >= independent / 2))
+    expected = _dropped_attention(inputs["q"], inputs["k"], inputs["v"], keep, rate)
+    rtol, atol = TOLERANCES["attention"][case.dtype]
+    off = np.abs(out - expected) - (atol + rtol * np.abs(expected))
+    worst = np.unravel_index(int(np.argmax(off)), off.shape)
+    rules.append(Rule("output = attention with your keep mask", "softmax(q k^T / sqrt(d)) "
+                      "(over every key, dropped or not), times keep / (1 - rate), times v",
+                      "it is" if (off <= 0).all() else
+                      f"off by {abs(out - expected)[worst]:.3g} at {tuple(map(int, worst))}",
+                      bool((off <= 0).all())))
+    return rules
+
+
+def _dropout_structure(t, case: Case, inputs: dict) -> list[Rule]:
+    """Two calls (the case's seed and the other): each the flash attention's grid and reads,
+    writing only the output and the keep mask."""
+    (lq, d), (lk, _) = case.arrays["q"], case.arrays["k"]
+    bq, bk = case.params["bq"], case.params["bk"]
+    rules = [Rule("pallas_calls reached", "exactly 2 (one per seed; your function makes one)",
+                  str(len(t.calls)), len(t.calls) == 2)]
+    written = nbytes_of((lq, d), case.dtype) + lq * lk * 4
+    for call in t.calls[:2]:
+        rules.append(grid_is(call, (lq // bq, lk // bk)))
+        # k: the first input of its shape (the seed may come before it, in SMEM or prefetched)
+        k_at = next((n for n, o in enumerate(operands_with_role(call, "input"))
+                     if tuple(o.shape) == (lk, d)), 0)
+        rules.append(read_budget(call, "input", k_at,
+                                 (lq // bq) * nbytes_of((lk, d), case.dtype),
+                                 f"k (once per query block, {lq // bq} times)"))
+        rules.append(Rule("no (Lq, Lk) scores in HBM", f"writes <= {written:,} B (the output "
+                          "and the int32 keep mask)", f"{call.hbm_write_bytes:,} B",
+                          call.hbm_write_bytes <= written))
+    return rules
+
+
+def _dropout_case(lq: int, lk: int, d: int) -> dict[str, tuple[int, ...]]:
+    return {**_qkv(lq, lk, d), "seed": (1,), "other_seed": (1,)}
+
+
+register_task(
+    id="dropout_attention", assignment=A7,
+    title="Flash attention with dropout drawn inside the kernel",
+    kernel_ops=(("dot_general",), ("exp",)),
+    reference=_dropout_layout, tolerance="attention", make=_dropout_inputs,
+    invoke=calling.dropout_draws, output_rules=_dropout_output_rules,
+    cases=(
+        # the keep mask's (bq, bk) blocks are an output's: bk a multiple of 128 (the lane rule)
+        make_case("v0", 31, "float32", _dropout_case(32, 256, 64), bq=16, bk=128, rate=0.25),
+        make_case("h0", 311, "bfloat16", _dropout_case(64, 256, 128), True, bq=32, bk=128,
+                  rate=0.1),
+        make_case("h1", 312, "float32", _dropout_case(16, 384, 32), True, bq=8, bk=128,
+                  rate=0.5),
+        make_case("h2", 313, "float32", _dropout_case(32, 256, 64), True, values="large", bq=16,
+                  bk=128, rate=0.2),
+    ),
+    structure=_dropout_structure,
 )

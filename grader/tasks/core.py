@@ -120,6 +120,12 @@ class Task:
     # scratch, outputs read back, inputs read only in a ``pl.when`` branch): (the program's
     # kernels, case) -> rules
     body_rules: Callable[[tuple, Case], list[Rule]] | None = None
+    # a task whose output no reference fixes (a dropout's mask is the kernel's own random
+    # draw) is judged by properties of its output instead of against the stored reference:
+    # (case, inputs, the learner's output) -> rules; the reference then only gives the
+    # output's shape and dtype
+    output_rules: Callable[[Case, dict, np.ndarray], list[Rule]] | None = None
+
     def inputs(self, case: Case) -> dict[str, np.ndarray]:
         rng = np.random.default_rng(case.seed)
         if self.make is not None:

@@ -266,6 +266,7 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
     if ce is not None:
         call.cost_estimate_flops = int(ce.flops)
         call.cost_estimate_bytes = int(ce.bytes_accessed)
+        call.cost_estimate_transcendentals = int(ce.transcendentals)
     for i, val in enumerate(prefetch_vals):
         call.operands.append(Operand(names[i], "scalar_prefetch", tuple(val.shape),
                                      str(val.dtype), val.dtype.itemsize, "smem", value=val))

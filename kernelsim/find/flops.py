@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import jax
 import numpy as np
 
 from kernelsim.adapter import open_jaxpr
@@ -18,7 +19,9 @@ def _vregs(aval: Any) -> int:
     """Vector registers a value of ``aval`` fills as Mosaic lays it out (tile-padded: a
     (512, 1) float32 value fills 64, as (512, 128) would); 0 for a non-array."""
     shape, dtype = getattr(aval, "shape", None), getattr(aval, "dtype", None)
-    if shape is None or dtype is None:
+    # a PRNG key (jax.random.key in a kernel body) is an extended dtype, no NumPy one: its
+    # words are scalars until random_bits draws from it
+    if shape is None or dtype is None or jax.dtypes.issubdtype(dtype, jax.dtypes.extended):
         return 0
     size = tile_padded_bytes(tuple(shape), str(dtype), np.dtype(dtype).itemsize)
     return -(-size // _VREG_BYTES)

@@ -34,7 +34,8 @@ pytestmark = pytest.mark.interpret
 MATMUL_TASKS = {
     "matmul": "04_memory_spaces", "matmul_bias_relu": "04_memory_spaces",
     "block_sparse_matmul": "05_scalar_prefetch", "grouped_matmul": "05_scalar_prefetch",
-    "matmul_tuned": "06_performance", "flash_attention": "07_flash_attention",
+    "matmul_tuned": "06_performance", "matmul_costed": "06_performance",
+    "flash_attention": "07_flash_attention", "dropout_attention": "07_flash_attention",
     "gpu_matmul": "11_gpu", "matmul_bias_relu_cores": "12_kernel_api",
     "int8_matmul_per_channel": "14_production_kernels", "w8a8_matmul": "14_production_kernels",
 }

@@ -179,6 +179,25 @@ def test_cost_estimate_overrides_counted_flops():
                                                             bytes_accessed=0))(x, x)
     c = kernelsim.trace(fn, _zeros(8, 128)).calls[0]
     assert (c.flops, c.cost.flops_source) == (12345, "pl.CostEstimate")
+    # the kernel's own count stays beside it, and the trace reports the whole estimate
+    assert c.kernel_flops == 8 * 128
+    assert c.to_dict()["cost_estimate"] == {"flops": 12345, "bytes_accessed": 0,
+                                            "transcendentals": 0}
+
+
+def test_a_kernel_drawing_random_bits_from_a_key_is_counted():
+    """A jax.random key in the body is an extended dtype with no NumPy one: it has no vector
+    registers to count (the FLOP count once raised TypeError on it)."""
+    def kernel(o_ref):
+        key = jax.random.fold_in(jax.random.key(7), pl.program_id(0))
+        o_ref[...] = jax.random.bits(key, o_ref.shape, jnp.uint32)
+
+    def fn():
+        return pl.pallas_call(kernel, grid=(2,),
+                              out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                              out_shape=jax.ShapeDtypeStruct((16, 128), jnp.uint32))()
+    c = kernelsim.trace(fn).calls[0]
+    assert c.steps == 2 and c.call.vector_vregs_per_step > 0
 
 
 def test_single_buffered_and_whole_array_blocks_use_one_buffer():

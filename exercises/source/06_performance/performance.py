@@ -3,7 +3,8 @@
 #
 # On a memory-bound kernel the time is the HBM traffic; with small blocks it is also the fixed
 # cost of every grid step (lesson 7). kernelsim counts both: tasks 1 and 3 are graded on values
-# **and** on staying within a traffic budget, task 2 on kernelsim's estimated time on a TPU v5e.
+# **and** on staying within a traffic budget, task 2 on kernelsim's estimated time on a TPU v5e,
+# task 4 on the `pl.CostEstimate` it hands XLA and on the blocks its own sweep chose.
 #
 # **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
 # failing check shows its message and the run goes on) and the last cell lists what passed
@@ -11,6 +12,8 @@
 # this folder: `pallas-course check performance.ipynb`.
 
 # %% nbgrader={"grade_id": "setup", "locked": true}
+import concurrent.futures
+import functools
 import math
 
 import jax
@@ -278,6 +281,152 @@ course.check("layernorm", layernorm)
 ### BEGIN HIDDEN TESTS
 course.check("layernorm", layernorm, hidden=True)
 ### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 4 — `matmul_costed(a, b, candidates)` (3 points)
+#
+# `tanh(a @ b)` for `a` of shape `(M, K)` and `b` of shape `(K, N)`: lesson 7's K-innermost
+# kernel with a float32 VMEM accumulator, the `tanh` applied once per output block at the last
+# K step (a dense layer's activation, fused), the output in `a`'s dtype. Two things are new.
+#
+# 1. **A sweep.** `candidates` lists block shapes `(bm, bk, bn)`, as an autotuner's configs do.
+#    Time each, keep the fastest: on a TPU (or GPU), measured with
+#    `kernelsim.run(fn, a, b, measure=True)` (its call's `measured.seconds`); with no
+#    accelerator, kernelsim's estimate for a TPU v5e (`kernelsim.trace(..., chip="tpu-v5e")`, its
+#    call's `estimated_seconds`). Say which the numbers are. The grading machine has no
+#    accelerator: there your sweep estimates, and the grade checks that your blocks are the
+#    fastest candidate by kernelsim's estimate (ties within 5 % allowed). Where a sweep timed
+#    the candidates, any candidate passes: nobody can replay your chip's clock.
+# 2. **A `pl.CostEstimate`** for the winner, passed to `pl.pallas_call(..., cost_estimate=...)`:
+#    `flops` (within 2 % of kernelsim's count of your kernel), `bytes_accessed` (within 1 % of
+#    the HBM bytes your blocks move: each input re-read as often as your grid re-fetches it,
+#    not once) and `transcendentals` (exactly how many `tanh`s the kernel computes). XLA cannot
+#    see inside a kernel; this is what its scheduler believes about it (lesson 7).
+#
+# `course.check` traces `matmul_costed` as `jax.jit` does, and a kernel run during a trace is
+# traced, not run: time the candidates in a thread of their own
+# (`concurrent.futures.ThreadPoolExecutor`), where no trace is active. Estimates need no thread.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Write the kernel once as a function of the blocks and of an optional cost estimate. The
+# sweep calls it for each candidate on arrays of the task's shapes (concrete ones to time,
+# `jax.ShapeDtypeStruct`s to estimate) and keeps kernelsim's call trace with each time: the
+# trace of the winner already holds the bytes its blocks move (`hbm_read_bytes` plus
+# `hbm_write_bytes`). The FLOPs are the matmul's, two per multiply-add; the transcendentals,
+# one per element of the output, since the `tanh` runs once per output block.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The fastest row is the `min` of the sweep's rows by their seconds. The estimate's arguments
+# are the winner's three counts: `2 * m * n * k`, the winner's trace's read and write bytes
+# added, and `m * n`. To time, submit a function that builds concrete arrays and calls
+# `kernelsim.run` to a `ThreadPoolExecutor` of one worker and take its `result()`.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "matmul_costed_solution", "solution": true}
+def tanh_matmul(a, b, blocks, cost=None):
+    """tanh(a @ b) with blocks (bm, bk, bn); ``cost``: the pl.CostEstimate handed to XLA."""
+    ### BEGIN SOLUTION
+    (m, k), n = a.shape, b.shape[1]
+    bm, bk, bn = blocks
+    # float32: several MXU passes, exact; bfloat16: one pass (Mosaic refuses "highest" there)
+    precision = jax.lax.Precision.HIGHEST if a.dtype == jnp.float32 else None
+
+    def kernel(a_ref, b_ref, o_ref, acc_ref):
+        @pl.when(pl.program_id(2) == 0)
+        def _():
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], precision=precision,
+                                preferred_element_type=jnp.float32)
+
+        @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+        def _():
+            o_ref[...] = jnp.tanh(acc_ref[...]).astype(o_ref.dtype)  # once per output block
+
+    return pl.pallas_call(
+        kernel,
+        grid=(m // bm, n // bn, k // bk),  # the output block stays on chip along K
+        in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                  pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+        out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
+        scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
+        cost_estimate=cost,
+        interpret=TPU_INTERPRET,
+    )(a, b)
+    ### END SOLUTION
+
+
+def sweep(m, k, n, dtype, candidates):
+    """Each candidate's seconds and kernelsim's trace of its call, fastest first, as rows
+    (seconds, (bm, bk, bn), call), and what the seconds are."""
+    ### BEGIN SOLUTION
+    device = kernelsim.timing.accelerator()
+    a_shape, b_shape = jax.ShapeDtypeStruct((m, k), dtype), jax.ShapeDtypeStruct((k, n), dtype)
+
+    def timed(blocks):  # in a thread of its own: no trace is active there, the kernels run
+        a, b = jnp.ones(a_shape.shape, dtype), jnp.ones(b_shape.shape, dtype)
+        call = kernelsim.run(functools.partial(tanh_matmul, blocks=blocks), a, b,
+                             measure=True)[1].calls[0]
+        return call.measured.seconds or math.inf, call  # inf: the chip refused these blocks
+
+    rows = []
+    for blocks in map(tuple, candidates):
+        if device is None:
+            call = kernelsim.trace(functools.partial(tanh_matmul, blocks=blocks), a_shape,
+                                   b_shape, chip="tpu-v5e").calls[0]
+            seconds = call.estimated_seconds
+        else:
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                seconds, call = pool.submit(timed, blocks).result()
+        rows.append((seconds, blocks, call))
+    source = (f"measured on this {device}" if device else
+              "kernelsim's estimate for a TPU v5e (no accelerator here)")
+    return sorted(rows, key=lambda row: row[0]), source
+    ### END SOLUTION
+
+
+def matmul_costed(a, b, candidates):
+    ### BEGIN SOLUTION
+    (m, k), n = a.shape, b.shape[1]
+    rows, _ = sweep(m, k, n, a.dtype, candidates)
+    _, blocks, call = rows[0]
+    cost = pl.CostEstimate(flops=2 * m * n * k,
+                           bytes_accessed=call.hbm_read_bytes + call.hbm_write_bytes,
+                           transcendentals=m * n)
+    return tanh_matmul(a, b, blocks, cost)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "matmul_costed_visible", "grade": true, "points": 1}
+course.check("matmul_costed", matmul_costed)
+
+# %% nbgrader={"grade_id": "matmul_costed_hidden", "grade": true, "points": 2} timeout=120
+# Hidden tests: other shapes and candidates, float32.
+### BEGIN HIDDEN TESTS
+course.check("matmul_costed", matmul_costed, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# Your sweep for the visible case, with what its numbers are.
+
+# %%
+VISIBLE_CANDIDATES = ((128, 128, 128), (256, 256, 256), (128, 512, 128), (256, 128, 256),
+                      (128, 256, 256))
+try:
+    rows, source = sweep(256, 512, 512, jnp.bfloat16, VISIBLE_CANDIDATES)
+    print(f"seconds: {source}")
+    for seconds, blocks, call in rows:
+        print(f"  {blocks}: {seconds * 1e6:8.2f} us, {call.steps} steps, "
+              f"{call.hbm_read_bytes + call.hbm_write_bytes:,} B of HBM traffic")
+except NotImplementedError:
+    print("implement sweep first")
 
 # %% [markdown]
 # ## What passed

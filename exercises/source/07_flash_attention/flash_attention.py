@@ -6,7 +6,8 @@
 # queries it walks the key blocks keeping a running max `m`, a running sum `l` and an unnormalised
 # accumulator in VMEM scratch (the online softmax). Task 4 writes the backward pass, as the
 # op of lesson 12 does: its kernels rebuild the scores block by block from what the forward
-# saved; task 5 attaches it to the forward with `jax.custom_vjp`.
+# saved; task 5 attaches it to the forward with `jax.custom_vjp`. Task 6 drops out
+# attention probabilities with random bits drawn inside the kernel.
 #
 # **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
 # failing check shows its message and the run goes on) and the last cell lists what passed
@@ -544,6 +545,115 @@ course.check("attention_with_grad", attention_with_grad)
 course.check("attention_with_grad", attention_with_grad, hidden=True)
 ### END HIDDEN TESTS
 
+# %% [markdown]
+# ## Task 6 — `dropout_attention(q, k, v, seed, bq, bk, rate)` (3 points)
+#
+# Task 2's attention with dropout on the attention probabilities, drawn **inside the kernel**
+# (lesson 8, "Dropout inside the kernel"): each probability is kept with probability
+# `1 - rate` and then scaled by `1 / (1 - rate)`, or dropped (0). The softmax's sum runs over
+# every key, dropped or not; only the product with `v` loses the dropped ones. `seed` is an
+# int32 array of shape `(1,)`: put it in SMEM (`pl.BlockSpec(memory_space=pltpu.SMEM)`) and
+# make a key from it in the kernel, with the grid step's block indices folded in, so that every
+# `(bq, bk)` block draws its own bits and the same seed draws the same bits again. Return the
+# output `(Lq, d)` in `q`'s dtype **and** the keep mask your kernel drew, `(Lq, Lk)` int32 (1
+# kept, 0 dropped), written as a second output with `(bq, bk)` blocks.
+#
+# Draw with `jax.random` keys (`jax.random.key`, `jax.random.fold_in`, `jax.random.bits`):
+# their bits are the same in interpret mode and on a TPU. The TPU's own generator
+# (`pltpu.prng_seed`, `pltpu.prng_random_bits`) is faster on the chip, but TPU interpret mode
+# returns zeros for it, so nothing here could check a kernel that uses it.
+#
+# The check cannot compare with a fixed answer (the mask is your kernel's draw), so it checks
+# what a right dropout shows: the mask holds 0 and 1 and keeps about `1 - rate` of the entries;
+# no two `(bq, bk)` blocks of it are alike; `seed + 1` draws another mask; and the output is the
+# attention with your mask, scaled by `1 / (1 - rate)`.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Task 2's kernel with one more input (the seed, first) and one more output (the mask block).
+# At step `(i, j)`: `p = exp(s - m_new)` as before, and `l` sums all of `p`; draw `(bq, bk)`
+# random bits from a key made of the seed with the step's position folded in, keep where the
+# bits are at least `rate` of the way through the uint32 range, write the mask block, and add
+# `where(keep, p, 0) @ v` to the accumulator. At the last step divide by `l` and by `1 - rate`.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The key line makes step `(i, j)`'s key: `jax.random.key` of the seed read from its SMEM ref,
+# then `jax.random.fold_in` of one integer that differs at every grid step (the step's position
+# in the grid, counted from `i`, `j` and `pl.num_programs(1)`). Draw `jax.random.bits` of the
+# score block's shape as uint32 and compare them with `rate` times `2**32` (a NumPy uint32, not
+# a JAX array, which a kernel cannot capture). The mask's output BlockSpec has the score block's
+# shape, and its index map sends step `(i, j)` to block `(i, j)`.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "dropout_attention_solution", "solution": true}
+def dropout_attention(q, k, v, seed, bq, bk, rate):
+    ### BEGIN SOLUTION
+    (lq, d), lk = q.shape, k.shape[0]
+    # float32: several MXU passes, exact; bfloat16: one pass (Mosaic refuses "highest" there)
+    precision = jax.lax.Precision.HIGHEST if q.dtype == jnp.float32 else None
+    # uint32 bits at or above this are kept: a fraction 1 - rate of them
+    threshold = np.uint32(min(int(rate * 2**32), 2**32 - 1))
+
+    def kernel(seed_ref, q_ref, k_ref, v_ref, o_ref, keep_ref, m_ref, l_ref, acc_ref):
+        i, j = pl.program_id(0), pl.program_id(1)
+
+        @pl.when(j == 0)
+        def _init():
+            m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+            l_ref[...] = jnp.zeros_like(l_ref)
+            acc_ref[...] = jnp.zeros_like(acc_ref)
+
+        s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                precision=precision,
+                                preferred_element_type=jnp.float32) / math.sqrt(d)
+        m_new = jnp.maximum(m_ref[...], jnp.max(s, axis=1, keepdims=True))
+        p = jnp.exp(s - m_new)
+        alpha = jnp.exp(m_ref[...] - m_new)
+        l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=1, keepdims=True)  # every key
+        # one key per grid step: every block draws its own bits, the same seed the same ones
+        key = jax.random.fold_in(jax.random.key(seed_ref[0]), i * pl.num_programs(1) + j)
+        keep = jax.random.bits(key, (bq, bk), jnp.uint32) >= threshold
+        keep_ref[...] = keep.astype(jnp.int32)
+        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(
+            jnp.where(keep, p, 0.0).astype(v_ref.dtype), v_ref[...], precision=precision,
+            preferred_element_type=jnp.float32)
+        m_ref[...] = m_new
+
+        @pl.when(j == pl.num_programs(1) - 1)
+        def _finalize():
+            o_ref[...] = (acc_ref[...] / (l_ref[...] * (1 - rate))).astype(o_ref.dtype)
+
+    kv = pl.BlockSpec((bk, d), lambda i, j: (j, 0))
+    return pl.pallas_call(
+        kernel, grid=(lq // bq, lk // bk),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM),
+                  pl.BlockSpec((bq, d), lambda i, j: (i, 0)), kv, kv],
+        out_specs=[pl.BlockSpec((bq, d), lambda i, j: (i, 0)),
+                   pl.BlockSpec((bq, bk), lambda i, j: (i, j))],
+        out_shape=[jax.ShapeDtypeStruct((lq, d), q.dtype),
+                   jax.ShapeDtypeStruct((lq, lk), jnp.int32)],
+        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
+                        pltpu.VMEM((bq, d), jnp.float32)],
+        interpret=TPU_INTERPRET,
+    )(seed, q, k, v)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "dropout_attention_visible", "grade": true, "points": 1}
+course.check("dropout_attention", dropout_attention)
+
+# %% nbgrader={"grade_id": "dropout_attention_hidden", "grade": true, "points": 2} timeout=120
+# Hidden tests: bfloat16, other rates and blocks, large logits.
+### BEGIN HIDDEN TESTS
+course.check("dropout_attention", dropout_attention, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
 # %% [markdown]
 # ## What passed
 #
