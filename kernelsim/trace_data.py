@@ -49,16 +49,13 @@ class CallTrace:
     flops = property(lambda self: self.cost.flops)
     estimated_seconds = property(lambda self: self.cost.estimated_seconds)
     own_estimated_seconds = property(lambda self: self.cost.own_estimated_seconds)
+    own_flops = property(lambda self: self.cost.own_flops)
 
     @property
     def work_unevaluated(self) -> tuple[str, ...]:
         """Why some of the body's ``pl.when`` work is counted at every step: each predicate
         kernelsim could not evaluate per grid step (``kernelsim.model.StepWork``)."""
         return () if self.call.step_work is None else self.call.step_work.unevaluated
-    def kernel_flops(self) -> int:
-        """The FLOPs kernelsim counts in the kernel jaxpr over every grid step, whatever a
-        ``pl.CostEstimate`` says (``flops`` is the CostEstimate's when the call gives one)."""
-        return self.call.flops_per_step * self.call.steps
 
     @property
     def cost_estimate(self) -> dict[str, int] | None:
@@ -104,7 +101,7 @@ class CallTrace:
             "body_values_vmem_bytes": c.body_values_vmem_bytes,
             "mosaic_vmem_bytes": c.mosaic_vmem_bytes,
             "smem_bytes": c.smem_bytes, "flops": c.flops, "flops_source": c.flops_source,
-            "kernel_flops": self.kernel_flops, "cost_estimate": self.cost_estimate,
+            "own_flops": self.own_flops, "cost_estimate": self.cost_estimate,
             "compute_seconds": c.compute_seconds, "memory_seconds": c.memory_seconds,
             "overhead_seconds": c.overhead_seconds, "estimated_seconds": c.estimated_seconds,
             "own_estimated_seconds": c.own_estimated_seconds,

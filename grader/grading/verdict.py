@@ -66,7 +66,7 @@ class CallFacts:
     remote_copies: tuple[RemoteCopy, ...] = ()
     # the FLOPs kernelsim counts in the kernel body over every step, and the call's own
     # pl.CostEstimate as (flops, bytes_accessed, transcendentals), None when it gives none
-    kernel_flops: int = 0
+    own_flops: int = 0
     cost_estimate: tuple[int, int, int] | None = None
 
 
@@ -200,16 +200,16 @@ def facts_from_dict(d: Any) -> TraceFacts:
             hbm_read_bytes=_int(c.get("hbm_read_bytes"), "hbm_read_bytes"),
             hbm_write_bytes=_int(c.get("hbm_write_bytes"), "hbm_write_bytes"),
             onchip_peak_bytes=_int(c.get("onchip_peak_bytes"), "onchip_peak_bytes"),
-            block_shape_problems=tuple(w for w in _strings(c.get("warnings", []), "warnings")
+            block_shape_problems=tuple(w for w in _names(c.get("warnings", []), "warnings")
                                        if BLOCK_SHAPE_REJECTED in w),
             dependent_prefetch_reads=tuple(
-                w for w in _strings(c.get("warnings", []), "warnings")
+                w for w in _names(c.get("warnings", []), "warnings")
                 if rule_of(w) == DEPENDENT_PREFETCH_READ),
             own_estimated_seconds=_seconds(c.get("own_estimated_seconds", 0.0),
                                            "own_estimated_seconds"),
             device=mesh_device(c.get("device")),
             remote_copies=remote_copies(c.get("body_dmas", [])),
-            kernel_flops=_int(c.get("kernel_flops", 0), "kernel_flops"),
+            own_flops=_int(c.get("own_flops", 0), "own_flops"),
             cost_estimate=_cost_estimate(c.get("cost_estimate"))))
     gpu = d.get("gpu_kernels", [])
     if not isinstance(gpu, list):
@@ -317,16 +317,10 @@ def _flow(d: Any) -> Flow:
     return Flow(d["kind"], str(d.get("from")), _bool(d.get("floating", False), "floating"))
 
 
-def _ints(v: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(v, list):
-        raise ValueError(f"{what} is not a list")
-    return tuple(_int(x, what) for x in v)
-
-
 def _copies(d: Any) -> Copies:
     if not isinstance(d, dict):
         raise ValueError("DMA copies are not a mapping")
-    return Copies(_int(d.get("count"), "count"), _ints(d.get("elements"), "elements"),
+    return Copies(_int(d.get("count"), "count"), _shape(d.get("elements"), "elements"),
                   _int(d.get("buffers"), "buffers"))
 
 
@@ -341,13 +335,7 @@ def _dma(d: Any) -> DmaOrder | None:
         _int(d.get("unsafe"), "unsafe"), _bool(d.get("crosses_steps"), "crosses_steps"),
         _int(d.get("never_waited"), "never_waited"),
         _int(d.get("waits_unmatched"), "waits_unmatched"),
-        _strings(d.get("semantics"), "semantics"), _bool(d.get("followed"), "followed"))
-
-
-def _strings(v: Any, what: str) -> tuple[str, ...]:
-    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise ValueError(f"{what} is not a list of names")
-    return tuple(v)
+        _names(d.get("semantics"), "semantics"), _bool(d.get("followed"), "followed"))
 
 
 def _list(v: Any, what: str) -> list:
@@ -374,24 +362,24 @@ def work_from_dict(d: Any) -> WorkFacts:
                 not isinstance(c.get("unread"), list):
             raise ValueError("a kernel's work facts have no operands")
         calls.append(KernelWork(
-            _int(c.get("number"), "number"), frozenset(_strings(c.get("primitives"), "primitives")),
+            _int(c.get("number"), "number"), frozenset(_names(c.get("primitives"), "primitives")),
             tuple((str(o.get("role")) if isinstance(o, dict) else "", _flow(o))
                   for o in c["operands"]),
             tuple(_int(i, "unread") for i in c["unread"]),
             _bool(c.get("course_kernel"), "course_kernel"),
             _bool(c.get("jax_kernel"), "jax_kernel"),
             str(c.get("fingerprint")), _int(c.get("body_size"), "body_size"),
-            _dma(c.get("dma")), _strings(c.get("dot_precisions", []), "dot_precisions"),
-            _strings(c.get("strided_refs", []), "strided_refs"),
-            _strings(c.get("dot_types", []), "dot_types"),
+            _dma(c.get("dma")), _names(c.get("dot_precisions", []), "dot_precisions"),
+            _names(c.get("strided_refs", []), "strided_refs"),
+            _names(c.get("dot_types", []), "dot_types"),
             tuple(_scratch(r) for r in _list(c.get("scratch", []), "scratch")),
-            _ints(c.get("outputs_read", []), "outputs_read"),
-            _ints(c.get("branch_only_reads", []), "branch_only_reads")))
+            _shape(c.get("outputs_read", []), "outputs_read"),
+            _shape(c.get("branch_only_reads", []), "branch_only_reads")))
     return WorkFacts(tuple(_flow(o) for o in d["outputs"]), tuple(calls),
                      _int(d.get("outside_flops"), "outside_flops"),
-                     _strings(d.get("outside_ops"), "outside_ops"),
+                     _names(d.get("outside_ops"), "outside_ops"),
                      _int(d.get("outside_while_flops"), "outside_while_flops"),
-                     _strings(d.get("callbacks"), "callbacks"),
+                     _names(d.get("callbacks"), "callbacks"),
                      _int(d.get("outside_moved_bytes"), "outside_moved_bytes"))
 
 

@@ -278,9 +278,9 @@ def _costed_rules(call, case, rules, inputs):
     if ce is not None:
         flops, moved, transcendentals = ce
         rules.append(Rule("CostEstimate flops", f"within {FLOPS_WITHIN:.0%} of "
-                          f"{call.kernel_flops:,}, kernelsim's count of your kernel (2 M N K = "
+                          f"{call.own_flops:,}, kernelsim's count of your kernel (2 M N K = "
                           f"{2 * m * n * k:,} for the matmul)", f"{flops:,}",
-                          abs(flops - call.kernel_flops) <= FLOPS_WITHIN * call.kernel_flops))
+                          abs(flops - call.own_flops) <= FLOPS_WITHIN * call.own_flops))
         real = call.hbm_read_bytes + call.hbm_write_bytes
         rules.append(Rule("CostEstimate bytes_accessed", f"within {BYTES_WITHIN:.0%} of {real:,}, "
                           "the HBM bytes your blocks move (a and b re-read once per block of "

@@ -89,6 +89,9 @@ class CallCost:
         predicates were evaluated (``KernelCall.step_work``), those whose body computes or
         stores an array, else those the schedule takes for working (``working_steps``); all steps
         under gpu.
+    own_flops: the FLOPs the kernel jaxpr performs over the call, each step's ``pl.when``
+        branches as its predicates decide where kernelsim could evaluate them (``flops`` is
+        the ``pl.CostEstimate``'s when the call gives one).
     own_compute_seconds: the compute term from the kernel jaxpr's own FLOP count, whatever a
         ``pl.CostEstimate`` says (``compute_seconds`` when the call gives none);
         ``own_estimated_seconds`` is the estimate with it: what a grader compares, which the
@@ -112,6 +115,7 @@ class CallCost:
     working_steps: int = 0
     own_compute_seconds: float = 0.0
     time_terms: TimeTerms | None = None
+    own_flops: int = 0
 
     @property
     def mosaic_vmem_bytes(self) -> int:
@@ -261,7 +265,8 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
         own_compute = compute
     return CallCost(costs, read, write, read + write + edge_padding, vmem, smem, flops, source,
                     compute, memory, overhead,
-                    call.body_values_vmem_bytes if tpu else 0, working, own_compute, terms)
+                    call.body_values_vmem_bytes if tpu else 0, working, own_compute, terms,
+                    own_flops)
 
 
 @dataclass(frozen=True)

@@ -180,7 +180,7 @@ def test_cost_estimate_overrides_counted_flops():
     c = kernelsim.trace(fn, _zeros(8, 128)).calls[0]
     assert (c.flops, c.cost.flops_source) == (12345, "pl.CostEstimate")
     # the kernel's own count stays beside it, and the trace reports the whole estimate
-    assert c.kernel_flops == 8 * 128
+    assert c.own_flops == 8 * 128
     assert c.to_dict()["cost_estimate"] == {"flops": 12345, "bytes_accessed": 0,
                                             "transcendentals": 0}
 
