@@ -517,11 +517,15 @@ def fit(path: Path) -> TimeConstants:
 
 
 def commit() -> str:
+    """The commit measured: TPU_PERF_COMMIT when set (a device's copy of the tree may carry
+    an older .git than the files it runs), else the checkout's HEAD."""
+    if os.environ.get("TPU_PERF_COMMIT"):
+        return os.environ["TPU_PERF_COMMIT"]
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True,
                               text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("TPU_PERF_COMMIT", "unknown")
+        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> dict:
