@@ -229,7 +229,7 @@ register_task(
     title="Flash-attention backward: D, a dk/dv kernel and a dq kernel",
     kernel_ops=(("dot_general",), ("exp",)),
     reference=_backward_ref, invoke=calling.rows_stacked, make=_backward_inputs,
-    tolerance="attention",
+    tolerance="attention_backward",
     cases=(
         make_case("v0", 23, "float32", _backward_arrays(256, 256, 128), bq=128, bk=128),
         # fewer queries than keys: dq's rows and dk's differ in number
@@ -256,7 +256,7 @@ register_task(
     title="Forward and backward kernels behind jax.custom_vjp, differentiated by jax.vjp",
     kernel_ops=(("dot_general",), ("exp",), ("log",)),
     reference=_with_grad_ref, invoke=calling.vjp_rows_stacked, make=_attention_inputs,
-    tolerance="attention",
+    tolerance="attention_backward",
     cases=(
         make_case("v0", 24, "float32", {**_qkv(256, 256, 128), "do": (256, 128)}, bq=128,
                   bk=128),

@@ -101,7 +101,9 @@ def test_one_tolerance_table_in_the_manifest():
         task = tasks.get(entry["task"])
         assert (entry["rtol"], entry["atol"]) == \
             tasks.TOLERANCES[task.tolerance][entry["dtype"]], entry
-        assert entry["rtol"] <= 2**-7 and entry["atol"] <= 2**-5, "no loose bf16 tolerance"
+        # a ring's bfloat16 sum rounds at each of its N - 1 hops (core.TOLERANCES["ring"])
+        widest = 2**-6 if task.tolerance == "ring" else 2**-7
+        assert entry["rtol"] <= widest and entry["atol"] <= 2**-5, "no loose bf16 tolerance"
     assert manifest["tolerances"]["reduction"]["bfloat16"] == {"rtol": 2**-7, "atol": 1e-3}
 
 
