@@ -44,6 +44,7 @@ import functools
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 
 import _course
@@ -536,7 +537,8 @@ for swizzles in ((64, 64), (0, 0), (64, 128)):
     product = functools.partial(tile_product, a_swizzle=swizzles[0], b_swizzle=swizzles[1],
                                 interpret=False)
     lowered[swizzles] = cuda_lowering_error(product, a_tile, b_tile)
-    print(f"A swizzled {swizzles[0]:3} B, B {swizzles[1]:3} B: {lowered[swizzles] or 'lowers'}")
+    print(textwrap.fill(f"A swizzled {swizzles[0]:3} B, B {swizzles[1]:3} B: "
+                        f"{lowered[swizzles] or 'lowers'}", 88, subsequent_indent="    "))
 assert lowered[(64, 64)] is None and lowered[(64, 128)]
 _course.pinned_claim(lowered[(0, 0)] is None, "a WGMMA tile given no transforms lowers: "
                      "the lowering picks its tiling and swizzle")

@@ -179,7 +179,7 @@ def _backward_rules(t, case: Case, inputs: dict, forward: bool = False) -> list[
     saves ``lse``."""
     (lq, d), (lk, _) = case.arrays["q"], case.arrays["k"]
     bq, bk = case.params["bq"], case.params["bk"]
-    nq, nk = lq // bq, lk // bk
+    query_blocks, key_blocks = lq // bq, lk // bk
     item = np.dtype(dtype_of(case.dtype)).itemsize
     row = 4  # one float32 per query row: lse and D
     written = (lq + 2 * lk) * d * item + lq * row + (lq * d * item + lq * row) * forward
@@ -206,16 +206,18 @@ def _backward_rules(t, case: Case, inputs: dict, forward: bool = False) -> list[
     rules.append(Rule("a dq kernel", "one pallas_call writing dq, (Lq, d)", str(outputs),
                       dq is not None))
     if dkv is not None:
-        rules.append(Rule("dk/dv grid (key blocks outer, query blocks inner)", str((nk, nq)),
-                          str(tuple(dkv.grid)), tuple(dkv.grid) == (nk, nq)))
+        grid = (key_blocks, query_blocks)
+        rules.append(Rule("dk/dv grid (key blocks outer, query blocks inner)", str(grid),
+                          str(tuple(dkv.grid)), tuple(dkv.grid) == grid))
         # k and v once; q, do, lse and D once per key block
-        budget = 2 * lk * d * item + nk * (2 * lq * d * item + 2 * lq * row)
+        budget = 2 * lk * d * item + key_blocks * (2 * lq * d * item + 2 * lq * row)
         rules.extend(total_budget(dkv, budget, None))
     if dq is not None:
-        rules.append(Rule("dq grid (query blocks outer, key blocks inner)", str((nq, nk)),
-                          str(tuple(dq.grid)), tuple(dq.grid) == (nq, nk)))
+        grid = (query_blocks, key_blocks)
+        rules.append(Rule("dq grid (query blocks outer, key blocks inner)", str(grid),
+                          str(tuple(dq.grid)), tuple(dq.grid) == grid))
         # q, do, lse and D once; k and v once per query block
-        budget = 2 * lq * d * item + 2 * lq * row + nq * 2 * lk * d * item
+        budget = 2 * lq * d * item + 2 * lq * row + query_blocks * 2 * lk * d * item
         rules.extend(total_budget(dq, budget, None))
     return rules
 

@@ -16,9 +16,13 @@ exercise tests), and no stored fingerprint is one of theirs (``test_no_solution_
 
 from __future__ import annotations
 
+import ast
 import functools
 import inspect
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import gradertools
 import jax
@@ -28,7 +32,7 @@ import pytest
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from grader import tasks
+from grader import devices, tasks
 from grader.grading import calling, fingerprint, work
 from grader.learner import course
 from grader.tasks import collect_shipped, shipped
@@ -119,11 +123,11 @@ def test_a_pallas_op_jax_ships_is_not_the_learners():
     _fails("column_softmax", recreated, "kernel body is the one jax...ops.gpu.softmax ships")
 
 
-def test_no_solution_is_shipped():
-    """The stored corpus holds no instructor solution's body: an honest learner's kernel may
-    be exactly that, and must not fail for it."""
+def shipped_solution_bodies(assignments) -> list[tuple[str, str]]:
+    """(task, where the corpus says it ships) for every instructor solution of
+    ``assignments`` whose kernel body the stored corpus holds."""
     found = []
-    for assignment in tasks.ASSIGNMENTS:
+    for assignment in assignments:
         for task_id, fn in gradertools.solutions(assignment).items():
             task = tasks.get(task_id)
             case = next(c for c in task.cases if not c.hidden)
@@ -133,6 +137,25 @@ def test_no_solution_is_shipped():
             found += [(task_id, shipped.known()[fingerprint.fingerprint(b)])
                       for b in calling.kernel_bodies(traced.program)
                       if fingerprint.fingerprint(b) in shipped.known()]
+    return found
+
+
+def test_no_solution_is_shipped():
+    """The stored corpus holds no instructor solution's body: an honest learner's kernel may
+    be exactly that, and must not fail for it. An assignment on a ring of devices is traced in
+    a process started with them (XLA counts its CPU devices once, when JAX starts)."""
+    here = [a for a in tasks.ASSIGNMENTS if devices.devices_of(a) <= jax.device_count()]
+    found = shipped_solution_bodies(here)
+    for assignment in sorted(set(tasks.ASSIGNMENTS) - set(here)):
+        code = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                "import test_adversarial_work as t\n"
+                f"print(repr(t.shipped_solution_bodies([{assignment!r}])))")
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=devices.cpu_devices_env(os.environ,
+                                                         devices.devices_of(assignment)),
+                             timeout=600)
+        assert res.returncode == 0, res.stderr[-3000:]
+        found += ast.literal_eval(res.stdout.strip().splitlines()[-1])
     assert found == []
 
 

@@ -106,6 +106,24 @@ def _copies_twice_before_a_wait(x, w, interpret):
     return kernel(x, w)
 
 
+def _reads_before_the_copy_lands(x, y):
+    """An add whose kernel reads its own copy's destination before waiting for it, run in TPU
+    interpret mode with the race detector on: one device suffices for a race."""
+    from jax.experimental.pallas import tpu as pltpu
+
+    def kernel(x_hbm, y_ref, o_ref, landed, sem):
+        copy = pltpu.make_async_copy(x_hbm, landed, sem)
+        copy.start()
+        o_ref[...] = landed[...] + y_ref[...]
+        copy.wait()
+
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pltpu.VMEM)],
+        scratch_shapes=[pltpu.VMEM(x.shape, x.dtype), pltpu.SemaphoreType.DMA],
+        interpret=pltpu.InterpretParams(detect_races=True))(x, y)
+
+
 SEP = "\n----\n"
 # hint name -> how a learner runs into it; every hint of the table must be here
 TRIGGERS = {
@@ -122,6 +140,7 @@ TRIGGERS = {
     "reads-output": lambda: _failure("add", _add(kernel=_reads_output)),
     "kernel-arity": lambda: _failure("add", _add(kernel=_one_ref)),
     "barrier-unobserved": lambda: _failure("rms_norm_mgpu", _copies_twice_before_a_wait),
+    "race": lambda: _failure("add", _reads_before_the_copy_lands),
 }
 
 
