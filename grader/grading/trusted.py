@@ -160,6 +160,8 @@ def grading_env() -> dict[str, str]:
     the ``grader`` and ``kernelsim`` it can see (``readable``), wherever the venv's editable
     install points."""
     return {**GRADING_ENV, "PYTHONPATH": str(refs.REPO)}
+
+
 def run_env(checked: list[str]) -> dict[str, str]:
     """The environment of both processes of a run whose checks are of the tasks ``checked``:
     ``grading_env`` with as many CPU devices as those checks run on (a mesh of CPU devices,
