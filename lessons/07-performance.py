@@ -330,18 +330,19 @@ else:
 # (`call.measured.seconds`); with no accelerator, `measured` says so and only the estimate is
 # there. The cell below sweeps three blockings of a `1024³` matmul and names its source.
 #
-# XLA cannot look inside a kernel. To the rest of the program a `pallas_call` is one custom
-# call, and its cost is what the call says: a `pl.CostEstimate(flops=..., bytes_accessed=...,
+# XLA cannot look inside a kernel. To the rest of the program a `pallas_call` is one custom call,
+# and its cost is what the call says: a `pl.CostEstimate(flops=..., bytes_accessed=...,
 # transcendentals=...)` passed as `cost_estimate=`. The TPU lowering writes it into the custom
-# call's configuration (the cell finds it there). Whatever in XLA weighs an op, its scheduler
-# for one when it chooses what to run beside a long op, has only these numbers to go on for
-# the kernel (what XLA does with them lives in XLA and libtpu, not in JAX; this course has not
-# measured an effect). Nothing checks them, and a wrong estimate changes no result. So make
-# them the kernel's own for the blocks the sweep chose: the matmul's `2·M·N·K` FLOPs, the
-# bytes *those blocks* move (kernelsim's count, re-reads included, not each array once: the
-# 256-blocks below move three times what the largest blocks move) and the `exp`, `tanh` and
-# the like it evaluates (none here). JAX's transformations scale it: `jax.jvp` of the call
-# doubles it, `jax.vmap` multiplies it by the batch.
+# call's configuration (the cell finds it there). Whatever in XLA weighs an op, its scheduler for
+# one when it chooses what to run beside a long op, has only these numbers to go on for the kernel
+# (what XLA does with them lives in XLA and libtpu, not in JAX; this course has not measured an
+# effect). Nothing checks them against the kernel (only that each is an `int`), and a wrong estimate
+# changes no result. So make them the kernel's own for the blocks the sweep chose: the matmul's
+# `2·M·N·K` FLOPs, the bytes *those blocks* move (kernelsim's count, re-reads included, not each
+# array once: the 256-blocks below move three times what the largest blocks move) and the `exp`,
+# `tanh` and the like it evaluates (none here). JAX's transformations scale it: `jax.jvp` of the
+# call doubles it, `jax.vmap` multiplies it by the batch size (and drops it when that size is
+# symbolic).
 
 # %%
 n = 1024

@@ -449,8 +449,8 @@ _course.check(LESSON, "flash_attention_causal",
 # kernelsim shows the skipped copies. For `N = 1024`, `bq = 256`, `bkv = 128` query block `i`
 # needs key blocks `0 … 2i + 1`: 2, 4, 6 and 8 of the 8, 20 of the grid's 32 key steps. The
 # heatmap counts each `K` block's copies: block 0 by every query block, block 7 by the last
-# one only. (kernelsim's FLOP count does not evaluate `pl.when`, so it still counts the
-# skipped steps' arithmetic.)
+# one only. (kernelsim's FLOP count evaluates each `pl.when` too, as for the broadcasts
+# above, so the skipped steps' arithmetic is not counted either.)
 
 # %%
 rows = [["kernel", "K fetches", "K skips", "K bytes", "total HBM bytes"]]
@@ -484,11 +484,12 @@ traces[True].heatmap()
 # Pallas on a TPU offers two generators.
 #
 # * The TensorCore's own: `pltpu.prng_seed(*seeds)` seeds it (pass the seed and the program
-#   ids), `pltpu.prng_random_bits(shape)` draws 32-bit words; `pltpu.stateful_uniform`,
-#   `pltpu.stateful_bernoulli` and `pltpu.sample_block` are built on it. Mosaic makes a draw
-#   one operation of the chip's, but TPU interpret mode returns zeros for it (an unimplemented
-#   TODO in JAX's interpreter), and the plain interpreter cannot run it on a CPU at all: off a
-#   TPU nothing checks a kernel that uses it.
+#   ids), `pltpu.prng_random_bits(shape)` draws int32 words of a 2-D or larger shape;
+#   `pltpu.stateful_uniform` and `pltpu.stateful_bernoulli` are built on it, and so is
+#   `pltpu.sample_block` given a key from `pltpu.to_pallas_key`. Mosaic lowers a draw to one
+#   `tpu.prng_random_bits` operation, but TPU interpret mode returns zeros for it (an
+#   unimplemented TODO in JAX's interpreter), and the plain interpreter cannot run it on a CPU
+#   at all: off a TPU nothing checks a kernel that uses it.
 # * `jax.random` itself: `jax.random.key(seed)`, `jax.random.fold_in(key, n)` and
 #   `jax.random.bits(key, shape)` inside the kernel body. Mosaic lowers its threefry hash to
 #   vector integer instructions (twenty rounds of add, rotate and xor per pair of words: more
@@ -573,8 +574,8 @@ def flash_attention_dropout(q, k, v, seed, *, bq=128, bkv=128, interpret):
 # block by block, outside any kernel, and the output must be the attention with that mask. A
 # kernel on the TPU's own generator has no such twin; it is checked on the mask it writes: its
 # kept fraction, blocks that differ, the same mask for the same seed, another for another
-# seed, and the output equal to the attention with *its* mask (assignment 7's task 4 grades
-# exactly these).
+# seed, and the output equal to the attention with *its* mask. Assignment 7's task 6 grades
+# all of these but the same seed's mask, which a function of its inputs draws by construction.
 
 # %%
 SEED = jnp.array([2026], jnp.int32)

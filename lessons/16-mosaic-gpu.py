@@ -394,7 +394,7 @@ ws_kernel.show()
 # For an `(m, n)` array in that layout (`m` a multiple of 64, `n` of 8) the rows go in bands
 # of 64; each of the warpgroup's 4 warps takes 16 rows of a band; within a warp every `8 × 8`
 # block is spread over its 32 lanes, two neighbouring columns per lane (one vector of two
-# registers), rows 8 to 15 of the warp's 16 on the same lanes again. So the thread holding
+# elements), rows 8 to 15 of the warp's 16 on the same lanes again. So the thread holding
 # element `(r, c)` is `32 · ((r mod 64) // 16) + 4 · (r mod 8) + (c mod 8) // 2`, and every
 # thread holds `m · n / 128` elements: for a float32 accumulator, as many registers. JAX
 # describes the layout as tiles applied one inside the other, `(64, 8)`, `(16, 8)`, `(8, 8)`,
@@ -496,7 +496,8 @@ for cast in (True, False):
 # %% [markdown]
 # The tiles WGMMA reads from shared memory have layouts of their own: `(8, swizzle /
 # itemsize)` tiles (`plgpu.TilingTransform`) whose rows are swizzled across the banks
-# (`plgpu.SwizzleTransform(swizzle)`, 16 to 128 bytes). In the pinned release the lowering
+# (`plgpu.SwizzleTransform(swizzle)`: 32, 64 or 128 bytes; it refuses the 16 that
+# `plgpu.find_swizzle` can return). In the pinned release the lowering
 # picks both for a tile given none; a tile given them must have both, the tiling must fit
 # the swizzle, and A's and B's tiles must share one swizzle. GPU interpret mode ignores all
 # of it, so assignment 15's WGMMA task checks it by structure. One tile product, A's rows 32
