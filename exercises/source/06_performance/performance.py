@@ -295,13 +295,15 @@ course.check("layernorm", layernorm, hidden=True)
 #    accelerator, kernelsim's estimate for a TPU v5e (`kernelsim.trace(..., chip="tpu-v5e")`, its
 #    call's `estimated_seconds`). Say which the numbers are. The grading machine has no
 #    accelerator: there your sweep estimates, and the grade checks that your blocks are the
-#    fastest candidate by kernelsim's estimate (ties within 5 % allowed). Where a sweep timed
-#    the candidates, any candidate passes: nobody can replay your chip's clock.
+#    fastest candidate by kernelsim's estimate, or within 5 % of it (both times without the
+#    call's fixed cost, which no blocks change). Where a sweep timed the candidates, any
+#    candidate passes: nobody can replay your chip's clock.
 # 2. **A `pl.CostEstimate`** for the winner, passed to `pl.pallas_call(..., cost_estimate=...)`:
 #    `flops` (within 2 % of kernelsim's count of your kernel), `bytes_accessed` (within 1 % of
 #    the HBM bytes your blocks move: each input re-read as often as your grid re-fetches it,
-#    not once) and `transcendentals` (exactly how many `tanh`s the kernel computes). XLA cannot
-#    see inside a kernel; this is what its scheduler believes about it (lesson 7).
+#    not once) and `transcendentals` (exactly `M·N`, one `tanh` per output element). XLA
+#    cannot see inside a kernel; these numbers are all it knows of the kernel's cost
+#    (lesson 7).
 #
 # `course.check` traces `matmul_costed` as `jax.jit` does, and a kernel run during a trace is
 # traced, not run: time the candidates in a thread of their own

@@ -560,13 +560,18 @@ course.check("attention_with_grad", attention_with_grad, hidden=True)
 #
 # Draw with `jax.random` keys (`jax.random.key`, `jax.random.fold_in`, `jax.random.bits`):
 # their bits are the same in interpret mode and on a TPU. The TPU's own generator
-# (`pltpu.prng_seed`, `pltpu.prng_random_bits`) is faster on the chip, but TPU interpret mode
-# returns zeros for it, so nothing here could check a kernel that uses it.
+# (`pltpu.prng_seed`, `pltpu.prng_random_bits`) does less work on the chip (one operation a
+# draw, where threefry runs twenty rounds), but TPU interpret mode returns zeros for it, so
+# nothing here could check a kernel that uses it.
 #
 # The check cannot compare with a fixed answer (the mask is your kernel's draw), so it checks
-# what a right dropout shows: the mask holds 0 and 1 and keeps about `1 - rate` of the entries;
-# no two `(bq, bk)` blocks of it are alike; `seed + 1` draws another mask; and the output is the
-# attention with your mask, scaled by `1 / (1 - rate)`.
+# what a right dropout shows: the mask holds 0 and 1 and keeps `1 - rate` of the entries
+# (within five binomial standard deviations); no two `(bq, bk)` blocks of it are alike;
+# `seed + 1` draws another mask, differing in at least `rate · (1 - rate)` of the entries
+# (half what two independent masks give); and the output is the attention with your mask,
+# scaled by `1 / (1 - rate)`. It calls your function once per seed; each call is one
+# `pallas_call` with grid `(Lq // bq, Lk // bk)`, reading `k` once per query block and
+# writing nothing to HBM but the output and the int32 mask.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>

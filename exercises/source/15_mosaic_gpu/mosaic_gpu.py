@@ -326,9 +326,12 @@ course.check("rms_norm_mgpu", rms_norm_mgpu, hidden=True)
 # `tk` 32 to 128. Pass `interpret` on to `plgpu.kernel`.
 #
 # The grader checks the values on every case, then reads your kernel with `kernelsim.gpu`:
-# the copies are TMAs into shared memory, each waited on; one WGMMA per K step (`k // tk` per
-# CTA), all added onto one accumulator; B read as it is stored; tiles in a layout the Mosaic
-# GPU lowering accepts; at most 227 KiB of shared memory per CTA. GPU interpret mode runs a
+# exactly one `plgpu.kernel` (no `pallas_call`) with one CTA per output tile; every input
+# reaches shared memory by TMA copies, each waited on; the result leaves by TMA, after
+# `commit_smem` and before `wait_smem_to_gmem`; no plain load or store of a global ref; one
+# WGMMA per K step (`k // tk` per CTA), all added onto one accumulator; B read as it is
+# stored; tiles in a layout the Mosaic GPU lowering accepts; at most 227 KiB of shared memory
+# per CTA. GPU interpret mode runs a
 # WGMMA at once and ignores swizzles, so a layout the lowering refuses still gives right values
 # here (and no kernel at all on a GPU): it is checked by structure. A copy you never wait for
 # stops GPU interpret mode when its barrier completes again ("Barrier completed phase 1, but
