@@ -327,6 +327,17 @@ def typed_ndarray_type() -> type | None:
     return TypedNdArray
 
 
+def prng_impl_functions() -> frozenset[tuple[str, str]]:
+    """(module, qualified name) of every function a registered JAX PRNG implementation holds
+    (``jax._src.random.prng.prngs``: threefry, rbg, philox, ...): what a pickled jaxpr names
+    when a kernel draws ``jax.random`` bits from a key, whose type carries its
+    implementation."""
+    from jax._src.random import prng
+
+    return frozenset((f.__module__, f.__qualname__) for impl in prng.prngs.values()
+                     for f in impl if callable(f))
+
+
 def on_abstract_gpu(device_kind: str, num_cores: int) -> Any:
     """A context in which code that asks for its GPU (JAX's bundled Mosaic GPU ops read the SM
     count, ``num_cores``) is told ``device_kind``, on any host: to lower them from a CPU."""

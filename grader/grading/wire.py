@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from jax.extend.core import ClosedJaxpr, Primitive, jaxprs_in_params
 
-from kernelsim.adapter import typed_ndarray_type
+from kernelsim.adapter import prng_impl_functions, typed_ndarray_type
 
 # where a class may come from: JAX's own modules and its extension, NumPy's arrays and dtypes,
 # ml_dtypes (bfloat16); not NumPy's memmap, ctypes or file helpers
@@ -41,6 +41,8 @@ SETS = {("builtins", "set"), ("builtins", "frozenset")}  # a set's members in a 
 FUNCTIONS = {("jax._src.named_sharding", "_unpickle_named_sharding"),
              ("numpy._core.multiarray", "_reconstruct"), ("numpy._core.numeric", "_frombuffer"),
              ("numpy.core.multiarray", "_reconstruct")}
+# functions a key's type names, its PRNG implementation's (a kernel drawing jax.random bits)
+FUNCTIONS |= prng_impl_functions()
 # objects (not classes) the allowed libraries' pickles name: pytree registries
 OBJECTS = {("jax._src.tree_util", "default_registry"), ("jax._src.tree_util", "tracing_registry")}
 
