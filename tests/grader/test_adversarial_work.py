@@ -33,7 +33,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from grader import devices, tasks
-from grader.grading import calling, fingerprint, work
+from grader.grading import calling, fingerprint, wire, work
+from grader.grading.checker import known_primitives, python_at_run_time
 from grader.learner import course
 from grader.tasks import collect_shipped, shipped
 
@@ -125,7 +126,10 @@ def test_a_pallas_op_jax_ships_is_not_the_learners():
 
 def shipped_solution_bodies(assignments) -> list[tuple[str, str]]:
     """(task, where the corpus says it ships) for every instructor solution of
-    ``assignments`` whose kernel body the stored corpus holds."""
+    ``assignments`` whose kernel body the stored corpus holds. On the way, each solution's
+    program crosses to the checker as grading sends it (pickled, read back through the
+    checker's allow-list) and runs no Python there: a program naming what the list refuses
+    passes every in-process test and fails only in a jailed batch (the dropout task's key)."""
     found = []
     for assignment in assignments:
         for task_id, fn in gradertools.solutions(assignment).items():
@@ -134,6 +138,9 @@ def shipped_solution_bodies(assignments) -> list[tuple[str, str]]:
             arrays = [jnp.asarray(v) for v in task.inputs(case).values()]
             traced = work.trace_case(task, fn, arrays, case.params)
             assert traced.error is None, (task_id, traced.error)
+            if traced.program is not None:
+                wired = wire.loads(wire.dumps(traced.program))
+                assert python_at_run_time(wired, known_primitives()) is None, task_id
             found += [(task_id, shipped.known()[fingerprint.fingerprint(b)])
                       for b in calling.kernel_bodies(traced.program)
                       if fingerprint.fingerprint(b) in shipped.known()]
