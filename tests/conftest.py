@@ -3,12 +3,32 @@ of exercises/ released once."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import sys
 from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# One JAX compilation cache for the suite's processes and every process they start with their
+# environment (notebook kernels, bench/on_device.py's notebooks, the `pallas-course check` a
+# test runs): the tests check the same instructor kernels on the same cases again and again,
+# in one process and across them, and XLA's compile was half of a check's CPU time (assignment
+# 7's checks: 28 CPU seconds, 13 with the cache warm). The grader's jail is left out: its
+# children get a clean environment (grader/grading/sandbox.py's child_env), as in a class. A
+# cached executable is the one XLA compiled, so no result changes. One folder per JAX release
+# (per venv: the compat run's jax 0.10.2 beside the pin); `make clean` removes it.
+_JAX_CACHE = {
+    "JAX_COMPILATION_CACHE_DIR": str(REPO / "build" / "jax-cache" / Path(sys.prefix).name),
+    # every compile, not only those over a second, and every size
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
+for _name, _value in _JAX_CACHE.items():
+    os.environ.setdefault(_name, _value)
 
 # `make test` runs one of its two pytest processes in the background, and a shell starts a
 # background command with SIGINT ignored, which every program it starts inherits: a server a
@@ -41,12 +61,11 @@ def released_course(tmp_path_factory) -> Path:
     writes in a course copies it first."""
     from grader.grading import batch as grading
 
-    repo = Path(__file__).resolve().parents[1]
     root = tmp_path_factory.mktemp("released") / "exercises"
     root.mkdir()
-    shutil.copy(repo / "exercises" / "nbgrader_config.py", root)
+    shutil.copy(REPO / "exercises" / "nbgrader_config.py", root)
     for name in ("source", "refs"):
-        shutil.copytree(repo / "exercises" / name, root / name,
+        shutil.copytree(REPO / "exercises" / name, root / name,
                         ignore=shutil.ignore_patterns("*.ipynb", "__pycache__"))
     grading.release(root, log=lambda *a: None)
     return root
