@@ -74,10 +74,11 @@ site: $(STAMP)
 # of CI's two cores busy on average (services, browsers and jailed runs start and wait): the
 # lessons, the site and the class services (which share the lesson cache, the built site and the
 # class's accounts) in one, with kernelsim's, the sandbox's and bench's tests, which need no
-# course, and two of the workspace's and one of the grader's (a module of its own, 67 s), which
-# balance the two (in a clean clone on 2 idle cores the other process took 1,321 s, 1,201 of them
-# grading, and this one ended 134 s before it); every other folder in the other. A new test
-# folder joins the second one. Each writes its own junit file for bench/ci_time.py.
+# course, and two of the workspace's and two of the grader's (modules of their own), which
+# balance the two (in a clean clone at be19e0e on 2 idle cores the other process took 1,372 s
+# and this one ended 52 s before it); every other folder in the other. A new test folder joins
+# the second one. Each writes its own junit file for bench/ci_time.py; bench/ci_cpu.py says
+# where their CPU goes (both cores are busy throughout, so CPU taken out is what saves time).
 SIDE_TESTS := tests/lessons tests/site tests/cluster tests/kernelsim tests/sandbox tests/bench \
   tests/workspace/test_workspace.py tests/workspace/test_learner_lab.py \
   tests/grader/test_flash_attention_backward_task.py tests/grader/test_adversarial_a05_a07.py
