@@ -96,8 +96,9 @@ test-main: $(STAMP) bytecode
 # environment says PYTHONDONTWRITEBYTECODE (this CI's does, and the grader's jail always does):
 # compiled once here, the jailed runs, notebook kernels and workers read them (0.3 CPU s less
 # for each of some 500 processes that import kernelsim and the grader).
+BYTECODE_DIRS := grader kernelsim lessons tests bench site
 bytecode: $(STAMP)
-	@$(PY) -m compileall -q -j0 grader kernelsim lessons tests bench site
+	@$(PY) -m compileall -q -j0 $(BYTECODE_DIRS)
 
 # kernelsim's suite on the oldest supported JAX runs beside the main suite too, from the start:
 # its venv is made while the course's is installed (one core each); its log follows the main
@@ -121,7 +122,7 @@ test-jax:
 	@test -n "$(PYTHON_FOR_JAX)" || { echo "make test-jax: no Python for jax $(JAX) found;" \
 	  "name one: PYTHON_FOR_JAX=/path/to/python" >&2; exit 1; }
 	$(PYTHON_FOR_JAX) .ci/jax_env.py $(JAX_VENV) $(JAX)
-	$(JAX_VENV)/bin/python -m compileall -q -j0 grader kernelsim lessons tests bench
+	$(JAX_VENV)/bin/python -m compileall -q -j0 $(BYTECODE_DIRS)
 	$(JAX_VENV)/bin/python -m pytest -p no:cacheprovider -q $(COMPAT_TESTS)
 
 # The learner's workspace/ (git-ignored) gets the lessons and the released student notebooks;
