@@ -82,6 +82,17 @@ def planted(assignment: str, namespace: dict, cell: str, *edits: tuple[str, str]
     return scope[cell.removesuffix("_solution")]
 
 
+def as_the_checker_reads(program, what: str = "the program"):
+    """``program`` as grading hands it to the checker: pickled, read back through the checker's
+    allow-list (``grader.grading.wire``), and asserted to run no Python there."""
+    from grader.grading import wire
+    from grader.grading.checker import known_primitives, python_at_run_time
+
+    wired = wire.loads(wire.dumps(program))
+    assert (why := python_at_run_time(wired, known_primitives())) is None, f"{what}: {why}"
+    return wired
+
+
 def fails(task: str, fn, expected: str, hidden: bool = False) -> str:
     """``course.check`` of ``fn`` fails with a message holding ``expected``; the message."""
     import pytest

@@ -49,16 +49,14 @@ def test_the_program_crosses_to_the_checker_and_runs_there(notebook):
     """As grading passes it: traced in the notebook's process, pickled, read back through the
     checker's allow-list (a key's type names its PRNG implementation's functions, which the
     list once refused: the instructor scored 15 of 18 in a jailed batch) and run."""
-    from grader.grading import wire, work
+    from grader.grading import work
     from grader.grading.calling import Traced, trace_case
-    from grader.grading.checker import known_primitives, python_at_run_time
 
     task = tasks.get("dropout_attention")
     case = next(c for c in task.cases if c.name == "v0")
     arrays = [jnp.asarray(v) for v in task.inputs(case).values()]
     traced = trace_case(task, notebook["dropout_attention"], arrays, case.params)
-    program = wire.loads(wire.dumps(traced.program))
-    assert python_at_run_time(program, known_primitives()) is None
+    program = gradertools.as_the_checker_reads(traced.program)
     run = work.run_traced(Traced(program, arrays))
     assert run.error is None, run.error
     assert not [r for r in task.output_rules(case, task.inputs(case), run.output) if not r.ok]
