@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from sitetools import SITE_DIR, serve_folder, watch
+from sitetools import FIGURES, HIDDEN, PAGE_WIDTH, REPO, SITE_DIR, serve_folder, visit_each, watch
+
+LESSONS = sorted(p.stem for p in (REPO / "lessons").glob("[0-9][0-9]-*.py"))
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +49,29 @@ def watched(browser):
     yield w
     context.close()
     w.check()
+
+
+@pytest.fixture(scope="session")
+def site_at_1280(browser, built_site, base_url) -> dict:
+    """Every page of the built site opened once at 1280 px (``sitetools.visit_each``), by its
+    path (``lessons/04-index-maps/``): its headings, its wrapped lines, the boxes that hide
+    text, its width and its figures, which test_browser.py's and test_readable_pages.py's
+    desktop tests assert on."""
+    paths = sorted(p.relative_to(built_site).as_posix().removesuffix("index.html")
+                   for p in built_site.rglob("index.html"))
+    return visit_each(browser, base_url, paths, {"width": 1280, "height": 900}, {
+        "headings": "() => document.querySelectorAll('h1').length",
+        "lines": "() => document.querySelectorAll('article .ks-ln').length",
+        "hidden": HIDDEN, "width": PAGE_WIDTH, "figures": FIGURES})
+
+
+@pytest.fixture(scope="session")
+def lessons_at_390(browser, base_url) -> dict:
+    """Every lesson opened once at 390 px, scrolled to its first viewer if it shows one: the
+    page's width and its viewers, by the lesson's stem."""
+    seen = visit_each(browser, base_url, [f"lessons/{stem}/" for stem in LESSONS],
+                      {"width": 390, "height": 844}, {
+                          "width": PAGE_WIDTH,
+                          "viewers": "() => document.querySelectorAll('.ks-viewer').length"},
+                      before="() => document.querySelector('.ks-viewer')?.scrollIntoView()")
+    return {path.split("/")[1]: page for path, page in seen.items()}

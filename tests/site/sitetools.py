@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
 import http.server
@@ -104,10 +105,80 @@ class Watched:
         self.foreign: list[str] = []
         self.failed: list[str] = []
 
+    def problems(self) -> list[str]:
+        """What it saw that no page of the site may do, in words; empty when all is well."""
+        return ([f"requests to other hosts: {self.foreign}"] if self.foreign else []) + \
+            ([f"console errors: {self.errors}"] if self.errors else []) + \
+            ([f"failed requests: {self.failed}"] if self.failed else [])
+
     def check(self) -> None:
-        assert not self.foreign, f"requests to other hosts: {self.foreign}"
-        assert not self.errors, f"console errors: {self.errors}"
-        assert not self.failed, f"failed requests: {self.failed}"
+        assert not self.problems(), "; ".join(self.problems())
+
+
+# Every pre and every output box of a lesson where text is hidden: [what, client width, scroll
+# width] of a box whose text scrolls out of it, and the wrapped lines' rows clipped by their box.
+HIDDEN = """() => {
+  const out = [];
+  for (const b of document.querySelectorAll(
+      'article pre, article .jp-OutputArea-output, article .highlight-ipynb')) {
+    if (b.closest('.ks-viewer-host')) continue;  // the viewer: tests of its own
+    if (b.scrollWidth > b.clientWidth + 1)
+      out.push([b.textContent.trim().slice(0, 50), b.clientWidth, b.scrollWidth]);
+  }
+  for (const ln of document.querySelectorAll('article .ks-ln:not(.ks-trow)')) {
+    const box = ln.getBoundingClientRect(), range = document.createRange();
+    range.selectNodeContents(ln);
+    for (const r of range.getClientRects())
+      if (r.width && (r.right > box.right + 1 || r.bottom > box.bottom + 1)) {
+        out.push(['clipped: ' + ln.textContent.slice(0, 50), box.right, r.right]);
+        break;
+      }
+  }
+  return out; }"""
+PAGE_WIDTH = "() => document.scrollingElement.scrollWidth"
+# a lesson's figures (notebook outputs drawn as img, svg or canvas): [how many, the first one's
+# width and height in px]
+FIGURES = """() => {
+  const figures = document.querySelectorAll('.jp-OutputArea-output img, '
+    + '.jp-OutputArea-output svg, .jp-OutputArea-output canvas');
+  const box = figures.length ? figures[0].getBoundingClientRect() : null;
+  return [figures.length, box ? box.width : 0, box ? box.height : 0]; }"""
+
+
+@dataclasses.dataclass
+class PageSeen:
+    """One page as a browser opened it: the HTTP status, what each measure (a JavaScript
+    function, by name) returned once it had loaded, and the problems it showed
+    (``Watched.problems``) while it did."""
+
+    status: int | None
+    measured: dict[str, object]
+    problems: list[str]
+
+
+def visit_each(browser, base_url: str, paths: list[str], viewport: dict, measures: dict[str, str],
+               before: str | None = None) -> dict[str, PageSeen]:
+    """Open every page of ``paths`` (relative to ``base_url``) once, one after another in one
+    watched context of ``viewport``, and measure it there: after it loaded and its requests
+    (mkdocs-material's search worker) went quiet, and ``before`` ran (a JavaScript function).
+    The tests that assert on a page's measures read them from here: each page is laid out once
+    per width, not once per test."""
+    context = browser.new_context(viewport=viewport)
+    w = watch(context)
+    seen = {}
+    try:
+        for path in paths:
+            w.errors, w.foreign, w.failed = [], [], []
+            response = w.page.goto(base_url + path, wait_until="load")
+            w.page.wait_for_load_state("networkidle")
+            if before:
+                w.page.evaluate(before)
+            seen[path] = PageSeen(response.status if response else None,
+                                  {name: w.page.evaluate(js) for name, js in measures.items()},
+                                  w.problems())
+    finally:
+        context.close()
+    return seen
 
 
 def watch(context) -> Watched:

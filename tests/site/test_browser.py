@@ -39,15 +39,10 @@ def _lesson_params():
 
 
 @pytest.mark.parametrize("stem", _lesson_params())
-def test_lesson_shows_a_figure(watched, base_url, stem):
-    page = watched.page
-    page.goto(f"{base_url}lessons/{stem}/")
-    figures = page.locator(".jp-OutputArea-output img, .jp-OutputArea-output svg, "
-                           ".jp-OutputArea-output canvas")
-    count = figures.count()
+def test_lesson_shows_a_figure(site_at_1280, stem):
+    count, width, height = site_at_1280[f"lessons/{stem}/"].measured["figures"]
     assert count > 0, f"{stem}: no img/svg/canvas in the notebook outputs"
-    box = figures.first.bounding_box()
-    assert box and box["width"] > 50 and box["height"] > 50, f"{stem}: figure not visible"
+    assert width > 50 and height > 50, f"{stem}: figure not visible"
 
 
 def test_search_for_index_map_finds_the_lesson(watched, base_url):
@@ -68,23 +63,14 @@ def test_search_for_index_map_finds_the_lesson(watched, base_url):
     assert any("lessons/04-index-maps/" in (h or "") for h in hrefs), hrefs
 
 
-def test_every_page_renders_without_errors(browser, built_site, base_url):
-    from sitetools import watch
-
-    pages = sorted(p.relative_to(built_site).as_posix() for p in built_site.rglob("index.html"))
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    w = watch(context)
-    try:
-        for rel in pages:
-            url = base_url + rel.removesuffix("index.html")
-            response = w.page.goto(url, wait_until="load")
-            assert response and response.ok, f"{url}: {response and response.status}"
-            w.page.wait_for_load_state("networkidle")  # let the search worker load
-            assert w.page.locator("h1").count() > 0, f"{url}: no heading"
-    finally:
-        context.close()
-    w.check()
-    assert len(pages) >= 10
+def test_every_page_renders_without_errors(site_at_1280):
+    """Every page of the site answers, has a heading, and loads (its search worker too)
+    without a console error or a request to another host."""
+    for path, seen in site_at_1280.items():
+        assert seen.status == 200, f"{path}: {seen.status}"
+        assert seen.measured["headings"] > 0, f"{path}: no heading"
+        assert seen.problems == [], f"{path}: {seen.problems}"
+    assert len(site_at_1280) >= 10
 
 
 WRAPPED_ROWS = """() => [...document.querySelectorAll('.jp-OutputArea-output .ks-trow')]

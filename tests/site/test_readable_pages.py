@@ -9,33 +9,12 @@ from __future__ import annotations
 import re
 
 import pytest
-from sitetools import REPO, watch
+from sitetools import PAGE_WIDTH, REPO, watch
 
 MEASURED = ("01-why-pallas", "04-index-maps", "06-scalar-prefetch", "08-flash-attention",
             "11-gpu")
 SHOTS = REPO / "build" / "screenshots"
 
-# Every pre and every output box: [what, client width, scroll width] where text is hidden
-# (scrolled out of its box), and the wrapped lines' rows that are clipped by their box.
-HIDDEN = """() => {
-  const out = [];
-  for (const b of document.querySelectorAll(
-      'article pre, article .jp-OutputArea-output, article .highlight-ipynb')) {
-    if (b.closest('.ks-viewer-host')) continue;  // the viewer: its own test below
-    if (b.scrollWidth > b.clientWidth + 1)
-      out.push([b.textContent.trim().slice(0, 50), b.clientWidth, b.scrollWidth]);
-  }
-  for (const ln of document.querySelectorAll('article .ks-ln:not(.ks-trow)')) {
-    const box = ln.getBoundingClientRect(), range = document.createRange();
-    range.selectNodeContents(ln);
-    for (const r of range.getClientRects())
-      if (r.width && (r.right > box.right + 1 || r.bottom > box.bottom + 1)) {
-        out.push(['clipped: ' + ln.textContent.slice(0, 50), box.right, r.right]);
-        break;
-      }
-  }
-  return out; }"""
-PAGE_WIDTH = "() => document.scrollingElement.scrollWidth"
 # Material's "Back to top" button floats over the text while a page scrolls up: a short
 # scroll down puts it away before a screenshot
 SETTLE = "() => new Promise(r => { scrollBy(0, 4); setTimeout(r, 500); })"
@@ -75,12 +54,11 @@ def phone(browser):
 
 
 @pytest.mark.parametrize("stem", MEASURED)
-def test_no_code_or_output_box_hides_text_at_1280(watched, base_url, stem):
-    page = watched.page
-    page.goto(f"{base_url}lessons/{stem}/")
-    assert page.locator("article .ks-ln").count() > 20, "the lesson's lines are not wrapped"
-    assert page.evaluate(HIDDEN) == [], stem
-    assert page.evaluate(PAGE_WIDTH) <= 1280
+def test_no_code_or_output_box_hides_text_at_1280(site_at_1280, stem):
+    seen = site_at_1280[f"lessons/{stem}/"].measured
+    assert seen["lines"] > 20, "the lesson's lines are not wrapped"
+    assert seen["hidden"] == [], stem
+    assert seen["width"] <= 1280
 
 
 @pytest.mark.parametrize("stem", MEASURED)
@@ -97,28 +75,17 @@ def test_no_page_scrolls_sideways_at_390_and_wrapped_lines_are_marked(phone, bas
     assert size >= 12
 
 
-def test_no_lesson_hides_text_at_1280(browser, base_url):
+def test_no_lesson_hides_text_at_1280(site_at_1280):
     """Every lesson, not only the measured five: no code or output box hides text."""
-    context, hidden = browser.new_context(viewport={"width": 1280, "height": 900}), {}
-    try:
-        page = context.new_page()
-        for lesson in sorted((REPO / "lessons").glob("[0-9][0-9]-*.py")):
-            page.goto(f"{base_url}lessons/{lesson.stem}/")
-            hidden[lesson.stem] = page.evaluate(HIDDEN)
-    finally:
-        context.close()
-    assert {stem: boxes for stem, boxes in hidden.items() if boxes} == {}
+    hidden = {path: seen.measured["hidden"] for path, seen in site_at_1280.items()
+              if path.startswith("lessons/")}
+    assert len(hidden) == len(list((REPO / "lessons").glob("[0-9][0-9]-*.py")))
+    assert {path: boxes for path, boxes in hidden.items() if boxes} == {}
 
 
-def test_no_lesson_scrolls_sideways_at_390(browser, base_url):
-    context = browser.new_context(viewport={"width": 390, "height": 844})
-    try:
-        page = context.new_page()
-        for lesson in sorted((REPO / "lessons").glob("[0-9][0-9]-*.py")):
-            page.goto(f"{base_url}lessons/{lesson.stem}/")
-            assert page.evaluate(PAGE_WIDTH) <= 390, lesson.stem
-    finally:
-        context.close()
+def test_no_lesson_scrolls_sideways_at_390(lessons_at_390):
+    assert {stem: seen.measured["width"] for stem, seen in lessons_at_390.items()
+            if seen.measured["width"] > 390} == {}
 
 
 # a printed table's font and its box, as course.css sizes them: [font px, box width, text width]
