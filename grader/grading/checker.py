@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -140,7 +141,18 @@ class Checker:
         return message, out_blob
 
 
+def compile_each_program_once() -> None:
+    """Keep what XLA compiles in this process, in a folder of its own /tmp (the jail's: no other
+    run sees it), so that a kernel is compiled once per checker. kernelsim runs each kernel as
+    JAX runs a ``pallas_call`` outside ``jit``, which lowers and compiles it again at every
+    call: the cases of a check, and two tasks that share a kernel, would compile it again."""
+    jax.config.update("jax_compilation_cache_dir", tempfile.mkdtemp(prefix="checker-xla-"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
 def main() -> int:
+    compile_each_program_once()
     stdin = sys.stdin.buffer
     key = bytes.fromhex(stdin.readline().decode().strip())
     out = os.dup(1)

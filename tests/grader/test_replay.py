@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import pickle
 import signal
 import subprocess
@@ -235,6 +236,44 @@ def test_programs_that_would_run_learner_python_are_refused():
     mine.def_impl(lambda x: x)
     mine.def_abstract_eval(lambda x: x)
     assert "my_add" in at_run_time(mine.bind)
+
+
+def test_the_checker_compiles_a_kernel_once_for_every_case_it_runs(tmp_path):
+    """Two cases of one shape, traced apart as the notebook's process traces them: the
+    checker's second run of the kernel is XLA's first executable, from the folder of its own
+    that ``compile_each_program_once`` keeps in its /tmp (kernelsim runs a kernel as JAX runs
+    a pallas_call outside jit, which would compile it again)."""
+    script = (
+        "import os, stat, tempfile, jax, jax.numpy as jnp\n"
+        "from jax.experimental import pallas as pl\n"
+        "from grader.grading import checker\n"
+        "from grader.grading.calling import Traced\n"
+        "from grader.grading.work import run_traced\n"
+        "checker.compile_each_program_once()\n"
+        "hits = []\n"
+        "jax.monitoring.register_event_listener(\n"
+        "    lambda event, **kw: hits.append(event) if event.endswith('cache_hits') else None)\n"
+        "def kernel(x_ref, o_ref):\n"
+        "    o_ref[...] = x_ref[...] * 2\n"
+        "def double(x):\n"
+        "    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),\n"
+        "                          interpret=True)(x)\n"
+        "for case in range(2):\n"
+        "    x = jnp.full((8, 128), case, jnp.float32)\n"
+        "    run = run_traced(Traced(jax.make_jaxpr(double)(x), [x]))\n"
+        "    assert run.error is None and float(run.output[0, 0]) == 2 * case, run\n"
+        "    print(case, len(hits))\n"
+        "folder = jax.config.jax_compilation_cache_dir\n"
+        "assert folder.startswith(tempfile.gettempdir()), folder\n"
+        "print(oct(stat.S_IMODE(os.stat(folder).st_mode)))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_COMPILATION_CACHE",
+                                                                     "JAX_PERSISTENT_CACHE"))}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          env={**env, "TMPDIR": str(tmp_path)}, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    first, second, mode = done.stdout.split("\n")[:3]
+    assert int(first.split()[1]) == 0 < int(second.split()[1]), done.stdout
+    assert mode == "0o700"  # the checker's uid alone writes what it will load
 
 
 # ----------------------------------------------------------------------------- fresh runs
