@@ -32,7 +32,7 @@ import kernelsim.backend  # noqa: F401
 from grader import tasks
 from grader.grading import exchange, refs, wire
 from grader.grading.calling import Traced
-from grader.grading.work import run_traced
+from grader.grading.work import CaseRun, run_traced
 
 CALLBACKS = ("pure_callback", "io_callback", "debug_callback")  # primitives that run Python
 
@@ -101,15 +101,12 @@ class Checker:
         return out
 
     def check(self, request: dict, blob: bytes) -> tuple[dict, bytes]:
-        tag = exchange.check_key(str(request.get("task")), bool(request.get("hidden")))
-        message = {"kind": "check", "cell": request.get("cell"), "task": request.get("task"),
-                   "hidden": bool(request.get("hidden")), "failed": request.get("failed"),
-                   "timeout": False, "outputs": []}
-        inputs = self.inputs(tag)
+        inputs = self.inputs(exchange.check_key(str(request.get("task")),
+                                                bool(request.get("hidden"))))
         spans = request.get("programs") or {}
-        errors = {str(k): str(v) for k, v in (request.get("errors") or {}).items()}
-        runs, refused = {}, None
-        if message["failed"] is None:
+        errors = {str(k) for k in (request.get("errors") or {})}
+        failed, runs, refused = request.get("failed"), {}, None
+        if failed is None:
             programs = {}
             for name in inputs:
                 if name in errors:
@@ -122,23 +119,35 @@ class Checker:
             refused = refused or next((why for p in programs.values()
                                        if (why := python_at_run_time(p, self.known))), None)
             if refused:
-                message["failed"] = f"your function cannot be graded: {refused}"
+                failed = f"your function cannot be graded: {refused}"
             else:
                 runs = {name: run_traced(Traced(program, inputs[name]))
                         for name, program in programs.items()}
-        outputs = {n: r.output for n, r in runs.items() if r.error is None}
-        out_blob, dtypes, bad = exchange.encode_outputs(outputs)
-        errors.update({n: r.error[:exchange.MAX_ERROR_CHARS] for n, r in runs.items()
-                       if r.error is not None})
-        errors.update(bad)
-        ok = [n for n in runs if n not in errors]
-        message.update(
-            errors=errors if message["failed"] is None else {}, dtypes=dtypes,
-            traces={n: runs[n].trace for n in ok},
-            trace_errors={n: runs[n].trace_error for n in ok},
-            work={n: runs[n].work for n in ok},
-            summary=next((r.summary for r in runs.values() if r.summary), None))
-        return message, out_blob
+        return answer({**request, "failed": failed}, runs)
+
+
+def answer(request: dict, runs: dict[str, CaseRun]) -> tuple[dict, bytes]:
+    """The answer to one check's ``request`` (its ``failed`` as decided) once its programs ran
+    (``runs``, by case): the message, with the errors the notebook's process met tracing a
+    case and those the runs raised, and the outputs' bytes. With no run (every case raised
+    while the notebook traced it) it is the relay's own answer, and no checker starts."""
+    message = {"kind": "check", "cell": request.get("cell"), "task": request.get("task"),
+               "hidden": bool(request.get("hidden")), "failed": request.get("failed"),
+               "timeout": False, "outputs": []}
+    errors = {str(k): str(v) for k, v in (request.get("errors") or {}).items()}
+    outputs = {n: r.output for n, r in runs.items() if r.error is None}
+    out_blob, dtypes, bad = exchange.encode_outputs(outputs)
+    errors.update({n: r.error[:exchange.MAX_ERROR_CHARS] for n, r in runs.items()
+                   if r.error is not None})
+    errors.update(bad)
+    ok = [n for n in runs if n not in errors]
+    message.update(
+        errors=errors if message["failed"] is None else {}, dtypes=dtypes,
+        traces={n: runs[n].trace for n in ok},
+        trace_errors={n: runs[n].trace_error for n in ok},
+        work={n: runs[n].work for n in ok},
+        summary=next((r.summary for r in runs.values() if r.summary), None))
+    return message, out_blob
 
 
 def compile_each_program_once() -> None:

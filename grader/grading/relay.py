@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from grader.grading import answer_cache, exchange, sandbox
+from grader.grading import answer_cache, checker, exchange, sandbox
 
 STARTUP_SECONDS = 120  # the run's imports and JAX start, beyond its cells' time limits
 
@@ -22,7 +22,8 @@ class Run(Protocol):
     its ``index`` and ``timeout``, seconds), the frames the notebook sends when nothing stops it,
     the hidden cases' shapes it is sent after its last cell, and the checker's answers kept from
     earlier runs. The checker is started for the first check no kept answer decides (None
-    until then: a notebook whose every check fails in it, or was checked before, needs none)."""
+    until then: a notebook whose every check fails in it, raises on every case as it is
+    traced, or was checked before, needs none)."""
 
     cells: list[dict]
     child: sandbox.Confined
@@ -148,6 +149,11 @@ class Relay:
             return
         request = {**answer, "kind": "check", "programs": message.get("programs") or {},
                    "errors": message.get("errors") or {}}
+        traced = {c["case"] for c in self.fresh.check_job(*key[1:])["cases"]}
+        if not request["programs"] and traced <= set(request["errors"]):
+            # every case raised while the notebook traced it: nothing for a checker to run
+            got.answers[key[1:]] = checker.answer(request, {})
+            return
         answer_key = self.fresh.answer_key(request, blob)
         kept = self.fresh.answers.get(answer_key)
         if kept is not None:

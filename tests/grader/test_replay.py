@@ -357,6 +357,18 @@ def test_forging_the_facts_in_the_fresh_run_is_tampering(slot, name):
     assert got.answers == {} and "grading code was changed" in got.stopped
 
 
+def test_a_function_that_raises_on_every_case_is_answered_without_a_checker(slot):
+    """A task not done yet (its function raises as it is traced) has nothing to run: the relay
+    answers with the errors, as the checker would, and no checker starts (a second or more of
+    CPU for each such notebook); the verdict names the error."""
+    cells = _cells("def add(x, y):\n    raise NotImplementedError('add: not implemented yet')\n")
+    run = trusted.FreshRun(cells, slot, LIMITS, lambda cell: 60)
+    got = run.finish()
+    assert run.checkers == [] and got.tampered == [], got
+    found = _verdict(got, run.loaded)
+    assert not found.passed and "add: not implemented yet" in str(found), found
+
+
 def test_a_callback_to_learner_python_fails_the_check(slot):
     got, _ = _fresh(slot, "_add = add\ndef add(x, y):\n    return jax.pure_callback("
                           "lambda a, b: a + b, jax.ShapeDtypeStruct(x.shape, x.dtype), x, y)\n")
