@@ -134,7 +134,8 @@ class Relay:
             return
         answer = {"kind": "check", "cell": index, "task": key[2], "hidden": key[3],
                   "failed": message.get("failed"), "timeout": bool(message.get("timeout"))}
-        changed = self._job_changed(message.get("job"), *key[1:])
+        sent = self.fresh.check_job(*key[1:])  # the job this process sent for the check
+        changed = self._job_changed(message.get("job"), sent)
         if changed:
             got.rewritten.append(f"the {'hidden' if key[3] else 'visible'} check of {key[2]} "
                                  f"was changed in the notebook's memory: {changed}")
@@ -149,7 +150,7 @@ class Relay:
             return
         request = {**answer, "kind": "check", "programs": message.get("programs") or {},
                    "errors": message.get("errors") or {}}
-        traced = {c["case"] for c in self.fresh.check_job(*key[1:])["cases"]}
+        traced = {c["case"] for c in sent["cases"]}
         if not request["programs"] and traced <= set(request["errors"]):
             # every case raised while the notebook traced it: nothing for a checker to run
             got.answers[key[1:]] = checker.answer(request, {})
@@ -162,10 +163,10 @@ class Relay:
             return
         self.pending.append((request, blob, float(self.timeouts.get(index, 60)), answer_key))
 
-    def _job_changed(self, jobs, cell: int, task: str, hidden: bool) -> str | None:
+    def _job_changed(self, jobs, sent: dict) -> str | None:
         """What differs between the job the notebook says a check ran (before and after the
-        learner's function was traced) and the job this process sent; None when nothing."""
-        sent = self.fresh.check_job(cell, task, hidden)
+        learner's function was traced) and the job this process sent (``sent``); None when
+        nothing."""
         for job in jobs if isinstance(jobs, list) and jobs else [None]:
             if not isinstance(job, dict):
                 return "its job is missing"
