@@ -100,7 +100,12 @@ def _bar(done: int, total: int, width: int = 30) -> str:
 
 
 def _graded_locally(root: Path, todo: list[tuple[str, str]], timeout: float, workers: int):
-    """``(student, assignment, future)`` as each submission is graded by a local worker pool."""
+    """``(student, assignment, future)`` as each submission is graded by a local worker pool of
+    at most ``workers``: no more than there are submissions (a worker costs seconds of imports),
+    and none for an empty batch."""
+    workers = min(max(1, workers), len(todo))
+    if not workers:
+        return
     slots: queue.Queue[Worker] = queue.Queue()
 
     def grade(s: str, a: str) -> dict:
@@ -112,11 +117,10 @@ def _graded_locally(root: Path, todo: list[tuple[str, str]], timeout: float, wor
 
     with contextlib.ExitStack() as held:  # the slots' locks, released after the workers close
         try:
-            for _ in range(max(1, workers)):
+            for _ in range(workers):
                 slots.put(Worker(root, held.enter_context(sandbox.claimed_slot())))
-            if todo:
-                check_jail(slots.queue[0])
-            with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            check_jail(slots.queue[0])
+            with ThreadPoolExecutor(max_workers=workers) as pool:
                 futs = {pool.submit(grade, s, a): (s, a) for s, a in todo}
                 for fut in as_completed(futs):
                     yield (*futs[fut], fut)

@@ -1,10 +1,16 @@
 """A long-lived grading worker reads the course's ``nbgrader_config.py`` for every job (issue
 35, item 3: workers kept the configuration they started with, so a late policy changed between
-batches penalised equally late work differently depending on the worker)."""
+batches penalised equally late work differently depending on the worker), and a batch starts no
+more of them than it has submissions."""
 
 from __future__ import annotations
 
-from grader.grading import sandbox, submission
+import shutil
+
+import nbformat
+from coursetools import NB, A
+
+from grader.grading import batch, collect, sandbox, submission
 
 CONFIG = """c = get_config()
 c.CourseDirectory.course_id = "pallas-course"
@@ -26,3 +32,27 @@ def test_a_worker_reads_the_configuration_changed_between_its_jobs(tmp_path):
             worker.close()
     # each export opened the gradebook that the configuration of its moment named
     assert (root / "before.db").exists() and (root / "after.db").exists()
+
+
+def test_a_batch_starts_no_more_workers_than_it_has_submissions(released_01, tmp_path,
+                                                                  monkeypatch):
+    """Each worker costs seconds of imports (nbgrader, JAX): a regrade of one submission asked
+    for with ``--workers 8``, or a batch with nothing to grade, starts one and none."""
+    started = []
+
+    class Counted(submission.Worker):
+        def __init__(self, *args, **kwargs):
+            started.append(self)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(batch, "Worker", Counted)
+    root, subs = tmp_path / "course", tmp_path / "subs"
+    shutil.copytree(released_01, root)
+    assert batch.autograde(root, A, workers=3, progress=None, log=lambda *a: None) == []
+    assert started == []
+    (subs / "one" / A).mkdir(parents=True)
+    source = next((root / "source" / A).glob("*.ipynb"))
+    nbformat.write(nbformat.read(source, as_version=4), subs / "one" / A / NB)
+    collect.collect(root, subs, log=lambda *a: None)
+    (graded,) = batch.autograde(root, A, workers=3, progress=None, log=lambda *a: None)
+    assert (graded["status"], graded["score"], len(started)) == ("graded", 9.0, 1)
