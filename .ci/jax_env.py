@@ -2,7 +2,8 @@
 
 usage: python .ci/jax_env.py VENV JAX_VERSION
 
-The venv's Python is the one running this script. It gets ``jax[cpu]==JAX_VERSION``, the
+The venv's Python is the one running this script. It gets ``jax[cpu]==JAX_VERSION`` with what
+a student copy installs beside it (pyproject.toml's ``tool.pallas-course.jax-companions``), the
 ``kernelsim-test`` extra of pyproject.toml and what the learner's ``pallas-course check`` needs
 of the ``learner`` extra (tests/learner: a student copy installs on such a Python and JAX);
 kernelsim and grader are imported from the checkout (the course's own pins need a newer Python
@@ -26,10 +27,13 @@ LEARNER_CHECK = ("nbclient", "jsonschema", "absl-py")
 
 
 def requirements(jax_version: str) -> list[str]:
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    extras = project["optional-dependencies"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = pyproject["project"]["optional-dependencies"]
     learner = [d for d in extras["learner"] if d.split("=")[0].split(">")[0] in LEARNER_CHECK]
-    return [f"jax[cpu]=={jax_version}", *extras["kernelsim-test"], *learner, "ipykernel>=6,<8"]
+    # what a student copy installs beside such a JAX (pyproject.toml says why)
+    companions = pyproject["tool"]["pallas-course"]["jax-companions"]
+    return [f"jax[cpu]=={jax_version}", *companions, *extras["kernelsim-test"], *learner,
+            "ipykernel>=6,<8"]
 
 
 def main(argv: list[str]) -> int:

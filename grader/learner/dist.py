@@ -228,9 +228,17 @@ def course_jax(repo: Path) -> dict[str, str]:
             f"python_version < '{course_python}'": adapter.SUPPORTED_JAX[0]}
 
 
+def jax_companions(repo: Path) -> list[str]:
+    """What is installed beside a JAX the copy installs (pyproject.toml's
+    ``tool.pallas-course.jax-companions``, with the reason)."""
+    return tomllib.loads((repo / "pyproject.toml").read_text())["tool"]["pallas-course"][
+        "jax-companions"]
+
+
 def student_pyproject(repo: Path) -> str:
-    """The copy's pyproject: the base (but JAX) and ``learner`` dependencies, JAX as the extra
-    ``jax`` (what ``install.sh`` leaves out on a Python that has a JAX of its own), and
+    """The copy's pyproject: the base (but JAX) and ``learner`` dependencies, JAX and its
+    companions as the extra ``jax`` (what ``install.sh`` leaves out on a Python that has a JAX of
+    its own), and
     ``pallas-course`` as the learner's command (``grader.learner.check``: only ``check``)."""
     project = tomllib.loads((repo / "pyproject.toml").read_text())["project"]
     deps = [*(d for d in project["dependencies"] if not d.startswith("jax")),
@@ -243,6 +251,7 @@ def student_pyproject(repo: Path) -> str:
     lines += [f'    "{d}",' for d in deps]
     lines += ["]", "", "[project.optional-dependencies]", "jax = ["]
     lines += [f'    "jax[cpu]=={v}; {marker}",' for marker, v in course_jax(repo).items()]
+    lines += [f'    "{d}",' for d in jax_companions(repo)]
     lines += ["]", "", "[project.scripts]", 'pallas-course = "grader.learner.check:main"',
               'kernelsim = "kernelsim.cli:main"', "",
               "[tool.setuptools.packages.find]", 'include = ["kernelsim*", "grader*"]', "",

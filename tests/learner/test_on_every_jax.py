@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import jax
@@ -25,6 +26,21 @@ REPO = Path(__file__).resolve().parents[2]
                                     "grader.learner.check", "grader.tasks", "kernelsim"])
 def test_the_learner_side_imports(module):
     assert importlib.import_module(module).__file__.startswith(str(REPO))
+
+
+def test_what_is_installed_beside_jax_is_what_the_course_names():
+    """pyproject.toml's ``tool.pallas-course.jax-companions``, which a student copy and `make
+    test-jax` install with an older JAX, hold where their markers say (on Python 3.11: an
+    ml_dtypes that does not take half a second to start in every process that imports JAX)."""
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+
+    companions = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pallas-course"][
+        "jax-companions"]
+    for requirement in map(Requirement, companions):
+        if requirement.marker is None or requirement.marker.evaluate():
+            assert version(requirement.name) in requirement.specifier, requirement
 
 
 def test_pallas_course_check_passes_a_right_kernel(tmp_path, monkeypatch):

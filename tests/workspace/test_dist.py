@@ -289,6 +289,10 @@ def test_student_copy_installs_with_debians_python_and_keeps_a_jax(dist_dir, tmp
     old_jax = dist.course_jax(REPO)["python_version < '3.12'"]
     version, file = _jax_seen_by(first / ".venv" / "bin" / "python")
     assert version == old_jax and file.startswith(str(first / ".venv")), (version, file)
+    # beside it, an ml_dtypes that starts in milliseconds on 3.11 (pyproject.toml's
+    # tool.pallas-course.jax-companions)
+    (ml_dtypes,) = (first / ".venv").rglob("ml_dtypes-*.dist-info")
+    assert ml_dtypes.name.split("-")[1].startswith(("0.5.", "0.6.")), ml_dtypes.name
     res = subprocess.run(". .venv/bin/activate && cd exercises/01_first_kernel && "
                          "pallas-course check first_kernel.ipynb", shell=True, cwd=first,
                          env=env, capture_output=True, text=True, timeout=300)
