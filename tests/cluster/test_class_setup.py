@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import marshal
 import os
 import pwd
 import re
@@ -253,6 +254,18 @@ def test_homes_are_private_and_a_readable_checkout_is_named(klass):
                                str(REPO / "exercises" / "source")]).returncode == 0
     warning = f"WARNING: every account can read {REPO}"
     assert (warning in klass.first_run) == readable and (warning in klass.rerun) == readable
+
+
+def test_the_course_code_is_compiled_for_the_accounts_that_cannot_write_beside_it(klass):
+    """The grading and hub accounts cannot write __pycache__ in the venv: setup compiles
+    grader/ and kernelsim/ there, under the path they are imported from (a traceback names it)."""
+    site = klass.venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / \
+        "site-packages"
+    for module in ("grader/grading/replay.py", "grader/grading/checker.py",
+                   "kernelsim/trace.py"):
+        source = site / module
+        (compiled,) = source.parent.glob(f"__pycache__/{source.stem}.cpython-*.pyc")
+        assert marshal.loads(compiled.read_bytes()[16:]).co_filename == str(source)
 
 
 def entries(k: Class, user: str) -> list[Path]:
