@@ -11,7 +11,6 @@ from grader.grading.feedback_css import FeedbackCSS
 from grader.grading.feedback_pp import ClearHiddenOutputs, InertHtml
 from grader.grading.late import LatePenalty
 from grader.grading.shared import share_with_group
-from grader.grading.trusted import RestoreTestCells, TrustedExecute, VerdictGrades
 from nbconvert.preprocessors import ClearMetadataPreprocessor
 from nbgrader.preprocessors import (
     AssignLatePenalties,
@@ -64,16 +63,22 @@ else:
 c.OverwriteCells.add_missing_cells = True
 c.Autograde.create_student = True
 
+# grader/grading/trusted.py's preprocessors are named, not imported: nbconvert imports them when
+# autograde registers them, so that every other job (release, collect, feedback, export) and an
+# instructor's Jupyter server, which read this file too, do not start JAX and load the tasks
+# (1-1.5 s of CPU each).
+TRUSTED = "grader.grading.trusted."
 # Edited test-cell metadata is put back before nbgrader's OverwriteCells, which fails on it
-# (grader/grading/trusted.py: RestoreTestCells). Otherwise nbgrader's default list.
-c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, RestoreTestCells,
+# (RestoreTestCells). Otherwise nbgrader's default list.
+c.Autograde.sanitize_preprocessors = [ClearOutput, DeduplicateIds, TRUSTED + "RestoreTestCells",
                                       OverwriteKernelspec, OverwriteCells, CheckCellMetadata]
 # Learner code runs in the grader's own jailed run of the notebook; test cells are judged in the
 # grader's process and scored from those verdicts, never from what the cell printed
-# (grader/grading/trusted.py). Same list as nbgrader's default with Execute and SaveAutoGrades
-# replaced.
-c.Autograde.autograde_preprocessors = [TrustedExecute, IgnorePattern, ClearMetadataPreprocessor,
-                                       LimitOutput, VerdictGrades, AssignLatePenalties,
+# (TrustedExecute, VerdictGrades). Same list as nbgrader's default with Execute and
+# SaveAutoGrades replaced.
+c.Autograde.autograde_preprocessors = [TRUSTED + "TrustedExecute", IgnorePattern,
+                                       ClearMetadataPreprocessor, LimitOutput,
+                                       TRUSTED + "VerdictGrades", AssignLatePenalties,
                                        CheckCellMetadata]
 
 # Late policy (grader/grading/late.py): points off per started hour and per started day past the

@@ -1,17 +1,21 @@
 """A long-lived grading worker reads the course's ``nbgrader_config.py`` for every job (issue
 35, item 3: workers kept the configuration they started with, so a late policy changed between
-batches penalised equally late work differently depending on the worker), and a batch starts no
-more of them than it has submissions."""
+batches penalised equally late work differently depending on the worker); reading it starts no
+JAX, and a batch starts no more workers than it has submissions."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import nbformat
 from coursetools import NB, A
 
 from grader.grading import batch, collect, sandbox, submission
 
+REPO = Path(__file__).resolve().parents[2]
 CONFIG = """c = get_config()
 c.CourseDirectory.course_id = "pallas-course"
 c.CourseDirectory.db_url = "sqlite:///{db}"
@@ -56,3 +60,17 @@ def test_a_batch_starts_no_more_workers_than_it_has_submissions(released_01, tmp
     collect.collect(root, subs, log=lambda *a: None)
     (graded,) = batch.autograde(root, A, workers=3, progress=None, log=lambda *a: None)
     assert (graded["status"], graded["score"], len(started)) == ("graded", 9.0, 1)
+
+
+def test_reading_the_course_configuration_starts_no_jax():
+    """Every nbgrader job and an instructor's Jupyter server read ``nbgrader_config.py``: it names
+    the grader's autograde preprocessors instead of importing them, so that only autograde starts
+    JAX and loads the tasks (1-1.5 s of CPU in every other worker and server)."""
+    probe = ("import sys\nfrom traitlets.config.loader import PyFileConfigLoader\n"
+             f"PyFileConfigLoader('nbgrader_config.py', path={str(REPO / 'exercises')!r})"
+             ".load_config()\n"
+             "print([m for m in ('jax', 'grader.tasks', 'grader.grading.trusted') "
+             "if m in sys.modules])")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
