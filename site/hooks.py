@@ -231,7 +231,7 @@ def trace_summary_md(name: str) -> str:
 
 def on_page_content(content: str, page, config, files) -> str:
     if _is_lesson(page):
-        content = site_text.strip_cdn(content)
+        content = site_text.unsearched_copies(site_text.strip_cdn(content))
         content = site_text.rewrite_repo_links(content, page.url, "lessons",
                                      {lesson.stem for lesson in STATE.lessons},
                                      {a.name for a in STATE.assignments})

@@ -47,6 +47,18 @@ def test_every_lesson_page_offers_its_notebook(built_site):
         assert ("Open in Colab" in page and "Open in Kaggle" in page) == hosted, p.name
 
 
+def test_the_search_index_holds_a_code_cell_once(built_site):
+    """The copy button's hidden copy of each code cell stays out of the search index, which
+    every page's search worker parses when it loads."""
+    docs = json.loads((built_site / "search" / "search_index.json").read_text())["docs"]
+    for p in LESSONS:
+        text = next(d["text"] for d in docs if d["location"] == f"lessons/{p.stem}/")
+        first = next(c.source for c in jupytext.read(p).cells
+                     if c.cell_type == "code" and "import" in c.source)
+        line = next(x for x in first.splitlines() if x.startswith("import "))
+        assert text.count(line) == 1, f"{p.name}: {line!r} indexed {text.count(line)} times"
+
+
 def test_nav_lists_lessons_in_order(built_site):
     index = (built_site / "index.html").read_text()
     hrefs = re.findall(r'href="(lessons/\d\d-[^"/]+/)"', index)

@@ -50,6 +50,14 @@ def test_cdn_scripts_are_stripped_and_external_loads_found():
     assert not text.external_loads('<math xmlns="http://www.w3.org/1998/Math/MathML">')
 
 
+def test_the_copy_buttons_text_is_left_out_of_search():
+    page = ('<pre>x = 1</pre><div class="clipboard-copy-txt" id="cell-1">x = 1</div>'
+            '<div class="clipboard-copy-txt" data-search-exclude id="cell-2">y</div>')
+    out = text.unsearched_copies(page)
+    assert out.count("data-search-exclude") == 2 and out.count("clipboard-copy-txt") == 2
+    assert text.unsearched_copies(out) == out
+
+
 def test_tex_becomes_mathml_outside_code():
     out = text.render_math("<p>$$t \\ge \\frac{F}{P}$$ and $x_i$</p><code>$HOME$</code>")
     assert out.count("<math") == 2
