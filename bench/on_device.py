@@ -35,8 +35,12 @@ DIR) and prints a table. ``--merge A.json B.json`` joins the records of runs ove
 notebooks (e.g. lessons and exercises run as two commands) into one. Exit status 0 when every
 notebook passed.
 
+``--visible-only`` skips the hidden checks (recorded as ``hidden_checks``: false), running what a
+learner's JAX runs of an assignment: its solutions and visible checks. Hidden checks run where
+grading does, on the course's pinned JAX; on a chip, run them all.
+
 Usage: python bench/on_device.py [--only lessons|exercises] [--timeout S] [--jobs N]
-                                 [--record] [--out DIR] [STEM ...]
+                                 [--visible-only] [--record] [--out DIR] [STEM ...]
        python bench/on_device.py --merge A.json B.json [--record] [--out DIR]
 """
 
@@ -155,10 +159,11 @@ def _mode(interpret: Any) -> str:
     return "GPU interpret" if "GPU" in type(interpret).__name__ else "TPU interpret"
 
 
-def _probe_checks(checks: Path) -> None:
+def _probe_checks(checks: Path, visible_only: bool = False) -> None:
     """Wrap the kernel entry points and ``course.check`` so that every check of an exercise
     notebook appends one line to ``checks``: task, hidden, passed, error, and how each kernel
-    it made was asked to run."""
+    it made was asked to run; with ``visible_only``, a hidden check returns at once, unrun
+    and unrecorded."""
     import jax
     from jax.experimental import pallas as pl
 
@@ -185,6 +190,8 @@ def _probe_checks(checks: Path) -> None:
     check = course.check
 
     def recording_check(task_id, fn, hidden=False, **kwargs):
+        if hidden and visible_only:
+            return
         modes.clear()
         task = tasks.BY_ID.get(task_id)
         target = task.target if task is not None else "tpu"
@@ -215,7 +222,7 @@ def _one_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {first[:300]}"
 
 
-def execute(path: Path, exercise: bool, work: Path) -> int:
+def execute(path: Path, exercise: bool, work: Path, visible_only: bool = False) -> int:
     """Run the notebook's code cells here, in order, recording into ``work``: ``cells.jsonl``
     (one line per cell), ``kernels.jsonl`` (lessons' checks), ``checks.jsonl`` (exercises')."""
     os.environ[RECORD_ENV] = str(work / "kernels.jsonl")
@@ -226,7 +233,7 @@ def execute(path: Path, exercise: bool, work: Path) -> int:
     cells = code_cells(path.read_text(encoding="utf-8"))
     _append(work / "cells.jsonl", {"cells": len(cells)})
     if exercise:
-        _probe_checks(work / "checks.jsonl")
+        _probe_checks(work / "checks.jsonl", visible_only)
     namespace: dict[str, Any] = {"__name__": "__main__"}
     unbound: set[str] = set()  # names a cell that needs a newer JAX stopped before binding
     for i, source in enumerate(cells):
@@ -299,7 +306,7 @@ def _check_row(r: dict, backend: str) -> dict:
 
 
 def run_notebook(name: str, path: Path, exercise: bool, timeout: int, logs: Path,
-                 backend: str) -> dict:
+                 backend: str, visible_only: bool = False) -> dict:
     """Run one notebook in a fresh process and read back what it recorded."""
     work = logs / f".{name}"
     work.mkdir(parents=True, exist_ok=True)
@@ -313,7 +320,8 @@ def run_notebook(name: str, path: Path, exercise: bool, timeout: int, logs: Path
     with open(log, "w") as out:
         child = subprocess.Popen(
             [sys.executable, __file__, "--child", str(path), "--work", str(work)]
-            + (["--exercise"] if exercise else []),
+            + (["--exercise"] if exercise else [])
+            + (["--visible-only"] if visible_only else []),
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
             code = child.wait(timeout)
@@ -473,9 +481,9 @@ def merge(paths: list[Path]) -> dict:
     keeps the commit it ran at and the course files changed since (none, or what a reader
     must weigh)."""
     records = [json.loads(p.read_text()) for p in paths]
-    same = ("jax", "libtpu", "chip")
+    same = ("jax", "libtpu", "chip", "hidden_checks")  # a record before the flag ran them all
     for r in records[1:]:
-        differ = [k for k in same if r[k] != records[0][k]]
+        differ = [k for k in same if r.get(k, True) != records[0].get(k, True)]
         if differ:
             raise SystemExit(f"cannot merge runs that differ in {', '.join(differ)}")
 
@@ -516,10 +524,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--exercise", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--visible-only", action="store_true",
+                        help="skip the assignments' hidden checks (what a learner's JAX runs)")
     parser.add_argument("stems", nargs="*", help="lesson or assignment names or numbers")
     args = parser.parse_args(argv)
     if args.child:
-        return execute(args.child.resolve(), args.exercise, args.work.resolve())
+        return execute(args.child.resolve(), args.exercise, args.work.resolve(),
+                       args.visible_only)
     if args.merge:
         record = merge(args.merge)
     else:
@@ -536,7 +547,7 @@ def main(argv: list[str]) -> int:
         logs.mkdir(parents=True, exist_ok=True)
 
         def one(n: tuple[str, Path, bool]) -> dict:
-            run = run_notebook(*n, args.timeout, logs, facts["backend"])
+            run = run_notebook(*n, args.timeout, logs, facts["backend"], args.visible_only)
             print(f"{run['notebook']}: {'passed' if run['passed'] else 'FAILED'} in "
                   f"{run['seconds']:.1f} s", flush=True)
             return run
@@ -545,7 +556,8 @@ def main(argv: list[str]) -> int:
             runs = list(pool.map(one, chosen))
         record = {"benchmark": "on_device",
                   "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                  **facts, "timeout_s": args.timeout, "summary": summarise(runs, facts["backend"]),
+                  **facts, "timeout_s": args.timeout, "hidden_checks": not args.visible_only,
+                  "summary": summarise(runs, facts["backend"]),
                   "notebooks": runs}
     print_table(record)
     write(record, args.out, args.record)
