@@ -25,12 +25,18 @@ def test_a_jailed_check_is_charged_to_the_pytest_process_that_started_it():
         {"pid": 22, "ppid": 20, "cpu_s": 3.0, "cmdline": "python -m grader.grading.checker"},
         {"pid": 30, "ppid": 11, "cpu_s": 5.0, "cmdline": "/usr/lib/chromium/chromium --type=x"},
         {"pid": 40, "ppid": 1, "cpu_s": 6.0, "cmdline": ".venv/bin/python -m pip install -e ."},
+        {"pid": 41, "ppid": 1, "cpu_s": 0.5,
+         "cmdline": ".venv-compat/bin/python -m pip install -q jax[cpu]==0.10.2 ipykernel>=6"},
+        {"pid": 23, "ppid": 20, "cpu_s": 0.8, "cmdline": "python -c import jax, "
+         "jax.experimental.pallas, numpy, kernelsim, grader.grading.replay, "
+         "grader.grading.checker, grader.tasks"},
     ]
     rows = {(r["suite_process"], r["program"]): (r["processes"], r["cpu_s"])
             for r in ci_cpu.cpu_by_program(processes)}
     assert rows[("main", "checker")] == (2, 7.0)
     assert rows[("side", "chromium")] == (1, 5.0)
-    assert rows[("other", "pip")] == (1, 6.0)
+    assert rows[("other", "pip")] == (2, 6.5)
+    assert rows[("main", "jail preflight")] == (1, 0.8)
     assert next(iter(rows)) == ("main", "checker")  # most first
 
 
