@@ -75,8 +75,8 @@ site: $(STAMP)
 # lessons, the site and the class services (which share the lesson cache, the built site and the
 # class's accounts) in one, with kernelsim's, the sandbox's and bench's tests, which need no
 # course, and two of the workspace's and three of the grader's (modules of their own), which
-# balance the two (in a clean clone at 7ae2dc1 on 2 idle cores the other process took 1,310 s
-# and this one ended 70 s before it, without test_unsteerable's 25 s); every other folder in
+# balance the two (in a clean clone at 5855c11 on 2 idle cores the other process took 1,053 s
+# and this one 1,033 s); every other folder in
 # the other. A new test folder joins the second one. Each writes its own junit file for
 # bench/ci_time.py; bench/ci_cpu.py says where their CPU goes (both cores are busy throughout,
 # so CPU taken out is what saves time).
