@@ -8,10 +8,10 @@ repository; lessons/_course.py also wants matplotlib) and writes ``tpu_perf-<chi
   flash attention over block sizes, causal and not, JAX's bundled
   ``jax.experimental.pallas.ops.tpu.flash_attention`` (held out of any fit), elementwise and
   reduction kernels. Each has ``kernel``, ``family`` (matmul, flash_attention, elementwise,
-  reduction, other), ``config``, ``measured_s`` (median of ``--repeats`` timings, each of
-  ``--inner`` calls issued back to back then synced, per call: the kernel without Python's
-  dispatch), ``synced_s`` (median of single synced calls, dispatch included, as the notes'
-  first table), ``estimated_s`` (kernelsim's, for tpu-v5e), ``fitted`` (whether a time-model
+  reduction, other), ``config``, ``measured_s`` (the device time per call,
+  ``kernelsim.timing.device_time``: calls inside one jitted loop, median of ``--repeats``),
+  ``dispatched_s`` (per call when dispatched one by one from Python: device time plus the
+  host's dispatch, shown beside it and never fitted), ``loop_calls``, ``estimated_s`` (kernelsim's, for tpu-v5e), ``fitted`` (whether a time-model
   fit may use it) and kernelsim's terms (``kernelsim``). A config the compiler refuses is a
   row with ``error`` and no time.
 - ``vmem``: lesson 7's matmul at 4096 over block shapes at the default scoped VMEM limit:
@@ -29,8 +29,8 @@ each family's range, fitted rows apart from held-out ones.
 ``FILE``'s fitted rows (``fit_constants``: the worst |log(measured / estimated)| minimised
 with numpy only) and prints them beside chips.py's; it changes no file.
 
-The timing is ``kernelsim.timing.time_call``, which ``kernelsim.run(..., measure=True)`` uses
-too.
+The timing is ``kernelsim.timing.time_call`` (device time; the dispatched time beside it),
+which ``kernelsim.run(..., measure=True)`` uses too.
 
 ``--smoke`` runs a tiny sweep (on a CPU in interpret mode; JAX's bundled kernel is traced but
 not timed there) to check the script and its JSON. Prints the ratio table at the end.
@@ -104,7 +104,7 @@ def row(kernel, family, config, fn, args, fitted, opts) -> dict:
     est = estimate(fn, args)
     out = {"kernel": kernel, "family": family, "config": config, "fitted": fitted,
            "estimated_s": est.pop("estimated_seconds"), "kernelsim": est,
-           "measured_s": None, "synced_s": None}
+           "measured_s": None, "dispatched_s": None}
     if opts.get("untimed"):
         out["error"] = "not timed here: " + opts["untimed"]
         return out
@@ -112,8 +112,9 @@ def row(kernel, family, config, fn, args, fitted, opts) -> dict:
         out["error"] = "not timed: the sweep's --budget-s was spent"
         return out
     try:
-        out["measured_s"], out["synced_s"] = time_call(jax.jit(fn), args, opts["repeats"],
-                                                       opts["inner"])
+        timed = time_call(fn, args, opts["repeats"])
+        out["measured_s"], out["dispatched_s"] = timed.device_s, timed.dispatched_s
+        out["loop_calls"] = timed.loop_calls
     except Exception as e:  # a refused config is recorded, not fatal
         out["error"] = first_line(e)
     return out
@@ -533,7 +534,6 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench" / "recorded")))
     p.add_argument("--smoke", action="store_true", help="a tiny sweep to test the script")
     p.add_argument("--repeats", type=int, default=10)
-    p.add_argument("--inner", type=int, default=5)
     p.add_argument("--budget-s", type=float, default=420.0,
                    help="time no new kernel after this many seconds (still estimated)")
     p.add_argument("--re-estimate", metavar="FILE", type=Path,
@@ -546,7 +546,7 @@ def main(argv: list[str] | None = None) -> dict:
     if a.re_estimate:
         return re_estimate(a.re_estimate)
     started = time.perf_counter()
-    opts = {"repeats": 2 if a.smoke else a.repeats, "inner": 1 if a.smoke else a.inner,
+    opts = {"repeats": 2 if a.smoke else a.repeats,
             "deadline": started + a.budget_s}
     matmul, flash = lesson_kernels()
     if a.smoke:
@@ -568,8 +568,10 @@ def main(argv: list[str] | None = None) -> dict:
         lint = lambda: lint_sweep(LINT_CASES)  # noqa: E731
     result = {"commit": commit(), "jax": jax.__version__, "chip": CHIP,
               "device_kind": jax.devices()[0].device_kind, "backend": jax.default_backend(),
-              "timing": f"median of {opts['repeats']}; measured_s: {opts['inner']} calls back "
-                        "to back, then synced, per call; synced_s: one synced call",
+              "timing": f"measured_s: device time per call (kernelsim.timing.device_time: "
+                        f"loops of 2k and k calls in one jitted function, the difference / k, "
+                        f"median of {opts['repeats']}); dispatched_s: per call dispatched one "
+                        "by one from Python (device time plus host dispatch)",
               "rows": [], "vmem": vmem(), "lint": lint()}
     for step in plan:
         result["rows"] += step()

@@ -213,8 +213,8 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
         interpreter for kernels with manual DMAs or semaphores); ``None`` keeps each call's
         own setting; any other value replaces it (True, ``pltpu.InterpretParams()``, False).
     measure: also time every call compiled on the device, alone, on the arguments it ran with
-        (``kernelsim.timing.measure_call``: a warm-up, then the median of 10 rounds of 5 calls
-        back to back, seconds per call) and keep it beside the estimate
+        (``kernelsim.timing.measure_call``: the device time per call, from calls inside one
+        jitted loop, with the per-call time of calls dispatched one by one beside it) and keep it beside the estimate
         (``CallTrace.measured``; the summary and the viewer show both). Without an
         accelerator each call's ``measured`` says that none is present.
     """
@@ -243,7 +243,7 @@ def _measure(c: adapter.Captured) -> timing.Measurement:
     if timing.accelerator() is None:
         return timing.no_accelerator()
     if c.device is not None:
-        return timing.Measurement(None, None, "", timing.REPEATS, timing.INNER,
+        return timing.Measurement(None, None, "", timing.REPEATS, 0,
                                   "a kernel inside a shard_map runs with every device of its "
                                   "mesh; time the whole jitted function with "
                                   "kernelsim.timing.time_call")

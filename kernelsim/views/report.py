@@ -38,7 +38,9 @@ def measured_line(c: CallTrace, chip: str) -> str:
         return f"not measured: {m.note}"
     return (f"measured {seconds(m.seconds)} on {m.device} · estimated "
             f"{seconds(c.estimated_seconds)} on {chip} ({c.measured_over_estimated:.2f}x the "
-            f"estimate); median of {m.repeats} rounds of {m.inner} calls back to back")
+            f"estimate); device time, {m.loop_calls} calls in one jitted loop, median of "
+            f"{m.repeats}; dispatched one by one from Python {seconds(m.dispatched_seconds)} "
+            "per call")
 
 
 def call_summary(t: TraceData, index: int, steps: int = 0) -> str:

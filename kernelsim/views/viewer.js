@@ -138,7 +138,8 @@ function measuredLine(M) {
     return h("div", {class: "ks-measured ks-meta", text: `not measured: ${M.note}`});
   }
   return h("div", {class: "ks-measured",
-                   title: `median of ${M.repeats} rounds of ${M.inner} calls back to back`},
+                   title: `device time: ${M.loop_calls} calls in one jitted loop, median of ${M.repeats}; ` +
+                          `dispatched one by one from Python: ${fmtSeconds(M.dispatched_seconds)} per call`},
            h("span", {text: `measured ${fmtSeconds(M.seconds)} on ${M.device}`}), " · ",
            h("span", {text: `estimated ${fmtSeconds(M.estimate_s)} on ${M.chip}`}), " ",
            h("span", {class: "ks-ratio", text: `(${M.ratio.toFixed(2)}× the estimate)`}));

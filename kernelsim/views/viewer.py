@@ -254,7 +254,8 @@ def _measured(t: TraceData, ct: CallTrace) -> dict | None:
     if m is None:
         return None
     return {"seconds": m.seconds, "device": m.device, "note": m.note,
-            "repeats": m.repeats, "inner": m.inner, "estimate_s": ct.estimated_seconds,
+            "repeats": m.repeats, "loop_calls": m.loop_calls,
+            "dispatched_seconds": m.dispatched_seconds, "estimate_s": ct.estimated_seconds,
             "chip": t.chip.name, "ratio": ct.measured_over_estimated}
 
 

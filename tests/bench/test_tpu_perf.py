@@ -41,7 +41,7 @@ def test_a_row_has_the_recorded_schema_and_a_refusal_is_not_fatal(monkeypatch):
     fn = pl.pallas_call(tp._add_kernel, grid=(2,), in_specs=[spec, spec], out_specs=spec,
                         out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=True)
     r = tp.row("add", "elementwise", {"block": 32}, fn, (x, x), False,
-               {"repeats": 1, "inner": 1, "deadline": float("inf")})
+               {"repeats": 1, "deadline": float("inf")})
     _check_row(r, "elementwise")
     assert r["measured_s"] > 0 and "error" not in r
 
@@ -50,7 +50,7 @@ def test_a_row_has_the_recorded_schema_and_a_refusal_is_not_fatal(monkeypatch):
 
     monkeypatch.setattr(tp, "time_call", refused)
     r = tp.row("add", "elementwise", {"block": 32}, fn, (x, x), False,
-               {"repeats": 1, "inner": 1, "deadline": float("inf")})
+               {"repeats": 1, "deadline": float("inf")})
     _check_row(r, "elementwise")
     assert r["measured_s"] is None and "CompileTimeScopedVmemOom" in r["error"]
     assert "add" in tp.ratio_table([r])
