@@ -280,8 +280,9 @@ class KernelCall:
         (``StepWork``); None for a body without one.
     matmuls: the kernel body's dot_generals (``kernelsim.find.flops.Matmul``: input dtype, FLOPs per
         invocation, whether both operands are K-major).
-    cost_estimate_flops / cost_estimate_bytes / cost_estimate_transcendentals: the call's own
-        ``pl.CostEstimate``, if given.
+    cost_estimate_flops / cost_estimate_bytes / cost_estimate_transcendentals /
+        cost_estimate_remote_bytes: the call's own ``pl.CostEstimate``, if given (the last is
+        its ``remote_bytes_transferred``: bytes this call sends to other devices).
     body_copies: the DMAs the kernel body starts, in step and program order (empty unless the
         body has any; the pipeline's own copies are the schedule's).
     vmem_limit_bytes: the call's ``pltpu.CompilerParams(vmem_limit_bytes=...)``, if given.
@@ -313,6 +314,7 @@ class KernelCall:
     cost_estimate_flops: int | None = None
     cost_estimate_bytes: int | None = None
     cost_estimate_transcendentals: int | None = None
+    cost_estimate_remote_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
     body_copies: list[BodyCopy] = field(default_factory=list)
     vmem_limit_bytes: int | None = None

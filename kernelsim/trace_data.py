@@ -59,12 +59,14 @@ class CallTrace:
 
     @property
     def cost_estimate(self) -> dict[str, int] | None:
-        """The call's own ``pl.CostEstimate`` (flops, bytes_accessed, transcendentals), or None."""
+        """The call's own ``pl.CostEstimate`` (flops, bytes_accessed, transcendentals,
+        remote_bytes_transferred), or None."""
         c = self.call
         if c.cost_estimate_flops is None:
             return None
         return {"flops": c.cost_estimate_flops, "bytes_accessed": c.cost_estimate_bytes,
-                "transcendentals": c.cost_estimate_transcendentals}
+                "transcendentals": c.cost_estimate_transcendentals,
+                "remote_bytes_transferred": c.cost_estimate_remote_bytes}
 
     @property
     def measured_over_estimated(self) -> float | None:

@@ -65,8 +65,10 @@ HINTS: tuple[Hint, ...] = (
     _hint("race", r"RACE DETECTED",
           "TPU interpret mode's race detector saw two accesses to one buffer that no wait "
           "orders: a copy into a buffer while its owner may still read it (one buffer used "
-          "for every step, where each step needs its own), or a read of a buffer before the "
-          "wait of the copy into it. Wait on each copy before using what it brought."),
+          "for every step with nothing telling the sender it was read: give each step its "
+          "own, or have the reader signal a semaphore on the sender before it refills a "
+          "slot), or a read of a buffer before the wait of the copy into it. Wait on each "
+          "copy before using what it brought."),
     _hint("kernel-arity", r"\w+\(\) takes \d+ positional arguments? but \d+ were given",
           "if that function is your kernel: it receives one ref per input, then one per output "
           "(then any scratch refs), e.g. def kernel(x_ref, y_ref, o_ref)."),

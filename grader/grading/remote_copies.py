@@ -15,7 +15,9 @@ class RemoteCopy:
     """A DMA a kernel inside ``jax.shard_map`` starts into another device's memory
     (``pltpu.make_async_remote_copy``), as kernelsim reads it from the body: the devices it
     goes from and to (``MeshDevice.id``), its bytes, the grid step and body position that start
-    it, and the grid step and body position that wait on it (None: never waited on)."""
+    it, and the grid step and body position that wait on it (None: never waited on); the ref it
+    writes on the receiving device and where in it the copy lands (the first element of the box
+    it writes, per dimension; None when the copy writes no single box)."""
 
     src_device: int
     dst_device: int
@@ -24,6 +26,8 @@ class RemoteCopy:
     start_pos: int
     wait_step: int | None
     wait_pos: int | None
+    dst: str = ""
+    dst_start: tuple[int, ...] | None = None
 
 
 def _int(v: Any, what: str) -> int:
@@ -45,6 +49,15 @@ def mesh_device(d: Any) -> int | None:
     return _int(d.get("id"), "device id")
 
 
+def _box_start(box: Any) -> tuple[int, ...] | None:
+    """A body DMA's slice (per dimension ``[start, size, stride]``) as its first element."""
+    if box is None:
+        return None
+    if not isinstance(box, list) or not all(isinstance(d, list) and d for d in box):
+        raise ValueError("a DMA's slice is not a list of [start, size, stride]")
+    return tuple(_int(d[0], "slice start") for d in box)
+
+
 def remote_copies(dmas: Any) -> tuple[RemoteCopy, ...]:
     """The remote copies among a call's body DMAs (``trace_data.body_dma_dict``): those whose
     source and destination devices differ."""
@@ -57,6 +70,7 @@ def remote_copies(dmas: Any) -> tuple[RemoteCopy, ...]:
                    start_step=_int(d.get("start_step"), "start_step"),
                    start_pos=_int(d.get("start_pos"), "start_pos"),
                    wait_step=_optional_int(d.get("wait_step"), "wait_step"),
-                   wait_pos=_optional_int(d.get("wait_pos"), "wait_pos"))
+                   wait_pos=_optional_int(d.get("wait_pos"), "wait_pos"),
+                   dst=str(d.get("dst")), dst_start=_box_start(d.get("dst_slice")))
         for d in dmas if d.get("src_device") is not None
         and d.get("src_device") != d.get("dst_device"))

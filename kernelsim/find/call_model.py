@@ -267,6 +267,7 @@ def to_model(args: tuple, params: dict[str, Any]) -> KernelCall:
         call.cost_estimate_flops = int(ce.flops)
         call.cost_estimate_bytes = int(ce.bytes_accessed)
         call.cost_estimate_transcendentals = int(ce.transcendentals)
+        call.cost_estimate_remote_bytes = int(ce.remote_bytes_transferred)
     for i, val in enumerate(prefetch_vals):
         call.operands.append(Operand(names[i], "scalar_prefetch", tuple(val.shape),
                                      str(val.dtype), val.dtype.itemsize, "smem", value=val))

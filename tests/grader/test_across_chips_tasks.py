@@ -1,7 +1,9 @@
-"""Assignment 13 (across chips): the instructor's ring reduce-scatters pass on every case, the
-blank fails, and plausible wrong answers (the wrong neighbour, a missing wait, one buffer for
-every step, the whole array sent, one way where both are asked) fail with a message that
-says what is wrong.
+"""Assignment 13 (across chips): the instructor's ring reduce-scatters and all-reduce pass on
+every case, the blank fails, and plausible wrong answers (the wrong neighbour, a missing wait,
+one buffer for every step, the whole array sent, one way where both are asked, a buffer per
+step where two slots are asked, two slots with no semaphore saying a slot is free, an
+all-reduce whose estimate leaves out what it sends) fail with a message that says what is
+wrong.
 
 The checks need four devices, which JAX reads once, when it starts: this file runs itself
 (``python tests/grader/test_across_chips_tasks.py``) in one child process with four CPU devices
@@ -22,8 +24,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ASSIGNMENT = "13_across_chips"
-TASKS = ["ring_reduce_scatter", "bidirectional_reduce_scatter"]
+TASKS = ["ring_reduce_scatter", "bidirectional_reduce_scatter", "two_slot_reduce_scatter",
+         "ring_all_reduce"]
 RING, BOTH = "ring_reduce_scatter_solution", "bidirectional_reduce_scatter_solution"
+SLOTS, ALL = "two_slot_reduce_scatter_solution", "ring_all_reduce_solution"
 
 pytestmark = pytest.mark.interpret
 
@@ -91,6 +95,13 @@ def planted_variants(ns: dict, planted) -> dict[str, tuple[str, object]]:
                    "copies:\n                copy.wait()",
                    "            for copy in copies:\n                copy.start()\n"
                    "                copy.wait()"))),
+        "a_buffer_per_step": ("two_slot_reduce_scatter", ns["ring_reduce_scatter"]),
+        "no_free_slot_signal": ("two_slot_reduce_scatter", planted(
+            SLOTS, ("        if 1 <= step <= DEVICES - 3:", "        if False:"),
+            ("        if step >= 2:  # my right", "        if False:  # my right"))),
+        "no_remote_bytes_estimate": ("ring_all_reduce", planted(
+            ALL, ("remote_bytes_transferred=2 * (DEVICES - 1) * chunk_bytes", ""))),
+        "reduce_scatter_only": ("ring_all_reduce", ns["two_slot_reduce_scatter"]),
     }
 
 
@@ -203,7 +214,7 @@ def test_one_receive_buffer_for_every_step_races(results):
     """A neighbour one step ahead overwrites the buffer before its owner has read it: the
     race detector's report, without the interpreter's traceback, and the hint."""
     message = _failed(results, "one_buffer", "RaceDetected: write of", "(RACE DETECTED)",
-                      "Hint: TPU interpret mode's race detector", "each step needs its own")
+                      "Hint: TPU interpret mode's race detector", "give each step its own")
     assert "Traceback" not in message, message
 
 
@@ -233,6 +244,32 @@ def test_waiting_before_the_other_direction_starts_fails(results):
     message = _failed(results, "waits_before_the_other_start",
                       "[FAIL] both directions at every step")
     assert "wrong values" not in message and message.count("[FAIL]") == 1, message
+
+
+def test_a_buffer_per_step_fails_the_two_slots(results):
+    """Task 1's kernel: right values, but its receive buffer grows with the ring."""
+    message = _failed(results, "a_buffer_per_step", "[FAIL] two receive slots",
+                      "device 0: copies land in 3 places of recv")
+    assert "wrong values" not in message, message
+
+
+def test_two_slots_without_the_free_signal_race(results):
+    """A sender that refills a slot its neighbour may still be reading: the race detector
+    fails it, although the values happen to come out right in interpret mode."""
+    _failed(results, "no_free_slot_signal", "RaceDetected", "(RACE DETECTED)")
+
+
+def test_an_all_reduce_must_say_what_it_sends(results):
+    """An estimate that leaves remote_bytes_transferred at its default, 0."""
+    message = _failed(results, "no_remote_bytes_estimate",
+                      "[FAIL] pl.CostEstimate's remote_bytes_transferred",
+                      "`kernel` on device 0 sends 49,152 B and says 0 B")
+    assert message.count("[FAIL]") == 1 and "wrong values" not in message, message
+
+
+def test_a_reduce_scatter_is_no_all_reduce(results):
+    _failed(results, "reduce_scatter_only", "shape (64, 128) but expected (256, 128)",
+            "[FAIL] remote copies per device: required 6 (one per step, 6 steps)")
 
 
 def test_the_device_flag_replaces_a_count_and_keeps_other_flags():

@@ -175,14 +175,16 @@ def test_a_predicate_kernelsim_cannot_evaluate_counts_its_branch_and_says_so():
 def test_cost_estimate_overrides_counted_flops():
     def fn(x):
         return pl.pallas_call(ex.add_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                              cost_estimate=pl.CostEstimate(flops=12345, transcendentals=0,
-                                                            bytes_accessed=0))(x, x)
+                              cost_estimate=pl.CostEstimate(
+                                  flops=12345, transcendentals=0, bytes_accessed=0,
+                                  remote_bytes_transferred=64))(x, x)
     c = kernelsim.trace(fn, _zeros(8, 128)).calls[0]
     assert (c.flops, c.cost.flops_source) == (12345, "pl.CostEstimate")
     # the kernel's own count stays beside it, and the trace reports the whole estimate
     assert c.own_flops == 8 * 128
     assert c.to_dict()["cost_estimate"] == {"flops": 12345, "bytes_accessed": 0,
-                                            "transcendentals": 0}
+                                            "transcendentals": 0,
+                                            "remote_bytes_transferred": 64}
 
 
 def test_a_kernel_drawing_random_bits_from_a_key_is_counted():

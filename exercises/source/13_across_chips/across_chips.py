@@ -2,7 +2,8 @@
 # # Assignment 13 — across chips: a ring reduce-scatter
 #
 # Lesson 14 gathered shards round a ring of four devices with `pltpu.make_async_remote_copy`.
-# Here you write the collective that runs the other way: a **reduce-scatter**. Each of the
+# Here you write the collective that runs the other way: a **reduce-scatter**, then the same
+# in VMEM that does not grow with the ring, and an **all-reduce** built from it. Each of the
 # `N = 4` devices holds an array of partial sums, `(N * m, n)`, cut into `N` chunks of `m`
 # rows; afterwards device `d` holds chunk `d` summed over all `N` devices. (A data-parallel
 # step does this to its gradients; an all-gather of the result makes it an all-reduce.)
@@ -271,6 +272,207 @@ t_both = kernelsim.trace(bidirectional_reduce_scatter, x)
 for c in t_both.calls:
     print(f"device {c.call.device.id}:", [(d.step, d.dst_device, d.bytes)
                                           for d in c.call.body_copies if d.remote])
+
+# %% [markdown]
+# ## Task 3 — `two_slot_reduce_scatter(x, interpret=TPU_INTERPRET)` (4 points)
+#
+# Task 1 gave each step a receive buffer of its own: `N - 1` chunks of VMEM, which grows with
+# the ring. On 256 chips that no longer fits. The distributed guide's reduce-scatter keeps
+# **two** receive slots and uses them in turn (step `s` lands in slot `s % 2`), whatever `N` is.
+#
+# Two slots bring a new danger. Your left neighbour does not wait for you: it could start its
+# step `s + 2` copy into slot `s % 2` while you are still reading that slot's step-`s` sum. So
+# the receiver tells the sender when a slot is free, with a semaphore on the *sender's* device:
+#
+# * After you have read the slot that arrived at step `s - 1` (you add it into this step's send
+#   buffer), signal your left neighbour's "free" semaphore for that slot:
+#   `pl.semaphore_signal(free.at[slot], 1, device_id={"x": left})`. Signal only a slot the left
+#   neighbour will fill again, so that every signal is waited on before the kernel ends.
+# * Before you start a copy into a slot your right neighbour has already had once (from step 2
+#   on), wait until it has said the slot is free: `pl.semaphore_wait(free.at[slot], 1)`.
+#
+# * Write the kernel as `reduce_scatter_in_two_slots(x_ref, out, send, recv, send_sems,
+#   recv_sems, free)`, the function the cell below starts: task 4 calls it again.
+# * Scratch: send and receive buffers of `(2, m, n)`, DMA semaphores `(2,)` for each side, and
+#   the "free" semaphores, `pltpu.SemaphoreType.REGULAR((2,))`.
+# * Otherwise as task 1: one copy of one chunk a step, to the right, each waited on.
+# * Say what the kernel sends: `cost_estimate=pl.CostEstimate(flops=..., bytes_accessed=...,
+#   transcendentals=0, remote_bytes_transferred=...)`, the bytes *each device's call* sends
+#   over the chips' links (`N - 1` chunks). XLA reads it to schedule work around the
+#   collective.
+#
+# Graded on values with the race detector on (a copy into a slot its owner may still be reading
+# fails it, even when the values come out right) and on kernelsim's trace: task 1's rules, the
+# copies into your receive buffer land in two places, used in turn, and each call's
+# `remote_bytes_transferred` equals the bytes kernelsim sees it send.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# Start from task 1 and index both buffers with `slot = step % 2`. The sum you read at step `s`
+# is in slot `(s - 1) % 2`. Count the signals: your left neighbour fills slot `s % 2` at steps
+# `s`, `s + 2`, ... up to `N - 2`, and waits on its free semaphore from step 2 on; you signal
+# after reading the slot of step `s - 1` only when the left neighbour will fill it again at step
+# `s + 1`, that is when `s + 1 <= N - 2`.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# Per step, in this order: the send buffer's slot gets the sum; if `1 <= step <= N - 3`, signal
+# `free.at[1 - slot]` on `left`; if `step >= 2`, wait on `free.at[slot]`; then start the copy
+# from `send.at[slot]` to `recv.at[slot]` and wait on it.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "two_slot_reduce_scatter_solution", "solution": true}
+def reduce_scatter_in_two_slots(x_ref, out, send, recv, send_sems, recv_sems, free):
+    """The kernel's body, which task 4 calls too: reduce-scatter ``x_ref`` (this device's
+    ``(N * m, n)`` partial sums) round the ring into ``out`` (``(m, n)``: this device's chunk,
+    summed), receiving into the two slots of ``recv``."""
+    ### BEGIN SOLUTION
+    me = jax.lax.axis_index("x")
+    right = jax.lax.rem(me + 1, DEVICES)
+    left = jax.lax.rem(me - 1 + DEVICES, DEVICES)
+    rows = out.shape[0]
+
+    def mine(chunk):  # this device's rows of a chunk
+        return x_ref[pl.ds(chunk * rows, rows), :]
+
+    for step in range(DEVICES - 1):
+        slot = step % 2
+        chunk = jax.lax.rem(me - step - 1 + 2 * DEVICES, DEVICES)
+        send[slot] = mine(chunk) if step == 0 else recv[1 - slot] + mine(chunk)
+        if 1 <= step <= DEVICES - 3:  # read: my left neighbour may fill it again
+            pl.semaphore_signal(free.at[1 - slot], 1, device_id={"x": left})
+        if step >= 2:  # my right neighbour has read what I sent into this slot
+            pl.semaphore_wait(free.at[slot], 1)
+        copy = pltpu.make_async_remote_copy(send.at[slot], recv.at[slot], send_sems.at[slot],
+                                            recv_sems.at[slot], device_id={"x": right})
+        copy.start()
+        copy.wait()
+    out[...] = recv[(DEVICES - 2) % 2] + mine(me)
+    ### END SOLUTION
+
+
+def two_slot_reduce_scatter(x, interpret=TPU_INTERPRET):
+    ### BEGIN SOLUTION
+    def local(x):  # this device's (N * m, n) partial sums
+        rows = x.shape[0] // DEVICES
+        vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
+        slots = pltpu.VMEM((2, rows, x.shape[1]), x.dtype)  # two, whatever DEVICES is
+        chunk_bytes = rows * x.shape[1] * x.dtype.itemsize
+        return pl.pallas_call(
+            reduce_scatter_in_two_slots,
+            out_shape=jax.ShapeDtypeStruct((rows, x.shape[1]), x.dtype),
+            in_specs=[vmem], out_specs=vmem,
+            scratch_shapes=[slots, slots, pltpu.SemaphoreType.DMA((2,)),
+                            pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.REGULAR((2,))],
+            cost_estimate=pl.CostEstimate(
+                flops=(DEVICES - 1) * rows * x.shape[1], transcendentals=0,
+                bytes_accessed=(x.size + rows * x.shape[1]) * x.dtype.itemsize,
+                remote_bytes_transferred=(DEVICES - 1) * chunk_bytes),
+            interpret=interpret)(x)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                         check_vma=False)(x)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "two_slot_reduce_scatter_visible", "grade": true, "points": 1}
+course.check("two_slot_reduce_scatter", two_slot_reduce_scatter)
+
+# %% nbgrader={"grade_id": "two_slot_reduce_scatter_hidden", "grade": true, "points": 3}
+# Hidden tests: wider and taller chunks, bfloat16, other seeds.
+### BEGIN HIDDEN TESTS
+course.check("two_slot_reduce_scatter", two_slot_reduce_scatter, hidden=True)
+### END HIDDEN TESTS
+
+# %% [markdown]
+# ## Task 4 — `ring_all_reduce(x, interpret=TPU_INTERPRET)` (4 points)
+#
+# An **all-reduce** leaves the whole sum on every device: a reduce-scatter (each device ends
+# with one summed chunk), then an **all-gather** of those chunks round the ring (lesson 14's).
+# Each half sends `N - 1` chunks, so each device sends `2 (N - 1)` chunks in all, whatever `N`
+# is: that is why the ring all-reduce is the bandwidth-optimal one. The result stacks what each
+# device holds, `(N * N * m, n)`: in plain JAX, `jnp.tile(expected, (N, 1))`.
+#
+# * One kernel: its output is `(N * m, n)`. It calls your `reduce_scatter_in_two_slots` with
+#   the output's rows of chunk `me` as that body's output (a ref view,
+#   `o_ref.at[pl.ds(me * m, m)]`), then runs `N - 1` all-gather steps: at step `s` it sends the
+#   output rows of chunk `(me - s) mod N` (summed here at step 0, arrived from the left after
+#   that) to the same rows of the right-hand neighbour's output, and waits on it. Every chunk
+#   lands in rows of its own: no buffer is refilled, so no slot needs a signal.
+# * Scratch: task 3's, and DMA semaphores for the all-gather's steps.
+# * Its `pl.CostEstimate` says what it sends, as in task 3.
+#
+# Graded on values (race detector on) and on kernelsim's trace, per device: `2 (N - 1)`
+# remote copies of one chunk each, all to the right-hand neighbour, each waited on; the
+# reduce-scatter's copies in two slots; the call's `remote_bytes_transferred` equal to what it
+# sends.
+
+# %% [markdown]
+# <details><summary>Hint 1: the approach</summary>
+#
+# The all-gather's copies go from `o_ref.at[rows]` to `o_ref.at[rows]` on the right, with a
+# DMA semaphore per step for each side; `rows` is a `pl.ds` of the chunk's `m` rows.
+#
+# </details>
+#
+# <details><summary>Hint 2: the key line</summary>
+#
+# The rows a step sends start at `jax.lax.rem(me - step + N, N) * m`: the `+ N` keeps the
+# remainder from going negative. Start the copy, wait on it, and only then go on to the next
+# step, which sends what this one brought.
+#
+# </details>
+
+# %% nbgrader={"grade_id": "ring_all_reduce_solution", "solution": true}
+def ring_all_reduce(x, interpret=TPU_INTERPRET):
+    ### BEGIN SOLUTION
+    def kernel(x_ref, o_ref, send, recv, send_sems, recv_sems, free, gather_sems):
+        me = jax.lax.axis_index("x")
+        right = jax.lax.rem(me + 1, DEVICES)
+        rows = x_ref.shape[0] // DEVICES
+        reduce_scatter_in_two_slots(x_ref, o_ref.at[pl.ds(me * rows, rows)], send, recv,
+                                    send_sems, recv_sems, free)
+        for step in range(DEVICES - 1):  # the all-gather: pass the summed chunks on
+            held = o_ref.at[pl.ds(jax.lax.rem(me - step + DEVICES, DEVICES) * rows, rows)]
+            copy = pltpu.make_async_remote_copy(held, held, gather_sems.at[0, step],
+                                                gather_sems.at[1, step], device_id={"x": right})
+            copy.start()
+            copy.wait()
+
+    def local(x):  # this device's (N * m, n) partial sums
+        rows = x.shape[0] // DEVICES
+        vmem = pl.BlockSpec(memory_space=pltpu.VMEM)
+        slots = pltpu.VMEM((2, rows, x.shape[1]), x.dtype)
+        chunk_bytes = rows * x.shape[1] * x.dtype.itemsize
+        return pl.pallas_call(
+            kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+            in_specs=[vmem], out_specs=vmem,
+            scratch_shapes=[slots, slots, pltpu.SemaphoreType.DMA((2,)),
+                            pltpu.SemaphoreType.DMA((2,)), pltpu.SemaphoreType.REGULAR((2,)),
+                            pltpu.SemaphoreType.DMA((2, DEVICES - 1))],
+            cost_estimate=pl.CostEstimate(
+                flops=(DEVICES - 1) * rows * x.shape[1], transcendentals=0,
+                bytes_accessed=2 * x.size * x.dtype.itemsize,
+                remote_bytes_transferred=2 * (DEVICES - 1) * chunk_bytes),
+            interpret=interpret)(x)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                         check_vma=False)(x)
+    ### END SOLUTION
+
+
+# %% nbgrader={"grade_id": "ring_all_reduce_visible", "grade": true, "points": 1}
+course.check("ring_all_reduce", ring_all_reduce)
+
+# %% nbgrader={"grade_id": "ring_all_reduce_hidden", "grade": true, "points": 3}
+# Hidden tests: wider and taller chunks, bfloat16, other seeds.
+### BEGIN HIDDEN TESTS
+course.check("ring_all_reduce", ring_all_reduce, hidden=True)
+### END HIDDEN TESTS
 
 # %% [markdown]
 # ## What passed
