@@ -390,6 +390,50 @@ print(v_grid.report())
 assert v_grid.ok
 
 # %% [markdown]
+# ## A buffer used again: two slots and a semaphore that frees them
+#
+# The all-gather lands every shard in rows of its own, so no buffer is ever written twice. A
+# reduce-scatter (assignment 13) adds what arrives to its own rows and sends the sum on: it
+# needs a receive buffer. One per step costs `N - 1` chunks of VMEM, which on a pod of 256 chips
+# no longer fits; the distributed guide's reduce-scatter keeps **two slots** and uses them in
+# turn, whatever `N` is.
+#
+# Reusing a slot opens a race the DMA semaphores do not close. A copy's `.wait()` says *my*
+# data has arrived, not that *my neighbour* has finished reading what I sent it earlier. A left
+# neighbour one step ahead may start its next copy into a slot this device is still reading.
+# So the receiver tells the sender, with a second kind of semaphore:
+#
+# - `pltpu.SemaphoreType.REGULAR((2,))` in the scratch: one counter per slot, on every device.
+# - `pl.semaphore_signal(free.at[slot], 1, device_id={"x": left})` adds 1 to the *left*
+#   neighbour's counter: "I have read this slot; fill it again".
+# - `pl.semaphore_wait(free.at[slot], 1)` waits until this device's own counter reaches 1,
+#   then takes it back down: a sender waits before refilling a slot.
+#
+# Every signal must be waited on before the kernel ends: interpret mode fails a kernel that
+# leaves a semaphore above 0 at exit, and JAX's documentation of the barrier semaphore warns
+# that one left above 0 corrupts the semaphores of later kernels on a chip. TPU interpret
+# mode's race detector (`pltpu.InterpretParams(detect_races=True)`) sees the missing signal
+# even when the values come out right, as a write into a slot with no wait ordering it after
+# the owner's read.
+#
+# ## An all-reduce from two collectives
+#
+# A reduce-scatter leaves device `d` with chunk `d` summed; an all-gather of those chunks then
+# gives every device the whole sum. That is the **ring all-reduce**: each device sends
+# `N - 1` chunks in each half, `2 (N - 1) · m · n` elements in all, `2 (N - 1) / N` of its
+# array: the bandwidth-optimal amount for an all-reduce. The all-gather half needs no slots:
+# each chunk lands in its own rows of the output.
+#
+# ## Telling XLA what a collective sends
+#
+# XLA cannot see inside a kernel. `pl.CostEstimate` has a field for the links as well as the
+# FLOPs and the HBM bytes: `remote_bytes_transferred`, the bytes this call sends to other
+# devices. For the all-gather above that is `(N - 1) · m · n · 4` bytes per device; XLA's
+# scheduler reads the estimate as its only picture of the call's cost (lesson 7). kernelsim
+# reads the same field (`CallTrace.cost_estimate`) and counts the remote copies themselves, so
+# the two can be compared: assignment 13's graded rules do exactly that.
+
+# %% [markdown]
 # ## Check yourself
 #
 # 1. Why does the lesson set `XLA_FLAGS` before importing `_course`, and what would
