@@ -34,7 +34,8 @@
 # devices, their memories, DMAs and semaphores; here four CPU devices stand in for four chips.
 # Reference: [distributed computing in Pallas for TPUs](https://docs.jax.dev/en/latest/pallas/tpu/distributed.html).
 # Matching exercises: assignment 13, a ring reduce-scatter one way and both ways round the
-# ring ([`../exercises/13_across_chips/`](../exercises/13_across_chips/)).
+# ring, then in two receive slots, and an all-reduce
+# ([`../exercises/13_across_chips/`](../exercises/13_across_chips/)).
 
 # %% [markdown]
 # JAX reads the number of CPU devices once, when its CPU backend starts, so the flag comes
