@@ -70,3 +70,35 @@ def test_outside_a_kernel_a_failed_check_raises():
 
     with pytest.raises(course.CheckFailed, match="add: wrong values"):
         course.check("add", add)
+
+
+# the assignments whose notebooks show kernelsim's view of a task's kernel after its checks
+VIEWS = {"12_kernel_api": ["softmax_in_parts", "matmul_bias_relu_cores"],
+         "13_across_chips": ["ring_reduce_scatter", "bidirectional_reduce_scatter"],
+         "14_production_kernels": ["int8_matmul_per_channel", "w8a8_matmul", "kv_cache_append"]}
+
+
+@pytest.mark.parametrize("assignment", sorted(VIEWS))
+def test_a_blank_notebook_runs_to_its_summary(full_course, tmp_path, assignment):
+    """A released notebook with no task written: Run All reaches the summary, which names the
+    tasks still to write (a "what kernelsim sees" cell of a stub stopped the run, issue 50), and
+    `pallas-course check` names them too, with no error before the checks."""
+    from grader.learner import check
+
+    folder = tmp_path / assignment
+    shutil.copytree(full_course / "release" / assignment, folder)
+    path = next(folder.glob("*.ipynb"))
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(nb, timeout=300, allow_errors=False,
+                                     kernel_name="python3",
+                                     resources={"metadata": {"path": str(folder)}})
+    client.execute()  # raises CellExecutionError if a cell stopped the run
+    summary = "".join(o.get("text", "") for o in nb.cells[-1].outputs)
+    assert f"still to write: {', '.join(VIEWS[assignment])}" in summary, summary
+    for task in VIEWS[assignment]:
+        assert f"to write     {task}:" in summary, summary
+    lines: list[str] = []
+    assert check.check_notebook(path, log=lines.append) == 1
+    out = "\n".join(lines)
+    assert "ERROR in cell" not in out and "not run" not in out, out
+    assert lines[-1].endswith(f"still to write: {', '.join(VIEWS[assignment])}"), out

@@ -163,10 +163,14 @@ course.check("ring_reduce_scatter", ring_reduce_scatter, hidden=True)
 # they go to and their bytes.
 
 # %%
-t_ring = kernelsim.trace(ring_reduce_scatter, x)
-for c in t_ring.calls:
-    print(f"device {c.call.device.id}:", [(d.step, d.dst_device, d.bytes)
-                                          for d in c.call.body_copies if d.remote])
+def show_ring():
+    t_ring = kernelsim.trace(ring_reduce_scatter, x)
+    for c in t_ring.calls:
+        print(f"device {c.call.device.id}:", [(d.step, d.dst_device, d.bytes)
+                                              for d in c.call.body_copies if d.remote])
+
+
+course.view("ring_reduce_scatter", show_ring)
 
 # %% [markdown]
 # ## Task 2 — `bidirectional_reduce_scatter(x, interpret=TPU_INTERPRET)` (4 points)
@@ -267,16 +271,20 @@ course.check("bidirectional_reduce_scatter", bidirectional_reduce_scatter, hidde
 # Both directions, device by device: the same bytes as task 1, half of them to each neighbour.
 
 # %%
-t_both = kernelsim.trace(bidirectional_reduce_scatter, x)
-for c in t_both.calls:
-    print(f"device {c.call.device.id}:", [(d.step, d.dst_device, d.bytes)
-                                          for d in c.call.body_copies if d.remote])
+def show_both():
+    t_both = kernelsim.trace(bidirectional_reduce_scatter, x)
+    for c in t_both.calls:
+        print(f"device {c.call.device.id}:", [(d.step, d.dst_device, d.bytes)
+                                              for d in c.call.body_copies if d.remote])
+
+
+course.view("bidirectional_reduce_scatter", show_both)
 
 # %% [markdown]
 # ## What passed
 #
-# The cell below lists every task of this notebook as passed, failed (with the first line of
-# its message) or not checked in this kernel; run all cells above first.
+# In the notebook, its last cell (`course.summary()`) lists every task as passed, failed (with
+# the first line of its message), still to write or not checked in this kernel.
 
 # %%
 course.summary()
