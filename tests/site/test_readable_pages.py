@@ -88,6 +88,14 @@ def test_no_lesson_scrolls_sideways_at_390(lessons_at_390):
             if seen.measured["width"] > 390} == {}
 
 
+def test_every_lesson_figure_takes_the_column_at_390(lessons_at_390):
+    """Each figure at its drawn width or the column's, whichever is less: no hint or other box
+    beside it in its output's row."""
+    assert sum(1 for seen in lessons_at_390.values() if seen.measured["squeezed"]) == 0, {
+        stem: seen.measured["squeezed"][:3] for stem, seen in lessons_at_390.items()
+        if seen.measured["squeezed"]}
+
+
 # a printed table's font and its box, as course.css sizes them: [font px, box width, text width]
 TABLE_BOX = """() => { const pre = document.querySelector('pre');
   return [parseFloat(getComputedStyle(pre.querySelector('.ks-trow')).fontSize),
@@ -142,6 +150,12 @@ def test_figures_fit_a_phone_and_a_tap_shows_the_full_size(phone, base_url):
     img.click()
     assert abs(img.bounding_box()["width"] - natural) <= 1  # its labels at their drawn size
     assert page.evaluate(PAGE_WIDTH) <= 390  # the figure's box scrolls, not the page
+    # and it scrolls through a window as wide as the notebook's column (it was ~200 px)
+    window, area = img.evaluate("i => [i.parentElement.clientWidth, "
+                                "i.closest('.jp-OutputArea').clientWidth]")
+    assert window >= area - 2, (window, area)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SHOTS / "lesson-03-figure-full-390.png")
     img.click()
     assert img.bounding_box()["width"] <= column
 
