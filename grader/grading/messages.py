@@ -67,6 +67,10 @@ HINTS: tuple[Hint, ...] = (
           "orders: a copy into a buffer while its owner may still read it (one buffer used "
           "for every step, where each step needs its own), or a read of a buffer before the "
           "wait of the copy into it. Wait on each copy before using what it brought."),
+    _hint("negative-index", r"Out-of-bounds (read|write) of .*\[\(?slice\(-\d+",
+          "an index below 0: jax.lax.rem takes the sign of its first operand "
+          "(jax.lax.rem(-1, 4) is -1), so (me - step - 1) mod N needs a multiple of N added "
+          "first: jax.lax.rem(me - step - 1 + N, N)."),
     _hint("kernel-arity", r"\w+\(\) takes \d+ positional arguments? but \d+ were given",
           "if that function is your kernel: it receives one ref per input, then one per output "
           "(then any scratch refs), e.g. def kernel(x_ref, y_ref, o_ref)."),
