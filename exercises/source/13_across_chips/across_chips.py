@@ -159,15 +159,22 @@ course.check("ring_reduce_scatter", ring_reduce_scatter, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# kernelsim's view: each device's remote copies, with the step that starts them, the device
-# they go to and their bytes.
+# kernelsim's view: each device's remote copies, with the step of the ring that starts them,
+# the device they go to and their bytes. (The kernel has no grid: kernelsim finds every copy in
+# its one grid step, in the order the body starts them, and the ring's steps are that order.)
 
 # %%
+def remote_copies(traced):
+    """Per device: its remote copies in the order its body starts them."""
+    for c in traced.calls:
+        yield c.call.device.id, sorted((d for d in c.call.body_copies if d.remote),
+                                       key=lambda d: d.start_pos)
+
+
 def show_ring():
-    t_ring = kernelsim.trace(ring_reduce_scatter, x)
-    for c in t_ring.calls:
-        print(f"device {c.call.device.id}:", [(d.step, d.dst_device, d.bytes)
-                                              for d in c.call.body_copies if d.remote])
+    for device, copies in remote_copies(kernelsim.trace(ring_reduce_scatter, x)):
+        print(f"device {device}:", "; ".join(f"step {k}: {d.bytes:,} B to device {d.dst_device}"
+                                             for k, d in enumerate(copies)))
 
 
 course.view("ring_reduce_scatter", show_ring)
@@ -268,14 +275,14 @@ course.check("bidirectional_reduce_scatter", bidirectional_reduce_scatter, hidde
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Both directions, device by device: the same bytes as task 1, half of them to each neighbour.
+# Both directions, device by device: the same bytes as task 1, half of them to each neighbour,
+# two copies started at each step of the ring.
 
 # %%
 def show_both():
-    t_both = kernelsim.trace(bidirectional_reduce_scatter, x)
-    for c in t_both.calls:
-        print(f"device {c.call.device.id}:", [(d.step, d.dst_device, d.bytes)
-                                              for d in c.call.body_copies if d.remote])
+    for device, copies in remote_copies(kernelsim.trace(bidirectional_reduce_scatter, x)):
+        print(f"device {device}:", "; ".join(
+            f"step {k // 2}: {d.bytes:,} B to device {d.dst_device}" for k, d in enumerate(copies)))
 
 
 course.view("bidirectional_reduce_scatter", show_both)
