@@ -154,6 +154,20 @@ echo "installing the course's packages into .venv with $("$PY" --version)..."
 echo "done: . .venv/bin/activate, then JUPYTER_CONFIG_PATH=jupyter jupyter lab"
 """
 
+# The copy's JupyterLab settings (``jupyter/`` on JUPYTER_CONFIG_PATH): a terminal that is not a
+# login shell. Started without a TTY, jupyter_server_terminals makes the terminal a login shell
+# (``-l``), whose /etc/profile sets PATH anew: the activated .venv's `pallas-course` was gone.
+SERVER_CONFIG = """\"\"\"pallas-course's student copy: JupyterLab's terminals are a plain shell,
+never a login shell, which would set PATH anew and lose the activated .venv.\"\"\"
+
+import os
+import shutil
+
+c = get_config()  # noqa: F821 - traitlets provides it to config files
+c.ServerApp.terminado_settings = {
+    "shell_command": [os.environ.get("SHELL") or shutil.which("bash") or "/bin/sh"]}
+"""
+
 
 def strip_hidden_cases(source: str) -> tuple[str, int]:
     """A task module's source without its hidden cases, and how many were removed: every
@@ -301,6 +315,7 @@ def write_tree(root: Path, repo: Path, dest: Path) -> None:
     shutil.copyfile(package / "site" / "jupyter" / "labconfig" /
                     "default_setting_overrides.json",
                     dest / "jupyter" / "labconfig" / "default_setting_overrides.json")
+    (dest / "jupyter" / "jupyter_server_config.py").write_text(SERVER_CONFIG)
     (dest / "pyproject.toml").write_text(student_pyproject(repo))
     (dest / "README.md").write_text(readme(repo))
     (dest / "install.sh").write_text(INSTALL_SH)

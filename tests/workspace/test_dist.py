@@ -93,6 +93,26 @@ def test_distribution_has_no_answers(dist_dir, full_course, tmp_path):
         assert what in found, what
 
 
+def test_the_copys_terminal_keeps_the_activated_venv_on_path(dist_dir, tmp_path):
+    """JupyterLab started without a TTY made its terminal a login shell, whose /etc/profile
+    set PATH anew: `pallas-course: command not found` (issue 50). The copy's settings name a
+    plain shell, which keeps the PATH JupyterLab was started with."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("jupyter_server_config.py",
+                                path=str(dist_dir / "jupyter")).load_config()
+    shell = config.ServerApp.terminado_settings["shell_command"]
+    assert "-l" not in shell and "--login" not in shell, shell
+    venv_bin = tmp_path / "venv-bin"
+    venv_bin.mkdir()
+    (venv_bin / "pallas-course").write_text("#!/bin/sh\necho found\n")
+    (venv_bin / "pallas-course").chmod(0o755)
+    env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}"}
+    ran = subprocess.run([*shell, "-c", "pallas-course"], env=env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True)
+    assert ran.stdout == "found\n", ran.stderr
+
+
 def test_zip_distribution_matches_the_folder(dist_dir, full_course, tmp_path):
     to = tmp_path / "student.zip"
     ok(cli("dist", "--to", str(to), cwd=full_course))
