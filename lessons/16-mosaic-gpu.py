@@ -551,7 +551,7 @@ _course.pinned_claim(lowered[(0, 0)] is None, "a WGMMA tile given no transforms 
 # sizes against XLA (cuBLAS for `jnp.dot`, cuDNN for `jax.nn.dot_product_attention`), checks
 # each against plain JAX on the GPU, and puts kernelsim's estimate beside each measured time.
 # Its record, when a run on an H200 has been made, is `bench/recorded/gpu_perf-h200.json`; the
-# cell reads it. Its jaxlib may be older than the course's: jax 0.12.0.1 accepts 0.11.2 or later.
+# cell reads it. Its jaxlib may be older than the course's: the pinned JAX release accepts it.
 
 # %%
 record = ROOT / "bench" / "recorded" / "gpu_perf-h200.json"
