@@ -22,7 +22,7 @@ KERNELSIM_TESTS := tests/kernelsim --ignore=tests/kernelsim/views
 # and the learner's side (a student copy installs on Python 3.11 with jax 0.10.2)
 COMPAT_TESTS := $(KERNELSIM_TESTS) tests/learner
 
-.PHONY: start test test-main test-jax venv lint site system-packages clean python-check bytecode
+.PHONY: start start-message test test-main test-jax venv lint site system-packages clean python-check bytecode
 
 python-check:
 	@test -n "$(PYTHON)" || { echo "make: no Python 3.12 or 3.13 found (jax 0.12 needs one)." \
@@ -35,10 +35,13 @@ $(STAMP): pyproject.toml | python-check
 	@$(PY) -c 'import sys; sys.exit(sys.version_info < (3, 12))' 2>/dev/null || rm -rf $(VENV)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@mkdir -p build/logs
-	@echo "installing the course's packages into $(VENV) (log: build/logs/pip-install.log)"
-	@{ $(PY) -m pip install -q --upgrade pip && \
-	  $(PY) -m pip install -q -e '.[$(EXTRAS)]'; } >build/logs/pip-install.log 2>&1 || \
+	@echo "installing the course's packages into $(VENV): about 1.5 GB, some minutes the first" \
+	  "time (log: build/logs/pip-install.log)"
+	@: >build/logs/pip-install.log
+	@$(PY) -m pip install -q --upgrade pip >>build/logs/pip-install.log 2>&1 || \
 	  { tail -20 build/logs/pip-install.log >&2; exit 1; }
+	@$(PY) .ci/pip_progress.py build/logs/pip-install.log -- \
+	  $(PY) -m pip install --progress-bar off -e '.[$(EXTRAS)]'
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -130,9 +133,15 @@ test-jax:
 # The learner's workspace/ (git-ignored) gets the lessons and the released student notebooks;
 # a file the learner edited is never overwritten. No system package is needed to learn. JupyterLab opens there;
 # the site is served at once and (re)built behind it when stale.
-start: $(STAMP)
+start: start-message $(STAMP)
+	@echo "make start: copying the lessons and exercises into workspace/ (the first time the" \
+	  "exercises are released: about 20 s)"
 	@$(PY) -m grader.cli workspace
 	@$(PY) -m grader.cli serve
+
+# the first thing `make start` prints, before make checks the venv (seconds of silence else)
+start-message:
+	@echo "make start: checking the course's environment (.venv)"
 
 clean:
 	rm -rf build .cache

@@ -547,11 +547,11 @@ _course.pinned_claim(lowered[(0, 0)] is None, "a WGMMA tile given no transforms 
 # %% [markdown]
 # ## Measured on an H200
 #
-# `bench/gpu_perf.py` times these kernels and the Triton ones of lesson 11's shape at
-# production sizes against XLA (cuBLAS for `jnp.dot`, cuDNN for
-# `jax.nn.dot_product_attention`), checks each against plain JAX on the GPU, and puts
-# kernelsim's estimate beside each measured time. Its record, when a run on an H200 has
-# been made, is `bench/recorded/gpu_perf-h200.json`; the cell reads it.
+# `bench/gpu_perf.py` times these kernels and the Triton ones of lesson 11's shape at production
+# sizes against XLA (cuBLAS for `jnp.dot`, cuDNN for `jax.nn.dot_product_attention`), checks
+# each against plain JAX on the GPU, and puts kernelsim's estimate beside each measured time.
+# Its record, when a run on an H200 has been made, is `bench/recorded/gpu_perf-h200.json`; the
+# cell reads it. Its jaxlib may be older than the course's: the pinned JAX release accepts it.
 
 # %%
 record = ROOT / "bench" / "recorded" / "gpu_perf-h200.json"
@@ -560,7 +560,7 @@ if not record.exists():
           "`python bench/gpu_perf.py --dry-run` checks and lowers every kernel on a CPU")
 else:
     recorded = json.loads(record.read_text())
-    print(f"{recorded['devices'][0]}, jax {recorded['jax']} on jaxlib {recorded['jaxlib']}")
+    print(f"{recorded['devices'][0]}, jax {recorded['jax']} with jaxlib {recorded['jaxlib']}")
     for family, s in recorded["summary"].items():
         xla = s["xla_s"]
         print(f"{family}: XLA {xla * 1e3:.3f} ms" if xla else f"{family}: XLA did not run")

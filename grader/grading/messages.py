@@ -69,6 +69,10 @@ HINTS: tuple[Hint, ...] = (
           "own, or have the reader signal a semaphore on the sender before it refills a "
           "slot), or a read of a buffer before the wait of the copy into it. Wait on each "
           "copy before using what it brought."),
+    _hint("negative-index", r"Out-of-bounds (read|write) of .*\[\(?slice\(-\d+",
+          "an index below 0: jax.lax.rem takes the sign of its first operand "
+          "(jax.lax.rem(-1, 4) is -1), so (me - step - 1) mod N needs a multiple of N added "
+          "first: jax.lax.rem(me - step - 1 + N, N)."),
     _hint("kernel-arity", r"\w+\(\) takes \d+ positional arguments? but \d+ were given",
           "if that function is your kernel: it receives one ref per input, then one per output "
           "(then any scratch refs), e.g. def kernel(x_ref, y_ref, o_ref)."),

@@ -121,6 +121,16 @@ def check_notebook(path: Path, timeout: int = 300, log=print, verbose: bool = Fa
             cell.source = HIDDEN_RE.sub("", cell.source)
             # outputs saved by the learner's own run must not read as this run's verdict
             cell.outputs, cell.execution_count = [], None
+    graded = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")
+              and "course.check(" in c.source]
+    # a check takes seconds to tens of seconds, the kernel's start a few: say what runs as it
+    # starts, not only when all is done
+    log(f"checking {path.name} in a fresh kernel: {len(graded)} check(s); starting the kernel")
+
+    def starting(cell, cell_index, **_):
+        if any(cell is g for g in graded):
+            log(f"  running {cell.metadata['nbgrader']['grade_id']} ...")
+
     dead = False
     with tempfile.TemporaryDirectory() as d:
         report = Path(d) / "report.jsonl"
@@ -134,7 +144,8 @@ def check_notebook(path: Path, timeout: int = 300, log=print, verbose: bool = Fa
             client = nbclient.NotebookClient(nb, timeout=timeout, allow_errors=True,
                                              interrupt_on_timeout=True, kernel_name="python3",
                                              resources={"metadata": {"path": str(path.parent)}},
-                                             extra_arguments=[KERNEL_LOG_LEVEL])
+                                             extra_arguments=[KERNEL_LOG_LEVEL],
+                                             on_cell_start=starting)
             try:
                 client.execute()
             except nbclient.exceptions.DeadKernelError:
@@ -148,9 +159,8 @@ def check_notebook(path: Path, timeout: int = 300, log=print, verbose: bool = Fa
                     os.environ[k] = v
         records = [json.loads(x) for x in report.read_text().splitlines()] \
             if report.exists() else []
+    log("")
     failures = 0
-    graded = [c for c in nb.cells if c.get("metadata", {}).get("nbgrader", {}).get("grade")
-              and "course.check(" in c.source]
     # an error before the checks (an import in the setup cell, a typo in a solution) is the
     # cause of every check's failure after it: say where it happened first
     for number, cell in enumerate(nb.cells, 1):
@@ -179,7 +189,10 @@ def check_notebook(path: Path, timeout: int = 300, log=print, verbose: bool = Fa
             log(f"{r['task']}: kernelsim\n{r['kernelsim']}")
     if dead:
         log("\nthe kernel died while the notebook ran (os._exit, a crash or out of memory)")
-    log(f"\n{len(graded) - failures} passed, {failures} failed")
+    # the stubs as released: what is left to write, rather than broken
+    to_write = list(dict.fromkeys(r["task"] for r in records if r.get("to_write")))
+    still = f"; still to write: {', '.join(to_write)}" if to_write else ""
+    log(f"\n{len(graded) - failures} passed, {failures} failed{still}")
     return 1 if failures else 0
 
 

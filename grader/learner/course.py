@@ -11,7 +11,8 @@ once: the case, the first differing element, its block and the size of the diffe
 structural requirement not met with what was found. In a Jupyter kernel it is shown as the
 cell's error output but not raised, so a Restart-and-Run-All reaches every task's check;
 ``summary()`` (each notebook's last cell) then lists what passed and failed. Outside a kernel (a
-script, a test) it is raised.
+script, a test) it is raised. ``view(task_id, show)`` runs a cell that shows the learner's kernel
+(kernelsim's view of it) once the task is written, and says it is still to write until then.
 
 The checking itself is ``grader.learner.selfcheck``, imported when a check first runs; this module
 imports no other part of the grader but ``CheckFailed``'s light module
@@ -29,11 +30,12 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from grader.learner.failure import CheckFailed
 
-__all__ = ["check", "summary", "CheckFailed"]
+__all__ = ["check", "view", "summary", "CheckFailed"]
 
 # this process's latest check of each task (visible cases): what ``summary`` reports
 _SESSION: dict[str, dict[str, Any]] = {}
@@ -125,6 +127,38 @@ def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
         shell.showtraceback()  # the cell's error output; the cell itself succeeds
 
 
+def _unwritten(e: BaseException | None) -> bool:
+    """Whether ``e`` (or an exception it was raised from) is the stub's NotImplementedError."""
+    while e is not None:
+        if isinstance(e, NotImplementedError):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def view(task_id: str, show: Callable[[], object]) -> None:
+    """Run ``show`` (no arguments: it calls the learner's function for a task and prints or
+    draws what kernelsim sees of it). While the task is still the stub, whose function raises
+    NotImplementedError, print that it is still to write instead; any other error of ``show``
+    becomes the cell's error output in a Jupyter kernel, as a check's failure does, so Restart
+    and Run All goes on to the later checks and the summary (raised elsewhere). While a
+    submission is graded this does nothing: no view is graded."""
+    __tracebackhide__ = True
+    if os.environ.get("PALLAS_COURSE_GRADING"):
+        return
+    try:
+        show()
+    except Exception as e:
+        if _unwritten(e):
+            print(f"{task_id}: still to write (your function raises NotImplementedError); "
+                  "this cell shows what kernelsim sees of your kernel once it is written.")
+            return
+        shell = _jupyter_shell()
+        if shell is None:
+            raise
+        shell.showtraceback()  # the cell's error output; the run goes on
+
+
 def summary() -> None:
     """Print which tasks of the notebook passed, failed or were not checked in this kernel
     (the tasks of every assignment checked so far). Each exercise notebook ends with it."""
@@ -135,7 +169,7 @@ def summary() -> None:
               "Run All Cells).")
         return
     ids = selfcheck().task_ids(_SESSION)
-    lines, passed = [], 0
+    lines, passed, to_write = [], 0, []
     for tid in ids:
         record = _SESSION.get(tid)
         if record is None:
@@ -143,6 +177,9 @@ def summary() -> None:
         elif record["passed"]:
             passed += 1
             lines.append(f"  pass         {tid}")
+        elif record.get("to_write"):
+            to_write.append(tid)
+            lines.append(f"  to write     {tid}: its function still raises NotImplementedError")
         elif record.get("needs_newer_jax"):
             lines.append(f"  not checked  {tid}: needs a newer JAX release (its check cell "
                          "says which)")
@@ -150,4 +187,6 @@ def summary() -> None:
             # a check's message starts with its task id, which this line already shows
             first = (record.get("message") or "failed").splitlines()[0].removeprefix(f"{tid}: ")
             lines.append(f"  FAIL         {tid}: {first}")
-    print(f"Checks in this kernel: {passed} of {len(ids)} task(s) passed\n" + "\n".join(lines))
+    still = f"; still to write: {', '.join(to_write)}" if to_write else ""
+    print(f"Checks in this kernel: {passed} of {len(ids)} task(s) passed{still}\n"
+          + "\n".join(lines))

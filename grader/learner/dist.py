@@ -27,8 +27,9 @@ from grader.grading import refs, releases
 from grader.learner import workspace
 
 # the student copy's size once installed: measured by tests/workspace/test_dist.py
-# (test_student_copy_installs_as_its_readme_says, `du -sm .venv`), Python 3.12 on Linux x86-64
-INSTALLED_MB = 930
+# (test_student_copy_installs_as_its_readme_says, `du -sm .venv`: 978 at 00b14e4), Python 3.12
+# on Linux x86-64; README.md says the same
+INSTALLED_MB = 980
 # the oldest Python a student copy installs on: Debian 12's python3, and what Colab's and Kaggle's
 # TPU runtimes may have; kernelsim's oldest JAX (adapter.SUPPORTED_JAX[0]) is the last for it
 LEARNER_PYTHON = "3.11"
@@ -152,6 +153,20 @@ echo "installing the course's packages into .venv with $("$PY" --version)..."
 .venv/bin/python -m pip install -q --disable-pip-version-check -e "$WHAT"
 .venv/bin/python -c 'import jax; print(f"jax {jax.__version__} from {jax.__file__}")'
 echo "done: . .venv/bin/activate, then JUPYTER_CONFIG_PATH=jupyter jupyter lab"
+"""
+
+# The copy's JupyterLab settings (``jupyter/`` on JUPYTER_CONFIG_PATH): a terminal that is not a
+# login shell. Started without a TTY, jupyter_server_terminals makes the terminal a login shell
+# (``-l``), whose /etc/profile sets PATH anew: the activated .venv's `pallas-course` was gone.
+SERVER_CONFIG = """\"\"\"pallas-course's student copy: JupyterLab's terminals are a plain shell,
+never a login shell, which would set PATH anew and lose the activated .venv.\"\"\"
+
+import os
+import shutil
+
+c = get_config()  # noqa: F821 - traitlets provides it to config files
+c.ServerApp.terminado_settings = {
+    "shell_command": [os.environ.get("SHELL") or shutil.which("bash") or "/bin/sh"]}
 """
 
 
@@ -301,6 +316,7 @@ def write_tree(root: Path, repo: Path, dest: Path) -> None:
     shutil.copyfile(package / "site" / "jupyter" / "labconfig" /
                     "default_setting_overrides.json",
                     dest / "jupyter" / "labconfig" / "default_setting_overrides.json")
+    (dest / "jupyter" / "jupyter_server_config.py").write_text(SERVER_CONFIG)
     (dest / "pyproject.toml").write_text(student_pyproject(repo))
     (dest / "README.md").write_text(readme(repo))
     (dest / "install.sh").write_text(INSTALL_SH)

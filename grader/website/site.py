@@ -218,9 +218,9 @@ BUILDING_PAGE = b"""<!doctype html><html><head><meta charset="utf-8">
 <meta http-equiv="refresh" content="5"><title>pallas-course: building the site</title></head>
 <body style="font-family: sans-serif; max-width: 40em; margin: 4em auto">
 <h1>The site is being built</h1>
-<p>The lessons come as the repository ships them; one changed since is executed (once: later
-starts reuse it). This page reloads itself every 5 seconds. JupyterLab is already running: the
-lessons and exercises are there.</p></body></html>"""
+<p>The lessons' pages come as the repository ships them; a lesson changed since it was shipped
+is executed now (once: later starts reuse it). This page reloads itself every 5 seconds.
+JupyterLab is already running: the lessons and exercises are there.</p></body></html>"""
 
 
 class _SiteHandler(http.server.SimpleHTTPRequestHandler):

@@ -11,7 +11,7 @@ from matplotlib.figure import Figure
 
 from kernelsim.views import palette as pal
 from kernelsim.views.data import CallView, call_view
-from kernelsim.views.figure import DPI, FONT, WIDTH, legible, seconds_axis
+from kernelsim.views.figure import DPI, FONT, WIDTH, bytes_axis, legible, seconds_axis
 from kernelsim.views.report import seconds, table
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ class Comparison:
         ax.set_xlabel("fraction of grid steps done", fontsize=FONT)
         ax.set_ylabel("cumulative HBM bytes", fontsize=FONT)
         legible(ax)
+        bytes_axis(ax.yaxis)
         ax.legend(fontsize=FONT)
         ax.set_title("HBM traffic", fontsize=FONT + 1)
         y = np.arange(len(self.views))

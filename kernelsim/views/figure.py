@@ -107,6 +107,22 @@ def seconds_axis(axis, intervals: int = 4) -> None:
     axis.set_major_formatter(FuncFormatter(lambda s, _: seconds(s) if s else "0"))
 
 
+# decimal units for a bytes axis, largest first: its ticks fall on round numbers of them
+BYTE_UNITS = (("GB", 1e9), ("MB", 1e6), ("kB", 1e3))
+
+
+def bytes_axis(axis) -> None:
+    """``axis`` (matplotlib's ``ax.yaxis``), a count of bytes, labelled in one readable unit
+    (``2 MB``, ``4 MB``) chosen from its largest value: matplotlib's own labels put the scale in
+    an offset text (``1e6``) at the axis's end, which reads as a number of its own."""
+    def label(v, _):
+        top = max(abs(x) for x in axis.get_view_interval())
+        unit, scale = next(((u, s) for u, s in BYTE_UNITS if top >= s), ("B", 1))
+        return f"{v / scale:g} {unit}" if v else "0"
+
+    axis.set_major_formatter(FuncFormatter(label))
+
+
 def _tint(color: str, alpha: float = 0.22) -> tuple:
     """``color`` mixed with white: a fill that black text stays readable on."""
     r, g, b, _ = to_rgba(color)
@@ -453,6 +469,7 @@ def timeline(t: TraceData, call: int = 0) -> Figure:
     ax.set_xlabel("grid step (from 0)", fontsize=FONT)
     ax.set_ylabel("bytes moved at step", fontsize=FONT)
     legible(ax)
+    bytes_axis(ax.yaxis)
     ax.xaxis.set_major_locator(MaxNLocator(8, integer=True))
     ax.set_xlim(-0.5, max(v.call.steps - 0.5, 0.5))
     cum_ax = ax.twinx()
@@ -460,6 +477,7 @@ def timeline(t: TraceData, call: int = 0) -> Figure:
                 gid="cumulative")
     cum_ax.set_ylabel("cumulative HBM bytes", fontsize=FONT)
     legible(cum_ax)
+    bytes_axis(cum_ax.yaxis)
     handles = ax.get_legend_handles_labels()[0] + cum_ax.get_legend_handles_labels()[0]
     ax.legend(handles=handles, fontsize=FONT, loc="upper left")
     ax.set_title(f"call {call}: {v.call.name}, {v.call.steps:,} steps, "

@@ -47,7 +47,9 @@ def call_summary(t: TraceData, index: int, steps: int = 0) -> str:
     c: CallTrace = t.calls[index]
     cost = c.cost
     semantics = ", ".join(c.dimension_semantics) or "-"
-    head = (f"call {index}: {c.name!r}  grid {_shape(c.grid)} = {c.steps:,} steps  "
+    count = f"{c.steps:,} step{'s' if c.steps != 1 else ''}"
+    grid = f"grid {_shape(c.grid)} = {count}" if c.grid else f"no grid: {count}"
+    head = (f"call {index}: {c.name!r}  {grid}  "
             f"semantics {semantics}  model {t.model} on {t.chip.name}")
     if c.call.device is not None:
         where = ", ".join(f"{a}={i}" for a, i in zip(c.call.device.axes, c.call.device.coords,

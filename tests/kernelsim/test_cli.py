@@ -101,3 +101,22 @@ def test_verify_agrees_with_the_interpreter():
     r = _kernelsim("verify", f"{EXAMPLES}:block_sparse_target")
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count(" ok") == 3 and "MISMATCH" not in r.stdout
+
+
+def test_a_call_without_a_grid_says_so_in_its_header():
+    """Its header read "grid () = 1 steps" (issue 50)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.experimental import pallas as pl
+
+    import kernelsim
+
+    def double(x_ref, o_ref):
+        o_ref[...] = x_ref[...] * 2
+
+    def fn(x):
+        return pl.pallas_call(double, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                              interpret=True)(x)
+
+    head = str(kernelsim.trace(fn, jnp.ones((8, 128), jnp.float32))).splitlines()[0]
+    assert "'double'  no grid: 1 step  semantics" in head, head

@@ -14,7 +14,17 @@ import time
 from pathlib import Path
 
 import pytest
-from sitetools import FIGURES, HIDDEN, PAGE_WIDTH, REPO, SITE_DIR, serve_folder, visit_each, watch
+from sitetools import (
+    FIGURES,
+    HIDDEN,
+    PAGE_WIDTH,
+    REPO,
+    SITE_DIR,
+    SQUEEZED_FIGURES,
+    serve_folder,
+    visit_each,
+    watch,
+)
 
 LESSONS = sorted(p.stem for p in (REPO / "lessons").glob("[0-9][0-9]-*.py"))
 
@@ -68,10 +78,11 @@ def site_at_1280(browser, built_site, base_url) -> dict:
 @pytest.fixture(scope="session")
 def lessons_at_390(browser, base_url) -> dict:
     """Every lesson opened once at 390 px, scrolled to its first viewer if it shows one: the
-    page's width and its viewers, by the lesson's stem."""
+    page's width, its viewers and its figures shown narrower than the column allows, by the
+    lesson's stem."""
     seen = visit_each(browser, base_url, [f"lessons/{stem}/" for stem in LESSONS],
                       {"width": 390, "height": 844}, {
-                          "width": PAGE_WIDTH,
+                          "width": PAGE_WIDTH, "squeezed": SQUEEZED_FIGURES,
                           "viewers": "() => document.querySelectorAll('.ks-viewer').length"},
                       before="() => document.querySelector('.ks-viewer')?.scrollIntoView()")
     return {path.split("/")[1]: page for path, page in seen.items()}

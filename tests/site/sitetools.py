@@ -144,6 +144,14 @@ FIGURES = """() => {
   const box = figures.length ? figures[0].getBoundingClientRect() : null;
   return [figures.length, box ? box.width : 0, box ? box.height : 0]; }"""
 
+# the lesson figures (notebook outputs drawn as img) narrower than they could be: shown smaller
+# than drawn while the notebook's column had room for more (a hint beside one in its output's
+# row squeezed it to half a phone's width, issue 50): [alt text, shown px, drawn px, column px]
+SQUEEZED_FIGURES = """() => [...document.querySelectorAll('article .jp-OutputArea-output img')]
+  .map(img => [img.alt.slice(0, 40), img.getBoundingClientRect().width, img.naturalWidth,
+               img.closest('.jp-OutputArea').clientWidth])
+  .filter(([, shown, drawn, column]) => shown < Math.min(drawn, column) - 2)"""
+
 
 @dataclasses.dataclass
 class PageSeen:

@@ -18,25 +18,31 @@ SHOTS = REPO / "build" / "screenshots"
 # Material's "Back to top" button floats over the text while a page scrolls up: a short
 # scroll down puts it away before a screenshot
 SETTLE = "() => new Promise(r => { scrollBy(0, 4); setTimeout(r, 500); })"
-# words of wrapped output lines broken in two ("refere/nce") though a space was there
-BROKEN_WORDS = r"""() => [...document.querySelectorAll('article .jp-OutputArea-output .ks-ln')]
+# words of wrapped lines (of outputs, or of code: an identifier, "bloc/k_rows") broken in two
+# though a space or punctuation was there to break at; the argument selects the boxes
+BROKEN_WORDS = r"""(box) => [...document.querySelectorAll(`article ${box} .ks-ln`)]
   .filter(l => !l.classList.contains('ks-trow')).flatMap(l => {
     const range = document.createRange(), out = [];
     const walk = document.createTreeWalker(l, NodeFilter.SHOW_TEXT);
-    let prevTop = null, prevChar = ' ';
-    for (let n = walk.nextNode(); n; n = walk.nextNode())
+    let prevTop = null, prevChar = ' ', seen = '';
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {
       for (let k = 0; k < n.length; k++) {
         range.setStart(n, k); range.setEnd(n, k + 1);
         const r = range.getBoundingClientRect();
         if (!r.width) continue;
         const c = n.data[k];
-        // a break between two word characters, in a word short enough to fit a row
+        // a break between two word characters, in a word short enough to fit a row and with
+        // something before it in its line (a line's indentation never wraps away from it)
         if (prevTop !== null && r.top > prevTop + 2 && /\w/.test(prevChar) && /\w/.test(c)) {
-          const word = /\S*$/.exec(n.data.slice(0, k))[0] + /^\S*/.exec(n.data.slice(k))[0];
-          if (word.length <= 20) out.push(word);
+          const head = /\S*$/.exec(n.data.slice(0, k))[0];
+          const word = head + /^\S*/.exec(n.data.slice(k))[0];
+          const before = seen + n.data.slice(0, k - head.length);
+          if (word.length <= 20 && /\S/.test(before)) out.push(word);
         }
         prevTop = r.top; prevChar = c;
       }
+      seen += n.data;
+    }
     return out.slice(0, 1); })"""
 MARKED = """() => [...document.querySelectorAll('article .ks-ln:not(.ks-trow)')]
   .filter(l => l.getBoundingClientRect().height > 1.5 * parseFloat(getComputedStyle(l).lineHeight))
@@ -68,7 +74,8 @@ def test_no_page_scrolls_sideways_at_390_and_wrapped_lines_are_marked(phone, bas
     assert page.evaluate(PAGE_WIDTH) <= 390, stem
     marks = page.evaluate(MARKED)
     assert marks and set(marks) == {'"↪" / ""'}, marks[:3]
-    assert page.evaluate(BROKEN_WORDS) == []
+    assert page.evaluate(BROKEN_WORDS, ".jp-OutputArea-output") == []
+    assert page.evaluate(BROKEN_WORDS, ".jp-InputArea-editor") == []
     # code keeps its size: wrapped, not shrunk
     size = page.evaluate("() => parseFloat(getComputedStyle("
                          "document.querySelector('.jp-InputArea-editor pre')).fontSize)")
@@ -86,6 +93,14 @@ def test_no_lesson_hides_text_at_1280(site_at_1280):
 def test_no_lesson_scrolls_sideways_at_390(lessons_at_390):
     assert {stem: seen.measured["width"] for stem, seen in lessons_at_390.items()
             if seen.measured["width"] > 390} == {}
+
+
+def test_every_lesson_figure_takes_the_column_at_390(lessons_at_390):
+    """Each figure at its drawn width or the column's, whichever is less: no hint or other box
+    beside it in its output's row."""
+    assert sum(1 for seen in lessons_at_390.values() if seen.measured["squeezed"]) == 0, {
+        stem: seen.measured["squeezed"][:3] for stem, seen in lessons_at_390.items()
+        if seen.measured["squeezed"]}
 
 
 # a printed table's font and its box, as course.css sizes them: [font px, box width, text width]
@@ -142,6 +157,12 @@ def test_figures_fit_a_phone_and_a_tap_shows_the_full_size(phone, base_url):
     img.click()
     assert abs(img.bounding_box()["width"] - natural) <= 1  # its labels at their drawn size
     assert page.evaluate(PAGE_WIDTH) <= 390  # the figure's box scrolls, not the page
+    # and it scrolls through a window as wide as the notebook's column (it was ~200 px)
+    window, area = img.evaluate("i => [i.parentElement.clientWidth, "
+                                "i.closest('.jp-OutputArea').clientWidth]")
+    assert window >= area - 2, (window, area)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SHOTS / "lesson-03-figure-full-390.png")
     img.click()
     assert img.bounding_box()["width"] <= column
 

@@ -100,17 +100,44 @@ def test_model_and_chip_switch_offline(watched, page_url):
 
 
 def test_play_advances_and_space_pauses(watched, page_url):
+    """The page's clock is the test's (playwright's fake timers drive requestAnimationFrame
+    and performance.now): playback moves only when the test advances time, so a loaded machine
+    cannot let it run to the last step, where space plays again from the start, before the key
+    press (it failed that way in a clean clone: step 3, then 63)."""
     page = watched.page
+    page.clock.install()
     page.goto(page_url)
     page.select_option(".ks-speed", "60")
     page.click(".ks-play")
-    page.wait_for_function("() => +document.querySelector('.ks-viewer').dataset.step >= 5")
+    page.clock.run_for(200)  # 12 steps at 60 steps/s
+    assert 5 <= int(_state(page)["step"]) < 63
     page.locator(".ks-viewer").focus()
     page.keyboard.press(" ")
     stopped = _state(page)["step"]
-    page.wait_for_timeout(200)
+    page.clock.run_for(2000)  # past the last step, had it still played
     assert _state(page)["step"] == stopped
     assert page.locator(".ks-play").inner_text().endswith("play")
+
+
+def test_a_key_on_a_focused_button_acts_once(watched, page_url):
+    """Space on the focused play button is the viewer's key and not also the button's click
+    (which would play and at once pause again), and on "next" it plays rather than stepping;
+    Enter is the button's own."""
+    page = watched.page
+    page.clock.install()
+    page.goto(page_url)
+    play = page.locator(".ks-play")
+    play.focus()
+    page.keyboard.press(" ")
+    assert play.get_attribute("aria-pressed") == "true"
+    page.keyboard.press(" ")
+    assert play.get_attribute("aria-pressed") == "false"
+    page.keyboard.press("Enter")
+    assert play.get_attribute("aria-pressed") == "true"
+    page.keyboard.press("Enter")
+    page.locator(".ks-next").focus()
+    page.keyboard.press(" ")
+    assert play.get_attribute("aria-pressed") == "true" and _state(page)["step"] == "0"
 
 
 def test_phone_width_has_no_horizontal_scroll(browser, page_url):

@@ -75,9 +75,10 @@ def test_an_error_before_the_checks_is_named_first(tmp_path, capfd):
     nbformat.write(nb, tmp_path / "task.ipynb")
     lines: list[str] = []
     assert check.check_notebook(tmp_path / "task.ipynb", log=lines.append) == 1
-    assert lines[0] == ("ERROR in cell 1 (setup): ModuleNotFoundError: No module named "
-                        "'no_such_module_for_the_course'")
-    assert lines[1].startswith("FAIL  add_visible: NameError")
+    report = lines[lines.index("") + 1:]  # after the progress lines of the run
+    assert report[0] == ("ERROR in cell 1 (setup): ModuleNotFoundError: No module named "
+                         "'no_such_module_for_the_course'")
+    assert report[1].startswith("FAIL  add_visible: NameError")
     printed = capfd.readouterr()
     assert "IPKernelApp" not in printed.out + printed.err, printed.err
 
@@ -139,6 +140,9 @@ def test_a_pass_is_one_line_and_a_failure_lists_every_rule_it_broke(tmp_path, ca
     assert check.check_notebook(tmp_path / "task.ipynb", log=lines.append) == 1
     out = "\n".join(lines)
     assert "pass  add_visible" in lines and "[ok" not in out, out
+    # what it does is said as it starts and before each check runs, not only once all is done
+    assert lines[0].startswith("checking task.ipynb in a fresh kernel: 2 check(s)"), out
+    assert lines.index("  running add_visible ...") < lines.index("pass  add_visible"), out
     assert "FAIL  tiled_add_visible: CheckFailed: tiled_add: wrong values for case v0" in out
     assert "[FAIL] grid: required (4, 2); found (2, 3)" in out, out
     assert "[FAIL] block shapes Mosaic accepts (TPU's (8, 128) tiling rule)" in out, out

@@ -93,6 +93,35 @@ def test_distribution_has_no_answers(dist_dir, full_course, tmp_path):
         assert what in found, what
 
 
+def test_the_readme_gives_the_copys_measured_size():
+    """README.md said 930 MB where 978 MB were measured (issue 50): it gives dist's figure,
+    which the install test holds to ``du``."""
+    from grader.learner import dist
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert f"learner's packages only (about {dist.INSTALLED_MB} MB" in readme
+
+
+def test_the_copys_terminal_keeps_the_activated_venv_on_path(dist_dir, tmp_path):
+    """JupyterLab started without a TTY made its terminal a login shell, whose /etc/profile
+    set PATH anew: `pallas-course: command not found` (issue 50). The copy's settings name a
+    plain shell, which keeps the PATH JupyterLab was started with."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader("jupyter_server_config.py",
+                                path=str(dist_dir / "jupyter")).load_config()
+    shell = config.ServerApp.terminado_settings["shell_command"]
+    assert "-l" not in shell and "--login" not in shell, shell
+    venv_bin = tmp_path / "venv-bin"
+    venv_bin.mkdir()
+    (venv_bin / "pallas-course").write_text("#!/bin/sh\necho found\n")
+    (venv_bin / "pallas-course").chmod(0o755)
+    env = {**os.environ, "PATH": f"{venv_bin}{os.pathsep}{os.environ['PATH']}"}
+    ran = subprocess.run([*shell, "-c", "pallas-course"], env=env, stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True)
+    assert ran.stdout == "found\n", ran.stderr
+
+
 def test_zip_distribution_matches_the_folder(dist_dir, full_course, tmp_path):
     to = tmp_path / "student.zip"
     ok(cli("dist", "--to", str(to), cwd=full_course))
@@ -215,7 +244,8 @@ def test_student_copy_installs_as_its_readme_says(dist_dir, tmp_path):
                                  text=True, check=True).stdout.split()[0])
     from grader.learner import dist
 
-    assert abs(size_mb - dist.INSTALLED_MB) <= 0.25 * size_mb, (size_mb, dist.INSTALLED_MB)
+    # "about N MB": within 4 % (the README said 930 where 978 were measured)
+    assert abs(size_mb - dist.INSTALLED_MB) <= 0.04 * size_mb, (size_mb, dist.INSTALLED_MB)
     # the documented check command, from the exercise's folder, in the activated venv
     res = subprocess.run(f"{activate} && cd exercises/01_first_kernel && "
                          "pallas-course check first_kernel.ipynb", shell=True, cwd=copy,

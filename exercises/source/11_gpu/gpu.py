@@ -268,8 +268,8 @@ except NotImplementedError:
 # %% [markdown]
 # ## What passed
 #
-# The cell below lists every task of this notebook as passed, failed (with the first line of
-# its message) or not checked in this kernel; run all cells above first.
+# In the notebook, its last cell (`course.summary()`) lists every task as passed, failed (with
+# the first line of its message), still to write or not checked in this kernel.
 
 # %%
 course.summary()

@@ -237,14 +237,15 @@ course.check("matmul_bias_relu_cores", matmul_bias_relu_cores, hidden=True)
 a = jax.random.normal(jax.random.key(121), (256, 256), jnp.float32)
 b = jax.random.normal(jax.random.key(122), (256, 256), jnp.float32)
 bias = jax.random.normal(jax.random.key(123), (1, 256), jnp.float32)
-print(kernelsim.trace(traced_as_tpu(functools.partial(
-    matmul_bias_relu_cores, bm=128, bk=128, bn=128, interpret=True)), a, b, bias))
+course.view("matmul_bias_relu_cores", lambda: print(kernelsim.trace(traced_as_tpu(
+    functools.partial(matmul_bias_relu_cores, bm=128, bk=128, bn=128, interpret=True)),
+    a, b, bias)))
 
 # %% [markdown]
 # ## What passed
 #
-# The cell below lists every task of this notebook as passed, failed (with the first line of
-# its message) or not checked in this kernel; run all cells above first.
+# In the notebook, its last cell (`course.summary()`) lists every task as passed, failed (with
+# the first line of its message), still to write or not checked in this kernel.
 
 # %%
 course.summary()

@@ -160,14 +160,25 @@ course.check("ring_reduce_scatter", ring_reduce_scatter, hidden=True)
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# kernelsim's view: each device's remote copies, with the step that starts them, the device
-# they go to and their bytes.
+# kernelsim's view: each device's remote copies, with the step of the ring that starts them,
+# the device they go to and their bytes. (The kernel has no grid: kernelsim finds every copy in
+# its one grid step, in the order the body starts them, and the ring's steps are that order.)
 
 # %%
-t_ring = kernelsim.trace(ring_reduce_scatter, x)
-for c in t_ring.calls:
-    print(f"device {c.call.device.id}:", [(d.step, d.dst_device, d.bytes)
-                                          for d in c.call.body_copies if d.remote])
+def remote_copies(traced):
+    """Per device: its remote copies in the order its body starts them."""
+    for c in traced.calls:
+        yield c.call.device.id, sorted((d for d in c.call.body_copies if d.remote),
+                                       key=lambda d: d.start_pos)
+
+
+def show_ring():
+    for device, copies in remote_copies(kernelsim.trace(ring_reduce_scatter, x)):
+        print(f"device {device}:", "; ".join(f"step {k}: {d.bytes:,} B to device {d.dst_device}"
+                                             for k, d in enumerate(copies)))
+
+
+course.view("ring_reduce_scatter", show_ring)
 
 # %% [markdown]
 # ## Task 2 — `bidirectional_reduce_scatter(x, interpret=TPU_INTERPRET)` (4 points)
@@ -265,13 +276,17 @@ course.check("bidirectional_reduce_scatter", bidirectional_reduce_scatter, hidde
 ### END HIDDEN TESTS
 
 # %% [markdown]
-# Both directions, device by device: the same bytes as task 1, half of them to each neighbour.
+# Both directions, device by device: the same bytes as task 1, half of them to each neighbour,
+# two copies started at each step of the ring.
 
 # %%
-t_both = kernelsim.trace(bidirectional_reduce_scatter, x)
-for c in t_both.calls:
-    print(f"device {c.call.device.id}:", [(d.step, d.dst_device, d.bytes)
-                                          for d in c.call.body_copies if d.remote])
+def show_both():
+    for device, copies in remote_copies(kernelsim.trace(bidirectional_reduce_scatter, x)):
+        print(f"device {device}:", "; ".join(
+            f"step {k // 2}: {d.bytes:,} B to device {d.dst_device}" for k, d in enumerate(copies)))
+
+
+course.view("bidirectional_reduce_scatter", show_both)
 
 # %% [markdown]
 # ## Task 3 — `two_slot_reduce_scatter(x, interpret=TPU_INTERPRET)` (4 points)
@@ -477,8 +492,8 @@ course.check("ring_all_reduce", ring_all_reduce, hidden=True)
 # %% [markdown]
 # ## What passed
 #
-# The cell below lists every task of this notebook as passed, failed (with the first line of
-# its message) or not checked in this kernel; run all cells above first.
+# In the notebook, its last cell (`course.summary()`) lists every task as passed, failed (with
+# the first line of its message), still to write or not checked in this kernel.
 
 # %%
 course.summary()

@@ -11,7 +11,9 @@
     const hint = document.createElement("p");
     hint.className = "ks-figure-hint";
     hint.textContent = HINT;
-    box.after(hint);
+    // under the figure's output row, not in it: JupyterLab lays that row out as a flex row,
+    // where a hint beside the figure took half a phone's width from it
+    (box.closest(".jp-OutputArea-child") || box).after(hint);
     const update = () => {
       const full = box.classList.contains("ks-full");
       hint.style.display = full || shrunk() ? "block" : "none";

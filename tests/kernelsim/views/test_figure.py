@@ -196,3 +196,21 @@ def test_counts_get_integer_ticks_and_a_discrete_scale(gather_trace):
     im = _artist(fig, "heatmap:b_ref")  # rank 1: a single row of blocks
     assert im.get_array().shape[0] == 1
     assert isinstance(im.norm, BoundaryNorm) and im.cmap.N == len(im.norm.boundaries) - 1
+
+
+def test_bytes_axes_are_labelled_in_units_without_an_offset(mm_trace):
+    """Lesson 4's comparison read "1e6" at the top of its bytes axis (issue 50): every bytes
+    axis labels its ticks in one unit (``2 MB``) and leaves matplotlib's offset text empty."""
+    t2 = kernelsim.trace(functools.partial(matmul, bm=256, bk=256, bn=256),
+                         jnp.ones((512, 512), jnp.float32), jnp.ones((512, 512), jnp.float32))
+    figures = {"compare": kernelsim.compare(mm_trace, t2).figure(),
+               "timeline": mm_trace.timeline()}
+    for name, fig in figures.items():
+        FigureCanvasAgg(fig).draw()
+        for ax in fig.axes:
+            if "bytes" not in ax.get_ylabel():
+                continue
+            assert ax.yaxis.get_offset_text().get_text() == "", (name, ax.get_ylabel())
+            labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text() not in ("", "0")]
+            units = {label.split()[-1] for label in labels}
+            assert len(units) == 1 and units <= {"B", "kB", "MB", "GB"}, (name, labels)
