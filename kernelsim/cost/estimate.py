@@ -344,11 +344,17 @@ def working_steps(schedule: CallSchedule) -> int:
 
 
 def _compute_seconds(call: KernelCall, flops: int, chip: Chip) -> float:
-    """``flops`` at the rate of the kernel's matmul dtypes, except the share of its matmuls
-    that transpose an operand in registers (``Chip.transposes_in_registers``), which runs at
-    ``Chip.transposed_tf32_flops``. The share is by the kernel jaxpr's count, so it holds for a
-    ``pl.CostEstimate`` total too."""
-    rate = chip.flops_per_second(call.matmul_dtypes)
+    """``flops`` at the rate of the kernel's matmul dtypes (on a TPU, each matmul's dtype and
+    precision, ``Chip.matmul_flops_per_second``, weighted by its FLOPs), except the share of
+    its matmuls that transpose an operand in registers (``Chip.transposes_in_registers``),
+    which runs at ``Chip.transposed_tf32_flops``. The shares are by the kernel jaxpr's count,
+    so they hold for a ``pl.CostEstimate`` total too."""
+    matmul_flops = sum(m.flops for m in call.matmuls)
+    if chip.kind == "tpu" and matmul_flops:
+        rate = matmul_flops / sum(m.flops / chip.matmul_flops_per_second(m)
+                                  for m in call.matmuls)
+    else:
+        rate = chip.flops_per_second(call.matmul_dtypes)
     slow = sum(m.flops for m in call.matmuls if chip.transposes_in_registers(m))
     if not slow or not call.flops_per_step:
         return flops / rate
