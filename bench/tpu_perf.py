@@ -536,13 +536,16 @@ def re_estimate(path: Path) -> dict:
         est = estimate(*row_call(r, matmul, flash))
         r["estimated_s"], r["kernelsim"] = est.pop("estimated_seconds"), est
     fresh = {tuple(v["blocks"]): v for v in vmem_sweep(matmul, 4096, [
-        tuple(v["blocks"]) for v in recorded["vmem"]], compile_=False)}
-    for v in recorded["vmem"]:
+        tuple(v["blocks"]) for v in recorded.get("vmem", [])], compile_=False)}
+    for v in recorded.get("vmem", []):
         for key in ("kernelsim_mosaic_vmem_bytes", "kernelsim_warned"):
             v[key] = fresh[tuple(v["blocks"])][key]
-    for case in recorded["lint"]:
+    for case in recorded.get("lint", []):
         case["kernelsim_rejects"] = lint_rejects(tuple(case["shape"]), tuple(case["block"]),
                                                  case["dtype"])
+    for f in recorded.get("vmem_figures", []):
+        (ours,) = vmem_figures([(f["kernel"], f["config"])], f["limit_bytes"], compile_=False)
+        f.update(ours, compiler_vmem_bytes=compiler_vmem_bytes(f["compiler_message"]))
     recorded["estimated_at"] = commit()
     path.write_text(json.dumps(recorded, indent=1) + "\n")
     print(ratio_table(recorded["rows"]))

@@ -27,8 +27,11 @@ def _module():
 
 
 def _check_row(r, family):
+    from bench.model_kernels import HELD_OUT
+
     assert ROW_KEYS <= set(r) and r["family"] == family in ("matmul", "flash_attention",
-                                                            "elementwise", "reduction", "other")
+                                                            "elementwise", "reduction", "other",
+                                                            *HELD_OUT)
     assert r["estimated_s"] > 0 and isinstance(r["fitted"], bool)
     assert r["measured_s"] is None or r["measured_s"] > 0
     json.dumps(r)
@@ -67,6 +70,20 @@ def test_smoke_sweep_writes_rows_vmem_and_lint_verdicts(tmp_path):
         _check_row(r, r["family"])
     assert {r["family"] for r in report["rows"]} >= {"matmul", "flash_attention"}
     assert all({"compiled", "kernelsim_warned"} <= set(v) for v in report["vmem"])
+
+
+@pytest.mark.slow
+def test_model_smoke_sweep_writes_every_family_and_the_vmem_probes(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "bench" / "tpu_perf.py"), "--model", "--smoke",
+                    "--out", str(tmp_path)], check=True, cwd=ROOT, timeout=600,
+                   env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    report = json.loads((tmp_path / "tpu_perf_model-v5e-smoke.json").read_text())
+    for r in report["rows"]:
+        _check_row(r, r["family"])
+    from bench.model_kernels import HELD_OUT
+
+    assert {r["family"] for r in report["rows"]} >= set(HELD_OUT) | {"matmul"}
+    assert all(f["kernelsim_mosaic_vmem_bytes"] > 0 for f in report["vmem_figures"])
 
 
 RECORDED = ROOT / "bench" / "recorded" / "tpu_perf-v5e.json"
