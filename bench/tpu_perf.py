@@ -382,23 +382,28 @@ HELD_OUT_SMOKE = [
     ("gather", {"vocab": 64, "dim": 128, "tokens": 16})]
 
 
-def vmem_figures(configs, limit: int = PROBE_LIMIT_BYTES, compile_: bool = True) -> list[dict]:
-    """Compile (never run) each probe with ``vmem_limit_bytes=limit``: the compiler's refusal
-    says how much VMEM it allocates (``compiler_message``; ``compiler_vmem_bytes`` reads the
-    figure out of it), beside kernelsim's footprint on tpu-v5e (``compile_`` False: kernelsim's
-    side only)."""
+def vmem_figures(configs, limit: int = PROBE_LIMIT_BYTES, compile_: bool = True,
+                 over_buffers: int | None = None) -> list[dict]:
+    """Compile (never run) each probe with ``vmem_limit_bytes=limit`` (``over_buffers``: at
+    kernelsim's buffers plus that many bytes instead) beside kernelsim's footprint on tpu-v5e
+    (``compile_`` False: kernelsim's side only). Mosaic allocates a kernel's VMEM in pieces
+    and a refusal names the total at the piece that crossed the limit
+    (``compiler_vmem_bytes``): under a small limit, the first pieces (the scratch, the
+    pipeline's buffers); at the buffers plus a margin, a kernel that compiles keeps no more
+    than the margin beside its buffers, and one refused says what it kept."""
     out = []
     for kernel, config in configs:
         build = VMEM_PROBES[kernel]
         fn, args = build(config, interpreting())
         call = kernelsim.trace(fn, *args, chip=CHIP).calls[0]
-        figure = {"kernel": kernel, "config": config, "limit_bytes": limit,
+        at = limit if over_buffers is None else call.cost.vmem_bytes + over_buffers
+        figure = {"kernel": kernel, "config": config, "limit_bytes": at,
                   "kernelsim_mosaic_vmem_bytes": call.cost.mosaic_vmem_bytes,
                   "kernelsim_buffers_bytes": call.cost.vmem_bytes,
                   "kernelsim_body_values_bytes": call.cost.body_values_vmem_bytes}
         if compile_:
             limited, args = build(config, interpreting(), pltpu.CompilerParams(
-                vmem_limit_bytes=limit,
+                vmem_limit_bytes=at,
                 **({"dimension_semantics": ("parallel", "parallel", "arbitrary")}
                    if kernel == "matmul_dtype" else {})))
             try:
@@ -413,20 +418,15 @@ def vmem_figures(configs, limit: int = PROBE_LIMIT_BYTES, compile_: bool = True)
 
 
 def compiler_vmem_bytes(message: str | None) -> int | None:
-    """The VMEM Mosaic says a kernel allocates, read from its CompileTimeScopedVmemOom
-    message (None when there is no such figure in it)."""
+    """The VMEM Mosaic had allocated when it refused, read from its CompileTimeScopedVmemOom
+    message ("Scoped allocation with size 2.00M and limit 1.00M exceeded ..."); None when
+    there is no such figure in it."""
     import re
 
-    if not message:
+    m = re.search(r"allocation with size ([\d.]+)([KMG]?)", message or "")
+    if not m:
         return None
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    for pattern in (r"(?:size|allocat\w*|requires?|needs?)\D{0,40}?([\d.]+)\s*([KMG]?)(?:i?B)?\s"
-                    r"*(?:>|exceed|of)",
-                    r"([\d.]+)\s*([KMG])i?B?\s*>\s*(?:limit\s*)?[\d.]+\s*[KMG]"):
-        m = re.search(pattern, message)
-        if m:
-            return int(float(m.group(1)) * units[m.group(2)])
-    return None
+    return int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)])
 
 
 def row_call(r, matmul, flash):
@@ -689,6 +689,24 @@ def model_sweep(matmul, flash, opts, smoke: bool, out: Path, started: float) -> 
     return result
 
 
+def vmem_over_buffers_sweep(margin: int, out: Path) -> dict:
+    """Compile every VMEM probe at kernelsim's buffers plus ``margin`` bytes and write
+    ``tpu_perf_vmem-<chip>.json``."""
+    result = {"commit": commit(), "jax": jax.__version__, "chip": CHIP,
+              "device_kind": jax.devices()[0].device_kind, "margin_bytes": margin,
+              "vmem_figures": vmem_figures(VMEM_FIGURE_CONFIGS, over_buffers=margin,
+                                           compile_=not interpreting())}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"tpu_perf_vmem-{CHIP.removeprefix('tpu-')}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    for f in result["vmem_figures"]:
+        print(f"{f['kernel']:18} {json.dumps(f['config'])[:60]:60} buffers "
+              f"{f['kernelsim_buffers_bytes'] / 2**20:7.2f} body "
+              f"{f['kernelsim_body_values_bytes'] / 2**20:6.2f} MiB; compiled "
+              f"{f.get('compiled')} {(f.get('compiler_vmem_bytes') or 0) / 2**20:7.2f} MiB")
+    return result
+
+
 def commit() -> str:
     """The commit measured: TPU_PERF_COMMIT when set (a device's copy of the tree may carry
     an older .git than the files it runs), else the checkout's HEAD."""
@@ -713,6 +731,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--model", action="store_true",
                    help="the model sweep: fitted and held-out families on device time, and "
                         "the compiler's VMEM figures (tpu_perf_model-<chip>.json)")
+    p.add_argument("--vmem-over-buffers", metavar="BYTES", type=int,
+                   help="only the VMEM probes, each compiled at kernelsim's buffers plus BYTES "
+                        "(tpu_perf_vmem-<chip>.json)")
     p.add_argument("--fit", metavar="FILE", type=Path,
                    help="refit the TPU time model on a recorded FILE's fitted rows (no chip)")
     a = p.parse_args(argv)
@@ -726,6 +747,8 @@ def main(argv: list[str] | None = None) -> dict:
     matmul, flash = lesson_kernels()
     if a.model:
         return model_sweep(matmul, flash, opts, a.smoke, Path(a.out), started)
+    if a.vmem_over_buffers is not None:
+        return vmem_over_buffers_sweep(a.vmem_over_buffers, Path(a.out))
     if a.smoke:
         plan = [
             lambda: matmul_rows(matmul, {256: True}, [(128, 128, 128)], opts),
