@@ -82,7 +82,8 @@ class CallCost:
         ``Chip.vector_vregs_per_second`` and the lane broadcasts
         (``KernelCall.lane_broadcast_vregs_per_step``) at ``Chip.lane_broadcast_seconds``
         each, over the working steps only (or each step's own, ``KernelCall.step_work``);
-        memory is at ``Chip.dma_efficiency`` of the bandwidth; overhead is
+        memory is the longer of the reads and the writes (the DMAs move both at once) at
+        ``Chip.dma_efficiency`` of the bandwidth; overhead is
         ``Chip.call_seconds`` plus ``per_step_seconds`` per working step and
         ``idle_step_seconds`` per skipped one.
     working_steps: tpu model, the grid steps that do work: where the body's ``pl.when``
@@ -244,6 +245,10 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
     overhead = call.steps * chip.per_step_seconds if tpu else 0.0
     terms = None
     if tpu and chip.tpu_time_model:
+        # the chip's DMAs read and write HBM at once: on the v5e a softmax that reads and
+        # writes 64 MiB took the device time of a row sum that only reads them (0.102 and
+        # 0.094 ms, bench/recorded/tpu_perf_model-v5e.json), so the longer direction counts
+        memory = max(read, write) / chip.estimate_bytes_per_second
         # the kernel's own work over its working steps, whatever a pl.CostEstimate says: a
         # count for the whole call cannot tell which steps the body skips (JAX's causal
         # flash attention gives the FLOPs of its plain-JAX reference, every score of the
@@ -279,7 +284,8 @@ class TimeTerms:
     lane_broadcast_vregs: column vregs broadcast across the lanes over the working steps.
     working_steps / idle_steps: grid steps that do work and that are skipped
         (``working_steps``).
-    dma_seconds: the HBM bytes at the chip's bandwidth, seconds.
+    dma_seconds: the HBM bytes of the longer direction (reads or writes: the DMAs run both at
+        once) at the chip's bandwidth, seconds.
     """
 
     matmul_seconds: Any
