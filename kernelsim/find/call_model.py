@@ -237,9 +237,9 @@ def _body_values_peak(jaxpr: Any) -> int:
         reduced = [r for r in read_by if r.primitive.name in _REDUCTIONS]
         if any(not _reduces_lanes_only(r) for r in reduced):
             return n
-        if any(i < k < last[v] and v in depends[k] for k in waits):
+        if any(i < k < last[v] and v in depends[k] for k in waits):  # read after it
             return n
-        if reduced and any(u in kept for u in eqn.invars):
+        if reduced and any(u in kept for u in eqn.invars if not isinstance(u, Literal)):
             return n
         return 0
 

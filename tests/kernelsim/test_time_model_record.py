@@ -133,3 +133,26 @@ def test_pallasbenchs_kernels_that_compiled_on_a_v6e_are_not_warned(kernel, conf
     call = kernelsim.trace(fn, *args, chip="tpu-v6e").calls[0]
     assert call.cost.body_values_vmem_bytes == 0
     assert not [w for w in call.warnings if lint.rule_of(w) == lint.SCOPED_VMEM]
+
+
+def test_a_tpu_matmul_is_priced_by_its_dtype_and_precision():
+    """bf16 and float32 at DEFAULT at the bf16 peak (one MXU pass), float32 at HIGHEST at a
+    sixth of it, int8 at tpu_info's integer rate (twice bf16's on v5e); v4 has none."""
+    from kernelsim.chips import get_chip
+    from kernelsim.find.flops import precision_name
+    from kernelsim.model import Matmul
+
+    v5e = get_chip("tpu-v5e")
+    rate = lambda dtype, p="DEFAULT": v5e.matmul_flops_per_second(  # noqa: E731
+        Matmul(dtype, 1, True, precision=p))
+    assert rate("bfloat16") == rate("float32") == v5e.peak_flops_bf16
+    assert rate("float32", "HIGHEST") == v5e.peak_flops_bf16 / 6
+    assert rate("float32", "HIGH") == v5e.peak_flops_bf16 / 3
+    assert rate("int8") == 394e12
+    assert get_chip("tpu-v4").matmul_flops_per_second(Matmul("int8", 1, True)) == 275e12
+    import jax
+
+    assert precision_name(None) == "DEFAULT"
+    assert precision_name(jax.lax.Precision.HIGHEST) == "HIGHEST"
+    assert precision_name((jax.lax.Precision.DEFAULT, jax.lax.Precision.HIGH)) == "HIGH"
+    assert precision_name(jax.lax.DotAlgorithmPreset.BF16_BF16_F32_X6) == "HIGHEST"
