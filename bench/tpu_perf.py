@@ -64,7 +64,9 @@ from kernelsim.cost.lint import BLOCK_SHAPE_REJECTED, SCOPED_VMEM, rule_of  # no
 from kernelsim.timing import time_call  # noqa: E402
 
 CHIP = "tpu-v5e"
-FAMILIES = ("matmul", "flash_attention", "elementwise", "reduction", "other")
+from bench.model_kernels import HELD_OUT, VMEM_PROBES  # noqa: E402
+
+FAMILIES = ("matmul", "flash_attention", "elementwise", "reduction", "other", *HELD_OUT)
 MATMUL_BLOCKS = [(128, 128, 128), (256, 256, 256), (512, 512, 512), (512, 1024, 1024),
                  (256, 512, 512), (512, 256, 512), (1024, 512, 512), (256, 1024, 256)]
 MATMUL_SIZES = {4096: True, 8192: True, 2048: False}  # n -> fitted (2048 held out)
@@ -275,7 +277,7 @@ def elementwise_call(kernel, config):
         out_shape=jax.ShapeDtypeStruct((rows_n, 1), x.dtype), interpret=interpreting()), (x,)
 
 
-def elementwise_and_reduction_rows(sizes, blocks, opts) -> list[dict]:
+def elementwise_and_reduction_rows(sizes, blocks, opts, fitted: bool = False) -> list[dict]:
     rows = []
     for rows_n, cols in sizes:
         for br in blocks:
@@ -284,12 +286,153 @@ def elementwise_and_reduction_rows(sizes, blocks, opts) -> list[dict]:
             config = {"shape": [rows_n, cols], "block": br}
             for kernel, family in (("add", "elementwise"), ("row sum", "reduction")):
                 rows.append(row(kernel, family, config, *elementwise_call(kernel, config),
-                                False, opts))
+                                fitted, opts))
     return rows
+
+
+# The model sweep (--model): kernelsim's time model on device time. The families it is fitted
+# on (lesson 7's matmul at n = 4096 and 8192, lesson 8's flash attention and its variant with
+# tiled statistics, elementwise add and row sum), rows of them held out (lesson 7's matmul at
+# n = 2048, JAX's bundled flash attention), and seven families the fit never sees
+# (bench/model_kernels.py HELD_OUT): (family, config) below.
+MODEL_MATMUL_BLOCKS = [(256, 256, 256), (512, 512, 512), (512, 1024, 1024), (1024, 512, 512),
+                       (256, 512, 512)]
+MODEL_FLASH_BLOCKS = [(256, 256), (512, 512), (1024, 512)]
+ROWS_SHAPES = [([4096, 4096], 64), ([4096, 4096], 256), ([16384, 1024], 512)]
+HELD_OUT_CONFIGS = [
+    *((f, {"shape": shape, "block": b}) for f in ("softmax", "layer_norm", "fused_elementwise")
+      for shape, b in ROWS_SHAPES),
+    *(("transpose", {"n": n, "block": b}) for n, b in ((4096, 256), (4096, 512), (8192, 512))),
+    *(("matmul_dtype", {"n": n, "bm": bm, "bk": bk, "bn": bn, "dtype": dtype,
+                        "precision": precision})
+      for dtype, precision, n, (bm, bk, bn) in (
+          ("float32", "DEFAULT", 2048, (512, 512, 512)),
+          ("float32", "DEFAULT", 4096, (512, 512, 512)),
+          ("float32", "DEFAULT", 4096, (256, 512, 512)),
+          ("float32", "HIGH", 2048, (512, 512, 512)),
+          ("float32", "HIGHEST", 2048, (512, 512, 512)),
+          ("float32", "HIGHEST", 4096, (512, 512, 512)),
+          ("float32", "HIGHEST", 4096, (256, 512, 512)),
+          ("int8", "DEFAULT", 2048, (256, 256, 256)),
+          ("int8", "DEFAULT", 4096, (512, 512, 512)),
+          ("int8", "DEFAULT", 4096, (512, 1024, 1024)),
+          ("int8", "DEFAULT", 8192, (512, 1024, 1024)))),
+    *(("batched_matmul", {"batch": g, "n": n, "k": k, "bm": b, "bn": b})
+      for g, n, k, b in ((16, 1024, 1024, 256), (16, 1024, 1024, 512), (64, 512, 128, 512))),
+    *(("gather", {"vocab": v, "dim": d, "tokens": t})
+      for v, d, t in ((32768, 1024, 2048), (8192, 4096, 1024))),
+]
+# kernel -> the configs whose VMEM the compiler is asked for (vmem_figures): the VMEM sweep's
+# matmuls, the held-out kernels, and the computations of PallasBench's three kernels that
+# kernelsim warned about on tpu-v6e (issue 51): rms_norm_residual with (128, 8192) float32
+# blocks (33.56 MB counted), sigmoid_bce at PallasBench's (2048, 1024), one block (41.9 MB),
+# pairwise_distance at its (256, 32) (34.2 MB)
+VMEM_FIGURE_CONFIGS = [
+    *(("matmul_dtype", {"n": 4096, "bm": bm, "bk": bk, "bn": bn, "dtype": "bfloat16"})
+      for bm, bk, bn in ((512, 1024, 1024), (1024, 896, 1024), (1024, 1024, 1024),
+                         (2048, 512, 1024))),
+    ("matmul_dtype", {"n": 4096, "bm": 512, "bk": 512, "bn": 512, "dtype": "float32",
+                      "precision": "HIGHEST"}),
+    ("matmul_dtype", {"n": 4096, "bm": 512, "bk": 1024, "bn": 1024, "dtype": "int8"}),
+    *((f, {"shape": [4096, 4096], "block": b}) for f in ("softmax", "layer_norm",
+                                                          "fused_elementwise")
+      for b in (256, 1024)),
+    ("transpose", {"n": 4096, "block": 1024}),
+    ("batched_matmul", {"batch": 16, "n": 1024, "k": 1024, "bm": 512, "bn": 512}),
+    ("rms_norm_residual", {"shape": [2048, 8192], "block": 128}),
+    ("rms_norm_residual", {"shape": [2048, 1024], "block": 128}),
+    ("sigmoid_bce", {"shape": [2048, 1024], "block": 2048}),
+    ("sigmoid_bce", {"shape": [1024, 1024], "block": 1024}),
+    ("pairwise_distance", {"shape": [256, 32]}),
+]
+PROBE_LIMIT_BYTES = 1 << 20  # the vmem_limit_bytes the probes compile under: every one passes it
+
+
+def model_rows(matmul, flash, opts, smoke: bool = False) -> list[dict]:
+    """The model sweep's rows (``MODEL_*``, ``HELD_OUT_CONFIGS``); ``smoke``: one small row of
+    each family."""
+    if smoke:
+        rows = matmul_rows(matmul, {256: True}, [(128, 128, 128)], opts)
+        rows += flash_rows(flash, [(1, 256)], [(128, 128)], opts, [])
+        rows += elementwise_and_reduction_rows([(64, 256)], [32], opts)
+        held = [(f, c) for f, c in HELD_OUT_SMOKE]
+    else:
+        rows = matmul_rows(matmul, MATMUL_SIZES, MODEL_MATMUL_BLOCKS, opts)
+        rows += flash_rows(flash, FLASH_SHAPES, MODEL_FLASH_BLOCKS, opts, [512])
+        rows += [row("lesson8 flash_attention tiled statistics", "flash_attention",
+                     config, *flash_call(flash, config), True, opts)
+                 for bh, n in FLASH_SHAPES
+                 for config in [{"bh": bh, "n": n, "d": 128, "bq": 512, "bkv": 512,
+                                 "causal": False, "statistics": "tiled"}]]
+        rows += elementwise_and_reduction_rows([(4096, 4096), (16384, 1024)], [64, 256, 1024],
+                                               opts, fitted=True)
+        held = HELD_OUT_CONFIGS
+    rows += [row(family, family, config, *HELD_OUT[family](config, interpreting()), False, opts)
+             for family, config in held]
+    return rows
+
+
+HELD_OUT_SMOKE = [
+    ("softmax", {"shape": [64, 256], "block": 32}), ("layer_norm", {"shape": [64, 256], "block": 32}),
+    ("fused_elementwise", {"shape": [64, 256], "block": 32}), ("transpose", {"n": 256, "block": 128}),
+    ("matmul_dtype", {"n": 256, "bm": 128, "bk": 128, "bn": 128, "dtype": "float32",
+                      "precision": "HIGHEST"}),
+    ("matmul_dtype", {"n": 256, "bm": 128, "bk": 128, "bn": 128, "dtype": "int8"}),
+    ("batched_matmul", {"batch": 2, "n": 256, "k": 128, "bm": 128, "bn": 128}),
+    ("gather", {"vocab": 64, "dim": 128, "tokens": 16})]
+
+
+def vmem_figures(configs, limit: int = PROBE_LIMIT_BYTES, compile_: bool = True,
+                 over_buffers: int | None = None) -> list[dict]:
+    """Compile (never run) each probe with ``vmem_limit_bytes=limit`` (``over_buffers``: at
+    kernelsim's buffers plus that many bytes instead) beside kernelsim's footprint on tpu-v5e
+    (``compile_`` False: kernelsim's side only). Mosaic allocates a kernel's VMEM in pieces
+    and a refusal names the total at the piece that crossed the limit
+    (``compiler_vmem_bytes``): under a small limit, the first pieces (the scratch, the
+    pipeline's buffers); at the buffers plus a margin, a kernel that compiles keeps no more
+    than the margin beside its buffers, and one refused says what it kept."""
+    out = []
+    for kernel, config in configs:
+        build = VMEM_PROBES[kernel]
+        fn, args = build(config, interpreting())
+        call = kernelsim.trace(fn, *args, chip=CHIP).calls[0]
+        at = limit if over_buffers is None else call.cost.vmem_bytes + over_buffers
+        figure = {"kernel": kernel, "config": config, "limit_bytes": at,
+                  "kernelsim_mosaic_vmem_bytes": call.cost.mosaic_vmem_bytes,
+                  "kernelsim_buffers_bytes": call.cost.vmem_bytes,
+                  "kernelsim_body_values_bytes": call.cost.body_values_vmem_bytes}
+        if compile_:
+            limited, args = build(config, interpreting(), pltpu.CompilerParams(
+                vmem_limit_bytes=at,
+                **({"dimension_semantics": ("parallel", "parallel", "arbitrary")}
+                   if kernel == "matmul_dtype" else {})))
+            try:
+                jax.jit(limited).lower(*args).compile()
+                figure["compiled"], figure["compiler_message"] = True, None
+            except Exception as e:  # the refusal is the figure
+                figure["compiled"] = False
+                figure["compiler_message"] = f"{type(e).__name__}: {e}"[:6000]
+            figure["compiler_vmem_bytes"] = compiler_vmem_bytes(figure["compiler_message"])
+        out.append(figure)
+    return out
+
+
+def compiler_vmem_bytes(message: str | None) -> int | None:
+    """The VMEM Mosaic had allocated when it refused, read from its CompileTimeScopedVmemOom
+    message ("Scoped allocation with size 2.00M and limit 1.00M exceeded ..."); None when
+    there is no such figure in it."""
+    import re
+
+    m = re.search(r"allocation with size ([\d.]+)([KMG]?)", message or "")
+    if not m:
+        return None
+    return int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}[m.group(2)])
 
 
 def row_call(r, matmul, flash):
     """(fn, args) that a recorded row ``r`` timed, rebuilt from its kernel and config."""
+    if r["family"] in HELD_OUT:
+        return HELD_OUT[r["family"]](r["config"], interpreting())
     if r["family"] == "matmul":
         return matmul_call(matmul, r["config"])
     if r["family"] == "flash_attention":
@@ -393,13 +536,16 @@ def re_estimate(path: Path) -> dict:
         est = estimate(*row_call(r, matmul, flash))
         r["estimated_s"], r["kernelsim"] = est.pop("estimated_seconds"), est
     fresh = {tuple(v["blocks"]): v for v in vmem_sweep(matmul, 4096, [
-        tuple(v["blocks"]) for v in recorded["vmem"]], compile_=False)}
-    for v in recorded["vmem"]:
+        tuple(v["blocks"]) for v in recorded.get("vmem", [])], compile_=False)}
+    for v in recorded.get("vmem", []):
         for key in ("kernelsim_mosaic_vmem_bytes", "kernelsim_warned"):
             v[key] = fresh[tuple(v["blocks"])][key]
-    for case in recorded["lint"]:
+    for case in recorded.get("lint", []):
         case["kernelsim_rejects"] = lint_rejects(tuple(case["shape"]), tuple(case["block"]),
                                                  case["dtype"])
+    for f in recorded.get("vmem_figures", []):
+        (ours,) = vmem_figures([(f["kernel"], f["config"])], f["limit_bytes"], compile_=False)
+        f.update(ours, compiler_vmem_bytes=compiler_vmem_bytes(f["compiler_message"]))
     recorded["estimated_at"] = commit()
     path.write_text(json.dumps(recorded, indent=1) + "\n")
     print(ratio_table(recorded["rows"]))
@@ -517,6 +663,50 @@ def fit(path: Path) -> TimeConstants:
     return found
 
 
+def model_sweep(matmul, flash, opts, smoke: bool, out: Path, started: float) -> dict:
+    """Run the model sweep and write ``tpu_perf_model-<chip>[-smoke].json``: ``rows`` as the
+    main sweep's (``model_rows``) and ``vmem_figures`` (``vmem_figures``)."""
+    figures = VMEM_FIGURE_CONFIGS[-3:] if smoke else VMEM_FIGURE_CONFIGS
+    result = {"commit": commit(), "jax": jax.__version__, "chip": CHIP,
+              "device_kind": jax.devices()[0].device_kind, "backend": jax.default_backend(),
+              "timing": f"measured_s: device time per call (kernelsim.timing.device_time: "
+                        f"loops of 2k and k calls in one jitted function, the difference / k, "
+                        f"median of {opts['repeats']}); dispatched_s: per call dispatched one "
+                        "by one from Python (device time plus host dispatch)",
+              "vmem_figures": vmem_figures(figures, compile_=not interpreting()),
+              "rows": model_rows(matmul, flash, opts, smoke)}
+    result["wall_s"] = time.perf_counter() - started
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"tpu_perf_model-{CHIP.removeprefix('tpu-')}{'-smoke' if smoke else ''}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(ratio_table(result["rows"]))
+    print(ratio_ranges(result["rows"]))
+    for f in result["vmem_figures"]:
+        print(f"{f['kernel']:18} {json.dumps(f['config'])[:60]:60} kernelsim "
+              f"{f['kernelsim_mosaic_vmem_bytes'] / 2**20:7.2f} MiB compiler "
+              f"{(f.get('compiler_vmem_bytes') or 0) / 2**20:7.2f} MiB")
+    print(f"wrote {path} in {result['wall_s']:.0f} s")
+    return result
+
+
+def vmem_over_buffers_sweep(margin: int, out: Path) -> dict:
+    """Compile every VMEM probe at kernelsim's buffers plus ``margin`` bytes and write
+    ``tpu_perf_vmem-<chip>.json``."""
+    result = {"commit": commit(), "jax": jax.__version__, "chip": CHIP,
+              "device_kind": jax.devices()[0].device_kind, "margin_bytes": margin,
+              "vmem_figures": vmem_figures(VMEM_FIGURE_CONFIGS, over_buffers=margin,
+                                           compile_=not interpreting())}
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"tpu_perf_vmem-{CHIP.removeprefix('tpu-')}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    for f in result["vmem_figures"]:
+        print(f"{f['kernel']:18} {json.dumps(f['config'])[:60]:60} buffers "
+              f"{f['kernelsim_buffers_bytes'] / 2**20:7.2f} body "
+              f"{f['kernelsim_body_values_bytes'] / 2**20:6.2f} MiB; compiled "
+              f"{f.get('compiled')} {(f.get('compiler_vmem_bytes') or 0) / 2**20:7.2f} MiB")
+    return result
+
+
 def commit() -> str:
     """The commit measured: TPU_PERF_COMMIT when set (a device's copy of the tree may carry
     an older .git than the files it runs), else the checkout's HEAD."""
@@ -538,6 +728,12 @@ def main(argv: list[str] | None = None) -> dict:
                    help="time no new kernel after this many seconds (still estimated)")
     p.add_argument("--re-estimate", metavar="FILE", type=Path,
                    help="re-estimate a recorded FILE with the current kernelsim (no chip)")
+    p.add_argument("--model", action="store_true",
+                   help="the model sweep: fitted and held-out families on device time, and "
+                        "the compiler's VMEM figures (tpu_perf_model-<chip>.json)")
+    p.add_argument("--vmem-over-buffers", metavar="BYTES", type=int,
+                   help="only the VMEM probes, each compiled at kernelsim's buffers plus BYTES "
+                        "(tpu_perf_vmem-<chip>.json)")
     p.add_argument("--fit", metavar="FILE", type=Path,
                    help="refit the TPU time model on a recorded FILE's fitted rows (no chip)")
     a = p.parse_args(argv)
@@ -549,6 +745,10 @@ def main(argv: list[str] | None = None) -> dict:
     opts = {"repeats": 2 if a.smoke else a.repeats,
             "deadline": started + a.budget_s}
     matmul, flash = lesson_kernels()
+    if a.model:
+        return model_sweep(matmul, flash, opts, a.smoke, Path(a.out), started)
+    if a.vmem_over_buffers is not None:
+        return vmem_over_buffers_sweep(a.vmem_over_buffers, Path(a.out))
     if a.smoke:
         plan = [
             lambda: matmul_rows(matmul, {256: True}, [(128, 128, 128)], opts),

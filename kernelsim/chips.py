@@ -46,14 +46,22 @@ class Chip:
         0 where unknown. Each chip's source is in ``sources``.
     call_seconds, idle_step_seconds, mxu_efficiency, vector_vregs_per_second,
         lane_broadcast_seconds, dma_efficiency: TPU time model fitted on the chip
-        (``_FIT_V5E``): a fixed cost per call (the pipeline's prologue and epilogue: the
-        first blocks' DMA, the last write-back), seconds; the cost of a grid step the kernel
+        (``_FIT_V5E``, on the device's time, not the host's dispatch): a fixed cost per call
+        on the device (the pipeline's prologue and epilogue: the first blocks' DMA, the last
+        write-back), seconds; the cost of a grid step the kernel
         skips (``per_step_seconds`` is then a working step's), seconds; the share of the
         matmul peak a kernel's dots reach; the rate of vector work, tile-padded vector
         registers produced per second (``KernelCall.vector_vregs_per_step``); the time of
         one column vreg broadcast across the lanes
         (``KernelCall.lane_broadcast_vregs_per_step``), seconds; the share of the HBM
         bandwidth the pipeline's DMAs reach. Defaults: no such terms (the plain roofline).
+    int8_ops_per_second: TPU only, the matrix units' rate for int8 x int8 products, op/s, as
+        JAX's ``tpu_info`` gives it (``int8_ops_per_second``); 0 where it has none (an int8
+        matmul then runs at the bf16 peak).
+    f32_high_passes / f32_highest_passes: TPU only, the bf16 passes of the matrix units a
+        float32 matmul takes at ``Precision.HIGH`` / ``Precision.HIGHEST`` (Mosaic splits each
+        float32 operand into bf16 parts; at DEFAULT it takes one pass, each operand rounded
+        to bf16); 0: not modelled (such a matmul runs at ``peak_flops_f32``).
     """
 
     name: str
@@ -77,6 +85,9 @@ class Chip:
     vector_vregs_per_second: float = 0.0
     lane_broadcast_seconds: float = 0.0
     dma_efficiency: float = 1.0
+    int8_ops_per_second: float = 0.0
+    f32_high_passes: float = 0.0
+    f32_highest_passes: float = 0.0
 
     @property
     def tpu_time_model(self) -> bool:
@@ -99,6 +110,24 @@ class Chip:
         if self.sustained_flops_bf16:
             peak *= self.sustained_flops_bf16 / self.peak_flops_bf16
         return peak
+
+    def matmul_flops_per_second(self, matmul: Matmul) -> float:
+        """FLOP/s the time estimate assumes for one ``matmul``. On a TPU it follows the dtype
+        and precision: int8 inputs at ``int8_ops_per_second`` where known; float32 inputs at
+        the bf16 peak divided by the passes their precision takes (one at DEFAULT,
+        ``f32_high_passes`` / ``f32_highest_passes`` where modelled); others at the bf16 peak.
+        On a GPU, ``flops_per_second`` of its dtype."""
+        if self.kind != "tpu":
+            return self.flops_per_second((matmul.dtype,))
+        if matmul.dtype in ("int8", "uint8") and self.int8_ops_per_second:
+            return self.int8_ops_per_second
+        if matmul.dtype != "float32":
+            return self.peak_flops_bf16
+        if matmul.precision == "DEFAULT":
+            return self.peak_flops_bf16
+        passes = (self.f32_highest_passes if matmul.precision == "HIGHEST"
+                  else self.f32_high_passes)
+        return self.peak_flops_bf16 / passes if passes else self.peak_flops_f32
 
     def transposes_in_registers(self, matmul: Matmul) -> bool:
         """A Triton (``pallas_call``) ``matmul`` on this chip takes the slow path of
@@ -144,17 +173,24 @@ _TRANSPOSED_TF32 = (
 _SCOPED_V5E = ("default scoped VMEM 16 MiB: measured on a TPU v5e (jax 0.10.2, libtpu 0.0.42.1, "
                "2026-12-05, /work/shared/notes/tpu-v5e.md): Mosaic's CompileTimeScopedVmemOom "
                "says 'limit 16.00M' for lesson 7's matmul with blocks (1024, 1024, 1024)")
-_FIT_V5E = ("time model fitted on the TPU v5e: bench/recorded/tpu_perf-v5e.json (jax 0.10.2, "
-            "libtpu 0.0.42.1, 2026-12-05 and, for the rows of lesson 8's kernel with tiled "
-            "statistics, bench/recorded/fa_probe-v5e.json, 2026-12-06), on its 52 rows marked "
-            "fitted (lesson 7's matmul at n = 4096 and 8192, lesson 8's flash attention and its "
-            "variant with lane-replicated statistics), minimising the worst "
-            "|log(measured / estimated)| (bench/tpu_perf.py --fit): per call 124 us, per "
-            "working step 0.249 us, per skipped step 0.223 us, matmuls at the bf16 peak, "
-            "vector work at 2.60e9 vregs/s overlapping the matmuls (the larger of the two "
-            "counts), 3.93 ns per column vreg broadcast across the lanes on top, DMAs at "
-            "0.927 of the HBM bandwidth; held out: the matmuls at n = 2048, JAX's bundled flash "
-            "attention, the elementwise and reduction rows")
+_FIT_V5E = ("time model fitted on the TPU v5e's device time (kernelsim.timing.device_time: calls "
+            "inside one jitted loop): bench/recorded/tpu_perf_model-v5e.json (jax 0.10.2, "
+            "libtpu 0.0.42.1, 2026-12-07), on its 39 rows marked fitted (lesson 7's matmul at "
+            "n = 4096 and 8192, lesson 8's flash attention and its variant with tiled "
+            "statistics, elementwise add and row sum), minimising the worst |log(measured / "
+            "estimated)| (bench/tpu_perf.py --fit; within 0.90-1.11): per call 8.2 us, per "
+            "working step 0.223 us, per skipped step 0.165 us, matmuls at 0.982 of the peak, "
+            "vector work at 3.57e9 vregs/s overlapping the matmuls, 7.04 ns per column vreg "
+            "broadcast across the lanes on top, DMAs at 0.990 of the HBM bandwidth, reads and "
+            "writes at once; held out: the matmuls at n = 2048, JAX's bundled flash attention "
+            "and seven families the fit never saw (softmax, layer norm, a fused elementwise "
+            "op, a transpose, float32 and int8 matmuls, a batched matmul, a gather)")
+_INT8 = ("int8 rate: jax 0.12.0.1 jax/_src/tpu_info.py int8_ops_per_second (v5e 3.94e14, v5p "
+         "9.18e14 per chip, v6e 1.84e15; v4 'Not Available')")
+_F32_PASSES = ("float32 matmul passes: one bf16 pass at DEFAULT (a TPU v5e's float32 dot at "
+               "DEFAULT was measured with bf16 rounding error, /work/shared/notes/tpu-v5e.md); "
+               "3 at HIGH and 6 at HIGHEST, the bf16_3x / bf16_6x splits of JAX's "
+               "DotAlgorithmPreset names (BF16_BF16_F32_X3 / _X6); assumed where not fitted")
 _SCOPED_PRE_V6 = ("default scoped VMEM 16 MiB: assumed as measured on v5e (a chip before v6, like "
                   "it); consistent with JAX's test_automatic_single_buffering "
                   "(tests/pallas/tpu_pallas_test.py, jax 0.12.0.1), where before TPU v6 one 10 "
@@ -167,20 +203,27 @@ _SCOPED_V6E = ("default scoped VMEM 32 MiB: JAX's test_automatic_single_bufferin
 
 CHIPS: dict[str, Chip] = {
     "tpu-v4": Chip("tpu-v4", "tpu", 275e12, 275e12, 1200e9, 16 * MiB, 1 * MiB, 0.27e-6,
-                   (_GCLOUD.format("v4"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED_PRE_V6),
-                   default_scoped_vmem_bytes=16 * MiB),
-    "tpu-v5e": Chip("tpu-v5e", "tpu", 197e12, 197e12, 819e9, 128 * MiB, 1 * MiB, 0.249e-6,
-                    (_GCLOUD.format("v5e"), _TPU_INFO, _FIT_V5E, _F32_TPU, _SCOPED_V5E),
-                    default_scoped_vmem_bytes=16 * MiB, call_seconds=124.3e-6,
-                    idle_step_seconds=0.2229e-6, mxu_efficiency=1.0,
-                    vector_vregs_per_second=2.598e9, lane_broadcast_seconds=3.929e-9,
-                    dma_efficiency=0.9266),
+                   (_GCLOUD.format("v4"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED_PRE_V6,
+                    _F32_PASSES),
+                   default_scoped_vmem_bytes=16 * MiB, f32_high_passes=3, f32_highest_passes=6),
+    "tpu-v5e": Chip("tpu-v5e", "tpu", 197e12, 197e12, 819e9, 128 * MiB, 1 * MiB, 0.2233e-6,
+                    (_GCLOUD.format("v5e"), _TPU_INFO, _FIT_V5E, _F32_TPU, _SCOPED_V5E, _INT8,
+                     _F32_PASSES),
+                    default_scoped_vmem_bytes=16 * MiB, call_seconds=8.234e-6,
+                    idle_step_seconds=0.1654e-6, mxu_efficiency=0.9819,
+                    vector_vregs_per_second=3.575e9, lane_broadcast_seconds=7.043e-9,
+                    dma_efficiency=0.9901, int8_ops_per_second=394e12, f32_high_passes=3,
+                    f32_highest_passes=6),
     "tpu-v5p": Chip("tpu-v5p", "tpu", 459e12, 459e12, 2765e9, 64 * MiB, 1 * MiB, 0.27e-6,
-                    (_GCLOUD.format("v5p"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED_PRE_V6),
-                    default_scoped_vmem_bytes=16 * MiB),
+                    (_GCLOUD.format("v5p"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED_PRE_V6, _INT8,
+                     _F32_PASSES),
+                    default_scoped_vmem_bytes=16 * MiB, int8_ops_per_second=918e12,
+                    f32_high_passes=3, f32_highest_passes=6),
     "tpu-v6e": Chip("tpu-v6e", "tpu", 918e12, 918e12, 1638e9, 128 * MiB, 1 * MiB, 0.27e-6,
-                    (_GCLOUD.format("v6e"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED_V6E),
-                    default_scoped_vmem_bytes=32 * MiB),
+                    (_GCLOUD.format("v6e"), _TPU_INFO, _STEP, _F32_TPU, _SCOPED_V6E, _INT8,
+                     _F32_PASSES),
+                    default_scoped_vmem_bytes=32 * MiB, int8_ops_per_second=1.84e15,
+                    f32_high_passes=3, f32_highest_passes=6),
     "a100": Chip("a100", "gpu", 312e12, 19.5e12, 2039e9, 164 * KiB, 0, 0.0,
                  ("NVIDIA A100 datasheet (SXM 80GB): 312 TF bf16, 19.5 TF FP32, 156 TF TF32 "
                   "dense, 2039 GB/s, 108 SMs",

@@ -228,13 +228,18 @@ class Matmul:
     ``(K, N)`` block is not K-major and ``a @ bt.T`` with ``bt`` an ``(N, K)`` block is; so is
     a ``dot_general`` contracting ``bt``'s dimension 1. tf32: float32 inputs at a precision
     the Triton lowering multiplies as TF32 (JAX's default; ``_TF32_PRECISIONS`` in
-    jax/_src/pallas/triton/lowering.py), not ``Precision.HIGHEST``.
+    jax/_src/pallas/triton/lowering.py), not ``Precision.HIGHEST``. precision: the dot's
+    ``lax.Precision`` name, "DEFAULT", "HIGH" or "HIGHEST" (a ``DotAlgorithmPreset`` as the
+    one of the three whose bf16 passes it takes; none given is "DEFAULT"): on a TPU a float32
+    dot takes one bf16 pass of the MXU at DEFAULT and more at HIGH and HIGHEST
+    (``kernelsim.chips.Chip.matmul_flops_per_second``).
     """
 
     dtype: str
     flops: int
     k_major: bool
     tf32: bool = False
+    precision: str = "DEFAULT"
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,8 @@ def check_notebook(path: Path, timeout: int = 300, log=print, verbose: bool = Fa
             log(f"FAIL  {gid}: not run (the kernel died or the notebook stopped before it)")
         else:
             log(f"pass  {gid}")
+    for line in speed_lines(records):
+        log(line)
     # a passing check is its one line above and a failing one its message: the rules that held
     # and kernelsim's table only when asked for
     for r in records if verbose else []:
@@ -194,6 +196,12 @@ def check_notebook(path: Path, timeout: int = 300, log=print, verbose: bool = Fa
     still = f"; still to write: {', '.join(to_write)}" if to_write else ""
     log(f"\n{len(graded) - failures} passed, {failures} failed{still}")
     return 1 if failures else 0
+
+
+def speed_lines(records: list[dict]) -> list[str]:
+    """What the checks of performance tasks said about speed (``grader.learner.speed``): the
+    chip's device time beside XLA's on a TPU, else kernelsim's estimate, named as one."""
+    return [line for r in records for line in (r.get("speed") or {}).get("lines", [])]
 
 
 def run(notebook: Path, verbose: bool = False) -> int:

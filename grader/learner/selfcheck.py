@@ -20,6 +20,7 @@ import jax.numpy as jnp
 
 from grader import tasks
 from grader.grading import messages, refs, verdict, work
+from grader.learner import speed
 from grader.learner.failure import CheckFailed
 from kernelsim.backend import NeedsNewerJax
 
@@ -110,3 +111,21 @@ def check(task_id: str, fn, hidden: bool, quiet: bool, record: dict[str, Any]) -
         # one line: the rules that held are in the record (``pallas-course check --verbose``)
         print(f"{task_id}: {len(entries)} {kind} case(s) passed and all "
               f"{len(v.checked)} structural rules held")
+    shown = None if hidden else speed_of(task, fn, loaded, runs)
+    if shown is not None:
+        record["speed"] = {**shown.to_dict(), "lines": shown.lines()}
+        if not quiet:
+            print("\n".join(shown.lines()))
+
+
+def speed_of(task, fn, loaded, runs) -> speed.SpeedReport | None:
+    """A performance task's speed (``grader.learner.speed``) on its largest checked case:
+    the learner's function with that case's parameters bound, kernelsim's trace of its run."""
+    if task.id not in speed.SPEED_TASKS:
+        return None
+    size = [sum(v.size for v in inputs.values()) for _, inputs, _, _ in loaded]
+    i = size.index(max(size))
+    _, inputs, _, params = loaded[i]
+    arrays = [jnp.asarray(v) for v in inputs.values()]
+    return speed.report(task.id, lambda *a: task.call(fn, list(a), params), arrays,
+                        runs[i].trace)

@@ -82,7 +82,8 @@ class CallCost:
         ``Chip.vector_vregs_per_second`` and the lane broadcasts
         (``KernelCall.lane_broadcast_vregs_per_step``) at ``Chip.lane_broadcast_seconds``
         each, over the working steps only (or each step's own, ``KernelCall.step_work``);
-        memory is at ``Chip.dma_efficiency`` of the bandwidth; overhead is
+        memory is the longer of the reads and the writes (the DMAs move both at once) at
+        ``Chip.dma_efficiency`` of the bandwidth; overhead is
         ``Chip.call_seconds`` plus ``per_step_seconds`` per working step and
         ``idle_step_seconds`` per skipped one.
     working_steps: tpu model, the grid steps that do work: where the body's ``pl.when``
@@ -244,6 +245,10 @@ def compute(schedule: CallSchedule, chip: Chip) -> CallCost:
     overhead = call.steps * chip.per_step_seconds if tpu else 0.0
     terms = None
     if tpu and chip.tpu_time_model:
+        # the chip's DMAs read and write HBM at once: on the v5e a softmax that reads and
+        # writes 64 MiB took the device time of a row sum that only reads them (0.102 and
+        # 0.094 ms, bench/recorded/tpu_perf_model-v5e.json), so the longer direction counts
+        memory = max(read, write) / chip.estimate_bytes_per_second
         # the kernel's own work over its working steps, whatever a pl.CostEstimate says: a
         # count for the whole call cannot tell which steps the body skips (JAX's causal
         # flash attention gives the FLOPs of its plain-JAX reference, every score of the
@@ -279,7 +284,8 @@ class TimeTerms:
     lane_broadcast_vregs: column vregs broadcast across the lanes over the working steps.
     working_steps / idle_steps: grid steps that do work and that are skipped
         (``working_steps``).
-    dma_seconds: the HBM bytes at the chip's bandwidth, seconds.
+    dma_seconds: the HBM bytes of the longer direction (reads or writes: the DMAs run both at
+        once) at the chip's bandwidth, seconds.
     """
 
     matmul_seconds: Any
@@ -344,11 +350,17 @@ def working_steps(schedule: CallSchedule) -> int:
 
 
 def _compute_seconds(call: KernelCall, flops: int, chip: Chip) -> float:
-    """``flops`` at the rate of the kernel's matmul dtypes, except the share of its matmuls
-    that transpose an operand in registers (``Chip.transposes_in_registers``), which runs at
-    ``Chip.transposed_tf32_flops``. The share is by the kernel jaxpr's count, so it holds for a
-    ``pl.CostEstimate`` total too."""
-    rate = chip.flops_per_second(call.matmul_dtypes)
+    """``flops`` at the rate of the kernel's matmul dtypes (on a TPU, each matmul's dtype and
+    precision, ``Chip.matmul_flops_per_second``, weighted by its FLOPs), except the share of
+    its matmuls that transpose an operand in registers (``Chip.transposes_in_registers``),
+    which runs at ``Chip.transposed_tf32_flops``. The shares are by the kernel jaxpr's count,
+    so they hold for a ``pl.CostEstimate`` total too."""
+    matmul_flops = sum(m.flops for m in call.matmuls)
+    if chip.kind == "tpu" and matmul_flops:
+        rate = matmul_flops / sum(m.flops / chip.matmul_flops_per_second(m)
+                                  for m in call.matmuls)
+    else:
+        rate = chip.flops_per_second(call.matmul_dtypes)
     slow = sum(m.flops for m in call.matmuls if chip.transposes_in_registers(m))
     if not slow or not call.flops_per_step:
         return flops / rate

@@ -25,7 +25,7 @@ from kernelsim.adapter import (
 )
 from kernelsim.body.needs import ref_array
 from kernelsim.errors import TraceError
-from kernelsim.find.flops import body_work, most_expensive, step_work
+from kernelsim.find.flops import body_work, most_expensive, precision_name, step_work
 from kernelsim.find.index_maps import (
     evaluate_index_map,
     prefetch_read,
@@ -143,11 +143,12 @@ def _scoped_peak(jaxpr: Any) -> dict[str, int]:
     return peak
 
 
-# Primitives whose result Mosaic must materialise whole before anything reads it (a matmul's
-# result, a reduction's), as against element-wise work it streams through vector registers.
-_WHOLE_RESULT = frozenset({"dot_general", "reduce_sum", "reduce_max", "reduce_min",
-                           "reduce_prod", "reduce_and", "reduce_or", "argmax", "argmin",
-                           "cumsum", "cumprod", "cummax", "cummin", "transpose"})
+# Reductions: Mosaic streams an operand into a reduction over its minor (lane) dimension
+# through vector registers, but a value the body reads again after such a reduction has
+# consumed it must wait in VMEM (``_body_values_peak``).
+_REDUCTIONS = frozenset({"reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "reduce_and",
+                         "reduce_or", "argmax", "argmin", "cumsum", "cumprod", "cummax",
+                         "cummin"})
 # The most VMEM a matmul's result takes beside the buffers, bytes: Mosaic computes a large dot
 # in pieces. Fitted on a TPU v5e (jax 0.10.2, libtpu 0.0.42.1; bench/recorded/tpu_perf-v5e.json
 # ``vmem``, recorded at f1c4f1f, and tests/kernelsim/chip_verdicts_v5e.py): for lesson 7's
@@ -157,50 +158,101 @@ _WHOLE_RESULT = frozenset({"dot_general", "reduce_sum", "reduce_max", "reduce_mi
 MATMUL_RESULT_VMEM_BYTES = 2 << 20
 # Reads of a ref: Mosaic reads the VMEM buffer in place, no copy of the block is made.
 _REF_READS = frozenset({"get", "load", "masked_load"})
+# A float32 dot at HIGH / HIGHEST precision: Mosaic splits each operand into bf16 parts (2 /
+# 3) and a float32 remainder, kept beside the buffers. On the v5e a (512, 512, 512) float32
+# matmul at HIGHEST allocated at least 4.21 MiB beside its 7 MiB of buffers
+# (bench/recorded/tpu_perf_vmem-v5e.json), a 1 MiB result and 3 MiB more.
+_SPLIT_PARTS = {"HIGH": 2, "HIGHEST": 3}
+
+
+def _reduces_lanes_only(eqn: Any) -> bool:
+    """``eqn`` reduces its operand over its minor (lane) dimension alone."""
+    rank = len(getattr(eqn.invars[0].aval, "shape", ()))
+    axes = eqn.params.get("axes", (eqn.params.get("axis"),))
+    return tuple(axes) == (rank - 1,)
+
+
+def _split_bytes(eqn: Any) -> int:
+    """VMEM a float32 ``dot_general`` at HIGH or HIGHEST keeps for its operands' parts."""
+    parts = _SPLIT_PARTS.get(precision_name(eqn.params.get("precision")), 0)
+    if not parts or str(eqn.invars[0].aval.dtype) != "float32":
+        return 0
+    return sum(tile_padded_bytes(tuple(v.aval.shape), "bfloat16", 2) * parts
+               + tile_padded_bytes(tuple(v.aval.shape), "float32", 4) for v in eqn.invars)
 
 
 def _body_values_peak(jaxpr: Any) -> int:
     """The most bytes of array values Mosaic keeps in VMEM beside the buffers at once, each
-    with its tile padding (``model.tile_padded_bytes``): a value is kept when it cannot be
-    streamed through vector registers into its one consumer -- the result of a matmul or a
-    reduction (e.g. the float32 product of a dot before it is added to an accumulator, a
-    softmax's row max and sum), or a value read by more than one operation or by a matmul or
-    reduction (a softmax's exp, read by its sum and its division). A ref read is not a copy.
-    A matmul's result counts at most ``MATMUL_RESULT_VMEM_BYTES`` (Mosaic makes it in pieces).
-    Each kept value lives from the eqn that makes it to its last use; a loop or branch adds
-    its own body's peak while it runs."""
+    with its tile padding (``model.tile_padded_bytes``). Mosaic streams element-wise work
+    through vector registers, however many operations read a value, and so a reduction over
+    the lanes of such a value. A value is kept when:
+
+    - it is a matmul's result (at most ``MATMUL_RESULT_VMEM_BYTES``: Mosaic makes it in
+      pieces) or a matmul reads it; a float32 matmul at HIGH or HIGHEST also keeps its
+      operands' parts (``_split_bytes``);
+    - a reduction over other dimensions than the lanes reads it;
+    - the body reads it again after a reduction or matmul that depends on it (a softmax's
+      exp, read by its sum and then its division; a layer norm's centred rows);
+    - a reduction reads it and it is computed from a kept value.
+
+    A ref read is not a copy. Each kept value lives from the eqn that makes it to its last
+    use; a loop or branch adds its own body's peak while it runs. Measured on a TPU v5e
+    (bench/recorded/tpu_perf_vmem-v5e.json): each probe compiled at its buffers plus 64 KiB
+    where this counts nothing kept, and was refused where it counts some."""
     eqns = jaxpr.eqns
     last: dict[Any, int] = {}
-    readers: dict[Any, int] = {}
-    whole_reader: set = set()
+    readers: dict[Any, list[int]] = {}
     for k, eqn in enumerate(eqns):
         for v in {v for v in eqn.invars if not isinstance(v, Literal)}:
             last[v] = k
-            readers[v] = readers.get(v, 0) + 1
-            if eqn.primitive.name in _WHOLE_RESULT:
-                whole_reader.add(v)
+            readers.setdefault(v, []).append(k)
     for v in jaxpr.outvars:
         if not isinstance(v, Literal):
             last[v] = len(eqns)
+    # the vars each eqn depends on, transitively
+    ancestors: dict[Any, frozenset] = {}
+    depends: list[frozenset] = []
+    for eqn in eqns:
+        ins = [v for v in eqn.invars if not isinstance(v, Literal)]
+        seen = frozenset(ins).union(*(ancestors.get(v, frozenset()) for v in ins))
+        depends.append(seen)
+        for v in eqn.outvars:
+            ancestors[v] = seen
+    waits = [k for k, eqn in enumerate(eqns)
+             if eqn.primitive.name in _REDUCTIONS or eqn.primitive.name == "dot_general"]
+    kept: set = set()
 
-    def kept_bytes(v: Any, producer: str) -> int:
-        aval = v.aval
+    def kept_bytes(v: Any, i: int) -> int:
+        eqn, aval = eqns[i], v.aval
+        producer = eqn.primitive.name
         if (isinstance(aval, AbstractRef) or not getattr(aval, "shape", ())
                 or producer in _REF_READS or v not in last):
             return 0
-        if producer in _WHOLE_RESULT or readers.get(v, 0) > 1 or v in whole_reader:
-            n = tile_padded_bytes(tuple(aval.shape), str(aval.dtype), _itemsize(aval.dtype))
-            return min(n, MATMUL_RESULT_VMEM_BYTES) if producer == "dot_general" else n
+        n = tile_padded_bytes(tuple(aval.shape), str(aval.dtype), _itemsize(aval.dtype))
+        if producer == "dot_general":
+            return min(n, MATMUL_RESULT_VMEM_BYTES)
+        read_by = [eqns[k] for k in readers.get(v, ())]
+        if any(r.primitive.name == "dot_general" for r in read_by):
+            return n
+        reduced = [r for r in read_by if r.primitive.name in _REDUCTIONS]
+        if any(not _reduces_lanes_only(r) for r in reduced):
+            return n
+        if any(i < k < last[v] and v in depends[k] for k in waits):  # read after it
+            return n
+        if reduced and any(u in kept for u in eqn.invars if not isinstance(u, Literal)):
+            return n
         return 0
 
     live: dict[Any, int] = {}
     peak = 0
     for k, eqn in enumerate(eqns):
         inner = max((_body_values_peak(j) for j, _ in sub_jaxprs(eqn)), default=0)
+        split = _split_bytes(eqn) if eqn.primitive.name == "dot_general" else 0
         for v in eqn.outvars:
-            if n := kept_bytes(v, eqn.primitive.name):
+            if n := kept_bytes(v, k):
                 live[v] = n
-        peak = max(peak, sum(live.values()) + inner)
+                kept.add(v)
+        peak = max(peak, sum(live.values()) + inner + split)
         for v in [v for v in live if last[v] <= k]:
             del live[v]
     return peak

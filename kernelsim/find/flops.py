@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -122,6 +123,27 @@ def _is_tf32(dtype: str, precision: Any) -> bool:
     return any(n in _TF32_NAMES for n in names)
 
 
+def precision_name(precision: Any) -> str:
+    """A dot's precision as "DEFAULT", "HIGH" or "HIGHEST": a pair of precisions as the higher
+    one; a ``DotAlgorithmPreset`` by the bf16 passes its name says (``..._X6`` or float32
+    inputs: HIGHEST; ``..._X3`` or TF32: HIGH; else DEFAULT); none given is DEFAULT."""
+    if precision is None:
+        return "DEFAULT"
+    names = [getattr(p, "name", str(p)) for p in
+             (precision if isinstance(precision, tuple | list) else (precision,)) if p is not None]
+    rank = {"DEFAULT": 0, "HIGH": 1, "HIGHEST": 2}
+
+    def one(name: str) -> str:
+        name = name.upper().removeprefix("PRECISION.")
+        if name in rank:
+            return name
+        if "X6" in name or name.startswith("F32_F32"):
+            return "HIGHEST"
+        return "HIGH" if "X3" in name or "TF32" in name else "DEFAULT"
+
+    return max((one(n) for n in names), key=rank.__getitem__, default="DEFAULT")
+
+
 class When(NamedTuple):
     """A ``pl.when`` (any ``cond``) of a body: its eqn and each branch's work."""
 
@@ -140,7 +162,7 @@ class WorkTree(NamedTuple):
 
 def _add(a: BodyWork, b: BodyWork, times: int = 1) -> BodyWork:
     return BodyWork(a.flops + b.flops * times, a.matmuls + tuple(
-        Matmul(m.dtype, m.flops * times, m.k_major, m.tf32) for m in b.matmuls),
+        dataclasses.replace(m, flops=m.flops * times) for m in b.matmuls),
         a.vector_vregs + b.vector_vregs * times,
         a.lane_broadcast_vregs + b.lane_broadcast_vregs * times,
         a.scalar_vregs + b.scalar_vregs * times, a.stored_vregs + b.stored_vregs * times)
@@ -219,7 +241,8 @@ def body_work(jaxpr: Any) -> WorkTree:
             matmuls.append(Matmul(str(lhs.aval.dtype), dot,
                                   _is_k_major(lhs, tuple(lhs_contract), layouts)
                                   and _is_k_major(rhs, tuple(rhs_contract), layouts),
-                                  _is_tf32(str(lhs.aval.dtype), eqn.params.get("precision"))))
+                                  _is_tf32(str(lhs.aval.dtype), eqn.params.get("precision")),
+                                  precision_name(eqn.params.get("precision"))))
         elif name in _DATA_MOVEMENT:
             broadcasts += lane_broadcast_vregs(eqn, replicated) if name == "broadcast_in_dim" \
                 else 0

@@ -27,8 +27,11 @@ def _module():
 
 
 def _check_row(r, family):
+    from bench.model_kernels import HELD_OUT
+
     assert ROW_KEYS <= set(r) and r["family"] == family in ("matmul", "flash_attention",
-                                                            "elementwise", "reduction", "other")
+                                                            "elementwise", "reduction", "other",
+                                                            *HELD_OUT)
     assert r["estimated_s"] > 0 and isinstance(r["fitted"], bool)
     assert r["measured_s"] is None or r["measured_s"] > 0
     json.dumps(r)
@@ -69,29 +72,39 @@ def test_smoke_sweep_writes_rows_vmem_and_lint_verdicts(tmp_path):
     assert all({"compiled", "kernelsim_warned"} <= set(v) for v in report["vmem"])
 
 
-RECORDED = ROOT / "bench" / "recorded" / "tpu_perf-v5e.json"
+@pytest.mark.slow
+def test_model_smoke_sweep_writes_every_family_and_the_vmem_probes(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "bench" / "tpu_perf.py"), "--model", "--smoke",
+                    "--out", str(tmp_path)], check=True, cwd=ROOT, timeout=600,
+                   env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    report = json.loads((tmp_path / "tpu_perf_model-v5e-smoke.json").read_text())
+    for r in report["rows"]:
+        _check_row(r, r["family"])
+    from bench.model_kernels import HELD_OUT
+
+    assert {r["family"] for r in report["rows"]} >= set(HELD_OUT) | {"matmul"}
+    assert all(f["kernelsim_mosaic_vmem_bytes"] > 0 for f in report["vmem_figures"])
+
+
+RECORDED = ROOT / "bench" / "recorded" / "tpu_perf_model-v5e.json"
 
 
 def test_recorded_ratios_stay_in_their_bands():
-    """measured / estimated on the TPU v5e's recorded rows (estimates rewritten by
-    ``--re-estimate``): every matmul with blocks >= 256 within 0.8-1.25, every flash attention
-    of lesson 8's (and its variant with tiled statistics) within 0.75-1.5, fitted and
-    held-out rows alike, and JAX's bundled flash attention, held out, within 0.75-1.4. Its
-    causal rows at 512 blocks are the lowest, 0.76-0.88: they were 0.71-0.79 while kernelsim
-    counted every pl.when branch at every step, and so counted as working the step that
-    fetches block 0 again after the diagonal (its index map repeats block 0, not the last
-    block needed) though the body skips it; 0.36-0.44 before the lane broadcasts were counted
-    and the vector work overlapped the matmuls."""
+    """measured / estimated on the TPU v5e's device-time record (estimates rewritten by
+    ``--re-estimate``): every matmul with blocks >= 256 (n = 2048 held out), every flash
+    attention of lesson 8's (and its variant with tiled statistics) and JAX's bundled flash
+    attention, held out, within 0.8-1.25 (they are 0.90-1.14). The back-to-back record
+    (``tpu_perf-v5e.json``, 2026-12-05) carried the host's dispatch of each call and is kept
+    for its compile verdicts only."""
     rows = json.loads(RECORDED.read_text())["rows"]
     matmuls = [r for r in rows if r["family"] == "matmul" and r["measured_s"]
                and min(r["config"][k] for k in ("bm", "bk", "bn")) >= 256]
     flash = [r for r in rows if r["kernel"].startswith("lesson8 flash_attention")
              and r["measured_s"]]
     bundled = [r for r in rows if r["kernel"] == "jax bundled flash_attention"]
-    assert len(matmuls) == 21 and len(flash) == 36 and len(bundled) == 12
-    for group, low, high in ((matmuls, 0.8, 1.25), (flash, 0.75, 1.5), (bundled, 0.75, 1.4)):
-        for r in group:
-            assert low <= r["measured_s"] / r["estimated_s"] <= high, r["config"]
+    assert len(matmuls) == 15 and len(flash) == 21 and len(bundled) == 6
+    for r in matmuls + flash + bundled:
+        assert 0.8 <= r["measured_s"] / r["estimated_s"] <= 1.25, r["config"]
 
 
 @pytest.mark.parametrize("pick", [

@@ -288,17 +288,19 @@ def test_the_instructor_model_chooses_as_kernelsim_at_every_budget(a06_solutions
     trace: with each footprint a blocking of the case's shape needs as the budget, the
     solution's blocks fit and are as fast as the fastest kernelsim finds. A model that
     double-buffers a block Mosaic single-buffers (or the reverse) chooses otherwise at some
-    budget."""
+    budget. (A float32 case is compute-bound at HIGHEST, six bf16 passes of the MXU: its
+    blockings tie within 0.3 %, and the solution's pick may be any of the tied ones.)"""
     c = _case("matmul_tuned", case)
     m, k, n = _shapes(c)
     a, b = (jax.ShapeDtypeStruct(s, jnp.dtype(c.dtype)) for s in ((m, k), (n, k)))
+    tie = 1.003 if c.dtype == "float32" else 1.001
     wrong = []
     for budget in sorted({peak for _, peak, _ in a06.blockings(m, k, n, c.dtype)}):
         (call,) = kernelsim.trace(a06_solutions["matmul_tuned"], a, b, budget,
                                   chip="tpu-v5e").calls
         best, blocks, _ = a06.best_blocks(m, k, n, c.dtype, budget)
         mine = a06.estimated_seconds(call)
-        if call.onchip_peak_bytes > budget or mine > best * 1.001:
+        if call.onchip_peak_bytes > budget or mine > best * tie:
             wrong.append(f"budget {budget:,} B: {call.onchip_peak_bytes:,} B on chip, "
                          f"{mine * 1e6:.2f} us; kernelsim's best {blocks}, {best * 1e6:.2f} us")
     assert not wrong, "\n".join(wrong)
@@ -308,19 +310,20 @@ def test_the_instructor_model_chooses_as_kernelsim_at_every_budget(a06_solutions
 def test_budget_binds_and_the_margin_separates_distinct_blockings(case):
     """Without the budget, bigger blocks would win (the budget is the task); under it, the
     second-fastest blocking is more than WITHIN slower than the fastest (the verdict is not
-    decided by how ties are broken)."""
+    decided by how ties are broken). A float32 case runs at HIGHEST, compute-bound: blockings
+    within 0.3 % of the best are the same time (every one of them passes)."""
     c = _case("matmul_tuned", case)
     every = a06.blockings(*_shapes(c), c.dtype)
     fitting = [seconds for seconds, peak, _ in every if peak <= c.params["vmem_budget"]]
     best = fitting[0]
     assert every[0][0] < best
-    slower = [s for s in fitting if s > best * 1.001]
+    slower = [s for s in fitting if s > best * (1.003 if c.dtype == "float32" else 1.001)]
     assert slower and slower[0] > (1 + a06.WITHIN) * best, (best, slower[:3])
 
 
 def test_second_best_is_over_the_margin_in_the_visible_case():
     """The visible case named in the task: (256, 512, 128) is best, 768 KiB on chip (A's block
-    never moves: one buffer); the second, square 256-blocks, fills the budget and is 15 % off."""
+    never moves: one buffer); the second, square 256-blocks, fills the budget and is 17 % off."""
     v0 = _case("matmul_tuned", "v0")
     budget = v0.params["vmem_budget"]
     best, blocks, peak = a06.best_blocks(*_shapes(v0), v0.dtype, budget)
@@ -328,17 +331,17 @@ def test_second_best_is_over_the_margin_in_the_visible_case():
     seconds, peak, blocks = [b for b in a06.blockings(*_shapes(v0), v0.dtype)
                              if b[1] <= budget][1]
     assert blocks == (256, 256, 256) and peak == budget
-    assert seconds == pytest.approx(1.145 * best, rel=1e-3)
+    assert seconds == pytest.approx(1.173 * best, rel=1e-3)
 
 
-@pytest.mark.parametrize("blocks, slower", [((128, 128, 128), "+366%"), ((256, 256, 256),
-                                                                         "+15%")])
+@pytest.mark.parametrize("blocks, slower", [((128, 128, 128), "+422%"), ((256, 256, 256),
+                                                                         "+17%")])
 def test_naive_blocks_fail_the_visible_case(blocks, slower):
     v = judged("matmul_tuned", "v0", tiled_matmul(fixed(*blocks)))
     assert not v.passed
     rule = _estimate_rule(v)
     # the message names the learner's estimate, the best with its blocks, and both footprints
-    assert f"({slower})" in rule and "within 10% of 2.38 us" in rule, rule
+    assert f"({slower})" in rule and "within 10% of 1.86 us" in rule, rule
     assert "(bm, bk, bn) = (256, 512, 128), 786,432 B on chip" in rule, rule
     assert re.search(r"\d+ steps, [\d,]+ B of HBM traffic, [\d,]+ B on chip", rule), rule
 
@@ -360,7 +363,7 @@ def test_blocks_hard_coded_for_the_visible_case_fail_other_budgets():
         r.startswith("[FAIL] on-chip peak: required <= 1,310,720 B (the case's VMEM budget); "
                      "found 1,441,792 B") for r in over.rules), over.message
     slow = judged("matmul_tuned", "h2", hard_coded)  # K doubled: fits, reads A four times
-    assert not slow.passed and "(+90%)" in _estimate_rule(slow)
+    assert not slow.passed and "(+100%)" in _estimate_rule(slow)
     assert not any(r.startswith("[FAIL] on-chip peak") for r in slow.rules), slow.message
 
 

@@ -211,16 +211,18 @@ def softmax_rows(x, rows):
 
 
 def test_values_mosaic_keeps_count_beside_the_buffers():
-    """A softmax keeps its exp (read by the sum and the division) and its row max and sum
-    (each (rows, 1) float32, padded to (rows, 128)); x - max streams into the exp."""
+    """A softmax keeps its exp (read by the sum, then by the division); x - max streams into
+    the exp, and the row max and sum are streamed to their one reader (a TPU v5e allocated
+    3.8 MiB beside the buffers of a (256, 4096) float32 softmax, whose exp is 4 MiB:
+    bench/recorded/tpu_perf_vmem-v5e.json)."""
     x = jax.ShapeDtypeStruct((2048, 8192), jnp.float32)
     small = kernelsim.trace(softmax_rows, jnp.zeros((64, 1024)), 8).calls[0]
     kept = small.cost.body_values_vmem_bytes
-    assert 8 * 1024 * 4 < kept <= 8 * 1024 * 4 + 2 * 8 * 128 * 4  # the exp, a max or sum
+    assert kept == 8 * 1024 * 4  # the exp
     assert small.to_dict()["mosaic_vmem_bytes"] == small.cost.vmem_bytes + kept
     assert not [w for w in small.warnings if "VMEM" in w]
     # 1024-row blocks: 4 buffers of 32 MiB fill v5e's 128 MiB VMEM, the exp does not fit
     big = kernelsim.trace(softmax_rows, jnp.zeros(x.shape, x.dtype), 1024).calls[0]
     assert big.cost.vmem_bytes <= 128 * 2**20 < big.cost.mosaic_vmem_bytes
     (w,) = [w for w in big.warnings if kernelsim.cost.lint.rule_of(w) == "vmem_capacity"]
-    assert "values the body keeps 33,554,432 B" not in w and "blocks that would fit" in w
+    assert "values the body keeps 33,554,432 B" in w and "blocks that would fit" in w  # the exp
