@@ -36,7 +36,6 @@
 # %%
 import functools
 import re
-import time
 
 import _course
 import jax
@@ -48,6 +47,7 @@ from jax.experimental.pallas import tpu as pltpu
 import kernelsim
 from kernelsim.backend import choose, platform
 from kernelsim.chips import CHIPS
+from kernelsim.timing import time_call
 
 LESSON = "07-performance"
 _course.versions()
@@ -121,33 +121,48 @@ if info.chip_version == pltpu.ChipVersion.TPU_V5E:  # the same chip as kernelsim
 # several MXU passes where bfloat16 does one, a reason the kernels we tune here are bfloat16.
 
 # %%
-def matmul_kernel(a_ref, b_ref, o_ref, acc_ref):
-    @pl.when(pl.program_id(2) == 0)
-    def _init():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+def matmul_kernel(a_ref, b_ref, o_ref, acc_ref, *, k_steps):
+    # k_steps: the grid's length along k. The first step stores its product (no zeroing pass),
+    # the last adds its own and writes the output (no extra read of the accumulator), so the
+    # float32 accumulator is read and written two times fewer than "zero, add every step, copy
+    # out"; with one k step the product goes straight to the output.
+    kk = pl.program_id(2)
+    product = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+    if k_steps == 1:
+        o_ref[...] = product.astype(o_ref.dtype)
+        return
 
-    acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+    @pl.when(kk == 0)
+    def _first():
+        acc_ref[...] = product
 
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-    def _finalize():
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+    @pl.when(jnp.logical_and(kk > 0, kk < k_steps - 1))
+    def _middle():
+        acc_ref[...] += product
+
+    @pl.when(kk == k_steps - 1)
+    def _last():
+        o_ref[...] = (acc_ref[...] + product).astype(o_ref.dtype)
 
 
-def matmul(a, b, *, bm=128, bk=128, bn=128, cost=None, interpret):
-    # cost: the pl.CostEstimate handed to XLA (the section "Telling XLA what a kernel costs")
+def matmul(a, b, *, bm=128, bk=128, bn=128, cost=None, vmem_limit=None, interpret):
+    # cost: the pl.CostEstimate handed to XLA (the section "Telling XLA what a kernel costs");
+    # vmem_limit: bytes of scoped VMEM the compiler may use (None: its default, 16 MiB on a
+    # v5e), raised for the largest blocks
     m, k = a.shape
     n = b.shape[1]
     # k innermost: the output block and accumulator stay on chip for the whole k loop;
     # A is re-read N/bn times and B M/bm times.
     return pl.pallas_call(
-        matmul_kernel,
+        functools.partial(matmul_kernel, k_steps=k // bk),
         grid=(m // bm, n // bn, k // bk),
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
                   pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=vmem_limit),
         out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
         cost_estimate=cost,
         interpret=interpret,
@@ -285,37 +300,36 @@ assert estimates[(512, 1024, 1024), 1024] < 12
 # %% [markdown]
 # ## Measuring on a real backend
 #
-# An estimate is a hypothesis. On a TPU, time the compiled kernel against `jnp.dot` — with
-# `jax.block_until_ready` and after a warm-up call, since the first call includes compilation.
-# On this course's CPU runs there is nothing to measure: interpret mode times the interpreter,
-# not the kernel.
+# An estimate is a hypothesis. On a TPU, time the compiled kernel against `jnp.dot`. What to
+# time is the **device's** time: `kernelsim.timing.time_call` runs the call many times inside
+# one jitted loop (each call's operands tied to the previous result, so XLA can neither hoist
+# the call out of the loop nor merge the calls) and divides, after a warm-up that compiles
+# it. Beside it, it reports the **dispatched** time: calls issued one by one from Python, then
+# synced. That adds the host's dispatch of each separately jitted call, about 0.12-0.17 ms on
+# a TPU v5e, which hides every kernel shorter than that (the next section's fixed cost).
+# On this course's CPU runs there is nothing to measure: interpret mode times the
+# interpreter, not the kernel.
 
 # %%
-def time_call(fn, *args, repeats=10):
-    jax.block_until_ready(fn(*args))  # compile and warm up
-    start = time.perf_counter()
-    for _ in range(repeats):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / repeats
-
-
 if platform() == "tpu":
     n = 4096
     x = jax.random.normal(ka, (n, n), jnp.bfloat16)
     y = jax.random.normal(kb, (n, n), jnp.bfloat16)
-    for cfg in ((128, 128, 128), (512, 1024, 1024)):
-        fn = jax.jit(functools.partial(matmul, bm=cfg[0], bk=cfg[1], bn=cfg[2],
-                                       interpret=False))
+    for cfg in ((128, 128, 128), (512, 1024, 1024), (1024, 4096, 1024)):
+        fn = functools.partial(matmul, bm=cfg[0], bk=cfg[1], bn=cfg[2], vmem_limit=100 * 2**20,
+                               interpret=False)
         try:
-            seconds = time_call(fn, x, y)
+            timed = time_call(fn, (x, y))
         except Exception as err:  # noqa: BLE001 - a compile error: say so and time the rest
             print(f"{cfg}: does not compile on this chip, nothing to time "
                   f"({type(err).__name__}: {str(err).strip().splitlines()[0][:120]})")
             continue
-        print(f"{cfg}: {seconds * 1e6:.0f} us, {100 * 2 * n**3 / V5E.peak_flops_bf16 / seconds:.1f}"
-              " % of v5e peak (adjust the peak for your chip)")
-    print(f"jnp.dot: {time_call(jax.jit(jnp.dot), x, y) * 1e6:.0f} us")
+        print(f"{cfg}: device {timed.device_s * 1e6:.0f} us "
+              f"({100 * 2 * n**3 / V5E.peak_flops_bf16 / timed.device_s:.1f} % of v5e peak; "
+              f"adjust the peak for your chip), dispatched {timed.dispatched_s * 1e6:.0f} us")
+    timed = time_call(jnp.dot, (x, y))
+    print(f"jnp.dot: device {timed.device_s * 1e6:.0f} us, dispatched "
+          f"{timed.dispatched_s * 1e6:.0f} us")
 else:
     print(f"No TPU present (backend: {platform()}): nothing measured here. The numbers above "
           "are kernelsim estimates; this kernel uses TPU-only features, so on a GPU it runs "
