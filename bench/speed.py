@@ -47,15 +47,11 @@ XLA = "xla jnp.dot"
 VMEM_LIMIT = 100 * 2**20  # the largest blocks need more than the 16 MiB default
 FLASH_SHAPES = [(32, 2048), (16, 4096), (8, 8192)]  # (batch x heads, N), d = 128, bfloat16
 # (bq, bkv, chunk) of lesson 8's kernels; (block_q, block_k_major, block_k) of the bundled one
-FLASH_BLOCKS = {False: [(1024, 512, None), (2048, 512, None), (1024, 1024, 512),
-                        (2048, 1024, 512)],
-                True: [(512, 512, None), (1024, 512, None), (1024, 1024, 512),
-                       (512, 1024, 512)]}
-BUNDLED_BLOCKS = [(512, 512, 512), (1024, 1024, 512), (1024, 1024, 1024), (512, 1024, 1024)]
-MATMUL_BLOCKS = {4096: [(1024, 4096, 1024), (512, 4096, 1024), (1024, 4096, 512),
-                        (1024, 2048, 1024)],
-                 8192: [(1024, 2048, 1024), (512, 2048, 1024), (1024, 4096, 1024),
-                        (2048, 2048, 1024)]}
+FLASH_BLOCKS = {False: [(1024, 512, None), (2048, 512, None), (1024, 1024, 512)],
+                True: [(512, 512, None), (1024, 512, None), (1024, 1024, 512)]}
+BUNDLED_BLOCKS = [(512, 512, 512), (1024, 1024, 512), (1024, 1024, 1024)]
+MATMUL_BLOCKS = {4096: [(1024, 4096, 1024), (512, 4096, 1024), (1024, 2048, 1024)],
+                 8192: [(1024, 2048, 1024), (512, 2048, 1024), (1024, 4096, 1024)]}
 BACKWARD = {"bh": 8, "n": 2048, "block": 512}
 ASSIGNMENT_7 = ROOT / "exercises" / "source" / "07_flash_attention" / "flash_attention.py"
 

@@ -11,8 +11,9 @@ repository; lessons/_course.py also wants matplotlib) and writes ``tpu_perf-<chi
   reduction, other), ``config``, ``measured_s`` (the device time per call,
   ``kernelsim.timing.device_time``: calls inside one jitted loop, median of ``--repeats``),
   ``dispatched_s`` (per call when dispatched one by one from Python: device time plus the
-  host's dispatch, shown beside it and never fitted), ``loop_calls``, ``estimated_s`` (kernelsim's, for tpu-v5e), ``fitted`` (whether a time-model
-  fit may use it) and kernelsim's terms (``kernelsim``). A config the compiler refuses is a
+  host's dispatch, shown beside it and never fitted), ``loop_calls``, ``estimated_s``
+  (kernelsim's, for tpu-v5e), ``fitted`` (whether a time-model fit may use it) and kernelsim's
+  terms (``kernelsim``). A config the compiler refuses is a
   row with ``error`` and no time.
 - ``vmem``: lesson 7's matmul at 4096 over block shapes at the default scoped VMEM limit:
   compiled or Mosaic's message, beside kernelsim's footprint and whether it warned.
