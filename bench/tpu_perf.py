@@ -125,8 +125,9 @@ def lesson_kernels():
     import _course
 
     seven = _course.definitions("07-performance", "matmul_kernel", "matmul")
-    eight = _course.definitions("08-flash-attention", "last_kv_block", "flash_kernel",
-                                "flash_attention", SCALE=1 / 128 ** 0.5)
+    eight = _course.definitions("08-flash-attention", "last_kv_block", "widen", "flash_step",
+                                "flash_kernel", "statistics_scratch", "flash_attention",
+                                SCALE=1 / 128 ** 0.5, LANES=128)
     return seven.matmul, eight.flash_attention
 
 

@@ -292,8 +292,9 @@ quote(FLASH, "@pl.loop(0, block_k_major, step=block_k, unroll=True)", 7)
 # copying 512 keys per step while still computing on 128 at a time.
 
 # %%
-lesson8 = _course.definitions("08-flash-attention", "last_kv_block", "flash_kernel",
-                              "flash_attention", SCALE=1 / math.sqrt(DB))
+lesson8 = _course.definitions("08-flash-attention", "last_kv_block", "widen", "flash_step",
+                              "flash_kernel", "statistics_scratch", "flash_attention",
+                              SCALE=1 / math.sqrt(DB), LANES=128)
 hsd = jax.ShapeDtypeStruct((1, NB, DB), jnp.bfloat16)
 
 
