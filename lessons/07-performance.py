@@ -286,14 +286,22 @@ fig.tight_layout()
 # The shape matches: 128-blocks stay near 5–6 % however big the matrices get, because every step is
 # tiny and the fixed cost per step dominates; `(512, 1024, 1024)` blocks get close to peak because
 # each step does enough arithmetic to hide its copies and its overhead. kernelsim predicts 82 % of
-# peak at `n = 4096` and 94 % at 8192 for them; a TPU v5e measured 78 % and 92 %
-# (`bench/recorded/tpu_perf-v5e.json`, 2026-12-05; the guide: 78.5 and 91.5 %). At `n = 1024` the
-# fixed cost of a call (about 0.12 ms: the first blocks' copies, which nothing overlaps, and the
-# last write-back) is most of the time: 8 % of peak.
+# peak at `n = 4096` and 94 % at 8192 for them; a TPU v5e measured 79.2 % and 91.9 %
+# (`bench/recorded/tpu_perf-v5e.json`, 2026-12-05; the guide: 78.5 and 91.5 %).
+#
+# At `n = 1024` both the guide (8.6 %) and kernelsim (8 %) are far lower, and neither figure is
+# the kernel's. kernelsim adds a fixed cost per call, about 0.12 ms, fitted on times taken one
+# call after another from Python; the guide timed its calls that way too. That cost is the host
+# dispatching a separately jitted call, not anything the chip does. On a TPU v5e this matmul at
+# `n = 1024` took 17 µs of device time (calls inside one jitted loop: the next section), 171 µs
+# per call dispatched one by one from Python, and 569 µs for one call synced on its own; a copy
+# of one `(8, 128)` tile took 1.2, 158 and 510 µs (`bench/recorded/speed-v5e.json`,
+# `timing_methods`). At 17 µs the matmul runs at 64 % of peak.
 
 # %%
 assert 4 < estimates[(128, 128, 128), 8192] < 8
-# the large blocks: measured 78 % (n = 4096) and 92 % (8192) on a TPU v5e; the guide's 8.6 % at 1024
+# the large blocks: measured 79.2 % (n = 4096) and 91.9 % (8192) on a TPU v5e; the guide's 8.6 %
+# at 1024
 assert 75 < estimates[(512, 1024, 1024), 4096] < 88 and 88 < estimates[(512, 1024, 1024), 8192] < 98
 assert estimates[(512, 1024, 1024), 1024] < 12
 
@@ -336,11 +344,32 @@ else:
           "interpreted and its timing says nothing about the hardware.")
 
 # %% [markdown]
+# ### Against XLA's own matmul
+#
+# With large blocks the kernel competes with `jnp.dot`, XLA's own TPU matmul. On a TPU v5e
+# (`bench/recorded/speed-v5e.json`, device time, each side at its fastest; jax 0.10.2):
+#
+# | n | this kernel | blocks | `jnp.dot` | speed against `jnp.dot` |
+# | --- | --- | --- | --- | --- |
+# | 4096 | 0.728 ms (95.8 % of peak) | (512, 4096, 1024) | 0.716 ms (97.5 %) | 0.98 |
+# | 8192 | 5.705 ms (97.8 %) | (1024, 4096, 1024) | 5.887 ms (94.8 %) | 1.03 |
+#
+# Two changes got it there (`bench/recorded/speed_probe-v5e-matmul.json`): blocks as long as
+# the whole `K` or half of it, so few steps pay the fixed cost of a step, and the accumulator
+# pattern of `matmul_kernel` above (the first step stores its product, the last writes the
+# output), 1-3 % faster than zeroing the accumulator and copying it out. At `n = 4096` XLA
+# stays 12 µs ahead. That is about what the first blocks take to arrive: the pipeline overlaps
+# each copy with the step before it, except the first, and `(512, 4096)` of `A` with
+# `(4096, 1024)` of `B` are 12 MiB, 15 µs at the v5e's 819 GB/s. Smaller blocks arrive sooner
+# but make more steps: `(1024, 2048, 1024)` took 0.742 ms. At `n = 8192` the same wait is a
+# quarter of a percent of the time, and the kernel is ahead.
+
+# %% [markdown]
 # ## A sweep, and telling XLA what a kernel costs
 #
 # A sweep times every candidate and keeps the fastest. `kernelsim.run(fn, *args,
 # measure=True)` runs `fn`, times each of its kernels compiled on the device
-# (`kernelsim/timing.py`: a warm-up, then medians) and puts the time beside the estimate
+# (`kernelsim/timing.py`: device time, as above) and puts the time beside the estimate
 # (`call.measured.seconds`); with no accelerator, `measured` says so and only the estimate is
 # there. The cell below sweeps three blockings of a `1024³` matmul and names its source.
 #
@@ -411,7 +440,7 @@ assert int(config["flops"]) == 2 * n**3
 #    larger than its copy and compute time, so time per FLOP does not improve with `n`.
 # 4. Its per-step constant was fitted on 128- to 1024-blocks timed on a TPU v5e at `n = 4096`
 #    and `8192`, so agreement there is by construction. The real test is what the fit did not
-#    see: the matmuls at `n = 2048` (measured within 0.83–1.01 of the estimate) and other
+#    see: the matmuls at `n = 2048` (measured within 0.80–1.01 of the estimate) and other
 #    kernels. One matching column supports the model's account of large problems; it does not
 #    show that kernelsim predicts a given kernel's time — measure it.
 # 5. The first call traces and compiles the kernel.
