@@ -594,9 +594,10 @@ fig.tight_layout()
 #   accumulator, and a third, `denom`, in the division of the last step; the lane form
 #   spreads none. A reduction's result, such as `s.max(axis=1, keepdims=True)`, is in every
 #   lane already and costs none. kernelsim charges each spread register a time of its own.
-#   That charge was fitted on the very timings this section plots (the column and tiled
-#   variants of `bench/fa_probe.py`, fitted rows of `bench/recorded/tpu_perf-v5e.json`), so
-#   kernelsim agreeing with them is by construction, not a prediction;
+#   That charge was fitted on timings of these same two forms, the rungs plotted above
+#   (`bench/fa_probe.py`'s column and tiled variants, fitted rows of
+#   `bench/recorded/tpu_perf-v5e.json`), so kernelsim agreeing with them is by
+#   construction, not a prediction;
 # * rung 4 has the same working steps and bytes as the clamped kernel and no idle steps
 #   (the table above: 20 steps instead of 32);
 # * rung 5 has fewer steps for the same bytes of `Q` and the output, and fewer re-reads of
