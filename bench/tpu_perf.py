@@ -226,8 +226,11 @@ def flash_call(flash, config):
                                  statistics=config["statistics"],
                                  interpret=interpreting()), (q, k, v)
     if "block" not in config:
+        # lanes: the width of the running max and sum; rows recorded without it (2026-12-05)
+        # timed lesson 8's kernel as it was then, with (bq, 1) columns
         return functools.partial(flash, bq=config["bq"], bkv=config["bkv"],
-                                 causal=config["causal"], interpret=interpreting()), (q, k, v)
+                                 causal=config["causal"], lanes=config.get("lanes", 1),
+                                 interpret=interpreting()), (q, k, v)
     from jax.experimental.pallas.ops.tpu import flash_attention as bundled
 
     blk = config["block"]
