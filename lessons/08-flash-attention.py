@@ -228,16 +228,18 @@ def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, causa
                causal=causal, chunk=chunk, drop=drop)
 
 
-def statistics_scratch(bq, d, lanes=LANES):
-    """VMEM for the running max and sum, (bq, lanes) each, and the accumulator, (bq, d)."""
+def statistics_scratch(bq, d, lanes=None):
+    """VMEM for the running max and sum, (bq, lanes) each (None: LANES), and the
+    accumulator, (bq, d)."""
+    lanes = lanes or LANES
     return [pltpu.VMEM((bq, lanes), jnp.float32), pltpu.VMEM((bq, lanes), jnp.float32),
             pltpu.VMEM((bq, d), jnp.float32)]
 
 
 def flash_attention(q, k, v, *, bq=128, bkv=128, chunk=None, causal=False, vmem_limit=None,
-                    lanes=LANES, interpret):
+                    lanes=None, interpret):
     # vmem_limit: scoped VMEM bytes for the compiler (None: its default; lesson 7); lanes: the
-    # statistics' width (1: a (bq, 1) column, the ladder's first rung)
+    # statistics' width (None: LANES; 1: a (bq, 1) column, the ladder's first rung)
     heads, n, d = q.shape
 
     def kv_map(h, i, j):
