@@ -347,7 +347,8 @@ else:
 # ### Against XLA's own matmul
 #
 # With large blocks the kernel competes with `jnp.dot`, XLA's own TPU matmul. On a TPU v5e
-# (`bench/recorded/speed-v5e.json`, device time, each side at its fastest; jax 0.10.2):
+# (`bench/recorded/speed-v5e.json`, device time, each side at its fastest; its JAX release:
+# lessons/CHECKED.md):
 #
 # | n | this kernel | blocks | `jnp.dot` | speed against `jnp.dot` |
 # | --- | --- | --- | --- | --- |

@@ -534,8 +534,9 @@ assert rectangle.steps == 32 and rectangle.cost.working_steps == needed
 # ## The ladder: from the first kernel to the library's speed
 #
 # kernelsim's time is a model; the chip is the judge. Each rung below changes one thing, and
-# each was timed on a TPU v5e (jax 0.10.2) as device time: many calls inside one jitted loop
-# (`kernelsim.timing`), bfloat16, `d = 128`, 32 heads of `N = 2048` and 8 of `N = 8192`.
+# each was timed on a TPU v5e (its JAX release: lessons/CHECKED.md) as device time: many
+# calls inside one jitted loop (`kernelsim.timing`), bfloat16, `d = 128`, 32 heads of
+# `N = 2048` and 8 of `N = 8192`.
 # The rungs come from `bench/speed_probe.py` (`bench/recorded/speed_probe-v5e-flash.json`,
 # 512 blocks); the last two rows from `bench/speed.py` (`bench/recorded/speed-v5e.json`),
 # each kernel at its own fastest blocks.
