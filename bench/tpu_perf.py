@@ -11,8 +11,9 @@ repository; lessons/_course.py also wants matplotlib) and writes ``tpu_perf-<chi
   reduction, other), ``config``, ``measured_s`` (the device time per call,
   ``kernelsim.timing.device_time``: calls inside one jitted loop, median of ``--repeats``),
   ``dispatched_s`` (per call when dispatched one by one from Python: device time plus the
-  host's dispatch, shown beside it and never fitted), ``loop_calls``, ``estimated_s`` (kernelsim's, for tpu-v5e), ``fitted`` (whether a time-model
-  fit may use it) and kernelsim's terms (``kernelsim``). A config the compiler refuses is a
+  host's dispatch, shown beside it and never fitted), ``loop_calls``, ``estimated_s``
+  (kernelsim's, for tpu-v5e), ``fitted`` (whether a time-model fit may use it) and kernelsim's
+  terms (``kernelsim``). A config the compiler refuses is a
   row with ``error`` and no time.
 - ``vmem``: lesson 7's matmul at 4096 over block shapes at the default scoped VMEM limit:
   compiled or Mosaic's message, beside kernelsim's footprint and whether it warned.
@@ -126,8 +127,9 @@ def lesson_kernels():
     import _course
 
     seven = _course.definitions("07-performance", "matmul_kernel", "matmul")
-    eight = _course.definitions("08-flash-attention", "last_kv_block", "flash_kernel",
-                                "flash_attention", SCALE=1 / 128 ** 0.5)
+    eight = _course.definitions("08-flash-attention", "last_kv_block", "widen", "flash_step",
+                                "flash_kernel", "statistics_scratch", "flash_attention",
+                                SCALE=1 / 128 ** 0.5, LANES=128)
     return seven.matmul, eight.flash_attention
 
 
@@ -226,8 +228,11 @@ def flash_call(flash, config):
                                  statistics=config["statistics"],
                                  interpret=interpreting()), (q, k, v)
     if "block" not in config:
+        # lanes: the width of the running max and sum; rows recorded without it (2026-12-05)
+        # timed lesson 8's kernel as it was then, with (bq, 1) columns
         return functools.partial(flash, bq=config["bq"], bkv=config["bkv"],
-                                 causal=config["causal"], interpret=interpreting()), (q, k, v)
+                                 causal=config["causal"], lanes=config.get("lanes", 1),
+                                 interpret=interpreting()), (q, k, v)
     from jax.experimental.pallas.ops.tpu import flash_attention as bundled
 
     blk = config["block"]

@@ -15,7 +15,7 @@ on the TPU v5e, ``bench/README.md``), which hides any kernel shorter than that. 
 named for what it is, never used to rank kernels.
 
 ``kernelsim.run(..., measure=True)`` and ``kernelsim --measure`` time each captured
-pallas_call with ``measure_call``; the bench scripts and the lessons' timing cells call
+pallas_call with ``measure_call``; the bench scripts and lesson 7's timing cell call
 ``time_call``. Where no accelerator is
 present the ``Measurement`` says so instead of a time.
 """

@@ -36,7 +36,6 @@
 # %%
 import functools
 import re
-import time
 
 import _course
 import jax
@@ -48,6 +47,7 @@ from jax.experimental.pallas import tpu as pltpu
 import kernelsim
 from kernelsim.backend import choose, platform
 from kernelsim.chips import CHIPS
+from kernelsim.timing import time_call
 
 LESSON = "07-performance"
 _course.versions()
@@ -121,33 +121,48 @@ if info.chip_version == pltpu.ChipVersion.TPU_V5E:  # the same chip as kernelsim
 # several MXU passes where bfloat16 does one, a reason the kernels we tune here are bfloat16.
 
 # %%
-def matmul_kernel(a_ref, b_ref, o_ref, acc_ref):
-    @pl.when(pl.program_id(2) == 0)
-    def _init():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+def matmul_kernel(a_ref, b_ref, o_ref, acc_ref, *, k_steps):
+    # k_steps: the grid's length along k. The first step stores its product (no zeroing pass),
+    # the last adds its own and writes the output (no extra read of the accumulator), so the
+    # float32 accumulator is read and written two times fewer than "zero, add every step, copy
+    # out"; with one k step the product goes straight to the output.
+    kk = pl.program_id(2)
+    product = jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+    if k_steps == 1:
+        o_ref[...] = product.astype(o_ref.dtype)
+        return
 
-    acc_ref[...] += jnp.dot(a_ref[...], b_ref[...], preferred_element_type=jnp.float32)
+    @pl.when(kk == 0)
+    def _first():
+        acc_ref[...] = product
 
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-    def _finalize():
-        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+    @pl.when(jnp.logical_and(kk > 0, kk < k_steps - 1))
+    def _middle():
+        acc_ref[...] += product
+
+    @pl.when(kk == k_steps - 1)
+    def _last():
+        o_ref[...] = (acc_ref[...] + product).astype(o_ref.dtype)
 
 
-def matmul(a, b, *, bm=128, bk=128, bn=128, cost=None, interpret):
-    # cost: the pl.CostEstimate handed to XLA (the section "Telling XLA what a kernel costs")
+def matmul(a, b, *, bm=128, bk=128, bn=128, cost=None, vmem_limit=None, interpret):
+    # cost: the pl.CostEstimate handed to XLA (the section "Telling XLA what a kernel costs");
+    # vmem_limit: bytes of scoped VMEM the compiler may use (None: its default, 16 MiB on a
+    # v5e), raised for the largest blocks
     m, k = a.shape
     n = b.shape[1]
     # k innermost: the output block and accumulator stay on chip for the whole k loop;
     # A is re-read N/bn times and B M/bm times.
     return pl.pallas_call(
-        matmul_kernel,
+        functools.partial(matmul_kernel, k_steps=k // bk),
         grid=(m // bm, n // bn, k // bk),
         in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
                   pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
         out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
         scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=vmem_limit),
         out_shape=jax.ShapeDtypeStruct((m, n), a.dtype),
         cost_estimate=cost,
         interpret=interpret,
@@ -271,62 +286,91 @@ fig.tight_layout()
 # The shape matches: 128-blocks stay near 5–6 % however big the matrices get, because every step is
 # tiny and the fixed cost per step dominates; `(512, 1024, 1024)` blocks get close to peak because
 # each step does enough arithmetic to hide its copies and its overhead. kernelsim predicts 82 % of
-# peak at `n = 4096` and 94 % at 8192 for them; a TPU v5e measured 78 % and 92 %
-# (`bench/recorded/tpu_perf-v5e.json`, 2026-12-05; the guide: 78.5 and 91.5 %). At `n = 1024` the
-# fixed cost of a call (about 0.12 ms: the first blocks' copies, which nothing overlaps, and the
-# last write-back) is most of the time: 8 % of peak.
+# peak at `n = 4096` and 94 % at 8192 for them; a TPU v5e measured 79.2 % and 91.9 %
+# (`bench/recorded/tpu_perf-v5e.json`, 2026-12-05; the guide: 78.5 and 91.5 %).
+#
+# At `n = 1024` both the guide (8.6 %) and kernelsim (8 %) are far lower, and neither figure is
+# the kernel's. kernelsim adds a fixed cost per call, about 0.12 ms, fitted on times taken one
+# call after another from Python; the guide timed its calls that way too. That cost is the host
+# dispatching a separately jitted call, not anything the chip does. On a TPU v5e this matmul at
+# `n = 1024` took 17 µs of device time (calls inside one jitted loop: the next section), 171 µs
+# per call dispatched one by one from Python, and 569 µs for one call synced on its own; a copy
+# of one `(8, 128)` tile took 1.2, 158 and 510 µs (`bench/recorded/speed-v5e.json`,
+# `timing_methods`). At 17 µs the matmul runs at 64 % of peak.
 
 # %%
 assert 4 < estimates[(128, 128, 128), 8192] < 8
-# the large blocks: measured 78 % (n = 4096) and 92 % (8192) on a TPU v5e; the guide's 8.6 % at 1024
+# the large blocks: measured 79.2 % (n = 4096) and 91.9 % (8192) on a TPU v5e; the guide's 8.6 %
+# at 1024
 assert 75 < estimates[(512, 1024, 1024), 4096] < 88 and 88 < estimates[(512, 1024, 1024), 8192] < 98
 assert estimates[(512, 1024, 1024), 1024] < 12
 
 # %% [markdown]
 # ## Measuring on a real backend
 #
-# An estimate is a hypothesis. On a TPU, time the compiled kernel against `jnp.dot` — with
-# `jax.block_until_ready` and after a warm-up call, since the first call includes compilation.
-# On this course's CPU runs there is nothing to measure: interpret mode times the interpreter,
-# not the kernel.
+# An estimate is a hypothesis. On a TPU, time the compiled kernel against `jnp.dot`. What to
+# time is the **device's** time: `kernelsim.timing.time_call` runs the call many times inside
+# one jitted loop (each call's operands tied to the previous result, so XLA can neither hoist
+# the call out of the loop nor merge the calls) and divides, after a warm-up that compiles
+# it. Beside it, it reports the **dispatched** time: calls issued one by one from Python, then
+# synced. That adds the host's dispatch of each separately jitted call, about 0.12-0.17 ms on
+# a TPU v5e, which hides every kernel shorter than that (the next section's fixed cost).
+# On this course's CPU runs there is nothing to measure: interpret mode times the
+# interpreter, not the kernel.
 
 # %%
-def time_call(fn, *args, repeats=10):
-    jax.block_until_ready(fn(*args))  # compile and warm up
-    start = time.perf_counter()
-    for _ in range(repeats):
-        out = fn(*args)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / repeats
-
-
 if platform() == "tpu":
     n = 4096
     x = jax.random.normal(ka, (n, n), jnp.bfloat16)
     y = jax.random.normal(kb, (n, n), jnp.bfloat16)
-    for cfg in ((128, 128, 128), (512, 1024, 1024)):
-        fn = jax.jit(functools.partial(matmul, bm=cfg[0], bk=cfg[1], bn=cfg[2],
-                                       interpret=False))
+    for cfg in ((128, 128, 128), (512, 1024, 1024), (1024, 4096, 1024)):
+        fn = functools.partial(matmul, bm=cfg[0], bk=cfg[1], bn=cfg[2], vmem_limit=100 * 2**20,
+                               interpret=False)
         try:
-            seconds = time_call(fn, x, y)
+            timed = time_call(fn, (x, y))
         except Exception as err:  # noqa: BLE001 - a compile error: say so and time the rest
             print(f"{cfg}: does not compile on this chip, nothing to time "
                   f"({type(err).__name__}: {str(err).strip().splitlines()[0][:120]})")
             continue
-        print(f"{cfg}: {seconds * 1e6:.0f} us, {100 * 2 * n**3 / V5E.peak_flops_bf16 / seconds:.1f}"
-              " % of v5e peak (adjust the peak for your chip)")
-    print(f"jnp.dot: {time_call(jax.jit(jnp.dot), x, y) * 1e6:.0f} us")
+        print(f"{cfg}: device {timed.device_s * 1e6:.0f} us "
+              f"({100 * 2 * n**3 / V5E.peak_flops_bf16 / timed.device_s:.1f} % of v5e peak; "
+              f"adjust the peak for your chip), dispatched {timed.dispatched_s * 1e6:.0f} us")
+    timed = time_call(jnp.dot, (x, y))
+    print(f"jnp.dot: device {timed.device_s * 1e6:.0f} us, dispatched "
+          f"{timed.dispatched_s * 1e6:.0f} us")
 else:
     print(f"No TPU present (backend: {platform()}): nothing measured here. The numbers above "
           "are kernelsim estimates; this kernel uses TPU-only features, so on a GPU it runs "
           "interpreted and its timing says nothing about the hardware.")
 
 # %% [markdown]
+# ### Against XLA's own matmul
+#
+# With large blocks the kernel competes with `jnp.dot`, XLA's own TPU matmul. On a TPU v5e
+# (`bench/recorded/speed-v5e.json`, device time, each side at its fastest; its JAX release:
+# lessons/CHECKED.md):
+#
+# | n | this kernel | blocks | `jnp.dot` | speed against `jnp.dot` |
+# | --- | --- | --- | --- | --- |
+# | 4096 | 0.728 ms (95.8 % of peak) | (512, 4096, 1024) | 0.716 ms (97.5 %) | 0.98 |
+# | 8192 | 5.705 ms (97.8 %) | (1024, 4096, 1024) | 5.887 ms (94.8 %) | 1.03 |
+#
+# Two changes got it there (`bench/recorded/speed_probe-v5e-matmul.json`): blocks as long as
+# the whole `K` or half of it, so few steps pay the fixed cost of a step, and the accumulator
+# pattern of `matmul_kernel` above (the first step stores its product, the last writes the
+# output), 1-3 % faster than zeroing the accumulator and copying it out. At `n = 4096` XLA
+# stays 12 µs ahead. That is about what the first blocks take to arrive: the pipeline overlaps
+# each copy with the step before it, except the first, and `(512, 4096)` of `A` with
+# `(4096, 1024)` of `B` are 12 MiB, 15 µs at the v5e's 819 GB/s. Smaller blocks arrive sooner
+# but make more steps: `(1024, 2048, 1024)` took 0.742 ms. At `n = 8192` the same wait is a
+# quarter of a percent of the time, and the kernel is ahead.
+
+# %% [markdown]
 # ## A sweep, and telling XLA what a kernel costs
 #
 # A sweep times every candidate and keeps the fastest. `kernelsim.run(fn, *args,
 # measure=True)` runs `fn`, times each of its kernels compiled on the device
-# (`kernelsim/timing.py`: a warm-up, then medians) and puts the time beside the estimate
+# (`kernelsim/timing.py`: device time, as above) and puts the time beside the estimate
 # (`call.measured.seconds`); with no accelerator, `measured` says so and only the estimate is
 # there. The cell below sweeps three blockings of a `1024³` matmul and names its source.
 #
@@ -397,7 +441,7 @@ assert int(config["flops"]) == 2 * n**3
 #    larger than its copy and compute time, so time per FLOP does not improve with `n`.
 # 4. Its per-step constant was fitted on 128- to 1024-blocks timed on a TPU v5e at `n = 4096`
 #    and `8192`, so agreement there is by construction. The real test is what the fit did not
-#    see: the matmuls at `n = 2048` (measured within 0.83–1.01 of the estimate) and other
+#    see: the matmuls at `n = 2048` (measured within 0.80–1.01 of the estimate) and other
 #    kernels. One matching column supports the model's account of large problems; it does not
 #    show that kernelsim predicts a given kernel's time — measure it.
 # 5. The first call traces and compiles the kernel.

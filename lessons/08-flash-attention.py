@@ -139,62 +139,107 @@ print("online softmax over 64-key blocks equals the full softmax")
 # `pltpu.CompilerParams` make this kernel **TPU-only**. The `causal` switch stays off until
 # the section on causal attention below.
 #
-# `m` and `denom` are `(bq, 1)` here for clarity. On TPU a trailing dimension of 1 still
-# occupies whole 128-lane tiles (TPU details, "Array Layouts"), so the kernel that ships with
-# JAX (`jax.experimental.pallas.ops.tpu.flash_attention`) keeps them `(bq, 128)`, the value
-# repeated across lanes. kernelsim's on-chip figures below count the two `(bq, 1)` buffers
-# at their logical size, `bq × 4` bytes each; in VMEM each takes `bq × 128 × 4` bytes, so add
-# `2 × bq × 127 × 4` bytes (254 KiB at `bq = 256`) for the kernel as written.
+# `m` and `denom` are `(bq, 128)`, not `(bq, 1)`: every lane of a row holds the same value,
+# as in the kernel that ships with JAX (`jax.experimental.pallas.ops.tpu.flash_attention`).
+# A vector register is 8 rows by 128 lanes (TPU details, "Array Layouts"); a `(bq, 1)` column
+# fills one lane of each, and using it against the `(bq, bkv)` scores or the `(bq, d)`
+# accumulator first spreads that lane across the other 127, at every step. Rows that already
+# hold their value in every lane are widened by `jnp.tile`, which copies whole registers side
+# by side (`widen` below). The section "The ladder" measures what this is worth on a chip.
+# The max of a block's scores along its rows is already in every lane: a reduction across
+# lanes leaves its result in all of them.
+#
+# `chunk` splits a key/value block into sub-blocks the body folds in one after another (a
+# Python loop, unrolled): the pipeline still copies `bkv` keys per step, so the steps, and
+# their fixed cost, stay few, while the `(bq, chunk)` scores and probabilities stay small.
 
 # %%
+LANES = 128  # lanes of a vector register: the width of the running max and sum
+
+
 def last_kv_block(i, bq, bkv):
     """The last key/value block holding a key at or before query block i's last query."""
     return (i * bq + bq - 1) // bkv
 
 
-def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, causal, drop=None):
-    # drop: None, or a function of a block's probabilities that drops some (dropout, below)
-    q_block, kv_step = pl.program_id(1), pl.program_id(2)
-    bq, bkv = q_ref.shape[0], k_ref.shape[0]
+def widen(stat, width):
+    """A (bq, LANES) statistic whose lanes hold one value per row, as ``width`` lanes: whole
+    registers copied side by side, then cut to ``width``; no value crosses lanes. A (bq, 1)
+    column (the ladder's first rung, below) is left for the arithmetic to broadcast."""
+    if stat.shape[1] == 1:
+        return stat
+    return jnp.tile(stat, (1, pl.cdiv(width, LANES)))[:, :width]
+
+
+def flash_step(i, j, last, q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, causal,
+               chunk=None, drop=None):
+    """Fold key/value block j into query block i's running max, sum and accumulator; write
+    the output at block ``last``, the last one i needs. ``chunk``: keys per sub-block (None:
+    the whole block); ``drop``: None, or a function of a block's probabilities that drops
+    some (dropout, below)."""
+    (bq, d), bkv = q_ref.shape, k_ref.shape[0]
+    chunk = chunk or bkv
     # float32 blocks: several MXU passes, exact; bfloat16 blocks: one pass, the MXU's own type
     # (Mosaic refuses a bfloat16 dot at "highest"). Lesson 7 says why.
     precision = "highest" if q_ref.dtype == jnp.float32 else None
 
-    @pl.when(kv_step == 0)
+    @pl.when(j == 0)
     def _init():
         m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
         denom_ref[...] = jnp.zeros_like(denom_ref)
         acc_ref[...] = jnp.zeros_like(acc_ref)
 
-    def fold_in_block():
-        s = jnp.dot(q_ref[...], k_ref[...].T, precision=precision,
-                    preferred_element_type=jnp.float32) * SCALE
+    def fold_in(start):
+        keys = pl.ds(start, chunk)
+        # q kᵀ as one dot_general contracting both operands' last axis: no transpose written
+        s = jax.lax.dot_general(q_ref[...], k_ref[keys, :], (((1,), (1,)), ((), ())),
+                                precision=precision, preferred_element_type=jnp.float32) * SCALE
         if causal:  # Python `if`: decided at trace time, giving two kernels
-            q_pos = q_block * bq + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
-            k_pos = kv_step * bkv + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
+            q_pos = i * bq + jax.lax.broadcasted_iota(jnp.int32, s.shape, 0)
+            k_pos = j * bkv + start + jax.lax.broadcasted_iota(jnp.int32, s.shape, 1)
             s = jnp.where(k_pos <= q_pos, s, -jnp.inf)
         m_prev = m_ref[...]
         m_new = jnp.maximum(m_prev, s.max(axis=1, keepdims=True))
-        p = jnp.exp(s - m_new)
+        p = jnp.exp(s - widen(m_new, chunk))
         alpha = jnp.exp(m_prev - m_new)
         denom_ref[...] = alpha * denom_ref[...] + p.sum(axis=1, keepdims=True)
         kept = p if drop is None else drop(p)  # the sum above counts every key, dropped or not
-        acc_ref[...] = alpha * acc_ref[...] + jnp.dot(kept.astype(v_ref.dtype), v_ref[...],
-                                                      precision=precision,
-                                                      preferred_element_type=jnp.float32)
+        acc_ref[...] = widen(alpha, d) * acc_ref[...] + jnp.dot(
+            kept.astype(v_ref.dtype), v_ref[keys, :], precision=precision,
+            preferred_element_type=jnp.float32)
         m_ref[...] = m_new
 
-    if causal:  # blocks wholly above the diagonal contribute nothing: skip their work
-        pl.when(kv_step <= last_kv_block(q_block, bq, bkv))(fold_in_block)
-    else:
-        fold_in_block()
+    for start in range(0, bkv, chunk):
+        if causal:  # a sub-block wholly above the diagonal contributes nothing: skip its work
+            pl.when(j * bkv + start <= i * bq + bq - 1)(functools.partial(fold_in, start))
+        else:
+            fold_in(start)
 
-    @pl.when(kv_step == pl.num_programs(2) - 1)
-    def _finalize():
-        o_ref[...] = (acc_ref[...] / denom_ref[...]).astype(o_ref.dtype)
+    @pl.when(j == last)
+    def _finalize():  # one division per query block, not one per step
+        o_ref[...] = (acc_ref[...] / widen(denom_ref[...], d)).astype(o_ref.dtype)
 
 
-def flash_attention(q, k, v, *, bq=128, bkv=128, causal=False, interpret):
+def flash_kernel(q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *, causal, chunk=None,
+                 drop=None):
+    i, j = pl.program_id(1), pl.program_id(2)
+    last = last_kv_block(i, q_ref.shape[0], k_ref.shape[0]) if causal else pl.num_programs(2) - 1
+    flash_step(i, j, last, q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref,
+               causal=causal, chunk=chunk, drop=drop)
+
+
+def statistics_scratch(bq, d, lanes=None):
+    """VMEM for the running max and sum, (bq, lanes) each (None: LANES), and the
+    accumulator, (bq, d)."""
+    lanes = lanes or LANES
+    return [pltpu.VMEM((bq, lanes), jnp.float32), pltpu.VMEM((bq, lanes), jnp.float32),
+            pltpu.VMEM((bq, d), jnp.float32)]
+
+
+def flash_attention(q, k, v, *, bq=128, bkv=128, chunk=None, causal=False, vmem_limit=None,
+                    lanes=None, interpret):
+    # vmem_limit: scoped VMEM bytes for the compiler (None: its default; lesson 7); lanes: the
+    # statistics' width (None: LANES; 1: a (bq, 1) column, the ladder's first rung)
     heads, n, d = q.shape
 
     def kv_map(h, i, j):
@@ -205,17 +250,16 @@ def flash_attention(q, k, v, *, bq=128, bkv=128, causal=False, interpret):
     # kv innermost: the q block, the output block and the m/denom/acc scratch stay on chip while
     # K and V stream past; K and V are re-read once per query block.
     return pl.pallas_call(
-        functools.partial(flash_kernel, causal=causal),
+        functools.partial(flash_kernel, causal=causal, chunk=chunk),
         grid=(heads, n // bq, n // bkv),
         in_specs=[pl.BlockSpec((None, bq, d), lambda h, i, j: (h, i, 0)),
                   pl.BlockSpec((None, bkv, d), kv_map),
                   pl.BlockSpec((None, bkv, d), kv_map)],
         out_specs=pl.BlockSpec((None, bq, d), lambda h, i, j: (h, i, 0)),
-        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32),
-                        pltpu.VMEM((bq, 1), jnp.float32),
-                        pltpu.VMEM((bq, d), jnp.float32)],
+        scratch_shapes=statistics_scratch(bq, d, lanes),
         compiler_params=pltpu.CompilerParams(
-            dimension_semantics=("parallel", "parallel", "arbitrary")),
+            dimension_semantics=("parallel", "parallel", "arbitrary"),
+            vmem_limit_bytes=vmem_limit),
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
         interpret=interpret,
     )(q, k, v)
@@ -353,56 +397,6 @@ assert step_11["q_ref"].action == "skip" and step_11["k_ref"].action == "fetch"
 t_flash.show()
 
 # %% [markdown]
-# ## What the chip measured: a column across the lanes
-#
-# kernelsim's time is a model; the chip is the judge. On a TPU v5e, kernel 1 with 512-row
-# blocks took 1.03 ms for 32 heads of `N = 2048`, while JAX's bundled kernel, with the same
-# grid, bytes and FLOPs, took 0.68 ms (`bench/recorded/fa_probe-v5e.json`).
-#
-# Changing one thing at a time found the cause. It is not the `k.T` written in the body: a
-# `lax.dot_general` that contracts both operands' last axis took the same time. It is where
-# `m` and `denom` live. Read from `(bq, 1)` scratch, each is a column of vector registers
-# with one live lane, and `s - m_new` and `alpha * acc` must spread it across all 128 lanes
-# first, at every step. Kept as `(bq, 128)` rows holding one repeated value, as the bundled
-# kernel keeps them, they are widened with `jnp.tile`, a copy of whole registers. That
-# variant took 0.65 ms.
-
-# %%
-FA_PROBE_MS = {  # bench/recorded/fa_probe-v5e.json: 32 heads, N = 2048, d = 128, bfloat16
-    "kernel 1 as written": {256: 2.175, 512: 1.034},
-    "scores by dot_general, no k.T": {256: 2.172, 512: 1.037},
-    "statistics as (bq, 128), tiled": {256: 1.378, 512: 0.653},
-    "JAX's bundled kernel": {256: 1.380, 512: 0.676},
-}
-fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH, 2.6))
-names = list(FA_PROBE_MS)
-for offset, block in ((-0.2, 256), (0.2, 512)):
-    ax.barh([i + offset for i in range(len(names))], [FA_PROBE_MS[n][block] for n in names],
-            height=0.38, label=f"bq = bkv = {block}")
-ax.set_yticks(range(len(names)), names)
-ax.invert_yaxis()
-ax.set_xlabel("measured on a TPU v5e (ms)")
-ax.legend(loc="lower right")
-fig.tight_layout()
-
-# %% [markdown]
-# kernelsim counts those broadcasts: the vector registers of each column an operation
-# spreads across the lanes, charged beside the vector work. A reduction's result, such as
-# `s.max(axis=1, keepdims=True)`, is already in every lane and costs none. Kernel 1 with
-# 512 blocks spreads two 64-register columns at every step, `m_new` over the scores and
-# `alpha` over the accumulator, and a third, `denom`, in the division that only the last
-# key step runs: kernelsim evaluates each `pl.when`'s predicate at every grid step, so the
-# work of a branch counts where it runs.
-
-# %%
-big = jax.ShapeDtypeStruct((1, 2048, DB), jnp.bfloat16)
-call_512 = kernelsim.trace(functools.partial(flash_attention, bq=512, bkv=512, interpret=True),
-                           big, big, big, chip="tpu-v5e").calls[0]
-per_step = call_512.call.step_work.lane_broadcast_vregs[:4].tolist()
-print(f"column registers spread across the lanes at key steps 0-3 of query block 0: {per_step}")
-assert per_step == [2 * 512 // 8] * 3 + [3 * 512 // 8]
-
-# %% [markdown]
 # ## Causal attention
 #
 # In a decoder, query `t` may attend only to keys `0 … t`: the scores above the diagonal are
@@ -471,6 +465,162 @@ assert traces[False].calls[0].operand("k_ref").fetches == (1024 // 256) * (1024 
 traces[True].heatmap()
 
 # %% [markdown]
+# ### Causal without idle steps
+#
+# The skipped steps still cost something: each is a grid step, and every step pays a fixed
+# cost for the pipeline's bookkeeping (lesson 7), even when its body does nothing. At
+# `N = 8192` with 512 blocks, 120 of each head's 256 steps are idle. A grid made of the
+# needed `(query block, key block)` pairs alone has no idle step: list the pairs, query block
+# by query block, in two int32 tables, and hand them to the kernel by scalar prefetch
+# (lesson 6). Grid step `t` reads its pair from the tables, its index maps send `Q` and the
+# output to block `q_of[t]` and `K` and `V` to block `kv_of[t]`, and the running state
+# starts at key block 0 and is written out at the query block's last pair. The tables are 1-D:
+# a 2-D table read in an index map halted the v5e's core with this JAX release
+# (`bench/recorded/kv_halt_probe-v5e.json`).
+
+# %%
+def causal_flash_kernel(q_of, kv_of, q_ref, k_ref, v_ref, o_ref, m_ref, denom_ref, acc_ref, *,
+                        chunk=None):
+    t = pl.program_id(1)
+    i, j = q_of[t], kv_of[t]
+    flash_step(i, j, last_kv_block(i, q_ref.shape[0], k_ref.shape[0]), q_ref, k_ref, v_ref,
+               o_ref, m_ref, denom_ref, acc_ref, causal=True, chunk=chunk)
+
+
+def causal_flash_attention(q, k, v, *, bq=128, bkv=128, chunk=None, vmem_limit=None,
+                           interpret):
+    heads, n, d = q.shape
+    pairs = [(i, j) for i in range(n // bq) for j in range(last_kv_block(i, bq, bkv) + 1)]
+    q_of = jnp.array([i for i, _ in pairs], jnp.int32)
+    kv_of = jnp.array([j for _, j in pairs], jnp.int32)
+    rows = pl.BlockSpec((None, bq, d), lambda h, t, q_of, kv_of: (h, q_of[t], 0))
+    kv = pl.BlockSpec((None, bkv, d), lambda h, t, q_of, kv_of: (h, kv_of[t], 0))
+    return pl.pallas_call(
+        functools.partial(causal_flash_kernel, chunk=chunk),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2, grid=(heads, len(pairs)), in_specs=[rows, kv, kv],
+            out_specs=rows, scratch_shapes=statistics_scratch(bq, d)),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"),
+                                             vmem_limit_bytes=vmem_limit),
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
+        interpret=interpret,
+    )(q_of, kv_of, q, k, v)
+
+
+_course.check(LESSON, "causal_flash_attention",
+              functools.partial(causal_flash_attention, bq=128, bkv=64),
+              causal_attention_reference, (q, k, v), choose(tpu_features=True),
+              rtol=1e-4, atol=1e-5)
+
+# %% [markdown]
+# kernelsim counts the steps and the idle ones (a step whose body computes and stores
+# nothing). The same 20 copies of `K` as the clamped kernel, in 20 steps instead of 32.
+
+# %%
+triangle = kernelsim.trace(
+    functools.partial(causal_flash_attention, bq=256, bkv=128, interpret=True),
+    shape_1k, shape_1k, shape_1k, chip="tpu-v5e").calls[0]
+rectangle = traces[True].calls[0]
+rows = [["causal kernel", "steps", "idle steps", "K fetches"]]
+for name, call in (("rectangle, clamped", rectangle), ("needed pairs only", triangle)):
+    rows.append([name, call.steps, call.steps - call.cost.working_steps,
+                 call.operand("k_ref").fetches])
+show(rows)
+assert triangle.steps == triangle.cost.working_steps == needed
+assert triangle.operand("k_ref").fetches == needed
+assert rectangle.steps == 32 and rectangle.cost.working_steps == needed
+
+# %% [markdown]
+# ## The ladder: from the first kernel to the library's speed
+#
+# kernelsim's time is a model; the chip is the judge. Each rung below changes one thing, and
+# each was timed on a TPU v5e (its JAX release: lessons/CHECKED.md) as device time: many
+# calls inside one jitted loop (`kernelsim.timing`), bfloat16, `d = 128`, 32 heads of
+# `N = 2048` and 8 of `N = 8192`.
+# The rungs come from `bench/speed_probe.py` (`bench/recorded/speed_probe-v5e-flash.json`,
+# 512 blocks); the last two rows from `bench/speed.py` (`bench/recorded/speed-v5e.json`),
+# each kernel at its own fastest blocks.
+#
+# 1. **`(bq, 1)` statistics.** The running max and sum as one column: at every step,
+#    `s - m_new` and `alpha * acc` first spread a column across the 128 lanes.
+# 2. **`(bq, 128)` statistics**, every lane of a row holding its value, widened by
+#    `jnp.tile`: no column crosses lanes. The largest gain, 1.6-1.8 times faster.
+# 3. **The mask only where the diagonal runs** (causal): the iota, compare and select left
+#    out of the blocks wholly below the diagonal. No gain: beside the `exp` of every score
+#    they cost little, so kernel 1 keeps the simpler form.
+# 4. **Needed pairs only** (causal): `causal_flash_attention`, no idle steps.
+# 5. **Larger blocks.** Fewer steps, so less fixed cost per step; with `chunk`, a
+#    key/value block of 1024 is folded in as two sub-blocks of 512, so the scores stay
+#    `(bq, 512)`. The fastest: `bq = bkv = 1024` in chunks of 512 for the full kernel, and
+#    for the causal one 512 blocks up to `N = 4096`, 1024 in chunks of 512 at 8192.
+#
+# The last rungs are 1.02-1.05 times the bundled kernel's speed at `N = 2048`, 4096 and
+# 8192, causal and not (4096 is in the record, not plotted here). Two things it does that
+# these kernels do not: it divides the accumulator by the running sum at every step, where
+# these divide once, at the last; and its causal grid keeps the idle steps.
+
+# %%
+LADDER_MS = {  # device time (ms); the records named above
+    "(bq, 1) statistics": {"2048": 0.898, "2048 causal": 0.672, "8192": 3.499,
+                           "8192 causal": 2.088},
+    "(bq, 128) statistics": {"2048": 0.518, "2048 causal": 0.420, "8192": 1.940,
+                             "8192 causal": 1.261},
+    "mask on the diagonal only": {"2048 causal": 0.426, "8192 causal": 1.278},
+    "needed pairs only": {"2048 causal": 0.355, "8192 causal": 1.114},
+    "fastest blocks": {"2048": 0.489, "2048 causal": 0.350, "8192": 1.833,
+                       "8192 causal": 1.078},
+    "JAX's bundled kernel, fastest blocks": {"2048": 0.498, "2048 causal": 0.358,
+                                             "8192": 1.918, "8192 causal": 1.106},
+}
+columns = ["2048", "2048 causal", "8192", "8192 causal"]
+show([["rung", *(f"N = {c} (ms)" for c in columns)]]
+     + [[name, *(f"{ms[c]:.3f}" if c in ms else "-" for c in columns)]
+        for name, ms in LADDER_MS.items()])
+fig, ax = plt.subplots(figsize=(_course.FIGURE_WIDTH, 3.2))
+names = list(LADDER_MS)
+for offset, column in zip((-0.3, -0.1, 0.1, 0.3), columns, strict=True):
+    ax.barh([i + offset for i, n in enumerate(names) if column in LADDER_MS[n]],
+            [LADDER_MS[n][column] for n in names if column in LADDER_MS[n]],
+            height=0.19, label=f"N = {column}")
+ax.set_yticks(range(len(names)), names)
+ax.invert_yaxis()
+ax.set_xlabel("device time on a TPU v5e (ms)")
+ax.legend(loc="lower right", fontsize="small")
+fig.tight_layout()
+
+# %% [markdown]
+# kernelsim sees each rung as a different count, not as a different clock:
+#
+# * rungs 1 and 2 move the same bytes in the same steps; what differs is the vector
+#   registers of columns spread across the lanes. With 512 blocks the column form spreads
+#   two 64-register columns at every step, `m_new` over the scores and `alpha` over the
+#   accumulator, and a third, `denom`, in the division of the last step; the lane form
+#   spreads none. A reduction's result, such as `s.max(axis=1, keepdims=True)`, is in every
+#   lane already and costs none. kernelsim charges each spread register a time of its own.
+#   That charge was fitted on timings of these same two forms, the rungs plotted above
+#   (`bench/fa_probe.py`'s column and tiled variants, fitted rows of
+#   `bench/recorded/tpu_perf-v5e.json`), so kernelsim agreeing with them is by
+#   construction, not a prediction;
+# * rung 4 has the same working steps and bytes as the clamped kernel and no idle steps
+#   (the table above: 20 steps instead of 32);
+# * rung 5 has fewer steps for the same bytes of `Q` and the output, and fewer re-reads of
+#   `K` and `V` when `bq` grows.
+
+# %%
+big = jax.ShapeDtypeStruct((1, 2048, DB), jnp.bfloat16)
+rows = [["kernel 1, 512 blocks", "spread registers, key steps 0-3", "steps", "HBM bytes"]]
+counts = {}
+for lanes in (1, LANES):
+    call = kernelsim.trace(functools.partial(flash_attention, bq=512, bkv=512, lanes=lanes,
+                                             interpret=True), big, big, big,
+                           chip="tpu-v5e").calls[0]
+    counts[lanes] = call.call.step_work.lane_broadcast_vregs[:4].tolist()
+    rows.append([f"({512}, {lanes}) statistics", counts[lanes], call.steps,
+                 f"{call.hbm_read_bytes + call.hbm_write_bytes:,}"])
+show(rows)
+assert counts[1] == [2 * 512 // 8] * 3 + [3 * 512 // 8] and counts[LANES] == [0] * 4
+
+# %% [markdown]
 # ## Dropout inside the kernel
 #
 # Training drops attention probabilities: each entry of `P = softmax(q kᵀ / √d)` is kept with
@@ -479,7 +629,10 @@ traces[True].heatmap()
 # one `(bq, bkv)` block per grid step. Two things must hold: every block draws **different**
 # bits, and the same seed draws the **same** bits again (a backward pass redraws the mask
 # rather than storing `N²` of it). Both follow from one rule: make each step's generator state
-# from the seed and the step's grid position.
+# from the seed and the step's grid position. That redraws the same mask only on the same
+# tiles: a backward kernel with other blocks than the forward's (lesson 12's has them) would
+# fold other positions into its keys. The end of this section shows the way out,
+# `pltpu.sample_block`.
 #
 # Pallas on a TPU offers two generators.
 #
@@ -558,8 +711,7 @@ def flash_attention_dropout(q, k, v, seed, *, bq=128, bkv=128, interpret):
         dropout_flash_kernel, grid=(heads, n // bq, n // bkv),
         in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), rows, kv, kv],
         out_specs=[rows, pl.BlockSpec((None, bq, bkv), lambda h, i, j: (h, i, j))],
-        scratch_shapes=[pltpu.VMEM((bq, 1), jnp.float32), pltpu.VMEM((bq, 1), jnp.float32),
-                        pltpu.VMEM((bq, d), jnp.float32)],
+        scratch_shapes=statistics_scratch(bq, d),
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary")),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -618,6 +770,34 @@ assert abs(keep.mean() - (1 - RATE)) < 0.01 and len(np.unique(blocks, axis=0)) =
 np.testing.assert_array_equal(keep, dropout_mask_reference(SEED, H, N))
 
 # %% [markdown]
+# A key per grid step ties the mask to the blocks. Drawn with `(64, 128)` blocks, the same
+# seed gives another mask than with `(128, 128)` blocks, so a backward pass must use the
+# forward's tiling to see the forward's mask. `pltpu.sample_block(sampler, key, block_size,
+# tile_size, total_size, block_index)` (JAX's Pallas PRNG guide uses it for exactly this)
+# cuts the whole array into tiles of `tile_size`, folds each tile's position in the *array*
+# into the key, and draws the block tile by tile: any block made of whole tiles gets the same
+# bits, whatever its shape. Pick the tile as a divisor of every block shape in use. Inside a
+# kernel `block_index` defaults to the program ids; here it is given, block by block, in plain
+# JAX, which runs the same `jax.random` hash as a kernel does.
+
+# %%
+def mask_by_tiles(seed, n, block, tile=(64, 128)):
+    """One head's keep mask drawn block by block with pltpu.sample_block."""
+    bits = functools.partial(jax.random.bits, dtype=jnp.uint32)
+    rows, cols = n // block[0], n // block[1]
+    return jnp.block([[pltpu.sample_block(bits, jax.random.key(seed[0]), block, tile, (n, n),
+                                          block_index=(i, j)) for j in range(cols)]
+                      for i in range(rows)]) >= THRESHOLD
+
+
+by_step = [dropout_mask_reference(SEED, 1, N, bq=b, bkv=128)[0] for b in (128, 64)]
+by_tile = [mask_by_tiles(SEED, N, (b, 128)) for b in (128, 64)]
+print(f"a key per step: (128, 128) and (64, 128) blocks agree on "
+      f"{float((by_step[0] == by_step[1]).mean()):.3f} of the mask; pltpu.sample_block: "
+      f"{float((by_tile[0] == by_tile[1]).mean()):.3f}")
+assert not (by_step[0] == by_step[1]).all() and (by_tile[0] == by_tile[1]).all()
+
+# %% [markdown]
 # ## Check yourself
 #
 # 1. Why does naive attention move `Θ(N²)` bytes even though XLA fuses the softmax?
@@ -647,7 +827,12 @@ np.testing.assert_array_equal(keep, dropout_mask_reference(SEED, H, N))
 #    arithmetic.
 # 7. The same `(bq, bkv)` tile of bits, repeated over the whole grid. It still keeps about
 #    `1 - rate` of the entries, and the output is still the attention with *that* mask, so
-#    those checks pass; only comparing the blocks with each other catches it.
+#    those checks pass. Comparing the blocks with each other catches it, and here so do the
+#    two checks against plain JAX's mask (the kernel's output against
+#    `dropout_attention_reference`, and its mask against `dropout_mask_reference`): plain JAX
+#    folds each block's position into its key, so its blocks differ where the kernel's
+#    repeat. A kernel on the TPU's own generator has no such reference mask; for it, only the
+#    comparison of blocks catches it, which is why assignment 7's task 6 grades it.
 #
 # </details>
 
@@ -655,4 +840,6 @@ np.testing.assert_array_equal(keep, dropout_mask_reference(SEED, H, N))
 # ## Practise it
 #
 # Graded practice for this lesson: [Assignment 7 — flash
-# attention](../exercises/07_flash_attention/flash_attention.ipynb).
+# attention](../exercises/07_flash_attention/flash_attention.ipynb). Its tasks 1-3 and 6 need
+# this lesson; tasks 4 and 5, the backward, come after lessons 10 (`jax.custom_vjp`) and 12
+# (a backward's kernels).

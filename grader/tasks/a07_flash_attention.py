@@ -84,6 +84,21 @@ def _flash_rules(call, case, rules, inputs, causal=False):
                       f"writes <= {nbytes_of((lq, d), case.dtype):,} B",
                       f"{call.hbm_write_bytes:,} B",
                       call.hbm_write_bytes <= nbytes_of((lq, d), case.dtype)))
+    rules.append(_lane_statistics_rule(call, bq))
+
+
+STATISTICS_LANES = 128  # a vector register's lanes: the width of lesson 8's running max and sum
+
+
+def _lane_statistics_rule(call, bq: int) -> Rule:
+    """Lesson 8's fast form: the running max and sum as two (bq, 128) float32 scratch rows,
+    not (bq, 1) columns, which are spread across the lanes at every step."""
+    scratch = [tuple(o.shape) for o in operands_with_role(call, "scratch")]
+    rows = scratch.count((bq, STATISTICS_LANES))
+    return Rule("running max and sum as (bq, 128) rows",
+                f"two ({bq}, {STATISTICS_LANES}) float32 scratch buffers, each row's value in "
+                "every lane (lesson 8: a (bq, 1) column is spread across the lanes at every "
+                "step)", f"scratch {scratch}", rows >= 2)
 
 
 _qkv = lambda lq, lk, d: {"q": (lq, d), "k": (lk, d), "v": (lk, d)}  # noqa: E731

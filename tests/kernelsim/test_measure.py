@@ -57,8 +57,8 @@ def test_summary_shows_measured_beside_estimated(measured_trace):
     line = next(x for x in measured_trace.summary().splitlines() if x.startswith("measured"))
     estimate = seconds(ct.estimated_seconds)
     assert line == (f"measured 1.5 ms on TPU v5 lite · estimated {estimate} on tpu-v5e "
-                    f"({ratio:.2f}x the estimate); device time, 40 calls in one jitted loop, median of "
-                    f"10; dispatched one by one from Python 1.6 ms per call")
+                    f"({ratio:.2f}x the estimate); device time, 40 calls in one jitted loop, "
+                    "median of 10; dispatched one by one from Python 1.6 ms per call")
     assert ct.to_dict()["measured"]["seconds"] == 1.5e-3
     assert ct.to_dict()["measured_over_estimated"] == pytest.approx(ratio)
 
@@ -67,7 +67,8 @@ def test_viewer_data_carries_the_trace_s_numbers(measured_trace):
     shown = v.viewer_data(measured_trace)["calls"][0]["measured"]
     ct = measured_trace.calls[0]
     assert shown == {"seconds": 1.5e-3, "device": "TPU v5 lite", "note": "", "repeats": 10,
-                     "loop_calls": 40, "dispatched_seconds": 1.6e-3, "estimate_s": ct.estimated_seconds, "chip": "tpu-v5e",
+                     "loop_calls": 40, "dispatched_seconds": 1.6e-3,
+                     "estimate_s": ct.estimated_seconds, "chip": "tpu-v5e",
                      "ratio": ct.measured_over_estimated}
     page = measured_trace.to_html()
     assert '"measured":{"seconds":0.0015' in page and "measuredLine" in page
