@@ -655,4 +655,5 @@ np.testing.assert_array_equal(keep, dropout_mask_reference(SEED, H, N))
 # ## Practise it
 #
 # Graded practice for this lesson: [Assignment 7 — flash
-# attention](../exercises/07_flash_attention/flash_attention.ipynb).
+# attention](../exercises/07_flash_attention/flash_attention.ipynb): tasks 1-3 and 6 now,
+# tasks 4 and 5 after lessons 10 and 12 (the backward pass and `jax.custom_vjp`).
