@@ -1,7 +1,8 @@
-"""Each row of ``lessons/CHECKED.md`` points at the lesson lines that make its statement.
+"""Each row of ``lessons/CHECKED.md`` points at the lines that make its statement.
 
-A row's first cell names its lines, ``NN:first-last`` in lesson ``NN``, each followed by a
-phrase in double quotes that those lines contain. A lesson edit that moves a statement away
+A row's first cell names its lines, ``NN:first-last`` in lesson ``NN``, or ``path:first-last``
+in backticks for another file of the repository (an assignment's text), each followed by a
+phrase in double quotes that those lines contain. An edit that moves a statement away
 from its row's lines fails here, with the row, the lines it names and where the phrase is now.
 """
 
@@ -19,6 +20,8 @@ LESSONS = {p.name[:2]: p for p in (REPO / "lessons").glob("[0-9][0-9]-*.py")}
 LINES = re.compile(r"(?<![\w/.])(\d\d):(\d+)(?:-(\d+))?(?![\d-])")
 # the same, with the phrase those lines contain
 ANCHORED = re.compile(LINES.pattern + r' "([^"]+)"')
+# a file of the repository's lines, with the phrase: `exercises/source/...py:5-7` "..."
+PATH_ANCHORED = re.compile(r'`([\w./-]+):(\d+)(?:-(\d+))?`( "([^"]+)")?')
 
 
 def _text(lines: list[str]) -> str:
@@ -57,18 +60,25 @@ def test_every_range_names_a_phrase_its_lines_contain(row: int, cell: str):
     assert not bare, (f"lessons/CHECKED.md line {row}: {', '.join(bare)} names lesson lines "
                       "without a phrase they contain; add one after it in double quotes, "
                       'e.g. 05:67 "1 MiB per core"')
-    for match in ANCHORED.finditer(cell):
-        lesson, first, last, phrase = match.groups()
+    cited = [(LESSONS[m.group(1)], m.group(2), m.group(3), m.group(4))
+             for m in ANCHORED.finditer(cell)]
+    for m in PATH_ANCHORED.finditer(cell):
+        path = REPO / m.group(1)
+        assert path.is_file(), f"lessons/CHECKED.md line {row}: no file {m.group(1)}"
+        assert m.group(5), (f"lessons/CHECKED.md line {row}: {m.group(0)} names lines without a "
+                            'phrase they contain; add one after it in double quotes')
+        cited.append((path, m.group(2), m.group(3), m.group(5)))
+    for path, first, last, phrase in cited:
         first, last = int(first), int(last or first)
-        path = LESSONS[lesson]
         lines = path.read_text().splitlines()
         if phrase in _text(lines[first - 1:last]):
             continue
         now = _where(lines, phrase)
         where = (f"it is now at line {', '.join(map(str, now))}" if now else
-                 "the lesson no longer contains it")
-        pytest.fail(f"lessons/CHECKED.md line {row} ({lesson}:{first}-{last}): "
-                    f"{phrase!r} is not in lines {first}-{last} of lessons/{path.name}; "
+                 "the file no longer contains it")
+        name = path.relative_to(REPO)
+        pytest.fail(f"lessons/CHECKED.md line {row} ({name}:{first}-{last}): "
+                    f"{phrase!r} is not in lines {first}-{last} of {name}; "
                     f"{where}. Move the row's lines to where the statement stands now and "
-                    "check the statement against the source again (or, if the lesson no "
+                    "check the statement against the source again (or, if the file no "
                     "longer makes it, change or remove the row).", pytrace=False)
