@@ -200,9 +200,13 @@ RESULT_MARK = "--- in_fresh_process result ---"
 def run_sources(lesson: str, sources: list[str]) -> Any:
     """``in_fresh_process``'s other half, in the new process: the lesson's imports, then the
     functions' own sources (the first is the one to call, with no arguments)."""
-    defs = [node for source in sources for node in ast.parse(source).body]
-    namespace = _run_with_imports(_lesson_path(lesson), defs, {}, lesson)
-    return namespace[defs[0].name]()
+    namespace = _run_with_imports(_lesson_path(lesson), [], {}, lesson)
+    names = []
+    for source in sources:  # each under a name of its own: tracebacks count its own lines
+        tree = ast.parse(source)
+        names += [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+        exec(compile(tree, f"<{names[-1]}, as last run>", "exec"), namespace)  # noqa: S102
+    return namespace[names[0]]()
 
 
 def in_fresh_process(lesson: str, function: Callable[[], Any], *helpers: Callable) -> Any:
