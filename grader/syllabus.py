@@ -2,8 +2,8 @@
 
 An assignment practises its own lesson (``PRACTISES``) and, through a later task, maybe
 another (``ALSO_PRACTISES``). A lesson's closing cell names the assignments that practise it
-(or, where none does yet, the next assignment), the site's exercise table and course map show
-the same
+(or, where none does yet, the next assignment), and which of its tasks wait for a later lesson
+(``later_tasks``); the site's exercise table and course map show the same
 (``site/content.py`` reads ``lessons_of``), and ``tests/lessons/test_navigation.py`` holds the
 lessons' closing cells to it. Assignments are the folders under ``exercises/source/``; their
 numbers are not their lessons' (assignment 1 practises lesson 2, assignment 8 lesson 5).
@@ -33,8 +33,29 @@ PRACTISES: dict[str, int] = {
 
 # assignment -> the numbers of later lessons one of its tasks practises as well
 ALSO_PRACTISES: dict[str, tuple[int, ...]] = {
-    "07_flash_attention": (12,),  # its backward tasks: lesson 12's backward and custom_vjp
+    "07_flash_attention": (10, 12),  # its backward tasks: lesson 10's custom_vjp, 12's backward
 }
+
+# assignment -> (its tasks that need a later lesson, the lessons to read before them). The
+# assignment's text and every lesson that links it say so in the words of ``later_tasks``.
+LATER_TASKS: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {
+    "07_flash_attention": ((4, 5), (10, 12)),
+}
+
+
+def _and(numbers: tuple[int, ...]) -> str:
+    return " and ".join([", ".join(map(str, numbers[:-1])), str(numbers[-1])]
+                        if len(numbers) > 1 else [str(numbers[0])])
+
+
+def later_tasks(assignment: str) -> str | None:
+    """The sentence part that says which of ``assignment``'s tasks wait for later lessons,
+    e.g. "tasks 4 and 5 after lessons 10 and 12"; None when every task follows its lesson."""
+    if assignment not in LATER_TASKS:
+        return None
+    tasks, lessons = LATER_TASKS[assignment]
+    return (f"task{'s' if len(tasks) > 1 else ''} {_and(tasks)} after "
+            f"lesson{'s' if len(lessons) > 1 else ''} {_and(lessons)}")
 
 
 def lessons_of(assignment: str) -> tuple[int, ...]:

@@ -229,6 +229,30 @@ print("written columns equal x:", bool((partial[:, :2 * CHUNK] == x[:, :2 * CHUN
 # </details>
 
 # %% [markdown]
+# ## How the assignments grade a kernel
+#
+# An assignment's checks compare your function's values with a plain-JAX reference on cases you
+# see and cases you do not, and look at what it does (kernelsim traces it). Besides the values,
+# any task can fail these rules, and each failed one prints what it wants and what it found:
+#
+# * your function reaches `pl.pallas_call`, and the kernels are your own, not the course's code;
+# * the result comes from the kernel, and the kernel's inputs are your function's arguments or
+#   an earlier kernel's outputs;
+# * the work happens in the kernel: compute outside kernels and data moved outside kernels stay
+#   under a tenth of the task's (a transpose in XLA is a whole pass over HBM), and the kernel
+#   computes the task's operation itself;
+# * every kernel input is read in the kernel body, and no host callbacks
+#   (`jax.pure_callback`, `io_callback`, `jax.debug.callback`) carry arrays;
+# * for a TPU (every assignment but 11's and 15's): block shapes Mosaic accepts, the (8, 128)
+#   tiling rule of lesson 3; a float32 dot at `precision=jax.lax.Precision.HIGHEST` and a
+#   bfloat16 dot at the default, both with `preferred_element_type=jnp.float32` (lesson 7
+#   says why); strided reads, `pl.ds(..., stride=k)`, only of 32-bit data in a ref 128 lanes
+#   wide; and scalar prefetch (lesson 6) that carries indices, never values computed from
+#   floating-point data, which an output's index map reads only at the step's own index.
+#
+# Each task's text adds the rules of its own: its grid, blocks and byte budgets.
+
+# %% [markdown]
 # ## Practise it
 #
 # Graded practice for this lesson: [Assignment 1 — your first

@@ -840,6 +840,5 @@ assert not (by_step[0] == by_step[1]).all() and (by_tile[0] == by_tile[1]).all()
 # ## Practise it
 #
 # Graded practice for this lesson: [Assignment 7 — flash
-# attention](../exercises/07_flash_attention/flash_attention.ipynb). Its tasks 1-3 and 6 need
-# this lesson; tasks 4 and 5, the backward, come after lessons 10 (`jax.custom_vjp`) and 12
-# (a backward's kernels).
+# attention](../exercises/07_flash_attention/flash_attention.ipynb): tasks 1-3 and 6 now,
+# tasks 4 and 5 after lessons 10 and 12 (the backward pass and `jax.custom_vjp`).

@@ -233,8 +233,8 @@ clamped = reverse_row_blocks(x, interpret=True)
 print("interpret=True, first row of each output block:", clamped[::8, 0].tolist())
 assert clamped[::8, 0].tolist() == [3, 3, 2, 1]  # the prose below reads these blocks
 # in a process of its own: on a TPU the interpreter's error would stay with this one (below)
-_course.in_fresh_process(LESSON, "out_of_bounds_in_tpu_interpret_mode", "reverse_row_blocks",
-                         "copy_kernel", "interpreter_error")
+_course.in_fresh_process(LESSON, out_of_bounds_in_tpu_interpret_mode, reverse_row_blocks,
+                         copy_kernel, interpreter_error)
 try:
     kernelsim.trace(functools.partial(reverse_row_blocks, interpret=True), x)
 except kernelsim.TraceError as err:
@@ -312,8 +312,8 @@ def race_in_tpu_interpret_mode():
         logging.disable(logging.NOTSET)
 
 
-_course.in_fresh_process(LESSON, "race_in_tpu_interpret_mode", "read_before_wait",
-                         "read_before_wait_kernel")
+_course.in_fresh_process(LESSON, race_in_tpu_interpret_mode, read_before_wait,
+                         read_before_wait_kernel)
 
 # %% [markdown]
 # Read the report from the top: the buffer (`'vmem'`, then the interpreter's ids for it), the

@@ -422,4 +422,6 @@ fig  # noqa: B018 - a cell's last expression is displayed
 # ## Practise it
 #
 # Graded practice for this lesson: [Assignment 10 —
-# transformations](../exercises/10_transformations/transformations.ipynb).
+# transformations](../exercises/10_transformations/transformations.ipynb), and `jax.custom_vjp`
+# in [Assignment 7 — flash attention](../exercises/07_flash_attention/flash_attention.ipynb):
+# its tasks 4 and 5 after lessons 10 and 12.

@@ -385,7 +385,7 @@ _course.check(LESSON, "matmul_gpu_safe", matmul_gpu_safe, exact_matmul, (a, b), 
 # Both dots pass `precision=HIGHEST`. At JAX's default precision the Triton lowering
 # multiplies float32 in TF32, 10 mantissa bits (`DEFAULT` and `HIGH` are its
 # `_TF32_PRECISIONS`), as XLA's dots on a GPU do, interpret mode's too; a CPU multiplies in
-# float32. (The course's `_course` sets `"highest"` as the default, so its checks agree.)
+# float32. The course sets no default precision: a float32 dot without one is TF32 here.
 
 # %% [markdown]
 # ## Atomics: many programs, one block

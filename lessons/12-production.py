@@ -742,8 +742,8 @@ print("kernelsim's copies equal TPU interpret mode's, copy for copy, in all",
 # ## Practise it
 #
 # Graded practice for this lesson: [Assignment 7 — flash
-# attention](../exercises/07_flash_attention/flash_attention.ipynb). Its last two tasks write a
-# backward like the op's as Pallas kernels: `D` (the op's `di`, there a kernel of its own),
-# then `dK` and `dV` with the key blocks outer, then `dq`. They attach it to the forward with
-# `jax.custom_vjp`. Their forward saves one logsumexp per row, `m + log(l)`, where the op
-# saves `m` and `l`.
+# attention](../exercises/07_flash_attention/flash_attention.ipynb): its tasks 4 and 5 after
+# lessons 10 and 12. They write a backward like the op's as Pallas kernels: `D` (the op's
+# `di`, there a kernel of its own), then `dK` and `dV` with the key blocks outer, then `dq`; task
+# 5 attaches it to the forward with `jax.custom_vjp`. Their forward saves one logsumexp per row,
+# `m + log(l)`, where the op saves `m` and `l`. Task 6 is lesson 8's dropout.

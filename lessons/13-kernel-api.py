@@ -334,8 +334,8 @@ def two_core_block_owners():
 
 
 # two simulated cores run in a CPU process of their own (why: below the next figure)
-block_owner = np.array(_course.in_fresh_process(LESSON, "two_core_block_owners", "which_core",
-                                                "traced_for_tpu", "tensorcore_mesh"))
+block_owner = np.array(_course.in_fresh_process(LESSON, two_core_block_owners, which_core,
+                                                traced_for_tpu, tensorcore_mesh))
 print("core of each output block (rows: i, columns: j):\n", block_owner)
 assert (block_owner[:2] == 0).all() and (block_owner[2:] == 1).all()
 
@@ -382,8 +382,8 @@ if platform() == "tpu" and tensorcores() == 2:  # v4, v5p: compiled, on the chip
     _course.check(LESSON, "matmul_pl_kernel_two_cores", functools.partial(matmul_mesh, cores=2),
                   matmul_reference, (a, b), tpu_run, rtol=1e-4, atol=1e-3)
 else:  # a v5e or v6e has one TensorCore, a CPU none: two simulated ones
-    _course.in_fresh_process(LESSON, "two_core_matmul_check", "matmul_mesh", "matmul_specs",
-                             "matmul_body", "traced_for_tpu", "tensorcore_mesh")
+    _course.in_fresh_process(LESSON, two_core_matmul_check, matmul_mesh, matmul_specs,
+                             matmul_body, traced_for_tpu, tensorcore_mesh)
 
 # %% [markdown]
 # ## What megacore does to a `"parallel"` axis, and `"core_parallel"`

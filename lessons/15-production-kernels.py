@@ -189,8 +189,8 @@ fig.tight_layout()
 # 8-bit weights alone do not buy the chips' 8-bit rates. The pinned release's `tpu_info`
 # lists int8 at twice bfloat16's rate on v5e and v6e, but its `is_matmul_supported` takes
 # int8 there only when *both* operands are int8: the activations must be quantized too.
-# `float8_e4m3fn`, the fp8 here, is native only on TPU 7 and 7x (beside float32 or bfloat16
-# activations, or on both sides), which list fp8 at twice bfloat16's rate and no int8 rate.
+# `float8_e4m3fn`, the fp8 here, is native only from TPU 7 on (7, 7x, 8i and 8t: beside float32
+# or bfloat16 activations, or on both sides), at two to eight times bfloat16's rate.
 # This kernel dequantizes to float32 and reaches neither path: it saves HBM bytes on every
 # chip but multiplies at the float rate.
 

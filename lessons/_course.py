@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import inspect
 import json
 import os
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -154,6 +156,24 @@ def _figures() -> None:
 _figures()
 
 
+def _lesson_path(lesson: str) -> Path:
+    path = Path(__file__).with_name(f"{lesson}.py")
+    if not path.is_file():
+        raise FileNotFoundError(f"no lesson {path.name} beside {Path(__file__).name}")
+    return path
+
+
+def _run_with_imports(path: Path, defs: list[ast.stmt], constants: Mapping[str, Any],
+                      lesson: str) -> dict[str, Any]:
+    """Execute the lesson file's top-level imports, then ``defs``; return the namespace."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    imports = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
+    module = ast.Module(body=[*imports, *defs], type_ignores=[])
+    namespace: dict[str, Any] = {"__name__": f"lesson_{lesson.replace('-', '_')}", **constants}
+    exec(compile(module, str(path), "exec"), namespace)  # noqa: S102 - the course's own file
+    return namespace
+
+
 def definitions(lesson: str, *names: str, **constants: Any) -> SimpleNamespace:
     """The functions ``names`` as lesson ``lesson`` (a file stem such as
     ``"08-flash-attention"``) defines them, without running any of its cells.
@@ -162,19 +182,14 @@ def definitions(lesson: str, *names: str, **constants: Any) -> SimpleNamespace:
     ``constants`` as extra globals (module constants the functions read, such as a scale), and
     returns the functions as attributes. Tracebacks point at the other lesson's lines.
     """
-    path = Path(__file__).with_name(f"{lesson}.py")
-    if not path.is_file():
-        raise FileNotFoundError(f"no lesson {path.name} beside {Path(__file__).name}")
+    path = _lesson_path(lesson)
     tree = ast.parse(path.read_text(), filename=str(path))
     defs = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
     missing = [n for n in names if n not in defs]
     if missing:
         raise KeyError(f"{path.name} defines no top-level function {', '.join(missing)}; "
                        f"it defines {', '.join(defs)}")
-    imports = [node for node in tree.body if isinstance(node, ast.Import | ast.ImportFrom)]
-    module = ast.Module(body=[*imports, *(defs[n] for n in names)], type_ignores=[])
-    namespace: dict[str, Any] = {"__name__": f"lesson_{lesson.replace('-', '_')}", **constants}
-    exec(compile(module, str(path), "exec"), namespace)  # noqa: S102 - the course's own file
+    namespace = _run_with_imports(path, [defs[n] for n in names], constants, lesson)
     return SimpleNamespace(**{n: namespace[n] for n in names})
 
 
@@ -182,11 +197,27 @@ def definitions(lesson: str, *names: str, **constants: Any) -> SimpleNamespace:
 RESULT_MARK = "--- in_fresh_process result ---"
 
 
-def in_fresh_process(lesson: str, function: str, *helpers: str) -> Any:
-    """Run ``function()``, a top-level function of lesson ``lesson`` that takes no arguments,
-    in a new Python process on the CPU, with the lesson's imports and its top-level functions
-    ``helpers`` (``definitions``); print what it printed and return what it returned (as
-    JSON carries it: lists, numbers, strings).
+def run_sources(lesson: str, sources: list[str]) -> Any:
+    """``in_fresh_process``'s other half, in the new process: the lesson's imports, then the
+    functions' own sources (the first is the one to call, with no arguments)."""
+    namespace = _run_with_imports(_lesson_path(lesson), [], {}, lesson)
+    names = []
+    for source in sources:  # each under a name of its own: tracebacks count its own lines
+        tree = ast.parse(source)
+        names += [node.name for node in tree.body if isinstance(node, ast.FunctionDef)]
+        exec(compile(tree, f"<{names[-1]}, as last run>", "exec"), namespace)  # noqa: S102
+    return namespace[names[0]]()
+
+
+def in_fresh_process(lesson: str, function: Callable[[], Any], *helpers: Callable) -> Any:
+    """Run ``function()``, a function of lesson ``lesson`` that takes no arguments, in a new
+    Python process on the CPU, with the lesson's imports and the functions ``helpers`` it
+    calls; print what it printed and return what it returned (as JSON carries it: lists,
+    numbers, strings).
+
+    The new process runs the functions as they are now, from their own source
+    (``inspect.getsource``, which JupyterLab keeps for every cell it ran): a cell the learner
+    edited and ran counts, not the lesson file's version of it.
 
     For what TPU interpret mode cannot do in a TPU machine's own process (jax 0.10.2 on a
     v5e): a demonstration that fails on purpose inside it, as its error stays with JAX's
@@ -195,15 +226,17 @@ def in_fresh_process(lesson: str, function: str, *helpers: str) -> Any:
     TensorCores, whose callbacks there lost the interpreter's simulated memory ("assert
     _shared_memory is not None"). A process of its own, on the CPU, has neither problem.
     """
-    code = (f"import json, _course\nresult = _course.definitions({lesson!r}, {function!r}, "
-            f"*{helpers!r}).{function}()\n"
+    _lesson_path(lesson)  # a wrong name fails here, not in the other process
+    sources = [textwrap.dedent(inspect.getsource(fn)) for fn in (function, *helpers)]
+    code = ("import json, sys, _course\nresult = _course.run_sources(**json.load(sys.stdin))\n"
             f"print({RESULT_MARK!r}, json.dumps(result), sep='\\n')\n")
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "MPLBACKEND": "Agg",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *sys.path])}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          env=env, timeout=600)
+                          env=env, timeout=600,
+                          input=json.dumps({"lesson": lesson, "sources": sources}))
     if done.returncode:
-        raise RuntimeError(f"{function}() of {lesson} failed in its own process "
+        raise RuntimeError(f"{function.__name__}() of {lesson} failed in its own process "
                            f"(exit status {done.returncode}):\n{done.stderr[-3000:]}")
     printed, _, result = done.stdout.rpartition(RESULT_MARK + "\n")
     print(printed, end="")

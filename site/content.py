@@ -62,6 +62,8 @@ class Assignment:
     statement: list[str]             # markdown cells a learner sees
     release: Path | None             # the student notebook, when it has been released
     lessons: tuple[Lesson, ...] = ()  # those it practises, its own first (grader/syllabus.py)
+    # its tasks that wait for a later lesson, in words: "tasks 4 and 5 after lessons 10 and 12"
+    later_tasks: str | None = None
 
     src_uri = property(lambda self: f"exercises/{self.name}.md")
     download_uri = property(lambda self: f"exercises/{self.name}/{self.notebook}")
@@ -108,7 +110,8 @@ def assignments(ls: list[Lesson] = ()) -> list[Assignment]:
                    if (m := re.search(r"^# (.+)$", c, re.MULTILINE))), folder.name)
         practised = syllabus.lessons_of(folder.name) if folder.name in syllabus.PRACTISES else ()
         found.append(Assignment(folder.name, f"{stem}.ipynb", h1, cells, release,
-                                tuple(le for n in practised for le in ls if le.number == n)))
+                                tuple(le for n in practised for le in ls if le.number == n),
+                                syllabus.later_tasks(folder.name)))
     return found
 
 

@@ -95,6 +95,8 @@ def exercises_index_md(asg: list[Assignment]) -> str:
               "| Assignment | Practises lesson | Student notebook |", "| --- | --- | --- |"]
     for a in asg:
         lesson = ", ".join(_md_link(le.nav_title, f"../{le.src_uri}") for le in a.lessons) or "—"
+        if a.later_tasks:
+            lesson += f" ({a.later_tasks})"
         nb = (_md_link(a.notebook, a.download_uri.removeprefix("exercises/")) if a.release
               else "not released yet")
         lines.append(f"| {_md_link(a.title, a.name + '.md')} | {lesson} | {nb} |")

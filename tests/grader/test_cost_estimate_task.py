@@ -105,8 +105,32 @@ def test_a_tanh_per_k_step_counted_fails(notebook):
                        "CostEstimate transcendentals")
 
 
+def test_the_traced_function_reads_what_tune_recorded_outside_it(notebook):
+    """Autotuning outside the traced function, as JAX's tuned kernels do: ``tune`` records
+    its winner in ``TUNED``; ``matmul_costed``, traced, takes its blocks from there and times
+    nothing (a chip's clock that preferred other blocks is followed)."""
+    case = TASK.cases[0]
+    (m, k), (_, n) = case.arrays["a"], case.arrays["b"]
+    candidates = tuple(map(tuple, case.params["candidates"]))
+    rows, _ = notebook["tune"](m, k, n, jnp.bfloat16, candidates)
+    key = (m, k, n, "bfloat16", candidates)
+    assert notebook["TUNED"][key][0] == rows[0][1]
+    notebook["TUNED"][key] = rows[-1][1:]  # as if this chip's clock had ranked it first
+    try:
+        traced = kernelsim.trace(functools.partial(notebook["matmul_costed"],
+                                                   candidates=candidates),
+                                 jax.ShapeDtypeStruct((m, k), jnp.bfloat16),
+                                 jax.ShapeDtypeStruct((k, n), jnp.bfloat16)).calls[0]
+    finally:
+        del notebook["TUNED"][key]
+    slowest = rows[-1][2]
+    assert traced.steps == slowest.steps != rows[0][2].steps
+    assert traced.cost_estimate["bytes_accessed"] == (slowest.hbm_read_bytes
+                                                      + slowest.hbm_write_bytes)
+
+
 def test_the_slowest_candidate_fails(notebook):
-    slowest = _planted(notebook, ("_, blocks, call = rows[0]", "_, blocks, call = rows[-1]"))
+    slowest = _planted(notebook, ("candidates)[0][0][1:]", "candidates)[0][-1][1:]"))
     message = gradertools.fails("matmul_costed", slowest, "the sweep's fastest candidate")
     assert "(128, 128, 128)" in message and message.count("[FAIL]") == 1, message
 
@@ -147,7 +171,7 @@ def test_where_the_sweep_timed_a_chip_any_candidate_passes(notebook, monkeypatch
 
     monkeypatch.setattr(a06_performance, "timing",
                         types.SimpleNamespace(accelerator=lambda: "TPU v5 lite"))
-    slowest = _planted(notebook, ("_, blocks, call = rows[0]", "_, blocks, call = rows[-1]"))
+    slowest = _planted(notebook, ("candidates)[0][0][1:]", "candidates)[0][-1][1:]"))
     course.check("matmul_costed", slowest, quiet=True)
     other = _planted(notebook, ("return tanh_matmul(a, b, blocks, cost)",
                                 "return tanh_matmul(a, b, (256, 512, 512), cost)"))

@@ -67,3 +67,19 @@ def test_every_assignment_a_lesson_names_exists(path: Path):
     numbers = {int(a[:2]) for a in syllabus.PRACTISES}
     named = {int(n) for n in re.findall(r"\b[Aa]ssignments? (\d+)\b", path.read_text())}
     assert named <= numbers, f"{path.name} names assignments {sorted(named - numbers)}"
+
+
+@pytest.mark.parametrize("assignment", sorted(syllabus.LATER_TASKS))
+def test_tasks_that_wait_for_a_later_lesson_say_so_where_the_learner_is_sent(assignment: str):
+    """Assignment 7's backward tasks need lessons 10 and 12, but lesson 8 sends learners to
+    the assignment first: its text and every lesson that links it name those tasks."""
+    words = syllabus.later_tasks(assignment)
+    notebook = next((SOURCE / assignment).glob("*.py"))
+    assert words in " ".join(notebook.read_text().replace("#", " ").split()).lower(), (
+        f"{notebook.relative_to(REPO)} must say {words!r} (grader/syllabus.py LATER_TASKS)")
+    href = _title_and_link(assignment)[1]
+    for path in LESSONS:
+        text, links = _closing_links(path)
+        if href in links:
+            assert words in text.lower(), (
+                f"{path.name}'s last cell links {assignment} without saying {words!r}")

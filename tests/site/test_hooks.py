@@ -168,6 +168,8 @@ def test_exercise_table_shows_the_lesson_each_assignment_practises():
         for number in syllabus.lessons_of(a.name):
             lesson = by_number[number]
             assert f"[{lesson.nav_title}](../{lesson.src_uri})" in row, row
+        later = syllabus.later_tasks(a.name)  # tasks that wait for a later lesson say so
+        assert later is None or later in row, row
     course_map = pages.course_map_md(ls, asg, [])
     row = next(line for line in course_map.splitlines() if "lessons/05-" in line)
     assert "exercises/04_memory_spaces.md" in row and "exercises/08_manual_dma.md" in row, row

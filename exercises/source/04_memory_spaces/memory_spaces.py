@@ -41,6 +41,13 @@ TPU_INTERPRET = choose(tpu_features=True).interpret
 # of it may reach the sum. Budget: `A` is read at most `N / bn` times, `B` at most `M / bm`
 # times, the output written once. The accumulator is scratch, a TPU feature: run with
 # `TPU_INTERPRET`.
+#
+# **Precision.** The cases are float32 and bfloat16. Lesson 5's matmul is bfloat16 and its dot
+# passes no precision; a float32 dot here must pass `precision=jax.lax.Precision.HIGHEST`, and
+# a bfloat16 dot none, both with `preferred_element_type=jnp.float32`. At the default precision
+# a TPU multiplies float32 in one bfloat16 pass, about 1e-3 relative off (lesson 7 measures
+# it), and Mosaic refuses a bfloat16 dot at `HIGHEST`. The grade checks both (its rule "dot
+# precision right on a TPU"), here and in task 3.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>

@@ -7,7 +7,8 @@
 # accumulator in VMEM scratch (the online softmax). Task 4 writes the backward pass, as the
 # op of lesson 12 does: its kernels rebuild the scores block by block from what the forward
 # saved; task 5 attaches it to the forward with `jax.custom_vjp`. Task 6 drops out
-# attention probabilities with random bits drawn inside the kernel.
+# attention probabilities with random bits drawn inside the kernel. Do tasks 1-3 and 6 after
+# lesson 8, tasks 4 and 5 after lessons 10 and 12 (the backward pass and `jax.custom_vjp`).
 #
 # **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
 # failing check shows its message and the run goes on) and the last cell lists what passed
@@ -274,10 +275,11 @@ course.check("causal_flash_attention", causal_flash_attention, hidden=True)
 # %% [markdown]
 # ## Task 4 — `flash_attention_backward(q, k, v, o, lse, do, bq, bk)` (4 points)
 #
-# Tasks 4 and 5 come after lessons 10 (`jax.custom_vjp`) and 12 (a backward's kernels); the
-# other tasks need only lesson 8. Written this way, the forward and backward of tasks 4-5 ran
-# 1.12 times as fast as `jax.vjp` of JAX's bundled TPU flash attention on a TPU v5e (8 heads
-# of `N = 2048`, `d = 128`, bfloat16, 512 blocks on both sides; `bench/recorded/speed-v5e.json`).
+# *After lessons 10 and 12:* tasks 4 and 5 need lessons 10 (`jax.custom_vjp`) and 12 (a
+# backward's kernels); the other tasks need only lesson 8. Written this way, the forward and
+# backward of tasks 4-5 ran 1.12 times as fast as `jax.vjp` of JAX's bundled TPU flash attention
+# on a TPU v5e (8 heads of `N = 2048`, `d = 128`, bfloat16, 512 blocks on both sides;
+# `bench/recorded/speed-v5e.json`).
 #
 # The backward pass of task 2's attention, as FlashAttention-2 computes it. The forward saved
 # its output `o` and, for each query row, the logsumexp of its scores, `lse = m + log(l)`
