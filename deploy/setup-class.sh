@@ -298,9 +298,10 @@ chmod -R u=rwX,g=rX,o= "$GRADING"
 # the hub's configuration and the per-role Jupyter configurations, readable by every server
 rm -rf "$PREFIX/jupyterhub"; cp -r "$REPO/deploy/jupyterhub" "$PREFIX/jupyterhub"
 chmod 0755 "$PREFIX"; chmod -R a+rX "$PREFIX/jupyterhub" "$VENV" "$LEARNING"
+# (from /, where no grader/ is: Python puts the folder it starts in first on its path)
 for who in nobody "$GRADER"; do  # each account gets the grader/ its group allows
   case $who in nobody) want=0 ;; *) want=1 ;; esac
-  got=$(runuser -u "$who" -- "$VENV/bin/python" -c 'from grader import tasks
+  got=$(cd / && runuser -u "$who" -- "$VENV/bin/python" -c 'from grader import tasks
 print(int(any(c.hidden for t in tasks.TASKS for c in t.cases)))') \
     || die "$VENV/bin/python cannot import grader.tasks as $who; see the error above"
   [ "$got" = "$want" ] || die "$who's grader.tasks $([ "$want" = 1 ] && echo lacks || echo \

@@ -128,7 +128,8 @@ json.dump(sorted(seen), sys.stdout)
 
 # What learner 2 reads of the grading account's processes until her standard input closes:
 # their command lines, and which of their environments, memory maps, memory, open files and
-# folders she could open (none).
+# folders she read anything of (none; a process that is ending has no memory left, and its
+# maps read empty to anyone).
 PROC_OF_GRADING = """
 import glob, json, os, pwd, select, sys
 grader = pwd.getpwnam("pallas-grader").pw_uid
@@ -144,12 +145,13 @@ while not select.select([sys.stdin], [], [], 0)[0]:
         for name in ("environ", "maps", "mem", "fd", "cwd", "root"):
             try:
                 if os.path.isdir(proc + "/" + name) and name != "mem":
-                    os.listdir(proc + "/" + name)
+                    got = os.listdir(proc + "/" + name)
                 else:
-                    open(proc + "/" + name, "rb").read(1)
-                opened.add(proc.rsplit("/", 1)[1] + "/" + name)
+                    got = open(proc + "/" + name, "rb").read(1)
             except OSError:
-                pass
+                continue
+            if got:
+                opened.add(proc.rsplit("/", 1)[1] + "/" + name)
 json.dump([sorted(seen), sorted(opened)], sys.stdout)
 """
 
