@@ -21,7 +21,7 @@ set -euo pipefail
 umask 022
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-PREFIX=/opt/pallas-course            # python/ (when copied), venv/, jupyterhub/
+PREFIX=/opt/pallas-course            # python/ (when copied), venv/, grading/, learner/, jupyterhub/
 STATE=/var/lib/pallas-course         # hub state, TLS keys, the gradebook password, logs, pids
 ETC=/etc/pallas-course               # class.env, jupyterhub_config.py, dask/ (no secrets)
 COURSE=/srv/pallas-course
@@ -56,6 +56,8 @@ done
 [[ $DEMO =~ ^[0-9]+$ ]] || die "--demo takes a number of learner accounts, e.g. --demo 3"
 
 VENV=$PREFIX/venv
+GRADING=$PREFIX/grading     # grader/ with the hidden cases, kernelsim/: root and the instructors
+LEARNING=$PREFIX/learner    # grader/ without them, kernelsim/: every other account
 TLS=$STATE/tls
 PIDS=$STATE/run
 LOGS=$STATE/log
@@ -224,7 +226,7 @@ fi
 # Python is used where it is: when an unprivileged account can run it (Debian 13's
 # /usr/bin/python3.13); else (pyenv's build under /root, mode 0700) it is copied to
 # $PREFIX/python and its binary's library path made relative ($ORIGIN/../lib, patchelf).
-# grader/ and kernelsim/ are copied in (no editable link back into the checkout, whose
+# grader/ and kernelsim/ are copied beside it (no editable link back into the checkout, whose
 # exercises/ holds the solutions).
 SRC_VENV=${PALLAS_COURSE_SOURCE_VENV:-$REPO/.venv}
 [ -x "$SRC_VENV/bin/python" ] || die "no course environment at $SRC_VENV: run \`make venv\` \
@@ -257,28 +259,55 @@ if [ ! -f "$VENV/.pallas-stamp" ] || [ "$(cat "$VENV/.pallas-stamp")" != "$stamp
 s|^command = .*|command = $PYHOME/bin/python$PYVER -m venv $VENV|" "$VENV.new/pyvenv.cfg"
   grep -rlIs "$SRC_VENV" "$VENV.new/bin" | xargs -r sed -i "s|$SRC_VENV|$VENV|g"
   site=$VENV.new/lib/python$PYVER/site-packages
-  rm -f "$site"/__editable__*pallas_course*
+  rm -rf "$site"/__editable__*pallas_course* "${site:?}/grader" "${site:?}/kernelsim"
+  # grader/ and kernelsim/ in two trees, and a .pth file that puts the first one this account
+  # may enter on the path: $GRADING (grader/ with its hidden cases) for the instructors' group,
+  # the grading account and root; $LEARNING (the same with the hidden cases cut out, as the
+  # student copy cuts them: grader/learner/dist.py) for everyone else. Outside the venv: a
+  # jailed notebook sees the venv, and must see no grader/ but its own (grader/grading/trusted.py)
+  rm -rf "$GRADING.new" "$LEARNING.new"
+  mkdir -p "$LEARNING.new"
+  install -d -o root -g "$INSTRUCTORS" -m 0750 "$GRADING.new"  # closed before anything is in it
   for pkg in grader kernelsim; do
-    rm -rf "${site:?}/$pkg"
-    cp -r "$REPO/$pkg" "$site/$pkg"
-    find "$site/$pkg" -name __pycache__ -prune -exec rm -rf {} +
+    cp -r "$REPO/$pkg" "$GRADING.new/$pkg"
+    find "$GRADING.new/$pkg" -name __pycache__ -prune -exec rm -rf {} +
   done
-  chmod -R a+rX "$VENV.new"
-  rm -rf "$VENV"; mv "$VENV.new" "$VENV"
+  cp -r "$GRADING.new/kernelsim" "$LEARNING.new/kernelsim"
+  PYTHONPATH="$GRADING.new" "$VENV.new/bin/python" -m grader.learner.dist \
+    "$GRADING.new/grader" "$LEARNING.new/grader" \
+    || die "could not write the learners' grader/ without hidden cases; see the error above"
+  printf '%s\n' "import os, sys; sys.path[0:0] = [p for p in (\"$GRADING\", \"$LEARNING\") \
+if os.access(p, os.X_OK)][:1]" >"$site/pallas_course.pth"
+  chmod -R a+rX "$VENV.new" "$LEARNING.new"
+  rm -rf "$VENV" "$GRADING" "$LEARNING"
+  mv "$VENV.new" "$VENV"; mv "$GRADING.new" "$GRADING"; mv "$LEARNING.new" "$LEARNING"
   # compiled here, under the name they are imported by: the accounts that run the grading and
   # the hub cannot write beside them, and would compile all of grader/ and kernelsim/ from source
   # (0.3 s) in every process they start (a jailed run, a worker, a server)
-  "$VENV/bin/python" -m compileall -q -j0 "$VENV/lib/python$PYVER/site-packages/grader" \
-    "$VENV/lib/python$PYVER/site-packages/kernelsim"
+  "$VENV/bin/python" -m compileall -q -j0 "$GRADING" "$LEARNING"
   # checked before the stamp is written: a rerun skips this (2 s of imports) only for an
   # environment that has run as an unprivileged account
   runuser -u nobody -- "$VENV/bin/python" -c 'import grader.cli, nbgrader, jupyterhub' \
     || die "$VENV/bin/python does not run as an unprivileged account; see the error above"
   echo "$stamp" >"$VENV/.pallas-stamp"
 fi
+# the hidden cases: root's and the instructors' group's (the grading account is in it) alone,
+# on every run
+chown -R root:"$INSTRUCTORS" "$GRADING"
+chmod -R u=rwX,g=rX,o= "$GRADING"
 # the hub's configuration and the per-role Jupyter configurations, readable by every server
 rm -rf "$PREFIX/jupyterhub"; cp -r "$REPO/deploy/jupyterhub" "$PREFIX/jupyterhub"
-chmod -R a+rX "$PREFIX"
+chmod 0755 "$PREFIX"; chmod -R a+rX "$PREFIX/jupyterhub" "$VENV" "$LEARNING"
+# (from /, where no grader/ is: Python puts the folder it starts in first on its path)
+for who in nobody "$GRADER"; do  # each account gets the grader/ its group allows
+  case $who in nobody) want=0 ;; *) want=1 ;; esac
+  got=$(cd / && runuser -u "$who" -- "$VENV/bin/python" -c 'from grader import tasks
+print(int(any(c.hidden for t in tasks.TASKS for c in t.cases)))') \
+    || die "$VENV/bin/python cannot import grader.tasks as $who; see the error above"
+  [ "$got" = "$want" ] || die "$who's grader.tasks $([ "$want" = 1 ] && echo lacks || echo \
+holds) the hidden cases: check the modes of $GRADING (0750 root:$INSTRUCTORS) and \
+$VENV/lib/python$PYVER/site-packages/pallas_course.pth"
+done
 
 # ----------------------------------------------------------------------------- course, exchange
 # The course folder (sources, solutions, hidden references, submissions, grades) belongs to

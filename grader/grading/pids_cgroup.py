@@ -21,10 +21,20 @@ A run's processes live in a cgroup below the one that holds its limit (``RunCgro
 can mount the pids hierarchy in user and cgroup namespaces of its own, where the cgroup it is
 in is the root it sees, and a grading account's run owns those files (they are its account's)
 and can write them. The limit above is out of its sight.
+
+CPU: a fork bomb held to 499 processes kept both cores busy for 337 s (issue 52), since
+RLIMIT_CPU counts one process's seconds. A run's cgroup also holds its CPU: at most
+``cpu_cores`` cores at a time (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``), and its CPU seconds,
+all its processes together (v2 ``cpu.stat``, v1 ``cpuacct.usage``), for the sandbox's budget.
+Under v1 ``cpu`` and ``cpuacct`` are hierarchies of their own (or one, mounted together): the run
+gets a cgroup of the same name in each, made, joined and removed with its pids cgroup. Where a
+controller is missing, or its folder not this account's, the run goes without that part and
+``RunCgroup.cpu_limited`` says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
@@ -49,24 +59,54 @@ JOIN = ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh"]
 ROUNDS = 100  # rounds of killing (or removing) before a cgroup is left for a later run's sweep
 
 
-def hierarchy() -> tuple[Path, bool] | None:
-    """Where the ``pids`` controller is mounted, and whether that is cgroup v2; None when it
-    is not mounted at all."""
+def hierarchy(controller: str = "pids") -> tuple[Path, bool] | None:
+    """Where ``controller`` is mounted, and whether that is cgroup v2; None when it is not
+    mounted at all. (Under v2, ``cpuacct`` is ``cpu``: its seconds are every cgroup's
+    ``cpu.stat``.)"""
     try:
         mounts = Path("/proc/self/mounts").read_text().splitlines()
     except OSError:
         return None
     for line in mounts:
         _, where, kind, options = line.split()[:4]
-        if kind == "cgroup" and "pids" in options.split(","):
+        if kind == "cgroup" and controller in options.split(","):
             return Path(where), False
         if kind == "cgroup2":
             try:
-                if "pids" in (Path(where) / "cgroup.controllers").read_text().split():
+                v2_name = "cpu" if controller == "cpuacct" else controller
+                if v2_name in (Path(where) / "cgroup.controllers").read_text().split():
                     return Path(where), True
             except OSError:
                 continue
     return None
+
+
+# the v1 hierarchies a run's cgroup has beside its pids one: its CPU share and its CPU seconds
+CPU_CONTROLLERS = ("cpu", "cpuacct")
+
+
+def cpu_folders() -> list[Path]:
+    """This account's folders of runs' cgroups in the v1 ``cpu`` and ``cpuacct`` hierarchies
+    that are not the pids one (none under v2, where one hierarchy holds them all), made for
+    root, proven writable by this account alone; one it may not use is left out."""
+    pids = hierarchy()
+    found: list[Path] = []
+    for controller in CPU_CONTROLLERS:
+        where = hierarchy(controller)
+        if where is None or where[1] or (pids and where[0] == pids[0]):
+            continue
+        folder = account_folder(where[0])
+        if folder in found:  # cpu,cpuacct mounted together
+            continue
+        try:
+            if os.geteuid() == 0:
+                folder.mkdir(mode=0o755, exist_ok=True)
+            st = os.lstat(folder)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o022:
+            found.append(folder)
+    return found
 
 
 def account_folder(mount: Path) -> Path:
@@ -81,14 +121,20 @@ def account_folder(mount: Path) -> Path:
 
 
 def enable_pids(mount: Path, folder: Path) -> None:
-    """Under cgroup v2: ``pids`` enabled for the children of ``folder`` and of each folder
-    above it (a controller reaches a cgroup only through its parent's ``subtree_control``).
-    Raises OSError where one lacks it and this account may not enable it."""
+    """Under cgroup v2: ``pids``, and ``cpu`` where the hierarchy has it, enabled for the
+    children of ``folder`` and of each folder above it (a controller reaches a cgroup only
+    through its parent's ``subtree_control``). Raises OSError where one lacks ``pids`` and this
+    account may not enable it; ``cpu`` is left out where it may not (the run then has no CPU
+    limit, and says so)."""
     for level in [*reversed(folder.parents), folder]:
         if level.is_relative_to(mount):
             control = level / "cgroup.subtree_control"
             if "pids" not in control.read_text().split():
                 control.write_text("+pids")
+            if "cpu" not in control.read_text().split() and "cpu" in (
+                    level / "cgroup.controllers").read_text().split():
+                with contextlib.suppress(OSError):  # a process in ``level`` refuses it
+                    control.write_text("+cpu")
 
 
 @functools.cache
@@ -111,7 +157,7 @@ def parent() -> Path | None:
             return None
         if v2:
             enable_pids(mount, folder)
-        probe = RunCgroup.make(folder / f"probe-{secrets.token_hex(4)}", 4)
+        probe = RunCgroup.make([folder / f"probe-{secrets.token_hex(4)}"], 4)
         try:
             joined = subprocess.run([*probe.join(), "true"], capture_output=True, timeout=30,
                                     check=False).returncode == 0
@@ -139,43 +185,89 @@ def kill_until_gone(processes: Callable[[], list[int]], rounds: int = ROUNDS,
 
 
 class RunCgroup:
-    """One run's cgroup (``path``), which holds its limit, and the run's processes in
-    ``path/jail`` below it (see the module's docstring), made by ``make``; ``remove`` ends
-    what is in it."""
+    """One run's cgroups, one per hierarchy (``paths``: the pids one first, then v1's cpu and
+    cpuacct ones), which hold its limits, and the run's processes in ``<path>/jail`` below each
+    (see the module's docstring), made by ``make``; ``remove`` ends what is in them."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, paths: list[Path]):
+        self.paths = paths
+        self.path = paths[0]
 
     @classmethod
-    def make(cls, path: Path, max_pids: int) -> RunCgroup:
-        """A new cgroup at ``path`` whose processes (threads included) together may number
-        ``max_pids``. Raises OSError where it cannot be made, and leaves nothing then."""
-        cgroup = cls(path)
+    def make(cls, paths: list[Path], max_pids: int, cpu_cores: float | None = None
+             ) -> RunCgroup:
+        """New cgroups at ``paths`` whose processes (threads included) together may number
+        ``max_pids`` and use ``cpu_cores`` cores at a time (None: no CPU limit), where each
+        hierarchy has the controller. Raises OSError where the pids one cannot be made, and
+        leaves nothing then."""
+        cgroup = cls(list(paths))
         try:
-            path.mkdir()
-            (path / "pids.max").write_text(str(max_pids))
-            (path / "jail").mkdir()
+            for path in paths:
+                path.mkdir()
+                (path / "jail").mkdir()
+            (cgroup.path / "pids.max").write_text(str(max_pids))
         except OSError:
             cgroup.remove()
             raise
+        if cpu_cores is not None:
+            period = 100_000  # µs: the kernel's default period
+            quota = max(1000, int(cpu_cores * period))
+            for path in paths:
+                with contextlib.suppress(OSError):  # no cpu controller in this hierarchy
+                    if (path / "cpu.max").exists():
+                        (path / "cpu.max").write_text(f"{quota} {period}")
+                    elif (path / "cpu.cfs_quota_us").exists():
+                        (path / "cpu.cfs_period_us").write_text(str(period))
+                        (path / "cpu.cfs_quota_us").write_text(str(quota))
         return cgroup
 
-    def join(self) -> list[str]:
-        """What goes in front of a run's command line so that it starts in this cgroup."""
-        return [*JOIN, str(self.path / "jail" / "cgroup.procs")]
-
-    def pids(self) -> list[int]:
-        """The processes in this cgroup and in any below it (a run may make some)."""
-        found = []
-        for folder, _, _ in os.walk(self.path):
+    def cpu_limited(self) -> bool:
+        """Whether a CPU limit holds the run (a quota below ``max``) and its CPU seconds can be
+        read."""
+        for path in self.paths:
             try:
-                found += [int(p) for p in (Path(folder) / "cgroup.procs").read_text().split()]
+                if (path / "cpu.max").exists():
+                    limited = not (path / "cpu.max").read_text().startswith("max")
+                else:
+                    limited = int((path / "cpu.cfs_quota_us").read_text()) > 0
             except (OSError, ValueError):
                 continue
-        return found
+            if limited:
+                return self.cpu_seconds() is not None
+        return False
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the run's processes have used, all together (threads, processes that
+        ended, and cgroups it made below); None where no hierarchy counts them."""
+        for path in self.paths:
+            try:
+                if (path / "cpuacct.usage").exists():
+                    return int((path / "cpuacct.usage").read_text()) / 1e9
+                if (path / "cpu.stat").exists():
+                    for line in (path / "cpu.stat").read_text().splitlines():
+                        if line.startswith("usage_usec "):
+                            return int(line.split()[1]) / 1e6
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def join(self) -> list[str]:
+        """What goes in front of a run's command line so that it starts in these cgroups."""
+        return [arg for path in self.paths for arg in (*JOIN, str(path / "jail" / "cgroup.procs"))]
+
+    def pids(self) -> list[int]:
+        """The processes in these cgroups and in any below them (a run may make some)."""
+        found = []
+        for path in self.paths:
+            for folder, _, _ in os.walk(path):
+                try:
+                    found += [int(p) for p in (Path(folder) / "cgroup.procs").read_text().split()]
+                except (OSError, ValueError):
+                    continue
+        return sorted(set(found))
 
     def kill(self) -> None:
-        """SIGKILL every process in it until none is left. Under v2 ``cgroup.kill`` does it at
+        """SIGKILL every process in them until none is left. Under v2 ``cgroup.kill`` does it at
         once, forks in flight included; under v1 what a fork bomb forks while it is killed is
         found in the next round, and the limit bounds how many there can be."""
         try:
@@ -185,46 +277,50 @@ class RunCgroup:
         kill_until_gone(self.pids)
 
     def remove(self) -> None:
-        """Kill what is in it, then remove it and any cgroup a run made below it. One still
-        busy after ``ROUNDS`` tries (a process that will not die) is left for the next run of
-        its name (``remove_left``)."""
+        """Kill what is in them, then remove them and any cgroup a run made below them. One
+        still busy after ``ROUNDS`` tries (a process that will not die) is left for the next
+        run of its name (``remove_left``)."""
         self.kill()
-        for _ in range(ROUNDS):
-            try:
-                for folder, _, _ in os.walk(self.path, topdown=False):
-                    os.rmdir(folder)
-                return
-            except FileNotFoundError:
-                return
-            except OSError as e:
-                if e.errno != errno.EBUSY:  # busy: a process still exiting, for a moment
-                    return
-            time.sleep(0.02)
+        for path in self.paths:
+            for _ in range(ROUNDS):
+                try:
+                    for folder, _, _ in os.walk(path, topdown=False):
+                        os.rmdir(folder)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError as e:
+                    if e.errno != errno.EBUSY:  # busy: a process still exiting, for a moment
+                        break
+                time.sleep(0.02)
 
 
-def create(name: str, max_pids: int) -> RunCgroup | None:
-    """A new cgroup ``<parent()>/<name>-<random token>`` whose processes (threads included)
-    together may number ``max_pids``; None where runs get no cgroup."""
+def create(name: str, max_pids: int, cpu_cores: float | None = None) -> RunCgroup | None:
+    """New cgroups ``<folder>/<name>-<random token>`` in the pids hierarchy and in v1's cpu and
+    cpuacct ones (``cpu_folders``) whose processes (threads included) together may number
+    ``max_pids`` and use ``cpu_cores`` cores at a time; None where runs get no pids cgroup."""
     folder = parent()
     if folder is None:
         return None
+    leaf = f"{name}-{secrets.token_hex(6)}"
     try:
-        return RunCgroup.make(folder / f"{name}-{secrets.token_hex(6)}", max_pids)
+        return RunCgroup.make([folder / leaf, *(f / leaf for f in cpu_folders())], max_pids,
+                              cpu_cores)
     except OSError:
         return None
 
 
 def left(name: str) -> list[Path]:
-    """The cgroups of runs named ``name`` that are still there."""
+    """The pids cgroups of runs named ``name`` that are still there."""
     folder = parent()
     return [] if folder is None else sorted(folder.glob(f"{name}-*"))
 
 
 def remove_left(name: str) -> None:
     """End and remove the cgroups of earlier runs named ``name``: a grader killed before its
-    run ended leaves its cgroup behind."""
+    run ended leaves its cgroups behind."""
     for path in left(name):
-        RunCgroup(path).remove()
+        RunCgroup([path, *(f / path.name for f in cpu_folders())]).remove()
 
 
 def delegate(account: str) -> Path | None:
@@ -243,19 +339,27 @@ def delegate(account: str) -> Path | None:
         enable_pids(mount, folder)
     owner = pwd.getpwnam(account)
     # the folder (to make and remove cgroups in it) and, under v2, the files through which a
-    # delegated cgroup is run; never the folder's limits
-    for path in (folder, *(folder / name for name in ("cgroup.procs", "cgroup.subtree_control",
+    # delegated cgroup is run; never the folder's limits. Under v1 the account's folders in
+    # the cpu and cpuacct hierarchies too (v1 moves a process wherever its mover may write).
+    folders = [folder, *(where[0] / FOLDER / account for where in map(hierarchy, CPU_CONTROLLERS)
+                         if where is not None and not where[1] and where[0] != mount)]
+    for other in folders[1:]:
+        other.parent.mkdir(mode=0o755, exist_ok=True)
+        other.mkdir(mode=0o755, exist_ok=True)
+    for each in folders:
+        for path in (each, *(each / name for name in ("cgroup.procs", "cgroup.subtree_control",
                                                       "cgroup.threads"))):
-        if path.exists():
-            os.chown(path, owner.pw_uid, owner.pw_gid)
+            if path.exists():
+                os.chown(path, owner.pw_uid, owner.pw_gid)
     return folder / "daemons" / "cgroup.procs"
 
 
 def undelegate(account: str) -> None:
     """As root: ``account``'s folder removed, with whatever still runs in it."""
-    found = hierarchy()
-    if found is not None:
-        RunCgroup(found[0] / FOLDER / account).remove()
+    for controller in ("pids", *CPU_CONTROLLERS):
+        found = hierarchy(controller)
+        if found is not None:
+            RunCgroup([found[0] / FOLDER / account]).remove()
 
 
 if __name__ == "__main__":  # deploy/setup-class.sh, as root: delegate|undelegate ACCOUNT

@@ -49,7 +49,9 @@ class Replayed:
     that ran past their time limit; and why the cells and checks without an answer did not
     run (``stopped``, at cell ``stopped_at``), with ``timed_out`` when that was a time limit
     and ``died`` when the run did not end by itself. ``tampered`` stops the run;
-    ``rewritten`` names the checks whose job the notebook changed, each of which fails alone."""
+    ``rewritten`` names the checks whose job the notebook changed, each of which fails alone;
+    ``left_running`` how many processes each cell (or its checks' tracing) left running, which
+    the harness ended after it."""
 
     answers: dict[tuple[int, str, bool], tuple[dict, bytes]] = field(default_factory=dict)
     outputs: dict[int, list] = field(default_factory=dict)
@@ -63,6 +65,7 @@ class Replayed:
     timed_out: bool = False
     limit: str | None = None
     from_cache: int = 0
+    left_running: dict[int, int] = field(default_factory=dict)  # cell index: processes ended
 
 
 class Relay:
@@ -123,6 +126,9 @@ class Relay:
             self.fresh.child.send(self.fresh.hidden_frame)
             return
         index = key[1]
+        left = message.get("left_running")
+        if isinstance(left, int) and left > 0:
+            got.left_running[index] = got.left_running.get(index, 0) + left
         pieces = message.get("outputs")
         if not (kind == "programs" and key[3]):  # a hidden check's prints are never kept
             got.outputs.setdefault(index, []).extend(pieces if isinstance(pieces, list) else [])

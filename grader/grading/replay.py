@@ -48,7 +48,8 @@ import io
 import os
 import signal
 import sys
-from contextlib import contextmanager
+import time
+from contextlib import contextmanager, suppress
 from functools import partial
 
 import jax
@@ -85,6 +86,62 @@ def time_limit(seconds: float):
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _processes() -> dict[int, int]:
+    """Every live process this one can see (``/proc``: the jail's pid namespace), by its
+    parent; zombies (ended, not yet reaped) left out."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    state, parent = f.read().rsplit(b")", 1)[1].split()[:2]
+            except (OSError, ValueError):
+                continue  # it ended meanwhile
+            if state != b"Z":
+                parents[int(entry)] = int(parent)
+    return parents
+
+
+def left_running(kept: frozenset[int] = frozenset()) -> set[int]:
+    """The processes a cell left running: this one's descendants and, where this is the jail's
+    first process (its parent the pid namespace's init, pid 1), what the init adopted: their
+    processes orphaned. ``kept``: what ran before any learner code."""
+    parents = _processes()
+    me = os.getpid()
+    roots = {me} | ({pid for pid, parent in parents.items() if parent == 1}
+                    if os.getppid() == 1 else set())
+    found, todo = set(), list(roots)
+    while todo:
+        pid = todo.pop()
+        for child, parent in parents.items():
+            if parent == pid and child not in found and child != me:
+                found.add(child)
+                todo.append(child)
+    return (found | (roots - {me})) - kept
+
+
+def end_left_running(kept: frozenset[int] = frozenset()) -> int:
+    """SIGKILL what the last cell left running (``left_running``), in rounds until none is
+    left (a fork bomb forks while it is killed), reaping this process's own children among
+    them (a zombie still holds a pid of the run's limit); how many processes were ended. The
+    run's cgroup bounds them meanwhile (its processes, cores and CPU seconds): this ends a
+    cell's processes with it, so that none spends the CPU of the cells after it."""
+    ended: set[int] = set()
+    for _ in range(100):
+        left = left_running(kept)
+        if not left:
+            break
+        for pid in left:
+            with suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        ended |= left
+        time.sleep(0.01)
+        for pid in left:
+            with suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+    return len(ended)
 
 
 def _warm_up() -> None:
@@ -252,6 +309,7 @@ class Harness:
         self.snapshot = integrity.Snapshot(self.shell)
         self.guard = integrity.Guard()
         sys.addaudithook(self.guard)
+        self.kept = frozenset(left_running())  # the harness's own, if any: never ended
         self.guard.armed = True  # from here on, learner code may run
 
     def send(self, message: dict, blob: bytes = b"") -> None:
@@ -296,7 +354,8 @@ class Harness:
         except TimeLimit:  # between the cell's end and the timer's: the cell ran long
             error, timed_out = "TimeLimit: the cell ran past its time limit", True
         self.send({"kind": "cell", "cell": cell["index"], "error": error,
-                   "timeout": timed_out, "outputs": outputs.take()})
+                   "timeout": timed_out, "outputs": outputs.take(),
+                   "left_running": end_left_running(self.kept)})
 
     def function(self, cell: dict, expr: str):
         """The function a check names, read from the learner's namespace now; or why not."""
@@ -351,7 +410,8 @@ class Harness:
             return found
         job.append(exchange.check_job(expr, call, cases, self.host))
         message.update(job=job, programs=programs, errors=errors,
-                       outputs=self.capture.current.take())
+                       outputs=self.capture.current.take(),
+                       left_running=end_left_running(self.kept))
         self.send(message, blob)
         return []
 

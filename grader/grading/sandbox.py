@@ -1,7 +1,8 @@
 """Run untrusted code (a student's submission) in a separate process under hard limits.
 
-Limits: CPU seconds, wall seconds, address space, processes, size of any one file, total bytes
-written under the work folder, and bytes of captured output.
+Limits: CPU seconds (each process's, and all the run's processes' together), the cores it may
+use at once, wall seconds, address space, processes, size of any one file, total bytes written
+under the work folder, and bytes of captured output.
 
 Isolation ("jail", when running as root with bubblewrap installed): the child gets its own
 mount, pid, network, ipc and uts namespaces and sees only a read-only whitelist of folders (the
@@ -20,6 +21,12 @@ The process limit: each run gets a pids cgroup of its own (grader/grading/pids_c
 counts every process of the run exactly; root's jails keep RLIMIT_NPROC on the slot's uid as
 well. Where no cgroup can be made, RLIMIT_NPROC alone binds (root's jail) or nothing does (a
 grading account's), and each outcome says which (``process_limit``).
+
+CPU: RLIMIT_CPU counts one process's seconds, and a fork bomb's many processes each stayed under
+it (issue 52: both cores busy for 337 s). The run's cgroup holds it to ``Limits.cpu_cores`` cores
+at once and counts its CPU seconds, all its processes together; past ``Limits.cpu_seconds`` the
+run is stopped (``timeout``, and the reason says so). Each outcome says whether a cgroup held its
+CPU (``cpu_limit``).
 
 The outcome is data, never an exception: a batch goes on whatever one submission does.
 """
@@ -58,7 +65,8 @@ SLOTS = 256  # uid SANDBOX_UID_BASE + SLOTS + slot runs slot's checker (grader.g
 class Limits:
     """Resource limits for one sandboxed run (bytes, seconds, counts)."""
 
-    cpu_seconds: int = 300
+    cpu_seconds: int = 300  # each process's, and the run's processes' together (its cgroup)
+    cpu_cores: float = 1.0  # cores the run's processes may use at once (its cgroup)
     wall_seconds: float = 600.0
     memory_bytes: int = 4 << 30
     processes: int = 64
@@ -78,6 +86,8 @@ class Outcome:
     process_limit: what held the run's processes to ``Limits.processes``: ``cgroup`` (its own
         pids cgroup, every process of the run), ``rlimit`` (RLIMIT_NPROC alone, on the slot's
         uid) or ``none`` (a grading account without a cgroup folder of its own).
+    cpu_limit: whether the run's cgroup held its cores and its CPU seconds, all its processes
+        together (else RLIMIT_CPU held each process's alone).
     """
 
     status: Status
@@ -88,6 +98,7 @@ class Outcome:
     reason: str
     isolation: Isolation
     process_limit: ProcessLimit
+    cpu_limit: bool
 
 
 def is_root() -> bool:
@@ -408,7 +419,7 @@ def confine(argv: Sequence[str], workdir: Path, limits: Limits, slot: int = 0,
     if uid is not None:
         kill_uid(uid)  # leftovers of an earlier run in this slot must not count against it
     pids_cgroup.remove_left(cgroup_name(slot, checker))
-    cgroup = pids_cgroup.create(cgroup_name(slot, checker), limits.processes)
+    cgroup = pids_cgroup.create(cgroup_name(slot, checker), limits.processes, limits.cpu_cores)
     if isolation() == "jail":
         argv = _jail_argv(argv, workdir, default_readable() if readable is None else readable,
                           uid, limits, views or {})
@@ -433,6 +444,7 @@ class Confined:
         self.proc, self.uid, self.cgroup = proc, uid, cgroup
         self.workdir, self.limits = workdir, limits
         self.started = time.monotonic()
+        self.cpu_limited = cgroup is not None and cgroup.cpu_limited()
         self.outbox: queue.Queue | None = None
         self.readers = [_Reader(proc.stdout, stdout_bytes),
                         _Reader(proc.stderr, limits.output_bytes)]
@@ -466,9 +478,14 @@ class Confined:
         self.send(stdin, close=True)
 
     def past_limits(self) -> tuple[Status, str] | None:
-        """The wall-clock or disk limit the child is past, as (status, reason); else None."""
+        """The wall-clock, CPU or disk limit the child is past, as (status, reason); else
+        None."""
         if time.monotonic() - self.started > self.limits.wall_seconds:
             return "timeout", f"ran past the wall-clock limit of {self.limits.wall_seconds:g} s"
+        used = self.cgroup.cpu_seconds() if self.cgroup is not None else None
+        if used is not None and used > self.limits.cpu_seconds:
+            return "timeout", (f"used more than the CPU limit of {self.limits.cpu_seconds} s, "
+                               "all its processes together")
         if disk_usage(self.workdir) > self.limits.disk_bytes:
             return "disk", f"wrote more than {self.limits.disk_bytes:,} bytes to disk"
         return None
@@ -500,7 +517,7 @@ class Confined:
                 verdict = (verdict[0], verdict[1] + f"; {name} beyond {r.cap:,} bytes was dropped")
         return Outcome(verdict[0], code, stdout, stderr, wall, verdict[1],
                        "jail" if jailed else "rlimits",
-                       _held_by(self.cgroup is not None, self.uid))
+                       _held_by(self.cgroup is not None, self.uid), self.cpu_limited)
 
 
 def start(argv: Sequence[str], workdir: Path, limits: Limits = Limits(), *,

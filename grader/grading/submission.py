@@ -4,8 +4,10 @@ the jail check before the first one, and ``grade_one``'s status and reason. The 
 
 Statuses (one JSON file per submission under ``<root>/status/<assignment>/<student>.json``, written
 atomically, so a batch can be resumed and read while it runs): graded; timeout (a cell, the run's
-CPU or wall-clock limit or the whole submission ran out of time); crashed (the run died, ran out of
-memory or hit the disk or file-size limit, or nbgrader failed); malformed (not a readable notebook;
+CPU or wall-clock limit or the whole submission ran out of time); limit (the run broke another
+of the jail's limits: memory, disk, file size; the learner's doing, graded for what passed and
+never graded again by ``--resume``); crashed (the run died otherwise, or nbgrader failed);
+malformed (not a readable notebook;
 it scores 0, also when an earlier submission had a grade); error (the gradebook could not be
 reached, or grading it failed, e.g. its Dask worker was lost each time: an infrastructure fault,
 never a learner's 0, graded again by ``--resume`` like crashed); tampered (the notebook's code
@@ -309,16 +311,18 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float,
                        str(res.get("error") or "nbgrader failed")[:500], log=log[-3000:])
         elif died:
             late = any(r.get("timed_out") for r in reports)  # a CPU or wall-clock limit
-            rec.update(status="timeout" if late else "crashed", detail="; ".join(died))
+            limit = any(r.get("limit") for r in reports)  # memory, disk, file size
+            rec.update(status="timeout" if late else "limit" if limit else "crashed",
+                       detail="; ".join(died))
         elif res.get("timeouts"):
             cells = res["timeouts"]
             rec.update(status="timeout", detail=f"{len(cells)} cell(s) ran past the per-cell time "
                        f"limit and were interrupted: {', '.join(cells)}")
         elif res.get("memory"):
-            rec.update(status="crashed", detail="ran out of its memory limit in "
+            rec.update(status="limit", detail="ran out of its memory limit in "
                        + ", ".join(res["memory"]))
         elif res.get("disk"):
-            rec.update(status="crashed", detail="wrote a file larger than the limit in "
+            rec.update(status="limit", detail="wrote a file larger than the limit in "
                        + ", ".join(res["disk"]))
         elif tampered or changes:
             detail = "; ".join(tampered + changes)
@@ -327,6 +331,12 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float,
             rec.update(status="tampered", detail=detail)
         else:
             rec.update(status="graded")
+        left = {cell: n for r in reports for cell, n in (r.get("left_running") or {}).items()}
+        if left:  # flagged whatever the status: a cell's processes end with the cell
+            rec["left_running"] = left
+            rec["detail"] = "; ".join(filter(None, [rec.get("detail"), (
+                "processes left running by " + ", ".join(f"{c} ({n})" for c, n in left.items())
+                + " were ended after their cell")]))
         if reports:
             rec["isolation"] = reports[0].get("isolation")
             rec["process_limit"] = reports[0].get("process_limit")

@@ -40,7 +40,7 @@ from pathlib import Path
 from nbformat.notebooknode import NotebookNode
 from nbgrader import utils as nbgrader_utils
 from nbgrader.preprocessors import Execute, NbGraderPreprocessor, SaveAutoGrades
-from traitlets import Integer
+from traitlets import Float, Integer
 
 from grader import rooms, tasks
 from grader.devices import cpu_devices_env
@@ -423,6 +423,8 @@ class TrustedExecute(Execute):
 
     cpu_seconds = Integer(900, help="CPU seconds for one notebook's run").tag(config=True)
     memory_bytes = Integer(8 << 30, help="address space of the run (bytes)").tag(config=True)
+    cpu_cores = Float(1.0, help="cores the run's processes may use at once (its cgroup's "
+                      "CPU quota; without one, nothing holds it)").tag(config=True)
     processes = Integer(512, help="processes and threads of the run (its pids cgroup's "
                         "pids.max; without one, RLIMIT_NPROC of its uid)").tag(config=True)
     file_bytes = Integer(64 << 20, help="largest file the run may write (bytes)"
@@ -431,7 +433,8 @@ class TrustedExecute(Execute):
     output_bytes = Integer(1 << 20, help="output kept per cell (bytes)").tag(config=True)
 
     def limits(self) -> sandbox.Limits:
-        return sandbox.Limits(cpu_seconds=self.cpu_seconds, memory_bytes=self.memory_bytes,
+        return sandbox.Limits(cpu_seconds=self.cpu_seconds, cpu_cores=self.cpu_cores,
+                              memory_bytes=self.memory_bytes,
                               processes=self.processes, file_bytes=self.file_bytes,
                               disk_bytes=self.disk_bytes, output_bytes=self.output_bytes)
 
@@ -440,7 +443,7 @@ class TrustedExecute(Execute):
         notebook = self.resources.get("nbgrader", {}).get("notebook", "")
         self.report = {"notebook": notebook, "tampered": [], "died": None, "limit": None,
                        "timed_out": False, "isolation": sandbox.isolation(),
-                       "process_limit": sandbox.process_limit()}
+                       "process_limit": sandbox.process_limit(), "left_running": {}}
         # grade id -> whether every check of that test cell passed; VerdictGrades scores it
         self.verdicts = self.resources.setdefault("pallas_course", {}).setdefault("verdicts", {})
         try:
@@ -449,7 +452,9 @@ class TrustedExecute(Execute):
                 got = fresh.finish()
                 self.report.update(tampered=list(dict.fromkeys(got.tampered + got.rewritten)),
                                    died=got.died, limit=got.limit, timed_out=got.timed_out,
-                                   checks_from_cache=got.from_cache)
+                                   checks_from_cache=got.from_cache,
+                                   left_running={_gid(nb.cells[i], i): n
+                                                 for i, n in got.left_running.items()})
                 self._fill(got)
                 self._judge_all(got, fresh.loaded)
         finally:
@@ -484,6 +489,11 @@ class TrustedExecute(Execute):
                 cell.outputs.append(_error(
                     "CellTimeoutError", f"{_gid(cell, index)} ran past its time limit of "
                     f"{self._get_timeout(cell)} s and was interrupted"))
+            if got.left_running.get(index):
+                cell.outputs.append(_error(
+                    "ProcessesLeftRunning", f"{_gid(cell, index)} left "
+                    f"{got.left_running[index]} process(es) running, which the grader ended "
+                    "after it: a cell's processes end with the cell"))
 
     # ------------------------------------------------------------------ test cells
     def _judge_all(self, got: Replayed, loaded) -> None:

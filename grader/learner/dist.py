@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import shutil
+import sys
 import tempfile
 import tomllib
 import zipfile
@@ -289,6 +290,32 @@ def _copytree(src: Path, dest: Path) -> None:
         "__pycache__", "*.pyc", ".ipynb_checkpoints"))
 
 
+def write_grader(source: Path, dest: Path, names: list[str] | None = None) -> None:
+    """``source`` (a grader/ folder) copied to ``dest`` (which must not exist) with the hidden
+    cases cut out of its task modules (``strip_hidden_cases``): the modules ``names``
+    (``rooms.imported_modules``'s names) and the data they read, or, with None, every module
+    and data file (a class's learners' grader/, deploy/setup-class.sh). Raises ValueError when
+    no hidden case was found to cut: the copy would otherwise be taken for a stripped one."""
+    if names is None:
+        files = [p for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    else:
+        files = [f for name in ["__init__", *names] for f in
+                 (*rooms.module_files(source, name), *rooms.data_files(source, name))]
+    hidden_removed = 0
+    for src in files:
+        target = dest / src.relative_to(source)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.suffix == ".py":
+            text, removed = strip_hidden_cases(src.read_text())
+            hidden_removed += removed
+            target.write_text(text)
+        else:
+            shutil.copyfile(src, target)
+    if hidden_removed == 0:
+        raise ValueError("grader/tasks/: no hidden make_case(...) cases found to remove; has the "
+                         "case syntax changed? (grader/learner/dist.py strips them)")
+
+
 def write_tree(root: Path, repo: Path, dest: Path) -> None:
     """The distribution as a folder ``dest`` (which must not exist)."""
     package = refs.REPO  # where this grader/ and kernelsim/ come from
@@ -298,20 +325,8 @@ def write_tree(root: Path, repo: Path, dest: Path) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, target)
     _copytree(package / "kernelsim", dest / "kernelsim")
-    (dest / "grader").mkdir()
-    hidden_removed = 0
-    for name in ["__init__", *rooms.imported_modules(package / "grader", LEARNER_ENTRY_POINTS)]:
-        for src in rooms.module_files(package / "grader", name):
-            text, removed = strip_hidden_cases(src.read_text())
-            hidden_removed += removed
-            target = dest / src.relative_to(package)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text)
-        for src in rooms.data_files(package / "grader", name):
-            shutil.copyfile(src, dest / src.relative_to(package))
-    if hidden_removed == 0:
-        raise ValueError("grader/tasks/: no hidden make_case(...) cases found to remove; has the "
-                         "case syntax changed? (grader/learner/dist.py strips them)")
+    write_grader(package / "grader", dest / "grader",
+                 rooms.imported_modules(package / "grader", LEARNER_ENTRY_POINTS))
     (dest / "jupyter" / "labconfig").mkdir(parents=True)
     shutil.copyfile(package / "site" / "jupyter" / "labconfig" /
                     "default_setting_overrides.json",
@@ -350,3 +365,10 @@ def build(root: Path, repo: Path, to: Path, log=print) -> Path:
     log(f"student distribution -> {to} ({n} exercise notebook(s), lessons, kernelsim; no "
         "solutions, hidden cases or gradebook)")
     return to
+
+
+if __name__ == "__main__":  # deploy/setup-class.sh: the class's learners' grader/
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m grader.learner.dist SOURCE_GRADER DEST: a copy of the "
+                 "grader/ folder SOURCE_GRADER without hidden cases, at DEST")
+    write_grader(Path(sys.argv[1]), Path(sys.argv[2]))

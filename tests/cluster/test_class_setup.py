@@ -126,6 +126,36 @@ json.dump(sorted(seen), sys.stdout)
 """
 
 
+# What learner 2 reads of the grading account's processes until her standard input closes:
+# their command lines, and which of their environments, memory maps, memory, open files and
+# folders she read anything of (none; a process that is ending has no memory left, and its
+# maps read empty to anyone).
+PROC_OF_GRADING = """
+import glob, json, os, pwd, select, sys
+grader = pwd.getpwnam("pallas-grader").pw_uid
+seen, opened = set(), set()
+while not select.select([sys.stdin], [], [], 0)[0]:
+    for proc in glob.glob("/proc/[0-9]*"):
+        try:
+            if os.stat(proc).st_uid != grader:
+                continue
+            seen.add(open(proc + "/cmdline", "rb").read().decode(errors="replace"))
+        except OSError:
+            continue
+        for name in ("environ", "maps", "mem", "fd", "cwd", "root"):
+            try:
+                if os.path.isdir(proc + "/" + name) and name != "mem":
+                    got = os.listdir(proc + "/" + name)
+                else:
+                    got = open(proc + "/" + name, "rb").read(1)
+            except OSError:
+                continue
+            if got:
+                opened.add(proc.rsplit("/", 1)[1] + "/" + name)
+json.dump([sorted(seen), sorted(opened)], sys.stdout)
+"""
+
+
 def setup_class_watched(trace: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[str]]:
     """``setup_class(*args)`` under strace (every program it runs, with its arguments and
     environment, into ``trace``) while learner 2 polls /proc; the run and what she read."""
@@ -257,15 +287,69 @@ def test_homes_are_private_and_a_readable_checkout_is_named(klass):
 
 
 def test_the_course_code_is_compiled_for_the_accounts_that_cannot_write_beside_it(klass):
-    """The grading and hub accounts cannot write __pycache__ in the venv: setup compiles
-    grader/ and kernelsim/ there, under the path they are imported from (a traceback names it)."""
-    site = klass.venv / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / \
-        "site-packages"
-    for module in ("grader/grading/replay.py", "grader/grading/checker.py",
-                   "kernelsim/trace.py"):
-        source = site / module
-        (compiled,) = source.parent.glob(f"__pycache__/{source.stem}.cpython-*.pyc")
-        assert marshal.loads(compiled.read_bytes()[16:]).co_filename == str(source)
+    """The grading and hub accounts cannot write __pycache__ beside the course's code: setup
+    compiles grader/ and kernelsim/ in both of its trees (the instructors' and the learners'),
+    under the path they are imported from (a traceback names it)."""
+    for tree in (klass.venv.parent / "grading", klass.venv.parent / "learner"):
+        for module in ("grader/grading/replay.py", "grader/grading/checker.py",
+                       "grader/tasks/a01_first_kernel.py", "kernelsim/trace.py"):
+            source = tree / module
+            (compiled,) = source.parent.glob(f"__pycache__/{source.stem}.cpython-*.pyc")
+            assert marshal.loads(compiled.read_bytes()[16:]).co_filename == str(source)
+
+
+# what a learner runs to list the hidden cases her environment's grader/ holds (issue 52), and
+# the visible ones beside them
+COUNT_CASES = ("from grader import tasks; cases = [c for t in tasks.TASKS for c in t.cases]; "
+               "print(sum(c.hidden for c in cases), sum(not c.hidden for c in cases))")
+# what she reads of every file under the course's installation: each readable file of a tasks
+# folder, the text of a module, the co_filename of a compiled one
+READ_TASK_FILES = """
+import json, marshal, os, sys
+got = {}
+for folder, _, files in os.walk(sys.argv[1]):
+    for name in files:
+        path = os.path.join(folder, name)
+        if "tasks" not in path.split(os.sep):
+            continue
+        try:
+            data = open(path, "rb").read()
+        except OSError:
+            continue
+        got[path] = (marshal.loads(data[16:]).co_filename if name.endswith(".pyc")
+                     else data.decode(errors="replace"))
+json.dump(got, sys.stdout)
+"""
+
+
+def test_a_learner_reads_no_hidden_case(klass):
+    """Issue 52: the class's venv held the full grader/tasks/, and a learner listed 185 hidden
+    cases of 54 tasks (shapes, dtypes, seeds). Now a learner's Python imports grader/ with the
+    hidden cases cut out as the student copy cuts them (grader/learner/dist.py), no file she can
+    open under the installation holds one (source or compiled), the full tasks are closed to
+    her, and the grading account and an instructor import them whole."""
+    from grader import tasks
+    from grader.learner.dist import strip_hidden_cases
+
+    k = klass
+    py = str(k.venv / "bin" / "python")
+    cases = [c for t in tasks.TASKS for c in t.cases]
+    hidden, visible = sum(c.hidden for c in cases), sum(not c.hidden for c in cases)
+    assert hidden > 100
+    assert as_user(L2, py, "-c", COUNT_CASES).stdout.split() == ["0", str(visible)]
+    for who in (TEACHER, "pallas-grader"):
+        assert as_user(who, py, "-c", COUNT_CASES).stdout.split() == [str(hidden), str(visible)]
+    full = k.venv.parent / "grading" / "grader" / "tasks"
+    assert full.is_dir()
+    for path in (full / "a01_first_kernel.py", full / "core.py"):
+        res = as_user(L2, py, "-c", f"open({str(path)!r}).read()", check=False)
+        assert res.returncode != 0 and "PermissionError" in res.stderr, res
+    read = json.loads(as_user(L2, py, "-c", READ_TASK_FILES, str(k.venv.parent)).stdout)
+    modules = {p: text for p, text in read.items() if p.endswith(".py")}
+    assert len([t for t in modules.values() if "make_case(" in t]) >= 15  # the learners' tasks
+    assert [p for p, text in modules.items() if strip_hidden_cases(text)[1]] == []
+    compiled = {p: name for p, name in read.items() if p.endswith(".pyc")}
+    assert compiled and [p for p, name in compiled.items() if name.startswith(str(full))] == []
 
 
 def entries(k: Class, user: str) -> list[Path]:
@@ -420,8 +504,20 @@ open(os.path.join({str(forged)!r}, 'timestamp.txt'), 'w').write('2099-01-01 00:0
         assert stamp.startswith(time.strftime("%Y-", time.gmtime(before))), stamp
     assert "names demo-learner1 but was made by demo-learner2" in res["log"], res["log"][-2000:]
 
-    res = k.pallas(TEACHER, "autograde", A, "--scheduler", scheduler)
+    # learner 2 reads what /proc shows her of the grading account's processes while they grade
+    poller = subprocess.Popen(["runuser", "-u", L2, "--", "python3", "-c", PROC_OF_GRADING],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              cwd="/tmp")
+    try:
+        res = k.pallas(TEACHER, "autograde", A, "--scheduler", scheduler)
+    finally:
+        seen, opened = json.loads(poller.communicate("stop", timeout=120)[0])
     assert f"on the Dask cluster at {scheduler}" in res.stdout
+    assert any("grader.grading.replay" in line for line in seen), seen  # she saw it grade
+    assert opened == [], opened
+    # the hidden checks were graded from the hidden cases (the instructors' grader/ and refs)
+    graded = json.loads(next((k.course / "autograded" / L1 / A).glob("*.ipynb")).read_text())
+    assert re.search(r"[1-9][0-9]* hidden case\(s\) passed", json.dumps(graded)), graded
     status = json.loads((k.course / "status" / A / f"{L1}.json").read_text())
     assert status["status"] == "graded" and status.get("isolation") == "jail", status
     # the grading account's runs count their processes in the cgroup folder the set-up handed it

@@ -156,7 +156,7 @@ CORPUS = {
     "infinite_loop": (_after("leaky_relu_solution", "del leaky_relu\nwhile True:\n    pass\n"),
                       6, "timeout", "leaky_relu_solution"),
     "memory_bomb": (_after("leaky_relu_solution", "del leaky_relu\nx = bytearray(64 << 30)\n"),
-                    6, "crashed", "memory"),
+                    6, "limit", "memory"),
     # forks until the process limit stops it. What the kernel can still do with a full
     # process table depends on timing: the cell fails (graded), the kernel stops answering
     # (crashed) or the forking outlasts the cell's time (timeout). The score is the same.
@@ -165,11 +165,24 @@ CORPUS = {
                          "        os.execv('/bin/sleep', ['sleep', '600'])\n"),
                   6, ("graded", "crashed", "timeout"), ""),
     "huge_file": (_after("leaky_relu_solution", "del leaky_relu\n"
-                         "open('big', 'wb').write(b'x' * (40 << 20))\n"), 6, "crashed",
+                         "open('big', 'wb').write(b'x' * (40 << 20))\n"), 6, "limit",
                   "larger than"),
     "fill_disk": (_after("leaky_relu_solution", "import time\nfor i in range(50):\n"
                          "    open(f'f{{i}}', 'wb').write(b'x' * (15 << 20)); time.sleep(0.05)\n"),
-                  6, "crashed", "to disk"),
+                  6, "limit", "to disk"),
+    # issue 52: processes a cell leaves behind (os.fork is refused in the notebook's process,
+    # a subprocess is not) spun on every core while later cells ran, and nothing was flagged;
+    # they end with the cell, and the reason names it
+    "cpu_left_running": (_after("leaky_relu_solution", "import subprocess, sys\n"
+                                "for _ in range(4):\n"
+                                "    subprocess.Popen([sys.executable, '-c', 'while True: pass'],"
+                                " start_new_session=True)\n"),
+                         9, "graded", "leaky_relu_solution (4) were ended after their cell"),
+    "fork_bomb_left_running": (_after("leaky_relu_solution", "import subprocess, sys\n"
+                                      "subprocess.Popen([sys.executable, '-c', 'import os\\n"
+                                      "while True:\\n    try:\\n        os.fork()\\n"
+                                      "    except OSError:\\n        pass'])\n"),
+                               9, "graded", "were ended after their cell"),
     "output_flood": (_after("add_solution", "for _ in range(20000):\n    print('y' * 1000)\n"),
                      9, "graded", ""),
     "hang_on_input": (_after("leaky_relu_solution", "del leaky_relu\ninput('password? ')\n"),
@@ -203,7 +216,7 @@ CORPUS = {
 HONEST = ("honest_1", "honest_2")
 # without the jail these would reach the grader's own processes (kill -1 as root, no process
 # limit for root): they only run where the jail exists
-JAIL_ONLY = {"signal_everyone", "fork_bomb"}
+JAIL_ONLY = {"signal_everyone", "fork_bomb", "cpu_left_running", "fork_bomb_left_running"}
 BROKEN_FILES = {
     "invalid_json": b"{not json",
     "nbformat_99": json.dumps({"nbformat": 99, "nbformat_minor": 0, "metadata": {},

@@ -353,6 +353,58 @@ def test_concurrent_forks_never_pass_the_process_limit(tmp_path):
     assert out.process_limit == "cgroup"
 
 
+# Four chains of processes spin on the CPU, each process for a fifth of a CPU second before it
+# forks the next and ends, while the first sleeps: no process comes near RLIMIT_CPU, so only a
+# limit on the run's processes together ends it before its wall-clock limit.
+CPU_RELAY = """
+import os, time
+for _ in range(4):
+    if os.fork() == 0:
+        while True:
+            start = time.process_time()
+            while time.process_time() - start < 0.2:
+                pass
+            if os.fork() != 0:
+                os._exit(0)
+time.sleep(3600)
+"""
+CPU_CGROUPS = CGROUPS and sandbox.pids_cgroup.hierarchy("cpu") is not None
+
+
+@needs_cgroups
+@pytest.mark.skipif(not CPU_CGROUPS, reason="needs a cpu cgroup controller (v1 or v2)")
+def test_cpu_spent_across_many_processes_ends_the_run(tmp_path):
+    """Issue 52: a fork bomb kept both cores busy for 337 s and was graded 9/9, since
+    RLIMIT_CPU counts each process alone. The run's cgroup counts its processes' CPU seconds
+    together and holds it to its cores; past its CPU limit the run ends, and says why."""
+    limits = sandbox.Limits(**{**FAST.__dict__, "cpu_seconds": 3, "wall_seconds": 120})
+    out = _run(tmp_path, CPU_RELAY, limits, slot=HELD[1])
+    assert (out.status, out.cpu_limit) == ("timeout", True), out.reason
+    assert out.reason == "used more than the CPU limit of 3 s, all its processes together"
+    assert sandbox.pids_cgroup.left(sandbox.cgroup_name(HELD[1])) == []
+
+
+@needs_cgroups
+@pytest.mark.skipif(not CPU_CGROUPS, reason="needs a cpu cgroup controller (v1 or v2)")
+def test_a_run_s_cgroup_holds_its_cores():
+    """The run's cores are its cgroup's quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` over
+    ``cpu.cfs_period_us``)."""
+    cgroup = sandbox.pids_cgroup.create(sandbox.cgroup_name(HELD[2]), 4, cpu_cores=1.5)
+    try:
+        quotas = []
+        for path in cgroup.paths:
+            if (path / "cpu.max").exists():
+                quotas.append((path / "cpu.max").read_text().split())
+            elif (path / "cpu.cfs_quota_us").exists():
+                quotas.append([(path / f"cpu.cfs_{n}_us").read_text().strip()
+                               for n in ("quota", "period")])
+        assert quotas == [["150000", "100000"]]
+        assert cgroup.cpu_limited() and cgroup.cpu_seconds() == 0
+    finally:
+        cgroup.remove()
+    assert not [p for p in cgroup.paths if p.exists()]
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or not CGROUPS,
                     reason="needs root to act as a grading account, and a pids controller")
 @pytest.mark.skipif(sandbox.isolation() != "jail", reason="the jail needs bubblewrap")
@@ -375,13 +427,14 @@ def test_a_grading_account_s_jail_holds_its_process_limit():
             "                      Path(sys.argv[1]) / 'work', limits, slot=slot)\n"
             "    left = pids_cgroup.left(sandbox.cgroup_name(slot))\n"
             "print(json.dumps([out.status, out.reason, out.stdout.decode(), out.isolation,\n"
-            "                  out.process_limit, [str(p) for p in left]]))",
+            "                  out.process_limit, [str(p) for p in left], out.cpu_limit]))",
             RAISE_OWN_LIMIT + CONCURRENT_FORKS, join=[*sandbox.pids_cgroup.JOIN, str(daemons)])
     finally:
         sandbox.pids_cgroup.undelegate("nobody")
     assert out.returncode == 0, out.stderr
-    status, reason, stdout, isolation, process_limit, left = json.loads(out.stdout)
+    status, reason, stdout, isolation, process_limit, left, cpu_limit = json.loads(out.stdout)
     assert status == "ok", reason
+    assert cpu_limit == CPU_CGROUPS  # its cores and CPU seconds too, in folders root handed it
     raised, alive = stdout.split()
     assert PROCESSES // 2 < int(alive) <= PROCESSES, (stdout, process_limit)
     assert (isolation, process_limit, left) == ("jail", "cgroup", [])
@@ -435,14 +488,17 @@ def test_a_killed_grader_s_cgroups_are_removed_with_their_processes():
 def test_cgroup_v2_enables_pids_from_the_top_down_to_the_runs_folder(tmp_path):
     """Under v2 a controller reaches a cgroup only through its parent's ``subtree_control``:
     each level from the hierarchy's top down to the runs' folder gets ``+pids`` where it lacks
-    it, and nothing above the hierarchy is touched (a stand-in tree: the machine may have no
-    v2 pids controller)."""
+    it, and ``+cpu`` where the level has cpu to hand down, and nothing above the hierarchy is
+    touched (a stand-in tree: the machine may have no v2 pids controller)."""
     mount = tmp_path / "cgroup"
     folder = mount / sandbox.pids_cgroup.FOLDER / "grader"
     folder.mkdir(parents=True)
-    levels = {tmp_path: "", mount: "cpu pids", folder.parent: "cpu", folder: ""}
-    for level, enabled in levels.items():
+    # (enabled for its children, its controllers); a stand-in file keeps the last write alone
+    levels = {tmp_path: ("", ""), mount: ("pids", "cpu io pids"),
+              folder.parent: ("cpu", "pids"), folder: ("", "pids")}
+    for level, (enabled, controllers) in levels.items():
         (level / "cgroup.subtree_control").write_text(enabled)
+        (level / "cgroup.controllers").write_text(controllers)
     sandbox.pids_cgroup.enable_pids(mount, folder)
     assert {level: (level / "cgroup.subtree_control").read_text() for level in levels} == {
-        tmp_path: "", mount: "cpu pids", folder.parent: "+pids", folder: "+pids"}
+        tmp_path: "", mount: "+cpu", folder.parent: "+pids", folder: "+pids"}
