@@ -184,16 +184,16 @@ def _ref_ranks(body) -> tuple[int, ...]:
     return tuple(len(getattr(v.aval, "shape", ())) for v in calling.open_jaxpr(body).invars)
 
 
-def _planted_on(task, fn, case) -> tuple[bool, bool] | None:
-    """(whether the body ``fn`` runs on ``case`` is a shipped one, whether "kernels are your
-    own" passes) for ``fn`` with its kernel planted; None where it does not trace (the check
-    fails on it anyway)."""
+def _planted_on(task, fn, case, body_print: str) -> tuple[bool, bool] | None:
+    """(whether the body ``fn`` runs on ``case`` is the shipped program whose fingerprint is
+    ``body_print``, whether "kernels are your own" passes) for ``fn`` with its kernel planted;
+    None where it does not trace (the check fails on it anyway)."""
     arrays = [jnp.asarray(v) for v in task.inputs(case).values()]
     traced = calling.trace_case(task, fn, arrays, case.params)
     if traced.error is not None or traced.program is None:
         return None
     facts = verdict.work_from_dict(work.facts(traced.program))
-    return (any(c.fingerprint in shipped.known() for c in facts.calls),
+    return (any(c.fingerprint == body_print for c in facts.calls),
             core.own_kernels(facts, task.id).ok)
 
 
@@ -232,10 +232,10 @@ def planted_copies(assignments) -> list[tuple[str, str, str, bool, bool]]:
 
                 pl.pallas_call = plant
                 try:
-                    if _planted_on(task, fn, visible) is None or not planted:
+                    if _planted_on(task, fn, visible, body_print) is None or not planted:
                         continue  # it does not fit, or the solution makes no pallas_call
                     found += [(task_id, where, c.name, *seen) for c in task.cases
-                              if (seen := _planted_on(task, fn, c)) is not None]
+                              if (seen := _planted_on(task, fn, c, body_print)) is not None]
                 finally:
                     pl.pallas_call = original
     return found
