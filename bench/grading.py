@@ -51,7 +51,9 @@ c.Autograde.autograde_preprocessors = [Execute, IgnorePattern, ClearMetadataPrep
 A = "01_first_kernel"
 
 
-def fresh_course(tmp: Path) -> Path:
+def fresh_course(tmp: Path, assignment: str = A, n: int = N) -> Path:
+    """A course under ``tmp`` with ``n`` collected submissions of ``assignment``, each its
+    instructor notebook."""
     root = tmp / "course"
     if root.exists():
         shutil.rmtree(root)
@@ -60,12 +62,12 @@ def fresh_course(tmp: Path) -> Path:
                     ignore=shutil.ignore_patterns("*.ipynb"))
     shutil.copytree(REPO / "exercises" / "refs", root / "refs")
     shutil.copy(REPO / "exercises" / "nbgrader_config.py", root)
-    batch.release(root, A, log=lambda *a: None)
+    batch.release(root, assignment, log=lambda *a: None)
     subs = tmp / "subs"
     shutil.rmtree(subs, ignore_errors=True)
-    (nb,) = (root / "source" / A).glob("*.ipynb")
-    for i in range(N):
-        d = subs / f"s{i:02d}" / A
+    (nb,) = (root / "source" / assignment).glob("*.ipynb")
+    for i in range(n):
+        d = subs / f"s{i:02d}" / assignment
         d.mkdir(parents=True)
         shutil.copy(nb, d / nb.name)
     collect.collect(root, subs, log=lambda *a: None)
@@ -220,5 +222,166 @@ def main() -> None:
                                "rows": rows, "term_model": model}, indent=1))
 
 
+COST_SUBMISSIONS = int(os.environ.get("BENCH_COST_SUBMISSIONS", "2"))
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")  # cgroup v1's CPU accounting, where it is mounted
+
+
+@contextlib.contextmanager
+def cpu_per_submission(spent: dict):
+    """Fill ``spent`` with (student, assignment) -> CPU seconds of grading it: each local
+    worker process is moved into a cpuacct cgroup of its own, which the jailed processes it
+    starts inherit (getrusage misses them: bwrap does not reap them for their parent), and
+    read before and after each of its jobs, which it runs one at a time."""
+    original = submission.Worker.run
+    groups: list[Path] = []
+
+    def run(worker, *args, timeout=None):
+        if args[0] != "autograde":
+            return original(worker, *args, timeout=timeout)
+        if worker.proc is None or worker.proc.poll() is not None:
+            original(worker, "start", timeout=timeout)  # a job it does not know starts it
+        group = CPUACCT / f"bench-grading-{worker.proc.pid}"
+        if group not in groups:
+            group.mkdir()
+            groups.append(group)
+            (group / "cgroup.procs").write_text(str(worker.proc.pid))
+        before = int((group / "cpuacct.usage").read_text())
+        res = original(worker, *args, timeout=timeout)
+        spent[(args[2], args[1])] = round((int((group / "cpuacct.usage").read_text())
+                                           - before) / 1e9, 2)
+        return res
+
+    submission.Worker.run = run
+    try:
+        yield spent
+    finally:
+        submission.Worker.run = original
+        for group in groups:
+            with contextlib.suppress(OSError):  # still holds a worker that outlived the batch
+                group.rmdir()
+
+
+def startup_cpu_s() -> dict:
+    """CPU seconds of starting each jailed process a submission starts, doing nothing but
+    import what it imports (``trusted.preflight``'s commands): the notebook's process and
+    the checker, counted in a cpuacct cgroup this process is in meanwhile."""
+    from grader.grading import sandbox, trusted
+
+    out = {}
+    group = CPUACCT / f"bench-startup-{os.getpid()}"
+    group.mkdir()
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+    with sandbox.claimed_slot() as slot:
+        view = trusted.notebook_view(trusted.jail_folder(slot, "-grader"))
+        try:
+            for name, command, readable, views in (
+                    ("checker", trusted.PREFLIGHT, trusted.readable(), None),
+                    ("notebook", trusted.PREFLIGHT_NOTEBOOK, trusted.notebook_readable(),
+                     {REPO / "grader": view})):
+                workdir = trusted.jail_folder(slot, "-bench")
+                before = int((group / "cpuacct.usage").read_text()) - _self_cpu_ns()
+                try:
+                    res = sandbox.run([sys.executable, "-c", command], workdir,
+                                      sandbox.Limits(), slot=slot, readable=readable,
+                                      views=views, env=trusted.grading_env())
+                finally:
+                    sandbox.remove_workdir(workdir)
+                after = int((group / "cpuacct.usage").read_text()) - _self_cpu_ns()
+                assert res.status == "ok", res.stderr[-2000:]
+                out[name] = round((after - before) / 1e9, 2)
+        finally:
+            shutil.rmtree(view, ignore_errors=True)
+            (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+            group.rmdir()
+    return out
+
+
+def _self_cpu_ns() -> int:
+    """This process's CPU nanoseconds, all its threads (not its children)."""
+    t = os.times()
+    return int((t.user + t.system) * 1e9)
+
+
+def _load() -> str:
+    one, five, _ = os.getloadavg()
+    return f"{one:.1f} (1 min), {five:.1f} (5 min) on {os.cpu_count()} cores"
+
+
+def cost_main(assignments: list[str]) -> None:
+    """``python bench/grading.py cost [ASSIGNMENT...]``: each assignment's instructor notebook
+    graded as ``BENCH_COST_SUBMISSIONS`` learners' submissions in one batch on 2 local workers
+    (each in its own jail, with a cold answer cache: no submission reuses another's answers),
+    the CPU seconds (the worker's and its jailed runs', ``cpu_seconds`` of each result) and
+    wall seconds of each; the share of starting the jailed processes and importing JAX; a
+    class-sized projection. Writes bench/recorded/grading_cost.json."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                            capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                cwd=REPO, capture_output=True, text=True).stdout.strip())
+    startup = startup_cpu_s()
+    per_submission_startup = startup["checker"] + startup["notebook"]
+    rows = {}
+    loads = [_load()]
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        for assignment in assignments or build.assignments(REPO / "exercises"):
+            root = fresh_course(tmp, assignment, COST_SUBMISSIONS)
+            t0 = time.monotonic()
+            with cpu_per_submission({}) as spent:
+                res = batch.autograde(root, assignment, workers=2, progress=None,
+                                      log=lambda *a: None)
+            cpu = list(spent.values())
+            wall = [r["seconds"] for r in res]
+            rows[assignment] = {
+                "submissions": len(res), "statuses": sorted({r["status"] for r in res}),
+                "score": [r["score"] for r in res], "max_score": res[0].get("max_score"),
+                "cpu_s_median": round(statistics.median(cpu), 1), "cpu_s_max": max(cpu),
+                "wall_s_median": round(statistics.median(wall), 1), "wall_s_max": max(wall),
+                "batch_wall_s": round(time.monotonic() - t0, 1),
+                "startup_share": round(per_submission_startup / statistics.median(cpu), 3)}
+            loads.append(_load())
+            print(f"{assignment:24} CPU s median {rows[assignment]['cpu_s_median']:6.1f} "
+                  f"max {rows[assignment]['cpu_s_max']:6.1f}  wall s median "
+                  f"{rows[assignment]['wall_s_median']:6.1f} max "
+                  f"{rows[assignment]['wall_s_max']:6.1f}  {rows[assignment]['statuses']}  "
+                  f"load {loads[-1]}", flush=True)
+    medians = sorted(r["cpu_s_median"] for r in rows.values())
+    median_cpu = statistics.median(medians)
+    # a class: every learner submits each assignment once; the cost is core-seconds
+    learners = 1000
+    term_cpu_h = sum(r["cpu_s_median"] for r in rows.values()) * learners / 3600
+    record = {
+        "commit": commit + ("+uncommitted" if dirty else ""),
+        "what": "each assignment's instructor notebook as learners' submissions, graded in "
+                "one batch on 2 local workers, cold answer cache; cpu: the CPU seconds of "
+                "the worker and the jailed processes it starts per submission (a cpuacct "
+                "cgroup per worker); wall: seconds per submission",
+        "submissions_per_assignment": COST_SUBMISSIONS, "cores": os.cpu_count(),
+        "load_average": loads,
+        "startup_cpu_s": {**startup, "per_submission": round(per_submission_startup, 2),
+                          "what": "a jailed Python importing JAX and what each process "
+                                  "imports, nothing else; a submission starts both"},
+        "assignments": rows,
+        "median_submission_cpu_s": round(median_cpu, 1),
+        "startup_share_of_median": round(per_submission_startup / median_cpu, 3),
+        "projection": {
+            "learners": learners, "assignments": len(rows),
+            "submissions": learners * len(rows),
+            "cpu_hours": round(term_cpu_h, 1),
+            "days_on_2_cores": round(term_cpu_h / 2 / 24, 1),
+            "text": f"{learners:,} learners x {len(rows)} assignments: {term_cpu_h:,.0f} "
+                    f"CPU-hours a term ({term_cpu_h / 2 / 24:.1f} days of a 2-core machine, "
+                    f"{math.ceil(term_cpu_h / 16 / 24):.0f} day(s) of 16 cores), one "
+                    "graded submission per learner and assignment"}}
+    out = REPO / "bench" / "recorded" / "grading_cost.json"
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    print(record["projection"]["text"])
+    print(f"median submission {median_cpu:.1f} CPU-s, of which starting its jailed processes "
+          f"{per_submission_startup:.1f} ({100 * per_submission_startup / median_cpu:.0f} %)")
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["cost"]:
+        cost_main(sys.argv[2:])
+    else:
+        main()

@@ -4,8 +4,8 @@
 share exactly when they are the same program up to the names of their variables, dead code and
 the numbers in it (shapes, sizes, literal values, which differ with the case a body runs on) but
 the axes it contracts, reduces, transposes or broadcasts along.
-``grader.grading.work`` records each kernel's fingerprint and live size (``body_size``) among its
-facts; ``grader.tasks.shipped`` stores those of the bodies a learner did not write.
+``grader.grading.work`` records each kernel's fingerprint among its facts;
+``grader.tasks.shipped`` stores those of the bodies a learner did not write, at any size.
 """
 
 from __future__ import annotations
@@ -92,8 +92,3 @@ def fingerprint(jaxpr: Any) -> str:
     """sha256 of ``canonical(jaxpr)``: a kernel body's identity up to renaming."""
     return hashlib.sha256(canonical(jaxpr).encode()).hexdigest()
 
-
-def body_size(jaxpr: Any) -> int:
-    """Live equations of a body, nested jaxprs included."""
-    return sum(1 + sum(body_size(s) for s in jaxprs_in_params(e.params))
-               for e in _live(open_jaxpr(jaxpr)))

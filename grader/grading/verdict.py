@@ -281,7 +281,7 @@ class KernelWork:
     operand comes from (scalar prefetch and inputs, in order), inputs the body never reads,
     whether the body is the course's own code (``grader.grading.calling.COURSE_CODE``) or a Pallas
     op JAX ships (``grader.grading.work.JAX_OPS``), its fingerprint up to renaming
-    (``grader.grading.fingerprint``) and live size, the order of its DMAs, and what
+    (``grader.grading.fingerprint``), the order of its DMAs, and what
     ``grader.grading.work`` reads of its body for a task's own rules (``Task.body_rules``):
     its dots' dtypes, its scratch refs, the outputs it reads back, and the inputs it reads only
     inside a ``pl.when`` branch."""
@@ -293,7 +293,6 @@ class KernelWork:
     course_kernel: bool
     jax_kernel: bool
     fingerprint: str
-    body_size: int
     dma: DmaOrder | None
     dot_precisions: tuple[str, ...] = ()  # dots a TPU gets wrong (``work.dot_precisions``)
     strided_refs: tuple[str, ...] = ()  # strided ref accesses Mosaic refuses (work.py)
@@ -380,7 +379,7 @@ def work_from_dict(d: Any) -> WorkFacts:
             tuple(_int(i, "unread") for i in c["unread"]),
             _bool(c.get("course_kernel"), "course_kernel"),
             _bool(c.get("jax_kernel"), "jax_kernel"),
-            str(c.get("fingerprint")), _int(c.get("body_size"), "body_size"),
+            str(c.get("fingerprint")),
             _dma(c.get("dma")), _names(c.get("dot_precisions", []), "dot_precisions"),
             _names(c.get("strided_refs", []), "strided_refs"),
             _names(c.get("dot_types", []), "dot_types"),

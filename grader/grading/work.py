@@ -61,7 +61,7 @@ from grader.grading.calling import (
     trace_case,
 )
 from grader.grading.dma_order import dma_order, would_hang
-from grader.grading.fingerprint import body_size, fingerprint
+from grader.grading.fingerprint import fingerprint
 
 # precedence when several origins meet in one layout operation (pad(kernel out, 0.0): kernel)
 _RANK = {"computed": 3, "kernel": 2, "input": 1, "constant": 0}
@@ -285,7 +285,7 @@ def _call_facts(eqn: Any, number: int, operand_origins: list[tuple[Origin, bool]
     return {"number": number,
             "course_kernel": source.startswith(COURSE_CODE),
             "jax_kernel": source.startswith(JAX_OPS),
-            "fingerprint": fingerprint(kernel), "body_size": body_size(kernel),
+            "fingerprint": fingerprint(kernel),
             "primitives": sorted(primitives(kernel)),
             "operands": [{"role": "scalar_prefetch" if i < n_idx else "input",
                           "from": str(o), "kind": o.kind, "floating": f}

@@ -119,6 +119,7 @@ def _pool_reference(x):
 
 register_task(
     id="roll_rows", assignment=A9, title="Find the bug: a block roll whose index map is wrong",
+    given_body="o_ref[...] = x_ref[...]",
     reference=lambda x, bm, shift: jnp.roll(x, shift * bm, axis=0),
     cases=(
         make_case("v0", 90, "float32", {"x": (64, 256)}, bm=16, shift=1),

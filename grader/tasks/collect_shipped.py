@@ -3,8 +3,10 @@
 
 Every kernel the course ships is traced and fingerprinted (``grader.grading.fingerprint``):
 ``kernelsim.examples`` and the grader's own kernels, every kernel the lessons run, and JAX's
-bundled Pallas ops that compute what a task asks. Bodies under ``shipped.MIN_BODY`` live
-equations, and the instructor's solution of every task, are left out.
+bundled Pallas ops that compute what a task asks, at any size. The instructor's solution of
+every task is traced too: a solution body the course ships is stored as its task's given body
+where the task's text and solution both hold ``Task.given_body`` verbatim, and refused otherwise
+(an honest learner would lose marks for it).
 """
 
 from __future__ import annotations
@@ -21,9 +23,9 @@ from jax.experimental import pallas as pl
 
 from grader import devices, sources, tasks
 from grader.grading.calling import kernel_bodies, trace_case
-from grader.grading.fingerprint import body_size, fingerprint
+from grader.grading.fingerprint import fingerprint
 from grader.tasks.core import tiled_matmul_call
-from grader.tasks.shipped import MIN_BODY, STORE
+from grader.tasks.shipped import STORE
 from kernelsim import examples
 
 REPO = sources.REPO
@@ -46,8 +48,10 @@ def shipped_calls() -> Iterator[tuple[str, Callable, list]]:
     yield "kernelsim.examples.block_sparse_matmul", functools.partial(
         examples.block_sparse_matmul, interpret=True), \
         [*map(jnp.asarray, (counts, rows, cols)), *_zeros((256, 256), (256, 128))]
+    # made when called, so that a recording of the calls it makes sees its pallas_call
     yield "grader.tasks.core.tiled_matmul_call", \
-        tiled_matmul_call(32, 256, 128, 16, 128, 128, jnp.float32), _zeros((32, 256), (256, 128))
+        lambda a, b: tiled_matmul_call(32, 256, 128, 16, 128, 128, jnp.float32)(a, b), \
+        _zeros((32, 256), (256, 128))
 
     # JAX's bundled ops load when they are traced: the import takes a fifth of a second
     from jax.experimental.pallas.ops.gpu import attention, layer_norm, rms_norm, softmax
@@ -71,24 +75,19 @@ def shipped_calls() -> Iterator[tuple[str, Callable, list]]:
             _zeros(*[(1, 128, 1, 64)] * 3)
 
 
-def _lesson_calls(log) -> Iterator[tuple[str, object]]:
-    """(where, kernel body) for every kernel the lessons run: each lesson's code is executed
-    with ``pl.pallas_call`` and ``plgpu.kernel`` wrapped so that each call it makes is traced
-    once."""
-    import jupytext  # seconds to import: only the lessons' and solutions' walks read notebooks
-    from jax.experimental.pallas import mosaic_gpu as plgpu  # about a second, for this walk only
-
-    found: list = []
-    originals = {pl: pl.pallas_call, plgpu: plgpu.kernel}
-
-    def recording(original):
+def _recording(found: list):
+    """A stand-in for ``pl.pallas_call`` or ``plgpu.kernel`` (``original``) that adds
+    (kernel function, body) to ``found`` for each call it makes, traced once."""
+    def wrap(original):
         def make(*args, **kwargs):
             call = original(*args, **kwargs)
+            kernel = args[0] if args else kwargs.get("kernel", kwargs.get("body"))
 
             @functools.wraps(call)
             def run(*operands):
                 try:
-                    found.extend(kernel_bodies(jax.make_jaxpr(call)(*operands)))
+                    program = jax.make_jaxpr(call)(*operands)
+                    found.extend((kernel, body) for body in kernel_bodies(program))
                 except Exception:  # noqa: BLE001 - a lesson showing an error keeps its error
                     pass
                 return call(*operands)
@@ -97,21 +96,66 @@ def _lesson_calls(log) -> Iterator[tuple[str, object]]:
 
         return make
 
+    return wrap
+
+
+def _recorded(run: Callable[[], object], found: list):
+    """Runs ``run`` with every ``pallas_call`` and Mosaic GPU kernel it makes recorded in
+    ``found``."""
+    from jax.experimental.pallas import mosaic_gpu as plgpu  # about a second, for this walk only
+
+    originals = {pl: pl.pallas_call, plgpu: plgpu.kernel}
+    wrap = _recording(found)
+    jax.clear_caches()  # a jitted op traced before would not make its pallas_call again
+    pl.pallas_call, plgpu.kernel = wrap(pl.pallas_call), wrap(plgpu.kernel)
+    try:
+        run()
+    finally:
+        pl.pallas_call, plgpu.kernel = originals[pl], originals[plgpu]
+
+
+def _lesson_calls(log) -> Iterator[tuple[str, Callable, object]]:
+    """(where, kernel function, kernel body) for every kernel the lessons run: each lesson's
+    code is executed with ``pl.pallas_call`` and ``plgpu.kernel`` recorded."""
+    import jupytext  # seconds to import: only the lessons' and solutions' walks read notebooks
+
     for path in sorted((REPO / "lessons").glob("[0-9]*.py")):
         source = "\n".join(c.source for c in jupytext.read(path).cells
                            if c.cell_type == "code" and not c.source.lstrip().startswith("%"))
-        found.clear()
-        pl.pallas_call, plgpu.kernel = recording(pl.pallas_call), recording(plgpu.kernel)
-        sys.path.insert(0, str(path.parent))  # the lessons' own helpers (_course.py)
-        try:
-            exec(compile(source, str(path), "exec"), {"__name__": "__lesson__"})  # noqa: S102
-        except Exception as e:  # noqa: BLE001 - what ran until then still counts
-            log(f"shipped: {path.name} stopped at {type(e).__name__}: {e}"[:200])
-        finally:
-            pl.pallas_call, plgpu.kernel = originals[pl], originals[plgpu]
-            sys.path.remove(str(path.parent))
-        for body in found:
-            yield f"lessons/{path.name}", body
+        found: list = []
+
+        def run(source=source, path=path):
+            sys.path.insert(0, str(path.parent))  # the lessons' own helpers (_course.py)
+            try:
+                exec(compile(source, str(path), "exec"), {"__name__": "__lesson__"})  # noqa: S102
+            except Exception as e:  # noqa: BLE001 - what ran until then still counts
+                log(f"shipped: {path.name} stopped at {type(e).__name__}: {e}"[:200])
+            finally:
+                sys.path.remove(str(path.parent))
+
+        _recorded(run, found)
+        for kernel, body in found:
+            yield f"lessons/{path.name}", kernel, body
+
+
+def shipped_kernels(lessons: bool = True, log=print) -> Iterator[tuple[str, Callable, object]]:
+    """(where, kernel function, kernel body) for every kernel the course ships: those of
+    ``shipped_calls`` and, with ``lessons``, every one a lesson runs."""
+    for where, fn, args in shipped_calls():
+        found: list = []
+        _recorded(lambda fn=fn, args=args: jax.make_jaxpr(fn)(*args), found)
+        for kernel, body in found:
+            yield where, kernel, body
+    if lessons:
+        yield from _lesson_calls(log)
+
+
+def _given_in(body: str, cells) -> bool:
+    """Whether a notebook's text gives ``body`` verbatim, and its code holds each line of it
+    (indented as the code needs)."""
+    code = {line.strip() for c in cells if c.cell_type == "code" for line in c.source.splitlines()}
+    return any(body in c.source for c in cells if c.cell_type == "markdown") and \
+        all(line.strip() in code for line in body.splitlines() if line.strip())
 
 
 def _solution_bodies() -> Iterator[tuple[str, object]]:
@@ -124,7 +168,8 @@ def _solution_bodies() -> Iterator[tuple[str, object]]:
     for assignment in tasks.ASSIGNMENTS:
         path = REPO / "exercises" / "source" / assignment / f"{assignment[3:]}.py"
         namespace: dict = {"__name__": "__solution__"}
-        for cell in jupytext.read(path).cells:
+        cells = jupytext.read(path).cells
+        for cell in cells:
             grade_id = cell.metadata.get("nbgrader", {}).get("grade_id", "")
             if cell.cell_type != "code" or not (grade_id == "setup"
                                                 or grade_id.endswith("_solution")):
@@ -137,6 +182,9 @@ def _solution_bodies() -> Iterator[tuple[str, object]]:
                 continue
             fn = namespace[task_id] if task_id in new else namespace[new[0]]
             task = tasks.get(task_id)
+            if task.given_body and not _given_in(task.given_body, cells):
+                raise RuntimeError(f"{task_id}'s given body {task.given_body!r} is not "
+                                   f"verbatim in {path.name}'s text and code: write it there")
             for case in task.cases:
                 arrays = [jnp.asarray(v) for v in task.inputs(case).values()]
                 traced = trace_case(task, fn, arrays, case.params)
@@ -147,25 +195,29 @@ def _solution_bodies() -> Iterator[tuple[str, object]]:
                     yield task_id, body
 
 
-def collect(lessons: bool = True, log=print) -> dict[str, str]:
-    """fingerprint -> where, for every shipped body of at least ``MIN_BODY`` equations that is
-    not an instructor's solution."""
+def collect(lessons: bool = True, log=print) -> tuple[dict[str, str], dict[str, list[str]]]:
+    """(fingerprint -> where, for every shipped body; task id -> the fingerprints of the
+    shipped bodies its text gives). Raises where an instructor's solution runs a shipped body
+    its task's text does not give: an honest learner's copy of it would fail."""
     out: dict[str, str] = {}
-
-    def add(where, body):
-        if body_size(body) >= MIN_BODY:
-            out.setdefault(fingerprint(body), where)
-
-    for where, fn, args in shipped_calls():
-        for body in kernel_bodies(jax.make_jaxpr(fn)(*args)):
-            add(where, body)
-    if lessons:
-        for where, body in _lesson_calls(log):
-            add(where, body)
+    for where, _, body in shipped_kernels(lessons, log):
+        out.setdefault(fingerprint(body), where)
+    given: dict[str, set[str]] = {}
+    refused = []
     for task_id, body in _solution_bodies():
-        if out.pop(fingerprint(body), None):
-            log(f"shipped: left out the body of {task_id}'s solution (the honest answer)")
-    return dict(sorted(out.items(), key=lambda kv: (kv[1], kv[0])))
+        if (found := fingerprint(body)) not in out:
+            continue
+        if tasks.get(task_id).given_body:
+            given.setdefault(task_id, set()).add(found)
+        else:
+            refused.append(f"{task_id} (the body {out[found]} ships)")
+    if refused:
+        raise RuntimeError("instructor solutions whose kernel body the course ships: "
+                           f"{', '.join(sorted(set(refused)))}. Write that solution's body "
+                           "differently, or give the body in its task's text and name it in "
+                           "the task's given_body")
+    return (dict(sorted(out.items(), key=lambda kv: (kv[1], kv[0]))),
+            {t: sorted(f) for t, f in sorted(given.items())})
 
 
 def sources_digest() -> str:
@@ -189,10 +241,10 @@ def main() -> None:
     if jax.device_count("cpu") < most:
         os.execve(sys.executable, [sys.executable, "-m", __spec__.name],
                   devices.cpu_devices_env(os.environ, most))
-    kernels = collect()
+    kernels, given = collect()
     # the digest of the sources, taken after collect (which reads this very module)
-    STORE.write_text(json.dumps({"min_body": MIN_BODY, "sources": sources_digest(),
-                                 "kernels": kernels}, indent=1) + "\n")
+    STORE.write_text(json.dumps({"sources": sources_digest(), "kernels": kernels,
+                                 "given": given}, indent=1) + "\n")
     print(f"{STORE}: {len(kernels)} shipped kernel bodies", file=sys.stderr)
 
 

@@ -1,9 +1,10 @@
 """Kernel bodies a learner did not write: the course's own and those of the Pallas ops JAX ships.
 
-"Kernels are your own" (``core.work_rules``) compares each kernel body a submission runs with
+"Kernels are your own" (``core.own_kernels``) compares each kernel body a submission runs with
 these, by fingerprint (``grader.grading.fingerprint``: the body's jaxpr up to the names of its
 variables, dead code and the numbers in it), so a body copied as source text and re-created
-with ``exec`` (whose debug info then points at the notebook) is still recognised.
+with ``exec`` (whose debug info then points at the notebook), pasted or renamed is still
+recognised, at any size.
 
 The fingerprints are stored in ``shipped_kernels.json`` beside this module, made by
 ``python -m grader.tasks.collect_shipped`` from:
@@ -14,10 +15,10 @@ The fingerprints are stored in ``shipped_kernels.json`` beside this module, made
 - JAX's bundled Pallas ops (``jax.experimental.pallas.ops``) that compute what a task asks:
   TPU matmul and flash attention, GPU softmax, layer norm, RMS norm and attention.
 
-Two kinds of body are left out, as no rule could tell a copy from the learner's own work:
-bodies of fewer than ``MIN_BODY`` live equations (``o = x + y``), and any body that is the
-instructor's solution of a task (the answer an honest learner writes; a test checks that no
-stored fingerprint is one).
+One kind of shipped body passes: the body a task's text gives (``Task.given_body``, a line
+as short as ``o_ref[...] = x_ref[...] + y_ref[...]``, which its instructor solution holds
+verbatim), for that task alone (``allowed``). The collector refuses any other instructor
+solution whose body the course ships, as an honest learner would lose marks for it.
 """
 
 from __future__ import annotations
@@ -27,14 +28,22 @@ import json
 from pathlib import Path
 
 STORE = Path(__file__).with_name("shipped_kernels.json")
-MIN_BODY = 8  # live equations: smaller bodies are what anyone writes
 
 
 @functools.cache
+def _stored() -> dict:
+    return json.loads(STORE.read_text())
+
+
 def known() -> dict[str, str]:
     """fingerprint -> where the body ships (the stored corpus)."""
-    return json.loads(STORE.read_text())["kernels"]
+    return _stored()["kernels"]
+
+
+def allowed(task_id: str) -> frozenset[str]:
+    """The fingerprints of the shipped bodies ``task_id``'s text gives (its allow-list)."""
+    return frozenset(_stored().get("given", {}).get(task_id, ()))
 
 
 def stored_digest() -> str | None:
-    return json.loads(STORE.read_text()).get("sources")
+    return _stored().get("sources")

@@ -22,6 +22,7 @@ import inspect
 import os
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import gradertools
@@ -33,9 +34,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from grader import devices, tasks
-from grader.grading import calling, fingerprint, work
+from grader.grading import calling, fingerprint, verdict, work
 from grader.learner import course
-from grader.tasks import collect_shipped, shipped
+from grader.tasks import collect_shipped, core, shipped
 
 TPU_INTERPRET = pltpu.InterpretParams()
 
@@ -141,14 +142,16 @@ def shipped_solution_bodies(assignments) -> list[tuple[str, str]]:
                 gradertools.as_the_checker_reads(traced.program, task_id)
             found += [(task_id, shipped.known()[fingerprint.fingerprint(b)])
                       for b in calling.kernel_bodies(traced.program)
-                      if fingerprint.fingerprint(b) in shipped.known()]
+                      if fingerprint.fingerprint(b) in shipped.known()
+                      and fingerprint.fingerprint(b) not in shipped.allowed(task_id)]
     return found
 
 
 def test_no_solution_is_shipped():
-    """The stored corpus holds no instructor solution's body: an honest learner's kernel may
-    be exactly that, and must not fail for it. An assignment on a ring of devices is traced in
-    a process started with them (XLA counts its CPU devices once, when JAX starts)."""
+    """The stored corpus holds no instructor solution's body but the one its task's text gives
+    (``Task.given_body``): an honest learner's kernel may be exactly that, and must not fail
+    for it. An assignment on a ring of devices is traced in a process started with them (XLA
+    counts its CPU devices once, when JAX starts)."""
     here = [a for a in tasks.ASSIGNMENTS if devices.devices_of(a) <= jax.device_count()]
     found = shipped_solution_bodies(here)
     for assignment in sorted(set(tasks.ASSIGNMENTS) - set(here)):
@@ -162,6 +165,98 @@ def test_no_solution_is_shipped():
         assert res.returncode == 0, res.stderr[-3000:]
         found += ast.literal_eval(res.stdout.strip().splitlines()[-1])
     assert found == []
+
+
+def _as_exec_leaves_it(kernel):
+    """``kernel`` as copying its source text and running it with ``exec`` leaves it: the same
+    code, closure and globals, its debug info naming the notebook, not the course's file."""
+    if isinstance(kernel, functools.partial):
+        return functools.partial(_as_exec_leaves_it(kernel.func), *kernel.args,
+                                 **kernel.keywords)
+    copy = types.FunctionType(kernel.__code__.replace(co_filename="<notebook cell>"),
+                              kernel.__globals__, kernel.__name__, kernel.__defaults__,
+                              kernel.__closure__)
+    copy.__kwdefaults__ = kernel.__kwdefaults__
+    return copy
+
+
+def _ref_ranks(body) -> tuple[int, ...]:
+    return tuple(len(getattr(v.aval, "shape", ())) for v in calling.open_jaxpr(body).invars)
+
+
+def _planted_on(task, fn, case, body_print: str) -> tuple[bool, bool] | None:
+    """(whether the body ``fn`` runs on ``case`` is the shipped program whose fingerprint is
+    ``body_print``, whether "kernels are your own" passes) for ``fn`` with its kernel planted;
+    None where it does not trace (the check fails on it anyway)."""
+    arrays = [jnp.asarray(v) for v in task.inputs(case).values()]
+    traced = calling.trace_case(task, fn, arrays, case.params)
+    if traced.error is not None or traced.program is None:
+        return None
+    facts = verdict.work_from_dict(work.facts(traced.program))
+    return (any(c.fingerprint == body_print for c in facts.calls),
+            core.own_kernels(facts, task.id).ok)
+
+
+def planted_copies(assignments) -> list[tuple[str, str, str, bool, bool]]:
+    """(task, where the kernel ships, case, the planted body is a shipped one there, "kernels
+    are your own" passed) for every case of every shipped kernel planted in the instructor
+    solution of each task of ``assignments`` whose one ``pallas_call`` takes refs of the same
+    ranks: that call runs the shipped kernel, re-created as ``exec`` leaves it, in place of its
+    own. Pairs whose planted program does not trace on the first visible case (the kernel
+    does not fit the task's blocks) are left out, as are a task's given bodies
+    (``Task.given_body``)."""
+    shipped_ones = [(where, kernel, _ref_ranks(body), fingerprint.fingerprint(body))
+                    for where, kernel, body in collect_shipped.shipped_kernels(log=lambda _: None)
+                    if kernel is not None]
+    original, found = pl.pallas_call, []
+    for assignment in assignments:
+        for task_id, fn in gradertools.solutions(assignment).items():
+            task = tasks.get(task_id)
+            if not task.own_kernels:
+                continue
+            visible = next(c for c in task.cases if not c.hidden)
+            arrays = [jnp.asarray(v) for v in task.inputs(visible).values()]
+            bodies = calling.kernel_bodies(calling.trace_case(task, fn, arrays,
+                                                              visible.params).program)
+            if len(bodies) != 1:
+                continue
+            for where, kernel, ranks, body_print in shipped_ones:
+                if ranks != _ref_ranks(bodies[0]) or body_print in shipped.allowed(task_id):
+                    continue
+                planted: list = []
+                copy = _as_exec_leaves_it(kernel)
+
+                def plant(_, *args, copy=copy, planted=planted, **kw):
+                    planted.append(True)
+                    return original(copy, *args, **kw)
+
+                pl.pallas_call = plant
+                try:
+                    if _planted_on(task, fn, visible, body_print) is None or not planted:
+                        continue  # it does not fit, or the solution makes no pallas_call
+                    found += [(task_id, where, c.name, *seen) for c in task.cases
+                              if (seen := _planted_on(task, fn, c, body_print)) is not None]
+                finally:
+                    pl.pallas_call = original
+    return found
+
+
+@pytest.mark.slow
+def test_a_planted_copy_of_each_shipped_kernel_loses_its_task():
+    """Every shipped kernel, at any size, planted in each task whose kernel it fits, fails
+    "kernels are your own" on every case where it is the program the course ships (issue 52:
+    the 4-equation body of lesson 3's ``tiled_add``, copied, kept 9/9), whatever its size. A
+    body is the shipped program on the cases whose dtypes the course runs it with: a lesson's
+    bfloat16 matmul planted in ``matmul`` fails its bfloat16 cases, visible and hidden."""
+    here = [a for a in tasks.ASSIGNMENTS if devices.devices_of(a) <= jax.device_count()]
+    found = planted_copies(here)
+    copies = [f for f in found if f[3]]
+    assert copies, "no shipped kernel fits any task: the planting is broken"
+    kept = [f[:3] for f in copies if f[4]]
+    assert kept == [], "\n".join(map(str, kept))
+    print("planted bodies that are no shipped program on any case of the task (their "
+          "values decide):", sorted({f[:2] for f in found if not f[3]} -
+                                   {f[:2] for f in copies}))
 
 
 # ----------------------------------------------------------------------- host callbacks
@@ -180,7 +275,7 @@ def test_arithmetic_in_a_host_callback_fails():
     _fails("add", add, "[FAIL] no host callbacks", "found pure_callback")
 
 
-def test_debug_print_is_not_a_callback():
+def test_debug_body_printis_not_a_callback():
     def add(x, y):
         def kernel(x_ref, y_ref, o_ref):
             jax.debug.print("step {}", 0)
@@ -278,5 +373,7 @@ def test_the_stored_corpus_is_current():
     it was made (its stored digest), it is current without remaking it (2.5 minutes)."""
     if shipped.stored_digest() == collect_shipped.sources_digest():
         return
-    assert collect_shipped.collect(log=lambda _: None) == shipped.known(), \
+    assert collect_shipped.collect(log=lambda _: None) == \
+        (shipped.known(), {t: sorted(shipped.allowed(t)) for t in tasks.BY_ID
+                           if shipped.allowed(t)}), \
         "the shipped-kernel corpus is stale: run `python -m grader.tasks.collect_shipped`"

@@ -84,7 +84,7 @@ HONEST_ADD_WORK = {
     "outside_ops": [], "outside_while_flops": 0, "callbacks": [], "outside_moved_bytes": 0,
     "calls": [{"number": 0, "primitives": ["add", "get", "swap"], "unread": [],
                "course_kernel": False, "jax_kernel": False, "fingerprint": "0" * 64,
-               "body_size": 4, "dma": None, "operands": [
+               "dma": None, "operands": [
                    {"role": "input", "from": "inputs", "kind": "input",
                     "floating": True}] * 2}]}
 

@@ -143,7 +143,7 @@ def test_distributions_own_check_passes_a_right_kernel_and_knows_no_hidden_case(
         "from jax.experimental import pallas as pl\n"
         "assert grader.__file__.startswith(DIST), grader.__file__\n"
         "assert not [c for t in tasks.TASKS for c in t.cases if c.hidden]\n"
-        # a body of more than shipped.MIN_BODY equations: "kernels are your own" reads the
+        # a body the course ships nowhere: "kernels are your own" reads the
         # stored fingerprints (grader/tasks/shipped_kernels.json), which the copy must hold
         "def kernel(x_ref, y_ref, o_ref):\n    x, y = x_ref[...], y_ref[...]\n"
         "    o_ref[...] = (((x + y) * 2.0 - x - y) - 0.0) * 1.0 + 0.0\n"

@@ -131,6 +131,21 @@ course.check("gpu_row_sums", gpu_row_sums, hidden=True)
 # the Triton lowering multiplies float32 in TF32 (10 mantissa bits), so a GPU would miss the
 # tolerance. Pass `precision=jax.lax.Precision.HIGHEST` to `jnp.dot`; the check refuses a
 # float32 product without it. Graded as task 1.
+#
+# The kernel body is given: it is lesson 11's `matmul_gpu_safe_kernel`, the one shipped body
+# "kernels are your own" accepts in this task. The grid, the bands' `BlockSpec`s and the
+# precision are your work:
+#
+# ```python
+# def add_chunk(c, acc):
+#     ks = pl.ds(c * bk, bk)  # chunk c of K: columns of a's band, rows of b's
+#     product = jnp.dot(a_ref[:, ks], b_ref[ks, :], precision=precision,
+#                       preferred_element_type=jnp.float32)
+#     return acc + product
+#
+# acc = jax.lax.fori_loop(0, k // bk, add_chunk, jnp.zeros((bm, bn), jnp.float32))
+# o_ref[...] = acc.astype(o_ref.dtype)
+# ```
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
