@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from grader.grading import batch, build, inbound, sandbox
+from grader.grading.collect import expected_notebooks
 from grader.grading.submission import Worker, read_status, write_status
 from grader.grading.worker import load
 
@@ -145,6 +146,7 @@ class Watcher:
     def due(self, assignment: str) -> dict[str, tuple[str, datetime | None]]:
         """Student -> (what is due: new, regrade or feedback; the newest entry's time)."""
         newest: dict[str, datetime] = {}
+        expected = expected_notebooks(self.root, assignment)
         for entry in inbound.inbound_entries(self.entries, assignment):
             if entry.refused:
                 if entry.path.name not in self.reported:
@@ -153,7 +155,7 @@ class Watcher:
                              f"{entry.refused}: refused, not graded")
                 continue
             try:
-                when = inbound.entry_time(entry.path, entry.uid)
+                when = inbound.entry_time(entry.path, entry.uid, expected)
             except FileNotFoundError:  # its owner deleted it meanwhile
                 continue
             newest[entry.student] = max(newest.get(entry.student, when), when)

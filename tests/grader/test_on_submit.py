@@ -19,6 +19,7 @@ from grader.grading.submission import write_status
 
 REPO = Path(__file__).resolve().parents[2]
 A, B = "01_first_kernel", "02_second"
+NB = "first_kernel.ipynb"
 
 
 @pytest.fixture
@@ -27,6 +28,8 @@ def course(tmp_path, monkeypatch):
     for a in (A, B):
         (root / "source" / a).mkdir(parents=True)
         (root / "source" / a / "task.py").write_text("")
+        (root / "release" / a).mkdir(parents=True)
+        (root / "release" / a / NB).write_text("{}")
     shutil.copy(REPO / "exercises" / "nbgrader_config.py", root)
     (exchange / "pallas-course" / "inbound").mkdir(parents=True)
     monkeypatch.setenv("PALLAS_COURSE_EXCHANGE", str(exchange))
@@ -51,7 +54,7 @@ def _entry(course: Path, named: str) -> Path:
     inbound = Path(os.environ["PALLAS_COURSE_EXCHANGE"]) / "pallas-course" / "inbound"
     entry = inbound / f"{named}+{A}+2000-01-01 00:00:00.000000 UTC+{os.urandom(4).hex()}"
     entry.mkdir(mode=ENTRY_MODE)
-    (entry / "first_kernel.ipynb").write_text("{}")
+    (entry / NB).write_text("{}")
     return entry
 
 
@@ -63,15 +66,15 @@ def test_a_look_finds_new_submissions_refuses_forged_ones_and_retries_errors(cou
         assert watcher.due(A) == {}
         entry = _entry(course, me)
         _entry(course, "a-classmate")  # made by this account in another's name
-        assert watcher.due(A) == {me: ("new", entry_time(entry, os.getuid()))}
-        assert watcher.due(A) == {me: ("new", entry_time(entry, os.getuid()))}
+        assert watcher.due(A) == {me: ("new", entry_time(entry, os.getuid(), [NB]))}
+        assert watcher.due(A) == {me: ("new", entry_time(entry, os.getuid(), [NB]))}
         refused = [line for line in said if "refused" in line]
         assert len(refused) == 1 and f"names a-classmate but was made by {me}" in refused[0]
 
         collected = course / "submitted" / me / A  # as collect leaves it
         collected.mkdir(parents=True)
         (collected / "timestamp.txt").write_text(
-            entry_time(entry, os.getuid()).strftime(TIMESTAMP_FORMAT))
+            entry_time(entry, os.getuid(), [NB]).strftime(TIMESTAMP_FORMAT))
         assert watcher.due(A) == {}
         write_status(course, A, me, {"student": me, "assignment": A, "status": "error"})
         assert watcher.due(A) == {me: ("regrade", None)}
@@ -81,7 +84,7 @@ def test_a_look_finds_new_submissions_refuses_forged_ones_and_retries_errors(cou
         time.sleep(0.05)  # a resubmission: a later change time by the server's clock
         again = _entry(course, me)
         watcher.not_before.clear()
-        assert watcher.due(A) == {me: ("new", entry_time(again, os.getuid()))}
+        assert watcher.due(A) == {me: ("new", entry_time(again, os.getuid(), [NB]))}
 
     finally:
         watcher.close()
