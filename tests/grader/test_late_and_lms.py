@@ -37,6 +37,20 @@ def test_lms_tables_have_one_row_per_student_and_a_column_per_assignment():
                                          ["ben", "6.0", "0"]]
 
 
+def test_an_infrastructure_fault_is_no_grade_in_either_lms_table():
+    """Issue 52: an ``error`` (the gradebook or the cluster out of reach) was exported as 0.0."""
+    from grader.grading.batch import lms_table
+
+    why = "the gradebook could not be reached: grade it again with autograde --resume"
+    rows = [{"assignment": "a1", "student_id": "ana", "score": 9.0, "max_score": 9.0,
+             "status": "graded", "reason": ""},
+            {"assignment": "a1", "student_id": "ben", "score": 0.0, "max_score": 9.0,
+             "status": "error", "reason": why}]
+    assert lms_table(rows, "canvas")[3] == ["ben", "", "", "ben", "", ""]
+    assert lms_table(rows, "moodle") == [["Username", "a1", "a1 feedback"],
+                                         ["ana", "9.0", ""], ["ben", "", why]]
+
+
 def test_an_extension_and_a_roster_reach_the_grade_and_every_export(released_01, tmp_path,
                                                                     monkeypatch):
     """Issue 35: per-student extensions and a roster. Two submissions 3 h past the due date,
