@@ -78,7 +78,7 @@ def test_a_look_finds_new_submissions_refuses_forged_ones_and_retries_errors(cou
         assert watcher.due(A) == {}
         write_status(course, A, me, {"student": me, "assignment": A, "status": "error"})
         assert watcher.due(A) == {me: ("regrade", None)}
-        watcher.retry_later(me, A)
+        watcher.retry_later(me, A, "not graded", "the gradebook is down", "by hand")
         assert watcher.due(A) == {}  # not before a minute has passed
 
         time.sleep(0.05)  # a resubmission: a later change time by the server's clock
@@ -109,5 +109,43 @@ def test_a_cluster_out_of_reach_leaves_error_never_a_zero(course, monkeypatch):
         assert "infrastructure fault" in status["detail"]
         assert ("waiting", A) in watcher.not_before  # tried again after RETRY_SECONDS
         assert any(line.startswith(f"waiting/{A}: graded on the cluster: error") for line in said)
+    finally:
+        watcher.close()
+
+
+def test_failed_feedback_is_retried_less_and_less_often_then_given_up_in_one_line(course,
+                                                                                  monkeypatch):
+    """Issue 52: a release of feedback that kept failing was tried every 60 s forever, each time
+    with a whole traceback. Each failure is one line naming its cause; the waits double; after
+    ``MAX_ATTEMPTS`` the watcher says what to run by hand and waits for a new submission."""
+    def failing(worker, root, assignment, student, log):
+        log("feedback 01_first_kernel: 0 HTML file(s)\nTraceback (most recent call last):\n"
+            '  File "x.py", line 1\nPermissionError: [Errno 13] feedback/ann')
+        return [], None
+
+    monkeypatch.setattr(on_submit.batch, "released_feedback", failing)
+    me = getpass.getuser()
+    said: list[str] = []
+    watcher = on_submit.Watcher(course, "tls://127.0.0.1:1", log=said.append)
+    try:
+        entry = _entry(course, me)
+        collected = course / "submitted" / me / A
+        collected.mkdir(parents=True)
+        (collected / "timestamp.txt").write_text(
+            entry_time(entry, os.getuid(), [NB]).strftime(TIMESTAMP_FORMAT))
+        waits = []
+        for _ in range(on_submit.MAX_ATTEMPTS):
+            watcher.release(A, me)
+            if (me, A) in watcher.not_before:
+                waits.append(round(watcher.not_before.pop((me, A)) - time.monotonic(), -1))
+        assert waits == [60, 120, 240, 480]
+        assert all("\n" not in line for line in said)
+        assert all("PermissionError: [Errno 13] feedback/ann" in line for line in said)
+        assert said[-1].endswith(f"gave up after 5 attempts: run pallas-course feedback {A}; "
+                                 "a new submission is taken again")
+        assert watcher.due(A) == {}  # given up: no more tries
+        time.sleep(0.05)
+        again = _entry(course, me)  # until the learner submits anew
+        assert watcher.due(A) == {me: ("new", entry_time(again, os.getuid(), [NB]))}
     finally:
         watcher.close()
