@@ -242,6 +242,39 @@ def released_feedback(worker: Worker, root: Path, assignment: str, student: str 
     return files, problem
 
 
+def extend(root: Path, student: str, assignment: str, hours: float, log=print) -> None:
+    """Give ``student`` ``hours`` more on ``assignment`` (``late.grant_extension``) and bring
+    what it changes up to date at once: a graded submission's late penalty in the gradebook
+    (so its grade and every export) and its feedback, made and released again where there
+    was some. Nothing is run again; a submission not graded yet gets it when it is."""
+    from grader.grading import late  # imports nbgrader: this command's alone
+
+    late.grant_extension(root, student, assignment, hours)
+    log(f"{student} has {hours:g} h more on {assignment}" if hours
+        else f"{student}'s extension on {assignment} is gone")
+    if not (root / "autograded" / student / assignment).is_dir():
+        log(f"  applied when {student}'s submission is graded (pallas-course autograde "
+            f"{assignment} --student {student})")
+        return
+    with sandbox.claimed_slot() as slot:
+        worker = Worker(root, slot)
+        try:
+            res = worker.run("extend", assignment, student)
+            if not res.get("success"):
+                raise RuntimeError(f"the extension is kept but the grade of {student} was not "
+                                   f"updated: {res.get('error')}; run pallas-course autograde "
+                                   f"{assignment} --student {student}")
+            lost = sum(res.get("penalties", {}).values())
+            log(f"  late penalty now {lost:g} point(s); the grade and exports say so")
+            if (root / "feedback" / student / assignment).is_dir():
+                files, problem = released_feedback(worker, root, assignment, student, log=log)
+                if problem:
+                    raise RuntimeError(f"{student}'s feedback on {assignment} was not remade: "
+                                       f"{problem}; run pallas-course feedback {assignment}")
+        finally:
+            worker.close()
+
+
 LMS_FORMATS = ("canvas", "moodle")
 NO_GRADE = ("error",)  # statuses that export no grade (blank, with the reason), never a 0
 

@@ -6,7 +6,9 @@ course's collector, as the formgrader's Collect takes it), ``["autograde", A, ST
 ``["forget", A, STUDENT]`` (an earlier grading of a submission replaced by one that is not a
 notebook: its gradebook record, autograded notebooks and feedback), ``["feedback", A[,
 STUDENT]]`` (made, and released to the exchange when the course has one), ``["export", FILE]``,
-``["preflight"]`` (can a jailed Python import the course), ``["roster", CSV]`` (learners' names
+``["preflight"]`` (can a jailed Python import the course), ``["extend", A, STUDENT]`` (the
+student's extension into the gradebook and the graded submission's late penalty worked out
+again), ``["roster", CSV]`` (learners' names
 and e-mails into the gradebook, ``grader.grading.roster``). Each runs
 real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON
 line (prefixed ``@@RESULT``) with the outcome; ``submission.Worker`` is the other end. Learner code
@@ -177,6 +179,34 @@ def _apply_extension(root: Path, coursedir, assignment: str, student: str) -> No
         gb.grant_extension(assignment, student, minutes=round(hours * 60))
 
 
+def _late_penalties_again(cfg, coursedir, assignment: str, student: str) -> dict[str, float]:
+    """Each graded notebook's late penalty worked out again from the gradebook (its score, the
+    submission's lateness with the extension written there), as nbgrader's
+    ``AssignLatePenalties`` does in autograde, without running the submission again; notebook
+    -> penalty (points). Nothing for a submission never graded."""
+    from nbgrader.api import Gradebook, MissingEntry  # optional: the class extra's
+    from nbgrader.preprocessors import AssignLatePenalties
+
+    penalties = AssignLatePenalties(config=cfg)
+    penalties.init_plugin()
+    out = {}
+    with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
+        try:
+            submission = gb.find_submission(assignment, student)
+        except MissingEntry:
+            return out
+        late = submission.total_seconds_late
+        for nb in submission.notebooks:
+            penalty = (penalties.plugin_inst.late_submission_penalty(student, nb.score, late)
+                       if late > 0 else None)
+            # as nbgrader bounds it: never below 0, never above the notebook's score
+            nb.late_submission_penalty = None if penalty is None else min(max(penalty, 0.0),
+                                                                          nb.score)
+            out[nb.name] = float(nb.late_submission_penalty or 0.0)
+        gb.db.commit()
+    return out
+
+
 def _do_job(root: Path, cfg, coursedir, api, job: str, args: list[str], result: dict) -> None:
     if job == "generate":
         result["results"] = {}
@@ -214,6 +244,10 @@ def _do_job(root: Path, cfg, coursedir, api, job: str, args: list[str], result: 
         result["disk"] = [c for x in limits for c in x["disk"]]
         result["notebooks"] = [p.name for p in nbs]
         result["reports"] = list(trusted.REPORTS)
+    elif job == "extend":
+        a, s = args
+        _apply_extension(root, coursedir, a, s)
+        result.update(success=True, penalties=_late_penalties_again(cfg, coursedir, a, s))
     elif job == "roster":
         from nbgrader.api import Gradebook  # optional: the class extra's
 
