@@ -7,8 +7,8 @@ gradebook (formgrader: Manage Assignments, or ``nbgrader db assignment add A --d
 plus the student's extension (``pallas-course extend``): the extensions are kept in the course
 folder (``EXTENSIONS``) and written into the student's gradebook row before each grading of the
 submission, where nbgrader's lateness counts them; one granted after grading updates the graded
-submission's penalty and feedback at once (``batch.extend``). The penalty never exceeds the notebook's
-score. ``late_by`` is what ``pallas-course export`` shows.
+submission's penalty and feedback at once (``batch.extend``). The penalty never exceeds the
+notebook's score. ``late_by`` is what ``pallas-course export`` shows.
 """
 
 from __future__ import annotations
