@@ -105,9 +105,14 @@ class Class:
             out.unlink(missing_ok=True)
 
 
+# where the script is run from: a folder only root may enter, as root's home is (issue 52: psql,
+# as postgres, said "could not change directory" on every run from one)
+RUN_FROM = tempfile.mkdtemp(prefix="pallas-setup-cwd-")  # mode 0700
+
+
 def setup_class(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SETUP), *args], capture_output=True, text=True,
-                          timeout=900, check=False,
+                          timeout=900, check=False, cwd=RUN_FROM,
                           env={**os.environ, "PALLAS_COURSE_SOURCE_VENV": sys.prefix})
 
 
@@ -145,7 +150,7 @@ def setup_class_traced(trace: Path, *args: str) -> subprocess.CompletedProcess:
     tracer = subprocess.Popen(
         ["strace", "-f", "-v", "-s", "65536", "-e", "trace=execve", "-o", str(trace),
          "bash", str(SETUP), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PALLAS_COURSE_SOURCE_VENV": sys.prefix})
+        cwd=RUN_FROM, env={**os.environ, "PALLAS_COURSE_SOURCE_VENV": sys.prefix})
 
     def script_exit() -> int | None:  # the script's status, from the trace's first process
         lines = trace.read_text().splitlines() if trace.exists() else []
