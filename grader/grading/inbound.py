@@ -17,8 +17,7 @@ learners' ``nbgrader_config.py``):
   (``st_ctime``, which no user can set) of the entry and those notebooks. Nothing else in an
   entry is read, copied or walked: one learner's 20,000 files and 1.2 GB once filled the
   collector's memory and slowed every grading after it. The learner's ``timestamp.txt`` is
-  ignored. Its
-  rules are ``inbound_entries`` and ``entry_time``, by which grading on submit
+  ignored. Its rules are ``inbound_entries`` and ``entry_time``, by which grading on submit
   (``grader.grading.on_submit``) also tells a new submission from a forged one.
 
 And for any exchange: :class:`ReleaseFeedbackWhereSubmitted` (the formgrader's Release feedback,
