@@ -26,7 +26,7 @@ STATE=/var/lib/pallas-course         # hub state, TLS keys, the gradebook passwo
 ETC=/etc/pallas-course               # class.env, jupyterhub_config.py, dask/ (no secrets)
 COURSE=/srv/pallas-course
 EXCHANGE=/srv/pallas-exchange
-HUB_PORT=8000
+HUB_PORT=8100  # make start serves the site on 8000 and JupyterLab on 8888
 DASK_PORT=8786
 DASK_WORKERS=2
 DEMO=0
@@ -102,7 +102,9 @@ pg_cluster() {  # "VERSION NAME PORT STATUS" of the first Debian cluster
   pg_lsclusters -h 2>/dev/null | awk 'NR==1 {print $1, $2, $3, $4}'
 }
 
-as_postgres() { runuser -u postgres -- "$@"; }
+# from /: postgres may not enter the folder this script was started in, and psql said "could
+# not change directory" on every run
+as_postgres() { (cd / && runuser -u postgres -- "$@"); }
 
 # ----------------------------------------------------------------------------- --remove
 if [ "$REMOVE" = 1 ]; then

@@ -132,8 +132,8 @@ def _build_parser() -> argparse.ArgumentParser:
                    help="a table that Canvas's or Moodle's gradebook imports (one row per "
                    "student, one column per assignment) instead of nbgrader's CSV")
     x = sub.add_parser("extend", help="give a student more time on an assignment: the late "
-                       "policy counts from the due date plus the extension (at the "
-                       "submission's next grading)")
+                       "policy counts from the due date plus the extension; a graded "
+                       "submission's grade and feedback are updated at once")
     x.add_argument("student")
     x.add_argument("assignment")
     x.add_argument("--hours", type=float, required=True,
@@ -234,13 +234,7 @@ def _grading_command(args: argparse.Namespace, root: Path) -> int:
     elif args.command == "export":
         batch.export(root, args.to, lms=args.lms)
     elif args.command == "extend":
-        from grader.grading import late  # this command's alone: the others start faster
-
-        late.grant_extension(root, args.student, args.assignment, args.hours)
-        print(f"{args.student} has {args.hours:g} h more on {args.assignment}"
-              if args.hours else f"{args.student}'s extension on {args.assignment} is gone",
-              "(applied when the submission is graded next: pallas-course autograde "
-              f"{args.assignment} --student {args.student})")
+        batch.extend(root, args.student, args.assignment, args.hours)
     elif args.command == "roster":
         from grader.grading import roster  # this command's alone: the others start faster
 

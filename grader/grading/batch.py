@@ -242,7 +242,41 @@ def released_feedback(worker: Worker, root: Path, assignment: str, student: str 
     return files, problem
 
 
+def extend(root: Path, student: str, assignment: str, hours: float, log=print) -> None:
+    """Give ``student`` ``hours`` more on ``assignment`` (``late.grant_extension``) and bring
+    what it changes up to date at once: a graded submission's late penalty in the gradebook
+    (so its grade and every export) and its feedback, made and released again where there
+    was some. Nothing is run again; a submission not graded yet gets it when it is."""
+    from grader.grading import late  # imports nbgrader: this command's alone
+
+    late.grant_extension(root, student, assignment, hours)
+    log(f"{student} has {hours:g} h more on {assignment}" if hours
+        else f"{student}'s extension on {assignment} is gone")
+    if not (root / "autograded" / student / assignment).is_dir():
+        log(f"  applied when {student}'s submission is graded (pallas-course autograde "
+            f"{assignment} --student {student})")
+        return
+    with sandbox.claimed_slot() as slot:
+        worker = Worker(root, slot)
+        try:
+            res = worker.run("extend", assignment, student)
+            if not res.get("success"):
+                raise RuntimeError(f"the extension is kept but the grade of {student} was not "
+                                   f"updated: {res.get('error')}; run pallas-course autograde "
+                                   f"{assignment} --student {student}")
+            lost = sum(res.get("penalties", {}).values())
+            log(f"  late penalty now {lost:g} point(s); the grade and exports say so")
+            if (root / "feedback" / student / assignment).is_dir():
+                files, problem = released_feedback(worker, root, assignment, student, log=log)
+                if problem:
+                    raise RuntimeError(f"{student}'s feedback on {assignment} was not remade: "
+                                       f"{problem}; run pallas-course feedback {assignment}")
+        finally:
+            worker.close()
+
+
 LMS_FORMATS = ("canvas", "moodle")
+NO_GRADE = ("error",)  # statuses that export no grade (blank, with the reason), never a 0
 
 
 def lms_table(rows: list[dict], lms: str) -> list[list[str]]:
@@ -251,10 +285,20 @@ def lms_table(rows: list[dict], lms: str) -> list[list[str]]:
     student matched by SIS Login ID (the hub's user name), then a "Points Possible" row; new
     columns become assignments. Moodle: a "Username" column to map to the user's username, the
     assignment columns to map to grade items. The roster's names and e-mails, where imported:
-    Canvas's Student column reads "Last, First", Moodle's table gains "Email address"."""
+    Canvas's Student column reads "Last, First", Moodle's table gains "Email address". A
+    submission without a grade of its own (``NO_GRADE``, or an earlier submission's grade in
+    the gradebook) is a blank cell, no grade, in both; Moodle's table gives the reason in a
+    column "<assignment> feedback" to map to that grade item's feedback, and the export's
+    log names each."""
     assignments = sorted({r["assignment"] for r in rows})
     students = sorted({r["student_id"] for r in rows})
-    score = {(r["student_id"], r["assignment"]): str(r.get("score") or 0) for r in rows}
+    # an infrastructure fault is no grade at all, never a 0: a blank cell, which both
+    # gradebooks import as no grade; Moodle's table gives the reason as that grade's feedback
+    score = {(r["student_id"], r["assignment"]):
+             "" if r.get("score") == "" or r.get("status") in NO_GRADE
+             else str(r.get("score") or 0) for r in rows}
+    reason = {(r["student_id"], r["assignment"]): r.get("reason") or "" for r in rows
+              if score[(r["student_id"], r["assignment"])] == ""}
     # from the roster (``pallas-course roster``), where the gradebook has one
     name = {r["student_id"]: ", ".join(p for p in (r.get("last_name"), r.get("first_name"))
                                        if p and p != "None") for r in rows}
@@ -272,8 +316,22 @@ def lms_table(rows: list[dict], lms: str) -> list[list[str]]:
         def mail(s: str) -> list[str]:
             return [email.get(s, "")] if email else []
 
-        return [["Username", *(["Email address"] if email else []), *assignments]] + [
-            [s, *mail(s), *(score.get((s, a), "0") for a in assignments)] for s in students]
+        # a feedback column beside each assignment with a grade left blank, to map in the
+        # import to that grade item's feedback
+        why = [a for a in assignments if any(k[1] == a for k in reason)]
+
+        header = ["Username", *(["Email address"] if email else [])]
+        for a in assignments:
+            header += [a, f"{a} feedback"] if a in why else [a]
+
+        def cells(s: str) -> list[str]:
+            out = []
+            for a in assignments:
+                out += [score.get((s, a), "0"), reason.get((s, a), "")] if a in why \
+                    else [score.get((s, a), "0")]
+            return out
+
+        return [header] + [[s, *mail(s), *cells(s)] for s in students]
     raise ValueError(f"unknown gradebook format {lms!r}: one of {', '.join(LMS_FORMATS)}")
 
 
@@ -303,9 +361,13 @@ def export(root: Path, to: Path, log=print, lms: str | None = None) -> Path:
         row["reason"] = (st or {}).get("detail", "")
         if st:
             row["status"] = st["status"]
-            if st["status"] == "malformed":  # its earlier grade is gone (grade_one): its time
+            if st["status"] == "malformed" or not st.get("in_gradebook", True):
+                # its earlier grade is gone (grade_one), or the gradebook's row is an earlier
+                # submission's: this submission's time, and no grade but its own
                 row["timestamp"] = st.get("timestamp", "")
                 row["late_by"] = late_by(row["timestamp"], row.get("duedate", ""), hours)
+            if not st.get("in_gradebook", True):
+                row["score"] = ""
         elif row.get("timestamp") in ("", "None", None) and float(row.get("score") or 0) == 0:
             row["status"] = "missing"
         else:
@@ -317,8 +379,13 @@ def export(root: Path, to: Path, log=print, lms: str | None = None) -> Path:
             rows.append({**{k: "" for k in fields}, "extension_hours": "", "late_by": "",
                          "assignment": st["assignment"],
                          "student_id": st["student"], "timestamp": st.get("timestamp", ""),
-                         "score": 0, "status": st["status"], "reason": st.get("detail", "")})
+                         "score": "" if st["status"] in NO_GRADE else 0,
+                         "status": st["status"], "reason": st.get("detail", "")})
     to.parent.mkdir(parents=True, exist_ok=True)
+    for row in rows:
+        if row["score"] == "":
+            log(f"  {row['student_id']}/{row['assignment']}: no grade exported "
+                f"({row['status']}: {row['reason']})")
     with to.open("w", newline="") as f:
         if lms:
             csv.writer(f).writerows(lms_table(rows, lms))

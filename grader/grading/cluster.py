@@ -26,10 +26,10 @@ next submission when it finishes the last, as in the local pool's queue, it impo
 needs when it starts (``dask_setup``), and Dask's housekeeping, made for millisecond tasks,
 polls seldom beside tasks that wait seconds on their grading process. Every
 Dask worker runs the jail check a local batch runs (``submission.check_jail``) before it grades
-anything: the workers present run it before the batch starts (one failure stops the batch,
-nothing graded), a worker that joins mid-batch runs it before its first submission. A late
-worker that fails it grades nothing: the batch retires it from the cluster, says why, and grades
-its submission elsewhere.
+anything: the workers present run it before the batch starts, a worker that joins mid-batch
+runs it before its first submission. A worker that fails it grades nothing: the batch retires
+it from the cluster, says why, and grades on the others (a late one: its submission
+elsewhere); only when no worker can grade does the batch stop.
 
 A Dask worker lost mid-task: the scheduler runs the task again on another worker (up to
 ``distributed.scheduler.allowed-failures`` times, then the submission is ``error``, an
@@ -157,14 +157,26 @@ def graded_on(scheduler: str, root: Path, todo: list[tuple[str, str]], timeout: 
                              key=f"grade-{assignment}-{student}-{batch_id}-{attempt}")
 
     try:
+        retired: set[str] = set()
         if todo:
-            try:
-                client.run(preflight, str(root), db)
-            except Exception as e:  # noqa: BLE001 - any worker's failure stops the batch
-                raise RuntimeError(f"not grading on {scheduler}: {type(e).__name__}: {e}") from e
+            # a worker that cannot grade is retired, and the batch goes on with the others:
+            # one bad machine, or one worker busy with a learner's flood of files, stopped
+            # whole batches with nothing graded
+            checked = client.run(preflight, str(root), db, on_error="return")
+            for address, why in sorted(checked.items()):
+                if why is not None:
+                    retired.add(address)
+                    log(f"retired {why}" if isinstance(why, WorkerUnfit) else
+                        f"retired the Dask worker {address}: its jail check failed "
+                        f"({type(why).__name__}: {why})")
+            if retired:
+                client.retire_workers(sorted(retired), close_workers=True)
+            if not set(checked) - retired:
+                raise RuntimeError(f"not grading on {scheduler}: no Dask worker can grade "
+                                   "(each one's reason above); fix them, then run the batch "
+                                   "again")
         futs = {submit(s, a, 0): (s, a, 0) for s, a in todo}
         finished = as_completed(futs)
-        retired: set[str] = set()
         for fut in finished:
             s, a, attempt = futs.pop(fut)
             unfit = fut.exception() if fut.status == "error" else None

@@ -127,6 +127,19 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, limit: int) -> byte
     return data
 
 
+def expected_notebooks(root: Path, assignment: str) -> list[str]:
+    """The names of the notebooks collected for ``assignment``: those the course released
+    (``release/<assignment>/``; before a release, the source's). Whatever else a learner hands
+    in (data, caches, a planted 20,000 files) is never graded: copied, it slowed every grading
+    of the submission (nbgrader searched the folder once per file) and, read from the
+    exchange, filled the grader's memory."""
+    for step in ("release", "source"):
+        names = sorted(p.name for p in (root / step / assignment).glob("*.ipynb"))
+        if names:
+            return names
+    return []
+
+
 def _place(rel: str, known: set[str], root: Path, released: dict[str, list[str]]) -> Path:
     """Where ``rel`` goes under ``submitted/``; Skip when it is not a submission."""
     parts = PurePosixPath(rel).parts
@@ -141,8 +154,7 @@ def _place(rel: str, known: set[str], root: Path, released: dict[str, list[str]]
         raise Skip(f"unknown assignment {assignment!r}")
     if not name.endswith(".ipynb"):
         raise Skip("not a notebook (.ipynb)")
-    names = released.setdefault(assignment, sorted(
-        p.name for p in (root / "release" / assignment).glob("*.ipynb")))
+    names = released.setdefault(assignment, expected_notebooks(root, assignment))
     if names and name not in names:
         raise Skip(f"not a notebook of this assignment (it has {', '.join(names)}); a second "
                    "copy is not graded")

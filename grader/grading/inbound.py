@@ -10,11 +10,14 @@ learners' ``nbgrader_config.py``):
 - :class:`PrivateSubmit` (the learner's server) leaves the entry ``2770``: its owner and the
   instructors' group (inherited from ``inbound/``, setgid) only;
 - :class:`OwnedCollect` (the formgrader's Collect and ``nbgrader collect``) takes an entry only
-  when it is a real folder whose owner *is* the student it names, copies only regular files
-  owned by that student (no links followed, sizes capped as in ``grader.grading.collect``), and
-  stamps the submission with the server's clock: the latest change time (``st_ctime``, which no
-  user can set) of the entry and its files. The learner's ``timestamp.txt`` is ignored. Its
-  rules are ``inbound_entries`` and ``entry_time``, by which grading on submit
+  when it is a real folder whose owner *is* the student it names, copies only the assignment's
+  notebooks (``expected_notebooks``), each a regular file owned by that student (no links
+  followed, sizes capped: ``MAX_NOTEBOOK_BYTES`` each, ``MAX_ENTRY_BYTES`` together, read one at
+  a time), and stamps the submission with the server's clock: the latest change time
+  (``st_ctime``, which no user can set) of the entry and those notebooks. Nothing else in an
+  entry is read, copied or walked: one learner's 20,000 files and 1.2 GB once filled the
+  collector's memory and slowed every grading after it. The learner's ``timestamp.txt`` is
+  ignored. Its rules are ``inbound_entries`` and ``entry_time``, by which grading on submit
   (``grader.grading.on_submit``) also tells a new submission from a forged one.
 
 And for any exchange: :class:`ReleaseFeedbackWhereSubmitted` (the formgrader's Release feedback,
@@ -29,6 +32,7 @@ from __future__ import annotations
 import glob
 import os
 import pwd
+import shutil
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,9 +44,11 @@ from nbgrader.exchange.default.release_feedback import ExchangeReleaseFeedback
 from nbgrader.exchange.default.submit import ExchangeSubmit
 
 from grader.grading import hidden_tests
-from grader.grading.collect import MAX_NOTEBOOK_BYTES, Skip, read_regular
+from grader.grading.collect import MAX_NOTEBOOK_BYTES, Skip, expected_notebooks
 
 ENTRY_MODE = 0o2770
+MAX_ENTRY_BYTES = 2 * MAX_NOTEBOOK_BYTES  # the notebooks collected from one entry, together
+MAX_LISTED = 1000  # names of an entry counted to say what was left out
 TIMESTAMP_FORMAT = "%Y-%m-%d %H:%M:%S.%f %Z"  # nbgrader's
 
 
@@ -88,44 +94,87 @@ def inbound_entries(inbound: Path, assignment: str, student: str = "*") -> list[
     return out
 
 
-def _taken(entry: Path, uid: int, skipped: list[str]) -> Iterator[tuple[str, Path, float]]:
-    """``(name below entry, path, st_ctime)`` of each file collect takes from ``entry``: the
-    regular files owned by ``uid``; what it skips goes to ``skipped``, with why."""
-    for dirpath, dirnames, filenames in os.walk(entry, followlinks=False):
-        here = Path(dirpath)
-        dirnames[:] = [d for d in dirnames if not (here / d).is_symlink()
-                       and d != ".ipynb_checkpoints"]
-        for name in filenames:
-            path = here / name
-            rel = str(path.relative_to(entry))
+def _taken(entry: Path, uid: int, expected: list[str], skipped: list[str]
+           ) -> Iterator[tuple[str, Path, float]]:
+    """``(name, path, st_ctime)`` of each file collect takes from ``entry``: the ``expected``
+    notebooks at its top, each a regular file owned by ``uid``; what it skips goes to
+    ``skipped``, with why. Nothing else in the entry is looked at."""
+    for name in expected:
+        path = entry / name
+        try:
             st = os.lstat(path)
-            if not stat.S_ISREG(st.st_mode):
-                skipped.append(f"{rel}: not a regular file (a link is never followed)")
-            elif st.st_uid != uid:
-                skipped.append(f"{rel}: written by {owner_name(st.st_uid)}, not the submitter")
-            elif name != "timestamp.txt":  # the learner's clock: the server's is used
-                yield rel, path, st.st_ctime
+        except FileNotFoundError:  # not handed in: nbgrader scores that notebook 0
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            skipped.append(f"{name}: not a regular file (a link is never followed)")
+        elif st.st_uid != uid:
+            skipped.append(f"{name}: written by {owner_name(st.st_uid)}, not the submitter")
+        else:
+            yield name, path, st.st_ctime
 
 
-def entry_time(entry: Path, uid: int) -> datetime:
+def entry_time(entry: Path, uid: int, expected: list[str]) -> datetime:
     """The server's time of the submission in ``entry`` (UTC): the latest change time
-    (``st_ctime``, which no user can set) of the folder and of the files collect takes."""
-    latest = max([os.lstat(entry).st_ctime, *(t for _, _, t in _taken(entry, uid, []))])
+    (``st_ctime``, which no user can set) of the folder and of the ``expected`` files
+    collect takes."""
+    latest = max([os.lstat(entry).st_ctime, *(t for _, _, t in _taken(entry, uid, expected,
+                                                                       []))])
     return datetime.fromtimestamp(latest, UTC)
 
 
-def entry_files(entry: Path, uid: int) -> tuple[dict[str, bytes], datetime, list[str]]:
-    """The regular files of ``entry`` owned by ``uid`` (name -> bytes), the server's time of the
-    submission (as ``entry_time``) and what was skipped, with why."""
-    files, skipped = {}, []
-    latest = os.lstat(entry).st_ctime
-    for rel, path, changed in _taken(entry, uid, skipped):
-        latest = max(latest, changed)
-        try:
-            files[rel] = read_regular(path, MAX_NOTEBOOK_BYTES)
-        except Skip as e:
-            skipped.append(f"{rel}: {e}")
-    return files, datetime.fromtimestamp(latest, UTC), skipped
+def _left_out(entry: Path, expected: list[str]) -> str | None:
+    """What else ``entry`` holds at its top, in words (counted up to ``MAX_LISTED`` names,
+    never read); None when nothing."""
+    count = 0
+    with os.scandir(entry) as names:
+        for item in names:
+            if item.name not in expected and item.name != "timestamp.txt":
+                count += 1
+                if count > MAX_LISTED:
+                    break
+    if not count:
+        return None
+    many = f"more than {MAX_LISTED:,}" if count > MAX_LISTED else f"{count:,}"
+    return (f"{many} other file(s) or folder(s) not collected: only the assignment's "
+            f"notebooks ({', '.join(expected)}) are graded")
+
+
+def read_owned(path: Path, uid: int, limit: int) -> tuple[bytes, float]:
+    """The bytes of ``path`` (at most ``limit``) and its change time, read only when it is
+    still a regular file owned by ``uid`` (checked on the file opened, not on its name)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as e:
+        raise Skip(f"cannot be opened ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+            raise Skip("no longer a regular file of the submitter's")
+        if st.st_size > limit:
+            raise Skip(f"larger than {limit:,} bytes")
+        chunks, size = [], 0  # read(limit) would hold the limit in memory, whatever the file
+        while chunk := f.read(min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise Skip(f"larger than {limit:,} bytes")
+        changed = os.fstat(f.fileno()).st_ctime
+    return b"".join(chunks), changed
+
+
+def entry_notebooks(entry: Path, uid: int, expected: list[str]
+                    ) -> tuple[list[tuple[str, Path]], datetime, list[str]]:
+    """The ``expected`` notebooks of ``entry`` that collect takes (name, path: read one at a
+    time when copied, ``read_owned``), the server's time of the submission (as
+    ``entry_time``) and what was left out, with why."""
+    skipped: list[str] = []
+    if not expected:
+        skipped.append("the assignment has no released notebook: release it, then collect")
+    taken = [(name, path) for name, path, _ in _taken(entry, uid, expected, skipped)]
+    more = _left_out(entry, expected)
+    if more:
+        skipped.append(more)
+    return taken, entry_time(entry, uid, expected), skipped
 
 
 def collected_at(submitted: Path) -> datetime | None:
@@ -149,17 +198,21 @@ class OwnedCollect(ExchangeCollect):
         # learner chose: pick again among the entries the named student really owns
         self.src_records = []
         by_student: dict[str, list[dict]] = {}
+        expected = expected_notebooks(Path(self.coursedir.root), self.coursedir.assignment_id)
         for entry in inbound_entries(Path(self.inbound_path), self.coursedir.assignment_id,
                                      self.coursedir.student_id or "*"):
             if entry.refused:
                 self.log.warning("%s: %s; not collected", entry.path, entry.refused)
                 continue
-            files, when, skipped = entry_files(entry.path, entry.uid)
+            try:
+                taken, when, skipped = entry_notebooks(entry.path, entry.uid, expected)
+            except FileNotFoundError:  # its owner deleted it since the listing
+                continue
             for why in skipped:
                 self.log.warning("%s/%s; skipped", entry.path.name, why)
             by_student.setdefault(entry.student, []).append(
-                {"username": entry.student, "filename": entry.path.name, "files": files,
-                 "timestamp": when})
+                {"username": entry.student, "filename": entry.path.name, "files": taken,
+                 "uid": entry.uid, "timestamp": when})
         for records in by_student.values():
             self.src_records.append(max(records, key=lambda r: r["timestamp"]))
 
@@ -171,18 +224,30 @@ class OwnedCollect(ExchangeCollect):
             if old is not None and (old >= rec["timestamp"] or not self.update):
                 self.log.info("Submission already collected: %s", rec["username"])
                 continue
+            # one notebook in memory at a time, written to a folder beside the submission,
+            # which replaces it once every notebook is there
+            tmp = dest.with_name(f".{dest.name}.collecting")
+            if tmp.is_dir():
+                shutil.rmtree(tmp)
+            tmp.mkdir(parents=True)
+            when, budget = rec["timestamp"], MAX_ENTRY_BYTES
+            for name, path in rec["files"]:
+                try:
+                    data, changed = read_owned(path, rec["uid"],
+                                               min(MAX_NOTEBOOK_BYTES, budget))
+                except Skip as e:
+                    self.log.warning("%s/%s: %s; skipped", rec["filename"], name, e)
+                    continue
+                budget -= len(data)
+                when = max(when, datetime.fromtimestamp(changed, UTC))  # changed since
+                (tmp / name).write_bytes(data)
+            (tmp / "timestamp.txt").write_text(when.strftime(TIMESTAMP_FORMAT))
             if dest.is_dir():
-                for p in sorted(dest.rglob("*"), reverse=True):
-                    p.rmdir() if p.is_dir() and not p.is_symlink() else p.unlink()
-            dest.mkdir(parents=True, exist_ok=True)
-            for rel, data in rec["files"].items():
-                out = dest / rel
-                out.parent.mkdir(parents=True, exist_ok=True)
-                out.write_bytes(data)
-            (dest / "timestamp.txt").write_text(rec["timestamp"].strftime(TIMESTAMP_FORMAT))
-            self.log.info("Collected %s %s (%d file(s), submitted %s by the server's clock)",
-                          rec["username"], self.coursedir.assignment_id, len(rec["files"]),
-                          rec["timestamp"].strftime(TIMESTAMP_FORMAT))
+                shutil.rmtree(dest)
+            os.replace(tmp, dest)
+            self.log.info("Collected %s %s (%d notebook(s), submitted %s by the server's clock)",
+                          rec["username"], self.coursedir.assignment_id,
+                          len(list(dest.glob("*.ipynb"))), when.strftime(TIMESTAMP_FORMAT))
 
 
 def unreleasable(feedback: Path) -> str | None:

@@ -6,8 +6,9 @@ server's clock (``grader.grading.inbound`` stamps it). The due date is the assig
 gradebook (formgrader: Manage Assignments, or ``nbgrader db assignment add A --duedate ...``),
 plus the student's extension (``pallas-course extend``): the extensions are kept in the course
 folder (``EXTENSIONS``) and written into the student's gradebook row before each grading of the
-submission, where nbgrader's lateness counts them. The penalty never exceeds the notebook's
-score. ``late_by`` is what ``pallas-course export`` shows.
+submission, where nbgrader's lateness counts them; one granted after grading updates the graded
+submission's penalty and feedback at once (``batch.extend``). The penalty never exceeds the
+notebook's score. ``late_by`` is what ``pallas-course export`` shows.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ def extensions(root: Path) -> dict[str, dict[str, float]]:
 
 def grant_extension(root: Path, student: str, assignment: str, hours: float) -> None:
     """Give ``student`` ``hours`` more on ``assignment`` (0 takes an extension back). Extensions
-    do not add up: the last one granted counts. The submission's next grading applies it."""
+    do not add up: the last one granted counts. ``batch.extend`` applies it to a graded
+    submission; the submission's next grading applies it too."""
     if hours < 0:
         raise ValueError(f"an extension of {hours:g} hours: give 0 or more (0 takes it back)")
     granted = extensions(root)

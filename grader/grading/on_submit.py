@@ -20,7 +20,10 @@ the exchange's inbound entries of the assignments turned on, and for each studen
   (``batch.autograde``) and its feedback made and released to the exchange for that learner
   (``batch.released_feedback``). A resubmission is a newer entry: graded again, the latest counts;
 - a grading that ended ``error`` (the gradebook or the cluster out of reach: never a learner's
-  0), a collect or a release that failed, is tried again after ``RETRY_SECONDS``.
+  0), a collect or a release that failed, is tried again after ``RETRY_SECONDS``, then after
+  twice as long each time, ``MAX_ATTEMPTS`` attempts in all; then the watcher gives up on that
+  submission, says what to run by hand, and tries again only when the learner submits anew.
+  Each failure is one line: what failed, its cause, and when it is tried again.
 
 Whatever one submission does, the watcher goes on with the others; its log (standard output) has
 a line for each thing it did to a submission, and it writes the time of its last look
@@ -31,19 +34,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
-import traceback
 from datetime import UTC, datetime
 from pathlib import Path
 
 from grader.grading import batch, build, inbound, sandbox
+from grader.grading.collect import expected_notebooks
 from grader.grading.submission import Worker, read_status, write_status
 from grader.grading.worker import load
 
 SETTING = "grade_on_submit.json"  # in the course folder: {"course": bool, "assignments": [...]}
 SEEN = "grade_on_submit.seen"  # in the course folder: the watcher's last look, and how many
 POLL_SECONDS = 5.0
-RETRY_SECONDS = 60.0
+RETRY_SECONDS = 60.0  # the first retry's wait; each next one waits twice as long
+MAX_ATTEMPTS = 5  # of one collect, grading or release: 60 s to 16 min apart, 31 min in all
 COLLECT_TIMEOUT = 300  # seconds for one collect job
 NO_FEEDBACK = ("error", "malformed")  # no grade to give feedback on (the status says why)
 
@@ -116,6 +121,9 @@ class Watcher:
         self.root, self.scheduler, self.log = root, scheduler, log
         self.reported: set[str] = set()  # refused entries, logged once each
         self.not_before: dict[tuple[str, str], float] = {}  # (student, assignment): retry time
+        self.failures: dict[tuple[str, str], int] = {}  # failed attempts in a row
+        self.newest: dict[tuple[str, str], datetime] = {}  # the newest entry's time
+        self.gave_up: dict[tuple[str, str], datetime] = {}  # the newest entry's time then
         self.feedback_due: set[tuple[str, str]] = set()  # graded, feedback not released yet
         self.on: dict | None = None
         self.steps = 0
@@ -134,9 +142,9 @@ class Watcher:
         for assignment in assignments_on(self.root, on):
             try:
                 self.handle(assignment, self.due(assignment))
-            except Exception:  # noqa: BLE001 - one assignment's fault never stops the others
-                self.log(f"{assignment}: this look failed; the next tries again:\n"
-                         f"{traceback.format_exc()}")
+            except Exception as e:  # noqa: BLE001 - one assignment's fault never stops the others
+                self.log(f"{assignment}: this look failed ({one_line(f'{type(e).__name__}: {e}')})"
+                         f"; the next, in {POLL_SECONDS:g} s, tries again")
         self.steps += 1
         seen = self.root / f".{SEEN}.tmp"
         seen.write_text(json.dumps({"time": time.time(), "steps": self.steps}))
@@ -145,6 +153,7 @@ class Watcher:
     def due(self, assignment: str) -> dict[str, tuple[str, datetime | None]]:
         """Student -> (what is due: new, regrade or feedback; the newest entry's time)."""
         newest: dict[str, datetime] = {}
+        expected = expected_notebooks(self.root, assignment)
         for entry in inbound.inbound_entries(self.entries, assignment):
             if entry.refused:
                 if entry.path.name not in self.reported:
@@ -153,14 +162,19 @@ class Watcher:
                              f"{entry.refused}: refused, not graded")
                 continue
             try:
-                when = inbound.entry_time(entry.path, entry.uid)
+                when = inbound.entry_time(entry.path, entry.uid, expected)
             except FileNotFoundError:  # its owner deleted it meanwhile
                 continue
             newest[entry.student] = max(newest.get(entry.student, when), when)
         out: dict[str, tuple[str, datetime | None]] = {}
         for student, when in newest.items():
             key = (student, assignment)
-            if self.not_before.get(key, 0.0) > time.monotonic():
+            self.newest[key] = when
+            if key in self.gave_up and when > self.gave_up[key]:  # submitted anew: start over
+                del self.gave_up[key]
+                self.failures.pop(key, None)
+                self.not_before.pop(key, None)
+            if key in self.gave_up or self.not_before.get(key, 0.0) > time.monotonic():
                 continue
             collected = inbound.collected_at(self.root / "submitted" / student / assignment)
             if collected is None or when > collected:
@@ -180,8 +194,26 @@ class Watcher:
                         + [s for s, (why, _) in due.items() if why == "feedback"]):
             self.release(assignment, s)
 
-    def retry_later(self, student: str, assignment: str) -> None:
-        self.not_before[(student, assignment)] = time.monotonic() + RETRY_SECONDS
+    def retry_later(self, student: str, assignment: str, failed: str, why: str,
+                    by_hand: str) -> None:
+        """Log, in one line, that ``failed`` (what the watcher did) because ``why``, and when
+        it is tried again: after a wait that doubles with each failure in a row, until
+        ``MAX_ATTEMPTS``; then ``by_hand`` (the command that does it) is what to do."""
+        key = (student, assignment)
+        attempts = self.failures[key] = self.failures.get(key, 0) + 1
+        said = f"{student}/{assignment}: {failed} ({one_line(why)})"
+        if attempts >= MAX_ATTEMPTS:
+            self.gave_up[key] = self.newest.get(key) or inbound.collected_at(
+                self.root / "submitted" / student / assignment) or datetime.now(UTC)
+            self.log(f"{said}; gave up after {attempts} attempts: {by_hand}; a new submission "
+                     "is taken again")
+            return
+        wait = RETRY_SECONDS * 2 ** (attempts - 1)
+        self.not_before[key] = time.monotonic() + wait
+        self.log(f"{said}; tried again in {wait:.0f} s (attempt {attempts} of {MAX_ATTEMPTS})")
+
+    def succeeded(self, student: str, assignment: str) -> None:
+        self.failures.pop((student, assignment), None)
 
     def collect(self, assignment: str, student: str, when: datetime) -> bool:
         """Collect ``student``'s submission made at ``when`` (or a later one); did it come?"""
@@ -191,10 +223,14 @@ class Watcher:
             self.log(f"{student}/{assignment}: collected the submission of "
                      f"{got:%Y-%m-%d %H:%M:%S} UTC")
             return True
-        why = res.get("error") or (res.get("log") or "").strip()[-1500:] or "no reason given"
-        self.log(f"{student}/{assignment}: not collected ({why}); tried again in "
-                 f"{RETRY_SECONDS:.0f} s")
-        self.retry_later(student, assignment)
+        if res.get("success"):  # nbgrader's collect ran and took nothing newer
+            why = ("the collector took no submission newer than the one collected: "
+                   + one_line(res.get("log") or "its log says nothing"))
+        else:
+            why = res.get("error") or res.get("log") or "the collect job gave no reason"
+        self.retry_later(student, assignment, "not collected", why,
+                         f"collect it in the formgrader (Manage Assignments, {assignment}, "
+                         "Collect) and see its log")
         return False
 
     def grade(self, assignment: str, students: list[str]) -> dict[str, str]:
@@ -217,11 +253,16 @@ class Watcher:
                 results.append(rec)
         for r in results:
             s, status = r["student"], r["status"]
-            if status == "error":
-                self.retry_later(s, assignment)
             score = (f"{r['score']:g} / {r['max_score']:g}, " if r.get("max_score") else "")
-            detail = f" ({r['detail']})" if r.get("detail") else ""
+            detail = f" ({one_line(r['detail'])})" if r.get("detail") else ""
             self.log(f"{s}/{assignment}: graded on the cluster: {score}{status}{detail}")
+            if status == "error":
+                self.retry_later(s, assignment, "not graded", r.get("detail") or "error",
+                                 f"once the cluster and the gradebook answer, run pallas-course "
+                                 f"autograde {assignment} --student {s} --scheduler "
+                                 f"{self.scheduler}")
+            else:
+                self.succeeded(s, assignment)
         return {r["student"]: r["status"] for r in results}
 
     def release(self, assignment: str, student: str) -> None:
@@ -231,14 +272,22 @@ class Watcher:
         key = (student, assignment)
         if problem or not files:
             self.feedback_due.add(key)
-            self.retry_later(student, assignment)
-            self.log(f"{student}/{assignment}: feedback not released "
-                     f"({problem or 'none was made'}); tried again in {RETRY_SECONDS:.0f} s\n"
-                     + "\n".join(said))
+            self.retry_later(student, assignment, "feedback not released", problem or (
+                "nbgrader made no feedback page for this submission: "
+                + one_line("\n".join(said))), f"run pallas-course feedback {assignment}")
         else:
             self.feedback_due.discard(key)
+            self.succeeded(student, assignment)
             self.log(f"{student}/{assignment}: feedback released to the exchange for "
                      f"{student} ({', '.join(f.name for f in files)})")
+
+
+def one_line(text: str) -> str:
+    """The cause in ``text`` (a reason, an error, a log) as one line: its last line that names
+    an exception (``ValueError: ...``), else its first line; at most 300 characters."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip()]
+    errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Exit)\b.*:", line)]
+    return ((errors or lines or ["no reason given"])[-1 if errors else 0])[:300]
 
 
 def watch(root: Path, scheduler: str, poll: float = POLL_SECONDS) -> None:
@@ -252,8 +301,10 @@ def watch(root: Path, scheduler: str, poll: float = POLL_SECONDS) -> None:
         while True:
             try:
                 watcher.step()
-            except Exception:  # noqa: BLE001 - the setting unreadable, the course folder gone
-                log(f"this look failed; the next tries again:\n{traceback.format_exc()}")
+            except Exception as e:  # noqa: BLE001 - the setting unreadable, the course folder gone
+                log(f"this look failed ({one_line(f'{type(e).__name__}: {e}')}); the next, in "
+                    f"{poll:g} s, tries again; check that {root} and {SETTING} in it are "
+                    "readable by this account")
             time.sleep(poll)
     finally:
         watcher.close()

@@ -342,6 +342,9 @@ def grade_one(root: Path, student: str, assignment: str, timeout: float,
             rec["process_limit"] = reports[0].get("process_limit")
             # checks decided by the checker's answer to the same programs in an earlier run
             rec["checks_from_cache"] = sum(r.get("checks_from_cache", 0) for r in reports)
+        # nbgrader's autograde did not finish: the gradebook's row, if any, is an earlier
+        # submission's, whose time and score no export may show as this one's
+        rec.update(timestamp=_submitted_at(subdir), in_gradebook=bool(res.get("success")))
     rec["seconds"] = round(time.monotonic() - t0, 2)
     write_status(root, assignment, student, rec)
     return rec

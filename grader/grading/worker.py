@@ -6,7 +6,9 @@ course's collector, as the formgrader's Collect takes it), ``["autograde", A, ST
 ``["forget", A, STUDENT]`` (an earlier grading of a submission replaced by one that is not a
 notebook: its gradebook record, autograded notebooks and feedback), ``["feedback", A[,
 STUDENT]]`` (made, and released to the exchange when the course has one), ``["export", FILE]``,
-``["preflight"]`` (can a jailed Python import the course), ``["roster", CSV]`` (learners' names
+``["preflight"]`` (can a jailed Python import the course), ``["extend", A, STUDENT]`` (the
+student's extension into the gradebook and the graded submission's late penalty worked out
+again), ``["roster", CSV]`` (learners' names
 and e-mails into the gradebook, ``grader.grading.roster``). Each runs
 real nbgrader (``NbGraderAPI``) with the course's ``nbgrader_config.py`` and prints one JSON
 line (prefixed ``@@RESULT``) with the outcome; ``submission.Worker`` is the other end. Learner code
@@ -24,6 +26,7 @@ mid-way leaves at most a submission row without scores, which the next ``autogra
 from __future__ import annotations
 
 import fcntl
+import fnmatch
 import json
 import os
 import shutil
@@ -74,6 +77,23 @@ def install_gradebook_lock(root: Path) -> None:
 
     api.Gradebook.__init__ = init
     api.Gradebook.close = close
+
+
+def install_linear_ignore() -> None:
+    """nbgrader's ``is_ignored`` lists a file's whole folder once per ignore pattern to decide
+    about that one file, and its search for a submission's other files (autograde's and
+    feedback's copy of them) asks it for every file: time quadratic in their count (a learner's
+    2,000 files took 27 s to grade, 6,000 took 221 s). The same rule, decided by the name
+    alone: a glob's pattern matches a hidden name only when the pattern starts with a dot."""
+    import nbgrader.utils as utils  # optional: nbgrader comes with the class extra
+
+    def is_ignored(filename: str, ignore_globs: list[str] | None = None) -> bool:
+        name = os.path.basename(filename)
+        return any(fnmatch.fnmatchcase(name, expr)
+                   and (not name.startswith(".") or expr.startswith("."))
+                   for expr in ignore_globs or ())
+
+    utils.is_ignored = is_ignored
 
 
 # the gradebook errors of this process's current job that were a lost or refused connection
@@ -159,6 +179,34 @@ def _apply_extension(root: Path, coursedir, assignment: str, student: str) -> No
         gb.grant_extension(assignment, student, minutes=round(hours * 60))
 
 
+def _late_penalties_again(cfg, coursedir, assignment: str, student: str) -> dict[str, float]:
+    """Each graded notebook's late penalty worked out again from the gradebook (its score, the
+    submission's lateness with the extension written there), as nbgrader's
+    ``AssignLatePenalties`` does in autograde, without running the submission again; notebook
+    -> penalty (points). Nothing for a submission never graded."""
+    from nbgrader.api import Gradebook, MissingEntry  # optional: the class extra's
+    from nbgrader.preprocessors import AssignLatePenalties
+
+    penalties = AssignLatePenalties(config=cfg)
+    penalties.init_plugin()
+    out = {}
+    with Gradebook(coursedir.db_url, coursedir.course_id) as gb:
+        try:
+            submission = gb.find_submission(assignment, student)
+        except MissingEntry:
+            return out
+        late = submission.total_seconds_late
+        for nb in submission.notebooks:
+            penalty = (penalties.plugin_inst.late_submission_penalty(student, nb.score, late)
+                       if late > 0 else None)
+            # as nbgrader bounds it: never below 0, never above the notebook's score
+            nb.late_submission_penalty = None if penalty is None else min(max(penalty, 0.0),
+                                                                          nb.score)
+            out[nb.name] = float(nb.late_submission_penalty or 0.0)
+        gb.db.commit()
+    return out
+
+
 def _do_job(root: Path, cfg, coursedir, api, job: str, args: list[str], result: dict) -> None:
     if job == "generate":
         result["results"] = {}
@@ -196,6 +244,10 @@ def _do_job(root: Path, cfg, coursedir, api, job: str, args: list[str], result: 
         result["disk"] = [c for x in limits for c in x["disk"]]
         result["notebooks"] = [p.name for p in nbs]
         result["reports"] = list(trusted.REPORTS)
+    elif job == "extend":
+        a, s = args
+        _apply_extension(root, coursedir, a, s)
+        result.update(success=True, penalties=_late_penalties_again(cfg, coursedir, a, s))
     elif job == "roster":
         from nbgrader.api import Gradebook  # optional: the class extra's
 
@@ -258,6 +310,7 @@ def main(argv: list[str]) -> int:
     os.chdir(root)
     os.environ["PALLAS_COURSE_ROOT"] = str(root)
     install_gradebook_lock(root)
+    install_linear_ignore()
     watch_gradebook_connections()
     # one JSON list [job, args...] per stdin line, one @@RESULT line per job; nbgrader and its
     # imports are paid for once per worker instead of once per submission. The course's

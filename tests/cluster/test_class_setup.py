@@ -105,9 +105,14 @@ class Class:
             out.unlink(missing_ok=True)
 
 
+# where the script is run from: a folder only root may enter, as root's home is (issue 52: psql,
+# as postgres, said "could not change directory" on every run from one)
+RUN_FROM = tempfile.mkdtemp(prefix="pallas-setup-cwd-")  # mode 0700
+
+
 def setup_class(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SETUP), *args], capture_output=True, text=True,
-                          timeout=900, check=False,
+                          timeout=900, check=False, cwd=RUN_FROM,
                           env={**os.environ, "PALLAS_COURSE_SOURCE_VENV": sys.prefix})
 
 
@@ -175,7 +180,7 @@ def setup_class_traced(trace: Path, *args: str) -> subprocess.CompletedProcess:
     tracer = subprocess.Popen(
         ["strace", "-f", "-v", "-s", "65536", "-e", "trace=execve", "-o", str(trace),
          "bash", str(SETUP), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PALLAS_COURSE_SOURCE_VENV": sys.prefix})
+        cwd=RUN_FROM, env={**os.environ, "PALLAS_COURSE_SOURCE_VENV": sys.prefix})
 
     def script_exit() -> int | None:  # the script's status, from the trace's first process
         lines = trace.read_text().splitlines() if trace.exists() else []
@@ -227,6 +232,8 @@ def klass():
         res = setup_class("--demo", "2", "--hub-port", str(hub_port), "--dask-port",
                           str(dask_port))
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+        # issue 52: psql, as postgres, could not enter the folder the script ran in
+        assert "could not change directory" not in res.stdout + res.stderr
         first_run = res.stdout
         uids = {u: pwd.getpwnam(u).pw_uid for u in (TEACHER, L1, L2, "pallas-grader")}
         # what any account leaves in a shared temp folder (issue 35, item 13: --remove left
@@ -237,6 +244,7 @@ def klass():
         res, read_by_learner2 = setup_class_watched(
             trace, "--demo", "2", "--hub-port", str(hub_port), "--dask-port", str(dask_port))
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
+        assert "could not change directory" not in res.stdout + res.stderr
         k = Class()
         k.rerun_trace, k.read_by_learner2 = trace.read_text(), read_by_learner2
         k.first_run, k.rerun = first_run, res.stdout
@@ -557,6 +565,58 @@ open(os.path.join({str(forged)!r}, 'timestamp.txt'), 'w').write('2099-01-01 00:0
         report.unlink(missing_ok=True)
     assert "graded 2" in page and "<td>1 / 2</td>" in page and "<td>2 / 2</td>" in page, page
     assert "CheckFailed: " in page  # the most frequent failure of the task learner 2 failed
+
+
+def peak_memory(user: str) -> int:
+    """The peak resident memory (bytes) of ``user``'s Jupyter server, the formgrader's
+    process."""
+    import psutil
+
+    (server,) = [p for p in psutil.process_iter(["username", "cmdline"])
+                 if p.info["username"] == user and "jupyterhub-singleuser" in
+                 " ".join(p.info["cmdline"] or [])]
+    status = Path(f"/proc/{server.pid}/status").read_text()
+    return int(re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)[1]) * 1024
+
+
+def test_an_entry_of_20000_files_and_1_2_gb_costs_nobody_their_grading(released):
+    """Issue 52, the blocker: learner 1 fills her entry with 20,000 small files and 1.2 GB beside
+    her notebook. The formgrader's Collect read it all into memory and copied it, and grading
+    it slowed as the square of its files, then stopped the class's grading. Collect takes her
+    notebook alone, says what it left, the formgrader's memory stays where it was, and the
+    batch on the Dask cluster grades her."""
+    k = released
+    released_to_learners(k)
+    hand_in(k, L1, wrong=False)
+    entry = max(entries(k, L1), key=lambda p: p.stat().st_ctime)  # the one just handed in
+    as_user(L1, str(k.venv / "bin" / "python"), "-c", f"""
+import os
+entry = {str(entry)!r}
+os.mkdir(os.path.join(entry, "junk"))
+for i in range(20_000):
+    with open(os.path.join(entry, "junk", f"{{i}}.txt"), "w") as f:
+        f.write("x")
+for i in range(40):  # 30 MB each, sparse: 1.2 GB to read, no disk used
+    with open(os.path.join(entry, f"big{{i}}.ipynb"), "wb") as f:
+        f.truncate(30 << 20)
+""")
+    before = peak_memory(TEACHER)
+    res = k.api("POST", f"/user/{TEACHER}/formgrader/api/assignment/{A}/collect", TEACHER)
+    assert res["success"], res
+    nb_name = next((k.course / "release" / A).glob("*.ipynb")).name
+    assert sorted(p.name for p in (k.course / "submitted" / L1 / A).iterdir()) == [
+        nb_name, "timestamp.txt"]
+    # the 41 planted beside what the assignment's folder held when she submitted (refs/)
+    left = re.search(r"(\d+) other file\(s\) or folder\(s\) not collected", res["log"])
+    assert left and int(left[1]) >= 41, res["log"][-2000:]
+    grew = peak_memory(TEACHER) - before
+    assert grew < 100 << 20, f"the formgrader's peak memory grew by {grew:,} bytes"
+
+    k.pallas(TEACHER, "autograde", A, "--student", L1, "--scheduler",
+             k.env["PALLAS_COURSE_SCHEDULER"])
+    status = json.loads((k.course / "status" / A / f"{L1}.json").read_text())
+    assert status["status"] == "graded", status
+    assert float(k.exported("entry-of-20000")[L1]["score"]) == 9.0
 
 
 def test_gradebook_restart_mid_batch_costs_no_grade(released):

@@ -162,3 +162,31 @@ def test_dask_and_postgres_grade_like_the_local_pool(local_run, dask_cluster, po
     assert "2 submission(s)" in res.stdout and "s03" in res.stdout and "s18" in res.stdout
     assert json.loads((status / "s03.json").read_text())["status"] == "graded"
     assert json.loads((status / "s18.json").read_text())["status"] == "crashed"
+
+
+def test_a_worker_that_cannot_grade_before_the_batch_is_retired_and_the_others_grade(
+        dask_cluster, postgres, tmp_path):
+    """Issue 52: one Dask worker that failed its jail check when the batch began stopped the
+    whole batch, nothing graded. It is retired, with why, and the other workers grade."""
+    import shutil
+
+    db = ["--course", str(new_course(tmp_path / "course")), "--db",
+          postgres.database("preflight")]
+    course = Path(db[1])
+    ok(pallas(*db, "release", A))
+    (src,) = (course / "source" / A).glob("*.ipynb")
+    for student in ("p1", "p2"):
+        d = course / "submitted" / student / A
+        d.mkdir(parents=True)
+        (d / "timestamp.txt").write_text(TIMESTAMP)
+        shutil.copy(src, d / src.name)
+    # a machine that has not mounted the course folder joins before the batch
+    unmounted = dask_cluster.add_worker(wrapper=[
+        "unshare", "--mount", "--propagation", "private", "sh", "-c",
+        f'mount -t tmpfs none "{course}" && exec "$0" "$@"'])
+    res = ok(pallas(*db, "autograde", A, "--scheduler", dask_cluster.address))
+    assert f"the course folder {course} is not mounted here" in res.stdout, res.stdout
+    statuses = {p.stem: json.loads(p.read_text())["status"]
+                for p in (course / "status" / A).glob("*.json")}
+    assert statuses == {"p1": "graded", "p2": "graded"}
+    assert unmounted.wait(timeout=60) is not None  # retired: the worker process ended

@@ -217,3 +217,36 @@ def test_check_dead_kernel_fails_the_rest(course, tmp_path, capsys, learner_env)
     assert "FAIL  elementwise_visible: not run" in out
     assert "kernel died" in out
     assert "1 passed, 2 failed" in out
+
+
+def test_the_grading_worker_finds_a_submissions_files_in_time_linear_in_their_count(
+        tmp_path, monkeypatch):
+    """Issue 52: grading a submission of 2,000 extra files took 27 s, of 6,000 221 s. nbgrader's
+    search for a submission's other files (``find_all_files``, in autograde and feedback) listed
+    the whole folder once per file and ignore pattern; the grading worker decides by the name.
+    Counted in folder listings, not timed: one per folder, whatever the number of files, and
+    the same files found as nbgrader's own rule finds."""
+    import glob
+
+    import nbgrader.utils as utils
+
+    from grader.grading import worker
+
+    folder = tmp_path / "submission"
+    (folder / "__pycache__").mkdir(parents=True)
+    (folder / "__pycache__" / "m.pyc").write_text("")
+    for name in [*(f"{i}.txt" for i in range(500)), "a.pyc", ".hidden.ipynb", "nb.ipynb",
+                 ".ipynb_checkpoints"]:
+        (folder / name).write_text("")
+    ignore = [".ipynb_checkpoints", "*.pyc", "__pycache__", "feedback", "*.ipynb"]
+    nbgraders = sorted(utils.find_all_files(str(folder), ignore))
+    monkeypatch.setattr(utils, "is_ignored", utils.is_ignored)  # undone after the test
+    worker.install_linear_ignore()
+    listings = []
+    real_glob = glob.glob
+    monkeypatch.setattr(glob, "glob", lambda *a, **kw: listings.append(a) or real_glob(*a, **kw))
+    real_scandir = os.scandir
+    monkeypatch.setattr(os, "scandir",
+                        lambda *a: listings.append(a) or real_scandir(*a))
+    assert sorted(utils.find_all_files(str(folder), ignore)) == nbgraders
+    assert len(listings) <= 2, len(listings)  # the submission and its __pycache__

@@ -9,6 +9,7 @@ import getpass
 import os
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 import nbformat
@@ -30,6 +31,12 @@ def _entry(inbound: Path, student: str, cells: int, stamp: str) -> Path:
     (entry / NB).write_text(nbformat.writes(nb))
     (entry / "timestamp.txt").write_text("2000-01-01 00:00:00.000000 UTC")  # ignored
     return entry
+
+
+def _released(root: Path) -> None:
+    """The course's release of A: the notebook collect takes from an entry."""
+    (root / "release" / A).mkdir(parents=True)
+    (root / "release" / A / NB).write_text(nbformat.writes(nbformat.v4.new_notebook()))
 
 
 def _course(root: Path, exchange: Path) -> tuple[Config, CourseDirectory]:
@@ -60,7 +67,7 @@ def test_collect_twice_takes_the_resubmission(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     me = getpass.getuser()  # an entry is collected only when its owner is the student it names
     root, exchange = tmp_path / "course", tmp_path / "exchange"
-    (root / "source" / A).mkdir(parents=True)
+    _released(root)
     inbound = exchange / "pallas-course" / "inbound"
     inbound.mkdir(parents=True)
     _entry(inbound, me, 1, "2026-12-01 10:00:00.000000 UTC")
@@ -78,6 +85,39 @@ def test_collect_twice_takes_the_resubmission(tmp_path, monkeypatch):
     _collect(root, exchange)
     cells, second = _submitted(root, me)
     assert cells == 2 and second > first
+
+
+def test_an_entry_of_20000_files_gives_its_notebook_alone_in_bounded_memory(tmp_path,
+                                                                            monkeypatch):
+    """Issue 52, the blocker: one learner's entry of 20,000 small files and big ones beside the
+    notebook. Collect read all of it into memory and copied it into ``submitted/``, where every
+    grading and feedback of it searched the folder once per file (nbgrader: quadratic). It
+    takes the assignment's notebook alone, one file in memory at a time, and says why the rest
+    was left out."""
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    me = getpass.getuser()
+    root, exchange = tmp_path / "course", tmp_path / "exchange"
+    _released(root)
+    inbound = exchange / "pallas-course" / "inbound"
+    inbound.mkdir(parents=True)
+    entry = _entry(inbound, me, 3, "2026-12-01 10:00:00.000000 UTC")
+    junk = entry / "junk"
+    junk.mkdir()
+    for i in range(20_000):
+        (junk / f"{i}.txt").write_bytes(b"x")
+    for i in range(5):  # 30 MB each, sparse: no disk used, 150 MB read by a collect of all
+        with (entry / f"big{i}.ipynb").open("wb") as f:
+            f.truncate(30 << 20)
+    tracemalloc.start()
+    try:
+        _collect(root, exchange)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    submitted = root / "submitted" / me / A
+    assert sorted(p.name for p in submitted.iterdir()) == [NB, "timestamp.txt"]
+    assert _submitted(root, me)[0] == 3
+    assert peak < 16 << 20, f"collect held {peak:,} bytes at once"
 
 
 def test_feedback_is_released_for_all_but_work_collected_from_a_folder(tmp_path, caplog):

@@ -37,6 +37,20 @@ def test_lms_tables_have_one_row_per_student_and_a_column_per_assignment():
                                          ["ben", "6.0", "0"]]
 
 
+def test_an_infrastructure_fault_is_no_grade_in_either_lms_table():
+    """Issue 52: an ``error`` (the gradebook or the cluster out of reach) was exported as 0.0."""
+    from grader.grading.batch import lms_table
+
+    why = "the gradebook could not be reached: grade it again with autograde --resume"
+    rows = [{"assignment": "a1", "student_id": "ana", "score": 9.0, "max_score": 9.0,
+             "status": "graded", "reason": ""},
+            {"assignment": "a1", "student_id": "ben", "score": 0.0, "max_score": 9.0,
+             "status": "error", "reason": why}]
+    assert lms_table(rows, "canvas")[3] == ["ben", "", "", "ben", "", ""]
+    assert lms_table(rows, "moodle") == [["Username", "a1", "a1 feedback"],
+                                         ["ana", "9.0", ""], ["ben", "", why]]
+
+
 def test_an_extension_and_a_roster_reach_the_grade_and_every_export(released_01, tmp_path,
                                                                     monkeypatch):
     """Issue 35: per-student extensions and a roster. Two submissions 3 h past the due date,
@@ -94,6 +108,17 @@ def test_an_extension_and_a_roster_reach_the_grade_and_every_export(released_01,
     assert moodle[0][:2] == ["Username", "Email address"]
     assert moodle[1][:2] == ["ada", "ada@example.org"]
 
+    # issue 52: an extension granted after grading changes the grade and the feedback at once
+    # (the feedback stayed stale until the instructor ran feedback again)
+    batch.feedback(root, A, log=lambda *a: None)
+    (page,) = (root / "feedback" / "alan" / A).glob("*.html")
+    assert "Late submission penalty (Score: -3.0)" in page.read_text()
+    assert cli.main(["--course", str(root), "extend", "alan", A, "--hours", "4"]) == 0
+    assert "Late submission penalty" not in page.read_text()
+    rows = {r["student_id"]: r for r in csv.DictReader(batch.export(
+        root, tmp_path / "grades.csv", log=lambda *a: None).open())}
+    assert (float(rows["alan"]["late_submission_penalty"]), rows["alan"]["late_by"]) == (0.0, "")
+
 
 def test_a_roster_line_without_an_id_is_named(tmp_path):
     import pytest
@@ -107,3 +132,46 @@ def test_a_roster_line_without_an_id_is_named(tmp_path):
     bad.write_text("first_name,email\nAda,ada@example.org\n")
     with pytest.raises(ValueError, match="no id column"):
         roster.read(bad)
+
+
+def test_a_crash_of_nbgrader_exports_this_submissions_time_and_no_grade(released_01, tmp_path,
+                                                                        monkeypatch):
+    """Issue 52: when nbgrader's autograde of a resubmission failed (``crashed``), the export
+    showed the gradebook's row: the earlier submission's time and score."""
+    import csv
+    import os
+    import shutil
+    import sys
+    from pathlib import Path
+
+    import nbformat
+    from coursetools import A, notebook_path
+    from nbgrader.api import Gradebook
+
+    from grader.grading import batch
+    from grader.grading.submission import grade_one
+
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("PALLAS_COURSE_DB", raising=False)
+    root = tmp_path / "course"
+    shutil.copytree(released_01, root)
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", "pallas-course") as gb:
+        gb.update_or_create_student("ada")  # her first submission's row, graded earlier
+        gb.update_or_create_submission(A, "ada", timestamp="2026-12-01 09:00:00")
+    source = notebook_path(root, A)
+    d = root / "submitted" / "ada" / A
+    d.mkdir(parents=True)
+    nbformat.write(nbformat.read(source, as_version=4), d / source.name)
+    (d / "timestamp.txt").write_text("2026-12-02 11:30:00.000000 UTC")  # the resubmission
+
+    class NbgraderFails:  # the grading worker's answer when nbgrader's autograde raised
+        def run(self, *args, timeout=None):
+            return {"success": False, "error": "nbgrader autograde failed",
+                    "log": "KeyError: 'grade_id'"}
+
+    rec = grade_one(root, "ada", A, 60, NbgraderFails())
+    assert (rec["status"], rec["in_gradebook"]) == ("crashed", False)
+    rows = {r["student_id"]: r for r in csv.DictReader(batch.export(
+        root, tmp_path / "grades.csv", log=lambda *a: None).open())}
+    assert (rows["ada"]["timestamp"], rows["ada"]["score"], rows["ada"]["status"]) == (
+        "2026-12-02 11:30:00", "", "crashed")

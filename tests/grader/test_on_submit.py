@@ -19,6 +19,7 @@ from grader.grading.submission import write_status
 
 REPO = Path(__file__).resolve().parents[2]
 A, B = "01_first_kernel", "02_second"
+NB = "first_kernel.ipynb"
 
 
 @pytest.fixture
@@ -27,6 +28,8 @@ def course(tmp_path, monkeypatch):
     for a in (A, B):
         (root / "source" / a).mkdir(parents=True)
         (root / "source" / a / "task.py").write_text("")
+        (root / "release" / a).mkdir(parents=True)
+        (root / "release" / a / NB).write_text("{}")
     shutil.copy(REPO / "exercises" / "nbgrader_config.py", root)
     (exchange / "pallas-course" / "inbound").mkdir(parents=True)
     monkeypatch.setenv("PALLAS_COURSE_EXCHANGE", str(exchange))
@@ -51,7 +54,7 @@ def _entry(course: Path, named: str) -> Path:
     inbound = Path(os.environ["PALLAS_COURSE_EXCHANGE"]) / "pallas-course" / "inbound"
     entry = inbound / f"{named}+{A}+2000-01-01 00:00:00.000000 UTC+{os.urandom(4).hex()}"
     entry.mkdir(mode=ENTRY_MODE)
-    (entry / "first_kernel.ipynb").write_text("{}")
+    (entry / NB).write_text("{}")
     return entry
 
 
@@ -63,25 +66,25 @@ def test_a_look_finds_new_submissions_refuses_forged_ones_and_retries_errors(cou
         assert watcher.due(A) == {}
         entry = _entry(course, me)
         _entry(course, "a-classmate")  # made by this account in another's name
-        assert watcher.due(A) == {me: ("new", entry_time(entry, os.getuid()))}
-        assert watcher.due(A) == {me: ("new", entry_time(entry, os.getuid()))}
+        assert watcher.due(A) == {me: ("new", entry_time(entry, os.getuid(), [NB]))}
+        assert watcher.due(A) == {me: ("new", entry_time(entry, os.getuid(), [NB]))}
         refused = [line for line in said if "refused" in line]
         assert len(refused) == 1 and f"names a-classmate but was made by {me}" in refused[0]
 
         collected = course / "submitted" / me / A  # as collect leaves it
         collected.mkdir(parents=True)
         (collected / "timestamp.txt").write_text(
-            entry_time(entry, os.getuid()).strftime(TIMESTAMP_FORMAT))
+            entry_time(entry, os.getuid(), [NB]).strftime(TIMESTAMP_FORMAT))
         assert watcher.due(A) == {}
         write_status(course, A, me, {"student": me, "assignment": A, "status": "error"})
         assert watcher.due(A) == {me: ("regrade", None)}
-        watcher.retry_later(me, A)
+        watcher.retry_later(me, A, "not graded", "the gradebook is down", "by hand")
         assert watcher.due(A) == {}  # not before a minute has passed
 
         time.sleep(0.05)  # a resubmission: a later change time by the server's clock
         again = _entry(course, me)
         watcher.not_before.clear()
-        assert watcher.due(A) == {me: ("new", entry_time(again, os.getuid()))}
+        assert watcher.due(A) == {me: ("new", entry_time(again, os.getuid(), [NB]))}
 
     finally:
         watcher.close()
@@ -106,5 +109,43 @@ def test_a_cluster_out_of_reach_leaves_error_never_a_zero(course, monkeypatch):
         assert "infrastructure fault" in status["detail"]
         assert ("waiting", A) in watcher.not_before  # tried again after RETRY_SECONDS
         assert any(line.startswith(f"waiting/{A}: graded on the cluster: error") for line in said)
+    finally:
+        watcher.close()
+
+
+def test_failed_feedback_is_retried_less_and_less_often_then_given_up_in_one_line(course,
+                                                                                  monkeypatch):
+    """Issue 52: a release of feedback that kept failing was tried every 60 s forever, each time
+    with a whole traceback. Each failure is one line naming its cause; the waits double; after
+    ``MAX_ATTEMPTS`` the watcher says what to run by hand and waits for a new submission."""
+    def failing(worker, root, assignment, student, log):
+        log("feedback 01_first_kernel: 0 HTML file(s)\nTraceback (most recent call last):\n"
+            '  File "x.py", line 1\nPermissionError: [Errno 13] feedback/ann')
+        return [], None
+
+    monkeypatch.setattr(on_submit.batch, "released_feedback", failing)
+    me = getpass.getuser()
+    said: list[str] = []
+    watcher = on_submit.Watcher(course, "tls://127.0.0.1:1", log=said.append)
+    try:
+        entry = _entry(course, me)
+        collected = course / "submitted" / me / A
+        collected.mkdir(parents=True)
+        (collected / "timestamp.txt").write_text(
+            entry_time(entry, os.getuid(), [NB]).strftime(TIMESTAMP_FORMAT))
+        waits = []
+        for _ in range(on_submit.MAX_ATTEMPTS):
+            watcher.release(A, me)
+            if (me, A) in watcher.not_before:
+                waits.append(round(watcher.not_before.pop((me, A)) - time.monotonic(), -1))
+        assert waits == [60, 120, 240, 480]
+        assert all("\n" not in line for line in said)
+        assert all("PermissionError: [Errno 13] feedback/ann" in line for line in said)
+        assert said[-1].endswith(f"gave up after 5 attempts: run pallas-course feedback {A}; "
+                                 "a new submission is taken again")
+        assert watcher.due(A) == {}  # given up: no more tries
+        time.sleep(0.05)
+        again = _entry(course, me)  # until the learner submits anew
+        assert watcher.due(A) == {me: ("new", entry_time(again, os.getuid(), [NB]))}
     finally:
         watcher.close()
