@@ -276,7 +276,10 @@ def extend(root: Path, student: str, assignment: str, hours: float, log=print) -
 
 
 LMS_FORMATS = ("canvas", "moodle")
-NO_GRADE = ("error",)  # statuses that export no grade (blank, with the reason), never a 0
+# statuses that export no grade (blank, with the reason), never a 0: those that say nothing
+# about the submission, which --resume grades again (a learner breaking the jail's limits
+# is `limit`, graded on what ran)
+NO_GRADE = REGRADABLE
 
 
 def lms_table(rows: list[dict], lms: str) -> list[list[str]]:
