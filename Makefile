@@ -85,8 +85,9 @@ site: $(STAMP)
 # so CPU taken out is what saves time).
 SIDE_TESTS := tests/lessons tests/site tests/cluster tests/kernelsim tests/sandbox tests/bench \
   tests/workspace/test_workspace.py tests/workspace/test_learner_lab.py \
-  tests/grader/test_flash_attention_backward_task.py tests/grader/test_adversarial_a05_a07.py \
-  tests/grader/test_unsteerable.py
+  tests/grader/tasks/test_flash_attention_backward_task.py \
+  tests/grader/tasks/test_adversarial_a05_a07.py \
+  tests/grader/jail/test_unsteerable.py
 test-main: $(STAMP) bytecode
 	@mkdir -p build
 	@$(PY) -m pytest --durations=10 --junitxml=build/junit-side.xml $(SIDE_TESTS) \

@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _report import write  # noqa: E402
 
 # (program, a word of its command line), the first that matches names it: a batch's jail check
-# (grader/grading/trusted.py, PREFLIGHT) names the checker and the replay among its imports, and
+# (grader/jail/trusted.py, PREFLIGHT) names the checker and the replay among its imports, and
 # the compat venv's pip install names ipykernel among its packages
 PROGRAMS = [("jail preflight", "-c import jax, jax.experimental.pallas,"), ("pip", "-m pip "),
-            ("checker", "grader.grading.checker"), ("replay", "grader.grading.replay"),
-            ("grading worker", "grader.grading.worker"), ("notebook kernel", "ipykernel"),
+            ("checker", "grader.jail.checker"), ("replay", "grader.jail.replay"),
+            ("grading worker", "grader.logistics.worker"), ("notebook kernel", "ipykernel"),
             ("on_device notebook", "on_device.py --child"), ("chromium", "chrom"),
             ("postgres", "postgres"), ("dask", "distributed"), ("jupyterhub", "jupyterhub"),
             ("jupyterlab", "jupyter-lab"), ("pip", "pip"), ("node", "node"), ("strace", "strace"),

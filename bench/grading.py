@@ -1,7 +1,7 @@
 """Grading throughput: `pallas-course autograde` with 1 and 2 workers vs bare `nbgrader autograde`.
 
 pallas-course runs each notebook once, in the grader's own jailed run of it
-(``grader/grading/replay.py``), which makes the facts and the outputs; the test cells are judged
+(``grader/jail/replay.py``), which makes the facts and the outputs; the test cells are judged
 outside it. The bare run is nbgrader's own Execute on the same notebooks in a Jupyter kernel,
 unjailed, with the checks inside the kernel: the ratio is what isolation and the trusted verdict
 cost. 20 submissions of assignment 01 (the instructor notebook under 20 student ids) in a temporary
@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 import dask  # noqa: E402
 import psutil  # noqa: E402
 
-from grader.grading import batch, build, collect, submission  # noqa: E402
+from grader.logistics import batch, build, collect, submission  # noqa: E402
 
 sys.path[:0] = [str(REPO / "tests" / "cluster"), str(REPO / "tests" / "site")]
 from clustertools import DaskCluster  # noqa: E402  - the tests' scheduler and workers
@@ -265,7 +265,7 @@ def startup_cpu_s() -> dict:
     """CPU seconds of starting each jailed process a submission starts, doing nothing but
     import what it imports (``trusted.preflight``'s commands): the notebook's process and
     the checker, counted in a cpuacct cgroup this process is in meanwhile."""
-    from grader.grading import sandbox, trusted
+    from grader.jail import sandbox, trusted
 
     out = {}
     group = CPUACCT / f"bench-startup-{os.getpid()}"

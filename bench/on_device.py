@@ -76,7 +76,7 @@ CORE_HALT_MARKS = ("RuntimeUnexpectedCoreHalt", "Core halted unexpectedly",
                    "program continuator has halted")
 # Triton's refusal of a block whose size is not a power of two. Hidden cases hold such shapes
 # on purpose (a whole (5, 7) array, ragged rows); grading runs them on the CPU
-# (grader/grading/sandbox.py sets JAX_PLATFORMS=cpu), so on a GPU this is expected.
+# (grader/jail/sandbox.py sets JAX_PLATFORMS=cpu), so on a GPU this is expected.
 TRITON_SHAPE_REFUSAL = "Pallas Triton lowering currently requires"
 NEEDS_NEWER_JAX = "NeedsNewerJax:"  # a cell's error naming the JAX release it needs
 

@@ -156,7 +156,7 @@ def pool_rows(shape, dtype, edits=(), label="") -> dict:
 
 def for_a_tpu(fn):
     """``fn`` on a TPU; elsewhere ``fn`` told that it targets a TPU v5e (emit_pipeline asks
-    which TPU it tiles for), as grader.grading.calling.traced_as_tpu does."""
+    which TPU it tiles for), as grader.calling.traced_as_tpu does."""
     if on_tpu():
         return fn
     mesh = jax.sharding.AbstractMesh(

@@ -378,8 +378,10 @@ def model_rows(matmul, flash, opts, smoke: bool = False) -> list[dict]:
 
 
 HELD_OUT_SMOKE = [
-    ("softmax", {"shape": [64, 256], "block": 32}), ("layer_norm", {"shape": [64, 256], "block": 32}),
-    ("fused_elementwise", {"shape": [64, 256], "block": 32}), ("transpose", {"n": 256, "block": 128}),
+    ("softmax", {"shape": [64, 256], "block": 32}),
+    ("layer_norm", {"shape": [64, 256], "block": 32}),
+    ("fused_elementwise", {"shape": [64, 256], "block": 32}),
+    ("transpose", {"n": 256, "block": 128}),
     ("matmul_dtype", {"n": 256, "bm": 128, "bk": 128, "bn": 128, "dtype": "float32",
                       "precision": "HIGHEST"}),
     ("matmul_dtype", {"n": 256, "bm": 128, "bk": 128, "bn": 128, "dtype": "int8"}),

@@ -113,7 +113,7 @@ with --demo: --remove deletes its course folder and gradebook; back them up and 
 $STATE/.. by hand, or touch $STATE/demo to confirm"
   stop_services hub grade-on-submit dask-workers dask-scheduler
   if [ -x "$PREFIX/venv/bin/python" ]; then  # the grading account's cgroup folder
-    "$PREFIX/venv/bin/python" -I -m grader.grading.pids_cgroup undelegate "$GRADER" || true
+    "$PREFIX/venv/bin/python" -I -m grader.jail.pids_cgroup undelegate "$GRADER" || true
   fi
   if command -v pg_lsclusters >/dev/null && read -r v n port st < <(pg_cluster) && [ -n "${v:-}" ]; then
     if [ "$st" = online ]; then
@@ -266,7 +266,7 @@ s|^command = .*|command = $PYHOME/bin/python$PYVER -m venv $VENV|" "$VENV.new/py
   # may enter on the path: $GRADING (grader/ with its hidden cases) for the instructors' group,
   # the grading account and root; $LEARNING (the same with the hidden cases cut out, as the
   # student copy cuts them: grader/learner/dist.py) for everyone else. Outside the venv: a
-  # jailed notebook sees the venv, and must see no grader/ but its own (grader/grading/trusted.py)
+  # jailed notebook sees the venv, and must see no grader/ but its own (grader/jail/trusted.py)
   rm -rf "$GRADING.new" "$LEARNING.new"
   mkdir -p "$LEARNING.new"
   install -d -o root -g "$INSTRUCTORS" -m 0750 "$GRADING.new"  # closed before anything is in it
@@ -318,14 +318,23 @@ done
 # folder 2775 (instructors release into outbound/), inbound/ 3773 (learners create entries but
 # cannot list, rename or delete others'), feedback/ 2771 (nobody lists it; files are named by a
 # secret of the submission). Entries are made 2770 by the learner's own nbgrader
-# (grader.grading.inbound.PrivateSubmit) and collected only when owned by the student they name.
+# (grader.logistics.inbound.PrivateSubmit) and collected only when owned by the student they name.
 if [ ! -f "$COURSE/nbgrader_config.py" ]; then
   say "creating the course folder $COURSE from $REPO/exercises"
   mkdir -p "$COURSE"
   (cd "$REPO/exercises" && cp -r source refs nbgrader_config.py "$COURSE/")
   find "$COURSE" -name '*.ipynb' -delete
 fi
-# the gradebook's lock (grader/grading/worker.py), shared by instructors and the grading account
+# a course folder set up before grader/grading/ was split into rooms (issue 49) keeps its
+# nbgrader_config.py, which names the old modules: they work, with a warning, until the
+# release grader/__init__.py's DEPRECATED_UNTIL names; the instructors take the new names
+if grep -q 'grader\.grading\.' "$COURSE/nbgrader_config.py"; then
+  say "NOTE: $COURSE/nbgrader_config.py names grader.grading.* modules, which moved into rooms"
+  say "  (they keep working until pallas-course $("$VENV/bin/python" -c \
+'import grader; print(grader.DEPRECATED_UNTIL)')): name each by its new name, as"
+  say "  $REPO/exercises/nbgrader_config.py does (grader/__init__.py's DEPRECATED lists them)"
+fi
+# the gradebook's lock (grader/logistics/worker.py), shared by instructors and the grading account
 touch "$COURSE/gradebook.db.lock"
 chown -R root:"$INSTRUCTORS" "$COURSE"
 find "$COURSE" -type d -exec chmod 2770 {} +
@@ -420,11 +429,11 @@ grader_env=(env -i PATH="$VENV/bin:/usr/bin:/bin" HOME="$STATE/grader" LANG=C.UT
             PALLAS_COURSE_EXCHANGE="$EXCHANGE" TMPDIR="$STATE/grader/tmp")  # its slots, jails
 cd "$STATE/grader"
 # Each grading run's processes are counted in a pids cgroup of its own (pids.max), made in a
-# cgroup folder handed to the grading account (grader/grading/pids_cgroup.py); under cgroup v2 the
+# cgroup folder handed to the grading account (grader/jail/pids_cgroup.py); under cgroup v2 the
 # kernel lets it move its runs' processes only if its services live in that folder too, so they
 # start in its daemons/ leaf. Without it a run in the account's jail has no process limit, and
 # its status file says so (process_limit).
-daemons_cgroup=$("$VENV/bin/python" -I -m grader.grading.pids_cgroup delegate "$GRADER") || {
+daemons_cgroup=$("$VENV/bin/python" -I -m grader.jail.pids_cgroup delegate "$GRADER") || {
   say "WARNING: no pids cgroup folder for $GRADER: grading runs will have no process limit"
   daemons_cgroup=""; }
 in_cgroup=()

@@ -52,7 +52,7 @@ def course_root(option: Path | None) -> Path:
 
 def checkout(root: Path) -> Path:
     """Where the lessons are: the checkout around the course, else the installed package's."""
-    from grader.grading import refs  # NumPy: `pallas-course check` and `serve` start without it
+    from grader.verdict import refs  # NumPy: `pallas-course check` and `serve` start without it
 
     return root.parent if (root.parent / "lessons").is_dir() else refs.REPO
 
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return check.run(args.notebook, args.verbose)
 
     if args.db:
-        from grader.grading.submission import DB_ENV  # the grading room: seconds to import
+        from grader.logistics.submission import DB_ENV  # the logistics room: seconds
 
         os.environ[DB_ENV] = args.db  # read by every nbgrader process, via its config
     try:
@@ -197,13 +197,13 @@ def main(argv: list[str] | None = None) -> int:
 def _grading_command(args: argparse.Namespace, root: Path) -> int:
     """The instructor's commands (grading and its imports take seconds: make start's
     workspace step does without them when nothing needs releasing)."""
-    from grader.grading import batch, refs, shared  # seconds: the instructor's commands only
+    from grader.logistics import batch, shared  # seconds: the instructor's commands only
 
     shared.share_with_group(root)  # the grading account and the other instructors write here too
     if args.command == "release":
         batch.release(root, args.assignment)
     elif args.command == "collect":
-        from grader.grading import collect  # this command's alone: the others start faster
+        from grader.logistics import collect  # this command's alone: the others start faster
 
         collect.collect(root, args.path, archive_dates=args.archive_dates)
     elif args.command == "autograde":
@@ -215,7 +215,7 @@ def _grading_command(args: argparse.Namespace, root: Path) -> int:
     elif args.command == "feedback":
         batch.feedback(root, args.assignment)
     elif args.command == "grade-on-submit":
-        from grader.grading import on_submit  # these commands' alone: the others start faster
+        from grader.logistics import on_submit  # these commands' alone: the others start faster
 
         if args.all and args.assignment:
             raise ValueError("name an assignment or --all, not both")
@@ -226,7 +226,7 @@ def _grading_command(args: argparse.Namespace, root: Path) -> int:
         print(f"grading on submit is {on_submit.describe(on_submit.setting(root))}; "
               f"{on_submit.last_seen(root)}")
     elif args.command == "watch":
-        from grader.grading import on_submit  # these commands' alone: the others start faster
+        from grader.logistics import on_submit  # these commands' alone: the others start faster
 
         if not args.scheduler:
             raise ValueError("--scheduler (or $PALLAS_COURSE_SCHEDULER) names the Dask cluster")
@@ -236,7 +236,7 @@ def _grading_command(args: argparse.Namespace, root: Path) -> int:
     elif args.command == "extend":
         batch.extend(root, args.student, args.assignment, args.hours)
     elif args.command == "roster":
-        from grader.grading import roster  # this command's alone: the others start faster
+        from grader.gradebook import roster  # this command's alone: the others start faster
 
         learners = roster.read(args.path)  # a bad line is named before the gradebook is touched
         res = batch.run_worker(root, "roster", str(args.path.resolve()))
@@ -244,12 +244,14 @@ def _grading_command(args: argparse.Namespace, root: Path) -> int:
             raise RuntimeError(f"the roster could not be imported: {res.get('error')}")
         print(f"{len(learners)} learner(s) in the gradebook with their names and e-mails")
     elif args.command == "report":
-        from grader.grading import report  # this command's alone: the others start faster
+        from grader.logistics import report  # this command's alone: the others start faster
 
         report.write(root, args.assignment,
                      args.to or root / "reports" / f"{args.assignment}.html")
     elif args.command == "refs":
-        refs.generate(root, set(args.only) or None)
+        from grader.verdict import write_refs  # this command's alone: it imports the tasks
+
+        write_refs.generate(root, set(args.only) or None)
     else:
         raise AssertionError(args.command)
     return 0

@@ -5,7 +5,7 @@ XLA reads its number of host (CPU) devices once, from ``XLA_FLAGS``, when JAX's 
 starts: a process whose checks need a ring of devices (assignment 13's kernels inside
 ``jax.shard_map``) must be started with the flag, since setting it after JAX was imported
 does nothing. ``grader.tasks.Task.devices`` reads ``DEVICES``; the grader's jailed processes
-(``grader.grading.trusted``) and ``pallas-course check``'s kernel (``grader.learner.check``)
+(``grader.jail.trusted``) and ``pallas-course check``'s kernel (``grader.learner.check``)
 start with ``cpu_devices_env``. Imports nothing of the grader.
 """
 

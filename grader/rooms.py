@@ -2,7 +2,7 @@
 
 Two places hold only part of grader/: the student copy ships what the learner's commands and
 the notebooks' checks import (``grader.learner.dist``), and the notebook's process of the
-grader's run sees what its harness and the notebooks import (``grader.grading.trusted``'s
+grader's run sees what its harness and the notebooks import (``grader.jail.trusted``'s
 ``notebook_view``). Both ask ``imported_modules``; this module imports nothing of the grader.
 """
 
@@ -12,13 +12,13 @@ import ast
 from collections.abc import Iterable
 from pathlib import Path
 
-# grader/'s folders of modules: a module there is named with its room ("grading.calling"), and
+# grader/'s folders of modules: a module there is named with its room ("calling"), and
 # the room's own __init__ goes with it, not the room's other modules
-ROOMS = ("grading", "learner", "website")
+ROOMS = ("logistics", "jail", "facts", "verdict", "gradebook", "learner", "website")
 
 
 def _grader_module(dotted: str) -> str:
-    """``grader.grading.calling.trace_case`` -> ``grading.calling``; ``grader.tasks.core`` ->
+    """``grader.calling.trace_case`` -> ``calling``; ``grader.tasks.core`` ->
     ``tasks``: the module or package of grader/ that an import of ``dotted`` loads."""
     parts = dotted.split(".")[1:]
     return ".".join(parts[:2]) if parts[0] in ROOMS and len(parts) > 1 else parts[0]
@@ -43,7 +43,7 @@ def data_files(grader_dir: Path, name: str) -> list[Path]:
 
 def imported_modules(grader_dir: Path, starts: Iterable[str]) -> list[str]:
     """The modules of grader/ (at ``grader_dir``) that ``starts`` (names as ``"learner.course"``)
-    are and import at module level, transitively (imports inside functions, such as grading's
+    are and import at module level, transitively (imports inside functions, such as the jail's
     exchange, stay out), with the rooms they are in. A package (``tasks``) is named once and
     goes whole."""
     seen: list[str] = []

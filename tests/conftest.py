@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 # test runs): the tests check the same instructor kernels on the same cases again and again,
 # in one process and across them, and XLA's compile was half of a check's CPU time (assignment
 # 7's checks: 28 CPU seconds, 13 with the cache warm). The grader's jail is left out: its
-# children get a clean environment (grader/grading/sandbox.py's child_env), as in a class. A
+# children get a clean environment (grader/jail/sandbox.py's child_env), as in a class. A
 # cached executable is the one XLA compiled, so no result changes. One folder per JAX release
 # (per venv: the compat run's jax 0.10.2 beside the pin); `make clean` removes it.
 _JAX_CACHE = {
@@ -59,7 +59,7 @@ def released_course(tmp_path_factory) -> Path:
     """A course folder like exercises/ (config, sources, reference cases) with every assignment
     released, once per session (nbgrader's release is the slow part). Read-only: a test that
     writes in a course copies it first."""
-    from grader.grading import batch as grading
+    from grader.logistics import batch as grading
 
     root = tmp_path_factory.mktemp("released") / "exercises"
     root.mkdir()

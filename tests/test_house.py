@@ -281,7 +281,9 @@ ROOMS = ("grader", "kernelsim", "site")
 # follow a trace (jaxpr <- body <- find; cost reads neither the finder nor the body), and
 # kernelsim knows neither its users nor the site.
 WRONG_WAY = (("grader.tasks", "grader.website"), ("grader.learner", "grader.website"),
-             ("grader.grading", "grader.learner"), ("kernelsim.views", "kernelsim.trace"),
+             ("grader.logistics", "grader.learner"), ("grader.jail", "grader.learner"),
+             ("grader.facts", "grader.learner"), ("grader.verdict", "grader.learner"),
+             ("grader.gradebook", "grader.learner"), ("kernelsim.views", "kernelsim.trace"),
              ("kernelsim.jaxpr", "kernelsim.body"), ("kernelsim.jaxpr", "kernelsim.find"),
              ("kernelsim.body", "kernelsim.find"), ("kernelsim.cost", "kernelsim.find"),
              ("kernelsim.cost", "kernelsim.body"),
@@ -318,7 +320,7 @@ def test_no_import_circle_at_any_depth():
     those inside functions and under ``TYPE_CHECKING`` (a deliberate lazy import says why on
     its line; it still must not close a circle)."""
     found = imports(_room_sources(), every_depth=True)
-    assert {"grader.grading.batch", "kernelsim.trace", "site.hooks"} <= set(found)
+    assert {"grader.logistics.batch", "kernelsim.trace", "site.hooks"} <= set(found)
     assert sum(map(len, found.values())) > 200
     assert not (circles := circles_with_lines(found)), "modules that need each other: move " \
         "the shared part to a module both stand on:\n" + "\n".join(circles)
@@ -326,7 +328,7 @@ def test_no_import_circle_at_any_depth():
 
 def test_imports_go_the_way_the_data_goes():
     found = imports(_room_sources(), every_depth=True)
-    assert found["grader.grading.verdict"] and found["kernelsim.views.viewer"]
+    assert found["grader.verdict.verdict"] and found["kernelsim.views.viewer"]
     assert not (wrong := wrong_way_imports(found)), "imports against the data's direction " \
         "(tests/test_house.py's WRONG_WAY):\n" + "\n".join(wrong)
 
@@ -469,3 +471,181 @@ def test_a_program_a_test_starts_hears_ctrl_c():
                           "signal.SIGINT) is signal.default_int_handler)"],
                          capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "True", out.stderr
+
+
+# ------------------------------------------------------- the grader's rooms (issue 49)
+# grader/'s rooms a submission passes through, in the data's order: a room hands its data on by
+# calling a room after it, and never imports one before it
+GRADER_ROOMS = ("logistics", "jail", "facts", "verdict", "gradebook")
+MAX_ROOM_MODULES = 15  # a list a newcomer reads at a glance to find their room's module
+TABLES = ("grader/tasks",)  # one module per assignment: a table, not a room
+# the verdict's room reads the course's refs and nothing else; these modules are where
+VERDICT_FILES = ("grader.verdict.refs", "grader.verdict.write_refs")
+MAX_FLOORS = 11  # grader/grading/ in one room stood 13 floors deep
+
+
+def room_sizes(files: list[str], top: str = "grader") -> dict[str, int]:
+    """Modules (``__init__.py`` aside) in each package folder under ``top``, from ``files``
+    (paths in the repository)."""
+    under = [Path(f) for f in files if Path(f).parts[0] == top and f.endswith(".py")]
+    packages = {f.parent for f in under if f.name == "__init__.py"}
+    sizes = {str(p): 0 for p in packages}
+    for f in under:
+        if f.parent in packages and f.name != "__init__.py":
+            sizes[str(f.parent)] += 1
+    return sizes
+
+
+def test_no_room_of_the_grader_holds_more_than_15_modules():
+    files = [str(p.relative_to(REPO)) for p in _tracked_python()]
+    sizes = room_sizes(files)
+    assert {f"grader/{r}" for r in GRADER_ROOMS} <= set(sizes)
+    big = {room: n for room, n in sizes.items() if n > MAX_ROOM_MODULES and room not in TABLES}
+    assert not big, f"split these rooms by what their modules guard: {big}"
+
+
+def test_room_size_check_can_fail():
+    files = [f"grader/big/m{i}.py" for i in range(16)] + ["grader/big/__init__.py",
+                                                          "grader/__init__.py", "grader/cli.py"]
+    assert room_sizes(files) == {"grader/big": 16, "grader": 1}
+
+
+def against_the_data(found: dict[str, dict[str, list[int]]],
+                     rooms: tuple[str, ...] = GRADER_ROOMS, top: str = "grader") -> list[str]:
+    """``importer -> imported (lines)`` for every import (``imports``'s answer) of a room by a
+    room after it in ``rooms``, and of any room by a module of ``top`` beside the rooms that
+    stands under them (``calling``, ``integrity``)."""
+    rules = [(f"{top}.{later}", f"{top}.{earlier}")
+             for i, earlier in enumerate(rooms) for later in rooms[i + 1:]]
+    rules += [(f"{top}.{low}", f"{top}.{room}") for low in ("calling", "integrity")
+              for room in rooms]
+    return wrong_way_imports(found, tuple(rules))
+
+
+def test_the_grader_s_rooms_import_in_the_data_s_order():
+    """logistics → jail → facts → verdict → gradebook: the jail imports nothing of the class's
+    logistics, the facts nothing of the jail, ...; the tasks, which the jail's checker and the
+    verdict read, import neither the jail nor the logistics."""
+    found = imports(_room_sources(), every_depth=True)
+    assert found["grader.jail.trusted"] and found["grader.logistics.batch"]
+    wrong = against_the_data(found) + wrong_way_imports(found, tuple(
+        ("grader.tasks", f"grader.{room}") for room in ("logistics", "jail")))
+    assert not wrong, "imports against the data's order (tests/test_house.py's " \
+        "GRADER_ROOMS):\n" + "\n".join(wrong)
+
+
+def test_data_order_check_can_fail():
+    found = {"grader.jail.relay": {"grader.logistics.batch": [3], "grader.verdict.refs": [4]},
+             "grader.calling": {"grader.facts.work": [9]},
+             "grader.logistics.batch": {"grader.jail.relay": [5]}}
+    assert against_the_data(found) == ["grader.calling -> grader.facts.work (lines [9])",
+                                       "grader.jail.relay -> grader.logistics.batch (lines [3])"]
+
+
+# what starts a process or runs a shell: modules, and the os functions that do
+PROCESS_MODULES = {"subprocess", "multiprocessing", "concurrent", "pty", "socket", "shutil",
+                   "tempfile", "asyncio"}
+PROCESS_CALLS = {"system", "popen", "fork", "forkpty", "posix_spawn", "posix_spawnp", "kill",
+                 "execv", "execve", "execvp", "execvpe", "execl", "execle", "execlp", "execlpe",
+                 "spawnv", "spawnve", "spawnvp", "spawnvpe", "spawnl", "spawnle"}
+# what reads, writes or lists a file, as a call of a name or a method
+FILE_CALLS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "unlink", "mkdir",
+              "rmdir", "rename", "touch", "iterdir", "glob", "rglob", "exists", "is_file",
+              "is_dir", "stat", "load", "save", "savez", "listdir", "remove", "scandir", "walk"}
+
+
+def reaches_outside(source: str, files_allowed: bool = False) -> list[str]:
+    """``line: what`` for each process ``source`` could start and (unless ``files_allowed``)
+    each file it could touch, as its imports and calls say."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""]
+            found += [f"{node.lineno}: imports {n}" for n in names
+                      if n.split(".")[0] in PROCESS_MODULES]
+            if isinstance(node, ast.ImportFrom) and node.module == "os":
+                found += [f"{node.lineno}: imports os.{a.name}" for a in node.names
+                          if a.name in PROCESS_CALLS | FILE_CALLS]
+        elif isinstance(node, ast.Call):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+            on_os = isinstance(f, ast.Attribute) and getattr(f.value, "id", None) == "os"
+            if on_os and name in PROCESS_CALLS:
+                found.append(f"{node.lineno}: os.{name}()")
+            elif name in FILE_CALLS and not files_allowed:
+                found.append(f"{node.lineno}: {name}()")
+    return found
+
+
+def test_the_verdict_runs_no_process_and_touches_no_file_but_the_refs():
+    """A grade is decided from data: nothing in the verdict's room starts a process, and only
+    the refs' own modules (``VERDICT_FILES``) read or write a file, the course's refs."""
+    sources = {m: s for m, s in _package_sources("grader").items()
+               if _within(m, "grader.verdict")}
+    assert "grader.verdict.verdict" in sources and set(VERDICT_FILES) <= set(sources)
+    found = {m: hits for m, (source, _) in sources.items()
+             if (hits := reaches_outside(source, files_allowed=m in VERDICT_FILES))}
+    assert not found, f"the verdict's room reaches outside its data: {found}"
+
+
+@pytest.mark.parametrize("source", ["import subprocess", "from concurrent import futures",
+                                    "import os\nos.system('x')", "from os import fork",
+                                    "open('x')", "p.read_text()", "np.load(path)",
+                                    "from multiprocessing.pool import Pool"])
+def test_reach_check_sees(source):
+    assert reaches_outside(source)
+
+
+def test_reach_check_lets_the_refs_read():
+    assert not reaches_outside("import os, json\njson.loads(s)\nos.environ.get('X')")
+    assert not reaches_outside("Path(p).read_bytes()", files_allowed=True)
+    assert reaches_outside("os.popen('x')", files_allowed=True)
+
+
+def floors(graph: dict[str, set[str]]) -> list[str]:
+    """The longest chain of imports in ``graph`` (no circle in it), from the module that
+    starts it down to one that imports nothing of ``graph``: its floors are its imports,
+    ``len(chain) - 1``."""
+    below: dict[str, list[str]] = {}
+
+    def chain(m: str) -> list[str]:
+        if m not in below:
+            below[m] = [m] + max((chain(d) for d in sorted(graph.get(m, ()))), key=len,
+                                 default=[])
+        return below[m]
+
+    return max((chain(m) for m in sorted(graph)), key=len, default=[])
+
+
+def grader_tower() -> list[str]:
+    """The grader's tower as ``floors`` finds it: grader/'s modules, every import at any
+    depth."""
+    found = import_graph(_package_sources("grader"), every_depth=True)
+    return floors(found)
+
+
+def test_the_grader_s_tower_is_no_deeper_than_11_floors():
+    tower = grader_tower()
+    assert len(tower) > 5
+    assert len(tower) - 1 <= MAX_FLOORS, f"{len(tower) - 1} floors: " + " -> ".join(tower)
+
+
+def test_floors_counts_the_longest_chain():
+    graph = {"a": {"b", "c"}, "b": {"d"}, "c": set(), "d": {"e"}, "e": set(), "f": {"c"}}
+    assert floors(graph) == ["a", "b", "d", "e"]
+
+
+def test_architecture_maps_every_room_and_module_of_the_grader_s_rooms():
+    files = [str(p.relative_to(REPO)) for p in _tracked_python()]
+    missing = [p for p in unmapped(files, (REPO / "ARCHITECTURE.md").read_text(), "grader")
+               if p.split("/")[1].removesuffix(".py") in (*GRADER_ROOMS, "calling", "integrity")]
+    assert not missing, f"ARCHITECTURE.md's grader map leaves out: {missing}"
+
+
+if __name__ == "__main__":  # `python tests/test_house.py floors`: the grader's tower
+    import sys
+
+    if sys.argv[1:] == ["floors"]:
+        tower = grader_tower()
+        print(f"{len(tower) - 1} floors: " + " -> ".join(tower))

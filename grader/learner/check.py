@@ -13,7 +13,7 @@ and from the exercise's own folder alike.
 In a student copy (``pallas-course dist``) ``main`` is the ``pallas-course`` command itself;
 in a checkout, ``grader.cli`` hands its ``check`` subcommand here. Nothing here imports the
 instructor's side (nbgrader, the grading machinery) but the hidden-test region's pattern
-(``grader.grading.hidden_tests``), which it never runs.
+(``grader.logistics.hidden_tests``), which it never runs.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from grader.devices import DEVICES, assignment_of_notebook, cpu_devices_env, devices_of
-from grader.grading.hidden_tests import HIDDEN_RE
+from grader.logistics.hidden_tests import HIDDEN_RE
 
 WORKSPACE_ENV = "PALLAS_COURSE_WORKSPACE"
 # the check's kernel logs errors only (ipykernel warns on every start that its local TCP

@@ -18,7 +18,7 @@ The checking itself is ``grader.learner.selfcheck``, imported when a check first
 imports no other part of the grader but ``CheckFailed``'s light module
 (``grader.learner.failure``), so it is what the notebook's process of the grader's run (its jail)
 can import of the checks, where ``check`` and ``summary`` do nothing. The verdict
-(``grader.grading.verdict``) is a pure function of the outputs, the references and the trace's
+(``grader.verdict.verdict``) is a pure function of the outputs, the references and the trace's
 ``to_dict()``; under grading it is reached from the grader's process, never from here.
 When ``$PALLAS_COURSE_REPORT`` names a file, one JSON line per check is appended to it (used by
 ``pallas-course check``).
@@ -86,7 +86,7 @@ def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
     """Run ``fn`` on the task's visible (or hidden) cases and check values and structure.
 
     A failure is a ``CheckFailed``, shown as the learner's own frames and the message, never
-    the grader's code; known Pallas errors get a one-line hint (``grader.grading.messages``). In a
+    the grader's code; known Pallas errors get a one-line hint (``grader.verdict.messages``). In a
     Jupyter kernel it becomes the cell's error output without stopping the run (``Run All``
     checks every task; nbgrader's validate and ``pallas-course check`` read error outputs);
     elsewhere it is raised.
@@ -94,7 +94,7 @@ def check(task_id: str, fn, hidden: bool = False, quiet: bool = False) -> None:
     While a submission is graded (``$PALLAS_COURSE_GRADING`` is set) this does nothing: the
     grader runs the notebook again in a fresh process of its own, runs each test cell's checks
     there itself and compares the results in its own process, which holds the references
-    (``grader.grading.trusted``, ``grader.grading.replay``).
+    (``grader.jail.trusted``, ``grader.jail.replay``).
     """
     __tracebackhide__ = True  # debuggers (%debug) skip this frame
     if os.environ.get("PALLAS_COURSE_GRADING"):

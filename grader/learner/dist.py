@@ -24,8 +24,9 @@ import zipfile
 from pathlib import Path
 
 from grader import rooms
-from grader.grading import refs, releases
 from grader.learner import workspace
+from grader.logistics import releases
+from grader.verdict import refs
 
 # the student copy's size once installed: measured by tests/workspace/test_dist.py
 # (test_student_copy_installs_as_its_readme_says, `du -sm .venv`: 978 at 00b14e4), Python 3.12
@@ -343,7 +344,7 @@ def build(root: Path, repo: Path, to: Path, log=print) -> Path:
     ``.zip`` file holding one folder ``pallas-course/``)."""
     stale = releases.stale_releases(root)
     if stale:
-        from grader.grading import batch  # seconds to import: only when something is stale
+        from grader.logistics import batch  # seconds to import: only when something is stale
 
         batch.release(root, stale[0] if len(stale) == 1 else None, log=log)
     if to.exists():

@@ -4,7 +4,7 @@ task's tolerance, and its structure checked on kernelsim's trace.
 
 ``grader.learner.course`` imports this only when a check runs (in JupyterLab, ``pallas-course
 check``, a test): the notebook's process of the grader's run has no ``grader/learner/selfcheck.py``,
-nor the tasks, references and verdict it imports (``grader.grading.trusted.notebook_view``).
+nor the tasks, references and verdict it imports (``grader.jail.trusted.notebook_view``).
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from typing import Any
 import jax.numpy as jnp
 
 from grader import tasks
-from grader.grading import messages, refs, verdict, work
+from grader.facts import work
 from grader.learner import speed
 from grader.learner.failure import CheckFailed
+from grader.verdict import messages, refs, verdict
 from kernelsim.backend import NeedsNewerJax
 
 

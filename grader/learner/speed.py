@@ -158,6 +158,6 @@ def report(task_id: str, fn: Callable, arrays: list, trace: dict | None,
         try:
             timed.append(Timed(name, timer(f, tuple(arrays)).device_s))
         except Exception as e:  # noqa: BLE001 - a baseline that cannot run here is reported
-            timed.append(Timed(name, None, f"{type(e).__name__}: "
-                                           f"{str(e).strip().splitlines()[0][:160] if str(e).strip() else ''}"))
+            first_line = str(e).strip().splitlines()[0][:160] if str(e).strip() else ""
+            timed.append(Timed(name, None, f"{type(e).__name__}: {first_line}"))
     return SpeedReport(task_id, chip, estimate, device, tuple(timed))

@@ -15,7 +15,7 @@ data, not learner work). ``DIR/.pallas-course-workspace.json`` records the cours
 file was copied from, so ``--update`` knows what changed and what the learner edited.
 
 The guard that keeps ``release`` from overwriting a notebook someone worked in is
-``grader.grading.releases``.
+``grader.logistics.releases``.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-from grader.grading import build, releases
 from grader.learner import check
+from grader.logistics import build, releases
 
 WORKSPACE_LEDGER = check.WORKSPACE_LEDGER  # in the workspace
 
@@ -110,7 +110,7 @@ def create(dest: Path, root: Path, repo: Path, update: bool = False,
     side of it (what nbgrader's release says), default ``log``."""
     stale = releases.stale_releases(root)
     if stale:
-        from grader.grading import batch  # seconds to import: make start does without it
+        from grader.logistics import batch  # seconds to import: make start does without it
 
         log(f"preparing {len(stale)} exercise(s) for the workspace (nbgrader's release)...")
         # one nbgrader start for all of them (about 6 s each on two cores)

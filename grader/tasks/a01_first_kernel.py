@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from grader.grading import calling
-from grader.grading.calling import OPS
+from grader import calling
+from grader.calling import OPS
 from grader.tasks.core import Rule, make_case, register_task, single_call
 
 A1 = "01_first_kernel"

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import kernelsim
-from grader.grading import calling
+from grader import calling
 from grader.tasks.core import (
     Case,
     Rule,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from grader.grading import calling
+from grader import calling
 from grader.tasks.core import (
     as_f32,
     block_is,

@@ -60,7 +60,7 @@ CHIP = CHIPS["tpu-v5e"]
 # fitted on a TPU v5e's device time to within 0.90-1.11 of measured matmuls
 # (bench/recorded/tpu_perf_model-v5e.json), so estimates within 10 % of each other are ties.
 # Every bfloat16 case's next distinct blocking under its budget is at least 17 % slower than
-# its best (v0: 17.3 %; tests/grader/test_adversarial_a04_a06.py; the float32 case, at
+# its best (v0: 17.3 %; tests/grader/tasks/test_adversarial_a04_a06.py; the float32 case, at
 # HIGHEST, is compute-bound and its blockings tie), with blocks
 # that never move single-buffered as Mosaic does: the margin separates "found the best" from
 # "one step off", never two equivalent choices, and 128-blocks miss by 1.6-6.4x.
@@ -236,7 +236,7 @@ register_task(
 FLOPS_WITHIN = 0.02
 BYTES_WITHIN = 0.01
 # Candidates whose estimates are this close are ties; every case's runner-up is at least 15 %
-# slower than its fastest candidate (tests/grader/test_cost_estimate_task.py).
+# slower than its fastest candidate (tests/grader/tasks/test_cost_estimate_task.py).
 SWEEP_TIE = 0.05
 
 

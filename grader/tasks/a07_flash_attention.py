@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grader.grading import calling
+from grader import calling
 from grader.tasks.core import (
     TOLERANCES,
     Case,

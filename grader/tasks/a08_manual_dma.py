@@ -21,7 +21,7 @@ absolute value (the first step of int8 absmax quantisation), with ``x`` left in 
   mode's DMA orders; only the race detector reports it.
 
 The skill each task states is graded from the order of the kernel's own DMAs
-(``grader.grading.dma_order.dma_order``, which follows the body over its grid and loops:
+(``grader.facts.dma_order.dma_order``, which follows the body over its grid and loops:
 ``pipelined`` below): the next chunk's copy starts before this chunk's compute (at every
 compute but the last a copy into VMEM is in flight), two buffers, copies of the chunk size the
 case asks for and as many as there are chunks, no copy into a buffer whose write-back is still
@@ -30,8 +30,8 @@ reading it, every start waited, and copies that cross grid steps only on an "arb
 
 from __future__ import annotations
 
-from grader.grading import calling
-from grader.grading.calling import absmax_scale
+from grader import calling
+from grader.calling import absmax_scale
 from grader.tasks.core import (
     Rule,
     block_is,

@@ -2,7 +2,7 @@
 
 Each task ships a buggy kernel in the notebook; the learner submits the fixed one. Every task
 has a visible case that exposes its bug and hidden cases that expose it again on other shapes
-(``tests/grader/test_debugging_tasks.py`` runs the shipped buggy kernels and sees each fail).
+(``tests/grader/tasks/test_debugging_tasks.py`` runs the shipped buggy kernels and sees each fail).
 The bug in ``pool_rows`` is a block shape only the TPU lowering rejects: interpret mode computes
 the right values with it, so a structural rule mirroring that lowering check catches it.
 ``chunk_sum`` is graded with TPU interpret mode's race detector on, so a fix that still races
@@ -17,7 +17,7 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
-from grader.grading import calling
+from grader import calling
 from grader.tasks.a08_manual_dma import pipelined
 from grader.tasks.core import (
     Rule,

@@ -16,7 +16,7 @@ reads a residual the forward *kernel* wrote (``pallas_call #0`` feeding ``pallas
 although that is a correct design. The task therefore asks for the inputs ``x`` and ``w`` as
 the only residuals, with the backward kernel recomputing the row statistic (which also moves
 fewer bytes), and for ``dw``'s sum over rows inside that kernel, across its grid steps; see
-tests/grader/test_transformations_tasks.py for the rejected alternative.
+tests/grader/tasks/test_transformations_tasks.py for the rejected alternative.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from grader.grading import calling
+from grader import calling
 from grader.tasks.core import (
     Rule,
     as_f32,

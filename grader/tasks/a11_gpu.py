@@ -32,7 +32,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 import kernelsim
-from grader.grading import calling
+from grader import calling
 from grader.tasks.a04_memory_spaces import prediction_structure
 from grader.tasks.core import (
     Rule,

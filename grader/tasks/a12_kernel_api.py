@@ -4,7 +4,7 @@ between two TensorCores. TPU-only kernels, every case graded in TPU interpret mo
 race detector on (``calling.with_race_detector``).
 
 Both tasks are graded through a ``pl.pallas_call`` with ``pl.ANY`` operands, the form whose
-body is the same as a ``pl.kernel`` body: the grader's work facts (``grader/grading/work.py``) read
+body is the same as a ``pl.kernel`` body: the grader's work facts (``grader/facts/work.py``) read
 ``pallas_call`` equations, and a ``pl.kernel`` (an ``mpmd_map``) would count as computed
 outside any kernel.
 
@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from grader.grading import calling
-from grader.grading.calling import softmax_rows
+from grader import calling
+from grader.calling import softmax_rows
 from grader.tasks.core import (
     Rule,
     as_f32,

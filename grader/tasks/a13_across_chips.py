@@ -34,8 +34,8 @@ from collections import Counter
 
 import jax.numpy as jnp
 
+from grader import calling
 from grader.devices import devices_of
-from grader.grading import calling
 from grader.tasks.core import Rule, make_case, nbytes_of, register_task
 
 A13 = "13_across_chips"

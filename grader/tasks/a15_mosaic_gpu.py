@@ -10,7 +10,7 @@ bundled ops).
 Task 5 is a kernel the learner writes with ``plgpu.kernel``: an RMS norm that stages its tiles
 by TMA. It runs in GPU interpret mode on a CPU (``calling.mosaic_gpu_here``), graded on values
 against plain JAX on every case and on structure through ``kernelsim.gpu``'s model of one CTA
-(``grader.grading.gpu_facts``): both inputs reach shared memory by TMA copies that a barrier wait
+(``grader.facts.gpu_facts``): both inputs reach shared memory by TMA copies that a barrier wait
 consumes, the result leaves by a committed and awaited TMA copy, and nothing moves between
 global memory and registers past the TMA. (GPU interpret mode completes a copy at once, so
 reading a tile before its wait still gives right values: the wait is judged by structure.)
@@ -35,7 +35,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 
 import kernelsim
-from grader.grading import calling
+from grader import calling
 from grader.tasks.a04_memory_spaces import prediction_structure
 from grader.tasks.core import Rule, make_case, matmul_reference, register_task, with_zero_row
 from kernelsim.chips import get_chip
@@ -49,7 +49,7 @@ PIPELINE_STEPS = 8  # the pipelines here are at least this long: emit_pipeline k
 def _plgpu():
     """Mosaic GPU's Pallas API, imported when a task here builds a kernel: about half a second
     of every checker's start, which only a job of this assignment needs
-    (``grader.grading.checker.Checker``)."""
+    (``grader.jail.checker.Checker``)."""
     from jax.experimental.pallas import mosaic_gpu
 
     return mosaic_gpu

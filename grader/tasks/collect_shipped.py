@@ -1,7 +1,7 @@
 """``python -m grader.tasks.collect_shipped``: the corpus of kernel bodies a learner did not write
 (``grader.tasks.shipped``), collected again and stored with the digest of what it was made from.
 
-Every kernel the course ships is traced and fingerprinted (``grader.grading.fingerprint``):
+Every kernel the course ships is traced and fingerprinted (``grader.facts.fingerprint``):
 ``kernelsim.examples`` and the grader's own kernels, every kernel the lessons run, and JAX's
 bundled Pallas ops that compute what a task asks, at any size. The instructor's solution of
 every task is traced too: a solution body the course ships is stored as its task's given body
@@ -22,8 +22,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from grader import devices, sources, tasks
-from grader.grading.calling import kernel_bodies, trace_case
-from grader.grading.fingerprint import fingerprint
+from grader.calling import kernel_bodies, trace_case
+from grader.facts.fingerprint import fingerprint
 from grader.tasks.core import tiled_matmul_call
 from grader.tasks.shipped import STORE
 from kernelsim import examples
@@ -228,8 +228,8 @@ def sources_digest() -> str:
     made from these."""
     lessons_read = [p for lesson in sources.lessons() for p in sources.lesson_inputs(lesson)]
     return sources.files_digest([*lessons_read, *REPO.glob("grader/tasks/*.py"),
-                                 REPO / "grader" / "grading" / "fingerprint.py",
-                                 REPO / "grader" / "grading" / "calling.py",
+                                 REPO / "grader" / "facts" / "fingerprint.py",
+                                 REPO / "grader" / "calling.py",
                                  *REPO.glob("exercises/source/*/*.py")],
                                 f"jax {jax.__version__}".encode())
 

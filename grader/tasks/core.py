@@ -4,7 +4,7 @@ One ``Task`` per graded exercise. Its ``cases`` fix every input by shape, dtype 
 ``visible`` cases are the ones a learner sees, the ``hidden`` ones (other shapes, non-divisible
 edges, bfloat16, more seeds) only run at grading. ``pallas-course refs`` evaluates ``reference``
 on every case and stores inputs and expected output under ``exercises/refs/`` (see
-``grader.grading.refs``); the notebooks' test cells call ``grader.learner.course.check`` which
+``grader.verdict.refs``); the notebooks' test cells call ``grader.learner.course.check`` which
 compares against those files, never against this module's references directly.
 
 The structural rule of a task reads a ``kernelsim`` trace of the learner's function on one case
@@ -25,9 +25,9 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from grader.calling import INVOKES, Call
 from grader.devices import devices_of
-from grader.grading import work
-from grader.grading.calling import INVOKES, Call
+from grader.facts import work
 from grader.tasks import shipped
 
 # Tolerances, in one table: (rtol, atol) per kind of task and dtype. An element passes when
@@ -53,7 +53,7 @@ TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
     # at precision HIGHEST) leaves s about 1e-6 of itself off; exp carries that into p and the
     # gradients: on a TPU v5e a right backward was 1.25e-4 off at 0.24 (tolerance 1.24e-4,
     # bench/recorded/on_tpu-v5e.json); the planted wrong backwards miss by far more
-    # (tests/grader/test_flash_attention_backward_task.py)
+    # (tests/grader/tasks/test_flash_attention_backward_task.py)
     "attention_backward": {"float32": (1e-3, 1e-3), "bfloat16": (2**-7, 2**-5)},
     # a ring collective's sum (assignment 13): a bfloat16 partial sum is rounded at each of the
     # ring's N - 1 hops, where the reference rounds once: of positive values, whose partial
@@ -105,7 +105,7 @@ class Task:
     tolerance: str = "exact"  # a row of TOLERANCES
     make: Callable[[np.random.Generator, Case], dict[str, np.ndarray]] | None = None
     # how the learner's function is called: invoke(fn, arrays, params) -> output, one of
-    # grader.grading.calling.INVOKES
+    # grader.calling.INVOKES
     invoke: Callable[[Callable, list, dict], Any] | None = None
     # trailing inputs the function gets as NumPy arrays to plan with on the host (a block
     # mask, group sizes); the others are traced, and the program they give is what runs
@@ -147,7 +147,7 @@ class Task:
     def __post_init__(self):
         if self.invoke is not None and INVOKES.get(self.invoke.__name__) is not self.invoke:
             raise ValueError(f"task {self.id}: its invoke must be one of "
-                             "grader.grading.calling.INVOKES (the notebook's process of the "
+                             "grader.calling.INVOKES (the notebook's process of the "
                              "grader's run calls it by name)")
 
     @property

@@ -1,7 +1,7 @@
 """Kernel bodies a learner did not write: the course's own and those of the Pallas ops JAX ships.
 
 "Kernels are your own" (``core.own_kernels``) compares each kernel body a submission runs with
-these, by fingerprint (``grader.grading.fingerprint``: the body's jaxpr up to the names of its
+these, by fingerprint (``grader.facts.fingerprint``: the body's jaxpr up to the names of its
 variables, dead code and the numbers in it), so a body copied as source text and re-created
 with ``exec`` (whose debug info then points at the notebook), pasted or renamed is still
 recognised, at any size.

@@ -21,15 +21,15 @@ def test_a_jailed_check_is_charged_to_the_pytest_process_that_started_it():
         {"pid": 11, "ppid": 1, "cpu_s": 2.0,
          "cmdline": ".venv/bin/python -m pytest --junitxml=build/junit-side.xml tests/site"},
         {"pid": 20, "ppid": 10, "cpu_s": 0.0, "cmdline": "bwrap --die-with-parent"},
-        {"pid": 21, "ppid": 20, "cpu_s": 4.0, "cmdline": "python -m grader.grading.checker"},
-        {"pid": 22, "ppid": 20, "cpu_s": 3.0, "cmdline": "python -m grader.grading.checker"},
+        {"pid": 21, "ppid": 20, "cpu_s": 4.0, "cmdline": "python -m grader.jail.checker"},
+        {"pid": 22, "ppid": 20, "cpu_s": 3.0, "cmdline": "python -m grader.jail.checker"},
         {"pid": 30, "ppid": 11, "cpu_s": 5.0, "cmdline": "/usr/lib/chromium/chromium --type=x"},
         {"pid": 40, "ppid": 1, "cpu_s": 6.0, "cmdline": ".venv/bin/python -m pip install -e ."},
         {"pid": 41, "ppid": 1, "cpu_s": 0.5,
          "cmdline": ".venv-compat/bin/python -m pip install -q jax[cpu]==0.10.2 ipykernel>=6"},
         {"pid": 23, "ppid": 20, "cpu_s": 0.8, "cmdline": "python -c import jax, "
-         "jax.experimental.pallas, numpy, kernelsim, grader.grading.replay, "
-         "grader.grading.checker, grader.tasks"},
+         "jax.experimental.pallas, numpy, kernelsim, grader.jail.replay, "
+         "grader.jail.checker, grader.tasks"},
     ]
     rows = {(r["suite_process"], r["program"]): (r["processes"], r["cpu_s"])
             for r in ci_cpu.cpu_by_program(processes)}

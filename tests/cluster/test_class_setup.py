@@ -24,7 +24,7 @@ import pytest
 import requests
 from clustertools import REPO, A, free_port, solved
 
-from grader.grading import pids_cgroup
+from grader.jail import pids_cgroup
 
 SETUP = REPO / "deploy" / "setup-class.sh"
 ENV_FILE = Path("/etc/pallas-course/class.env")
@@ -299,7 +299,7 @@ def test_the_course_code_is_compiled_for_the_accounts_that_cannot_write_beside_i
     compiles grader/ and kernelsim/ in both of its trees (the instructors' and the learners'),
     under the path they are imported from (a traceback names it)."""
     for tree in (klass.venv.parent / "grading", klass.venv.parent / "learner"):
-        for module in ("grader/grading/replay.py", "grader/grading/checker.py",
+        for module in ("grader/jail/replay.py", "grader/jail/checker.py",
                        "grader/tasks/a01_first_kernel.py", "kernelsim/trace.py"):
             source = tree / module
             (compiled,) = source.parent.glob(f"__pycache__/{source.stem}.cpython-*.pyc")
@@ -521,7 +521,7 @@ open(os.path.join({str(forged)!r}, 'timestamp.txt'), 'w').write('2099-01-01 00:0
     finally:
         seen, opened = json.loads(poller.communicate("stop", timeout=120)[0])
     assert f"on the Dask cluster at {scheduler}" in res.stdout
-    assert any("grader.grading.replay" in line for line in seen), seen  # she saw it grade
+    assert any("grader.jail.replay" in line for line in seen), seen  # she saw it grade
     assert opened == [], opened
     # the hidden checks were graded from the hidden cases (the instructors' grader/ and refs)
     graded = json.loads(next((k.course / "autograded" / L1 / A).glob("*.ipynb")).read_text())

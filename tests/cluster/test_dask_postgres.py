@@ -117,7 +117,7 @@ def test_dask_and_postgres_grade_like_the_local_pool(local_run, dask_cluster, po
             time.sleep(0.5)
         victim = dask_cluster.workers[0]
         tree = descendants(victim.pid)
-        graders = [p for p in tree if "grader.grading.worker" in " ".join(_cmdline(p))]
+        graders = [p for p in tree if "grader.logistics.worker" in " ".join(_cmdline(p))]
         assert graders, "the Dask worker had no grading worker running"
         os.killpg(victim.pid, signal.SIGKILL)  # the nanny and the worker, not the grader
         victim.wait()

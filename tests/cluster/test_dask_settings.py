@@ -17,7 +17,8 @@ def test_workers_run_with_the_grading_settings(dask_cluster):
     def worker_settings(dask_worker) -> dict:
         import sys
 
-        return {"preloaded": "nbformat" in sys.modules and "grader.grading.cluster" in sys.modules,
+        return {"preloaded": "nbformat" in sys.modules
+                and "grader.logistics.cluster" in sys.modules,
                 "profiler": "profile" in dask_worker.periodic_callbacks}
 
     def scheduler_settings(dask_scheduler) -> dict:

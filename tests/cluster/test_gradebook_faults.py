@@ -16,7 +16,7 @@ from clustertools import REPO, A, new_course
 from nbgrader.api import Gradebook
 from sitetools import free_port
 
-from grader.grading import submission, worker
+from grader.logistics import submission, worker
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ import nbformat
 import pytest
 from clustertools import REPO, A, Hub, new_course, solved
 
-from grader.grading import batch as grading
+from grader.logistics import batch as grading
 
 LEARNERS, INSTRUCTOR = ["ana", "ben"], "teacher"
 COURSE_ID = "pallas-course"

@@ -15,7 +15,7 @@ def learner_side(monkeypatch):
 @pytest.fixture(scope="module")
 def slot():
     """A sandbox slot (uids) no other grader on this machine uses, for a test's own runs."""
-    from grader.grading import sandbox
+    from grader.jail import sandbox
 
     with sandbox.claimed_slot() as number:
         yield number

@@ -5,11 +5,11 @@ import from ``conftest``).
 - ``graded_course``: a copy of every assignment released (tests/conftest.py's
   ``released_course``, which tests/workspace copies too) and one batch graded with real
   nbgrader: the instructor's, the blank and a wrong notebook of every assignment, broken and
-  stuck ones (tests/grader/test_grading.py), and answers computed with the grader's own code
-  (``JAIL_ATTACKS``, tests/grader/test_jail_imports.py). One batch: the instructor notebooks
-  both modules need full marks for are graded once.
+  stuck ones (tests/grader/logistics/test_grading.py), and answers computed with the grader's own
+  code (``JAIL_ATTACKS``, tests/grader/jail/test_jail_imports.py). One batch: the instructor
+  notebooks both modules need full marks for are graded once.
 - ``release_01``: assignment 01 released with small limits, the course the hostile and trust
-  batches copy (tests/grader/test_hostile.py, test_trust.py): nbgrader's release runs once,
+  batches copy (tests/grader/jail/test_hostile.py, test_trust.py): nbgrader's release runs once,
   not once per batch.
 """
 
@@ -22,8 +22,8 @@ from pathlib import Path
 import nbformat
 
 from grader import tasks
-from grader.grading import batch as grading
-from grader.grading import collect
+from grader.logistics import batch as grading
+from grader.logistics import collect
 
 REPO = Path(__file__).resolve().parents[2]
 # every assignment is graded with a wrong answer to its first task

@@ -84,9 +84,9 @@ def planted(assignment: str, namespace: dict, cell: str, *edits: tuple[str, str]
 
 def as_the_checker_reads(program, what: str = "the program"):
     """``program`` as grading hands it to the checker: pickled, read back through the checker's
-    allow-list (``grader.grading.wire``), and asserted to run no Python there."""
-    from grader.grading import wire
-    from grader.grading.checker import known_primitives, python_at_run_time
+    allow-list (``grader.jail.wire``), and asserted to run no Python there."""
+    from grader.jail import wire
+    from grader.jail.checker import known_primitives, python_at_run_time
 
     wired = wire.loads(wire.dumps(program))
     assert (why := python_at_run_time(wired, known_primitives())) is None, f"{what}: {why}"

@@ -1,4 +1,4 @@
-"""grader.grading.sandbox: each way a submission can try to kill or starve the grader ends as
+"""grader.jail.sandbox: each way a submission can try to kill or starve the grader ends as
 data."""
 
 import contextlib
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.grading import sandbox
+from grader.jail import sandbox
 
 PY = sys.executable
 FAST = sandbox.Limits(cpu_seconds=5, wall_seconds=8, memory_bytes=1 << 30, processes=32,
@@ -208,13 +208,13 @@ def as_nobody(code: str, *args: str, join: list[str] | None = None):
 
     where = Path(tempfile.mkdtemp(dir="/tmp"))
     where.chmod(0o755)
-    (where / "grader" / "grading").mkdir(parents=True)
+    (where / "grader" / "jail").mkdir(parents=True)
     (where / "cache").mkdir()
     shutil.chown(where / "cache", "nobody")  # the second account's own folder
     for module in (sandbox, sandbox.pids_cgroup):
-        shutil.copy(Path(module.__file__), where / "grader" / "grading")
+        shutil.copy(Path(module.__file__), where / "grader" / "jail")
     (where / "grader" / "__init__.py").write_text("")
-    (where / "grader" / "grading" / "__init__.py").write_text("")
+    (where / "grader" / "jail" / "__init__.py").write_text("")
     try:
         return subprocess.run(
             [*(join or []), shutil.which("runuser"), "-u", "nobody", "--", "/usr/bin/python3",
@@ -231,7 +231,7 @@ def test_an_instructor_account_claims_a_slot_while_root_holds_one():
     """Root grading on the machine must not lock an instructor's own account out of releasing
     (one machine-wide lock folder, made 0700 by whoever came first, did)."""
     with sandbox.claimed_slot() as slot:
-        out = as_nobody("from grader.grading import sandbox; print(sandbox.claim_slot()[0])")
+        out = as_nobody("from grader.jail import sandbox; print(sandbox.claim_slot()[0])")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "0"  # its own first slot: root's locks are root's alone
     assert slot >= 0
@@ -255,7 +255,7 @@ def test_nbgrader_run_by_hand_claims_its_slot(monkeypatch):
 LOCKED_FOLDER = """
 import os, sys
 from pathlib import Path
-from grader.grading import sandbox
+from grader.jail import sandbox
 work = Path(sys.argv[1]) / "work"
 (work / "locked").mkdir(parents=True)
 (work / "locked" / "big").write_bytes(b"x" * (1 << 20))
@@ -420,7 +420,7 @@ def test_a_grading_account_s_jail_holds_its_process_limit():
         out = as_nobody(
             "import json, sys\n"
             "from pathlib import Path\n"
-            "from grader.grading import pids_cgroup, sandbox\n"
+            "from grader.jail import pids_cgroup, sandbox\n"
             f"limits = sandbox.Limits(cpu_seconds=5, wall_seconds=20, processes={PROCESSES})\n"
             "with sandbox.claimed_slot() as slot:\n"
             "    out = sandbox.run(['/usr/bin/python3', '-c', sys.argv[2]],\n"

@@ -181,7 +181,7 @@ def _readme_commands(dist: Path) -> list[str]:
 def test_the_copys_grader_imports_from_the_copy_alone(dist_dir):
     """Every module of the copy's grader/ imports with nothing of the checkout's grader/
     behind it: a module a shipped one imports but the copy lacks fails every notebook's setup
-    cell (CI found ``grader.grading.integrity`` missing, imported by one task file)."""
+    cell (CI found ``grader.integrity`` missing, imported by one task file)."""
     probe = ("import importlib, pathlib, sys\n"
              # the checkout's editable install would answer for a module the copy lacks
              "sys.meta_path[:] = [f for f in sys.meta_path\n"

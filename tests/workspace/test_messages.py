@@ -1,4 +1,4 @@
-"""Messages a learner acts on: each hint of grader.grading.messages.HINTS is triggered by the
+"""Messages a learner acts on: each hint of grader.verdict.messages.HINTS is triggered by the
 real error (JAX, Mosaic's TPU lowering or kernelsim) and shows up in course.check's failure;
 parameters print as Python literals; wrong values come with a map of the wrong blocks; a
 structural failure shows the learner's traffic; a failing check's traceback in a notebook has
@@ -17,8 +17,8 @@ import pytest
 from jax.experimental import pallas as pl
 
 import kernelsim
-from grader.grading import messages
 from grader.learner import course, selfcheck
+from grader.verdict import messages
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -325,7 +325,7 @@ def test_feedback_page_shows_the_whole_message(browser, tmp_path):
     from nbconvert.exporters import HTMLExporter
     from traitlets.config import Config, PyFileConfigLoader
 
-    from grader.grading.feedback_css import FeedbackCSS
+    from grader.gradebook.feedback_css import FeedbackCSS
 
     course = PyFileConfigLoader("nbgrader_config.py", path=str(REPO / "exercises")).load_config()
     assert FeedbackCSS in course.GenerateFeedback.preprocessors

@@ -14,8 +14,8 @@ import nbclient
 import nbformat
 import pytest
 
-from grader.grading.hidden_tests import HIDDEN_RE
 from grader.learner import course
+from grader.logistics.hidden_tests import HIDDEN_RE
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -101,8 +101,8 @@ def test_course_is_found_from_where_you_stand(tmp_path, monkeypatch, capsys):
 
 def test_update_never_overwrites_an_offered_version_either(tmp_path):
     """Without nbgrader: a course whose release/ is up to date, changed twice under --update."""
-    from grader.grading import releases
     from grader.learner import workspace
+    from grader.logistics import releases
 
     root, repo = tmp_path / "course", tmp_path / "checkout"
     (root / "source" / "a1").mkdir(parents=True)
@@ -139,8 +139,8 @@ def test_update_replaces_in_place_what_the_learner_never_edited(tmp_path, monkey
     """A lesson and a notebook nobody touched take the course's new version in place; an edited
     one keeps the learner's work and gets the new version beside it. The README says where to
     ask."""
-    from grader.grading import releases
     from grader.learner import workspace
+    from grader.logistics import releases
 
     monkeypatch.setenv(workspace.HELP_URL_ENV, "https://forum.example/pallas")
     root, repo = tmp_path / "course", tmp_path / "checkout"

@@ -11,7 +11,7 @@ c.Exchange.path_includes_course = True
 # jovyan, or one account for all in a test)
 c.CourseDirectory.student_id = os.environ["JUPYTERHUB_USER"]
 # the inbound entry stays the learner's and the instructors' (mode 2770), not nbgrader's 0777
-c.ExchangeFactory.submit = "grader.grading.inbound.PrivateSubmit"
+c.ExchangeFactory.submit = "grader.logistics.inbound.PrivateSubmit"
 # the exchange's root is the administrator's (deploy/setup-class.sh), not 0777: with groupshared,
 # nbgrader does not try to make it so (which fails, and then offers no assignments)
 c.CourseDirectory.groupshared = True

@@ -34,7 +34,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 import kernelsim
 from grader.learner import course
-from grader.grading.calling import absmax_scale, traced_as_tpu
+from grader.calling import absmax_scale, traced_as_tpu
 from kernelsim.backend import choose
 
 # Compiled on a TPU; TPU interpret mode anywhere else (these kernels are TPU-only).

@@ -1,1 +1,0 @@
-"""The grading pipeline, in data order: collect → jail → replay → facts → verdict → gradebook."""
