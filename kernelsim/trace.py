@@ -215,8 +215,8 @@ def run(fn: Callable, *args: Any, model: str = "tpu", chip: str | None = None,
     measure: also time every call compiled on the device, alone, on the arguments it ran with
         (``kernelsim.timing.measure_call``: the device time per call, from calls inside one
         jitted loop, with the per-call time of calls dispatched one by one beside it) and keep
-        it beside the estimate (``CallTrace.measured``; the summary and the viewer show both). Without an
-        accelerator each call's ``measured`` says that none is present.
+        it beside the estimate (``CallTrace.measured``; the summary and the viewer show both).
+        Without an accelerator each call's ``measured`` says that none is present.
     """
     model_, chip_ = resolve(model, chip)
 
