@@ -313,8 +313,8 @@ course.view("bidirectional_reduce_scatter", show_both)
 # * Otherwise as task 1: one copy of one chunk a step, to the right, each waited on.
 # * Say what the kernel sends: `cost_estimate=pl.CostEstimate(flops=..., bytes_accessed=...,
 #   transcendentals=0, remote_bytes_transferred=...)`, the bytes *each device's call* sends
-#   over the chips' links (`N - 1` chunks). XLA reads it to schedule work around the
-#   collective.
+#   over the chips' links (`N - 1` chunks). JAX writes it into the compiled call beside the
+#   FLOPs and bytes: all the outside sees of the kernel's cost (lesson 7).
 #
 # Graded on values with the race detector on (a copy into a slot its owner may still be reading
 # fails it, even when the values come out right) and on kernelsim's trace: task 1's rules, the
