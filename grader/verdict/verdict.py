@@ -176,14 +176,6 @@ def _cost_estimate(v: Any) -> tuple[int, int, int] | None:
     return tuple(_int(v.get(f), f) for f in ("flops", "bytes_accessed", "transcendentals"))
 
 
-def _remote_bytes_estimate(v: Any) -> int | None:
-    """The estimate's remote_bytes_transferred; None without an estimate (``_cost_estimate``
-    has refused one that is no mapping)."""
-    if not isinstance(v, dict):
-        return None
-    return _int(v.get("remote_bytes_transferred", 0), "remote_bytes_transferred")
-
-
 def facts_from_dict(d: Any) -> TraceFacts:
     """Read ``Trace.to_dict()`` output, or ``grader.facts.gpu_facts.trace``'s for a program of
     Mosaic GPU kernels; ValueError when it is not what kernelsim or that writes."""
@@ -222,7 +214,8 @@ def facts_from_dict(d: Any) -> TraceFacts:
             remote_copies=remote_copies(c.get("body_dmas", [])),
             own_flops=_int(c.get("own_flops", 0), "own_flops"),
             cost_estimate=_cost_estimate(c.get("cost_estimate")),
-            cost_estimate_remote_bytes=_remote_bytes_estimate(c.get("cost_estimate"))))
+            cost_estimate_remote_bytes=None if not isinstance(ce := c.get("cost_estimate"), dict)
+            else _int(ce.get("remote_bytes_transferred", 0), "remote_bytes_transferred")))
     gpu = d.get("gpu_kernels", [])
     if not isinstance(gpu, list):
         raise ValueError("the trace's Mosaic GPU kernels are not a list")
