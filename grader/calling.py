@@ -40,7 +40,7 @@ from kernelsim.backend import choose, gpu_interpret
 # the course's own code, whose kernels (kernelsim's examples, the tasks' helpers) a submission
 # may not hand in as its own, and which a prediction may not call
 COURSE_CODE = tuple(
-    os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, d)) + os.sep
+    os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir, d)) + os.sep
     for d in ("grader", "kernelsim", "lessons"))
 
 

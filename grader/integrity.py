@@ -54,7 +54,7 @@ _PROC_MEM = re.compile(r"^/proc/(self|thread-self|\d+)(/task/\d+)?/mem$")
 
 def course_roots() -> tuple[str, ...]:
     """Where the course's own code lives (``grader/``, ``kernelsim/``)."""
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[1]
     return tuple(f"{repo / name}/" for name in ("grader", "kernelsim"))
 
 
