@@ -2,7 +2,8 @@
 1280 px, on the class ``deploy/setup-class.sh --demo 1`` makes (real accounts, PAM logins through
 the hub's login form), as the README's "A term" tells a first-time instructor: release the
 student notebooks, Release and Collect in the Formgrader, autograde and feedback with
-``pallas-course``, the score on the Formgrader's pages, the learner's row in the export.
+``pallas-course`` (and the Formgrader's Autograde button once more), the score on the
+Formgrader's pages, the learner's feedback and her row in the export.
 
 Each page is saved as build/screenshots/formgrader-*.png, to look at."""
 
@@ -30,8 +31,8 @@ pytestmark = [pytest.mark.slow, NEEDS_ROOT_AND_CLASS_PACKAGES]
 
 SHOTS = REPO / "build" / "screenshots"
 VIEWPORT = {"width": 1280, "height": 900}
-# ms the Formgrader may take to answer a button (its release and collect run nbgrader)
-BUTTON_MS = 120_000
+# ms the Formgrader may take to answer a button (release, collect, autograde run nbgrader)
+BUTTON_MS = 300_000
 
 
 @pytest.fixture(scope="module")
@@ -59,8 +60,9 @@ def shot(page, name: str, whole_page: bool = True) -> None:
 
 
 def press(page, row, cell: str, says: str, name: str) -> None:
-    """Press the button in ``row``'s column ``cell`` of Manage Assignments; its dialog must say
-    ``says`` (nbgrader's success dialog, its log below); screenshot ``name``; close it."""
+    """Press the button in ``row``'s column ``cell`` (a table of Manage Assignments or Manage
+    Submissions); its dialog must say ``says`` (nbgrader's success dialog, its log below);
+    screenshot ``name``; close it."""
     row.locator(f"td.{cell} a").click()
     dialog = page.locator("#success-modal, #error-modal").first
     dialog.wait_for(state="visible", timeout=BUTTON_MS)
@@ -126,6 +128,13 @@ def test_one_assignment_through_the_formgrader_at_1280_px(one_learner_class, bro
         assert learner.locator("td.score").inner_text().strip() == "9 / 9"
         assert learner.locator("td.status").inner_text().strip() == "graded"
         shot(page, "5-submissions-graded")
+        # the Formgrader's Autograde button grades again with the same trusted pipeline, in
+        # the instructor's own server: the same score
+        press(page, learner, "autograde",
+              f"Successfully autograded '{A}' for student '{L1}'", "5b-autograde-button")
+        page.reload()
+        learner.first.wait_for(timeout=60_000)
+        assert learner.locator("td.score").inner_text().strip() == "9 / 9"
 
         page.goto(f"{formgrader}/gradebook/{A}")
         notebook = page.locator("#main-table tr", has=page.locator("td.name")).first
