@@ -96,6 +96,15 @@ def test_one_assignment_through_the_formgrader_at_1280_px(one_learner_class, bro
         page.wait_for_url(re.compile(rf"/user/{TEACHER}/"), timeout=120_000)
         formgrader = f"{k.url}/user/{TEACHER}/formgrader"
 
+        # where the README sends a new instructor: JupyterLab's Nbgrader menu -> Formgrader
+        page.goto(f"{k.url}/user/{TEACHER}/lab")
+        page.locator(".lm-MenuBar-itemLabel", has_text="Nbgrader").first.click(timeout=120_000)
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Formgrader$")).first.click()
+        framed = page.frame_locator("iframe").first
+        framed.locator("h1", has_text="Manage Assignments").wait_for(timeout=60_000)
+        framed.locator("#main-table td.name", has_text=A).first.wait_for(timeout=60_000)
+        shot(page, "0-lab-formgrader-tab", whole_page=False)
+
         # Manage Assignments: the course's first assignment, not yet in the exchange
         page.goto(f"{formgrader}/manage_assignments")
         row = assignment_row(page)
