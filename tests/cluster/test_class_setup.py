@@ -6,7 +6,6 @@ learner 1's grade stay what it was. ``--remove`` undoes everything at the end, p
 
 from __future__ import annotations
 
-import csv
 import json
 import marshal
 import os
@@ -22,99 +21,28 @@ from pathlib import Path
 
 import pytest
 import requests
-from clustertools import REPO, A, free_port, solved
+from clustertools import (
+    COURSE_ID,
+    ENV_FILE,
+    L1,
+    L2,
+    NEEDS_ROOT_AND_CLASS_PACKAGES,
+    PASSWORDS,
+    REPO,
+    RUN_FROM,
+    SETUP,
+    TEACHER,
+    A,
+    Class,
+    as_user,
+    free_port,
+    hand_in,
+    setup_class,
+)
 
 from grader.jail import pids_cgroup
 
-SETUP = REPO / "deploy" / "setup-class.sh"
-ENV_FILE = Path("/etc/pallas-course/class.env")
-PASSWORDS = Path("/var/lib/pallas-course/demo-passwords")
-COURSE_ID = "pallas-course"
-L1, L2, TEACHER = "demo-learner1", "demo-learner2", "demo-instructor"
-
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("pg_lsclusters") is None
-                       or shutil.which("configurable-http-proxy") is None,
-                       reason="needs root, Debian's PostgreSQL and configurable-http-proxy "
-                       "(make system-packages)"),
-]
-
-
-def as_user(user: str, *argv: str, env: dict | None = None, check: bool = True,
-            cwd: str = "/tmp") -> subprocess.CompletedProcess:
-    """``argv`` as the Unix account ``user`` (its groups, no root)."""
-    res = subprocess.run(["runuser", "-u", user, "--", "env", "-i", "PATH=/usr/bin:/bin",
-                          f"HOME=/home/{user}", "LANG=C.UTF-8",
-                          *(f"{k}={v}" for k, v in (env or {}).items()), *argv],
-                         capture_output=True, text=True, timeout=900, cwd=cwd, check=False)
-    if check:
-        assert res.returncode == 0, f"{argv}: {res.returncode}\n{res.stdout[-3000:]}" \
-                                    f"\n{res.stderr[-3000:]}"
-    return res
-
-
-class Class:
-    def __init__(self):
-        self.env = dict(line.split("=", 1) for line in ENV_FILE.read_text().splitlines())
-        self.url = self.env["PALLAS_COURSE_HUB"]
-        self.venv = Path(self.env["PALLAS_COURSE_VENV"])
-        self.course = Path(self.env["PALLAS_COURSE_ROOT"])
-        self.exchange = Path(self.env["PALLAS_COURSE_EXCHANGE"]) / COURSE_ID
-        self.passwords = dict(line.split() for line in PASSWORDS.read_text().splitlines())
-        self.tokens: dict[str, str] = {}
-
-    def login(self, user: str) -> str:
-        """Log in through PAM (the hub's login form), then take an API token with the password."""
-        s = requests.Session()
-        s.get(f"{self.url}/hub/login", timeout=60)
-        r = s.post(f"{self.url}/hub/login", timeout=120, allow_redirects=False,
-                   data={"username": user, "password": self.passwords[user],
-                         "_xsrf": s.cookies.get("_xsrf")})
-        assert r.status_code == 302, (r.status_code, r.text[:500])
-        r = requests.post(f"{self.url}/hub/api/users/{user}/tokens", timeout=120,
-                          json={"auth": {"username": user, "password": self.passwords[user]},
-                                "note": "test", "expires_in": 3600})
-        assert r.status_code == 201, (r.status_code, r.text[:500])
-        self.tokens[user] = r.json()["token"]
-        return self.tokens[user]
-
-    def api(self, method: str, path: str, user: str, **kw):
-        r = requests.request(method, self.url + path, timeout=300,
-                             headers={"Authorization": f"token {self.tokens[user]}"}, **kw)
-        if r.status_code >= 400:
-            raise RuntimeError(f"{method} {path}: {r.status_code} {r.text[:2000]}")
-        try:
-            return r.json()
-        except ValueError:
-            return r
-
-    def pallas(self, user: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        keys = ("PALLAS_COURSE_ROOT", "PALLAS_COURSE_EXCHANGE", "PALLAS_COURSE_DB", "DASK_CONFIG")
-        return as_user(user, str(self.venv / "bin" / "pallas-course"), *args, check=check,
-                       env={k: self.env[k] for k in keys} | {"PALLAS_COURSE_CELL_TIMEOUT": "5"})
-
-    def exported(self, name: str) -> dict[str, dict]:
-        """The instructor's ``pallas-course export`` by student id, through a CSV file in /tmp
-        (which the instructor can write) named for ``name`` and removed after."""
-        out = Path("/tmp") / f"pallas-{name}-{os.getpid()}.csv"
-        try:
-            self.pallas(TEACHER, "export", "--to", str(out))
-            return {r["student_id"]: r for r in csv.DictReader(out.open())}
-        finally:
-            out.unlink(missing_ok=True)
-
-
-# where the script is run from: a folder only root may enter, as root's home is (issue 52: psql,
-# as postgres, said "could not change directory" on every run from one)
-RUN_FROM = tempfile.mkdtemp(prefix="pallas-setup-cwd-")  # mode 0700
-
-
-def setup_class(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SETUP), *args], capture_output=True, text=True,
-                          timeout=900, check=False, cwd=RUN_FROM,
-                          env={**os.environ, "PALLAS_COURSE_SOURCE_VENV": sys.prefix})
-
+pytestmark = [pytest.mark.slow, NEEDS_ROOT_AND_CLASS_PACKAGES]
 
 # What learner 2 runs while the instructor reruns the script (README, step 3): every command
 # line and environment that /proc lets her read, until her standard input closes.
@@ -249,14 +177,7 @@ def klass():
         k.rerun_trace, k.read_by_learner2 = trace.read_text(), read_by_learner2
         k.first_run, k.rerun = first_run, res.stdout
         shutil.rmtree(trace.parent)
-        for u in (TEACHER, L1, L2):
-            k.login(u)
-            k.api("POST", f"/hub/api/users/{u}/server", u)
-        deadline = time.monotonic() + 240
-        for u in (TEACHER, L1, L2):
-            while not k.api("GET", f"/hub/api/users/{u}", u)["servers"].get("", {}).get("ready"):
-                assert time.monotonic() < deadline, f"{u}'s server did not start"
-                time.sleep(1)
+        k.start_servers(TEACHER, L1, L2)
         yield k
     finally:
         res = setup_class("--remove")
@@ -427,25 +348,6 @@ def released(klass):
     for it, so each passes run alone)."""
     klass.pallas(TEACHER, "release", A)
     return klass
-
-
-def hand_in(k: Class, learner: str, wrong: bool) -> None:
-    """``learner`` fetches assignment A (first time only), types in the solutions (``wrong``:
-    the first task's wrong) and submits, all through the hub."""
-    base = f"/user/{learner}"
-    folder = f"{base}/api/contents/{COURSE_ID}/{A}"
-    if not Path(f"/home/{learner}/{COURSE_ID}/{A}").is_dir():
-        k.api("POST", f"{base}/assignments/fetch", learner,
-              json={"course_id": COURSE_ID, "assignment_id": A})
-    source = json.loads(next((k.course / "source" / A).glob("*.ipynb")).read_text())
-    (name,) = [f["name"] for f in k.api("GET", folder, learner)["content"]
-               if f["name"].endswith(".ipynb")]
-    nb = k.api("GET", f"{folder}/{name}", learner)["content"]
-    k.api("PUT", f"{folder}/{name}", learner, json={"type": "notebook", "format": "json",
-                                                    "content": solved(nb, source, wrong)})
-    res = k.api("POST", f"{base}/assignments/submit", learner,
-                json={"course_id": COURSE_ID, "assignment_id": A})
-    assert "success" not in res or res["success"], res
 
 
 def released_to_learners(k: Class) -> None:
