@@ -6,11 +6,16 @@ The rules every task shares are written in ``grader/tasks/core.py`` (``work_rule
 words that state it. Assignment 4's any-K matmul lost 3 of 15 points to "dot precision right
 on a TPU" while neither its text nor an earlier lesson said it. A task comes after its own
 lesson (``grader.syllabus.PRACTISES``), or after the later lessons its tasks wait for
-(``LATER_TASKS``). The rules of one task (its grid, blocks, budgets) are the task text's own.
+(``LATER_TASKS``). The rules of one task (its grid, blocks, budgets) are the task text's own:
+``TASK_RULES`` reads the rule names each task's ``structure``/``body_rules``/``output_rules``/
+``dma_rules`` can emit from its assignment module (the ``Rule`` literals and core helpers of the
+functions they name, followed through the module), and ``WORDS`` holds each to the words that
+state it.
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
 from collections.abc import Callable
@@ -65,6 +70,116 @@ STATED: dict[str, tuple[Callable[[core.Task], bool], str]] = {
         _tpu, r"index map reads only at the step's own index"),
 }
 
+# the per-task rules: rule name (searched in it) -> the words that state it (searched in the
+# task's text and the lessons before it, as STATED's); the first row whose key the name matches
+WORDS: tuple[tuple[str, str], ...] = (
+    (r"grid semantics|dimension_semantics", r"dimension_semantics|parallel|arbitrary"),
+    (r"^(dk/dv|dq|forward) grid", r"\bgrid\b"),
+    (r"\bgrid\b", r"\bgrid\b"),
+    (r"block shape|block accepted", r"\bblock"),
+    (r"HBM (reads|read traffic|write traffic|writes)", r"\bread|\bfetch|traffic|\bbytes\b"),
+    (r"left in HBM|memory space", r"pl\.any|memory_space|memory space"),
+    (r"scalar prefetch", r"scalar prefetch|num_scalar_prefetch"),
+    (r"accumulator", r"accumulat"),
+    (r"passed twice", r"twice"),
+    (r"as a kernel input", r"\binputs?\b"),
+    (r"output writebacks", r"writ(e|es|ten) back|writeback|written once"),
+    (r"number of pallas_calls|pallas_calls reached", r"pallas_call"),
+    (r"estimated time", r"kernelsim"),
+    (r"CostEstimate's remote_bytes", r"remote_bytes_transferred"),
+    (r"CostEstimate", r"costestimate"),
+    (r"sweep", r"sweep"),
+    (r"\(Lq, Lk\)", r"\(lq, lk\)"),
+    (r"running max and sum", r"running max"),
+    (r"a dk/dv kernel", r"dk"),
+    (r"a dq kernel", r"\bdq\b"),
+    (r"saving lse", r"\blse\b"),
+    (r"bits", r"\bseed\b"),
+    (r"keep mask", r"keep mask"),
+    (r"DMA order", r"\bdma"),
+    (r"in-place safety", r"no copy into a buffer (whose|while a) copy out"),
+    (r"overlap", r"overlap"),
+    (r"on-chip buffers|copies .*: buffers", r"buffer"),
+    (r"waited", r"\bwait"),
+    (r"both directions", r"both directions"),
+    (r"remote cop|where the copies go", r"remote|neighbou?r"),
+    (r"copies", r"\bcop(y|ies)\b"),
+    (r"backward", r"backward"),
+    (r"scales applied", r"\bscales?\b"),
+    (r"int8", r"int8"),
+    (r"Mosaic GPU", r"mosaic gpu"),
+    (r"WGMMA", r"wgmma"),
+    (r"TMA", r"\btma\b"),
+    (r"shared memory", r"shared memory|smem"),
+    (r"kernels run|kernel per device", r"\bkernels?\b"),
+    (r"B read as it is stored", r"as (it is )?stored"),
+    (r"bytes each device sends", r"each device sends"),
+    (r"kept fraction", r"keeps `1 - rate`"),
+    (r"on-chip peak", r"on-chip peak"),
+    (r"one CTA per output tile", r"one cta per"),
+    (r"scratch_shapes", r"scratch"),
+    (r"two receive slots", r"two\**\s*receive slots"),
+)
+
+# core.py's helpers that build a rule: helper -> its rule's name, or (the label argument's
+# position, the name around the label)
+NAMED_HELPERS = {"grid_is": "grid", "grid_rank": "grid rank", "calls_exactly":
+                 "number of pallas_calls", "total_budget": "HBM read traffic"}
+LABELLED_HELPERS = {"block_is": (4, "{} block shape"), "read_budget": (4, "{} HBM reads"),
+                    "role_count": (3, "{}")}
+RULE_ARGUMENTS = ("structure", "body_rules", "output_rules", "dma_rules")
+
+
+def _literal(node: ast.AST | None) -> str:
+    """A string's text, an f-string's with ``{}`` for each formatted part, else ``{}``."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+    return "{}"
+
+
+def _rule_names(node: ast.AST, functions: dict[str, ast.FunctionDef]) -> set[str]:
+    """The rule names ``node`` can emit, following the module's own functions it names."""
+    names: set[str] = set()
+    seen: set[str] = set()
+    todo = [node]
+    while todo:
+        for sub in ast.walk(todo.pop()):
+            if isinstance(sub, ast.Name) and sub.id in functions and sub.id not in seen:
+                seen.add(sub.id)
+                todo.append(functions[sub.id])
+            if not isinstance(sub, ast.Call) or not isinstance(sub.func, ast.Name):
+                continue
+            called = sub.func.id
+            if called == "Rule" and sub.args:
+                names.add(_literal(sub.args[0]))
+            elif called in NAMED_HELPERS:
+                names.add(NAMED_HELPERS[called])
+            elif called in LABELLED_HELPERS:
+                at, around = LABELLED_HELPERS[called]
+                label = (sub.args[at] if len(sub.args) > at else
+                         next((k.value for k in sub.keywords if k.arg == "label"), None))
+                names.add(around.format(_literal(label)))
+    return names
+
+
+def _task_rules() -> dict[str, set[str]]:
+    """Each task's id -> the names of the rules its own functions can emit."""
+    found: dict[str, set[str]] = {}
+    for module in sorted((REPO / "grader" / "tasks").glob("a[0-9][0-9]_*.py")):
+        tree = ast.parse(module.read_text())
+        functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+        for call in ast.walk(tree):
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "register_task":
+                given = {k.arg: k.value for k in call.keywords}
+                found[given["id"].value] = set().union(
+                    *(_rule_names(given[k], functions) for k in RULE_ARGUMENTS if k in given))
+    return found
+
+
+TASK_RULES = _task_rules()
+
 RULE = re.compile(r'Rule\(\s*f?"([^"{]*)')
 
 
@@ -118,3 +233,30 @@ def test_every_rule_a_task_can_fail_is_stated_before_it(task: core.Task):
         f"{task.assignment}'s task {task.id} can fail {unstated}, which neither its text "
         f"(exercises/source/{task.assignment}) nor lessons 1-{before} state: say it in the task "
         "text, or in a lesson before it, in words that STATED in this file finds")
+
+
+def test_every_task_rule_has_its_words():
+    """A task's rule added or renamed needs its row in WORDS."""
+    names = set().union(*TASK_RULES.values())
+    unworded = sorted(n for n in names if not any(re.search(k, n) for k, _ in WORDS))
+    assert not unworded, f"task rules {unworded} have no row in WORDS in this file"
+
+
+def test_every_task_is_read():
+    assert set(TASK_RULES) == {t.id for t in tasks.TASKS}
+
+
+@pytest.mark.parametrize("task", tasks.TASKS, ids=lambda t: t.id)
+def test_every_rule_of_a_task_is_stated_before_it(task: core.Task):
+    before = _comes_after(task)
+    text = _task_text(task)
+    earlier = _lessons_before(before)
+    unstated = []
+    for rule in sorted(TASK_RULES[task.id]):
+        words = next((w for k, w in WORDS if re.search(k, rule)), None)
+        if words is not None and not re.search(words, text) and not re.search(words, earlier):
+            unstated.append(rule)
+    assert not unstated, (
+        f"{task.assignment}'s task {task.id} grades {unstated}, which neither its text "
+        f"(exercises/source/{task.assignment}) nor lessons 1-{before} state: say it in the task "
+        "text, or in a lesson before it, in words that WORDS in this file finds")

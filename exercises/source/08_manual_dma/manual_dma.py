@@ -75,7 +75,8 @@ expected = absmax_scale(x).astype(x.dtype)  # the plain-JAX reference every task
 # pipeline buffers (two, or one when the grid has a single step). The grader also follows
 # your copies in the order your kernel issues them, step by step: one copy per chunk of at
 # most `chunk` rows, two buffers, the next chunk's copy in flight while each chunk but the
-# last is computed, every start waited, and an `"arbitrary"` grid. Try
+# last is computed, no copy into a buffer while a copy out of it is still in flight, every
+# start waited, and an `"arbitrary"` grid. Try
 # `absmax_dma(x, 16, interpret=RACES)` against `expected`, and
 # `print(kernelsim.trace(functools.partial(absmax_dma, chunk=16), x))`.
 
@@ -183,7 +184,7 @@ course.check("absmax_dma", absmax_dma, hidden=True)
 # call, `x.nbytes` read and the output's bytes written (each byte once), and no scratch of
 # your own; and on the order of those copies: one per `chunk`-row block each way, two
 # buffers each way, the next block's copy in flight while each block but the last is
-# computed.
+# computed, and no copy into a buffer while a copy out of it is still in flight.
 
 # %% [markdown]
 # <details><summary>Hint 1: the approach</summary>
