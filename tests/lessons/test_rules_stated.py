@@ -82,6 +82,7 @@ WORDS: tuple[tuple[str, str], ...] = (
     (r"scalar prefetch", r"scalar prefetch|num_scalar_prefetch"),
     (r"accumulator", r"accumulat"),
     (r"passed twice", r"twice"),
+    (r"bias as a kernel input", r"bias is one more input"),
     (r"as a kernel input", r"\binputs?\b"),
     (r"output writebacks", r"writ(e|es|ten) back|writeback|written once"),
     (r"number of pallas_calls|pallas_calls reached", r"pallas_call"),
@@ -97,12 +98,13 @@ WORDS: tuple[tuple[str, str], ...] = (
     (r"bits", r"\bseed\b"),
     (r"keep mask", r"keep mask"),
     (r"DMA order", r"\bdma"),
-    (r"in-place safety", r"no copy into a buffer (whose|while a) copy out"),
+    (r"in-place safety", r"copy into a buffer (whose|while a) copy out"),
     (r"overlap", r"overlap"),
     (r"on-chip buffers|copies .*: buffers", r"buffer"),
     (r"waited", r"\bwait"),
     (r"both directions", r"both directions"),
-    (r"remote cop|where the copies go", r"remote|neighbou?r"),
+    (r"where the copies go", r"neighbou?r"),
+    (r"remote cop", r"remote|neighbou?r"),
     (r"copies", r"\bcop(y|ies)\b"),
     (r"backward", r"backward"),
     (r"scales applied", r"\bscales?\b"),
@@ -111,7 +113,8 @@ WORDS: tuple[tuple[str, str], ...] = (
     (r"WGMMA", r"wgmma"),
     (r"TMA", r"\btma\b"),
     (r"shared memory", r"shared memory|smem"),
-    (r"kernels run|kernel per device", r"\bkernels?\b"),
+    (r"kernels run", r"calls kernelsim or the grader's code fails"),
+    (r"one kernel per device", r"shard_map"),
     (r"B read as it is stored", r"as (it is )?stored"),
     (r"bytes each device sends", r"each device sends"),
     (r"kept fraction", r"keeps `1 - rate`"),
@@ -121,10 +124,11 @@ WORDS: tuple[tuple[str, str], ...] = (
     (r"two receive slots", r"two\**\s*receive slots"),
 )
 
-# core.py's helpers that build a rule: helper -> its rule's name, or (the label argument's
-# position, the name around the label)
-NAMED_HELPERS = {"grid_is": "grid", "grid_rank": "grid rank", "calls_exactly":
-                 "number of pallas_calls", "total_budget": "HBM read traffic"}
+# core.py's helpers that build rules: helper -> the names of its rules, or (the label
+# argument's position, the name around the label)
+NAMED_HELPERS = {"grid_is": ("grid",), "grid_rank": ("grid rank",),
+                 "calls_exactly": ("number of pallas_calls",),
+                 "total_budget": ("HBM read traffic", "HBM write traffic")}
 LABELLED_HELPERS = {"block_is": (4, "{} block shape"), "read_budget": (4, "{} HBM reads"),
                     "role_count": (3, "{}")}
 RULE_ARGUMENTS = ("structure", "body_rules", "output_rules", "dma_rules")
@@ -155,7 +159,7 @@ def _rule_names(node: ast.AST, functions: dict[str, ast.FunctionDef]) -> set[str
             if called == "Rule" and sub.args:
                 names.add(_literal(sub.args[0]))
             elif called in NAMED_HELPERS:
-                names.add(NAMED_HELPERS[called])
+                names.update(NAMED_HELPERS[called])
             elif called in LABELLED_HELPERS:
                 at, around = LABELLED_HELPERS[called]
                 label = (sub.args[at] if len(sub.args) > at else
@@ -165,11 +169,19 @@ def _rule_names(node: ast.AST, functions: dict[str, ast.FunctionDef]) -> set[str
 
 
 def _task_rules() -> dict[str, set[str]]:
-    """Each task's id -> the names of the rules its own functions can emit."""
+    """Each task's id -> the names of the rules its own functions can emit (and the functions
+    its module imports from another assignment's, such as a04's ``prediction_structure``)."""
+    trees = {m.stem: ast.parse(m.read_text())
+             for m in sorted((REPO / "grader" / "tasks").glob("a[0-9][0-9]_*.py"))}
+    defined = {stem: {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+               for stem, tree in trees.items()}
     found: dict[str, set[str]] = {}
-    for module in sorted((REPO / "grader" / "tasks").glob("a[0-9][0-9]_*.py")):
-        tree = ast.parse(module.read_text())
-        functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    for stem, tree in trees.items():
+        functions = dict(defined[stem])
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom) and node.module.startswith("grader.tasks.a"):
+                other = defined[node.module.rsplit(".", 1)[1]]
+                functions.update({a.name: other[a.name] for a in node.names if a.name in other})
         for call in ast.walk(tree):
             if isinstance(call, ast.Call) and getattr(call.func, "id", None) == "register_task":
                 given = {k.arg: k.value for k in call.keywords}

@@ -391,7 +391,8 @@ course.check("pool_rows", pool_rows, hidden=True)
 # `chunk`. The grader calls your function with
 # `interpret=pltpu.InterpretParams(detect_races=True)`, so a fix that still races fails; and
 # it follows your copies in order, so a fix that shrinks the ring (two buffers, one, or each
-# copy waited as soon as it starts) fails too.
+# copy waited as soon as it starts) fails too, as does one that starts a copy into a buffer
+# while a copy out of it is still in flight.
 #
 # Symptom: NaN with TPU interpret mode's defaults; the right values with
 # `interpret=pltpu.InterpretParams(dma_execution_mode="eager")`. Run it with

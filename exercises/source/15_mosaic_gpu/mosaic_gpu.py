@@ -8,10 +8,11 @@
 # bytes its copies pull from global memory. Predict each from the sizes alone, then let
 # `kernelsim.gpu` (whose shared-memory count is the Mosaic GPU lowering's own) check you.
 #
-# Tasks 1 to 4 are predictions: Python `int`s. Tasks 5 and 6 are kernels of your own, written
-# with `plgpu.kernel`: they run in GPU interpret mode on a CPU (compiled on a GPU), and are
-# graded on their values against plain JAX and on what they move and multiply, read by
-# `kernelsim.gpu`. Lesson 16's staging kernel runs at the end of the notebook, so you can
+# Tasks 1 to 4 are predictions: Python `int`s, computed from the sizes alone by your own code
+# (a prediction that calls kernelsim or the grader's code fails). Tasks 5 and 6 are kernels of
+# your own, written with `plgpu.kernel`: they run in GPU interpret mode on a CPU (compiled on a
+# GPU), and are graded on their values against plain JAX and on what they move and multiply,
+# read by `kernelsim.gpu`. Lesson 16's staging kernel runs at the end of the notebook, so you can
 # watch the numbers you predicted.
 #
 # **Check every task:** *Kernel > Restart Kernel and Run All Cells* runs each task's check (a
