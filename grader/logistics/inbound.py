@@ -94,6 +94,11 @@ def inbound_entries(inbound: Path, assignment: str, student: str = "*") -> list[
     return out
 
 
+# nbgrader's submit writes it into the entry; collect keeps it beside the notebooks and the
+# feedback's release names the learner's feedback after it (``unreleasable``)
+SUBMISSION_SECRET = "submission_secret.txt"
+
+
 def _taken(entry: Path, uid: int, expected: list[str], skipped: list[str]
            ) -> Iterator[tuple[str, Path, float]]:
     """``(name, path, st_ctime)`` of each file collect takes from ``entry``: the ``expected``
@@ -128,7 +133,7 @@ def _left_out(entry: Path, expected: list[str]) -> str | None:
     count = 0
     with os.scandir(entry) as names:
         for item in names:
-            if item.name not in expected and item.name != "timestamp.txt":
+            if item.name not in (*expected, "timestamp.txt", SUBMISSION_SECRET):
                 count += 1
                 if count > MAX_LISTED:
                     break
@@ -241,6 +246,12 @@ class OwnedCollect(ExchangeCollect):
                 budget -= len(data)
                 when = max(when, datetime.fromtimestamp(changed, UTC))  # changed since
                 (tmp / name).write_bytes(data)
+            try:  # what nbgrader files the entry's feedback under in the exchange
+                secret, _ = read_owned(Path(self.inbound_path) / rec["filename"] /
+                                       SUBMISSION_SECRET, rec["uid"], 4096)
+                (tmp / SUBMISSION_SECRET).write_bytes(secret)
+            except Skip:  # none, or not the submitter's: its feedback is sent by hand
+                pass
             (tmp / "timestamp.txt").write_text(when.strftime(TIMESTAMP_FORMAT))
             if dest.is_dir():
                 shutil.rmtree(dest)
@@ -258,7 +269,7 @@ def unreleasable(feedback: Path) -> str | None:
         return (f"{', '.join(p.name for p in leaking)} still holds a hidden test: nbgrader's "
                 "ClearHiddenTests did not run on it; check the course's nbgrader_config.py, "
                 "then run feedback again")
-    if (feedback / "submission_secret.txt").is_file():
+    if (feedback / SUBMISSION_SECRET).is_file():
         return None
     return ("its submission was collected from a folder or zip (pallas-course collect), not from "
             "the exchange, so the exchange has no name to file it under: send the learner "

@@ -37,7 +37,15 @@ def distinctive_solution_lines(dist: Path) -> set[str]:
         shipped_lines |= {x.strip() for x in SOLUTION_RE.sub("", text).splitlines()}
         for region in SOLUTION_RE.findall(text):
             lines |= {x.strip() for x in region.splitlines() if len(x.strip()) >= 25}
-    return lines - shipped_lines
+    return lines - shipped_lines - given_body_lines()
+
+
+def given_body_lines() -> set[str]:
+    """The lines of the kernel bodies the task texts give (``Task.given_body``): answers no
+    more, since the text shows them."""
+    from grader import tasks
+
+    return {x.strip() for t in tasks.TASKS for x in t.given_body.splitlines()}
 
 
 def problems(dist: Path, solution_lines: set[str]) -> list[str]:

@@ -77,7 +77,8 @@ def test_outside_a_kernel_a_failed_check_raises():
 
 # the assignments whose notebooks show kernelsim's view of a task's kernel after its checks
 VIEWS = {"12_kernel_api": ["softmax_in_parts", "matmul_bias_relu_cores"],
-         "13_across_chips": ["ring_reduce_scatter", "bidirectional_reduce_scatter"],
+         "13_across_chips": ["ring_reduce_scatter", "bidirectional_reduce_scatter",
+                             "two_slot_reduce_scatter", "ring_all_reduce"],
          "14_production_kernels": ["int8_matmul_per_channel", "w8a8_matmul", "kv_cache_append"]}
 
 

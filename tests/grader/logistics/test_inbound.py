@@ -120,6 +120,26 @@ def test_an_entry_of_20000_files_gives_its_notebook_alone_in_bounded_memory(tmp_
     assert peak < 16 << 20, f"collect held {peak:,} bytes at once"
 
 
+def test_collect_keeps_the_name_feedback_is_filed_under(tmp_path, monkeypatch):
+    """Collect takes an entry's notebooks and nbgrader's ``submission_secret.txt`` beside them,
+    and nothing else: without it no feedback reached a learner through the exchange (a class's
+    end-to-end test: "collected from a folder or zip")."""
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    me = getpass.getuser()
+    root, exchange = tmp_path / "course", tmp_path / "exchange"
+    _released(root)
+    inbound = exchange / "pallas-course" / "inbound"
+    inbound.mkdir(parents=True)
+    entry = _entry(inbound, me, 1, "2026-12-01 10:00:00.000000 UTC")
+    (entry / "submission_secret.txt").write_text("s3cret")
+    (entry / "notes.txt").write_text("not collected")
+    _collect(root, exchange)
+    submitted = root / "submitted" / me / A
+    assert sorted(p.name for p in submitted.iterdir()) == [
+        NB, "submission_secret.txt", "timestamp.txt"]
+    assert (submitted / "submission_secret.txt").read_text() == "s3cret"
+
+
 def test_feedback_is_released_for_all_but_work_collected_from_a_folder(tmp_path, caplog):
     root, exchange = tmp_path / "course", tmp_path / "exchange"
     for student, secret in (("a-from-a-zip", None), ("b-through-the-exchange", "s3cret")):
