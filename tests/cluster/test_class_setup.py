@@ -507,7 +507,7 @@ for i in range(40):  # 30 MB each, sparse: 1.2 GB to read, no disk used
     assert res["success"], res
     nb_name = next((k.course / "release" / A).glob("*.ipynb")).name
     assert sorted(p.name for p in (k.course / "submitted" / L1 / A).iterdir()) == [
-        nb_name, "timestamp.txt"]
+        nb_name, "submission_secret.txt", "timestamp.txt"]
     # the 41 planted beside what the assignment's folder held when she submitted (refs/)
     # the entry just handed in (the log names earlier tests' entries too)
     left = re.findall(r"(\d+) other file\(s\) or folder\(s\) not collected", res["log"])

@@ -146,8 +146,10 @@ def test_nothing_loads_from_another_host(built_site):
 
 def _solution_lines() -> set[str]:
     """Lines of solution regions and hidden tests in exercises/source that appear nowhere a
-    learner may legitimately see them (lessons, kernelsim, the released notebooks)."""
+    learner may legitimately see them (lessons, kernelsim, the released notebooks, the task
+    texts)."""
     lines: set[str] = set()
+    stated: list[str] = []  # the task texts: what they show a learner is no answer leaked
     for d in _assignment_dirs():
         for nb_path in [*d.glob("*.ipynb"), *d.glob("*.py")]:
             try:
@@ -155,6 +157,7 @@ def _solution_lines() -> set[str]:
                       else jupytext.read(nb_path))
             except Exception:  # noqa: BLE001 - a half-written notebook has nothing to leak
                 continue
+            stated += [c.source.replace("`", "") for c in nb.cells if c.cell_type == "markdown"]
             for cell in nb.cells:
                 inside = False
                 for line in cell.source.splitlines():
@@ -168,7 +171,7 @@ def _solution_lines() -> set[str]:
     # whitespace runs as one space: the site's search index joins a lesson's wrapped lines
     public = re.sub(r"\s+", " ", "\n".join(p.read_text(errors="replace") for p in [
         *(REPO / "lessons").glob("*.py"), *(REPO / "kernelsim").rglob("*.py"),
-        *(REPO / "exercises" / "release").rglob("*.ipynb")]))
+        *(REPO / "exercises" / "release").rglob("*.ipynb")]) + "\n" + "\n".join(stated))
     from grader import tasks
 
     given = {x.strip() for t in tasks.TASKS for x in t.given_body.splitlines()}  # texts show them
